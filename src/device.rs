@@ -1,0 +1,112 @@
+//! A device or image that fdpblk reads LMCache's layout from: positional reads and a size.
+//! Block devices report their size with `BLKGETSIZE64`; files and images with their length.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::path::Path;
+
+/// Positional, shared-reference reads (`pread`), so readers need no seek state.
+pub trait ReadAt {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    fn size(&self) -> io::Result<u64>;
+
+    /// Reads exactly `buf.len()` bytes or fails with `UnexpectedEof`.
+    fn read_exact_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+        while !buf.is_empty() {
+            match self.read_at(buf, offset) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end of the device")),
+                Ok(n) => {
+                    buf = &mut buf[n..];
+                    offset += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ReadAt for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        FileExt::read_at(self, buf, offset)
+    }
+    fn size(&self) -> io::Result<u64> {
+        let meta = self.metadata()?;
+        if meta.file_type().is_block_device() {
+            block_device_size(self)
+        } else {
+            Ok(meta.len())
+        }
+    }
+}
+
+impl ReadAt for [u8] {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(self.len());
+        let n = buf.len().min(self.len() - start);
+        buf[..n].copy_from_slice(&self[start..start + n]);
+        Ok(n)
+    }
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.len() as u64)
+    }
+}
+
+impl ReadAt for Vec<u8> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.as_slice().read_at(buf, offset)
+    }
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.len() as u64)
+    }
+}
+
+/// `ioctl(BLKGETSIZE64)`: the byte size of a block device.
+pub fn block_device_size(f: &File) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    // _IOR(0x12, 114, size_t); not exported by the libc crate.
+    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which outlives the call.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(size)
+}
+
+/// Opens a device or image read-only, with an error that names the path.
+pub fn open_readonly(path: &Path) -> io::Result<File> {
+    File::open(path).map_err(|e| io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display())))
+}
+
+/// Adapts a region of a `ReadAt` to `std::io::Read`, for the streaming JSON parser.
+pub struct RegionReader<'a, D: ReadAt + ?Sized> {
+    dev: &'a D,
+    pos: u64,
+    end: u64,
+}
+
+impl<'a, D: ReadAt + ?Sized> RegionReader<'a, D> {
+    pub fn new(dev: &'a D, offset: u64, len: u64) -> Self {
+        Self { dev, pos: offset, end: offset.saturating_add(len) }
+    }
+}
+
+impl<D: ReadAt + ?Sized> io::Read for RegionReader<'_, D> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.end - self.pos;
+        if left == 0 {
+            return Ok(0);
+        }
+        let n = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let got = self.dev.read_at(&mut buf[..n], self.pos)?;
+        if got == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "device ended inside a checkpoint payload"));
+        }
+        self.pos += got as u64;
+        Ok(got)
+    }
+}

@@ -1,0 +1,294 @@
+//! Geometry discovery: from the newest valid checkpoint already on a device, from explicit
+//! flags named like LMCache's config keys, or both — where a flag and the checkpoint disagree,
+//! that is an error (LMCache itself would discard its whole index over such a mismatch).
+
+use super::checkpoint::{newest_valid, read_copies, read_copy, read_entries, CopyStatus};
+use super::checkpoint_header::CheckpointHeader;
+use super::checkpoint_json::{CheckpointMeta, JsonLimits};
+use super::geometry::{DEFAULT_BLOCK_ALIGN, DEFAULT_HEADER_BYTES};
+use super::{Geometry, GeometryConfig, GeometryError};
+use crate::device::ReadAt;
+use std::fmt;
+
+/// Geometry flags as given on the command line; `None` = not given.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GeometryFlags {
+    pub block_align: Option<u64>,
+    pub header_bytes: Option<u64>,
+    pub slot_bytes: Option<u64>,
+    pub meta_total_bytes: Option<u64>,
+    pub capacity_bytes: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GeometrySource {
+    Checkpoint,
+    Flags,
+    /// Flags given and confirmed by the checkpoint.
+    Both,
+}
+
+/// The layout, where it came from, and the checkpoint copies seen while finding it.
+#[derive(Clone, Debug)]
+pub struct Discovered {
+    pub geometry: Geometry,
+    pub source: GeometrySource,
+    pub copies: Option<[CopyStatus; 2]>,
+    /// Top-level fields of the newest valid checkpoint.
+    pub checkpoint: Option<CheckpointMeta>,
+}
+
+#[derive(Debug)]
+pub enum DiscoverError {
+    Io(std::io::Error),
+    /// No checkpoint on the device and not enough flags to build the layout.
+    NoCheckpoint { missing: &'static str },
+    Conflict { field: &'static str, flag: u64, checkpoint: u64 },
+    Geometry(GeometryError),
+}
+
+impl fmt::Display for DiscoverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Io(e) => write!(f, "reading the device: {e}"),
+            Self::NoCheckpoint { missing } => write!(
+                f,
+                "no valid LMCache checkpoint on the device to learn the layout from; pass {missing} with the values from LMCache's raw_block config"
+            ),
+            Self::Conflict { field, flag, checkpoint } => write!(
+                f,
+                "--{} {flag} conflicts with the checkpoint on the device ({field} {checkpoint}); LMCache would discard its index with that value: drop the flag or fix it to {checkpoint}",
+                field.replace('_', "-")
+            ),
+            Self::Geometry(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for DiscoverError {}
+
+impl From<std::io::Error> for DiscoverError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+impl From<GeometryError> for DiscoverError {
+    fn from(e: GeometryError) -> Self {
+        Self::Geometry(e)
+    }
+}
+
+/// Finds the layout of `dev`. The checkpoint is preferred; flags fill gaps and must agree.
+pub fn discover<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags) -> Result<Discovered, DiscoverError> {
+    let size = dev.size()?;
+    let found = find_checkpoint(dev, flags, size)?;
+    let (meta, copies) = match found {
+        Some((meta, copies)) => (Some(meta), Some(copies)),
+        None => (None, None),
+    };
+    let pick = |field: &'static str, flag: Option<u64>, ck: Option<u64>| -> Result<Option<u64>, DiscoverError> {
+        match (flag, ck) {
+            (Some(f), Some(c)) if f != c => Err(DiscoverError::Conflict { field, flag: f, checkpoint: c }),
+            (Some(f), _) => Ok(Some(f)),
+            (None, c) => Ok(c),
+        }
+    };
+    let m = meta.clone().unwrap_or_default();
+    let block_align = pick("block_align", flags.block_align, m.block_align)?.unwrap_or(DEFAULT_BLOCK_ALIGN);
+    let header_bytes = pick("header_bytes", flags.header_bytes, m.header_bytes)?.unwrap_or(DEFAULT_HEADER_BYTES);
+    let slot_bytes = pick("slot_bytes", flags.slot_bytes, m.slot_bytes)?;
+    let meta_total = pick("meta_total_bytes", flags.meta_total_bytes, m.meta_total_bytes)?;
+    let (slot_bytes, meta_total_bytes) = match (slot_bytes, meta_total) {
+        (Some(s), Some(mt)) => (s, mt),
+        (None, Some(_)) => return Err(DiscoverError::NoCheckpoint { missing: "--slot-bytes" }),
+        (Some(_), None) => return Err(DiscoverError::NoCheckpoint { missing: "--meta-total-bytes" }),
+        (None, None) => return Err(DiscoverError::NoCheckpoint { missing: "--slot-bytes and --meta-total-bytes" }),
+    };
+    // capacity_bytes is not part of LMCache's mismatch check; an explicit flag wins.
+    let capacity_bytes = flags.capacity_bytes.or(m.capacity_bytes).unwrap_or(0);
+    let geometry =
+        GeometryConfig { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes }.validate(size)?;
+    let any_flag = flags.block_align.is_some()
+        || flags.header_bytes.is_some()
+        || flags.slot_bytes.is_some()
+        || flags.meta_total_bytes.is_some();
+    let source = match (&meta, any_flag) {
+        (Some(_), true) => GeometrySource::Both,
+        (Some(_), false) => GeometrySource::Checkpoint,
+        (None, _) => GeometrySource::Flags,
+    };
+    Ok(Discovered { geometry, source, copies, checkpoint: meta })
+}
+
+/// Block sizes to try when `block_align` is unknown: where the JSON of copy 0 begins.
+const ALIGN_CANDIDATES: [u64; 12] = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1 << 20];
+/// Every 0.5.6 payload starts with these bytes (`json.dumps` with insertion order).
+const JSON_START: &[u8] = br#"{"version":"#;
+
+fn find_checkpoint<D: ReadAt + ?Sized>(
+    dev: &D,
+    flags: &GeometryFlags,
+    size: u64,
+) -> Result<Option<(CheckpointMeta, [CopyStatus; 2])>, DiscoverError> {
+    // Step 1: a provisional layout, from the flags or from copy 0's own JSON.
+    let provisional = match provisional_from_flags(flags, size) {
+        Some(g) => Some(g),
+        None => provisional_from_copy0(dev, flags, size)?,
+    };
+    let Some(geom) = provisional else { return Ok(None) };
+    // Step 2: the copy the loader would trust, and its fields.
+    let copies = read_copies(dev, &geom)?;
+    let Some(newest) = newest_valid(&copies) else { return Ok(None) };
+    let meta = match read_entries(dev, &geom, newest, &JsonLimits::default(), &mut |_| Ok(())) {
+        Ok(m) => m,
+        Err(_) => return Ok(None), // valid CRC but unusable JSON: LMCache starts empty too
+    };
+    Ok(Some((meta, copies)))
+}
+
+fn provisional_from_flags(flags: &GeometryFlags, size: u64) -> Option<Geometry> {
+    let a = flags.block_align.unwrap_or(DEFAULT_BLOCK_ALIGN);
+    GeometryConfig {
+        block_align: a,
+        header_bytes: flags.header_bytes.unwrap_or(DEFAULT_HEADER_BYTES),
+        // Only the metadata layout matters for reading checkpoints.
+        slot_bytes: flags.slot_bytes.unwrap_or(flags.header_bytes.unwrap_or(DEFAULT_HEADER_BYTES) + a),
+        meta_total_bytes: flags.meta_total_bytes?,
+        capacity_bytes: 0,
+    }
+    .validate(size)
+    .ok()
+}
+
+fn provisional_from_copy0<D: ReadAt + ?Sized>(
+    dev: &D,
+    flags: &GeometryFlags,
+    size: u64,
+) -> Result<Option<Geometry>, DiscoverError> {
+    if size < 64 {
+        return Ok(None);
+    }
+    let mut hdr = [0u8; 32];
+    dev.read_exact_at(&mut hdr, 0)?;
+    let Ok(h) = CheckpointHeader::parse(&hdr, size) else { return Ok(None) };
+    let aligns: Vec<u64> = match flags.block_align {
+        Some(a) => vec![a],
+        None => ALIGN_CANDIDATES.to_vec(),
+    };
+    for a in aligns {
+        if a + JSON_START.len() as u64 > size || a + h.payload_len > size {
+            continue;
+        }
+        let mut start = [0u8; JSON_START.len()];
+        dev.read_exact_at(&mut start, a)?;
+        if start != JSON_START {
+            continue;
+        }
+        // Parse copy 0 under a generous provisional cap just to learn the layout fields.
+        let probe = Geometry {
+            block_align: a,
+            header_bytes: a,
+            slot_bytes: 2 * a,
+            meta_total_bytes: size,
+            capacity_bytes: size,
+            container_bytes: size - a,
+            max_slots: 0,
+        };
+        let c0 = read_copy(dev, &probe, 0)?;
+        if let Ok(meta) = read_entries(dev, &probe, &c0, &JsonLimits::default(), &mut |_| Ok(())) {
+            let cfg = GeometryConfig {
+                block_align: meta.block_align.unwrap_or(a),
+                header_bytes: meta.header_bytes.unwrap_or(DEFAULT_HEADER_BYTES),
+                slot_bytes: match meta.slot_bytes {
+                    Some(s) => s,
+                    None => continue,
+                },
+                meta_total_bytes: match meta.meta_total_bytes {
+                    Some(m) => m,
+                    None => continue,
+                },
+                capacity_bytes: 0,
+            };
+            if let Ok(g) = cfg.validate(size) {
+                return Ok(Some(g));
+            }
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(s: &str) -> (Vec<u8>, serde_json::Value) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6").join(s);
+        let img = std::fs::read(dir.join("device.img")).unwrap();
+        let m = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+        (img, m)
+    }
+
+    #[test]
+    fn every_fixture_from_its_checkpoint_alone() {
+        for scen in [
+            "legacy-basic",
+            "legacy-basic.io_uring",
+            "legacy-basic.odirect",
+            "object-evict",
+            "object-evict.io_uring",
+            "object-evict.odirect",
+            "object-multitenant",
+            "object-multitenant.io_uring",
+            "object-multitenant.odirect",
+            "reopen",
+            "reopen.io_uring",
+            "reopen.odirect",
+        ] {
+            let (img, m) = fixture(scen);
+            let d = discover(&img, &GeometryFlags::default()).unwrap_or_else(|e| panic!("{scen}: {e}"));
+            let g = &m["geometry"];
+            assert_eq!(d.source, GeometrySource::Checkpoint);
+            assert_eq!(d.geometry.slot_bytes, g["slot_bytes"].as_u64().unwrap(), "{scen}");
+            assert_eq!(d.geometry.header_bytes, g["header_bytes"].as_u64().unwrap(), "{scen}");
+            assert_eq!(d.geometry.meta_total_bytes, g["meta_total_bytes"].as_u64().unwrap(), "{scen}");
+            assert_eq!(d.geometry.max_slots, g["max_slots"].as_u64().unwrap(), "{scen}");
+            assert_eq!(d.geometry.capacity_bytes, g["capacity_bytes_effective"].as_u64().unwrap(), "{scen}");
+        }
+    }
+
+    #[test]
+    fn flags_confirm_or_conflict() {
+        let (img, _) = fixture("object-evict");
+        let ok = GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(1 << 20), ..Default::default() };
+        assert_eq!(discover(&img, &ok).unwrap().source, GeometrySource::Both);
+        let bad = GeometryFlags { slot_bytes: Some(131072), ..Default::default() };
+        let e = discover(&img, &bad).unwrap_err();
+        assert!(matches!(e, DiscoverError::Conflict { field: "slot_bytes", flag: 131072, checkpoint: 65536 }), "{e}");
+        assert!(e.to_string().contains("--slot-bytes"));
+    }
+
+    #[test]
+    fn blank_device_needs_flags() {
+        let img = vec![0u8; 8 << 20];
+        let e = discover(&img, &GeometryFlags::default()).unwrap_err();
+        assert!(e.to_string().contains("--slot-bytes and --meta-total-bytes"), "{e}");
+        let f = GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(1 << 20), ..Default::default() };
+        let d = discover(&img, &f).unwrap();
+        assert_eq!(d.source, GeometrySource::Flags);
+        assert_eq!(d.geometry.max_slots, 112);
+        let tiny = vec![0u8; 1 << 20];
+        assert!(matches!(discover(&tiny, &f), Err(DiscoverError::Geometry(GeometryError::DeviceTooSmall { .. }))));
+    }
+
+    #[test]
+    fn copy1_found_through_flags_when_copy0_is_torn() {
+        let (mut img, _) = fixture("object-evict");
+        img[..4096].fill(0);
+        assert!(discover(&img, &GeometryFlags::default()).is_err());
+        let f = GeometryFlags { meta_total_bytes: Some(1 << 20), ..Default::default() };
+        let d = discover(&img, &f).unwrap();
+        assert_eq!(d.geometry.slot_bytes, 65536);
+        assert_eq!(d.checkpoint.unwrap().next_slot, Some(16));
+    }
+}
