@@ -1,0 +1,301 @@
+#!/usr/bin/env bash
+# Set up the fdpblk VM harness on a Debian host (idempotent).
+#
+#   tests/vm/setup.sh [--refresh] [--no-packages] [--no-kernels]
+#
+# 1. Host packages: QEMU >= 8.0 with FDP emulation (from <codename>-backports on
+#    bookworm; the backports source is written from the mirror URI found in the
+#    host's own apt configuration), busybox-static, nvme-cli, fio, cpio, kmod, zstd,
+#    xz-utils, gcc, libc6-dev, libclang-dev.
+# 2. Guest kernels, downloaded with a private apt configuration and unpacked into
+#    the cache (never installed):
+#      new  newest generic amd64 kernel in trixie-backports (must be >= 6.16)
+#      old  newest generic amd64 kernel < 6.16 in bookworm-backports (6.12 era)
+# 3. The initramfs for each kernel and tools/wstream.c -> $CACHE/bin/wstream.
+#
+# Cache: $FDPBLK_VM_CACHE (default /var/cache/fdpblk-vm). Once the cache is
+# complete, a rerun does no network access at all; --refresh re-resolves the
+# newest kernels (downloading only what changed).
+set -euo pipefail
+
+VM_LOG_PREFIX=setup
+# shellcheck source=lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+
+REFRESH=0 PACKAGES=1 KERNELS=1
+while (($#)); do
+    case $1 in
+        --refresh) REFRESH=1 ;;
+        --no-packages) PACKAGES=0 ;;
+        --no-kernels) KERNELS=0 ;;
+        -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) vm_die "unknown option '$1' (see --help)" ;;
+    esac
+    shift
+done
+
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || vm_die "run as root (or install sudo): apt-get and $VM_CACHE need it"
+    SUDO=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+
+# shellcheck source=/dev/null
+. /etc/os-release
+CODENAME=${VERSION_CODENAME:-}
+[[ ${ID:-} == debian && -n $CODENAME ]] || vm_die "this set-up expects a Debian host (found ${PRETTY_NAME:-unknown})"
+
+# Print the Debian archive URI that the host's apt configuration uses for the
+# suite $CODENAME (deb822 .sources first, then one-line .list files).
+debian_mirror_uri() {
+    local f uri
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [[ -f $f ]] || continue
+        uri=$(awk -v suite="$CODENAME" '
+            function flush() {
+                if (types ~ /(^| )deb( |$)/ && (" " suites " ") ~ (" " suite " ") && uris != "" && !found) {
+                    split(uris, u, " "); print u[1]; found = 1
+                }
+                types = suites = uris = ""; enabled = 1
+            }
+            /^[ \t]*$/ { flush(); next }
+            /^[ \t]*#/ { next }
+            tolower($1) == "types:" { $1 = ""; types = $0 }
+            tolower($1) == "uris:" { $1 = ""; uris = $0; sub(/^ +/, "", uris) }
+            tolower($1) == "suites:" { $1 = ""; suites = $0 }
+            END { flush() }' "$f")
+        if [[ -n $uri ]]; then
+            printf '%s\n' "${uri%/}"
+            return 0
+        fi
+    done
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [[ -f $f ]] || continue
+        uri=$(awk -v suite="$CODENAME" '
+            $1 == "deb" {
+                i = 2
+                if ($i ~ /^\[/) { while ($i !~ /\]$/) i++; i++ }
+                if ($(i + 1) == suite) { print $i; exit }
+            }' "$f")
+        if [[ -n $uri ]]; then
+            printf '%s\n' "${uri%/}"
+            return 0
+        fi
+    done
+    return 1
+}
+
+MIRROR=
+mirror() {
+    if [[ -z $MIRROR ]]; then
+        MIRROR=$(debian_mirror_uri) ||
+            vm_die "no Debian mirror for '$CODENAME' in /etc/apt/sources.list{,.d}; add the host's Debian archive source first"
+    fi
+    printf '%s\n' "$MIRROR"
+}
+
+pkg_installed() {
+    [[ $(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null) == installed ]]
+}
+
+APT_UPDATED=0
+apt_update_once() {
+    if ((!APT_UPDATED)); then
+        vm_log "apt-get update"
+        "${SUDO[@]}" apt-get update -qq || vm_die "apt-get update failed (network or apt configuration problem)"
+        APT_UPDATED=1
+    fi
+}
+
+qemu_version_ok() {
+    local v
+    v=$(qemu-system-x86_64 --version 2>/dev/null | sed -n '1s/.*version \([0-9][0-9.]*\).*/\1/p')
+    [[ -n $v ]] && dpkg --compare-versions "$v" ge 8.0
+}
+
+install_packages() {
+    local base=(busybox-static nvme-cli fio cpio kmod zstd xz-utils gcc libc6-dev libclang-dev
+        binutils debian-archive-keyring util-linux)
+    local qemu=(qemu-system-x86 qemu-system-data qemu-utils)
+    local missing=() p
+    for p in "${base[@]}"; do pkg_installed "$p" || missing+=("$p"); done
+    if ((${#missing[@]})); then
+        apt_update_once
+        vm_log "installing ${missing[*]}"
+        "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
+            vm_die "apt-get install ${missing[*]} failed"
+    fi
+
+    local need_qemu=0
+    for p in "${qemu[@]}"; do pkg_installed "$p" || need_qemu=1; done
+    if ((!need_qemu)) && qemu_version_ok && vm_qemu_ok; then
+        return 0
+    fi
+    local target=()
+    if [[ $CODENAME == bookworm ]]; then
+        # bookworm's QEMU 7.2 has no FDP emulation: take QEMU from bookworm-backports.
+        local bp="$CODENAME-backports"
+        if ! grep -qsE "(^|[[:space:]])$bp([[:space:]]|$)" /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
+            /etc/apt/sources.list.d/*.sources; then
+            local src=/etc/apt/sources.list.d/fdpblk-$bp.sources m
+            m=$(mirror)
+            vm_log "enabling $bp in $src"
+            printf 'Types: deb\nURIs: %s\nSuites: %s\nComponents: main\nSigned-By: %s\n' \
+                "$m" "$bp" "$KEYRING" | "${SUDO[@]}" tee "$src" >/dev/null
+            APT_UPDATED=0
+        fi
+        apt_update_once
+        target=(-t "$bp")
+    else
+        apt_update_once
+    fi
+    vm_log "installing ${qemu[*]} ${target[*]}"
+    "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${target[@]}" "${qemu[@]}" ||
+        vm_die "apt-get install ${qemu[*]} failed"
+    qemu_version_ok || vm_die "QEMU >= 8.0 is needed for FDP emulation; got: $(qemu-system-x86_64 --version | head -n1)"
+    vm_qemu_ok || vm_die "qemu-system-x86_64 lacks the nvme-subsys fdp.* options (QEMU >= 8.0 needed)"
+}
+
+# ---- guest kernels -----------------------------------------------------------
+
+ALT=()
+alt_apt() { # alt_apt SUITE: set ALT to a private apt configuration for SUITE
+    local suite=$1 a="$VM_CACHE/apt/$1" m
+    m=$(mirror)
+    mkdir -p "$a/lists/partial" "$a/cache/archives/partial" "$a/etc/preferences.d"
+    printf 'deb [signed-by=%s] %s %s main\n' "$KEYRING" "$m" "$suite" >"$a/etc/sources.list"
+    ALT=(-o "Dir::Etc::SourceList=$a/etc/sources.list" -o Dir::Etc::SourceParts=/dev/null
+        -o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache" -o Dir::State::status=/dev/null
+        -o Dir::Etc::Preferences=/dev/null -o "Dir::Etc::PreferencesParts=$a/etc/preferences.d"
+        -o Debug::NoLocking=1)
+    # Downloads land in the root-owned cache: no point sandboxing them as _apt.
+    [[ $(id -u) -ne 0 ]] || ALT+=(-o APT::Sandbox::User=root)
+}
+
+# pick_kernel OP LIMIT: print the newest generic amd64 kernel release in the
+# private lists whose upstream version satisfies "OP LIMIT" (dpkg operators),
+# together with the packages to download: "KVER PKG...".
+pick_kernel() {
+    local op=$1 limit=$2 avail name ver kver up pkgs dep ok
+    avail=$(apt-cache "${ALT[@]}" dumpavail) || return 1
+    while read -r name ver; do
+        kver=${name#linux-image-}
+        up=${kver%%+*}
+        up=${up%%-*}
+        dpkg --compare-versions "$up" "$op" "$limit" || continue
+        pkgs=("$name")
+        ok=1
+        # Debian >= 13 splits the kernel into linux-{binary,modules,base}-KVER.
+        for dep in $(apt-cache "${ALT[@]}" show --no-all-versions "$name" 2>/dev/null |
+            sed -n 's/^Depends: //p' | tr ',|' '\n\n' | awk '{print $1}' |
+            grep -E "^linux-(binary|modules|base)-$(printf '%s' "$kver" | sed 's/[.+]/\\&/g')\$"); do
+            if grep -qx "Package: $dep" <<<"$avail"; then pkgs+=("$dep"); else ok=0; fi
+        done
+        if ((ok)); then
+            echo "$kver ${pkgs[*]}"
+            return 0
+        fi
+    done < <(awk '/^Package: /{p=$2} /^Version: /{if (p != "") print p, $2; p=""}' <<<"$avail" |
+        grep -E '^linux-image-[0-9]+\.[0-9]+[^ ]*\+[^ -]+-amd64 ' | sort -k2,2Vr -k1,1Vr)
+    return 1
+}
+
+# extract_vmlinux VMLINUZ OUT: decompress the kernel ELF out of a bzImage.
+extract_vmlinux() {
+    local in=$1 out=$2 magic tool off
+    for magic in 'zstd:\x28\xb5\x2f\xfd' 'xz:\xfd7zXZ\x00' 'gzip:\x1f\x8b\x08'; do
+        tool=${magic%%:*}
+        for off in $(LC_ALL=C grep -obUaP "${magic#*:}" "$in" | cut -d: -f1); do
+            tail -c "+$((off + 1))" "$in" | "$tool" -dc >"$out" 2>/dev/null || true
+            if readelf -h "$out" >/dev/null 2>&1; then
+                return 0
+            fi
+        done
+    done
+    rm -f "$out"
+    return 1
+}
+
+prepare_kernel() { # prepare_kernel FLAVOR SUITE OP LIMIT
+    local flavor=$1 suite=$2 op=$3 limit=$4 kver pick pkgs p deb kd tmp md vmlinuz
+    if ((!REFRESH)) && kver=$(vm_kernel_release "$flavor") && vm_kernel_ready "$kver"; then
+        vm_log "kernel $flavor: $kver (cached)"
+        return 0
+    fi
+    alt_apt "$suite"
+    vm_log "kernel $flavor: resolving the newest kernel in $suite"
+    apt-get "${ALT[@]}" update -qq || vm_die "apt-get update for $suite failed (network, or the keyring lacks $suite's key: install debian-archive-keyring)"
+    pick=$(pick_kernel "$op" "$limit") ||
+        vm_die "no generic amd64 kernel with version $op $limit found in $suite"
+    kver=${pick%% *}
+    read -r -a pkgs <<<"${pick#* }"
+    kd=$(vm_kernel_dir "$kver")
+    if ! vm_kernel_ready "$kver"; then
+        mkdir -p "$VM_CACHE/debs"
+        for p in "${pkgs[@]}"; do
+            if ! compgen -G "$VM_CACHE/debs/${p}_*.deb" >/dev/null; then
+                vm_log "downloading $p"
+                (cd "$VM_CACHE/debs" && apt-get "${ALT[@]}" download -qq "$p") || vm_die "apt-get download $p failed"
+            fi
+        done
+        tmp="$kd.tmp"
+        rm -rf "$tmp" "$kd"
+        mkdir -p "$tmp/root"
+        for p in "${pkgs[@]}"; do
+            for deb in "$VM_CACHE/debs/${p}"_*.deb; do
+                vm_log "unpacking ${deb##*/}"
+                dpkg-deb -x "$deb" "$tmp/root"
+            done
+        done
+        if [[ -d $tmp/root/usr/lib/modules && ! -e $tmp/root/lib/modules ]]; then
+            mkdir -p "$tmp/root/lib"
+            ln -s ../usr/lib/modules "$tmp/root/lib/modules"
+        fi
+        [[ -s $tmp/root/lib/modules/$kver/modules.builtin ]] || vm_die "$kver: modules.builtin missing from the unpacked packages"
+        depmod -b "$tmp/root" "$kver" || vm_die "depmod for $kver failed (install kmod)"
+        md="$tmp/root/lib/modules/$kver"
+        vmlinuz=
+        for p in "$tmp/root/boot/vmlinuz-$kver" "$md/vmlinuz"; do
+            if [[ -f $p ]]; then vmlinuz=$p; break; fi
+        done
+        [[ -n $vmlinuz ]] || vm_die "$kver: no vmlinuz in the unpacked packages"
+        ln -s "root/${vmlinuz#"$tmp"/root/}" "$tmp/vmlinuz"
+        # A PVH-capable ELF boots about 4 s faster than the bzImage under TCG.
+        if extract_vmlinux "$vmlinuz" "$tmp/vmlinux"; then
+            if ! readelf -n "$tmp/vmlinux" 2>/dev/null | grep -Eq 'Xen.*(0x00000012|PHYS32)'; then
+                vm_log "$kver: vmlinux has no PVH entry; run.sh will boot the bzImage"
+                rm -f "$tmp/vmlinux"
+            fi
+        else
+            vm_log "$kver: could not extract vmlinux; run.sh will boot the bzImage"
+        fi
+        touch "$tmp/.complete"
+        mv "$tmp" "$kd"
+    fi
+    echo "$kver" >"$VM_CACHE/kernels/$flavor"
+    vm_log "kernel $flavor: $kver"
+}
+
+if [[ ! -d $VM_CACHE || ! -w $VM_CACHE ]]; then
+    "${SUDO[@]}" mkdir -p "$VM_CACHE/kernels"
+    [[ -w $VM_CACHE ]] || "${SUDO[@]}" chown "$(id -u):$(id -g)" "$VM_CACHE"
+fi
+mkdir -p "$VM_CACHE/kernels"
+
+((PACKAGES)) && install_packages
+for p in busybox cpio depmod zstd xz gcc readelf qemu-system-x86_64 nvme fio; do
+    command -v "$p" >/dev/null || vm_die "'$p' not found; run tests/vm/setup.sh without --no-packages"
+done
+
+if ((KERNELS)); then
+    prepare_kernel new trixie-backports ge 6.16
+    prepare_kernel old bookworm-backports lt 6.16
+    for f in new old; do
+        k=$(vm_kernel_release "$f")
+        vm_log "initramfs $f: $(vm_initramfs "$k")"
+    done
+fi
+vm_log "wstream: $(vm_build_wstream)"
+vm_log "ready (cache: $VM_CACHE)"
