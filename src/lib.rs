@@ -1,4 +1,6 @@
 pub mod classify;
+pub mod cli;
+pub mod cmd;
 pub mod device;
 pub mod engine;
 pub mod layout;

@@ -1,1 +1,24 @@
-fn main(){}
+use clap::Parser;
+use fdpblk::cli::{Cli, Command};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FDPBLK_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(a) => fdpblk::cmd::inspect::run(&a),
+        Command::Replay(a) => fdpblk::cmd::replay::run(&a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fdpblk: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

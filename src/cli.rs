@@ -1,0 +1,116 @@
+//! Command-line arguments: one shared geometry struct, one struct per command.
+
+use crate::layout::discover::GeometryFlags;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "fdpblk", version, about = "Key-aware FDP placement for LMCache raw_block, as a ublk server")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Show the raw_block layout, both checkpoint copies and the live entries of a device or image.
+    Inspect(InspectArgs),
+    /// Run a trace of block requests through the classifier, a policy and the simulated drive.
+    Replay(ReplayArgs),
+}
+
+/// LMCache's raw_block geometry, named like its config keys. Sizes take K/M/G/T suffixes
+/// (powers of 1024) or plain bytes.
+#[derive(Args, Debug, Clone, Default)]
+pub struct GeometryArgs {
+    /// LMCache `block_align` (default 4096).
+    #[arg(long, value_parser = parse_size)]
+    pub block_align: Option<u64>,
+    /// LMCache `header_bytes` (default 4096).
+    #[arg(long, value_parser = parse_size)]
+    pub header_bytes: Option<u64>,
+    /// LMCache `slot_bytes`.
+    #[arg(long, value_parser = parse_size)]
+    pub slot_bytes: Option<u64>,
+    /// LMCache `meta_total_bytes` (128M non-MP, 256M MP by default in LMCache).
+    #[arg(long, value_parser = parse_size)]
+    pub meta_total_bytes: Option<u64>,
+    /// LMCache `capacity_bytes` (0 or absent: the whole device).
+    #[arg(long, value_parser = parse_size)]
+    pub capacity_bytes: Option<u64>,
+}
+
+impl GeometryArgs {
+    pub fn flags(&self) -> GeometryFlags {
+        GeometryFlags {
+            block_align: self.block_align,
+            header_bytes: self.header_bytes,
+            slot_bytes: self.slot_bytes,
+            meta_total_bytes: self.meta_total_bytes,
+            capacity_bytes: self.capacity_bytes.filter(|&c| c > 0),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// Block device or image file LMCache raw_block wrote.
+    pub path: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub geometry: GeometryArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// JSON-lines trace, one request per line (see the README); `-` reads standard input.
+    pub trace: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+    /// Placement policy.
+    #[arg(long, default_value = "region")]
+    pub policy: String,
+    /// Learn the geometry from this device or image's checkpoint (flags still apply).
+    #[arg(long)]
+    pub device: Option<PathBuf>,
+    /// Size of the replayed device; default: the device's size, else the trace's furthest byte.
+    #[arg(long, value_parser = parse_size)]
+    pub device_size: Option<u64>,
+    #[command(flatten)]
+    pub geometry: GeometryArgs,
+}
+
+/// Parses `4096`, `64K`, `128M`, `1G`, `2T` (also `KiB`/`MiB`/...) into bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size (examples: 4096, 64K, 128M, 1G)"))?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("'{s}': unknown size unit '{unit}' (use K, M, G or T)")),
+    };
+    n.checked_mul(1u64 << shift).ok_or_else(|| format!("'{s}' does not fit in 64 bits"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("128MiB"), Ok(128 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("1Q").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+}

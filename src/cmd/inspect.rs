@@ -1,0 +1,263 @@
+//! `fdpblk inspect`: the layout, both checkpoint copies, and every live entry of the newest
+//! valid checkpoint with a check of its slot header, as LMCache's loader would check it.
+//! Entries are streamed, so a checkpoint of a million entries prints in bounded memory.
+
+use super::CmdResult;
+use crate::cli::InspectArgs;
+use crate::device::{open_readonly, ReadAt};
+use crate::layout::checkpoint::{newest_valid, read_entries, CopyStatus};
+use crate::layout::checkpoint_json::JsonLimits;
+use crate::layout::discover::{discover, GeometryFlags};
+use crate::layout::keys;
+use crate::layout::slot_header::{SlotHeader, SLOT_HEADER_PREFIX};
+use crate::layout::Geometry;
+use serde_json::json;
+use std::io::{BufWriter, Write};
+
+/// One index entry and what its slot header says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryReport {
+    pub key: String,
+    pub slot: Option<u64>,
+    pub offset: Option<u64>,
+    pub size: Option<u64>,
+    pub identity: Option<u64>,
+    pub header_ok: bool,
+    /// Why the entry would be dropped by LMCache's loader, if it would.
+    pub problem: Option<&'static str>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InspectSummary {
+    pub live: u64,
+    pub header_mismatch: u64,
+    pub checkpoint_seq: Option<u64>,
+}
+
+/// Checks one entry against the layout and its slot header (`_validate_loaded_entries`).
+pub fn check_entry<D: ReadAt + ?Sized>(dev: &D, g: &Geometry, key: &str, offset: Option<u64>, size: Option<u64>) -> EntryReport {
+    let identity = keys::identity(key).ok();
+    let mut r = EntryReport { key: key.to_string(), slot: None, offset, size, identity, header_ok: false, problem: None };
+    let (Some(off), Some(sz)) = (offset, size) else {
+        r.problem = Some("offset or size missing");
+        return r;
+    };
+    let slot = match g.slot_of(off) {
+        Some((s, 0)) => s,
+        _ => {
+            r.problem = Some("offset is not a slot start");
+            return r;
+        }
+    };
+    r.slot = Some(slot);
+    if sz == 0 || sz > g.slot_payload_capacity() {
+        r.problem = Some("size outside the slot's payload capacity");
+        return r;
+    }
+    let Some(id) = identity else {
+        r.problem = Some("key is not an LMCache key string");
+        return r;
+    };
+    let mut b = [0u8; SLOT_HEADER_PREFIX];
+    r.problem = match dev.read_exact_at(&mut b, off).map_err(|_| ()).and_then(|_| SlotHeader::parse(&b).map_err(|_| ())) {
+        Err(()) => Some("slot header missing (no LMCBLK01)"),
+        Ok(h) if h.identity != id => Some("slot header identity differs (slot reused)"),
+        Ok(h) if h.payload_len != sz => Some("slot header payload_len differs"),
+        Ok(_) => None,
+    };
+    r.header_ok = r.problem.is_none();
+    r
+}
+
+/// Streams the newest valid checkpoint's entries through `on_entry`.
+pub fn inspect_entries<D: ReadAt + ?Sized>(
+    dev: &D,
+    g: &Geometry,
+    copies: &[CopyStatus],
+    on_entry: &mut dyn FnMut(&EntryReport) -> std::io::Result<()>,
+) -> Result<InspectSummary, Box<dyn std::error::Error>> {
+    let mut s = InspectSummary::default();
+    let Some(newest) = newest_valid(copies) else { return Ok(s) };
+    s.checkpoint_seq = newest.seq();
+    read_entries(dev, g, newest, &JsonLimits::default(), &mut |e| {
+        let r = check_entry(dev, g, e.key, e.offset, e.size);
+        s.live += 1;
+        if !r.header_ok {
+            s.header_mismatch += 1;
+        }
+        on_entry(&r).map_err(|e| e.to_string())
+    })?;
+    Ok(s)
+}
+
+fn copy_json(c: &CopyStatus) -> serde_json::Value {
+    json!({
+        "copy": c.copy,
+        "seq": c.seq(),
+        "payload_len": c.payload_len(),
+        "crc_ok": c.crc_ok,
+        "valid": c.is_valid(),
+        "error": c.header.as_ref().err().map(|e| e.to_string()),
+    })
+}
+
+fn entry_json(r: &EntryReport) -> serde_json::Value {
+    json!({
+        "key": r.key, "slot": r.slot, "offset": r.offset, "size": r.size,
+        "identity": r.identity, "header_ok": r.header_ok, "problem": r.problem,
+    })
+}
+
+pub fn run(a: &InspectArgs) -> CmdResult {
+    let dev = open_readonly(&a.path)?;
+    let flags: GeometryFlags = a.geometry.flags();
+    let d = discover(&dev, &flags)?;
+    let g = d.geometry;
+    let copies = match d.copies {
+        Some(c) => c,
+        None => crate::layout::checkpoint::read_copies(&dev, &g)?,
+    };
+    let out = std::io::stdout();
+    let mut w = BufWriter::new(out.lock());
+    if a.json {
+        let mut geo = g.to_json();
+        if let Some(o) = geo.as_object_mut() {
+            o.insert("source".into(), json!(format!("{:?}", d.source).to_lowercase()));
+        }
+        write!(w, "{{\"geometry\":{},\"checkpoints\":{},\"entries\":[", geo, json!(copies.iter().map(copy_json).collect::<Vec<_>>()))?;
+        let mut first = true;
+        let s = inspect_entries(&dev, &g, &copies, &mut |r| {
+            if !first {
+                w.write_all(b",")?;
+            }
+            first = false;
+            write!(w, "{}", entry_json(r))
+        })?;
+        writeln!(
+            w,
+            "],\"summary\":{}}}",
+            json!({"live": s.live, "header_mismatch": s.header_mismatch, "checkpoint_seq": s.checkpoint_seq})
+        )?;
+    } else {
+        writeln!(w, "geometry ({:?}):", d.source)?;
+        writeln!(
+            w,
+            "  block_align {}  header_bytes {}  slot_bytes {}  meta_total_bytes {}",
+            g.block_align, g.header_bytes, g.slot_bytes, g.meta_total_bytes
+        )?;
+        writeln!(
+            w,
+            "  data_base_offset {}  max_slots {}  capacity_bytes {}  checkpoint payload cap {}",
+            g.data_base_offset(),
+            g.max_slots,
+            g.capacity_bytes,
+            g.payload_cap()
+        )?;
+        writeln!(w, "checkpoints:")?;
+        for c in &copies {
+            match &c.header {
+                Ok(h) => writeln!(
+                    w,
+                    "  copy {}  seq {}  payload_len {}  crc {}",
+                    c.copy,
+                    h.seq,
+                    h.payload_len,
+                    if c.crc_ok == Some(true) { "ok" } else { "MISMATCH" }
+                )?,
+                Err(e) => writeln!(w, "  copy {}  invalid: {e}", c.copy)?,
+            }
+        }
+        writeln!(w, "entries:")?;
+        let s = inspect_entries(&dev, &g, &copies, &mut |r| {
+            writeln!(
+                w,
+                "  slot {:>8}  size {:>10}  identity {:>18}  header {}  {}",
+                r.slot.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+                r.size.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+                r.identity.map(|i| format!("{i:#018x}")).unwrap_or_else(|| "-".into()),
+                match r.problem {
+                    None => "ok",
+                    Some(p) => p,
+                },
+                r.key
+            )
+        })?;
+        match s.checkpoint_seq {
+            Some(seq) => writeln!(w, "summary: {} live entries (checkpoint seq {seq}), {} with a mismatched slot header", s.live, s.header_mismatch)?,
+            None => writeln!(w, "summary: no valid checkpoint; LMCache would start with an empty index")?,
+        }
+    }
+    w.flush()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::checkpoint::read_copies;
+
+    #[test]
+    fn every_fixture_matches_its_manifest() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6");
+        let mut scenarios = 0;
+        for dir in std::fs::read_dir(&root).unwrap() {
+            let dir = dir.unwrap().path();
+            if !dir.join("manifest.json").exists() {
+                continue;
+            }
+            scenarios += 1;
+            let img = std::fs::read(dir.join("device.img")).unwrap();
+            let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+            let d = discover(&img, &GeometryFlags::default()).unwrap();
+            let copies = read_copies(&img, &d.geometry).unwrap();
+            let mut got = Vec::new();
+            let s = inspect_entries(&img, &d.geometry, &copies, &mut |r| {
+                got.push(r.clone());
+                Ok(())
+            })
+            .unwrap();
+            // The manifest's live keys: the last record of each key that is live at the end.
+            let mut want = std::collections::BTreeMap::new();
+            for k in m["keys"].as_array().unwrap() {
+                if k["live_at_end"].as_bool() == Some(true) {
+                    want.insert(k["key"].as_str().unwrap().to_string(), k.clone());
+                }
+            }
+            assert_eq!(got.len(), want.len(), "{}", dir.display());
+            assert_eq!(s.live as usize, want.len());
+            for r in &got {
+                let k = want.get(&r.key).unwrap_or_else(|| panic!("{}: unexpected {}", dir.display(), r.key));
+                assert_eq!(r.identity, k["identity_u64"].as_u64());
+                assert_eq!(r.slot, k["slot"].as_u64());
+                assert_eq!(r.offset, k["offset"].as_u64());
+                assert_eq!(r.size, k["payload_len"].as_u64());
+                assert_eq!(r.header_ok, k["slot_header_on_disk"] == "this_key", "{}", r.key);
+            }
+            assert_eq!(s.header_mismatch, got.iter().filter(|r| !r.header_ok).count() as u64);
+        }
+        assert_eq!(scenarios, 12);
+    }
+
+    #[test]
+    fn reused_slot_is_a_header_mismatch() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6/object-evict");
+        let mut img = std::fs::read(root.join("device.img")).unwrap();
+        let d = discover(&img, &GeometryFlags::default()).unwrap();
+        let g = d.geometry;
+        // Overwrite slot 0's identity, as if another key had been put there.
+        let off = g.slot_offset(0) as usize;
+        img[off + 8] ^= 0xff;
+        let copies = read_copies(&img, &g).unwrap();
+        let mut bad = Vec::new();
+        let s = inspect_entries(&img, &g, &copies, &mut |r| {
+            if !r.header_ok {
+                bad.push(r.clone());
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(s.header_mismatch, 1);
+        assert_eq!(bad[0].slot, Some(0));
+        assert_eq!(bad[0].problem, Some("slot header identity differs (slot reused)"));
+    }
+}

@@ -1,0 +1,6 @@
+//! The commands behind the CLI. Each returns a one-line error that names the fix.
+
+pub mod inspect;
+pub mod replay;
+
+pub type CmdResult = Result<(), Box<dyn std::error::Error>>;
