@@ -27,7 +27,7 @@
 #   --cpus N             guest vCPUs [2]
 #   --timeout SECS       limit on the command's run time; 0 = none [600]
 #   --boot-timeout SECS  watchdog: no command started after SECS -> kill the
-#                        guest and boot once more [120]
+#                        guest and boot once more [60]
 #   --env K=V, --env K   set K in the guest (K alone: copy the host's value)
 #   --share DIR          mount host DIR writable at the same path (repeatable)
 #   --shell              interactive: the console is on this terminal and a
@@ -52,7 +52,7 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 KERNEL=${FDPBLK_VM_KERNEL:-new}
 FDP=on NRUH=8 RU_SIZE=4M DISK_SIZE=1G DISK= LBA=512 MEM=2G CPUS=2
-TIMEOUT=600 BOOT_TIMEOUT=120 SHELL_MODE=0 CONSOLE_OUT= VERBOSE=0 TIMING=0
+TIMEOUT=600 BOOT_TIMEOUT=60 SHELL_MODE=0 CONSOLE_OUT= VERBOSE=0 TIMING=0
 ACCEL=${FDPBLK_VM_ACCEL:-tcg}
 ENVS=() SHARES=()
 
@@ -309,7 +309,7 @@ for attempt in 1 2; do
         sleep 0.2
     done
     qrc=0
-    wait "$QPID" || qrc=$?
+    { wait "$QPID"; } 2>/dev/null || qrc=$?
     QPID=
     wait "${TAILS[@]}" 2>/dev/null || true
     t1=$(now)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Guest side of suite.sh: run several checks in one boot.
+#
+#   batch.sh OUTDIR CHECK:TIMEOUT...
+#
+# For each check: OUTDIR/NAME.log (its output) and a line "NAME RC SECONDS" in
+# OUTDIR/results. FDPBLK_CHECK_OUT=OUTDIR/NAME.d is a directory for the check's
+# artefacts. Afterwards the pseudo-check "kernel-log" fails if the guest kernel
+# logged an oops, BUG, WARNING or call trace (full dmesg in OUTDIR/dmesg.log).
+set -uo pipefail
+
+out=$1
+shift
+mkdir -p "$out"
+: >"$out/results"
+for spec in "$@"; do
+    check=${spec%:*}
+    limit=${spec##*:}
+    name=$(basename "$check" .sh)
+    export FDPBLK_CHECK_OUT="$out/$name.d"
+    mkdir -p "$FDPBLK_CHECK_OUT"
+    echo "batch: running $name (limit ${limit}s)"
+    t0=$(date +%s.%N)
+    timeout -k 5 "$limit" bash "$check" </dev/null >"$out/$name.log" 2>&1
+    rc=$?
+    t1=$(date +%s.%N)
+    ((rc != 124)) || echo "batch: $name timed out after ${limit}s" >>"$out/$name.log"
+    rmdir "$FDPBLK_CHECK_OUT" 2>/dev/null || true
+    secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+    echo "$name $rc $secs" >>"$out/results"
+    echo "batch: $name rc=$rc ${secs}s"
+done
+
+dmesg >"$out/dmesg.log" 2>&1
+if grep -nE 'Oops|BUG:|WARNING:|Call Trace|general protection|kernel panic' "$out/dmesg.log" >"$out/kernel-log.log"; then
+    echo "kernel-log 1 0.0" >>"$out/results"
+else
+    echo "no oops, BUG, WARNING or call trace in dmesg" >"$out/kernel-log.log"
+    echo "kernel-log 0 0.0" >>"$out/results"
+fi
+sync

@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Run the VM checks (tests/vm/checks/*.sh) and print one line per test:
+#   PASS name@kernel (1.2s)   /   FAIL name@kernel
+#
+#   tests/vm/suite.sh [--list] [--keep] [-v] [CHECK...]
+#
+# A check declares its needs in header comments (first 30 lines):
+#   # vm-kernel: new old    guest kernels to run it on (each one) [new]
+#   # vm-fdp: on|off        FDP drive or plain NVMe [on]
+#   # vm-args: ...          extra run.sh options, e.g. --lba-size 4096 [none]
+#   # vm-timeout: SECS      limit for the check [180]
+#   # vm-host: yes          runs on the host (it calls run.sh itself, found in
+#                           $FDPBLK_VM_RUN) instead of inside a guest
+# Guest checks with the same kernel, fdp and args share one boot; every boot
+# also yields "kernel-log@...", which fails on an oops/BUG/WARNING in dmesg.
+#
+# CHECK names (file names without .sh) select checks; --list prints the plan;
+# --keep keeps the results directory (logs, dmesg) even when all passed; -v
+# prints every check's log. Exit: 0 all passed; 1 something failed or could
+# not run; 77 the harness is not set up (only outside CI; with CI=true that is
+# a failure, exit 1).
+set -euo pipefail
+
+VM_LOG_PREFIX=suite
+# shellcheck source=lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+
+LIST=0 KEEP=0 VERBOSE=0 ONLY=()
+while (($#)); do
+    case $1 in
+        --list) LIST=1 ;;
+        --keep) KEEP=1 ;;
+        -v | --verbose) VERBOSE=1 ;;
+        -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        -*) vm_die "unknown option '$1' (see --help)" ;;
+        *) ONLY+=("${1%.sh}") ;;
+    esac
+    shift
+done
+case ${CI:-} in true | TRUE | True | 1 | yes) IN_CI=1 ;; *) IN_CI=0 ;; esac
+
+header() { # header FILE KEY DEFAULT
+    local v
+    v=$(head -n 30 "$1" | sed -n "s/^# *$2: *//p" | head -n1 | sed 's/[[:space:]]*$//')
+    printf '%s\n' "${v:-$3}"
+}
+
+# ---- plan ------------------------------------------------------------------------
+declare -A GROUP_CHECKS=()
+GROUPS_ORDER=() HOST_CHECKS=() KERNELS_NEEDED=()
+declare -A TIMEOUT_OF=()
+found=0
+for f in "$VM_DIR"/checks/*.sh; do
+    [[ -e $f ]] || continue
+    name=$(basename "$f" .sh)
+    if ((${#ONLY[@]})); then
+        sel=0
+        for o in "${ONLY[@]}"; do [[ $o == "$name" ]] && sel=1; done
+        ((sel)) || continue
+    fi
+    found=1
+    TIMEOUT_OF[$name]=$(header "$f" vm-timeout 180)
+    [[ ${TIMEOUT_OF[$name]} =~ ^[0-9]+$ ]] || vm_die "$f: vm-timeout must be a number of seconds"
+    if [[ $(header "$f" vm-host no) == yes ]]; then
+        HOST_CHECKS+=("$name")
+        KERNELS_NEEDED+=(new)
+        continue
+    fi
+    fdp=$(header "$f" vm-fdp on)
+    [[ $fdp == on || $fdp == off ]] || vm_die "$f: vm-fdp must be on or off"
+    args=$(header "$f" vm-args "")
+    for k in $(header "$f" vm-kernel new); do
+        [[ $k == new || $k == old ]] || vm_die "$f: vm-kernel takes new and/or old, not '$k'"
+        key="$k|$fdp|$args"
+        if [[ -z ${GROUP_CHECKS[$key]+x} ]]; then
+            GROUPS_ORDER+=("$key")
+            GROUP_CHECKS[$key]=
+        fi
+        GROUP_CHECKS[$key]+=" $name"
+        KERNELS_NEEDED+=("$k")
+    done
+done
+((found)) || vm_die "no checks match: ${ONLY[*]:-(none in $VM_DIR/checks)}"
+
+label() { # label KERNEL FDP ARGS -> @new / @new,fdp-off / @new,--lba-size-4096
+    local s="@$1"
+    [[ $2 == on ]] || s+=",fdp-off"
+    [[ -z $3 ]] || s+=",$(tr ' ' '-' <<<"$3")"
+    printf '%s\n' "$s"
+}
+
+if ((LIST)); then
+    for key in "${GROUPS_ORDER[@]}"; do
+        IFS='|' read -r k fdp args <<<"$key"
+        echo "boot: --kernel $k --fdp $fdp $args"
+        for c in ${GROUP_CHECKS[$key]} kernel-log; do echo "  $c$(label "$k" "$fdp" "$args")"; done
+    done
+    for c in "${HOST_CHECKS[@]}"; do echo "host: $c@host"; done
+    exit 0
+fi
+
+# ---- preflight: is the harness there? ---------------------------------------------
+harness_missing() {
+    if ((IN_CI)); then
+        echo "FAIL vm-harness: $* (CI=true: a missing harness is a failure; run tests/vm/setup.sh)"
+        exit 1
+    fi
+    echo "SKIP vm-harness: $* (run tests/vm/setup.sh)"
+    exit 77
+}
+vm_qemu_ok || harness_missing "qemu-system-x86_64 with FDP emulation (QEMU >= 8.0) not found"
+for k in $(printf '%s\n' "${KERNELS_NEEDED[@]}" | sort -u); do
+    kver=$(vm_kernel_release "$k") && vm_kernel_ready "$kver" ||
+        harness_missing "guest kernel '$k' not set up in $VM_CACHE"
+done
+for t in busybox nvme gcc cpio; do
+    command -v "$t" >/dev/null || harness_missing "host tool '$t' not found"
+done
+if ! out=$(vm_build_wstream 2>&1); then
+    harness_missing "cannot build tools/wstream.c: $out"
+fi
+
+REPO=$(cd "$VM_DIR/../.." && pwd -P)
+case $REPO/ in
+    /tmp/* | /run/* | /dev/*) vm_die "the repository at $REPO is hidden in the guest (its /tmp and /run are its own); move it elsewhere" ;;
+esac
+cd "$REPO"
+RES=$(mktemp -d "${TMPDIR:-/tmp}/fdpblk-vm-suite.XXXXXX")
+PASSED=0 FAILED=0
+SUITE_T0=$(date +%s.%N)
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+indent() { sed 's/^/    | /'; }
+pass() { echo "PASS $1 ($2s)"; PASSED=$((PASSED + 1)); }
+fail() { echo "FAIL $1${2:+ ($2)}"; FAILED=$((FAILED + 1)); }
+
+# ---- guest checks, one boot per group ----------------------------------------------
+gi=0
+for key in "${GROUPS_ORDER[@]}"; do
+    gi=$((gi + 1))
+    IFS='|' read -r k fdp args <<<"$key"
+    lab=$(label "$k" "$fdp" "$args")
+    gdir="$RES/boot$gi"
+    specs=()
+    limit=60
+    for c in ${GROUP_CHECKS[$key]}; do
+        specs+=("$VM_DIR/checks/$c.sh:${TIMEOUT_OF[$c]}")
+        limit=$((limit + TIMEOUT_OF[$c] + 5))
+    done
+    t0=$(date +%s.%N)
+    rc=0
+    # shellcheck disable=SC2086 # $args is a list of run.sh options
+    "$VM_DIR/run.sh" --timing --kernel "$k" --fdp "$fdp" $args --share "$RES" --timeout "$limit" \
+        --console "$gdir.console" -- bash "$VM_DIR/lib/batch.sh" "$gdir" "${specs[@]}" \
+        >"$gdir.out" 2>&1 || rc=$?
+    timing=$(sed -n 's/^fdpblk-vm: kernel .*: \(boot .*\)$/\1/p' "$gdir.out" | tail -n1)
+    echo "-- boot $((gi)): --kernel $k --fdp $fdp $args: ${timing:-no timing (run.sh exit $rc)}, wall $(elapsed "$t0")s"
+    for c in ${GROUP_CHECKS[$key]} kernel-log; do
+        line=$(awk -v n="$c" '$1 == n' "$gdir/results" 2>/dev/null || true)
+        if [[ -z $line ]]; then
+            fail "$c$lab" "did not run: run.sh exit $rc"
+            tail -n 30 "$gdir.out" | indent
+            continue
+        fi
+        read -r _ crc secs <<<"$line"
+        if ((crc == 0)); then
+            pass "$c$lab" "$secs"
+            ((!VERBOSE)) || indent <"$gdir/$c.log"
+        else
+            fail "$c$lab" "exit $crc after ${secs}s"
+            grep -v '^ok - ' "$gdir/$c.log" | tail -n 60 | indent
+        fi
+    done
+done
+
+# ---- host checks ------------------------------------------------------------------------
+export FDPBLK_VM_RUN="$VM_DIR/run.sh"
+for c in "${HOST_CHECKS[@]}"; do
+    t0=$(date +%s.%N)
+    rc=0
+    timeout -k 10 "${TIMEOUT_OF[$c]}" bash "$VM_DIR/checks/$c.sh" </dev/null >"$RES/$c.log" 2>&1 || rc=$?
+    if ((rc == 0)); then
+        pass "$c@host" "$(elapsed "$t0")"
+        ((!VERBOSE)) || indent <"$RES/$c.log"
+    else
+        fail "$c@host" "exit $rc after $(elapsed "$t0")s"
+        grep -v '^ok - ' "$RES/$c.log" | tail -n 60 | indent
+    fi
+done
+
+echo "vm suite: $PASSED passed, $FAILED failed in $(elapsed "$SUITE_T0")s"
+if ((FAILED || KEEP)); then
+    echo "vm suite: logs in $RES"
+else
+    rm -rf "$RES"
+fi
+((FAILED == 0))
