@@ -1,5 +1,6 @@
 //! Classification cost per request: a 1 MiB slot-payload write and a 4 KiB slot-header write,
-//! through `classify` alone and through the whole `Pipeline::plan` (classify + place).
+//! through `classify` alone and through the whole `Pipeline::plan` (classify + place), next to
+//! the cost of copying the request's bytes once (the floor of any copy-mode block server).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fdpblk::classify::{classify, Op};
@@ -61,6 +62,15 @@ fn bench(c: &mut Criterion) {
             black_box(p.plan(black_box(&r), &mut segs).len())
         })
     });
+    group.finish();
+
+    // The peer: one copy of the request's bytes, which any block server pays at least once.
+    let mut group = c.benchmark_group("memcpy_baseline");
+    group.throughput(Throughput::Elements(1));
+    let mut dst4 = vec![0u8; 4096];
+    let mut dst1m = vec![0u8; 1 << 20];
+    group.bench_function("header_4k", |b| b.iter(|| dst4.copy_from_slice(black_box(&hdr))));
+    group.bench_function("payload_1m", |b| b.iter(|| dst1m.copy_from_slice(black_box(&payload))));
     group.finish();
 }
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The main job, runnable anywhere (no FDP drive, no ublk driver needed): read real LMCache
+# raw_block images, then replay LMCache's own captured I/O through fdpblk's classifier and
+# placement policies into the simulated FDP drive, and show where the bytes land.
+#
+#   tools/demo.sh [FIXTURES_DIR]     (default: the LMCache fixtures beside the repository)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fixtures=${1:-${FDPBLK_FIXTURES:-../shared/fixtures/lmcache-0.5.6}}
+[[ -d $fixtures ]] || { echo "demo: no LMCache fixtures at $fixtures; pass their directory as the first argument" >&2; exit 1; }
+cargo build --release --quiet --bins
+bin=target/release/fdpblk
+scen=$fixtures/object-evict
+
+echo "== 1. What LMCache left on the device (fdpblk inspect)"
+$bin inspect "$scen/device.img"
+
+echo
+echo "== 2. LMCache's captured I/O, classified and placed (fdpblk replay)"
+trace=$(mktemp --suffix=.jsonl)
+trap 'rm -f "$trace"' EXIT
+# The capture's writes and reads, in the replay trace format (first 32 bytes as data).
+python3 - "$scen/iotrace.jsonl" > "$trace" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r["op"] in ("write", "read"):
+        out = {"op": r["op"], "offset": r["offset"], "len": r["total_len"]}
+        if r["op"] == "write":
+            out["data_hex"] = r["head32_hex"]
+        print(json.dumps(out))
+PY
+for policy in none region; do
+    echo "-- policy $policy"
+    $bin replay --device "$scen/device.img" --policy "$policy" "$trace"
+done
