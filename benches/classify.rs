@@ -6,7 +6,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fdpblk::classify::{classify, Op};
 use fdpblk::layout::slot_header::SlotHeader;
 use fdpblk::layout::GeometryConfig;
-use fdpblk::pipeline::{Pipeline, Request};
+use fdpblk::pipeline::{HeaderWait, Pipeline, Request};
 use fdpblk::place::RegionPolicy;
 use std::hint::black_box;
 
@@ -52,14 +52,14 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             segs.clear();
             let r = Request { op: Op::Write, offset: g.slot_offset(slot), len: 4096, data: Some(&hdr) };
-            black_box(p.plan(black_box(&r), &mut segs).len())
+            black_box(p.plan(black_box(&r), &mut segs, HeaderWait::Expired).map(|e| e.len()))
         })
     });
     group.bench_function("payload_1m", |b| {
         b.iter(|| {
             segs.clear();
             let r = Request { op: Op::Write, offset: g.slot_offset(slot) + 4096 + (4 << 20), len: 1 << 20, data: Some(&payload) };
-            black_box(p.plan(black_box(&r), &mut segs).len())
+            black_box(p.plan(black_box(&r), &mut segs, HeaderWait::Expired).map(|e| e.len()))
         })
     });
     group.finish();

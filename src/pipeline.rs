@@ -1,16 +1,19 @@
 //! The engine core: classify → place → submit, independent of the frontend.
 //!
-//! The ublk frontend and `fdpblk replay` both drive a `Pipeline`: `plan` turns one request
-//! into placed segments (adjacent extents on the same handle merged), `execute` also submits
-//! them to a synchronous engine. Every byte of a slot's payload goes to the handle its header
-//! was placed on; a payload seen before any header of its slot is a counted fallback.
+//! The ublk frontend (one `Pipeline` per queue thread) and `fdpblk replay` both drive it:
+//! `plan` turns one request into placed segments (adjacent extents on the same handle merged);
+//! `execute` also submits them to a synchronous engine. Every byte of a slot's payload goes to
+//! the handle its header was placed on. A payload that arrives before its header (io_uring
+//! batches and page-cache writeback do not keep LMCache's order) can be held by the caller:
+//! `plan` then reports the slot it waits for instead of placing a guess.
 
 use crate::classify::{classify, Class, Extent, ExtentKind, Op};
 use crate::engine::{Engine, Errno};
 use crate::layout::Geometry;
 use crate::place::{Handle, Policy, Target};
 use crate::slot_table::SlotTable;
-use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 /// One block request. For writes `data` holds the bytes (or, in a trace, a prefix).
 #[derive(Clone, Copy, Debug)]
@@ -35,29 +38,159 @@ pub struct Counter {
     pub bytes: u64,
 }
 
+#[derive(Debug, Default)]
+struct AtomicCounter {
+    requests: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl AtomicCounter {
+    fn add(&self, requests: u64, bytes: u64) {
+        self.requests.fetch_add(requests, Relaxed);
+        self.bytes.fetch_add(bytes, Relaxed);
+    }
+    fn get(&self) -> Counter {
+        Counter { requests: self.requests.load(Relaxed), bytes: self.bytes.load(Relaxed) }
+    }
+}
+
+pub const OPS: [Op; 5] = [Op::Read, Op::Write, Op::Flush, Op::Discard, Op::WriteZeroes];
+
+fn op_index(op: Op) -> usize {
+    match op {
+        Op::Read => 0,
+        Op::Write => 1,
+        Op::Flush => 2,
+        Op::Discard => 3,
+        Op::WriteZeroes => 4,
+    }
+}
+
+/// Counters of one pipeline, readable from other threads (relaxed atomics, one writer).
+#[derive(Debug)]
+pub struct PipelineCounters {
+    classes: [AtomicCounter; 6],
+    ops: [AtomicCounter; 5],
+    handle_bytes: Box<[AtomicU64]>,
+    payload_fallbacks: AtomicU64,
+    header_waits: AtomicU64,
+}
+
+impl PipelineCounters {
+    pub fn new(handles: u16) -> Self {
+        Self {
+            classes: Default::default(),
+            ops: Default::default(),
+            handle_bytes: (0..handles.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            payload_fallbacks: AtomicU64::new(0),
+            header_waits: AtomicU64::new(0),
+        }
+    }
+    pub fn snapshot(&self) -> PipelineStats {
+        PipelineStats {
+            classes: std::array::from_fn(|i| self.classes[i].get()),
+            ops: std::array::from_fn(|i| self.ops[i].get()),
+            handle_bytes: self.handle_bytes.iter().map(|b| b.load(Relaxed)).collect(),
+            payload_fallbacks: self.payload_fallbacks.load(Relaxed),
+            header_waits: self.header_waits.load(Relaxed),
+        }
+    }
+}
+
+/// A plain copy of the counters, summable across queues.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PipelineStats {
     /// Per class, over all data requests (a request counts once per class it touches).
     pub classes: [Counter; 6],
-    /// Per op (flushes have zero bytes).
-    pub ops: BTreeMap<&'static str, Counter>,
+    /// Per op, indexed like `OPS` (flushes have zero bytes).
+    pub ops: [Counter; 5],
     /// Bytes written per logical handle.
-    pub handle_bytes: BTreeMap<Handle, u64>,
-    /// Slot payload bytes placed without a header of their slot seen first.
+    pub handle_bytes: Vec<u64>,
+    /// Slot payload pieces placed without their header seen (after any wait).
     pub payload_fallbacks: u64,
+    /// Payload pieces held until their header arrived.
+    pub header_waits: u64,
+}
+
+impl PipelineStats {
+    pub fn op(&self, op: Op) -> Counter {
+        self.ops[op_index(op)]
+    }
+    pub fn add(&mut self, o: &PipelineStats) {
+        for i in 0..6 {
+            self.classes[i].requests += o.classes[i].requests;
+            self.classes[i].bytes += o.classes[i].bytes;
+        }
+        for i in 0..5 {
+            self.ops[i].requests += o.ops[i].requests;
+            self.ops[i].bytes += o.ops[i].bytes;
+        }
+        if self.handle_bytes.len() < o.handle_bytes.len() {
+            self.handle_bytes.resize(o.handle_bytes.len(), 0);
+        }
+        for (a, b) in self.handle_bytes.iter_mut().zip(&o.handle_bytes) {
+            *a += b;
+        }
+        self.payload_fallbacks += o.payload_fallbacks;
+        self.header_waits += o.header_waits;
+    }
+    pub fn to_json(&self) -> serde_json::Value {
+        let classes: serde_json::Map<String, serde_json::Value> = Class::ALL
+            .iter()
+            .map(|c| {
+                let n = self.classes[c.index()];
+                (c.name().to_string(), serde_json::json!({"requests": n.requests, "bytes": n.bytes}))
+            })
+            .collect();
+        let ops: serde_json::Map<String, serde_json::Value> = OPS
+            .iter()
+            .map(|&o| {
+                let n = self.op(o);
+                (o.name().to_string(), serde_json::json!({"requests": n.requests, "bytes": n.bytes}))
+            })
+            .collect();
+        let handles: serde_json::Map<String, serde_json::Value> = self
+            .handle_bytes
+            .iter()
+            .enumerate()
+            .filter(|(_, &b)| b > 0)
+            .map(|(h, b)| (h.to_string(), serde_json::json!(b)))
+            .collect();
+        serde_json::json!({
+            "classes": classes, "ops": ops, "handles": handles,
+            "payload_fallbacks": self.payload_fallbacks, "header_waits": self.header_waits,
+        })
+    }
+}
+
+/// Whether `plan` may hold a payload whose header has not arrived yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderWait {
+    /// Report the slot instead of placing (the caller waits and retries).
+    Allowed,
+    /// Place now: the slot's last known handle, else the policy's guess (a counted fallback).
+    Expired,
 }
 
 pub struct Pipeline {
     geom: Geometry,
     policy: Box<dyn Policy>,
-    slots: SlotTable,
-    stats: PipelineStats,
+    slots: Arc<SlotTable>,
+    counters: Arc<PipelineCounters>,
     extents: Vec<Extent>,
 }
 
 impl Pipeline {
+    /// A pipeline with its own slot table (one queue, or a trace replay).
     pub fn new(geom: Geometry, policy: Box<dyn Policy>) -> Self {
-        Self { slots: SlotTable::new(geom.max_slots), geom, policy, stats: PipelineStats::default(), extents: Vec::new() }
+        let slots = Arc::new(SlotTable::new(geom.max_slots));
+        Self::with_slots(geom, policy, slots)
+    }
+
+    /// A pipeline sharing `slots` with the other queues of the same device.
+    pub fn with_slots(geom: Geometry, policy: Box<dyn Policy>, slots: Arc<SlotTable>) -> Self {
+        let counters = Arc::new(PipelineCounters::new(policy.handles()));
+        Self { geom, policy, slots, counters, extents: Vec::new() }
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -66,42 +199,65 @@ impl Pipeline {
     pub fn policy(&self) -> &dyn Policy {
         self.policy.as_ref()
     }
-    pub fn slots(&self) -> &SlotTable {
+    pub fn slots(&self) -> &Arc<SlotTable> {
         &self.slots
     }
-    pub fn stats(&self) -> &PipelineStats {
-        &self.stats
+    pub fn counters(&self) -> &Arc<PipelineCounters> {
+        &self.counters
+    }
+    pub fn stats(&self) -> PipelineStats {
+        self.counters.snapshot()
     }
 
     /// Classifies `req`, counts it, and for writes appends its placed segments to `segments`.
-    /// Returns the extents, valid until the next call.
-    pub fn plan(&mut self, req: &Request<'_>, segments: &mut Vec<Segment>) -> &[Extent] {
+    /// With `HeaderWait::Allowed`, a write carrying payload of a slot whose header has not
+    /// arrived returns `Err(slot)` and counts nothing, so the caller can wait and retry.
+    pub fn plan(&mut self, req: &Request<'_>, segments: &mut Vec<Segment>, wait: HeaderWait) -> Result<&[Extent], u64> {
         self.extents.clear();
-        classify(&self.geom, req.op, req.offset, req.len, req.data, &self.slots, &mut self.extents);
-        let op = self.stats.ops.entry(req.op.name()).or_default();
-        op.requests += 1;
-        op.bytes += if req.op == Op::Flush { 0 } else { req.len };
+        classify(&self.geom, req.op, req.offset, req.len, req.data, self.slots.as_ref(), &mut self.extents);
+        if req.op == Op::Write && wait == HeaderWait::Allowed {
+            if let Some(slot) = self.awaited_header() {
+                return Err(slot);
+            }
+        }
+        let c = &self.counters;
+        c.ops[op_index(req.op)].add(1, if req.op == Op::Flush { 0 } else { req.len });
         let mut touched = 0u8;
         for e in &self.extents {
-            let c = e.kind.class().index();
-            self.stats.classes[c].bytes += e.len;
-            if touched & (1 << c) == 0 {
-                touched |= 1 << c;
-                self.stats.classes[c].requests += 1;
-            }
+            let i = e.kind.class().index();
+            c.classes[i].add(u64::from(touched & (1 << i) == 0), e.len);
+            touched |= 1 << i;
         }
         if req.op == Op::Write {
             for i in 0..self.extents.len() {
                 let e = self.extents[i];
                 let handle = self.place(&e);
-                *self.stats.handle_bytes.entry(handle).or_default() += e.len;
+                if let Some(b) = self.counters.handle_bytes.get(usize::from(handle)) {
+                    b.fetch_add(e.len, Relaxed);
+                }
                 match segments.last_mut() {
                     Some(s) if s.handle == handle && s.offset + s.len == e.offset => s.len += e.len,
                     _ => segments.push(Segment { offset: e.offset, len: e.len, handle }),
                 }
             }
         }
-        &self.extents
+        Ok(&self.extents)
+    }
+
+    /// The first slot whose payload this request carries while its header is not known:
+    /// no header seen in this request, and the slot's current header expects no more payload.
+    fn awaited_header(&self) -> Option<u64> {
+        let mut header_here = None;
+        for e in &self.extents {
+            match e.kind {
+                ExtentKind::SlotHeader { slot, header } if header.valid().is_some() => header_here = Some(slot),
+                ExtentKind::SlotPayload { slot } if header_here != Some(slot) && !self.slots.expects_payload(slot) => {
+                    return Some(slot)
+                }
+                _ => {}
+            }
+        }
+        None
     }
 
     fn place(&mut self, e: &Extent) -> Handle {
@@ -112,7 +268,7 @@ impl Pipeline {
             ExtentKind::Outside => self.policy.place(&Target::Outside),
             ExtentKind::SlotHeader { slot, header } => match header.valid() {
                 Some(h) => {
-                    let previous = self.slots.get(slot).copied();
+                    let previous = self.slots.get(slot);
                     let handle =
                         self.policy.place(&Target::Slot { slot, header: Some(h), previous: previous.as_ref() });
                     self.slots.record_header(slot, h, handle);
@@ -120,7 +276,17 @@ impl Pipeline {
                 }
                 None => self.slot_handle(slot),
             },
-            ExtentKind::SlotPayload { slot } | ExtentKind::SlotPadding { slot } => self.slot_handle(slot),
+            ExtentKind::SlotPayload { slot } => {
+                let known = self.slots.expects_payload(slot);
+                let h = self.slot_handle(slot);
+                if known {
+                    self.slots.payload_written(slot, e.len);
+                } else {
+                    self.counters.payload_fallbacks.fetch_add(1, Relaxed);
+                }
+                h
+            }
+            ExtentKind::SlotPadding { slot } => self.slot_handle(slot),
         }
     }
 
@@ -128,45 +294,36 @@ impl Pipeline {
     fn slot_handle(&mut self, slot: u64) -> Handle {
         match self.slots.get(slot) {
             Some(entry) => entry.handle,
-            None => {
-                self.stats.payload_fallbacks += 1;
-                self.policy.place(&Target::Slot { slot, header: None, previous: None })
-            }
+            None => self.policy.place(&Target::Slot { slot, header: None, previous: None }),
         }
     }
 
-    /// Plans `req` and submits it to `engine`.
+    /// Counts one payload piece that was held for its header.
+    pub fn note_header_wait(&self) {
+        self.counters.header_waits.fetch_add(1, Relaxed);
+    }
+
+    /// Plans `req` (never waiting) and submits it to a synchronous `engine`.
     pub fn execute(&mut self, engine: &mut dyn Engine, req: &Request<'_>) -> Result<(), Errno> {
+        let mut segments = Vec::new();
+        let _ = self.plan(req, &mut segments, HeaderWait::Expired);
         match req.op {
             Op::Write => {
-                let mut segments = Vec::new();
-                self.plan(req, &mut segments);
                 let data = req.data.unwrap_or(&[]);
                 for s in segments {
                     let rel = (s.offset - req.offset) as usize;
                     let end = (rel + s.len as usize).min(data.len());
-                    let bytes = data.get(rel..end).unwrap_or(&[]);
-                    engine.write(s.offset, s.len, bytes, s.handle)?;
+                    engine.write(s.offset, s.len, data.get(rel..end).unwrap_or(&[]), s.handle)?;
                 }
                 Ok(())
             }
             Op::Read => {
-                self.plan(req, &mut Vec::new());
                 let mut buf = vec![0u8; req.len as usize];
                 engine.read(req.offset, &mut buf)
             }
-            Op::Flush => {
-                self.plan(req, &mut Vec::new());
-                engine.flush()
-            }
-            Op::Discard => {
-                self.plan(req, &mut Vec::new());
-                engine.discard(req.offset, req.len)
-            }
-            Op::WriteZeroes => {
-                self.plan(req, &mut Vec::new());
-                engine.write_zeroes(req.offset, req.len)
-            }
+            Op::Flush => engine.flush(),
+            Op::Discard => engine.discard(req.offset, req.len),
+            Op::WriteZeroes => engine.write_zeroes(req.offset, req.len),
         }
     }
 }
@@ -197,19 +354,44 @@ mod tests {
         let mut eng = SimEngine::new(4 << 20, 4);
         let hdr = SlotHeader { identity: 7, payload_len: 61440 }.encode(4096);
         let mut segs = Vec::new();
-        p.plan(&Request { op: Op::Write, offset: g.slot_offset(1), len: 4096, data: Some(&hdr) }, &mut segs);
+        p.plan(&Request { op: Op::Write, offset: g.slot_offset(1), len: 4096, data: Some(&hdr) }, &mut segs, HeaderWait::Allowed)
+            .unwrap();
         assert_eq!(segs, vec![Segment { offset: g.slot_offset(1), len: 4096, handle: RegionPolicy::SLOTS }]);
         p.execute(&mut eng, &Request { op: Op::Write, offset: g.slot_offset(1) + 4096, len: 61440, data: None }).unwrap();
         assert_eq!(p.stats().payload_fallbacks, 0);
         // A write over a checkpoint container and into slot 0: two handles, two segments.
         segs.clear();
-        p.plan(&Request { op: Op::Write, offset: g.container_offset(1), len: (1 << 20) - g.container_offset(1) + 8192, data: None }, &mut segs);
+        let big = Request { op: Op::Write, offset: g.container_offset(1), len: (1 << 20) - g.container_offset(1) + 8192, data: None };
+        // Slot 0's payload has no header yet: the pipeline asks to wait, counting nothing.
+        assert_eq!(p.plan(&big, &mut segs, HeaderWait::Allowed).err(), Some(0));
+        assert!(segs.is_empty());
+        p.plan(&big, &mut segs, HeaderWait::Expired).unwrap();
         assert_eq!(segs.len(), 2);
         assert_eq!(segs[0].handle, RegionPolicy::CHECKPOINT);
         assert_eq!(segs[1].handle, RegionPolicy::SLOTS);
-        // Slot 0's header position carried no bytes, so neither it nor the payload knew a header.
-        assert_eq!(p.stats().payload_fallbacks, 2);
+        assert_eq!(p.stats().payload_fallbacks, 1);
         assert_eq!(eng.counters.bytes_by_handle[&RegionPolicy::SLOTS], 61440);
+    }
+
+    #[test]
+    fn a_new_put_of_a_reused_slot_waits_for_its_header() {
+        let g = geom();
+        let slots = Arc::new(SlotTable::new(g.max_slots));
+        let mut q0 = Pipeline::with_slots(g, Box::new(RegionPolicy), slots.clone());
+        let mut q1 = Pipeline::with_slots(g, Box::new(RegionPolicy), slots);
+        let hdr = SlotHeader { identity: 1, payload_len: 8192 }.encode(4096);
+        let payload = Request { op: Op::Write, offset: g.slot_offset(2) + 4096, len: 8192, data: None };
+        let header = Request { op: Op::Write, offset: g.slot_offset(2), len: 4096, data: Some(&hdr) };
+        let mut segs = Vec::new();
+        assert!(q1.plan(&payload, &mut segs, HeaderWait::Allowed).is_err());
+        q0.plan(&header, &mut segs, HeaderWait::Allowed).unwrap(); // the header lands on queue 0
+        q1.plan(&payload, &mut segs, HeaderWait::Allowed).unwrap(); // now the payload can go
+        // The put is complete; a second payload write means a new put: wait again.
+        assert!(q1.plan(&payload, &mut segs, HeaderWait::Allowed).is_err());
+        let mut s = q0.stats();
+        s.add(&q1.stats());
+        assert_eq!(s.payload_fallbacks, 0);
+        assert_eq!(s.handle_bytes[RegionPolicy::SLOTS as usize], 4096 + 8192);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::device::open_readonly;
 use crate::engine::sim::SimEngine;
 use crate::layout::discover::{discover, DiscoverError};
 use crate::layout::{Geometry, GeometryConfig};
-use crate::pipeline::{class_report, Pipeline, Request, Segment};
+use crate::pipeline::{class_report, HeaderWait, Pipeline, Request, Segment};
 use crate::place::{policy_by_name, POLICY_NAMES};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -86,10 +86,10 @@ impl ReplayReport {
             self.engine.bytes_by_handle.iter().map(|(h, b)| (h.to_string(), json!(b))).collect();
         let ops: serde_json::Map<String, Value> = self
             .pipeline
-            .ops
-            .iter()
-            .map(|(k, n)| (k.to_string(), json!({"requests": n.requests, "bytes": n.bytes})))
-            .collect();
+            .to_json()["ops"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
         json!({
             "geometry": self.geometry.to_json(),
             "policy": self.policy,
@@ -118,7 +118,7 @@ pub fn replay(geometry: Geometry, policy: &str, size: u64, trace: impl IntoItera
         requests += 1;
         let req = Request { op: t.op, offset: t.offset, len: t.len, data: Some(&t.data) };
         segments.clear();
-        for e in pipeline.plan(&req, &mut segments) {
+        for e in pipeline.plan(&req, &mut segments, HeaderWait::Expired).unwrap_or(&[]) {
             if let ExtentKind::SlotHeader { header: crate::classify::Parsed::Valid(h), .. } = e.kind {
                 identities.insert(h.identity);
             }
@@ -147,7 +147,7 @@ pub fn replay(geometry: Geometry, policy: &str, size: u64, trace: impl IntoItera
         requests,
         errors,
         identities,
-        pipeline: pipeline.stats().clone(),
+        pipeline: pipeline.stats(),
         engine: engine.counters,
     })
 }
@@ -272,7 +272,7 @@ mod tests {
             let mut p = Pipeline::new(g, Box::new(RegionPolicy));
             for (t, region) in &trace {
                 let mut segs = Vec::new();
-                let first = p.plan(&Request { op: t.op, offset: t.offset, len: t.len, data: Some(&t.data) }, &mut segs)[0];
+                let first = p.plan(&Request { op: t.op, offset: t.offset, len: t.len, data: Some(&t.data) }, &mut segs, HeaderWait::Expired).unwrap()[0];
                 let class = first.kind.class().name();
                 let ok = match region.as_str() {
                     "slot_header" => class == "slot_header",
@@ -298,7 +298,7 @@ mod tests {
             let ckpt = cls[0].bytes + cls[1].bytes;
             let slots = cls[2].bytes + cls[3].bytes + cls[4].bytes;
             let written = |h| rep.engine.bytes_by_handle.get(&h).copied().unwrap_or(0);
-            let write_bytes = rep.pipeline.ops.get("write").map(|c| c.bytes).unwrap_or(0);
+            let write_bytes = rep.pipeline.op(Op::Write).bytes;
             assert_eq!(written(RegionPolicy::CHECKPOINT) + written(RegionPolicy::SLOTS) + written(RegionPolicy::OUTSIDE), write_bytes);
             if scen != "reopen" {
                 assert!(written(RegionPolicy::CHECKPOINT) > 0 && written(RegionPolicy::SLOTS) > 0);
