@@ -38,8 +38,9 @@
 #   -v, --verbose        stream the guest console to stderr, print timings
 #   --timing             print "fdpblk-vm: boot ... command ..." to stderr
 #
-# Exit status: the command's; 124 when --timeout expired; 125 when the guest
-# never ran the command or died before it finished (console tail printed).
+# Exit status: the command's; 124 when --timeout expired; 125 when the command
+# never ran (bad options, harness not set up, no command started in two boots)
+# or the guest died before it finished (the console tail is printed).
 # Environment: FDPBLK_VM_CACHE (cache from setup.sh, default /var/cache/fdpblk-vm).
 set -euo pipefail
 
@@ -51,8 +52,8 @@ VM_DIE_RC=125
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 KERNEL=${FDPBLK_VM_KERNEL:-new}
-FDP=on NRUH=8 RU_SIZE=4M DISK_SIZE=1G DISK= LBA=512 MEM=2G CPUS=2
-TIMEOUT=600 BOOT_TIMEOUT=60 SHELL_MODE=0 CONSOLE_OUT= VERBOSE=0 TIMING=0
+FDP=on NRUH=8 RU_SIZE=4M DISK_SIZE=1G DISK='' LBA=512 MEM=2G CPUS=2
+TIMEOUT=600 BOOT_TIMEOUT=60 SHELL_MODE=0 CONSOLE_OUT='' VERBOSE=0 TIMING=0
 ACCEL=${FDPBLK_VM_ACCEL:-tcg}
 ENVS=() SHARES=()
 
@@ -105,8 +106,9 @@ DISK_BYTES=$(bytes "$DISK_SIZE")
 [[ $MEM =~ ^[0-9]+[MGmg]?$ ]] || vm_die "--mem takes e.g. 2G or 1536M"
 
 vm_qemu_ok || vm_die "qemu-system-x86_64 with FDP emulation (QEMU >= 8.0) not found; run tests/vm/setup.sh"
-KVER=$(vm_kernel_release "$KERNEL") && vm_kernel_ready "$KVER" ||
+if ! { KVER=$(vm_kernel_release "$KERNEL") && vm_kernel_ready "$KVER"; }; then
     vm_die "guest kernel '$KERNEL' is not set up in $VM_CACHE; run tests/vm/setup.sh"
+fi
 KDIR=$(vm_kernel_dir "$KVER")
 INITRD=$(vm_initramfs "$KVER")
 MODTREE=$(dirname "$(vm_moddir "$KVER")")
@@ -290,7 +292,7 @@ for attempt in 1 2; do
         tail -s 0.2 --pid="$QPID" -n +1 -F "$R/console.log" >&2 2>/dev/null &
         TAILS+=($!)
     fi
-    started= timed_out=0 watchdog=0
+    started='' timed_out=0 watchdog=0
     while kill -0 "$QPID" 2>/dev/null; do
         t=$(now)
         if [[ -z $started ]]; then

@@ -96,6 +96,18 @@ mirror() {
     printf '%s\n' "$MIRROR"
 }
 
+# apt_quiet CMD...: run an apt/dpkg command with its chatter in a log, shown on failure.
+apt_quiet() {
+    local log rc=0
+    log=$(mktemp)
+    "$@" >"$log" 2>&1 || rc=$?
+    if ((rc)); then
+        tail -n 40 "$log" >&2
+    fi
+    rm -f "$log"
+    return "$rc"
+}
+
 pkg_installed() {
     [[ $(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null) == installed ]]
 }
@@ -104,7 +116,7 @@ APT_UPDATED=0
 apt_update_once() {
     if ((!APT_UPDATED)); then
         vm_log "apt-get update"
-        "${SUDO[@]}" apt-get update -qq || vm_die "apt-get update failed (network or apt configuration problem)"
+        apt_quiet "${SUDO[@]}" apt-get update || vm_die "apt-get update failed (network or apt configuration problem)"
         APT_UPDATED=1
     fi
 }
@@ -124,7 +136,7 @@ install_packages() {
     if ((${#missing[@]})); then
         apt_update_once
         vm_log "installing ${missing[*]}"
-        "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
+        apt_quiet "${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}" ||
             vm_die "apt-get install ${missing[*]} failed"
     fi
 
@@ -152,7 +164,7 @@ install_packages() {
         apt_update_once
     fi
     vm_log "installing ${qemu[*]} ${target[*]}"
-    "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${target[@]}" "${qemu[@]}" ||
+    apt_quiet "${SUDO[@]}" apt-get install -y --no-install-recommends "${target[@]}" "${qemu[@]}" ||
         vm_die "apt-get install ${qemu[*]} failed"
     qemu_version_ok || vm_die "QEMU >= 8.0 is needed for FDP emulation; got: $(qemu-system-x86_64 --version | head -n1)"
     vm_qemu_ok || vm_die "qemu-system-x86_64 lacks the nvme-subsys fdp.* options (QEMU >= 8.0 needed)"
@@ -178,9 +190,9 @@ alt_apt() { # alt_apt SUITE: set ALT to a private apt configuration for SUITE
 # private lists whose upstream version satisfies "OP LIMIT" (dpkg operators),
 # together with the packages to download: "KVER PKG...".
 pick_kernel() {
-    local op=$1 limit=$2 avail name ver kver up pkgs dep ok
+    local op=$1 limit=$2 avail name kver up pkgs dep ok
     avail=$(apt-cache "${ALT[@]}" dumpavail) || return 1
-    while read -r name ver; do
+    while read -r name _; do
         kver=${name#linux-image-}
         up=${kver%%+*}
         up=${up%%-*}
@@ -226,7 +238,7 @@ prepare_kernel() { # prepare_kernel FLAVOR SUITE OP LIMIT
     fi
     alt_apt "$suite"
     vm_log "kernel $flavor: resolving the newest kernel in $suite"
-    apt-get "${ALT[@]}" update -qq || vm_die "apt-get update for $suite failed (network, or the keyring lacks $suite's key: install debian-archive-keyring)"
+    apt_quiet apt-get "${ALT[@]}" update || vm_die "apt-get update for $suite failed (network, or the keyring lacks $suite's key: install debian-archive-keyring)"
     pick=$(pick_kernel "$op" "$limit") ||
         vm_die "no generic amd64 kernel with version $op $limit found in $suite"
     kver=${pick%% *}
@@ -237,7 +249,7 @@ prepare_kernel() { # prepare_kernel FLAVOR SUITE OP LIMIT
         for p in "${pkgs[@]}"; do
             if ! compgen -G "$VM_CACHE/debs/${p}_*.deb" >/dev/null; then
                 vm_log "downloading $p"
-                (cd "$VM_CACHE/debs" && apt-get "${ALT[@]}" download -qq "$p") || vm_die "apt-get download $p failed"
+                (cd "$VM_CACHE/debs" && apt_quiet apt-get "${ALT[@]}" download "$p") || vm_die "apt-get download $p failed"
             fi
         done
         tmp="$kd.tmp"

@@ -110,8 +110,9 @@ harness_missing() {
 }
 vm_qemu_ok || harness_missing "qemu-system-x86_64 with FDP emulation (QEMU >= 8.0) not found"
 for k in $(printf '%s\n' "${KERNELS_NEEDED[@]}" | sort -u); do
-    kver=$(vm_kernel_release "$k") && vm_kernel_ready "$kver" ||
+    if ! { kver=$(vm_kernel_release "$k") && vm_kernel_ready "$kver"; }; then
         harness_missing "guest kernel '$k' not set up in $VM_CACHE"
+    fi
 done
 for t in busybox nvme gcc cpio; do
     command -v "$t" >/dev/null || harness_missing "host tool '$t' not found"

@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034 # variables for the checks that source this file
 # Helpers for guest checks (tests/vm/checks/*.sh). Source it first:
 #   . "$(dirname "$0")/../lib/check-lib.sh"
 # A check prints "ok - ..." / "not ok - ..." lines and ends with check_done,

@@ -108,6 +108,7 @@ vm_initramfs() {
             [[ $a == busybox ]] || ln -s busybox "root/bin/$a"
         done
         : >root/modules.order
+        # shellcheck disable=SC2086 # a list of module names
         vm_resolve_modules "$md" $VM_MODULES >mods.txt
         while read -r m; do
             base=${m##*/}

@@ -36,6 +36,7 @@ done
 P9="trans=virtio,version=9p2000.L,msize=512000"
 mount -t 9p -o "$P9,cache=none" vmrun /ctl || fail "cannot mount the control share"
 [ -r /ctl/config ] || fail "no /ctl/config"
+# shellcheck source=/dev/null
 . /ctl/config
 
 case " $(cat /proc/cmdline) " in
@@ -68,6 +69,7 @@ if [ -n "$VM_MODTREE" ] && [ -d "/host$VM_MODTREE" ]; then
     mount --bind "/host$VM_MODTREE" $N/usr/lib/modules
 fi
 # Writable shares at their host paths: "tag path tag path ...".
+# shellcheck disable=SC2086 # "tag path" pairs, paths without blanks (run.sh checks)
 set -- $VM_SHARES
 while [ $# -ge 2 ]; do
     mkdir -p "$N$2"
