@@ -147,7 +147,10 @@ done
 R=$(mktemp -d "${TMPDIR:-/tmp}/fdpblk-vm.XXXXXX")
 QPID=
 cleanup() {
-    if [[ -n $QPID ]] && kill -0 "$QPID" 2>/dev/null; then kill -9 "$QPID" 2>/dev/null || true; fi
+    if [[ -n $QPID ]] && kill -0 "$QPID" 2>/dev/null; then
+        kill -9 "$QPID" 2>/dev/null || true
+        { wait "$QPID"; } 2>/dev/null || true
+    fi
     rm -rf "$R"
 }
 trap cleanup EXIT
