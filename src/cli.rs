@@ -13,6 +13,18 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Create /dev/ublkbN over an NVMe FDP namespace (or a file) and serve LMCache on it.
+    Add(AddArgs),
+    /// Stop and delete devices.
+    Del(DelArgs),
+    /// List fdpblk devices with their backing, engine, policy, geometry and state.
+    List(ListArgs),
+    /// Re-attach a new daemon to a device whose daemon died (in-flight I/O is re-issued).
+    Recover(IdArgs),
+    /// Requests and bytes per class and per placement handle of a running device.
+    Stats(StatsArgs),
+    /// The ublk driver's feature bits, those fdpblk uses, and block write-stream support.
+    Features(FeaturesArgs),
     /// Show the raw_block layout, both checkpoint copies and the live entries of a device or image.
     Inspect(InspectArgs),
     /// Run a trace of block requests through the classifier, a policy and the simulated drive.
@@ -80,6 +92,84 @@ pub struct ReplayArgs {
     pub device_size: Option<u64>,
     #[command(flatten)]
     pub geometry: GeometryArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct AddArgs {
+    /// Backing NVMe namespace: /dev/ngXnY (passthrough) or /dev/nvmeXnY (write streams), or a file.
+    #[arg(long)]
+    pub backing: PathBuf,
+    /// auto: passthrough for /dev/ng*, streams for a block device with write streams, else plain.
+    #[arg(long, default_value = "auto")]
+    pub engine: String,
+    /// Placement policy.
+    #[arg(long, default_value = "region")]
+    pub policy: String,
+    /// auto: the geometry of the LMCache checkpoint on the device (flags must agree);
+    /// lmcache: from the flags.
+    #[arg(long, default_value = "auto")]
+    pub layout: String,
+    #[command(flatten)]
+    pub geometry: GeometryArgs,
+    /// Device id (/dev/ublkbN); -1 lets the driver choose.
+    #[arg(short = 'n', long, default_value_t = -1, allow_hyphen_values = true)]
+    pub number: i32,
+    /// Hardware queues (one thread each).
+    #[arg(short = 'q', long, default_value_t = 1)]
+    pub queues: u16,
+    /// Queue depth.
+    #[arg(short = 'd', long, default_value_t = 128)]
+    pub depth: u16,
+    /// Largest request (bytes, power of two).
+    #[arg(short = 'b', long, default_value = "512K", value_parser = parse_size)]
+    pub io_buf_size: u64,
+    /// Stable name: /dev/fdpblk/NAME links to the device; point LMCache's device_path at it.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Stay in the foreground instead of daemonizing.
+    #[arg(long)]
+    pub foreground: bool,
+    /// How long (µs) a payload write waits for its slot header before it is placed anyway.
+    #[arg(long, default_value_t = 5000)]
+    pub header_wait_us: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct DelArgs {
+    #[arg(short = 'n', long)]
+    pub number: Option<i32>,
+    /// Delete every fdpblk device.
+    #[arg(short = 'a', long)]
+    pub all: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct IdArgs {
+    #[arg(short = 'n', long)]
+    pub number: i32,
+    /// Stay in the foreground (recover only).
+    #[arg(long)]
+    pub foreground: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    #[arg(short = 'n', long)]
+    pub number: i32,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct FeaturesArgs {
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Parses `4096`, `64K`, `128M`, `1G`, `2T` (also `KiB`/`MiB`/...) into bytes.

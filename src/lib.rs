@@ -3,6 +3,7 @@ pub mod cli;
 pub mod cmd;
 pub mod device;
 pub mod engine;
+pub mod frontend;
 pub mod layout;
 pub mod pipeline;
 pub mod place;

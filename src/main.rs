@@ -13,6 +13,12 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect(a) => fdpblk::cmd::inspect::run(&a),
         Command::Replay(a) => fdpblk::cmd::replay::run(&a),
+        Command::Add(a) => fdpblk::cmd::device::add(&a),
+        Command::Del(a) => fdpblk::cmd::device::del(&a),
+        Command::List(a) => fdpblk::cmd::device::list(&a),
+        Command::Recover(a) => fdpblk::cmd::device::recover(&a),
+        Command::Stats(a) => fdpblk::cmd::device::stats(&fdpblk::cli::IdArgs { number: a.number, foreground: false }, a.json),
+        Command::Features(a) => fdpblk::cmd::device::features(a.json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
 //! The commands behind the CLI. Each returns a one-line error that names the fix.
 
+pub mod device;
 pub mod inspect;
 pub mod replay;
 

@@ -3,6 +3,7 @@
 //! Errors are negative errnos, the currency of ublk completions.
 
 pub mod sim;
+pub mod uring;
 
 use crate::place::Handle;
 

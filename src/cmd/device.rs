@@ -1,0 +1,418 @@
+//! `fdpblk add | recover | del | list | stats | features`: the device lifecycle.
+//! Everything is validated before a device is created; a failure creates nothing.
+
+use super::CmdResult;
+use crate::cli::{AddArgs, DelArgs, IdArgs, ListArgs};
+use crate::device::ReadAt;
+use crate::frontend::config::{exported_bytes, reserved_tail_bytes, DeviceConfig, EngineKind};
+use crate::frontend::{state, target};
+use crate::layout::discover::{discover, DiscoverError};
+use crate::layout::GeometryConfig;
+use crate::place::{policy_by_name, POLICY_NAMES};
+use libublk::ctrl::UblkCtrl;
+use libublk::sys;
+use serde_json::json;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+
+/// A view of the backing device limited to the exported bytes: LMCache sees only those.
+struct Exported<'a>(&'a std::fs::File, u64);
+
+impl ReadAt for Exported<'_> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        let n = (self.1.saturating_sub(offset)).min(buf.len() as u64) as usize;
+        ReadAt::read_at(self.0, &mut buf[..n], offset)
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        Ok(self.1)
+    }
+}
+
+fn lba_bytes(f: &std::fs::File) -> u64 {
+    use std::os::fd::AsRawFd;
+    const BLKSSZGET: libc::c_ulong = 0x1268;
+    let mut ssz: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), BLKSSZGET as _, &mut ssz as *mut libc::c_int) };
+    if rc == 0 && ssz >= 512 {
+        ssz as u64
+    } else {
+        512
+    }
+}
+
+fn sysfs_queue_attr(dev: &Path, attr: &str) -> Option<u64> {
+    let name = std::fs::canonicalize(dev).ok()?.file_name()?.to_str()?.to_string();
+    std::fs::read_to_string(format!("/sys/block/{name}/queue/{attr}")).ok()?.trim().parse().ok()
+}
+
+/// Turns `fdpblk add` arguments into a device config, checking everything first.
+pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
+    let policy = policy_by_name(&a.policy)
+        .ok_or_else(|| format!("unknown --policy {}; choose one of {}", a.policy, POLICY_NAMES.join(", ")))?;
+    let meta = std::fs::metadata(&a.backing)
+        .map_err(|e| format!("backing {}: {e}; pass an NVMe namespace (/dev/nvmeXnY, /dev/ngXnY) or a file", a.backing.display()))?;
+    let is_bdev = meta.file_type().is_block_device();
+    let is_chardev = meta.file_type().is_char_device();
+    let name = a.backing.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let engine = match a.engine.as_str() {
+        "auto" if is_chardev && name.starts_with("ng") => EngineKind::Passthrough,
+        "auto" if is_bdev && sysfs_queue_attr(&a.backing, "max_write_streams").unwrap_or(0) > 0 => EngineKind::Streams,
+        "auto" => {
+            if policy.handles() > 1 {
+                return Err(format!(
+                    "{} offers no FDP placement (no write streams: needs an FDP drive with one reclaim group and Linux >= 6.16); use --policy none, or --engine plain to run without placement",
+                    a.backing.display()
+                ));
+            }
+            EngineKind::Plain
+        }
+        e => EngineKind::parse(e).ok_or_else(|| format!("unknown --engine {e}; choose auto, passthrough, streams or plain"))?,
+    };
+    if engine == EngineKind::Passthrough {
+        return Err("the passthrough engine (/dev/ngXnY) is not available in this build yet; use --engine streams on /dev/nvmeXnY (Linux >= 6.16) or --engine plain".into());
+    }
+    let mut streams = Vec::new();
+    if engine == EngineKind::Streams {
+        if !is_bdev {
+            return Err(format!("--engine streams needs an NVMe block device (/dev/nvmeXnY); {} is not one", a.backing.display()));
+        }
+        let max = sysfs_queue_attr(&a.backing, "max_write_streams").unwrap_or(0);
+        if max == 0 {
+            return Err(format!(
+                "{} has no write streams (max_write_streams is 0 or absent): it needs an FDP-enabled drive with one reclaim group and Linux >= 6.16; use --engine passthrough on /dev/ngXnY, or --engine plain",
+                a.backing.display()
+            ));
+        }
+        if u64::from(policy.handles()) > max {
+            return Err(format!(
+                "policy {} needs {} placement handles but {} has {max}; use a policy with fewer handles",
+                a.policy,
+                policy.handles(),
+                a.backing.display()
+            ));
+        }
+        // Stream N writes to the drive's placement identifier N-1 (RUH Status order).
+        streams = (1..=policy.handles()).map(|h| h as u8).collect();
+    } else if engine == EngineKind::Plain && policy.handles() > 1 {
+        tracing::warn!("engine plain: placement is off, every write goes to the drive's default handle");
+    }
+    if !is_bdev && !meta.file_type().is_file() {
+        return Err(format!("backing {} is neither a block device nor a file", a.backing.display()));
+    }
+    let file = std::fs::File::open(&a.backing).map_err(|e| format!("cannot open backing {}: {e}", a.backing.display()))?;
+    let backing_bytes = ReadAt::size(&file).map_err(|e| format!("size of {}: {e}", a.backing.display()))?;
+    let lba = if is_bdev { lba_bytes(&file) } else { 512 };
+    let exported = exported_bytes(backing_bytes, lba).ok_or_else(|| {
+        format!(
+            "backing {} ({backing_bytes} bytes) is too small: fdpblk reserves {} bytes at its end for its own state",
+            a.backing.display(),
+            reserved_tail_bytes(backing_bytes)
+        )
+    })?;
+    let flags = a.geometry.flags();
+    let geometry = match a.layout.as_str() {
+        "auto" => match discover(&Exported(&file, exported), &flags) {
+            Ok(d) => d.geometry,
+            Err(DiscoverError::NoCheckpoint { missing }) => {
+                return Err(format!(
+                    "no LMCache checkpoint on {} to learn the layout from; pass {missing} (LMCache's raw_block values)",
+                    a.backing.display()
+                ))
+            }
+            Err(e) => return Err(e.to_string()),
+        },
+        "lmcache" => {
+            let (Some(slot_bytes), Some(meta_total_bytes)) = (flags.slot_bytes, flags.meta_total_bytes) else {
+                return Err("--layout lmcache needs --slot-bytes and --meta-total-bytes".into());
+            };
+            // A checkpoint already on the device must agree with the flags.
+            if let Err(e @ DiscoverError::Conflict { .. }) = discover(&Exported(&file, exported), &flags) {
+                return Err(e.to_string());
+            }
+            GeometryConfig {
+                block_align: flags.block_align.unwrap_or(4096),
+                header_bytes: flags.header_bytes.unwrap_or(4096),
+                slot_bytes,
+                meta_total_bytes,
+                capacity_bytes: flags.capacity_bytes.unwrap_or(0),
+            }
+            .validate(exported)
+            .map_err(|e| e.to_string())?
+        }
+        l => return Err(format!("unknown --layout {l}; use auto or lmcache")),
+    };
+    if a.queues == 0 || a.queues > 32 {
+        return Err("--queues must be 1..=32".into());
+    }
+    if a.depth == 0 || a.depth > 4096 {
+        return Err("--depth must be 1..=4096".into());
+    }
+    let io_buf = a.io_buf_size;
+    if io_buf < 4096 || !io_buf.is_power_of_two() || io_buf > 32 << 20 {
+        return Err("--io-buf-size must be a power of two from 4K to 32M".into());
+    }
+    if let Some(n) = &a.name {
+        if n.is_empty() || n.contains('/') || n.starts_with('.') {
+            return Err(format!("--name {n:?} must be a plain file name"));
+        }
+    }
+    Ok(DeviceConfig {
+        id: a.number,
+        name: a.name.clone(),
+        backing: std::fs::canonicalize(&a.backing).unwrap_or_else(|_| a.backing.clone()),
+        engine,
+        policy: a.policy.clone(),
+        queues: a.queues,
+        depth: a.depth,
+        io_buf_bytes: io_buf as u32,
+        lba_shift: lba.trailing_zeros() as u8,
+        backing_bytes,
+        exported_bytes: exported,
+        geometry,
+        streams,
+        header_wait_us: a.header_wait_us,
+    })
+}
+
+/// Runs `body` as a daemon: fork, new session, its own mount namespace (a ublk server must
+/// not share one with the device's users), stdio to /dev/null and a log file. The parent
+/// waits for the child's first word — the device id or an error — and prints it.
+fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, String>) + Send>) -> Result<(), String>) -> CmdResult {
+    let report = |r: &Result<i32, String>| match r {
+        Ok(id) => println!("{}", state::bdev_path(*id)),
+        Err(e) => eprintln!("fdpblk: {e}"),
+    };
+    if foreground {
+        // SAFETY: unshare only changes this process's namespaces.
+        unsafe { libc::unshare(libc::CLONE_NEWNS) };
+        return body(Box::new(move |r| report(&r))).map_err(Into::into);
+    }
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe writes two fds into the array.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: no threads exist yet (validation is single-threaded), so fork is safe.
+    match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error().into()),
+        0 => {
+            // SAFETY: child side; these calls only change this process.
+            unsafe {
+                libc::close(fds[0]);
+                libc::setsid();
+                libc::unshare(libc::CLONE_NEWNS);
+            }
+            let _ = std::env::set_current_dir("/");
+            redirect_stdio();
+            use std::os::fd::FromRawFd;
+            // SAFETY: fds[1] is the pipe's write end, owned here from now on.
+            let mut pipe = unsafe { std::fs::File::from_raw_fd(fds[1]) };
+            let rc = body(Box::new(move |r| {
+                let line = match r {
+                    Ok(id) => format!("ok {id}\n"),
+                    Err(e) => format!("err {e}\n"),
+                };
+                let _ = pipe.write_all(line.as_bytes());
+            }));
+            if let Err(e) = rc {
+                tracing::error!("{e}");
+                std::process::exit(1);
+            }
+            std::process::exit(0);
+        }
+        _child => {
+            use std::os::fd::FromRawFd;
+            // SAFETY: fds[0] is the pipe's read end; the write end is closed here.
+            unsafe { libc::close(fds[1]) };
+            let mut pipe = unsafe { std::fs::File::from_raw_fd(fds[0]) };
+            let mut line = String::new();
+            let _ = pipe.read_to_string(&mut line);
+            let line = line.lines().next().unwrap_or("");
+            if let Some(id) = line.strip_prefix("ok ") {
+                let id: i32 = id.trim().parse().unwrap_or(-1);
+                report(&Ok(id));
+                Ok(())
+            } else if let Some(e) = line.strip_prefix("err ") {
+                Err(e.to_string().into())
+            } else {
+                Err("the fdpblk daemon exited before the device started; see /run/fdpblk/daemon.log".into())
+            }
+        }
+    }
+}
+
+fn redirect_stdio() {
+    let _ = std::fs::create_dir_all(state::RUN_DIR);
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(Path::new(state::RUN_DIR).join("daemon.log"));
+    use std::os::fd::AsRawFd;
+    // SAFETY: dup2 onto the standard descriptors of this (child) process.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        libc::dup2(null, 0);
+        match &log {
+            Ok(f) => {
+                libc::dup2(f.as_raw_fd(), 1);
+                libc::dup2(f.as_raw_fd(), 2);
+            }
+            Err(_) => {
+                libc::dup2(null, 1);
+                libc::dup2(null, 2);
+            }
+        }
+    }
+}
+
+pub fn add(a: &AddArgs) -> CmdResult {
+    let cfg = validate(a)?;
+    if cfg.id >= 0 && Path::new(&format!("/dev/ublkc{}", cfg.id)).exists() {
+        return Err(format!("ublk device {} already exists; pick another -n or `fdpblk del -n {}`", cfg.id, cfg.id).into());
+    }
+    daemonize(a.foreground, move |notify| target::run(cfg, false, notify))
+}
+
+pub fn recover(a: &IdArgs) -> CmdResult {
+    let (cfg, pid) = state::read_state(a.number)?;
+    if state::pid_alive(pid) {
+        return Err(format!("device {} is still served by pid {pid}; nothing to recover", a.number).into());
+    }
+    let ctrl = UblkCtrl::new_simple(a.number).map_err(|e| format!("no ublk device {}: {e}; see `fdpblk list`", a.number))?;
+    let st = u32::from(ctrl.dev_info().state);
+    if st == sys::UBLK_S_DEV_LIVE {
+        return Err(format!("device {} is live; nothing to recover", a.number).into());
+    }
+    drop(ctrl);
+    daemonize(a.foreground, move |notify| target::run(cfg, true, notify))
+}
+
+pub fn del(a: &DelArgs) -> CmdResult {
+    let ids: Vec<i32> = match (a.number, a.all) {
+        (Some(n), false) => vec![n],
+        (None, true) => state::state_ids(),
+        _ => return Err("pass -n ID or --all".into()),
+    };
+    for id in ids {
+        let cfg = state::read_state(id).ok().map(|(c, _)| c);
+        let ctrl = match UblkCtrl::new_simple(id) {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(c) = &cfg {
+                    state::remove_state(c); // the device is gone already
+                    continue;
+                }
+                return Err(format!("no ublk device {id}: {e}; see `fdpblk list`").into());
+            }
+        };
+        let _ = ctrl.kill_dev();
+        ctrl.del_dev().map_err(|e| format!("deleting device {id}: {e}"))?;
+        if let Some(c) = &cfg {
+            state::remove_state(c);
+        }
+    }
+    Ok(())
+}
+
+fn dev_state(id: i32) -> &'static str {
+    match UblkCtrl::new_simple(id).map(|c| u32::from(c.dev_info().state)) {
+        Ok(sys::UBLK_S_DEV_LIVE) => "live",
+        Ok(sys::UBLK_S_DEV_QUIESCED) => "quiesced (daemon died: fdpblk recover)",
+        Ok(sys::UBLK_S_DEV_FAIL_IO) => "fail-io",
+        Ok(_) => "dead",
+        Err(_) => "gone",
+    }
+}
+
+pub fn list(a: &ListArgs) -> CmdResult {
+    let mut out = Vec::new();
+    for id in state::state_ids() {
+        let Ok((cfg, pid)) = state::read_state(id) else { continue };
+        let mut v = cfg.to_json();
+        v["state"] = json!(dev_state(id));
+        v["pid"] = json!(pid);
+        v["device"] = json!(state::bdev_path(id));
+        out.push(v);
+    }
+    if a.json {
+        println!("{}", serde_json::Value::Array(out));
+    } else if out.is_empty() {
+        println!("no fdpblk devices");
+    } else {
+        for v in out {
+            println!(
+                "{}  name {}  backing {}  engine {}  policy {}  slot_bytes {}  meta_total_bytes {}  {}",
+                v["device"].as_str().unwrap_or(""),
+                v["name"].as_str().unwrap_or("-"),
+                v["backing"].as_str().unwrap_or(""),
+                v["engine"].as_str().unwrap_or(""),
+                v["policy"].as_str().unwrap_or(""),
+                v["geometry"]["slot_bytes"],
+                v["geometry"]["meta_total_bytes"],
+                v["state"].as_str().unwrap_or("")
+            );
+        }
+    }
+    Ok(())
+}
+
+pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
+    let p = state::stats_path(a.number);
+    let text = std::fs::read_to_string(&p).map_err(|e| format!("no stats for device {} ({}: {e}); is it running? see `fdpblk list`", a.number, p.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    if json_out {
+        println!("{v}");
+        return Ok(());
+    }
+    println!("device {}  engine {}  policy {}", state::bdev_path(a.number), v["engine"].as_str().unwrap_or(""), v["policy"].as_str().unwrap_or(""));
+    let p = &v["pipeline"];
+    println!("{:<20} {:>10} {:>16}", "class", "requests", "bytes");
+    if let Some(c) = p["classes"].as_object() {
+        for (k, n) in c {
+            println!("{k:<20} {:>10} {:>16}", n["requests"], n["bytes"]);
+        }
+    }
+    println!("{:<20} {:>16}", "handle", "bytes written");
+    if let Some(h) = p["handles"].as_object() {
+        for (k, b) in h {
+            println!("{k:<20} {b:>16}");
+        }
+    }
+    println!("header waits {}  payload fallbacks {}", p["header_waits"], p["payload_fallbacks"]);
+    Ok(())
+}
+
+pub fn features(json_out: bool) -> CmdResult {
+    const NAMES: [&str; 21] = [
+        "ZERO_COPY", "URING_CMD_COMP_IN_TASK", "NEED_GET_DATA", "USER_RECOVERY", "USER_RECOVERY_REISSUE",
+        "UNPRIVILEGED_DEV", "CMD_IOCTL_ENCODE", "USER_COPY", "ZONED", "USER_RECOVERY_FAIL_IO", "UPDATE_SIZE",
+        "AUTO_BUF_REG", "QUIESCE", "PER_IO_DAEMON", "BUF_REG_OFF_DAEMON", "BATCH_IO", "INTEGRITY",
+        "SAFE_STOP_DEV", "NO_AUTO_PART_SCAN", "SHMEM_ZC", "BIT20",
+    ];
+    const USED: [&str; 2] = ["USER_RECOVERY", "USER_RECOVERY_REISSUE"];
+    if !Path::new("/dev/ublk-control").exists() {
+        return Err("no ublk driver: /dev/ublk-control is missing; run `modprobe ublk_drv`".into());
+    }
+    let f = UblkCtrl::get_features().unwrap_or(0);
+    let names: Vec<&str> = (0..NAMES.len()).filter(|b| f & (1u64 << b) != 0).map(|b| NAMES[b]).collect();
+    let mut streams = serde_json::Map::new();
+    for e in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
+        let n = e.file_name().to_string_lossy().to_string();
+        if let Ok(m) = std::fs::read_to_string(e.path().join("queue/max_write_streams")) {
+            streams.insert(n, json!(m.trim().parse::<u64>().unwrap_or(0)));
+        }
+    }
+    if json_out {
+        println!("{}", json!({"ublk_features": f, "names": names, "used": USED, "write_streams": streams}));
+    } else {
+        println!("ublk driver features {f:#x}: {}", names.join(" "));
+        println!("fdpblk uses: {}", USED.join(" "));
+        if streams.is_empty() {
+            println!("block write streams: not supported by this kernel (needs Linux >= 6.16)");
+        } else {
+            for (n, m) in streams {
+                println!("block write streams: {n} max_write_streams {m}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! Everything a device needs to run, validated before it is created, and stored in the ublk
+//! device's target JSON so that `fdpblk recover` rebuilds exactly the same device.
+
+use crate::layout::{Geometry, GeometryConfig};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+/// fdpblk's own state lives in a fixed tail of the backing device, never exported:
+/// `max(8 MiB, round_up(backing_bytes / 4096, 1 MiB))` — 1/4096 of the device (512 MiB on
+/// 2 TB) leaves room for 32 bytes per slot, twice, down to 1 MiB slots. The formula is fixed
+/// so the exported capacity never changes between versions.
+pub fn reserved_tail_bytes(backing_bytes: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    (backing_bytes / 4096).div_ceil(MIB).saturating_mul(MIB).max(8 * MIB)
+}
+
+/// Bytes exported on `/dev/ublkbN`: the backing device less the reserved tail, in whole
+/// logical blocks.
+pub fn exported_bytes(backing_bytes: u64, lba_bytes: u64) -> Option<u64> {
+    let e = backing_bytes.checked_sub(reserved_tail_bytes(backing_bytes))?;
+    let e = e / lba_bytes.max(512) * lba_bytes.max(512);
+    (e > 0).then_some(e)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineKind {
+    Plain,
+    Streams,
+    Passthrough,
+}
+
+impl EngineKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Plain => "plain",
+            EngineKind::Streams => "streams",
+            EngineKind::Passthrough => "passthrough",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "plain" => EngineKind::Plain,
+            "streams" => EngineKind::Streams,
+            "passthrough" => EngineKind::Passthrough,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceConfig {
+    pub id: i32,
+    pub name: Option<String>,
+    pub backing: PathBuf,
+    pub engine: EngineKind,
+    pub policy: String,
+    pub queues: u16,
+    pub depth: u16,
+    pub io_buf_bytes: u32,
+    pub lba_shift: u8,
+    pub backing_bytes: u64,
+    pub exported_bytes: u64,
+    pub geometry: Geometry,
+    /// Logical handle -> write stream (streams engine).
+    pub streams: Vec<u8>,
+    /// How long a payload may wait for its slot header before it is placed anyway.
+    pub header_wait_us: u64,
+}
+
+impl DeviceConfig {
+    pub fn to_json(&self) -> Value {
+        let g = self.geometry.config();
+        json!({
+            "id": self.id, "name": self.name, "backing": self.backing, "engine": self.engine.name(),
+            "policy": self.policy, "queues": self.queues, "depth": self.depth, "io_buf_bytes": self.io_buf_bytes,
+            "lba_shift": self.lba_shift, "backing_bytes": self.backing_bytes, "exported_bytes": self.exported_bytes,
+            "geometry": {"block_align": g.block_align, "header_bytes": g.header_bytes, "slot_bytes": g.slot_bytes,
+                         "meta_total_bytes": g.meta_total_bytes, "capacity_bytes": g.capacity_bytes},
+            "streams": self.streams, "header_wait_us": self.header_wait_us,
+        })
+    }
+
+    pub fn from_json(v: &Value) -> Result<Self, String> {
+        let u = |k: &str| v.get(k).and_then(Value::as_u64).ok_or_else(|| format!("device config lacks \"{k}\""));
+        let gv = v.get("geometry").ok_or("device config lacks \"geometry\"")?;
+        let gu = |k: &str| gv.get(k).and_then(Value::as_u64).ok_or_else(|| format!("device geometry lacks \"{k}\""));
+        let exported = u("exported_bytes")?;
+        let geometry = GeometryConfig {
+            block_align: gu("block_align")?,
+            header_bytes: gu("header_bytes")?,
+            slot_bytes: gu("slot_bytes")?,
+            meta_total_bytes: gu("meta_total_bytes")?,
+            capacity_bytes: gu("capacity_bytes")?,
+        }
+        .validate(exported)
+        .map_err(|e| e.to_string())?;
+        Ok(Self {
+            id: v.get("id").and_then(Value::as_i64).ok_or("device config lacks \"id\"")? as i32,
+            name: v.get("name").and_then(Value::as_str).map(String::from),
+            backing: PathBuf::from(v.get("backing").and_then(Value::as_str).ok_or("device config lacks \"backing\"")?),
+            engine: v.get("engine").and_then(Value::as_str).and_then(EngineKind::parse).ok_or("bad \"engine\"")?,
+            policy: v.get("policy").and_then(Value::as_str).ok_or("device config lacks \"policy\"")?.to_string(),
+            queues: u("queues")? as u16,
+            depth: u("depth")? as u16,
+            io_buf_bytes: u("io_buf_bytes")? as u32,
+            lba_shift: u("lba_shift")? as u8,
+            backing_bytes: u("backing_bytes")?,
+            exported_bytes: exported,
+            geometry,
+            streams: v
+                .get("streams")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_u64).map(|s| s as u8).collect())
+                .unwrap_or_default(),
+            header_wait_us: u("header_wait_us").unwrap_or(5000),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_tail_formula() {
+        assert_eq!(reserved_tail_bytes(1 << 30), 8 << 20);
+        assert_eq!(reserved_tail_bytes(2_000_000_000_000), 466 << 20);
+        assert_eq!(exported_bytes(1 << 30, 512), Some((1 << 30) - (8 << 20)));
+        assert_eq!(exported_bytes(4 << 20, 512), None);
+    }
+
+    #[test]
+    fn json_round_trip() {
+        let geometry = GeometryConfig { block_align: 4096, header_bytes: 4096, slot_bytes: 65536, meta_total_bytes: 1 << 20, capacity_bytes: 0 }
+            .validate(1 << 30)
+            .unwrap();
+        let c = DeviceConfig {
+            id: 3,
+            name: Some("kv0".into()),
+            backing: "/dev/nvme0n1".into(),
+            engine: EngineKind::Streams,
+            policy: "region".into(),
+            queues: 2,
+            depth: 64,
+            io_buf_bytes: 524288,
+            lba_shift: 9,
+            backing_bytes: (1 << 30) + (8 << 20),
+            exported_bytes: 1 << 30,
+            geometry,
+            streams: vec![1, 2, 3, 4],
+            header_wait_us: 5000,
+        };
+        assert_eq!(DeviceConfig::from_json(&c.to_json()).unwrap(), c);
+        assert!(DeviceConfig::from_json(&json!({})).is_err());
+    }
+}

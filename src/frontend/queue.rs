@@ -1,0 +1,90 @@
+//! One ublk queue thread: an async task per tag that fetches a request, serves it through the
+//! pipeline and the engine, and commits the result. No lock on the data path: the pipeline is
+//! per queue, the slot table is shared through atomics.
+
+use crate::classify::Op;
+use crate::engine::uring::UringEngine;
+use crate::pipeline::{HeaderWait, Pipeline, Request, Segment};
+use io_uring::{opcode, types};
+use libublk::helpers::IoBuf;
+use libublk::io::UblkQueue;
+use libublk::{sys, BufDesc, UblkError};
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+/// How often a held payload looks for its header.
+const HEADER_POLL: Duration = Duration::from_micros(200);
+
+/// What every tag task of one queue shares (same thread, so `RefCell` is enough).
+pub struct QueueCtx {
+    pub pipeline: RefCell<Pipeline>,
+    pub engine: UringEngine,
+    pub header_wait: Duration,
+}
+
+/// Serves tag `tag` until the queue goes down.
+pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), UblkError> {
+    let mut buf = IoBuf::<u8>::new(q.dev.dev_info.max_io_buf_bytes as usize);
+    q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf)).await?;
+    let mut segments = Vec::with_capacity(8);
+    loop {
+        let res = serve(q, tag, buf.as_mut_slice(), ctx, &mut segments).await;
+        q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?;
+    }
+}
+
+async fn sleep(q: &UblkQueue<'_>, d: Duration) {
+    let ts = types::Timespec::new().sec(d.as_secs()).nsec(d.subsec_nanos());
+    // Completes with -ETIME; the timespec lives in this frame until then.
+    let _ = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
+}
+
+async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segments: &mut Vec<Segment>) -> i32 {
+    let iod = q.get_iod(tag);
+    let (op_flags, offset, len) = (iod.op_flags, iod.start_sector << 9, u64::from(iod.nr_sectors) << 9);
+    let op = match op_flags & 0xff {
+        sys::UBLK_IO_OP_READ => Op::Read,
+        sys::UBLK_IO_OP_WRITE => Op::Write,
+        sys::UBLK_IO_OP_FLUSH => Op::Flush,
+        sys::UBLK_IO_OP_DISCARD => Op::Discard,
+        sys::UBLK_IO_OP_WRITE_ZEROES => Op::WriteZeroes,
+        _ => return -libc::EOPNOTSUPP,
+    };
+    if (op == Op::Read || op == Op::Write) && len as usize > buf.len() {
+        return -libc::EINVAL;
+    }
+    segments.clear();
+    let data = (op == Op::Write).then(|| &buf[..len as usize]);
+    let req = Request { op, offset, len, data };
+    let deadline = Instant::now() + ctx.header_wait;
+    let mut waited = false;
+    loop {
+        let wait = if Instant::now() < deadline { HeaderWait::Allowed } else { HeaderWait::Expired };
+        let planned = ctx.pipeline.borrow_mut().plan(&req, segments, wait).is_ok();
+        if planned {
+            break;
+        }
+        if !waited {
+            ctx.pipeline.borrow().note_header_wait();
+            waited = true;
+        }
+        sleep(q, HEADER_POLL).await;
+    }
+    match op {
+        Op::Write => {
+            let fua = op_flags & sys::UBLK_IO_F_FUA != 0;
+            for s in segments.iter() {
+                let rel = (s.offset - offset) as usize;
+                let res = ctx.engine.write(q, s.offset, &buf[rel..rel + s.len as usize], s.handle, fua).await;
+                if res < 0 {
+                    return res;
+                }
+            }
+            len as i32
+        }
+        Op::Read => ctx.engine.read(q, offset, &mut buf[..len as usize]).await,
+        Op::Flush => ctx.engine.flush(q).await,
+        Op::Discard => ctx.engine.discard(q, offset, len).await,
+        Op::WriteZeroes => ctx.engine.write_zeroes(q, offset, len, op_flags & sys::UBLK_IO_F_NOUNMAP == 0).await,
+    }
+}

@@ -1,0 +1,89 @@
+//! Run-time state under `/run/fdpblk/`: one `<id>.json` per device (its config and daemon pid,
+//! what `list`, `stats` and `recover` read) and `<id>.stats.json`, refreshed every second.
+//! Stable names: `/dev/fdpblk/<name>` links to `/dev/ublkb<id>`, since LMCache discards its
+//! checkpoint when `device_path` changes.
+
+use super::config::DeviceConfig;
+use serde_json::{json, Value};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub const RUN_DIR: &str = "/run/fdpblk";
+pub const NAME_DIR: &str = "/dev/fdpblk";
+
+pub fn state_path(id: i32) -> PathBuf {
+    Path::new(RUN_DIR).join(format!("{id}.json"))
+}
+pub fn stats_path(id: i32) -> PathBuf {
+    Path::new(RUN_DIR).join(format!("{id}.stats.json"))
+}
+pub fn bdev_path(id: i32) -> String {
+    format!("/dev/ublkb{id}")
+}
+pub fn name_path(name: &str) -> PathBuf {
+    Path::new(NAME_DIR).join(name)
+}
+
+/// Writes a file atomically (temp file + rename), so readers never see half of it.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, bytes)?;
+    fs::rename(&tmp, path)
+}
+
+pub fn write_state(cfg: &DeviceConfig, pid: u32) -> io::Result<()> {
+    let v = json!({"config": cfg.to_json(), "pid": pid, "device": bdev_path(cfg.id),
+                   "name_path": cfg.name.as_deref().map(name_path)});
+    write_atomic(&state_path(cfg.id), v.to_string().as_bytes())
+}
+
+/// The saved config and daemon pid of device `id`.
+pub fn read_state(id: i32) -> Result<(DeviceConfig, u32), String> {
+    let p = state_path(id);
+    let text = fs::read_to_string(&p).map_err(|e| format!("no fdpblk device {id} ({}: {e}); see `fdpblk list`", p.display()))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{} is corrupt: {e}", p.display()))?;
+    let cfg = DeviceConfig::from_json(&v["config"])?;
+    Ok((cfg, v["pid"].as_u64().unwrap_or(0) as u32))
+}
+
+pub fn state_ids() -> Vec<i32> {
+    let mut ids: Vec<i32> = fs::read_dir(RUN_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_suffix(".json")?.parse().ok())
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+pub fn remove_state(cfg: &DeviceConfig) {
+    let _ = fs::remove_file(state_path(cfg.id));
+    let _ = fs::remove_file(stats_path(cfg.id));
+    if let Some(n) = &cfg.name {
+        let link = name_path(n);
+        // Only remove the link if it still points at this device.
+        if fs::read_link(&link).ok().as_deref() == Some(Path::new(&bdev_path(cfg.id))) {
+            let _ = fs::remove_file(link);
+        }
+    }
+}
+
+/// Points `/dev/fdpblk/<name>` at the device, replacing a stale link.
+pub fn link_name(name: &str, id: i32) -> io::Result<()> {
+    fs::create_dir_all(NAME_DIR)?;
+    let link = name_path(name);
+    let tmp = link.with_extension("new");
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(bdev_path(id), &tmp)?;
+    fs::rename(tmp, link)
+}
+
+pub fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    pid != 0 && unsafe { libc::kill(pid as i32, 0) } == 0
+}

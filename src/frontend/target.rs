@@ -1,0 +1,252 @@
+//! Creating (or recovering) the ublk device and running its queues until it stops.
+
+use super::config::DeviceConfig;
+use super::queue::{io_task, QueueCtx};
+use super::state;
+use crate::engine::uring::UringEngine;
+use crate::pipeline::{Pipeline, PipelineCounters, PipelineStats};
+use crate::place::policy_by_name;
+use crate::slot_table::SlotTable;
+use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::io::{UblkDev, UblkQueue};
+use libublk::{sys, UblkError, UblkFlags};
+use std::cell::RefCell;
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// State shared by the queue threads and the stats writer (touched only at set-up and by the
+/// once-a-second stats snapshot, never per request).
+struct Shared {
+    cfg: DeviceConfig,
+    slots: Arc<SlotTable>,
+    counters: Mutex<Vec<Arc<PipelineCounters>>>,
+}
+
+impl Shared {
+    fn stats(&self) -> PipelineStats {
+        let mut total = PipelineStats::default();
+        for c in self.counters.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            total.add(&c.snapshot());
+        }
+        total
+    }
+}
+
+fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
+    let q = match UblkQueue::new(qid, dev) {
+        Ok(q) => Rc::new(q),
+        Err(e) => {
+            tracing::error!("queue {qid}: {e}");
+            return;
+        }
+    };
+    let policy = policy_by_name(&shared.cfg.policy).expect("policy validated before the device was created");
+    let pipeline = Pipeline::with_slots(shared.cfg.geometry, policy, shared.slots.clone());
+    shared.counters.lock().unwrap_or_else(|e| e.into_inner()).push(pipeline.counters().clone());
+    let engine = match shared.cfg.engine {
+        super::config::EngineKind::Streams => UringEngine::streams(shared.cfg.streams.clone()),
+        _ => UringEngine::plain(),
+    };
+    let ctx = Rc::new(QueueCtx {
+        pipeline: RefCell::new(pipeline),
+        engine,
+        header_wait: Duration::from_micros(shared.cfg.header_wait_us),
+    });
+    let exe = Rc::new(smol::LocalExecutor::new());
+    let mut tasks = Vec::new();
+    for tag in q.tags() {
+        let (q, ctx) = (q.clone(), ctx.clone());
+        tasks.push(exe.spawn(async move {
+            match io_task(&q, tag, &ctx).await {
+                Err(UblkError::QueueIsDown) | Ok(()) => {}
+                Err(e) => tracing::error!("queue {qid} tag {tag}: {e}"),
+            }
+        }));
+    }
+    let exe2 = exe.clone();
+    smol::block_on(exe.run(async move {
+        let run_ops = || while exe2.try_tick() {};
+        let done = || tasks.iter().all(|t| t.is_finished());
+        if let Err(e) = libublk::wait_and_handle_io_events(&q, Some(20), run_ops, done).await {
+            tracing::error!("queue {qid}: {e}");
+        }
+    }));
+}
+
+fn set_params(dev: &mut UblkDev, cfg: &DeviceConfig, backing_fd: i32) {
+    let tgt = &mut dev.tgt;
+    tgt.fds[tgt.nr_fds as usize] = backing_fd;
+    tgt.nr_fds += 1;
+    tgt.dev_size = cfg.exported_bytes;
+    let max_sectors = cfg.io_buf_bytes >> 9;
+    tgt.params = sys::ublk_params {
+        types: sys::UBLK_PARAM_TYPE_BASIC | sys::UBLK_PARAM_TYPE_DISCARD,
+        basic: sys::ublk_param_basic {
+            attrs: sys::UBLK_ATTR_VOLATILE_CACHE | sys::UBLK_ATTR_FUA,
+            logical_bs_shift: cfg.lba_shift,
+            physical_bs_shift: cfg.lba_shift.max(12),
+            io_opt_shift: 12,
+            io_min_shift: cfg.lba_shift,
+            max_sectors,
+            dev_sectors: cfg.exported_bytes >> 9,
+            ..Default::default()
+        },
+        discard: sys::ublk_param_discard {
+            discard_granularity: 1 << cfg.lba_shift.max(12),
+            max_discard_sectors: u32::MAX >> 9,
+            max_write_zeroes_sectors: u32::MAX >> 9,
+            max_discard_segments: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    dev.set_target_json(cfg.to_json());
+}
+
+/// Opens the backing device: O_DIRECT (write streams need it; the page cache would only
+/// double-buffer) and, for a block device, O_EXCL so that a device in use is refused.
+pub fn open_backing(cfg: &DeviceConfig) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let is_bdev = std::fs::metadata(&cfg.backing).map(|m| m.file_type().is_block_device()).unwrap_or(false);
+    let mut flags = libc::O_DIRECT;
+    if is_bdev {
+        flags |= libc::O_EXCL;
+    }
+    let open = |flags| std::fs::OpenOptions::new().read(true).write(true).custom_flags(flags).open(&cfg.backing);
+    let file = match open(flags) {
+        // tmpfs and some file systems refuse O_DIRECT on regular files; a file backing is for tests.
+        Err(e) if !is_bdev && e.raw_os_error() == Some(libc::EINVAL) => open(0),
+        r => r,
+    };
+    file.map_err(|e| match e.raw_os_error() {
+        Some(libc::EBUSY) => format!(
+            "backing {} is in use (mounted, or claimed by another fdpblk or device mapper); free it first",
+            cfg.backing.display()
+        ),
+        _ => format!("cannot open backing {}: {e}", cfg.backing.display()),
+    })
+}
+
+/// Runs the device until it is stopped. `notify` is called once with the device id after the
+/// device started, or with the error that prevented it.
+pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, String>) + Send + 'static) -> Result<(), String> {
+    let notify = Arc::new(Mutex::new(Some(notify)));
+    let fail = |msg: String| -> String {
+        if let Some(n) = notify.lock().ok().and_then(|mut n| n.take()) {
+            n(Err(msg.clone()));
+        }
+        msg
+    };
+    if !std::path::Path::new("/dev/ublk-control").exists() {
+        return Err(fail("no ublk driver: /dev/ublk-control is missing; run `modprobe ublk_drv` (Linux >= 6.0 with CONFIG_BLK_DEV_UBLK)".into()));
+    }
+    let backing = open_backing(&cfg).map_err(fail)?;
+    block_signals();
+    let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
+    let ctrl = UblkCtrlBuilder::default()
+        .name("fdpblk")
+        .id(cfg.id)
+        .nr_queues(cfg.queues)
+        .depth(cfg.depth)
+        .io_buf_bytes(cfg.io_buf_bytes)
+        .ctrl_flags(u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE))
+        .dev_flags(dev_flags)
+        .build()
+        .map_err(|e| fail(format!("creating ublk device {}: {e}", cfg.id)))?;
+    if recover {
+        ctrl.start_user_recover().map_err(|e| fail(format!("starting recovery of device {}: {e}", cfg.id)))?;
+    }
+    let id = ctrl.dev_info().dev_id as i32;
+    let mut cfg = cfg;
+    cfg.id = id;
+    spawn_signal_thread(id);
+    let shared = Arc::new(Shared { slots: Arc::new(SlotTable::new(cfg.geometry.max_slots)), counters: Mutex::new(Vec::new()), cfg: cfg.clone() });
+    let stop = Arc::new(AtomicBool::new(false));
+    let (q_shared, d_shared, d_stop) = (shared.clone(), shared.clone(), stop.clone());
+    let stats_thread: Arc<Mutex<Option<std::thread::JoinHandle<()>>>> = Arc::new(Mutex::new(None));
+    let st = stats_thread.clone();
+    let fd = backing.as_raw_fd();
+    let notify2 = notify.clone();
+    let res = ctrl.run_target(
+        |dev: &mut UblkDev| {
+            set_params(dev, &cfg, fd);
+            Ok(())
+        },
+        move |qid, dev: &UblkDev| queue_main(qid, dev, &q_shared),
+        move |_ctrl: &UblkCtrl| {
+            let c = &d_shared.cfg;
+            if let Err(e) = state::write_state(c, std::process::id()) {
+                tracing::warn!("cannot write {}: {e}", state::state_path(c.id).display());
+            }
+            if let Some(name) = &c.name {
+                if let Err(e) = state::link_name(name, c.id) {
+                    tracing::warn!("cannot link {}: {e}", state::name_path(name).display());
+                }
+            }
+            let s = d_shared.clone();
+            *st.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::spawn(move || stats_loop(&s, &d_stop)));
+            if let Some(n) = notify2.lock().ok().and_then(|mut n| n.take()) {
+                n(Ok(c.id));
+            }
+        },
+    );
+    stop.store(true, Ordering::Relaxed);
+    if let Some(t) = stats_thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        let _ = t.join();
+    }
+    drop(backing);
+    match res {
+        Ok(_) => {
+            state::remove_state(&shared.cfg);
+            Ok(())
+        }
+        Err(e) => Err(fail(format!("device {id}: {e}"))),
+    }
+}
+
+fn stats_loop(shared: &Shared, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        let c = &shared.cfg;
+        let v = serde_json::json!({
+            "id": c.id, "name": c.name, "engine": c.engine.name(), "policy": c.policy,
+            "geometry": c.geometry.to_json(), "pipeline": shared.stats().to_json(),
+        });
+        let _ = state::write_atomic(&state::stats_path(c.id), v.to_string().as_bytes());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// SIGTERM and SIGINT are taken by one thread (all threads inherit the mask set here), which
+/// stops the device cleanly: queues drain, the device is deleted, state files removed.
+fn block_signals() {
+    // SAFETY: plain sigset manipulation on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+fn spawn_signal_thread(id: i32) {
+    std::thread::spawn(move || {
+        // SAFETY: waits on the signals blocked by `block_signals`.
+        let sig = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            let mut sig = 0;
+            libc::sigwait(&set, &mut sig);
+            sig
+        };
+        tracing::info!("signal {sig}: stopping device {id}");
+        if let Ok(ctrl) = UblkCtrl::new_simple(id) {
+            let _ = ctrl.kill_dev();
+        }
+    });
+}
