@@ -215,7 +215,7 @@ impl Pipeline {
     pub fn plan(&mut self, req: &Request<'_>, segments: &mut Vec<Segment>, wait: HeaderWait) -> Result<&[Extent], u64> {
         self.extents.clear();
         classify(&self.geom, req.op, req.offset, req.len, req.data, self.slots.as_ref(), &mut self.extents);
-        if req.op == Op::Write && wait == HeaderWait::Allowed {
+        if req.op == Op::Write && wait == HeaderWait::Allowed && self.slots.headers_seen() {
             if let Some(slot) = self.awaited_header() {
                 return Err(slot);
             }
@@ -363,7 +363,7 @@ mod tests {
         segs.clear();
         let big = Request { op: Op::Write, offset: g.container_offset(1), len: (1 << 20) - g.container_offset(1) + 8192, data: None };
         // Slot 0's payload has no header yet: the pipeline asks to wait, counting nothing.
-        assert_eq!(p.plan(&big, &mut segs, HeaderWait::Allowed).err(), Some(0));
+        assert_eq!(p.plan(&big, &mut segs, HeaderWait::Allowed).err(), Some(0), "slot 1's header was seen");
         assert!(segs.is_empty());
         p.plan(&big, &mut segs, HeaderWait::Expired).unwrap();
         assert_eq!(segs.len(), 2);
@@ -383,6 +383,10 @@ mod tests {
         let payload = Request { op: Op::Write, offset: g.slot_offset(2) + 4096, len: 8192, data: None };
         let header = Request { op: Op::Write, offset: g.slot_offset(2), len: 4096, data: Some(&hdr) };
         let mut segs = Vec::new();
+        // Before any LMCache header was seen (fio, mkfs), nothing waits.
+        assert!(q1.plan(&payload, &mut segs, HeaderWait::Allowed).is_ok());
+        let other = SlotHeader { identity: 5, payload_len: 4096 }.encode(4096);
+        q0.plan(&Request { op: Op::Write, offset: g.slot_offset(0), len: 4096, data: Some(&other) }, &mut segs, HeaderWait::Allowed).unwrap();
         assert!(q1.plan(&payload, &mut segs, HeaderWait::Allowed).is_err());
         q0.plan(&header, &mut segs, HeaderWait::Allowed).unwrap(); // the header lands on queue 0
         q1.plan(&payload, &mut segs, HeaderWait::Allowed).unwrap(); // now the payload can go
@@ -390,8 +394,8 @@ mod tests {
         assert!(q1.plan(&payload, &mut segs, HeaderWait::Allowed).is_err());
         let mut s = q0.stats();
         s.add(&q1.stats());
-        assert_eq!(s.payload_fallbacks, 0);
-        assert_eq!(s.handle_bytes[RegionPolicy::SLOTS as usize], 4096 + 8192);
+        assert_eq!(s.payload_fallbacks, 1); // the fio-like write before any header
+        assert_eq!(s.handle_bytes[RegionPolicy::SLOTS as usize], 2 * 4096 + 2 * 8192);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use crate::layout::slot_header::SlotHeader;
 use crate::place::Handle;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// A snapshot of one slot's record.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -46,13 +46,16 @@ pub struct SlotTable {
     /// Payload bytes of the current header not yet written; 0 = the put is complete, so a
     /// further payload write most likely belongs to a new put whose header is still to come.
     remaining: Box<[AtomicU64]>,
+    /// Set by the first LMCache slot header: before it (or with a foreign writer such as fio)
+    /// no payload waits for a header that will never come.
+    headers_seen: AtomicBool,
 }
 
 impl SlotTable {
     pub fn new(max_slots: u64) -> Self {
         let n = max_slots as usize;
         let mk = || (0..n).map(|_| AtomicU64::new(0)).collect::<Vec<_>>().into_boxed_slice();
-        Self { identity: mk(), meta: mk(), remaining: mk() }
+        Self { identity: mk(), meta: mk(), remaining: mk(), headers_seen: AtomicBool::new(false) }
     }
 
     pub fn get(&self, slot: u64) -> Option<SlotEntry> {
@@ -73,6 +76,14 @@ impl SlotTable {
         self.identity[i].store(header.identity, Ordering::Relaxed);
         self.remaining[i].store(header.payload_len, Ordering::Relaxed);
         self.meta[i].store(pack(header.payload_len, handle, generation), Ordering::Release);
+        if !self.headers_seen.load(Ordering::Relaxed) {
+            self.headers_seen.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// True once any LMCache slot header was written through this table.
+    pub fn headers_seen(&self) -> bool {
+        self.headers_seen.load(Ordering::Relaxed)
     }
 
     /// Counts `bytes` of payload written for the slot's current header.

@@ -368,13 +368,13 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     println!("{:<20} {:>10} {:>16}", "class", "requests", "bytes");
     if let Some(c) = p["classes"].as_object() {
         for (k, n) in c {
-            println!("{k:<20} {:>10} {:>16}", n["requests"], n["bytes"]);
+            println!("{k:<20} {:>10} {:>16}", n["requests"].as_u64().unwrap_or(0), n["bytes"].as_u64().unwrap_or(0));
         }
     }
     println!("{:<20} {:>16}", "handle", "bytes written");
     if let Some(h) = p["handles"].as_object() {
         for (k, b) in h {
-            println!("{k:<20} {b:>16}");
+            println!("{k:<20} {:>16}", b.as_u64().unwrap_or(0));
         }
     }
     println!("header waits {}  payload fallbacks {}", p["header_waits"], p["payload_fallbacks"]);
