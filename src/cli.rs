@@ -29,6 +29,9 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Run a trace of block requests through the classifier, a policy and the simulated drive.
     Replay(ReplayArgs),
+    /// What an NVMe FDP drive reports: `fdp status` (placement IDs, RUH status, configuration)
+    /// and `fdp stats` (host/media bytes written, media bytes erased, events).
+    Fdp(crate::cmd::fdp::FdpArgs),
 }
 
 /// LMCache's raw_block geometry, named like its config keys. Sizes take K/M/G/T suffixes

@@ -5,6 +5,7 @@ pub mod device;
 pub mod engine;
 pub mod frontend;
 pub mod layout;
+pub mod nvme;
 pub mod pipeline;
 pub mod place;
 pub mod slot_table;

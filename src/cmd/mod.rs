@@ -1,6 +1,7 @@
 //! The commands behind the CLI. Each returns a one-line error that names the fix.
 
 pub mod device;
+pub mod fdp;
 pub mod inspect;
 pub mod replay;
 
