@@ -8,4 +8,5 @@ pub mod layout;
 pub mod nvme;
 pub mod pipeline;
 pub mod place;
+pub mod sim;
 pub mod slot_table;
