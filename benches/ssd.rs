@@ -6,7 +6,7 @@
 //! `cargo bench --bench ssd -- --warm-up-time 1 --measurement-time 3`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fdpblk::sim::{HandleType, SplitMix64, Ssd, SsdConfig};
+use fdpblk::sim::{HandleType, SplitMix64, Ssd, SsdConfig, SsdCounters};
 use std::hint::black_box;
 
 const MIB: u64 = 1 << 20;
@@ -25,6 +25,14 @@ fn aged_drive() -> Ssd {
     s
 }
 
+/// Prints the WAF of a run (skipped when a filter left the benchmark out).
+fn report(name: &str, s: &Ssd, before: &SsdCounters) {
+    let d = s.counters().since(before);
+    if d.host_bytes > 0 {
+        eprintln!("{name}: WAF over the run {:.3}", d.waf());
+    }
+}
+
 fn bench(c: &mut Criterion) {
     let units = LOGICAL / MIB;
     let mut g = c.benchmark_group("ssd_64g_1m_units_256m_ru");
@@ -41,7 +49,7 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
-    eprintln!("uniform_random_1_unit: WAF over the run {:.3}", s.counters().since(&before).waf());
+    report("uniform_random_1_unit", &s, &before);
 
     // Uniform random 16 MiB slots (16 units per request, slot-aligned).
     let slots = LOGICAL / (16 * MIB);
@@ -53,7 +61,7 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
-    eprintln!("uniform_random_16_unit_slots: WAF over the run {:.3}", s.counters().since(&before).waf());
+    report("uniform_random_16_unit_slots", &s, &before);
 
     // Sequential 16 MiB writes around the device: WAF 1, GC erases dead RUs only.
     let mut s = aged_drive();

@@ -50,7 +50,7 @@ pub enum Victim {
     /// The closed RU with the fewest valid units.
     Greedy,
     /// The closed RU with the highest (1 − u)·age / (1 + u) (Rosenblum & Ousterhout's LFS),
-    /// u = valid fraction of the RU, age = host units written since the RU was closed, plus 1.
+    /// u = valid fraction of the RU, age = host bytes written since the RU was closed, plus 1.
     CostBenefit,
     /// The oldest closed RU, whatever it holds: the circular log of the analytic model, whose
     /// WAF does not depend on the RU size (greedy's approaches it as RUs grow).
@@ -388,7 +388,8 @@ pub struct Ssd {
     ru_written: Vec<u32>,
     ru_stream: Vec<u16>,
     ru_state: Vec<u8>,
-    /// Host clock (units written) when the RU was closed, for cost-benefit age.
+    /// Host clock (host bytes written, so that the unit size does not matter) when the RU was
+    /// closed, for cost-benefit age.
     ru_closed_at: Vec<u64>,
     /// Greedy buckets: intrusive doubly linked lists of closed RUs by valid count.
     ru_prev: Vec<u32>,
@@ -559,8 +560,8 @@ impl Ssd {
             }
             self.ru_valid[ru as usize] += take;
             self.ru_written[ru as usize] = written + take;
-            self.clock += u64::from(take);
             let bytes = u64::from(take) * self.unit;
+            self.clock += bytes;
             self.counters.host_bytes += bytes;
             self.counters.media_bytes += bytes;
             self.counters.host_bytes_by_handle[stream] += bytes;
@@ -929,30 +930,36 @@ impl Ssd {
         let target = self.gc_target[self.ru_stream[vr] as usize] as usize;
         let slot = rg * self.nstreams + target;
         let mut left = self.ru_valid[vr];
-        let base = victim * self.upr;
-        let mut p = base;
-        let end = base + self.ru_written[vr];
-        let mut moved = 0u64;
-        while left > 0 && p < end {
-            let lu = self.p2l[p as usize];
-            if self.l2p[lu as usize] == p {
-                let mut ru = self.open[slot];
-                if ru == NONE {
-                    ru = self.open_ru(rg, target, false)?;
-                }
-                let r = ru as usize;
-                let dst = ru * self.upr + self.ru_written[r];
-                self.l2p[lu as usize] = dst;
-                self.p2l[dst as usize] = lu;
-                self.ru_valid[r] += 1;
-                self.ru_written[r] += 1;
-                if self.ru_written[r] == self.upr {
-                    self.close(ru, slot);
-                }
-                left -= 1;
-                moved += 1;
+        let moved = u64::from(left);
+        let mut p = victim * self.upr;
+        let end = p + self.ru_written[vr];
+        // Fill the GC RU a run at a time: find the next `room` valid units and append them.
+        while left > 0 {
+            let mut ru = self.open[slot];
+            if ru == NONE {
+                ru = self.open_ru(rg, target, false)?;
             }
-            p += 1;
+            let r = ru as usize;
+            let written = self.ru_written[r];
+            let room = (self.upr - written).min(left);
+            let mut dst = ru * self.upr + written;
+            let stop = dst + room;
+            while dst < stop && p < end {
+                let lu = self.p2l[p as usize];
+                if self.l2p[lu as usize] == p {
+                    self.l2p[lu as usize] = dst;
+                    self.p2l[dst as usize] = lu;
+                    dst += 1;
+                }
+                p += 1;
+            }
+            debug_assert_eq!(dst, stop, "victim {victim} holds fewer valid units than counted");
+            self.ru_valid[r] += room;
+            self.ru_written[r] = written + room;
+            left -= room;
+            if written + room == self.upr {
+                self.close(ru, slot);
+            }
         }
         let c = &mut self.counters;
         c.relocated_bytes += moved * self.unit;
