@@ -274,15 +274,29 @@ pub fn add(a: &AddArgs) -> CmdResult {
 
 pub fn recover(a: &IdArgs) -> CmdResult {
     let (cfg, pid) = state::read_state(a.number)?;
+    // A killed daemon may still be tearing down its rings for a moment.
+    for _ in 0..50 {
+        if !state::pid_alive(pid) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     if state::pid_alive(pid) {
         return Err(format!("device {} is still served by pid {pid}; nothing to recover", a.number).into());
     }
-    let ctrl = UblkCtrl::new_simple(a.number).map_err(|e| format!("no ublk device {}: {e}; see `fdpblk list`", a.number))?;
-    let st = u32::from(ctrl.dev_info().state);
+    // The driver quiesces the device once it notices the daemon's exit: give it a moment.
+    let mut st = sys::UBLK_S_DEV_LIVE;
+    for _ in 0..50 {
+        let ctrl = UblkCtrl::new_simple(a.number).map_err(|e| format!("no ublk device {}: {e}; see `fdpblk list`", a.number))?;
+        st = u32::from(ctrl.dev_info().state);
+        if st != sys::UBLK_S_DEV_LIVE {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     if st == sys::UBLK_S_DEV_LIVE {
         return Err(format!("device {} is live; nothing to recover", a.number).into());
     }
-    drop(ctrl);
     daemonize(a.foreground, move |notify| target::run(cfg, true, notify))
 }
 

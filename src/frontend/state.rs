@@ -83,7 +83,14 @@ pub fn link_name(name: &str, id: i32) -> io::Result<()> {
     fs::rename(tmp, link)
 }
 
+/// True if `pid` runs; a zombie (dead, not yet reaped) counts as dead.
 pub fn pid_alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    pid != 0 && unsafe { libc::kill(pid as i32, 0) } == 0
+    if pid == 0 {
+        return false;
+    }
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state letter follows the parenthesised command name.
+        Ok(stat) => stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()).is_some_and(|c| c != 'Z' && c != 'X'),
+        Err(_) => false,
+    }
 }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# vm-kernel: new
+# vm-fdp: on
+# vm-timeout: 400
+# Kill the daemon with SIGKILL during a verifying fio write, `fdpblk recover`, and fio's
+# verify passes: 5 times. In-flight I/O is re-issued by the driver, nothing is lost.
+. "$(dirname "$0")/../lib/check-lib.sh"
+. "$(dirname "$0")/../lib/fdpblk-lib.sh"
+need_tool fio
+
+dev=$(fdpblk_add --backing "$NS_DEV" -n 0 --policy region --slot-bytes 64K --meta-total-bytes 1M -q 2 -d 64)
+expect_eq "device" "$dev" /dev/ublkb0
+for i in 1 2 3 4 5; do
+    job=(--name="r$i" --filename="$dev" --direct=1 --ioengine=io_uring --rw=randwrite --bs=64k
+        --size=32M --offset=$((i * 64))M --iodepth=16 --verify=crc32c --randseed="$i" --output-format=terse)
+    fio "${job[@]}" --do_verify=0 >"/tmp/recover-w$i.log" 2>&1 &
+    fio_pid=$!
+    sleep 1
+    old=$(daemon_pid 0)
+    expect "round $i: SIGKILL daemon $old" kill -9 "$old"
+    if "$FDPBLK" recover -n 0 >"/tmp/recover-$i.log" 2>&1; then
+        ok "round $i: fdpblk recover"
+    else
+        cat "/tmp/recover-$i.log" /run/fdpblk/daemon.log
+        not_ok "round $i: fdpblk recover"
+    fi
+    new=$(daemon_pid 0)
+    expect "round $i: a new daemon ($new) serves the device" test "$new" != "$old"
+    # If recovery failed, fio would wait forever on the quiesced device.
+    ( sleep 60; kill -9 "$fio_pid" 2>/dev/null ) &
+    expect "round $i: fio write finished without error" wait "$fio_pid"
+    expect "round $i: fio verify of everything written" \
+        quiet fio "${job[@]}" --verify_only=1 --verify_fatal=1
+done
+expect "fdpblk del" "$FDPBLK" del -n 0
+check_done
