@@ -2,6 +2,7 @@
 //!
 //! Errors are negative errnos, the currency of ublk completions.
 
+pub mod queue;
 pub mod sim;
 pub mod uring;
 

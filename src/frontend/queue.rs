@@ -3,7 +3,7 @@
 //! per queue, the slot table is shared through atomics.
 
 use crate::classify::Op;
-use crate::engine::uring::UringEngine;
+use crate::engine::queue::QueueEngine;
 use crate::pipeline::{HeaderWait, Pipeline, Request, Segment};
 use io_uring::{opcode, types};
 use libublk::helpers::IoBuf;
@@ -18,7 +18,7 @@ const HEADER_POLL: Duration = Duration::from_micros(200);
 /// What every tag task of one queue shares (same thread, so `RefCell` is enough).
 pub struct QueueCtx {
     pub pipeline: RefCell<Pipeline>,
-    pub engine: UringEngine,
+    pub engine: QueueEngine,
     pub header_wait: Duration,
 }
 

@@ -3,6 +3,7 @@
 use super::config::DeviceConfig;
 use super::queue::{io_task, QueueCtx};
 use super::state;
+use crate::engine::queue::QueueEngine;
 use crate::engine::uring::UringEngine;
 use crate::pipeline::{Pipeline, PipelineCounters, PipelineStats};
 use crate::place::policy_by_name;
@@ -47,8 +48,8 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
     let pipeline = Pipeline::with_slots(shared.cfg.geometry, policy, shared.slots.clone());
     shared.counters.lock().unwrap_or_else(|e| e.into_inner()).push(pipeline.counters().clone());
     let engine = match shared.cfg.engine {
-        super::config::EngineKind::Streams => UringEngine::streams(shared.cfg.streams.clone()),
-        _ => UringEngine::plain(),
+        super::config::EngineKind::Streams => QueueEngine::Uring(UringEngine::streams(shared.cfg.streams.clone())),
+        _ => QueueEngine::Uring(UringEngine::plain()),
     };
     let ctx = Rc::new(QueueCtx {
         pipeline: RefCell::new(pipeline),
