@@ -4,6 +4,7 @@
 use super::CmdResult;
 use crate::cli::{AddArgs, DelArgs, IdArgs, ListArgs};
 use crate::device::ReadAt;
+use crate::engine::passthrough;
 use crate::frontend::config::{exported_bytes, reserved_tail_bytes, DeviceConfig, EngineKind};
 use crate::frontend::{state, target};
 use crate::layout::discover::{discover, DiscoverError};
@@ -70,8 +71,15 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         }
         e => EngineKind::parse(e).ok_or_else(|| format!("unknown --engine {e}; choose auto, passthrough, streams or plain"))?,
     };
+    let mut probe = None;
     if engine == EngineKind::Passthrough {
-        return Err("the passthrough engine (/dev/ngXnY) is not available in this build yet; use --engine streams on /dev/nvmeXnY (Linux >= 6.16) or --engine plain".into());
+        if !is_chardev {
+            return Err(format!(
+                "--engine passthrough needs an NVMe generic char device (/dev/ngXnY); {} is not one (use --engine streams or plain on a block device)",
+                a.backing.display()
+            ));
+        }
+        probe = Some(passthrough::probe(&a.backing, &a.policy, policy.handles())?);
     }
     let mut streams = Vec::new();
     if engine == EngineKind::Streams {
@@ -98,12 +106,20 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     } else if engine == EngineKind::Plain && policy.handles() > 1 {
         tracing::warn!("engine plain: placement is off, every write goes to the drive's default handle");
     }
-    if !is_bdev && !meta.file_type().is_file() {
+    if !is_bdev && !meta.file_type().is_file() && probe.is_none() {
         return Err(format!("backing {} is neither a block device nor a file", a.backing.display()));
     }
     let file = std::fs::File::open(&a.backing).map_err(|e| format!("cannot open backing {}: {e}", a.backing.display()))?;
-    let backing_bytes = ReadAt::size(&file).map_err(|e| format!("size of {}: {e}", a.backing.display()))?;
-    let lba = if is_bdev { lba_bytes(&file) } else { 512 };
+    // A char device has no BLKGETSIZE64 or pread: its size and blocks come from Identify.
+    let backing_bytes = match &probe {
+        Some(p) => p.ns_bytes,
+        None => ReadAt::size(&file).map_err(|e| format!("size of {}: {e}", a.backing.display()))?,
+    };
+    let lba = match &probe {
+        Some(p) => u64::from(p.lba_size),
+        None if is_bdev => lba_bytes(&file),
+        None => 512,
+    };
     let exported = exported_bytes(backing_bytes, lba).ok_or_else(|| {
         format!(
             "backing {} ({backing_bytes} bytes) is too small: fdpblk reserves {} bytes at its end for its own state",
@@ -111,9 +127,16 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             reserved_tail_bytes(backing_bytes)
         )
     })?;
+    let source: Box<dyn ReadAt + '_> = match &probe {
+        Some(p) => Box::new(
+            passthrough::NsReader::open(&a.backing, p.nsid, p.lba_size, exported, p.max_transfer)
+                .map_err(|e| format!("cannot open backing {}: {e}", a.backing.display()))?,
+        ),
+        None => Box::new(Exported(&file, exported)),
+    };
     let flags = a.geometry.flags();
     let geometry = match a.layout.as_str() {
-        "auto" => match discover(&Exported(&file, exported), &flags) {
+        "auto" => match discover(&*source, &flags) {
             Ok(d) => d.geometry,
             Err(DiscoverError::NoCheckpoint { missing }) => {
                 return Err(format!(
@@ -128,7 +151,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
                 return Err("--layout lmcache needs --slot-bytes and --meta-total-bytes".into());
             };
             // A checkpoint already on the device must agree with the flags.
-            if let Err(e @ DiscoverError::Conflict { .. }) = discover(&Exported(&file, exported), &flags) {
+            if let Err(e @ DiscoverError::Conflict { .. }) = discover(&*source, &flags) {
                 return Err(e.to_string());
             }
             GeometryConfig {
@@ -153,6 +176,15 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     if io_buf < 4096 || !io_buf.is_power_of_two() || io_buf > 32 << 20 {
         return Err("--io-buf-size must be a power of two from 4K to 32M".into());
     }
+    // Passthrough commands are not split by the block layer: no request may exceed one.
+    let io_buf = match &probe {
+        Some(p) if io_buf > u64::from(p.max_transfer) => {
+            let cap = 1u64 << (63 - u64::from(p.max_transfer).leading_zeros());
+            tracing::info!("--io-buf-size {io_buf} capped at {cap}: the largest NVMe transfer of {}", a.backing.display());
+            cap
+        }
+        _ => io_buf,
+    };
     if let Some(n) = &a.name {
         if n.is_empty() || n.contains('/') || n.starts_with('.') {
             return Err(format!("--name {n:?} must be a plain file name"));
@@ -172,6 +204,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         exported_bytes: exported,
         geometry,
         streams,
+        pids: probe.map(|p| p.pids).unwrap_or_default(),
         header_wait_us: a.header_wait_us,
     })
 }
@@ -264,15 +297,25 @@ fn redirect_stdio() {
     }
 }
 
-pub fn add(a: &AddArgs) -> CmdResult {
-    let cfg = validate(a)?;
-    if cfg.id >= 0 && Path::new(&format!("/dev/ublkc{}", cfg.id)).exists() {
-        return Err(format!("ublk device {} already exists; pick another -n or `fdpblk del -n {}`", cfg.id, cfg.id).into());
+fn need_ublk_driver() -> Result<(), String> {
+    if Path::new("/dev/ublk-control").exists() {
+        Ok(())
+    } else {
+        Err("no ublk driver: /dev/ublk-control is missing; run `modprobe ublk_drv` (Linux >= 6.0 with CONFIG_BLK_DEV_UBLK)".into())
     }
+}
+
+pub fn add(a: &AddArgs) -> CmdResult {
+    need_ublk_driver()?;
+    if a.number >= 0 && ublk_exists(a.number) {
+        return Err(format!("ublk device {} already exists; pick another -n or `fdpblk del -n {}`", a.number, a.number).into());
+    }
+    let cfg = validate(a)?;
     daemonize(a.foreground, move |notify| target::run(cfg, false, notify))
 }
 
 pub fn recover(a: &IdArgs) -> CmdResult {
+    need_ublk_driver()?;
     let (cfg, pid) = state::read_state(a.number)?;
     // A killed daemon may still be tearing down its rings for a moment.
     for _ in 0..50 {
@@ -300,6 +343,21 @@ pub fn recover(a: &IdArgs) -> CmdResult {
     daemonize(a.foreground, move |notify| target::run(cfg, true, notify))
 }
 
+fn ublk_exists(id: i32) -> bool {
+    Path::new(&format!("/dev/ublkc{id}")).exists() || Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists()
+}
+
+/// Waits up to `secs` for `cond`.
+fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..secs * 20 {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    cond()
+}
+
 pub fn del(a: &DelArgs) -> CmdResult {
     let ids: Vec<i32> = match (a.number, a.all) {
         (Some(n), false) => vec![n],
@@ -307,20 +365,29 @@ pub fn del(a: &DelArgs) -> CmdResult {
         _ => return Err("pass -n ID or --all".into()),
     };
     for id in ids {
-        let cfg = state::read_state(id).ok().map(|(c, _)| c);
-        let ctrl = match UblkCtrl::new_simple(id) {
-            Ok(c) => c,
-            Err(e) => {
-                if let Some(c) = &cfg {
-                    state::remove_state(c); // the device is gone already
-                    continue;
-                }
-                return Err(format!("no ublk device {id}: {e}; see `fdpblk list`").into());
+        let saved = state::read_state(id).ok();
+        if !ublk_exists(id) {
+            match &saved {
+                Some((c, _)) => state::remove_state(c), // the device is gone already
+                None => return Err(format!("no ublk device {id}; see `fdpblk list`").into()),
             }
-        };
+            continue;
+        }
+        let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {e}"))?;
+        // Stopping makes the daemon drain its queues, delete the device and exit.
         let _ = ctrl.kill_dev();
-        ctrl.del_dev().map_err(|e| format!("deleting device {id}: {e}"))?;
-        if let Some(c) = &cfg {
+        let daemon = saved.as_ref().map(|(_, pid)| *pid).filter(|&p| state::pid_alive(p));
+        if let Some(pid) = daemon {
+            wait_for(10, || !state::pid_alive(pid));
+        }
+        if ublk_exists(id) {
+            let _ = ctrl.del_dev();
+        }
+        drop(ctrl);
+        if !wait_for(10, || !ublk_exists(id)) {
+            return Err(format!("ublk device {id} did not go away; is its daemon stuck? (kill it, then `fdpblk del -n {id}`)").into());
+        }
+        if let Some((c, _)) = &saved {
             state::remove_state(c);
         }
     }

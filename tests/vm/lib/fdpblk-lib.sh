@@ -6,7 +6,11 @@ FDPBLK=${FDPBLK:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/target/r
 # fdpblk_add ARGS...: add a device, print its path; fails the check on error.
 fdpblk_add() {
     local out
-    out=$("$FDPBLK" add "$@" 2>&1) || { echo "$out"; cat /run/fdpblk/daemon.log 2>/dev/null; check_fatal "fdpblk add $*"; }
+    out=$("$FDPBLK" add "$@" 2>&1) || {
+        echo "not ok - fdpblk add $*: $out" >&2
+        cat /run/fdpblk/daemon.log >&2 2>/dev/null
+        check_fatal "fdpblk add $*"
+    }
     echo "$out"
 }
 

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# vm-kernel: new
+# vm-fdp: on
+# Bad input to `fdpblk add/del/recover` is a one-line error naming the fix, a non-zero exit
+# status, and creates nothing.
+. "$(dirname "$0")/../lib/check-lib.sh"
+. "$(dirname "$0")/../lib/fdpblk-lib.sh"
+FIXTURES=$(cd "$(dirname "$0")/../../.." && pwd)/../shared/fixtures/lmcache-0.5.6
+GEO=(--slot-bytes 64K --meta-total-bytes 1M)
+
+# refuse DESC PATTERN ARGS...: fdpblk ARGS fails with one line matching PATTERN, no device left.
+refuse() {
+    local desc=$1 pat=$2 out rc
+    shift 2
+    out=$("$FDPBLK" "$@" 2>&1) && rc=0 || rc=$?
+    if ((rc == 0)); then not_ok "$desc: exit status 0"; return; fi
+    if [[ $(wc -l <<<"$out") -ne 1 ]]; then not_ok "$desc: not one line: $out"; return; fi
+    if ! grep -qE -- "$pat" <<<"$out"; then not_ok "$desc: '$out' lacks /$pat/"; return; fi
+    if compgen -G "/dev/ublkb*" >/dev/null && ! [[ -e /dev/ublkb0 && ${KEEP0:-0} == 1 ]]; then
+        not_ok "$desc: a ublk device was left behind: $(ls /dev/ublkb*)"; return
+    fi
+    ok "$desc: $out"
+}
+
+refuse "missing backing" "backing /dev/nope: .*pass an NVMe namespace" add --backing /dev/nope "${GEO[@]}"
+truncate -s 4M /var/tmp/small.img
+refuse "too small" "too small: fdpblk reserves" add --backing /var/tmp/small.img --engine plain --policy none "${GEO[@]}"
+refuse "blank device, no geometry" "no LMCache checkpoint .*pass --slot-bytes and --meta-total-bytes" add --backing "$NS_DEV"
+refuse "bad geometry" "slot_bytes 1000 .*--slot-bytes" add --backing "$NS_DEV" --slot-bytes 1000 --meta-total-bytes 1M
+refuse "unknown policy" "unknown --policy" add --backing "$NS_DEV" --policy nope "${GEO[@]}"
+refuse "unknown engine" "unknown --engine" add --backing "$NS_DEV" --engine nope "${GEO[@]}"
+refuse "streams on a file" "needs an NVMe block device" add --backing /var/tmp/small.img --engine streams "${GEO[@]}"
+refuse "del unknown id" "no ublk device 7" del -n 7
+refuse "recover unknown id" "no fdpblk device 7" recover -n 7
+refuse "stats unknown id" "no stats for device 7" stats -n 7
+
+# A checkpoint LMCache wrote says slot_bytes 65536: a different flag is a conflict.
+expect "LMCache image on the drive" dd if="$FIXTURES/object-evict/device.img" of="$NS_DEV" bs=1M oflag=direct status=none
+refuse "conflicting geometry" "--slot-bytes 131072 conflicts with the checkpoint .*slot_bytes 65536" add --backing "$NS_DEV" --slot-bytes 128K
+expect "the checkpoint's own geometry is accepted" quiet fdpblk_add --backing "$NS_DEV" -n 0
+KEEP0=1 refuse "backing in use" "in use" add --backing "$NS_DEV" -n 1
+KEEP0=1 refuse "device id taken" "already exists" add --backing /var/tmp/small.img -n 0 --engine plain --policy none "${GEO[@]}"
+expect "del" "$FDPBLK" del -n 0
+sleep 0.5
+
+expect "rmmod ublk_drv" rmmod ublk_drv
+refuse "no ublk driver" "modprobe ublk_drv" add --backing "$NS_DEV" "${GEO[@]}"
+expect "modprobe ublk_drv" modprobe ublk_drv
+check_done
