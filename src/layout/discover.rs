@@ -2,7 +2,7 @@
 //! flags named like LMCache's config keys, or both — where a flag and the checkpoint disagree,
 //! that is an error (LMCache itself would discard its whole index over such a mismatch).
 
-use super::checkpoint::{newest_valid, read_copies, read_copy, read_entries, CopyStatus};
+use super::checkpoint::{newest_valid, read_copies, read_entries, CopyStatus};
 use super::checkpoint_header::CheckpointHeader;
 use super::checkpoint_json::{CheckpointMeta, JsonLimits};
 use super::geometry::{DEFAULT_BLOCK_ALIGN, DEFAULT_HEADER_BYTES};
@@ -131,10 +131,10 @@ fn find_checkpoint<D: ReadAt + ?Sized>(
     flags: &GeometryFlags,
     size: u64,
 ) -> Result<Option<(CheckpointMeta, [CopyStatus; 2])>, DiscoverError> {
-    // Step 1: a provisional layout, from the flags or from copy 0's own JSON.
+    // Step 1: a provisional layout, from the flags or from either copy's own JSON.
     let provisional = match provisional_from_flags(flags, size) {
         Some(g) => Some(g),
-        None => provisional_from_copy0(dev, flags, size)?,
+        None => provisional_from_copies(dev, flags, size)?,
     };
     let Some(geom) = provisional else { return Ok(None) };
     // Step 2: the copy the loader would trust, and its fields.
@@ -161,61 +161,88 @@ fn provisional_from_flags(flags: &GeometryFlags, size: u64) -> Option<Geometry> 
     .ok()
 }
 
-fn provisional_from_copy0<D: ReadAt + ?Sized>(
+/// Where copy 1 may sit when copy 0 is unreadable: half of a power-of-two metadata region
+/// from 1 MiB to 2 GiB (LMCache's defaults are 128 and 256 MiB).
+const COPY1_CANDIDATES: std::ops::RangeInclusive<u32> = 19..=30;
+
+/// The layout as written in the checkpoint copies themselves: copy 0 at offset 0, else copy 1
+/// at one of the usual places. Only the geometry fields are read (they precede `entries`),
+/// so a copy whose payload is torn or fails its CRC still tells where everything is.
+fn provisional_from_copies<D: ReadAt + ?Sized>(
     dev: &D,
     flags: &GeometryFlags,
     size: u64,
 ) -> Result<Option<Geometry>, DiscoverError> {
-    if size < 64 {
+    if let Some(g) = geometry_hint_at(dev, flags, size, 0)? {
+        return Ok(Some(g));
+    }
+    for shift in COPY1_CANDIDATES {
+        let at = 1u64 << shift;
+        if let Some(g) = geometry_hint_at(dev, flags, size, at)? {
+            if g.container_offset(1) == at {
+                return Ok(Some(g));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Reads the container header at `at`, finds its JSON one block later (trying each possible
+/// `block_align`), and parses the geometry fields from the JSON's first bytes.
+fn geometry_hint_at<D: ReadAt + ?Sized>(
+    dev: &D,
+    flags: &GeometryFlags,
+    size: u64,
+    at: u64,
+) -> Result<Option<Geometry>, DiscoverError> {
+    const PREFIX: u64 = 64 * 1024;
+    if at.saturating_add(64) > size {
         return Ok(None);
     }
     let mut hdr = [0u8; 32];
-    dev.read_exact_at(&mut hdr, 0)?;
+    dev.read_exact_at(&mut hdr, at)?;
     let Ok(h) = CheckpointHeader::parse(&hdr, size) else { return Ok(None) };
     let aligns: Vec<u64> = match flags.block_align {
         Some(a) => vec![a],
         None => ALIGN_CANDIDATES.to_vec(),
     };
     for a in aligns {
-        if a + JSON_START.len() as u64 > size || a + h.payload_len > size {
+        let start = at + a;
+        let n = h.payload_len.min(PREFIX).min(size.saturating_sub(start));
+        if n < JSON_START.len() as u64 {
             continue;
         }
-        let mut start = [0u8; JSON_START.len()];
-        dev.read_exact_at(&mut start, a)?;
-        if start != JSON_START {
+        let mut buf = vec![0u8; n as usize];
+        dev.read_exact_at(&mut buf, start)?;
+        if !buf.starts_with(JSON_START) {
             continue;
         }
-        // Parse copy 0 under a generous provisional cap just to learn the layout fields.
-        let probe = Geometry {
-            block_align: a,
-            header_bytes: a,
-            slot_bytes: 2 * a,
-            meta_total_bytes: size,
-            capacity_bytes: size,
-            container_bytes: size - a,
-            max_slots: 0,
+        let Some(meta) = geometry_prefix(&buf) else { continue };
+        let get = |k: &str| meta.get(k).and_then(serde_json::Value::as_u64);
+        let (Some(slot_bytes), Some(meta_total_bytes)) = (get("slot_bytes"), get("meta_total_bytes")) else { continue };
+        let cfg = GeometryConfig {
+            block_align: get("block_align").unwrap_or(a),
+            header_bytes: get("header_bytes").unwrap_or(DEFAULT_HEADER_BYTES),
+            slot_bytes,
+            meta_total_bytes,
+            capacity_bytes: 0,
         };
-        let c0 = read_copy(dev, &probe, 0)?;
-        if let Ok(meta) = read_entries(dev, &probe, &c0, &JsonLimits::default(), &mut |_| Ok(())) {
-            let cfg = GeometryConfig {
-                block_align: meta.block_align.unwrap_or(a),
-                header_bytes: meta.header_bytes.unwrap_or(DEFAULT_HEADER_BYTES),
-                slot_bytes: match meta.slot_bytes {
-                    Some(s) => s,
-                    None => continue,
-                },
-                meta_total_bytes: match meta.meta_total_bytes {
-                    Some(m) => m,
-                    None => continue,
-                },
-                capacity_bytes: 0,
-            };
-            if let Ok(g) = cfg.validate(size) {
-                return Ok(Some(g));
-            }
+        if let Ok(g) = cfg.validate(size) {
+            return Ok(Some(g));
         }
     }
     Ok(None)
+}
+
+/// The top-level fields before `"entries"` as a JSON object: LMCache writes them first.
+fn geometry_prefix(buf: &[u8]) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let cut = buf.windows(11).position(|w| w == br#","entries":"#)?;
+    let mut head = buf[..cut].to_vec();
+    head.push(b'}');
+    match serde_json::from_slice::<serde_json::Value>(&head).ok()? {
+        serde_json::Value::Object(m) => Some(m),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -282,13 +309,32 @@ mod tests {
     }
 
     #[test]
-    fn copy1_found_through_flags_when_copy0_is_torn() {
+    fn copy0_payload_corrupt_copy1_still_found() {
+        let (mut img, _) = fixture("object-evict");
+        // One byte of copy 0's JSON (past the geometry fields): its CRC fails, copy 1 is newest.
+        img[4096 + 400] ^= 0x01;
+        let d = discover(&img, &GeometryFlags::default()).unwrap();
+        assert_eq!(d.geometry.slot_bytes, 65536);
+        let copies = d.copies.unwrap();
+        assert_eq!(copies[0].crc_ok, Some(false));
+        assert_eq!(d.checkpoint.unwrap().next_slot, Some(16));
+    }
+
+    #[test]
+    fn copy1_found_when_copy0_is_torn() {
         let (mut img, _) = fixture("object-evict");
         img[..4096].fill(0);
-        assert!(discover(&img, &GeometryFlags::default()).is_err());
+        // Found by probing the usual places of copy 1 (here 512 KiB for a 1 MiB region).
+        let d = discover(&img, &GeometryFlags::default()).unwrap();
+        assert_eq!(d.geometry.meta_total_bytes, 1 << 20);
+        assert_eq!(d.checkpoint.as_ref().unwrap().next_slot, Some(16));
+        // With the metadata size given, copy 1 is read where the flags say.
         let f = GeometryFlags { meta_total_bytes: Some(1 << 20), ..Default::default() };
-        let d = discover(&img, &f).unwrap();
-        assert_eq!(d.geometry.slot_bytes, 65536);
-        assert_eq!(d.checkpoint.unwrap().next_slot, Some(16));
+        assert_eq!(discover(&img, &f).unwrap().geometry.slot_bytes, 65536);
+        // Both headers gone: nothing to learn from; the error names the flags.
+        img[524288..524288 + 4096].fill(0);
+        assert!(discover(&img, &GeometryFlags::default()).is_err());
+        let e = discover(&img, &f).unwrap_err();
+        assert!(e.to_string().contains("--slot-bytes"), "{e}");
     }
 }
