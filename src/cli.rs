@@ -25,6 +25,9 @@ pub enum Command {
     Stats(StatsArgs),
     /// The ublk driver's feature bits, those fdpblk uses, and block write-stream support.
     Features(FeaturesArgs),
+    /// Print the --name of device ID (for the udev rule in deploy/); exit 1 if it has none.
+    #[command(hide = true)]
+    Name(NameArgs),
     /// Show the raw_block layout, both checkpoint copies and the live entries of a device or image.
     Inspect(InspectArgs),
     /// Run a trace of block requests through the classifier, a policy and the simulated drive.
@@ -167,6 +170,12 @@ pub struct StatsArgs {
     pub number: i32,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct NameArgs {
+    /// The N of /dev/ublkbN.
+    pub id: i32,
 }
 
 #[derive(Args, Debug)]

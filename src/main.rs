@@ -19,6 +19,7 @@ fn main() -> ExitCode {
         Command::Recover(a) => fdpblk::cmd::device::recover(&a),
         Command::Stats(a) => fdpblk::cmd::device::stats(&fdpblk::cli::IdArgs { number: a.number, foreground: false }, a.json),
         Command::Features(a) => fdpblk::cmd::device::features(a.json),
+        Command::Name(a) => fdpblk::cmd::device::name(a.id),
         Command::Fdp(a) => fdpblk::cmd::fdp::run(&a),
     };
     match result {

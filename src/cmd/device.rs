@@ -462,6 +462,17 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     Ok(())
 }
 
+/// For udev: prints the stable name of device `id`, or fails if it has none.
+pub fn name(id: i32) -> CmdResult {
+    match state::read_state(id)?.0.name {
+        Some(n) => {
+            println!("{n}");
+            Ok(())
+        }
+        None => Err(format!("device {id} has no --name").into()),
+    }
+}
+
 pub fn features(json_out: bool) -> CmdResult {
     const NAMES: [&str; 21] = [
         "ZERO_COPY", "URING_CMD_COMP_IN_TASK", "NEED_GET_DATA", "USER_RECOVERY", "USER_RECOVERY_REISSUE",
