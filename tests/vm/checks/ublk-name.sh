@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# vm-kernel: new
+# vm-fdp: on
+# --name gives a path that stays the same when the device number changes (LMCache discards
+# its checkpoint when device_path changes); list/stats/features answer; SIGTERM stops cleanly.
+. "$(dirname "$0")/../lib/check-lib.sh"
+. "$(dirname "$0")/../lib/fdpblk-lib.sh"
+GEO=(--slot-bytes 64K --meta-total-bytes 1M)
+
+dev=$(fdpblk_add --backing "$NS_DEV" -n 3 --name kv0 "${GEO[@]}")
+expect_eq "device" "$dev" /dev/ublkb3
+expect_eq "/dev/fdpblk/kv0" "$(readlink /dev/fdpblk/kv0)" /dev/ublkb3
+expect_eq "fdpblk name 3 (udev rule)" "$("$FDPBLK" name 3)" kv0
+expect "list --json names it" bash -c "$FDPBLK list --json | grep -q '\"name\":\"kv0\"'"
+head -c 1048576 /dev/urandom >/tmp/p
+expect "write through the stable name" dd if=/tmp/p of=/dev/fdpblk/kv0 bs=1M seek=8 count=1 oflag=direct status=none
+expect "features" quiet "$FDPBLK" features
+expect "features --json reports write streams" bash -c "$FDPBLK features --json | grep -q '\"nvme0n1\":8'"
+sleep 1
+expect "stats --json counts the write" bash -c "$FDPBLK stats -n 3 --json | grep -q '\"write\":{\"bytes\":1048576'"
+pid=$(daemon_pid 3)
+expect "SIGTERM the daemon" kill -TERM "$pid"
+expect "daemon exits" bash -c "for i in \$(seq 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
+expect "device removed" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb3 ]] || exit 0; sleep 0.1; done; exit 1"
+expect "state removed" test ! -e /run/fdpblk/3.json
+expect "name link removed" test ! -e /dev/fdpblk/kv0
+
+# Same name on another device number: the path LMCache uses does not change.
+dev=$(fdpblk_add --backing "$NS_DEV" -n 5 --name kv0 "${GEO[@]}")
+expect_eq "new number" "$dev" /dev/ublkb5
+expect_eq "same stable path" "$(readlink /dev/fdpblk/kv0)" /dev/ublkb5
+expect "data intact through the stable path (LBA identity)" \
+    bash -c "dd if=/dev/fdpblk/kv0 bs=1M skip=8 count=1 iflag=direct status=none | cmp - /tmp/p"
+expect "del" "$FDPBLK" del -n 5
+check_done
