@@ -180,7 +180,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let io_buf = match &probe {
         Some(p) if io_buf > u64::from(p.max_transfer) => {
             let cap = 1u64 << (63 - u64::from(p.max_transfer).leading_zeros());
-            tracing::info!("--io-buf-size {io_buf} capped at {cap}: the largest NVMe transfer of {}", a.backing.display());
+            tracing::debug!("--io-buf-size {io_buf} capped at {cap}: the largest NVMe transfer of {}", a.backing.display());
             cap
         }
         _ => io_buf,

@@ -2,6 +2,7 @@
 //!
 //! Errors are negative errnos, the currency of ublk completions.
 
+pub mod passthrough;
 pub mod queue;
 pub mod sim;
 pub mod uring;

@@ -1,6 +1,7 @@
 //! The per-queue-thread engine the ublk frontend drives: one async interface over the engines
 //! that run beside a ublk queue. Enum dispatch keeps the data path free of boxing.
 
+use super::passthrough::PassthroughEngine;
 use super::uring::UringEngine;
 use crate::place::Handle;
 use libublk::io::UblkQueue;
@@ -10,37 +11,45 @@ use libublk::io::UblkQueue;
 pub enum QueueEngine {
     /// `plain` and `streams`: I/O on the ublk queue's own ring.
     Uring(UringEngine),
+    /// `passthrough`: NVMe commands on a second ring of the queue thread.
+    Passthrough(PassthroughEngine),
 }
 
 impl QueueEngine {
     pub fn name(&self) -> &'static str {
         match self {
             QueueEngine::Uring(e) => e.name(),
+            QueueEngine::Passthrough(e) => e.name(),
         }
     }
     pub async fn write(&self, q: &UblkQueue<'_>, off: u64, buf: &[u8], handle: Handle, fua: bool) -> i32 {
         match self {
             QueueEngine::Uring(e) => e.write(q, off, buf, handle, fua).await,
+            QueueEngine::Passthrough(e) => e.write(q, off, buf, handle, fua).await,
         }
     }
     pub async fn read(&self, q: &UblkQueue<'_>, off: u64, buf: &mut [u8]) -> i32 {
         match self {
             QueueEngine::Uring(e) => e.read(q, off, buf).await,
+            QueueEngine::Passthrough(e) => e.read(q, off, buf).await,
         }
     }
     pub async fn flush(&self, q: &UblkQueue<'_>) -> i32 {
         match self {
             QueueEngine::Uring(e) => e.flush(q).await,
+            QueueEngine::Passthrough(e) => e.flush(q).await,
         }
     }
     pub async fn discard(&self, q: &UblkQueue<'_>, off: u64, len: u64) -> i32 {
         match self {
             QueueEngine::Uring(e) => e.discard(q, off, len).await,
+            QueueEngine::Passthrough(e) => e.discard(q, off, len).await,
         }
     }
     pub async fn write_zeroes(&self, q: &UblkQueue<'_>, off: u64, len: u64, unmap: bool) -> i32 {
         match self {
             QueueEngine::Uring(e) => e.write_zeroes(q, off, len, unmap).await,
+            QueueEngine::Passthrough(e) => e.write_zeroes(q, off, len, unmap).await,
         }
     }
 }

@@ -63,6 +63,8 @@ pub struct DeviceConfig {
     pub geometry: Geometry,
     /// Logical handle -> write stream (streams engine).
     pub streams: Vec<u8>,
+    /// Logical handle -> NVMe placement identifier (passthrough engine; empty = no directive).
+    pub pids: Vec<u16>,
     /// How long a payload may wait for its slot header before it is placed anyway.
     pub header_wait_us: u64,
 }
@@ -76,7 +78,7 @@ impl DeviceConfig {
             "lba_shift": self.lba_shift, "backing_bytes": self.backing_bytes, "exported_bytes": self.exported_bytes,
             "geometry": {"block_align": g.block_align, "header_bytes": g.header_bytes, "slot_bytes": g.slot_bytes,
                          "meta_total_bytes": g.meta_total_bytes, "capacity_bytes": g.capacity_bytes},
-            "streams": self.streams, "header_wait_us": self.header_wait_us,
+            "streams": self.streams, "pids": self.pids, "header_wait_us": self.header_wait_us,
         })
     }
 
@@ -111,6 +113,11 @@ impl DeviceConfig {
                 .get("streams")
                 .and_then(Value::as_array)
                 .map(|a| a.iter().filter_map(Value::as_u64).map(|s| s as u8).collect())
+                .unwrap_or_default(),
+            pids: v
+                .get("pids")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_u64).filter_map(|p| u16::try_from(p).ok()).collect())
                 .unwrap_or_default(),
             header_wait_us: u("header_wait_us").unwrap_or(5000),
         })
@@ -148,9 +155,18 @@ mod tests {
             exported_bytes: 1 << 30,
             geometry,
             streams: vec![1, 2, 3, 4],
+            pids: Vec::new(),
             header_wait_us: 5000,
         };
         assert_eq!(DeviceConfig::from_json(&c.to_json()).unwrap(), c);
+        let p = DeviceConfig {
+            engine: EngineKind::Passthrough,
+            backing: "/dev/ng0n1".into(),
+            streams: Vec::new(),
+            pids: vec![0, 1, 2, 0x1003],
+            ..c.clone()
+        };
+        assert_eq!(DeviceConfig::from_json(&p.to_json()).unwrap(), p);
         assert!(DeviceConfig::from_json(&json!({})).is_err());
     }
 }

@@ -3,6 +3,7 @@
 use super::config::DeviceConfig;
 use super::queue::{io_task, QueueCtx};
 use super::state;
+use crate::engine::passthrough::PassthroughEngine;
 use crate::engine::queue::QueueEngine;
 use crate::engine::uring::UringEngine;
 use crate::pipeline::{Pipeline, PipelineCounters, PipelineStats};
@@ -49,6 +50,13 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
     shared.counters.lock().unwrap_or_else(|e| e.into_inner()).push(pipeline.counters().clone());
     let engine = match shared.cfg.engine {
         super::config::EngineKind::Streams => QueueEngine::Uring(UringEngine::streams(shared.cfg.streams.clone())),
+        super::config::EngineKind::Passthrough => match passthrough_engine(dev, &shared.cfg) {
+            Ok(e) => QueueEngine::Passthrough(e),
+            Err(e) => {
+                tracing::error!("queue {qid}: passthrough engine: {e}");
+                return;
+            }
+        },
         _ => QueueEngine::Uring(UringEngine::plain()),
     };
     let ctx = Rc::new(QueueCtx {
@@ -67,6 +75,15 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
             }
         }));
     }
+    // NVMe completions: not one of the tasks that decide when the queue is done.
+    let reaper = matches!(ctx.engine, QueueEngine::Passthrough(_)).then(|| {
+        let (q, ctx) = (q.clone(), ctx.clone());
+        exe.spawn(async move {
+            if let QueueEngine::Passthrough(e) = &ctx.engine {
+                e.reap(&q).await;
+            }
+        })
+    });
     let exe2 = exe.clone();
     smol::block_on(exe.run(async move {
         let run_ops = || while exe2.try_tick() {};
@@ -74,13 +91,28 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
         if let Err(e) = libublk::wait_and_handle_io_events(&q, Some(20), run_ops, done).await {
             tracing::error!("queue {qid}: {e}");
         }
+        drop(reaper);
     }));
+}
+
+/// The passthrough engine of one queue thread, on the backing char device registered as
+/// fixed file 1 (`set_params`).
+fn passthrough_engine(dev: &UblkDev, cfg: &DeviceConfig) -> std::io::Result<PassthroughEngine> {
+    let fd = dev.tgt.fds[1];
+    // SAFETY: the backing file outlives the queue threads (`run` drops it after them).
+    let nsid = crate::nvme::ioctl::namespace_id(&unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })?;
+    // io_buf_bytes was capped at the namespace's largest transfer by `fdpblk add`.
+    PassthroughEngine::new(fd, nsid, cfg.lba_shift, cfg.io_buf_bytes, cfg.pids.clone(), cfg.depth)
 }
 
 fn set_params(dev: &mut UblkDev, cfg: &DeviceConfig, backing_fd: i32) {
     let tgt = &mut dev.tgt;
     tgt.fds[tgt.nr_fds as usize] = backing_fd;
     tgt.nr_fds += 1;
+    if cfg.engine == super::config::EngineKind::Passthrough {
+        // The completion poll is one more command than tags on the queue ring.
+        tgt.cq_depth = tgt.cq_depth.saturating_mul(2);
+    }
     tgt.dev_size = cfg.exported_bytes;
     let max_sectors = cfg.io_buf_bytes >> 9;
     tgt.params = sys::ublk_params {

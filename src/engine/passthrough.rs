@@ -1,0 +1,782 @@
+//! The `passthrough` engine: NVMe I/O commands on the namespace's generic character device
+//! (`/dev/ngXnY`) through io_uring `URING_CMD` (Linux >= 5.19). Every write carries the Data
+//! Placement directive (DTYPE 2) with the placement identifier of its handle, so placement
+//! works without block-layer write streams and with any identifier the drive lists.
+//!
+//! Rings: libublk's queue ring has 64-byte SQEs and cannot carry NVMe commands, so each queue
+//! thread owns a second ring (`SQE128 | CQE32`, default set-up flags: no DEFER_TASKRUN, whose
+//! completions only show up when the ring itself is entered). An eventfd is registered on it;
+//! the reaper task ([`PassthroughEngine::reap`]) keeps one `PollAdd` on that eventfd
+//! outstanding on the *queue* ring, so the queue thread, which sleeps in the queue ring, wakes
+//! for NVMe completions too. The reaper then drains the NVMe completion queue into a small
+//! slab keyed by `user_data` and wakes the futures waiting there. One thread, no locks.
+//!
+//! Requests longer than one command may carry (the transfer limit, or 65536 blocks) are split
+//! ([`split`]); all pieces are submitted, then all awaited. Reads and writes use the ublk
+//! tag's buffer directly (copy mode). Results follow ublk's rules: bytes for reads and
+//! writes, 0 for the rest, a negative errno on failure; an NVMe status becomes `-EIO`
+//! (`-EOPNOTSUPP` for an unsupported opcode) and is logged, at most once a second per queue.
+
+use crate::device::ReadAt;
+use crate::nvme::cmd::{self, DsmRange, PassthruCmd, MAX_DSM_RANGES, MAX_NLB};
+use crate::nvme::ioctl::{self, Data, NVME_URING_CMD_IO};
+use crate::nvme::{FdpInfo, NvmeDevice, NvmeError};
+use crate::place::Handle;
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use libublk::io::UblkQueue;
+use std::cell::{Cell, RefCell};
+use std::fs::File;
+use std::future::Future;
+use std::io;
+use std::ops::Range;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// Resubmissions of a command the kernel completed with -EAGAIN.
+const EAGAIN_RETRIES: usize = 8;
+/// At most one NVMe error line per this interval and queue.
+const LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One command's share of a request: `nlb` blocks from `slba`, and the bytes of the
+/// request's buffer it moves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    pub slba: u64,
+    pub nlb: u32,
+    pub buf: Range<usize>,
+}
+
+/// Splits `len` bytes at byte `off` into commands of at most `max_transfer` bytes (rounded
+/// down to whole blocks, at least one block) and at most 65536 blocks each. `off` and `len`
+/// must be multiples of the block size (`1 << lba_shift`); `Err(-EINVAL)` otherwise.
+pub fn split(off: u64, len: u64, lba_shift: u8, max_transfer: u32) -> Result<Splits, i32> {
+    let lba_shift = u32::from(lba_shift);
+    if lba_shift >= 32 {
+        return Err(-libc::EINVAL);
+    }
+    let mask = (1u64 << lba_shift) - 1;
+    if off & mask != 0 || len & mask != 0 || off.checked_add(len).is_none() {
+        return Err(-libc::EINVAL);
+    }
+    let max_blocks = (u64::from(max_transfer) >> lba_shift).clamp(1, u64::from(MAX_NLB));
+    Ok(Splits { slba: off >> lba_shift, blocks: len >> lba_shift, done: 0, max_blocks, lba_shift })
+}
+
+/// The iterator [`split`] returns.
+#[derive(Clone, Debug)]
+pub struct Splits {
+    slba: u64,
+    blocks: u64,
+    done: u64,
+    max_blocks: u64,
+    lba_shift: u32,
+}
+
+impl Iterator for Splits {
+    type Item = Chunk;
+    fn next(&mut self) -> Option<Chunk> {
+        let left = self.blocks - self.done;
+        if left == 0 {
+            return None;
+        }
+        let n = left.min(self.max_blocks);
+        let start = (self.done << self.lba_shift) as usize;
+        let c =
+            Chunk { slba: self.slba + self.done, nlb: n as u32, buf: start..start + ((n << self.lba_shift) as usize) };
+        self.done += n;
+        Some(c)
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no memory effects.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+/// State of one command in the slab.
+enum Slot {
+    Free {
+        next: u32,
+    },
+    /// Submitted; the waker of the future waiting for it.
+    Pending(Option<Waker>),
+    /// Completed with this result; the future has not looked yet.
+    Done(i32),
+    /// Submitted, but its future is gone: freed when the completion arrives.
+    Orphan,
+}
+
+const NO_SLOT: u32 = u32::MAX;
+
+/// The commands of one queue thread, keyed by their `user_data`.
+struct Slab {
+    slots: Vec<Slot>,
+    free: u32,
+    /// Commands the kernel has not completed yet.
+    inflight: usize,
+}
+
+impl Slab {
+    fn new(cap: usize) -> Self {
+        Slab { slots: Vec::with_capacity(cap), free: NO_SLOT, inflight: 0 }
+    }
+
+    fn alloc(&mut self) -> u32 {
+        self.inflight += 1;
+        if self.free != NO_SLOT {
+            let key = self.free;
+            if let Slot::Free { next } = self.slots[key as usize] {
+                self.free = next;
+            }
+            self.slots[key as usize] = Slot::Pending(None);
+            key
+        } else {
+            self.slots.push(Slot::Pending(None));
+            (self.slots.len() - 1) as u32
+        }
+    }
+
+    fn release(&mut self, key: u32) {
+        if let Some(s) = self.slots.get_mut(key as usize) {
+            *s = Slot::Free { next: self.free };
+            self.free = key;
+        }
+    }
+
+    /// A command that never reached the kernel.
+    fn unsubmitted(&mut self, key: u32) {
+        self.inflight = self.inflight.saturating_sub(1);
+        self.release(key);
+    }
+
+    /// The kernel completed `key` with `res`.
+    fn complete(&mut self, key: u64, res: i32) {
+        let Some(slot) = usize::try_from(key).ok().and_then(|k| self.slots.get_mut(k)) else {
+            tracing::warn!("passthrough: completion for unknown command {key:#x}");
+            return;
+        };
+        match std::mem::replace(slot, Slot::Done(res)) {
+            Slot::Pending(w) => {
+                self.inflight = self.inflight.saturating_sub(1);
+                if let Some(w) = w {
+                    w.wake();
+                }
+            }
+            Slot::Orphan => {
+                self.inflight = self.inflight.saturating_sub(1);
+                self.release(key as u32);
+            }
+            other => {
+                *slot = other;
+                tracing::warn!("passthrough: completion for idle command {key:#x}");
+            }
+        }
+    }
+}
+
+/// The future of one submitted command: its completion result (0, NVMe status or -errno).
+struct Op<'a> {
+    slab: &'a RefCell<Slab>,
+    key: u32,
+    done: bool,
+}
+
+impl Future for Op<'_> {
+    type Output = i32;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<i32> {
+        let cell = self.slab;
+        let mut slab = cell.borrow_mut();
+        match slab.slots.get_mut(self.key as usize) {
+            Some(Slot::Done(res)) => {
+                let res = *res;
+                slab.release(self.key);
+                drop(slab);
+                self.done = true;
+                Poll::Ready(res)
+            }
+            Some(Slot::Pending(w)) => {
+                if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    *w = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            _ => {
+                drop(slab);
+                self.done = true;
+                Poll::Ready(-libc::EIO)
+            }
+        }
+    }
+}
+
+impl Drop for Op<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // The kernel may still use the buffer; the slot lives on until the completion.
+        if let Ok(mut slab) = self.slab.try_borrow_mut() {
+            match slab.slots.get(self.key as usize) {
+                Some(Slot::Done(_)) => slab.release(self.key),
+                Some(Slot::Pending(_)) => slab.slots[self.key as usize] = Slot::Orphan,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// NVMe passthrough for one ublk queue thread. Not `Send`: it lives on its queue's thread.
+pub struct PassthroughEngine {
+    ring: RefCell<IoUring<squeue::Entry128, cqueue::Entry32>>,
+    slab: RefCell<Slab>,
+    efd: OwnedFd,
+    /// The namespace's generic char device (owned by the target; outlives the queues).
+    fd: RawFd,
+    nsid: u32,
+    lba_shift: u8,
+    max_transfer: u32,
+    /// Logical handle -> placement identifier; empty = no directive (policy `none`).
+    pids: Vec<u16>,
+    page: usize,
+    last_log: Cell<Option<Instant>>,
+    unlogged: Cell<u64>,
+}
+
+impl PassthroughEngine {
+    /// `depth` is the ublk queue depth; the ring holds two commands per tag, and more are
+    /// queued by submitting early when it is full.
+    pub fn new(fd: RawFd, nsid: u32, lba_shift: u8, max_transfer: u32, pids: Vec<u16>, depth: u16) -> io::Result<Self> {
+        let entries = (u32::from(depth.max(1)) * 2).next_power_of_two().clamp(8, 4096);
+        let ring = IoUring::<squeue::Entry128, cqueue::Entry32>::builder().setup_cqsize(entries * 4).build(entries)?;
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `efd` was just created and is owned here.
+        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        ring.submitter().register_eventfd(efd.as_raw_fd())?;
+        Ok(Self {
+            ring: RefCell::new(ring),
+            slab: RefCell::new(Slab::new(entries as usize)),
+            efd,
+            fd,
+            nsid,
+            lba_shift,
+            max_transfer: max_transfer.max(1 << lba_shift),
+            pids,
+            page: page_size(),
+            last_log: Cell::new(None),
+            unlogged: Cell::new(0),
+        })
+    }
+
+    pub fn name(&self) -> &'static str {
+        "passthrough"
+    }
+
+    /// Largest command for a buffer at `ptr`: a buffer that does not start on a page spans
+    /// one page more, so it gets a page less (the driver's segment limit counts pages).
+    fn max_for(&self, ptr: *const u8) -> u32 {
+        let m = self.max_transfer;
+        if (ptr as usize) % self.page == 0 || (m as usize) <= self.page {
+            return m;
+        }
+        m - self.page as u32
+    }
+
+    fn push(&self, c: &PassthruCmd) -> Result<Op<'_>, i32> {
+        let mut bytes = [0u8; 80];
+        bytes[..cmd::CMD_BYTES].copy_from_slice(&c.to_bytes());
+        let key = self.slab.borrow_mut().alloc();
+        let sqe =
+            opcode::UringCmd80::new(types::Fd(self.fd), NVME_URING_CMD_IO).cmd(bytes).build().user_data(u64::from(key));
+        let mut ring = self.ring.borrow_mut();
+        for _ in 0..EAGAIN_RETRIES {
+            // SAFETY: the command's buffers (data, DSM ranges) outlive its completion: the
+            // caller awaits the returned Op, and a dropped Op keeps the slot until completion.
+            if unsafe { ring.submission().push(&sqe) }.is_ok() {
+                return Ok(Op { slab: &self.slab, key, done: false });
+            }
+            // Full: hand the queued commands to the kernel and try again.
+            if let Err(e) = ring.submit() {
+                if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
+                    break;
+                }
+            }
+        }
+        self.slab.borrow_mut().unsubmitted(key);
+        Err(-libc::EAGAIN)
+    }
+
+    fn submit(&self) {
+        let ring = self.ring.borrow();
+        for _ in 0..EAGAIN_RETRIES {
+            match ring.submit() {
+                Ok(_) => return,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => continue,
+                Err(e) => {
+                    tracing::error!("passthrough: io_uring submit: {e}");
+                    return;
+                }
+            }
+        }
+        // Left in the SQ: the reaper submits again after each completion.
+    }
+
+    /// Turns a command's completion into 0 or a negative errno, logging NVMe statuses.
+    fn errno(&self, what: &str, c: &PassthruCmd, res: i32) -> i32 {
+        if res == 0 {
+            return 0;
+        }
+        let now = Instant::now();
+        if self.last_log.get().is_none_or(|t| now.duration_since(t) >= LOG_INTERVAL) {
+            let more = self.unlogged.replace(0);
+            let why = if res > 0 {
+                cmd::NvmeStatus(res as u16).to_string()
+            } else {
+                io::Error::from_raw_os_error(-res).to_string()
+            };
+            tracing::error!(
+                "passthrough: {what} nsid {} slba {} cdw12 {:#x} cdw13 {:#x}: {why}{}",
+                c.nsid,
+                u64::from(c.cdw10) | (u64::from(c.cdw11) << 32),
+                c.cdw12,
+                c.cdw13,
+                if more > 0 { format!(" ({more} more errors not logged)") } else { String::new() }
+            );
+            self.last_log.set(Some(now));
+        } else {
+            self.unlogged.set(self.unlogged.get() + 1);
+        }
+        match res {
+            r if r < 0 => r,
+            r if cmd::NvmeStatus(r as u16).code() == 0x01 => -libc::EOPNOTSUPP,
+            _ => -libc::EIO,
+        }
+    }
+
+    /// Submits all commands, then awaits all of them: 0, or the first failure.
+    async fn run(&self, what: &str, cmds: impl Iterator<Item = Result<PassthruCmd, i32>>) -> i32 {
+        let mut ops: Vec<(PassthruCmd, Op<'_>)> = Vec::with_capacity(cmds.size_hint().0.max(1));
+        let mut err = 0;
+        for c in cmds {
+            match c.and_then(|c| self.push(&c).map(|op| (c, op))) {
+                Ok(p) => ops.push(p),
+                Err(e) => {
+                    err = e;
+                    break;
+                }
+            }
+        }
+        self.submit();
+        for (c, op) in ops {
+            let mut res = op.await;
+            let mut tries = 0;
+            while res == -libc::EAGAIN && tries < EAGAIN_RETRIES {
+                tries += 1;
+                res = match self.push(&c) {
+                    Ok(op) => {
+                        self.submit();
+                        op.await
+                    }
+                    Err(e) => e,
+                };
+            }
+            if err == 0 {
+                err = self.errno(what, &c, res);
+            }
+        }
+        err
+    }
+
+    fn pid(&self, handle: Handle) -> Option<u16> {
+        self.pids.get(usize::from(handle)).copied()
+    }
+
+    /// Writes all of `buf` at `off` with the placement identifier of `handle`.
+    pub async fn write(&self, _q: &UblkQueue<'_>, off: u64, buf: &[u8], handle: Handle, fua: bool) -> i32 {
+        let Ok(len) = i32::try_from(buf.len()) else { return -libc::EINVAL };
+        let chunks = match split(off, buf.len() as u64, self.lba_shift, self.max_for(buf.as_ptr())) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        let (nsid, pid) = (self.nsid, self.pid(handle));
+        let base = buf.as_ptr() as u64;
+        let cmds = chunks.map(|c| {
+            cmd::write(nsid, c.slba, c.nlb, pid, fua)
+                .map(|w| w.with_data(base + c.buf.start as u64, c.buf.len() as u32))
+                .map_err(|_| -libc::EINVAL)
+        });
+        match self.run("write", cmds).await {
+            0 => len,
+            e => e,
+        }
+    }
+
+    /// Fills all of `buf` from `off`.
+    pub async fn read(&self, _q: &UblkQueue<'_>, off: u64, buf: &mut [u8]) -> i32 {
+        let Ok(len) = i32::try_from(buf.len()) else { return -libc::EINVAL };
+        let chunks = match split(off, buf.len() as u64, self.lba_shift, self.max_for(buf.as_ptr())) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        let nsid = self.nsid;
+        let base = buf.as_mut_ptr() as u64;
+        let cmds = chunks.map(|c| {
+            cmd::read(nsid, c.slba, c.nlb)
+                .map(|r| r.with_data(base + c.buf.start as u64, c.buf.len() as u32))
+                .map_err(|_| -libc::EINVAL)
+        });
+        match self.run("read", cmds).await {
+            0 => len,
+            e => e,
+        }
+    }
+
+    pub async fn flush(&self, _q: &UblkQueue<'_>) -> i32 {
+        self.run("flush", std::iter::once(Ok(cmd::flush(self.nsid)))).await
+    }
+
+    /// Dataset Management with Deallocate over the range (up to 256 ranges per command).
+    pub async fn discard(&self, _q: &UblkQueue<'_>, off: u64, len: u64) -> i32 {
+        let mask = (1u64 << self.lba_shift) - 1;
+        if off & mask != 0 || len & mask != 0 {
+            return -libc::EINVAL;
+        }
+        if len == 0 {
+            return 0;
+        }
+        let ranges: Vec<DsmRange> = DsmRange::split(off >> self.lba_shift, len >> self.lba_shift).collect();
+        // The encoded ranges stay here until every command completed.
+        let mut bufs: Vec<Vec<u8>> = Vec::with_capacity(ranges.len().div_ceil(MAX_DSM_RANGES));
+        for group in ranges.chunks(MAX_DSM_RANGES) {
+            match cmd::encode_dsm_ranges(group) {
+                Ok(b) => bufs.push(b),
+                Err(_) => return -libc::EINVAL,
+            }
+        }
+        let nsid = self.nsid;
+        let cmds = bufs.iter().map(|b| {
+            cmd::dsm_deallocate(nsid, b.len() / cmd::DSM_RANGE_BYTES)
+                .map(|c| c.with_data(b.as_ptr() as u64, b.len() as u32))
+                .map_err(|_| -libc::EINVAL)
+        });
+        self.run("deallocate", cmds).await
+    }
+
+    /// Write Zeroes; with `unmap` the drive may deallocate (DEAC), otherwise it writes zeroes.
+    pub async fn write_zeroes(&self, _q: &UblkQueue<'_>, off: u64, len: u64, unmap: bool) -> i32 {
+        let chunks = match split(off, len, self.lba_shift, u32::MAX) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        let nsid = self.nsid;
+        let cmds = chunks.map(|c| cmd::write_zeroes(nsid, c.slba, c.nlb, !unmap).map_err(|_| -libc::EINVAL));
+        self.run("write zeroes", cmds).await
+    }
+
+    fn drain_eventfd(&self) {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into `v`; the eventfd is non-blocking.
+        unsafe { libc::read(self.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+
+    /// Moves every NVMe completion into the slab and wakes its future; submits what is left
+    /// in the SQ (and flushes an overflowed CQ).
+    fn complete(&self) {
+        let mut ring = self.ring.borrow_mut();
+        let mut slab = self.slab.borrow_mut();
+        for _ in 0..2 {
+            for cqe in ring.completion() {
+                slab.complete(cqe.user_data(), cqe.result());
+            }
+            let pending = !ring.submission().is_empty();
+            if !pending && !ring.submission().cq_overflow() {
+                break;
+            }
+            let _ = ring.submit();
+        }
+    }
+
+    /// Commands submitted and not completed yet.
+    pub fn inflight(&self) -> usize {
+        self.slab.borrow().inflight
+    }
+
+    /// The completion task: run it on the queue's executor beside the tag tasks, and keep it
+    /// out of the set that decides when the queue is done. It returns once the queue stops
+    /// and no command is in flight; a reaper still waiting then is simply dropped with the
+    /// executor (its poll dies with the queue ring).
+    pub async fn reap(&self, q: &UblkQueue<'_>) {
+        let mut logged = false;
+        loop {
+            self.complete();
+            if q.is_stopping() && self.inflight() == 0 {
+                break;
+            }
+            let poll = opcode::PollAdd::new(types::Fd(self.efd.as_raw_fd()), libc::POLLIN as u32).build();
+            let res = q.ublk_submit_sqe(poll).await;
+            if res < 0 && res != -libc::EINTR {
+                // -ECANCELED when the queue ring goes away. Otherwise keep reaping, by time.
+                if res == -libc::ECANCELED && q.is_stopping() && self.inflight() == 0 {
+                    break;
+                }
+                if !logged {
+                    tracing::warn!("passthrough: poll on the completion eventfd failed ({res}); polling every 1 ms");
+                    logged = true;
+                }
+                let ts = types::Timespec::new().nsec(1_000_000);
+                let _ = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
+            }
+            self.drain_eventfd();
+        }
+        self.complete();
+    }
+}
+
+/// What `fdpblk add` learns about a namespace for the passthrough engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NsProbe {
+    pub nsid: u32,
+    pub lba_size: u32,
+    pub ns_bytes: u64,
+    /// Largest transfer of one command, within the driver's segment limit.
+    pub max_transfer: u32,
+    /// Logical handle -> placement identifier; empty for a single-handle policy.
+    pub pids: Vec<u16>,
+}
+
+fn sysfs_queue(block: Option<&str>, attr: &str) -> Option<u64> {
+    let b = block?;
+    std::fs::read_to_string(Path::new("/sys/block").join(b).join("queue").join(attr)).ok()?.trim().parse().ok()
+}
+
+/// Queries `/dev/ngXnY` for a policy with `handles` placement handles: the drive must have
+/// FDP enabled and at least that many placement identifiers when `handles > 1`.
+pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String> {
+    let page = page_size() as u64;
+    let (nsid, lba_size, ns_bytes, mut max_transfer, block, pids) = if handles > 1 {
+        let info = FdpInfo::discover(path).map_err(|e| match e {
+            NvmeError::NoFdp { ctrl, model } => format!(
+                "{} ({model}) does not support FDP (Identify Controller CTRATT bit 19 is clear): policy {policy} cannot place writes on {}; use --policy none",
+                ctrl.display(),
+                path.display()
+            ),
+            e => e.to_string(),
+        })?;
+        if info.placement_ids.len() < usize::from(handles) {
+            return Err(format!(
+                "policy {policy} needs {handles} placement handles but {} has {}; create the namespace with more placement handles, or use --policy none",
+                path.display(),
+                info.placement_ids.len()
+            ));
+        }
+        let pids = info.placement_ids[..usize::from(handles)].to_vec();
+        (info.nsid, info.lba_size, info.ns_bytes(), info.max_transfer_bytes, info.block_name.clone(), pids)
+    } else {
+        let dev = NvmeDevice::open(path).map_err(|e| e.to_string())?;
+        let nsid = dev.nsid().ok_or_else(|| format!("{} is not an NVMe namespace; give /dev/ngXnY", path.display()))?;
+        let ctrl = dev.identify_ctrl().map_err(|e| e.to_string())?;
+        let ns = dev.identify_ns(nsid).map_err(|e| e.to_string())?;
+        let lba = ns.lba_size().map_err(|e| format!("identify namespace of {}: {e}", path.display()))?;
+        let block = dev.paths.block_name.clone();
+        let mhs = sysfs_queue(block.as_deref(), "max_hw_sectors_kb").map(|v| v.min(u64::from(u32::MAX)) as u32);
+        let max = crate::nvme::discover::max_transfer(lba, ctrl.mdts_bytes(), mhs);
+        (nsid, lba, ns.nsze.saturating_mul(u64::from(lba)), max, block, Vec::new())
+    };
+    // Every page of a user buffer may be its own segment.
+    if let Some(segs) = sysfs_queue(block.as_deref(), "max_segments").filter(|&s| s > 0) {
+        max_transfer = (u64::from(max_transfer)).min(segs.saturating_mul(page)).max(u64::from(lba_size)) as u32;
+    }
+    max_transfer = max_transfer / lba_size * lba_size;
+    if ns_bytes == 0 {
+        return Err(format!("namespace {nsid} of {} has size 0", path.display()));
+    }
+    check_uring(path, nsid)?;
+    Ok(NsProbe { nsid, lba_size, ns_bytes, max_transfer, pids })
+}
+
+/// Sends one Flush through io_uring passthrough, as the engine will: proves that the kernel
+/// has NVMe `URING_CMD` (Linux >= 5.19) and that the device opens for writing.
+fn check_uring(path: &Path, nsid: u32) -> Result<(), String> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("cannot open {} for writing: {e}", path.display()))?;
+    let need = "NVMe passthrough needs io_uring with 128-byte entries and URING_CMD (Linux >= 5.19); use --engine streams or plain on /dev/nvmeXnY";
+    let mut ring = IoUring::<squeue::Entry128, cqueue::Entry32>::builder()
+        .build(2)
+        .map_err(|e| format!("io_uring set-up: {e}: {need}"))?;
+    let mut bytes = [0u8; 80];
+    bytes[..cmd::CMD_BYTES].copy_from_slice(&cmd::flush(nsid).to_bytes());
+    let sqe = opcode::UringCmd80::new(types::Fd(f.as_raw_fd()), NVME_URING_CMD_IO).cmd(bytes).build().user_data(1);
+    // SAFETY: a flush carries no buffer.
+    unsafe { ring.submission().push(&sqe) }.map_err(|_| "io_uring submission queue full".to_string())?;
+    ring.submit_and_wait(1).map_err(|e| format!("io_uring passthrough on {}: {e}: {need}", path.display()))?;
+    let res = ring.completion().next().map(|c| c.result()).unwrap_or(-libc::EIO);
+    match res {
+        0 => Ok(()),
+        r if r < 0 => Err(format!(
+            "io_uring passthrough flush on {}: {}: {need}",
+            path.display(),
+            io::Error::from_raw_os_error(-r)
+        )),
+        r => Err(format!("flush on {}: {}", path.display(), cmd::NvmeStatus(r as u16))),
+    }
+}
+
+/// Positional reads of a namespace through synchronous passthrough Read commands, for
+/// devices without `pread` (the generic char device): layout discovery reads checkpoints
+/// with it.
+pub struct NsReader {
+    file: File,
+    nsid: u32,
+    lba: u64,
+    size: u64,
+    max: usize,
+}
+
+impl NsReader {
+    /// `size` limits the readable bytes (the exported size).
+    pub fn open(path: &Path, nsid: u32, lba_size: u32, size: u64, max_transfer: u32) -> io::Result<Self> {
+        let file = File::open(path)?;
+        let lba = u64::from(lba_size.max(512));
+        let max = (u64::from(max_transfer).max(lba) / lba * lba) as usize;
+        Ok(NsReader { file, nsid, lba, size, max })
+    }
+}
+
+impl ReadAt for NsReader {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if offset >= self.size || buf.is_empty() {
+            return Ok(0);
+        }
+        let start = offset / self.lba * self.lba;
+        let lead = (offset - start) as usize;
+        let want = (buf.len() as u64).min(self.size - offset);
+        let end = (offset + want).div_ceil(self.lba) * self.lba;
+        let span = ((end - start) as usize).min(self.max);
+        let n = (span - lead).min(want as usize);
+        if n == 0 {
+            // A lead longer than one transfer cannot happen (max >= one block); be safe.
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "read smaller than one block"));
+        }
+        let mut bounce = vec![0u8; span];
+        let c = cmd::read(self.nsid, start / self.lba, (span as u64 / self.lba) as u32)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        ioctl::io(&self.file, c, Data::FromDevice(&mut bounce)).map_err(|e| match e {
+            ioctl::PassthruError::Os(e) => e,
+            ioctl::PassthruError::Status(s) => io::Error::other(s.to_string()),
+        })?;
+        buf[..n].copy_from_slice(&bounce[lead..lead + n]);
+        Ok(n)
+    }
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks(off: u64, len: u64, shift: u8, max: u32) -> Vec<(u64, u32, Range<usize>)> {
+        split(off, len, shift, max).unwrap().map(|c| (c.slba, c.nlb, c.buf)).collect()
+    }
+
+    #[test]
+    fn one_command_when_it_fits() {
+        assert_eq!(chunks(4096, 4096, 9, 512 << 10), vec![(8, 8, 0..4096)]);
+        assert_eq!(chunks(0, 512 << 10, 9, 512 << 10), vec![(0, 1024, 0..(512 << 10))]);
+        assert_eq!(chunks(8192, 4096, 12, 512 << 10), vec![(2, 1, 0..4096)]);
+        assert!(chunks(0, 0, 9, 4096).is_empty());
+    }
+
+    #[test]
+    fn splits_at_the_transfer_limit() {
+        let k = 1usize << 10;
+        assert_eq!(
+            chunks(1 << 20, 1300 * 1024, 9, 512 << 10),
+            vec![(2048, 1024, 0..512 * k), (3072, 1024, 512 * k..1024 * k), (4096, 552, 1024 * k..1300 * k)]
+        );
+        // A limit that is not whole blocks is rounded down; below one block, one block.
+        assert_eq!(
+            chunks(0, 4096, 9, 1000),
+            (0..8).map(|i| (i, 1, (i as usize * 512)..(i as usize + 1) * 512)).collect::<Vec<_>>()
+        );
+        assert_eq!(chunks(0, 8192, 12, 6000), vec![(0, 1, 0..4096), (1, 1, 4096..8192)]);
+        assert_eq!(chunks(0, 1024, 9, 0), vec![(0, 1, 0..512), (1, 1, 512..1024)]);
+    }
+
+    #[test]
+    fn splits_at_65536_blocks() {
+        let all = chunks(512, (MAX_NLB as u64 * 2 + 3) * 512, 9, u32::MAX);
+        assert_eq!(all.len(), 3);
+        assert_eq!(all[0], (1, MAX_NLB, 0..(32 << 20)));
+        assert_eq!(all[1], (1 + MAX_NLB as u64, MAX_NLB, (32 << 20)..(64 << 20)));
+        assert_eq!(all[2], (1 + 2 * MAX_NLB as u64, 3, (64 << 20)..(64 << 20) + 1536));
+        // 4 KiB blocks: 256 MiB per command.
+        let all = chunks(0, 1 << 30, 12, u32::MAX);
+        assert_eq!(all.len(), 4);
+        assert!(all.iter().all(|c| c.1 == MAX_NLB));
+    }
+
+    #[test]
+    fn pieces_cover_the_request_exactly() {
+        for &(off, len, shift, max) in
+            &[(0u64, 3u64 << 20, 9u8, 131072u32), (7 << 9, 999 << 9, 9, 4096 * 3), (1 << 12, 77 << 12, 12, 1 << 16)]
+        {
+            let v = chunks(off, len, shift, max);
+            let mut at = 0usize;
+            let mut lba = off >> shift;
+            for (slba, nlb, r) in v {
+                assert_eq!((slba, r.start), (lba, at));
+                assert_eq!(r.len(), (nlb as usize) << shift);
+                assert!(r.len() <= (max as usize).max(1 << shift));
+                at = r.end;
+                lba += u64::from(nlb);
+            }
+            assert_eq!(at as u64, len);
+        }
+    }
+
+    #[test]
+    fn misaligned_requests_are_refused() {
+        assert_eq!(split(100, 512, 9, 4096).err(), Some(-libc::EINVAL));
+        assert_eq!(split(512, 100, 9, 4096).err(), Some(-libc::EINVAL));
+        assert_eq!(split(512, 4096, 12, 4096).err(), Some(-libc::EINVAL));
+        assert_eq!(split(u64::MAX - 511, 1024, 9, 4096).err(), Some(-libc::EINVAL));
+        assert_eq!(split(0, 512, 40, 4096).err(), Some(-libc::EINVAL));
+    }
+
+    #[test]
+    fn slab_reuses_keys_and_tracks_inflight() {
+        let slab = RefCell::new(Slab::new(4));
+        let a = slab.borrow_mut().alloc();
+        let b = slab.borrow_mut().alloc();
+        assert_ne!(a, b);
+        assert_eq!(slab.borrow().inflight, 2);
+        slab.borrow_mut().complete(u64::from(a), 0);
+        assert_eq!(slab.borrow().inflight, 1);
+        // A dropped future of a completed command frees its slot; b's becomes an orphan.
+        drop(Op { slab: &slab, key: a, done: false });
+        drop(Op { slab: &slab, key: b, done: false });
+        assert!(matches!(slab.borrow().slots[b as usize], Slot::Orphan));
+        assert_eq!(slab.borrow_mut().alloc(), a);
+        slab.borrow_mut().complete(u64::from(b), 5);
+        assert_eq!(slab.borrow().inflight, 1);
+        assert_eq!(slab.borrow_mut().alloc(), b);
+        slab.borrow_mut().complete(99, 0); // unknown: ignored
+        assert_eq!(slab.borrow().inflight, 2);
+    }
+}
