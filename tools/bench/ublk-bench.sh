@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Throughput of fdpblk's ublk device as ratios to the raw NVMe device (and to rublk's loop
+# target when it is installed), all measured in one boot of the QEMU guest:
+#   tests/vm/run.sh --timeout 900 -- tools/bench/ublk-bench.sh
+# Prints a markdown table: sequential 1 MiB writes (MiB/s) and 4 KiB random reads (IOPS).
+# Absolute numbers mean little under TCG emulation; the ratios are the result.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+FDPBLK=${FDPBLK:-target/release/fdpblk}
+NS=${NS:-/dev/nvme0n1}
+RUBLK=${RUBLK:-$(command -v rublk || true)}
+SIZE=${SIZE:-256M}
+RUNTIME=${RUNTIME:-8}
+
+seqw() { # DEV -> MiB/s
+    fio --name=seqw --filename="$1" --rw=write --bs=1m --size="$SIZE" --direct=1 --ioengine=io_uring \
+        --iodepth=16 --output-format=json | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["jobs"][0]["write"]["bw"]/1024,1))'
+}
+randr() { # DEV -> IOPS
+    fio --name=randr --filename="$1" --rw=randread --bs=4k --size="$SIZE" --direct=1 --ioengine=io_uring \
+        --iodepth=32 --time_based --runtime="$RUNTIME" --output-format=json |
+        python3 -c 'import json,sys; print(round(json.load(sys.stdin)["jobs"][0]["read"]["iops"]))'
+}
+
+declare -A W R
+order=()
+measure() { # LABEL DEV
+    order+=("$1")
+    W[$1]=$(seqw "$2")
+    R[$1]=$(randr "$2")
+}
+
+measure "raw $NS" "$NS"
+for engine in streams plain; do
+    policy=region
+    [[ $engine == plain ]] && policy=none
+    dev=$("$FDPBLK" add --backing "$NS" -n 0 --engine "$engine" --policy "$policy" \
+        --slot-bytes 64K --meta-total-bytes 1M -q 2 -d 128)
+    measure "fdpblk $engine" "$dev"
+    "$FDPBLK" del -n 0
+done
+if [[ -n $RUBLK ]]; then
+    "$RUBLK" add loop -n 1 -f "$NS" -q 2 -d 128 >/dev/null
+    measure "rublk loop" /dev/ublkb1
+    "$RUBLK" del -n 1
+fi
+
+base="raw $NS"
+echo "| device | seq 1 MiB write MiB/s | ratio to raw | 4 KiB rand read IOPS | ratio to raw |"
+echo "|---|---|---|---|---|"
+for k in "${order[@]}"; do
+    printf '| %s | %s | %.2f | %s | %.2f |\n' "$k" "${W[$k]}" \
+        "$(python3 -c "print(${W[$k]}/${W[$base]})")" "${R[$k]}" "$(python3 -c "print(${R[$k]}/${R[$base]})")"
+done
