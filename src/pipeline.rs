@@ -178,6 +178,8 @@ pub struct Pipeline {
     slots: Arc<SlotTable>,
     counters: Arc<PipelineCounters>,
     extents: Vec<Extent>,
+    /// Slots written by the last planned request while fdpblk was deallocating them.
+    trim_waits: Vec<u64>,
 }
 
 impl Pipeline {
@@ -190,7 +192,7 @@ impl Pipeline {
     /// A pipeline sharing `slots` with the other queues of the same device.
     pub fn with_slots(geom: Geometry, policy: Box<dyn Policy>, slots: Arc<SlotTable>) -> Self {
         let counters = Arc::new(PipelineCounters::new(policy.handles()));
-        Self { geom, policy, slots, counters, extents: Vec::new() }
+        Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new() }
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -214,6 +216,7 @@ impl Pipeline {
     /// arrived returns `Err(slot)` and counts nothing, so the caller can wait and retry.
     pub fn plan(&mut self, req: &Request<'_>, segments: &mut Vec<Segment>, wait: HeaderWait) -> Result<&[Extent], u64> {
         self.extents.clear();
+        self.trim_waits.clear();
         classify(&self.geom, req.op, req.offset, req.len, req.data, self.slots.as_ref(), &mut self.extents);
         if req.op == Op::Write && wait == HeaderWait::Allowed && self.slots.headers_seen() {
             if let Some(slot) = self.awaited_header() {
@@ -240,8 +243,39 @@ impl Pipeline {
                     _ => segments.push(Segment { offset: e.offset, len: e.len, handle }),
                 }
             }
+        } else {
+            self.observe_other(req.op);
         }
         Ok(&self.extents)
+    }
+
+    /// Slots the last planned write touched while fdpblk was deallocating them: the caller
+    /// must not submit the write before [`SlotTable::trimming`] is false for each.
+    pub fn trim_waits(&self) -> &[u64] {
+        &self.trim_waits
+    }
+
+    /// What reads, discards and write-zeroes tell the slot table: loads of slot contents,
+    /// and (for the two that change data) writes to slots and containers.
+    fn observe_other(&mut self, op: Op) {
+        for e in &self.extents {
+            match (op, e.kind) {
+                (Op::Read, ExtentKind::SlotPayload { slot }) if e.offset == self.geom.slot_offset(slot) + self.geom.header_bytes => {
+                    self.slots.note_read(slot)
+                }
+                (Op::Discard | Op::WriteZeroes, kind) => match kind {
+                    ExtentKind::CheckpointHeader { copy, .. } => self.slots.checkpoint_header(copy, None),
+                    ExtentKind::CheckpointPayload { copy } => self.slots.container_touched(copy),
+                    ExtentKind::SlotHeader { slot, .. } | ExtentKind::SlotPayload { slot } | ExtentKind::SlotPadding { slot } => {
+                        if self.slots.note_write(slot) {
+                            self.trim_waits.push(slot);
+                        }
+                    }
+                    ExtentKind::Outside => {}
+                },
+                _ => {}
+            }
+        }
     }
 
     /// The first slot whose payload this request carries while its header is not known:
@@ -261,8 +295,21 @@ impl Pipeline {
     }
 
     fn place(&mut self, e: &Extent) -> Handle {
+        if let Some(slot) = e.kind.slot() {
+            // Every write to a slot (its header's through `record_header`) is stamped.
+            let header = matches!(e.kind, ExtentKind::SlotHeader { header, .. } if header.valid().is_some());
+            if !header && self.slots.note_write(slot) {
+                self.trim_waits.push(slot);
+            }
+        }
         match e.kind {
-            ExtentKind::CheckpointHeader { copy, .. } | ExtentKind::CheckpointPayload { copy } => {
+            ExtentKind::CheckpointHeader { copy, header } => {
+                // Before the write goes out: its epoch must precede LMCache's next snapshot.
+                self.slots.checkpoint_header(copy, header.valid().copied());
+                self.policy.place(&Target::Checkpoint { copy })
+            }
+            ExtentKind::CheckpointPayload { copy } => {
+                self.slots.container_touched(copy);
                 self.policy.place(&Target::Checkpoint { copy })
             }
             ExtentKind::Outside => self.policy.place(&Target::Outside),
@@ -272,6 +319,9 @@ impl Pipeline {
                     let handle =
                         self.policy.place(&Target::Slot { slot, header: Some(h), previous: previous.as_ref() });
                     self.slots.record_header(slot, h, handle);
+                    if self.slots.trimming(slot) {
+                        self.trim_waits.push(slot);
+                    }
                     handle
                 }
                 None => self.slot_handle(slot),

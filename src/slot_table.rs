@@ -1,12 +1,68 @@
-//! What fdpblk knows about each slot: the identity and payload length of its current header,
-//! the handle that header was placed on, and how much of its payload is still to come.
+//! What fdpblk knows about each slot, shared by all queue threads and the state thread
+//! without a lock.
 //!
-//! Shared by all queue threads without a lock: each slot is two atomic words, so a header
-//! written on one queue is seen by its payload on another. 16 bytes per slot.
+//! Per slot (28 bytes, four atomic words):
+//! - `identity`: the identity of the slot's current header;
+//! - `meta`: payload_len (32 bits) | handle the header was placed on (16) | header writes seen
+//!   (16, wrapping, never 0 once a header was seen);
+//! - `life`: the write stamp (the checkpoint epoch at the slot's last write, 24 bits), the
+//!   state (unknown / live / evicted / trimmed), whether the current contents were confirmed
+//!   by one of LMCache's checkpoints, whether a trim is in progress, whether the identity was
+//!   seen before, puts into the slot (8 bits, saturating), loads of the current contents
+//!   (8 bits, saturating) and the (model, cache_salt) tag of the contents (16 bits);
+//! - `remaining`: payload bytes of the current header not yet written.
+//!
+//! Beside the slots: a bounded history of identities that left their slot (overwritten or
+//! evicted), with their tags, so that a key that returns after eviction is recognised
+//! ([`IdentityHistory`], at most 3 bytes per slot); the tag names ([`TagTable`]); the
+//! checkpoint epoch and the mailbox through which the data path tells the state thread about
+//! checkpoint header writes ([`crate::watch`]); and a bitmap of the persistence pages whose
+//! records changed ([`crate::persist`]).
+//!
+//! The trim handshake (see [`crate::watch`] for why it is safe): the state thread sets
+//! `TRIMMING` with a compare-and-swap on `life` that expects the slot confirmed and unchanged;
+//! every write first updates `life` (new stamp, confirmation cleared), so it either makes that
+//! CAS fail or sees `TRIMMING` and is held by the queue until the deallocation has completed.
 
 use crate::layout::slot_header::SlotHeader;
+use crate::layout::checkpoint_header::CheckpointHeader;
 use crate::place::Handle;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+/// What fdpblk believes a slot holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SlotState {
+    /// Never seen in a checkpoint, or written since (a put in flight, or not yet checkpointed).
+    #[default]
+    Unknown,
+    /// Its current contents are listed in LMCache's newest committed checkpoint.
+    Live,
+    /// Its confirmed contents left LMCache's index (absent from the newest checkpoint).
+    Evicted,
+    /// Deallocated on the drive by fdpblk.
+    Trimmed,
+}
+
+impl SlotState {
+    pub const ALL: [SlotState; 4] = [SlotState::Unknown, SlotState::Live, SlotState::Evicted, SlotState::Trimmed];
+    pub fn name(self) -> &'static str {
+        match self {
+            SlotState::Unknown => "unknown",
+            SlotState::Live => "live",
+            SlotState::Evicted => "evicted",
+            SlotState::Trimmed => "trimmed",
+        }
+    }
+    pub fn bits(self) -> u64 {
+        self as u64
+    }
+    pub fn from_bits(b: u64) -> Self {
+        Self::ALL[(b & 3) as usize]
+    }
+}
 
 /// A snapshot of one slot's record.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -16,6 +72,18 @@ pub struct SlotEntry {
     /// Header writes seen for this slot, wrapping and never 0 once a header was seen.
     pub generation: u16,
     pub handle: Handle,
+    pub state: SlotState,
+    /// The current contents were seen committed in an LMCache checkpoint (and not written since).
+    pub confirmed: bool,
+    /// Puts into this slot (header writes), saturating at 255.
+    pub writes: u8,
+    /// Loads of the current contents (reads from the payload start), saturating at 255.
+    pub reads: u8,
+    /// The identity had left a slot before (evicted or overwritten) and came back.
+    pub seen_before: bool,
+    /// (model, cache_salt) of the contents, from a checkpoint entry or the identity history;
+    /// 0 = not known. Names: [`SlotTable::tag_name`].
+    pub tag: u16,
 }
 
 impl SlotEntry {
@@ -29,56 +97,277 @@ fn pack(payload_len: u64, handle: Handle, generation: u16) -> u64 {
     (payload_len.min(u32::MAX as u64)) | (u64::from(handle) << 32) | (u64::from(generation) << 48)
 }
 
-fn unpack(identity: u64, meta: u64) -> SlotEntry {
+fn unpack(identity: u64, meta: u64, life: u64) -> SlotEntry {
     SlotEntry {
         identity,
         payload_len: meta & 0xffff_ffff,
         handle: (meta >> 32) as u16,
         generation: (meta >> 48) as u16,
+        state: life::state(life),
+        confirmed: life & life::CONFIRMED != 0,
+        writes: (life >> life::WRITES_SHIFT) as u8,
+        reads: (life >> life::READS_SHIFT) as u8,
+        seen_before: life & life::SEEN_BEFORE != 0,
+        tag: (life >> life::TAG_SHIFT) as u16,
     }
 }
 
-/// Dense per-slot records, indexed by slot number.
+/// The `life` word: stamp (24 bits) | state (2) | confirmed | trimming | seen_before | spare (3)
+/// | writes (8) | reads (8) | tag (16).
+pub mod life {
+    use super::SlotState;
+    pub const STAMP_MASK: u64 = (1 << 24) - 1;
+    pub const STATE_SHIFT: u32 = 24;
+    pub const STATE_MASK: u64 = 3 << STATE_SHIFT;
+    pub const CONFIRMED: u64 = 1 << 26;
+    pub const TRIMMING: u64 = 1 << 27;
+    pub const SEEN_BEFORE: u64 = 1 << 28;
+    pub const WRITES_SHIFT: u32 = 32;
+    pub const READS_SHIFT: u32 = 40;
+    pub const TAG_SHIFT: u32 = 48;
+    pub const READS_MASK: u64 = 0xff << READS_SHIFT;
+    pub const TAG_MASK: u64 = 0xffff << TAG_SHIFT;
+
+    pub fn stamp(l: u64) -> u32 {
+        (l & STAMP_MASK) as u32
+    }
+    pub fn state(l: u64) -> SlotState {
+        SlotState::from_bits(l >> STATE_SHIFT)
+    }
+    pub fn with_state(l: u64, s: SlotState) -> u64 {
+        (l & !STATE_MASK) | (s.bits() << STATE_SHIFT)
+    }
+    pub fn with_stamp(l: u64, epoch: u32) -> u64 {
+        (l & !STAMP_MASK) | (u64::from(epoch) & STAMP_MASK)
+    }
+    pub fn tag(l: u64) -> u16 {
+        (l >> TAG_SHIFT) as u16
+    }
+    pub fn with_tag(l: u64, t: u16) -> u64 {
+        (l & !TAG_MASK) | (u64::from(t) << TAG_SHIFT)
+    }
+    /// Checkpoint epochs between a write stamped `stamp` and epoch `epoch` (modulo 2^24: a
+    /// wrapped distance is only ever too small, which is the conservative direction).
+    pub fn epochs_since(stamp: u32, epoch: u32) -> u32 {
+        epoch.wrapping_sub(stamp) & STAMP_MASK as u32
+    }
+}
+
+/// Slot records per persistence page (see [`crate::persist`]); the dirty bitmap has one bit each.
+pub const RECORDS_PER_PAGE: u64 = 169;
+/// Bytes of one persisted slot record.
+pub const RECORD_BYTES: usize = 24;
+
+fn zeroed_u64(n: usize) -> Box<[AtomicU64]> {
+    const _: () = assert!(std::mem::align_of::<AtomicU64>() == std::mem::align_of::<u64>());
+    const _: () = assert!(std::mem::size_of::<AtomicU64>() == std::mem::size_of::<u64>());
+    // Zeroed allocation: pages are only touched when used (a 30 M-slot table costs nothing until
+    // slots are written).
+    let b = vec![0u64; n].into_boxed_slice();
+    // SAFETY: AtomicU64 has the size, alignment and bit validity of u64 (asserted above).
+    unsafe { Box::from_raw(Box::into_raw(b) as *mut [AtomicU64]) }
+}
+
+fn zeroed_u32(n: usize) -> Box<[AtomicU32]> {
+    const _: () = assert!(std::mem::align_of::<AtomicU32>() == std::mem::align_of::<u32>());
+    let b = vec![0u32; n].into_boxed_slice();
+    // SAFETY: AtomicU32 has the size, alignment and bit validity of u32 (asserted above).
+    unsafe { Box::from_raw(Box::into_raw(b) as *mut [AtomicU32]) }
+}
+
+/// A checkpoint container header block written through fdpblk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointEvent {
+    pub copy: u8,
+    /// The header LMCache wrote; `None` for any other write, discard or write-zeroes that
+    /// touched the header block (the state thread reads the block back).
+    pub header: Option<CheckpointHeader>,
+    /// The checkpoint epoch this header write started (valid headers only).
+    pub epoch: u32,
+}
+
 #[derive(Debug, Default)]
+struct Mailbox {
+    events: Vec<CheckpointEvent>,
+    /// The overflow estimate crossed its threshold on the data path.
+    alarm: bool,
+}
+
+/// Dense per-slot records, indexed by slot number.
+#[derive(Debug)]
 pub struct SlotTable {
     identity: Box<[AtomicU64]>,
     meta: Box<[AtomicU64]>,
+    life: Box<[AtomicU64]>,
     /// Payload bytes of the current header not yet written; 0 = the put is complete, so a
     /// further payload write most likely belongs to a new put whose header is still to come.
-    remaining: Box<[AtomicU64]>,
+    remaining: Box<[AtomicU32]>,
     /// Set by the first LMCache slot header: before it (or with a foreign writer such as fio)
     /// no payload waits for a header that will never come.
     headers_seen: AtomicBool,
+    history: IdentityHistory,
+    tags: TagTable,
+    /// Valid checkpoint header writes seen (SeqCst: the order against slot writes' stamps is
+    /// what the deallocation rule relies on).
+    epoch: AtomicU32,
+    mailbox: Mutex<Mailbox>,
+    wake: Condvar,
+    /// Per container: a payload write since the state thread last looked.
+    touched: [AtomicBool; 2],
+    /// One bit per persistence page of slot records.
+    dirty: Box<[AtomicU64]>,
+    header_writes: AtomicU64,
+    returning: AtomicU64,
+    /// `header_writes` value at which the overflow estimate reaches its threshold.
+    alarm_at: AtomicU64,
+}
+
+impl Default for SlotTable {
+    fn default() -> Self {
+        Self::new(0)
+    }
 }
 
 impl SlotTable {
     pub fn new(max_slots: u64) -> Self {
         let n = max_slots as usize;
-        let mk = || (0..n).map(|_| AtomicU64::new(0)).collect::<Vec<_>>().into_boxed_slice();
-        Self { identity: mk(), meta: mk(), remaining: mk(), headers_seen: AtomicBool::new(false) }
+        let pages = max_slots.div_ceil(RECORDS_PER_PAGE) as usize;
+        Self {
+            identity: zeroed_u64(n),
+            meta: zeroed_u64(n),
+            life: zeroed_u64(n),
+            remaining: zeroed_u32(n),
+            headers_seen: AtomicBool::new(false),
+            history: IdentityHistory::new(IdentityHistory::capacity_for(max_slots)),
+            tags: TagTable::default(),
+            epoch: AtomicU32::new(0),
+            mailbox: Mutex::new(Mailbox::default()),
+            wake: Condvar::new(),
+            touched: [AtomicBool::new(false), AtomicBool::new(false)],
+            dirty: zeroed_u64(pages.div_ceil(64)),
+            header_writes: AtomicU64::new(0),
+            returning: AtomicU64::new(0),
+            alarm_at: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Heap bytes this table holds (slot records, history, dirty bitmap; tag names excluded).
+    pub fn heap_bytes(&self) -> usize {
+        self.identity.len() * 8 + self.meta.len() * 8 + self.life.len() * 8 + self.remaining.len() * 4
+            + self.history.heap_bytes()
+            + self.dirty.len() * 8
     }
 
     pub fn get(&self, slot: u64) -> Option<SlotEntry> {
         let i = usize::try_from(slot).ok()?;
         let meta = self.meta.get(i)?.load(Ordering::Acquire);
-        let e = unpack(self.identity[i].load(Ordering::Relaxed), meta);
+        let e = unpack(self.identity[i].load(Ordering::Relaxed), meta, self.life[i].load(Ordering::Acquire));
         e.has_header().then_some(e)
+    }
+
+    /// The record whether or not a header was seen (for persistence and the state thread).
+    pub fn entry(&self, slot: u64) -> Option<SlotEntry> {
+        let i = usize::try_from(slot).ok()?;
+        let identity = self.identity.get(i)?.load(Ordering::Acquire);
+        let meta = self.meta[i].load(Ordering::Acquire);
+        Some(unpack(identity, meta, self.life[i].load(Ordering::Acquire)))
+    }
+
+    fn index(&self, slot: u64) -> Option<usize> {
+        usize::try_from(slot).ok().filter(|&i| i < self.meta.len())
+    }
+
+    /// The current checkpoint epoch (valid checkpoint header writes seen).
+    pub fn epoch(&self) -> u32 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Every write to a slot (header, payload, padding, or a discard/write-zeroes over it):
+    /// stamps it with the current epoch and drops its confirmation. `put` also counts a put,
+    /// resets the load count and sets state, tag and the returning flag. Returns true when a
+    /// trim of the slot is in progress: the caller must not submit its write before
+    /// [`trimming`](Self::trimming) turns false.
+    fn touch(&self, i: usize, put: Option<(u16, bool)>) -> bool {
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        let old = self.life[i]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
+                let mut n = life::with_stamp(l, epoch) & !life::CONFIRMED;
+                if life::state(n) != SlotState::Unknown {
+                    n = life::with_state(n, SlotState::Unknown);
+                }
+                if let Some((tag, seen)) = put {
+                    let writes = ((l >> life::WRITES_SHIFT) as u8).saturating_add(1);
+                    n = (n & !(0xff << life::WRITES_SHIFT) & !life::READS_MASK) | (u64::from(writes) << life::WRITES_SHIFT);
+                    n = life::with_tag(n, tag);
+                    n = if seen { n | life::SEEN_BEFORE } else { n & !life::SEEN_BEFORE };
+                }
+                Some(n)
+            })
+            .unwrap_or_else(|l| l);
+        if life::state(old) != SlotState::Unknown || put.is_some() {
+            self.mark_dirty(i as u64);
+        }
+        old & life::TRIMMING != 0
     }
 
     /// Records a new header written to `slot` on `handle`.
     pub fn record_header(&self, slot: u64, header: &SlotHeader, handle: Handle) {
-        let Some(i) = usize::try_from(slot).ok().filter(|&i| i < self.meta.len()) else { return };
-        let old = unpack(0, self.meta[i].load(Ordering::Relaxed));
+        let Some(i) = self.index(slot) else { return };
+        let old = unpack(self.identity[i].load(Ordering::Acquire), self.meta[i].load(Ordering::Relaxed), self.life[i].load(Ordering::Relaxed));
+        let same = old.has_header() && old.identity == header.identity;
+        if old.has_header() && !same && old.identity != 0 {
+            self.history.insert(old.identity, old.tag);
+        }
+        let (seen, tag) = if same {
+            (old.seen_before, old.tag)
+        } else {
+            match self.history.lookup(header.identity) {
+                Some(tag) => (true, tag),
+                None => (false, 0),
+            }
+        };
+        if seen && !same {
+            self.returning.fetch_add(1, Ordering::Relaxed);
+        }
         let generation = match old.generation.wrapping_add(1) {
             0 => 1,
             g => g,
         };
-        self.identity[i].store(header.identity, Ordering::Relaxed);
-        self.remaining[i].store(header.payload_len, Ordering::Relaxed);
+        self.identity[i].store(header.identity, Ordering::Release);
+        self.remaining[i].store(header.payload_len.min(u32::MAX as u64) as u32, Ordering::Relaxed);
         self.meta[i].store(pack(header.payload_len, handle, generation), Ordering::Release);
+        // After the new identity is visible: a confirmation the state thread made from it
+        // before this point is cleared here, and one made from the old identity is too.
+        self.touch(i, Some((tag, seen)));
         if !self.headers_seen.load(Ordering::Relaxed) {
             self.headers_seen.store(true, Ordering::Relaxed);
         }
+        let n = self.header_writes.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= self.alarm_at.load(Ordering::Relaxed) {
+            self.alarm_at.store(u64::MAX, Ordering::Relaxed);
+            self.mailbox.lock().unwrap_or_else(|e| e.into_inner()).alarm = true;
+            self.wake.notify_all();
+        }
+    }
+
+    /// A write to `slot` that is not a valid header (payload, padding, a torn header) or a
+    /// discard / write-zeroes over it. Returns true when the caller must wait for a trim.
+    pub fn note_write(&self, slot: u64) -> bool {
+        self.index(slot).is_some_and(|i| self.touch(i, None))
+    }
+
+    /// True while the state thread deallocates `slot`.
+    pub fn trimming(&self, slot: u64) -> bool {
+        self.index(slot).is_some_and(|i| self.life[i].load(Ordering::Acquire) & life::TRIMMING != 0)
+    }
+
+    /// A load of the slot's contents (a read starting at the payload).
+    pub fn note_read(&self, slot: u64) {
+        let Some(i) = self.index(slot) else { return };
+        let _ = self.life[i].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
+            let r = ((l & life::READS_MASK) >> life::READS_SHIFT) as u8;
+            (r < u8::MAX).then(|| (l & !life::READS_MASK) | (u64::from(r + 1) << life::READS_SHIFT))
+        });
     }
 
     /// True once any LMCache slot header was written through this table.
@@ -89,7 +378,8 @@ impl SlotTable {
     /// Counts `bytes` of payload written for the slot's current header.
     pub fn payload_written(&self, slot: u64, bytes: u64) {
         if let Some(r) = usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)) {
-            let _ = r.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(bytes)));
+            let b = bytes.min(u32::MAX as u64) as u32;
+            let _ = r.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(b)));
         }
     }
 
@@ -104,11 +394,464 @@ impl SlotTable {
     pub fn is_empty(&self) -> bool {
         self.meta.is_empty()
     }
+
+    // ---- checkpoint events (data path → state thread) ----
+
+    /// A write (or discard) touched container `copy`'s header block; `header` is the valid
+    /// LMCache header it carried. A valid header starts a new epoch before the write goes out.
+    pub fn checkpoint_header(&self, copy: u8, header: Option<CheckpointHeader>) {
+        let epoch = if header.is_some() { self.epoch.fetch_add(1, Ordering::SeqCst).wrapping_add(1) } else { self.epoch() };
+        self.mailbox.lock().unwrap_or_else(|e| e.into_inner()).events.push(CheckpointEvent { copy: copy & 1, header, epoch });
+        self.wake.notify_all();
+    }
+
+    /// A write to container `copy`'s payload.
+    pub fn container_touched(&self, copy: u8) {
+        let t = &self.touched[usize::from(copy & 1)];
+        if !t.load(Ordering::Relaxed) {
+            t.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes and clears the payload-touched flag of container `copy`.
+    pub fn take_touched(&self, copy: u8) -> bool {
+        self.touched[usize::from(copy & 1)].swap(false, Ordering::AcqRel)
+    }
+
+    /// Takes the pending checkpoint events and the alarm flag.
+    pub fn take_events(&self) -> (Vec<CheckpointEvent>, bool) {
+        let mut m = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        (std::mem::take(&mut m.events), std::mem::take(&mut m.alarm))
+    }
+
+    /// True when checkpoint events wait in the mailbox.
+    pub fn events_pending(&self) -> bool {
+        !self.mailbox.lock().unwrap_or_else(|e| e.into_inner()).events.is_empty()
+    }
+
+    /// Waits up to `timeout` for a checkpoint event, an alarm or [`wake`](Self::wake).
+    pub fn wait_events(&self, timeout: Duration) {
+        let m = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        if m.events.is_empty() && !m.alarm {
+            let _ = self.wake.wait_timeout(m, timeout);
+        }
+    }
+
+    /// Wakes the state thread (shutdown).
+    pub fn wake(&self) {
+        let _g = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        self.wake.notify_all();
+    }
+
+    /// Header writes (puts) seen since the table was created.
+    pub fn header_writes(&self) -> u64 {
+        self.header_writes.load(Ordering::Relaxed)
+    }
+    /// Puts of an identity found in the history (returning keys).
+    pub fn returning(&self) -> u64 {
+        self.returning.load(Ordering::Relaxed)
+    }
+    /// Raise the overflow alarm once `header_writes` reaches `at` (u64::MAX: never).
+    pub fn set_alarm_at(&self, at: u64) {
+        self.alarm_at.store(at, Ordering::Relaxed);
+        if at <= self.header_writes() {
+            self.alarm_at.store(u64::MAX, Ordering::Relaxed);
+            self.mailbox.lock().unwrap_or_else(|e| e.into_inner()).alarm = true;
+        }
+    }
+
+    // ---- state thread ----
+
+    pub fn life(&self, slot: u64) -> u64 {
+        self.index(slot).map_or(0, |i| self.life[i].load(Ordering::Acquire))
+    }
+
+    /// Replaces `life` if it still equals `expected`; marks the record dirty.
+    pub fn cas_life(&self, slot: u64, expected: u64, new: u64) -> bool {
+        let Some(i) = self.index(slot) else { return false };
+        let ok = self.life[i].compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        if ok && persisted_life(expected) != persisted_life(new) {
+            self.mark_dirty(slot);
+        }
+        ok
+    }
+
+    /// Ends a trim begun by a CAS to `began` (which has `TRIMMING`): the slot becomes
+    /// `Trimmed` unless it was written meanwhile; `TRIMMING` is cleared either way.
+    pub fn end_trim(&self, slot: u64, began: u64, trimmed: bool) {
+        let Some(i) = self.index(slot) else { return };
+        let done = life::with_state(began & !life::TRIMMING & !life::CONFIRMED, if trimmed { SlotState::Trimmed } else { life::state(began) });
+        let done = if trimmed { done & !life::READS_MASK } else { done | (began & life::CONFIRMED) };
+        if self.life[i].compare_exchange(began, done, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            self.life[i].fetch_and(!life::TRIMMING, Ordering::AcqRel);
+        }
+        if trimmed {
+            self.remaining[i].store(0, Ordering::Relaxed);
+        }
+        self.mark_dirty(slot);
+    }
+
+    pub fn history(&self) -> &IdentityHistory {
+        &self.history
+    }
+    pub fn tags(&self) -> &TagTable {
+        &self.tags
+    }
+    /// (model, cache_salt) of a tag.
+    pub fn tag_name(&self, tag: u16) -> Option<(String, String)> {
+        self.tags.name(tag)
+    }
+
+    // ---- persistence ----
+
+    pub fn mark_dirty(&self, slot: u64) {
+        let page = slot / RECORDS_PER_PAGE;
+        if let Some(w) = self.dirty.get((page / 64) as usize) {
+            let bit = 1u64 << (page % 64);
+            if w.load(Ordering::Relaxed) & bit == 0 {
+                w.fetch_or(bit, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Pages of slot records.
+    pub fn record_pages(&self) -> u64 {
+        (self.len() as u64).div_ceil(RECORDS_PER_PAGE)
+    }
+
+    /// Takes the dirty record pages (ascending), clearing their bits.
+    pub fn take_dirty_pages(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (w, word) in self.dirty.iter().enumerate() {
+            if word.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut bits = word.swap(0, Ordering::AcqRel);
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                out.push(w as u64 * 64 + u64::from(b));
+            }
+        }
+        out
+    }
+
+    /// Marks record pages dirty again (a persist cycle that failed).
+    pub fn redirty_pages(&self, pages: &[u64]) {
+        for &p in pages {
+            self.mark_dirty(p * RECORDS_PER_PAGE);
+        }
+    }
+
+    /// The persisted form of a slot's record (24 bytes, little-endian): identity u64,
+    /// payload_len u32, handle u16, generation u16, tag u16, flags u8 (state in bits 0-1,
+    /// confirmed bit 2, seen_before bit 3), writes u8, reads u8, three zero bytes.
+    pub fn encode_record(&self, slot: u64, out: &mut [u8]) {
+        let e = self.entry(slot).unwrap_or_default();
+        out[..RECORD_BYTES].fill(0);
+        out[0..8].copy_from_slice(&e.identity.to_le_bytes());
+        out[8..12].copy_from_slice(&(e.payload_len.min(u32::MAX as u64) as u32).to_le_bytes());
+        out[12..14].copy_from_slice(&e.handle.to_le_bytes());
+        out[14..16].copy_from_slice(&e.generation.to_le_bytes());
+        out[16..18].copy_from_slice(&e.tag.to_le_bytes());
+        out[18] = e.state as u8 | (u8::from(e.confirmed) << 2) | (u8::from(e.seen_before) << 3);
+        out[19] = e.writes;
+        out[20] = e.reads;
+    }
+
+    /// Restores a slot's record from its persisted form. Unless `trust_confirmed` (the state
+    /// was saved by a clean shutdown), confirmations are dropped: the slot may have been
+    /// written after the last persist. The write stamp becomes 0 (written before this run).
+    pub fn restore_record(&self, slot: u64, rec: &[u8], trust_confirmed: bool) {
+        let Some(i) = self.index(slot) else { return };
+        let Some(rec) = rec.get(..RECORD_BYTES) else { return };
+        let u16at = |o: usize| u16::from_le_bytes([rec[o], rec[o + 1]]);
+        let identity = u64::from_le_bytes(rec[0..8].try_into().unwrap_or([0; 8]));
+        let payload_len = u64::from(u32::from_le_bytes(rec[8..12].try_into().unwrap_or([0; 4])));
+        let (handle, generation, tag) = (u16at(12), u16at(14), u16at(16));
+        let flags = rec[18];
+        let mut state = SlotState::from_bits(u64::from(flags));
+        let mut confirmed = flags & 4 != 0;
+        if !trust_confirmed {
+            confirmed = false;
+            // Without a trustworthy confirmation, live contents are only "once seen".
+            if state == SlotState::Live {
+                state = SlotState::Unknown;
+            }
+        }
+        let mut l = life::with_state(0, state) | (u64::from(rec[19]) << life::WRITES_SHIFT) | (u64::from(rec[20]) << life::READS_SHIFT);
+        l = life::with_tag(l, tag);
+        if confirmed {
+            l |= life::CONFIRMED;
+        }
+        if flags & 8 != 0 {
+            l |= life::SEEN_BEFORE;
+        }
+        self.life[i].store(l, Ordering::Release);
+        self.identity[i].store(identity, Ordering::Release);
+        self.meta[i].store(if generation == 0 { 0 } else { pack(payload_len, handle, generation) }, Ordering::Release);
+        self.remaining[i].store(0, Ordering::Relaxed);
+        if generation > 0 {
+            self.headers_seen.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What persistence keeps of `life` (stamp, trimming and reads are not worth a page write).
+fn persisted_life(l: u64) -> u64 {
+    l & (life::STATE_MASK | life::CONFIRMED | life::SEEN_BEFORE | (0xff << life::WRITES_SHIFT) | life::TAG_MASK)
 }
 
 impl crate::classify::PayloadLens for SlotTable {
     fn payload_len(&self, slot: u64) -> Option<u64> {
         self.get(slot).map(|e| e.payload_len)
+    }
+}
+
+/// A bounded, lock-free set of identities that left their slot, each with its tag:
+/// 8-way buckets of u64 entries `fingerprint (48 bits, never 0) << 16 | tag`. When a bucket
+/// is full the entry in a rotating way is replaced, so the history keeps the most recent
+/// departures. Races between threads can lose or duplicate an entry; it is a hint.
+#[derive(Debug)]
+pub struct IdentityHistory {
+    entries: Box<[AtomicU64]>,
+    buckets: u64,
+    used: AtomicU64,
+    clock: AtomicU32,
+    dirty: Box<[AtomicU64]>,
+}
+
+/// Identity entries per persistence page of the history.
+pub const HISTORY_PER_PAGE: u64 = 507;
+const WAYS: u64 = 8;
+
+impl IdentityHistory {
+    /// 3 entries per 8 slots (3 bytes per slot), at least one bucket.
+    pub fn capacity_for(max_slots: u64) -> u64 {
+        (max_slots * 3 / 8 / WAYS).max(1) * WAYS
+    }
+
+    pub fn new(capacity: u64) -> Self {
+        let buckets = (capacity / WAYS).max(1);
+        let n = buckets * WAYS;
+        Self {
+            entries: zeroed_u64(n as usize),
+            buckets,
+            used: AtomicU64::new(0),
+            clock: AtomicU32::new(0),
+            dirty: zeroed_u64(n.div_ceil(HISTORY_PER_PAGE).div_ceil(64) as usize),
+        }
+    }
+
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.len() * 8 + self.dirty.len() * 8
+    }
+    pub fn capacity(&self) -> u64 {
+        self.entries.len() as u64
+    }
+    /// Identities held.
+    pub fn len(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn mix(identity: u64) -> u64 {
+        // splitmix64 finaliser: identities of the legacy namespace are raw chunk hashes.
+        let mut z = identity.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn slot_of(&self, identity: u64) -> (usize, u64) {
+        let h = Self::mix(identity);
+        let bucket = ((u128::from(h) * u128::from(self.buckets)) >> 64) as u64;
+        let fp = match Self::mix(h) >> 16 {
+            0 => 1,
+            f => f,
+        };
+        ((bucket * WAYS) as usize, fp)
+    }
+
+    /// The tag of `identity` if it is in the history.
+    pub fn lookup(&self, identity: u64) -> Option<u16> {
+        let (base, fp) = self.slot_of(identity);
+        self.entries[base..base + WAYS as usize].iter().map(|e| e.load(Ordering::Relaxed)).find(|&e| e >> 16 == fp).map(|e| e as u16)
+    }
+
+    /// Adds `identity` (or updates its tag when `tag` is known).
+    pub fn insert(&self, identity: u64, tag: u16) {
+        let (base, fp) = self.slot_of(identity);
+        let want = fp << 16 | u64::from(tag);
+        let ways = &self.entries[base..base + WAYS as usize];
+        let mut empty = None;
+        for (w, e) in ways.iter().enumerate() {
+            let v = e.load(Ordering::Relaxed);
+            if v >> 16 == fp {
+                if tag != 0 && v as u16 != tag {
+                    e.store(want, Ordering::Relaxed);
+                    self.mark_dirty(base + w);
+                }
+                return;
+            }
+            if v == 0 && empty.is_none() {
+                empty = Some(w);
+            }
+        }
+        let w = match empty {
+            Some(w) => {
+                self.used.fetch_add(1, Ordering::Relaxed);
+                w
+            }
+            None => (self.clock.fetch_add(1, Ordering::Relaxed) as u64 % WAYS) as usize,
+        };
+        ways[w].store(want, Ordering::Relaxed);
+        self.mark_dirty(base + w);
+    }
+
+    fn mark_dirty(&self, entry: usize) {
+        let page = entry as u64 / HISTORY_PER_PAGE;
+        if let Some(w) = self.dirty.get((page / 64) as usize) {
+            w.fetch_or(1 << (page % 64), Ordering::Relaxed);
+        }
+    }
+
+    pub fn pages(&self) -> u64 {
+        self.capacity().div_ceil(HISTORY_PER_PAGE)
+    }
+
+    pub fn take_dirty_pages(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (w, word) in self.dirty.iter().enumerate() {
+            let mut bits = word.swap(0, Ordering::AcqRel);
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                out.push(w as u64 * 64 + u64::from(b));
+            }
+        }
+        out
+    }
+
+    pub fn redirty_pages(&self, pages: &[u64]) {
+        for &p in pages {
+            self.mark_dirty((p * HISTORY_PER_PAGE) as usize);
+        }
+    }
+
+    /// Raw entry `i` (persistence).
+    pub fn raw(&self, i: u64) -> u64 {
+        self.entries.get(i as usize).map_or(0, |e| e.load(Ordering::Relaxed))
+    }
+
+    /// Restores raw entry `i` (persistence).
+    pub fn restore_raw(&self, i: u64, v: u64) {
+        if let Some(e) = self.entries.get(i as usize) {
+            if e.swap(v, Ordering::Relaxed) == 0 && v != 0 {
+                self.used.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Names of (model, cache_salt) pairs, interned as small tags (1..=MAX_TAGS). Touched by the
+/// state thread per checkpoint (not per request); readers take the lock briefly.
+#[derive(Debug, Default)]
+pub struct TagTable {
+    inner: Mutex<TagInner>,
+}
+
+#[derive(Debug, Default)]
+struct TagInner {
+    ids: HashMap<(String, String), u16>,
+    names: Vec<(String, String)>,
+    dirty: bool,
+}
+
+impl TagTable {
+    pub const MAX_TAGS: usize = 4096;
+    /// Longest model name or salt kept (longer ones are cut at a character boundary).
+    pub const MAX_NAME: usize = 255;
+
+    fn cut(s: &str) -> String {
+        let mut end = s.len().min(Self::MAX_NAME);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s[..end].to_string()
+    }
+
+    /// The tag of (model, salt), interning it; 0 when the table is full.
+    pub fn intern(&self, model: &str, salt: &str) -> u16 {
+        let key = (Self::cut(model), Self::cut(salt));
+        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&id) = t.ids.get(&key) {
+            return id;
+        }
+        if t.names.len() >= Self::MAX_TAGS {
+            return 0;
+        }
+        t.names.push(key.clone());
+        let id = t.names.len() as u16;
+        t.ids.insert(key, id);
+        t.dirty = true;
+        id
+    }
+
+    pub fn name(&self, tag: u16) -> Option<(String, String)> {
+        let t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        t.names.get(usize::from(tag).checked_sub(1)?).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).names.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Serialised form (u16 count, then per tag u8 len + model bytes, u8 len + salt bytes) if
+    /// it changed since the last call.
+    pub fn take_dirty(&self) -> Option<Vec<u8>> {
+        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if !std::mem::take(&mut t.dirty) {
+            return None;
+        }
+        let mut out = (t.names.len() as u16).to_le_bytes().to_vec();
+        for (m, s) in &t.names {
+            out.push(m.len() as u8);
+            out.extend_from_slice(m.as_bytes());
+            out.push(s.len() as u8);
+            out.extend_from_slice(s.as_bytes());
+        }
+        Some(out)
+    }
+
+    pub fn redirty(&self) {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).dirty = true;
+    }
+
+    /// Restores from [`take_dirty`](Self::take_dirty)'s form; stops at the first malformed tag.
+    pub fn restore(&self, b: &[u8]) {
+        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let n = b.get(..2).map_or(0, |x| u16::from_le_bytes([x[0], x[1]])) as usize;
+        let mut pos = 2;
+        let take = |pos: &mut usize| -> Option<String> {
+            let len = usize::from(*b.get(*pos)?);
+            let s = std::str::from_utf8(b.get(*pos + 1..*pos + 1 + len)?).ok()?.to_string();
+            *pos += 1 + len;
+            Some(s)
+        };
+        t.ids.clear();
+        t.names.clear();
+        for _ in 0..n.min(Self::MAX_TAGS) {
+            let (Some(m), Some(s)) = (take(&mut pos), take(&mut pos)) else { break };
+            t.names.push((m.clone(), s.clone()));
+            let id = t.names.len() as u16;
+            t.ids.insert((m, s), id);
+        }
     }
 }
 
@@ -124,13 +867,107 @@ mod tests {
         t.record_header(1, &h, 3);
         let e = t.get(1).unwrap();
         assert_eq!((e.identity, e.payload_len, e.handle, e.generation), (99, 8181, 3, 1));
+        assert_eq!((e.state, e.writes, e.reads, e.seen_before), (SlotState::Unknown, 1, 0, false));
         assert!(t.expects_payload(1));
         t.payload_written(1, 8192);
         assert!(!t.expects_payload(1));
         t.record_header(1, &h, 2);
         assert_eq!(t.get(1).unwrap().generation, 2);
+        assert_eq!(t.get(1).unwrap().writes, 2);
         t.record_header(9, &h, 2); // out of range: ignored
         assert_eq!(t.get(9), None);
-        assert_eq!(std::mem::size_of::<AtomicU64>() * 3, 24);
+        t.note_read(1);
+        t.note_read(1);
+        assert_eq!(t.get(1).unwrap().reads, 2);
+    }
+
+    #[test]
+    fn returning_identity_is_recognised_with_its_tag() {
+        let t = SlotTable::new(64);
+        let tag = t.tags().intern("meta-llama/Llama-3.1-8B", "tenantA:alice");
+        t.record_header(0, &SlotHeader { identity: 7, payload_len: 10 }, 1);
+        // The state thread confirmed it and learnt its tag.
+        let l = t.life(0);
+        assert!(t.cas_life(0, l, life::with_tag(l | life::CONFIRMED, tag)));
+        // Slot 0 is reused for identity 8: 7 goes to the history.
+        t.record_header(0, &SlotHeader { identity: 8, payload_len: 10 }, 1);
+        assert!(!t.get(0).unwrap().seen_before);
+        assert_eq!(t.history().lookup(7), Some(tag));
+        // 7 comes back in slot 5: recognised, with its tag.
+        t.record_header(5, &SlotHeader { identity: 7, payload_len: 10 }, 1);
+        let e = t.get(5).unwrap();
+        assert!(e.seen_before);
+        assert_eq!(e.tag, tag);
+        assert_eq!(t.tag_name(tag), Some(("meta-llama/Llama-3.1-8B".into(), "tenantA:alice".into())));
+        assert_eq!(t.returning(), 1);
+    }
+
+    #[test]
+    fn writes_clear_confirmation_and_see_trims() {
+        let t = SlotTable::new(4);
+        t.record_header(2, &SlotHeader { identity: 5, payload_len: 100 }, 0);
+        let l = t.life(2);
+        assert!(t.cas_life(2, l, life::with_state(l | life::CONFIRMED, SlotState::Evicted)));
+        let l = t.life(2);
+        // The state thread begins a trim; a payload write now sees it.
+        assert!(t.cas_life(2, l, l | life::TRIMMING));
+        assert!(t.trimming(2));
+        assert!(t.note_write(2), "a write during a trim must wait");
+        assert!(!t.get(2).unwrap().confirmed);
+        t.end_trim(2, l | life::TRIMMING, true);
+        assert!(!t.trimming(2));
+        // The write came first: the slot is not reported trimmed.
+        assert_eq!(t.get(2).unwrap().state, SlotState::Unknown);
+        // A CAS expecting the old word fails after a write.
+        let l = t.life(2);
+        t.note_write(2);
+        assert!(t.cas_life(2, t.life(2), t.life(2)));
+        assert!(!t.cas_life(2, l | life::CONFIRMED, l | life::TRIMMING));
+    }
+
+    #[test]
+    fn record_round_trip() {
+        let t = SlotTable::new(8);
+        t.record_header(3, &SlotHeader { identity: 0xdead_beef, payload_len: 4096 }, 2);
+        let l = t.life(3);
+        assert!(t.cas_life(3, l, life::with_tag(life::with_state(l | life::CONFIRMED, SlotState::Live), 4)));
+        let mut rec = [0u8; RECORD_BYTES];
+        t.encode_record(3, &mut rec);
+        let u = SlotTable::new(8);
+        u.restore_record(3, &rec, true);
+        let (a, b) = (t.get(3).unwrap(), u.get(3).unwrap());
+        assert_eq!(a, b);
+        let w = SlotTable::new(8);
+        w.restore_record(3, &rec, false);
+        let c = w.get(3).unwrap();
+        assert!(!c.confirmed);
+        assert_eq!(c.state, SlotState::Unknown);
+        assert_eq!(c.identity, 0xdead_beef);
+    }
+
+    #[test]
+    fn history_is_bounded_and_keeps_recent() {
+        let h = IdentityHistory::new(64);
+        for id in 0..10_000u64 {
+            h.insert(id, 1);
+        }
+        assert!(h.len() <= 64);
+        let recent = (9_900..10_000u64).filter(|&i| h.lookup(i).is_some()).count();
+        assert!(recent > 30, "{recent}");
+        assert!(h.lookup(5).is_none());
+    }
+
+    #[test]
+    fn tags_round_trip() {
+        let t = TagTable::default();
+        assert_eq!(t.intern("m", "s"), 1);
+        assert_eq!(t.intern("m2", ""), 2);
+        assert_eq!(t.intern("m", "s"), 1);
+        let b = t.take_dirty().unwrap();
+        assert!(t.take_dirty().is_none());
+        let u = TagTable::default();
+        u.restore(&b);
+        assert_eq!(u.name(2), Some(("m2".into(), "".into())));
+        u.restore(&[5, 0, 200]); // malformed: no panic
     }
 }
