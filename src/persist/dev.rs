@@ -1,0 +1,437 @@
+//! How the state thread reaches the backing device beside the queues: reading checkpoints
+//! and slot headers back, writing fdpblk's own state on its placement handle, and
+//! deallocating evicted slots. One small trait, one implementation per engine family, and an
+//! in-memory one for tests and benchmarks.
+//!
+//! - [`BlockDev`]: a block device or file (`plain` and `streams` engines). Its own descriptor
+//!   (a `dup` of the backing's, so O_DIRECT); reads and writes go through an aligned bounce
+//!   buffer; placement for `streams` is an io_uring write carrying `write_stream` (the same
+//!   field the queue engine uses); deallocation is `fallocate(PUNCH_HOLE)` (a TRIM / write
+//!   zeroes with deallocate on NVMe; reads return zeroes).
+//! - [`NvmeDev`]: an NVMe generic char device (`passthrough` engine), synchronous NVMe
+//!   commands by ioctl: Read, Write with the Data Placement directive of the handle's
+//!   placement identifier, Dataset Management deallocate, Flush.
+//! - [`MemDev`]: a byte vector with a log of every write, flush and deallocation.
+
+use crate::device::ReadAt;
+use crate::place::Handle;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::Mutex;
+
+/// The state thread's access to the backing device (byte offsets on the backing device,
+/// which are the exported offsets: LBA identity).
+pub trait StateWriter: Send + Sync {
+    /// Reads exactly `buf.len()` bytes at `off` (any alignment).
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes `buf` at `off` on placement `handle` (`off` and the length in whole 4 KiB blocks).
+    fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()>;
+    /// Deallocates `[off, off + len)`: later reads return zeroes.
+    fn discard(&self, off: u64, len: u64) -> io::Result<()>;
+    /// Makes the writes before it durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Backing bytes.
+    fn size(&self) -> u64;
+}
+
+/// A [`ReadAt`] view of a [`StateWriter`] (for the checkpoint readers).
+pub struct DevReader<'a>(pub &'a dyn StateWriter);
+
+impl ReadAt for DevReader<'_> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let size = self.0.size();
+        if offset >= size {
+            return Ok(0);
+        }
+        let n = buf.len().min((size - offset).min(1 << 20) as usize);
+        self.0.read_at(offset, &mut buf[..n])?;
+        Ok(n)
+    }
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.0.size())
+    }
+}
+
+/// A heap buffer aligned to 4 KiB (O_DIRECT and NVMe transfers).
+pub struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain owned memory.
+unsafe impl Send for AlignedBuf {}
+
+pub const ALIGN: usize = 4096;
+
+impl AlignedBuf {
+    pub fn zeroed(len: usize) -> Self {
+        let len = len.max(ALIGN).div_ceil(ALIGN) * ALIGN;
+        let layout = std::alloc::Layout::from_size_align(len, ALIGN).expect("aligned layout");
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Self { ptr, len }
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `len` initialised bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` is unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), std::alloc::Layout::from_size_align_unchecked(self.len, ALIGN)) }
+    }
+}
+
+fn is_aligned(b: &[u8]) -> bool {
+    b.as_ptr() as usize % ALIGN == 0 && b.len() % ALIGN == 0
+}
+
+/// Largest single transfer of the block implementation.
+const MAX_IO: usize = 1 << 20;
+
+/// A block device or file (plain and streams engines).
+pub struct BlockDev {
+    file: File,
+    size: u64,
+    /// Logical handle -> write stream (1-based; 0 = none); `None`: plain writes.
+    streams: Option<Vec<u8>>,
+    ring: Option<Mutex<io_uring::IoUring>>,
+}
+
+impl BlockDev {
+    /// `file` should be the backing descriptor (or a dup of it); `streams` the engine's
+    /// handle -> write stream map for the streams engine.
+    pub fn new(file: File, size: u64, streams: Option<Vec<u8>>) -> io::Result<Self> {
+        let ring = match &streams {
+            Some(s) if s.iter().any(|&x| x != 0) => Some(Mutex::new(io_uring::IoUring::new(4)?)),
+            _ => None,
+        };
+        Ok(Self { file, size, streams, ring })
+    }
+
+    fn pread_exact(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        FileExt::read_exact_at(&self.file, buf, off)
+    }
+
+    fn pwrite_all(&self, buf: &[u8], off: u64, stream: u8) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let Some(ring) = self.ring.as_ref().filter(|_| stream != 0) else {
+            return self.file.write_all_at(buf, off);
+        };
+        let mut ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut done = 0usize;
+        while done < buf.len() {
+            let rest = &buf[done..];
+            let sqe = io_uring::opcode::Write::new(io_uring::types::Fd(self.file.as_raw_fd()), rest.as_ptr(), rest.len() as u32)
+                .offset(off + done as u64)
+                .write_stream(stream)
+                .build();
+            // SAFETY: the buffer outlives the submission (we wait for its completion below).
+            unsafe { ring.submission().push(&sqe).map_err(|_| io::Error::other("state ring full"))? };
+            ring.submit_and_wait(1)?;
+            let cqe = ring.completion().next().ok_or_else(|| io::Error::other("no completion"))?;
+            match cqe.result() {
+                r if r > 0 => done += r as usize,
+                0 => return Err(io::Error::new(io::ErrorKind::WriteZero, "state write returned 0")),
+                r => return Err(io::Error::from_raw_os_error(-r)),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl StateWriter for BlockDev {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let pos = off + done as u64;
+            let start = pos / ALIGN as u64 * ALIGN as u64;
+            let lead = (pos - start) as usize;
+            let want = (buf.len() - done).min(MAX_IO - lead);
+            let span = (lead + want).div_ceil(ALIGN) * ALIGN;
+            let span = span.min((self.size.saturating_sub(start)) as usize);
+            if span <= lead {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end of the backing device"));
+            }
+            let mut b = AlignedBuf::zeroed(span);
+            self.pread_exact(&mut b[..span], start)?;
+            let n = want.min(span - lead);
+            buf[done..done + n].copy_from_slice(&b[lead..lead + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
+        let stream = self.streams.as_ref().and_then(|s| s.get(usize::from(handle)).copied()).unwrap_or(0);
+        if is_aligned(buf) {
+            return self.pwrite_all(buf, off, stream);
+        }
+        let mut b = AlignedBuf::zeroed(buf.len());
+        b[..buf.len()].copy_from_slice(buf);
+        self.pwrite_all(&b[..buf.len().div_ceil(ALIGN) * ALIGN], off, stream)
+    }
+
+    fn discard(&self, off: u64, len: u64) -> io::Result<()> {
+        // SAFETY: fallocate on an owned descriptor.
+        let rc = unsafe {
+            libc::fallocate(self.file.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, off as libc::off_t, len as libc::off_t)
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+/// An NVMe namespace's generic char device (passthrough engine): synchronous NVMe commands.
+pub struct NvmeDev {
+    file: File,
+    nsid: u32,
+    lba: u64,
+    size: u64,
+    max: usize,
+    /// Logical handle -> placement identifier (empty: no directive).
+    pids: Vec<u16>,
+}
+
+impl NvmeDev {
+    pub fn new(file: File, lba_size: u64, size: u64, max_transfer: u32, pids: Vec<u16>) -> io::Result<Self> {
+        let nsid = crate::nvme::ioctl::namespace_id(&file)?;
+        let lba = lba_size.max(512);
+        let max = (u64::from(max_transfer).max(lba).min(MAX_IO as u64) / lba * lba) as usize;
+        Ok(Self { file, nsid, lba, size, max, pids })
+    }
+
+    fn io(&self, cmd: Result<crate::nvme::cmd::PassthruCmd, crate::nvme::cmd::CmdError>, data: crate::nvme::ioctl::Data<'_>) -> io::Result<()> {
+        let cmd = cmd.map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        crate::nvme::ioctl::io(&self.file, cmd, data).map(|_| ()).map_err(|e| match e {
+            crate::nvme::ioctl::PassthruError::Os(e) => e,
+            crate::nvme::ioctl::PassthruError::Status(s) => io::Error::other(s.to_string()),
+        })
+    }
+}
+
+impl StateWriter for NvmeDev {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        use crate::nvme::{cmd, ioctl::Data};
+        let mut done = 0usize;
+        while done < buf.len() {
+            let pos = off + done as u64;
+            let start = pos / self.lba * self.lba;
+            let lead = (pos - start) as usize;
+            let span = ((lead + buf.len() - done).div_ceil(self.lba as usize) * self.lba as usize).min(self.max);
+            if span <= lead || start + span as u64 > self.size {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end of the namespace"));
+            }
+            let mut b = AlignedBuf::zeroed(span);
+            self.io(cmd::read(self.nsid, start / self.lba, (span as u64 / self.lba) as u32), Data::FromDevice(&mut b[..span]))?;
+            let n = (span - lead).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&b[lead..lead + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
+        use crate::nvme::{cmd, ioctl::Data};
+        if off % self.lba != 0 || buf.len() as u64 % self.lba != 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "unaligned state write"));
+        }
+        let pid = self.pids.get(usize::from(handle)).copied();
+        let mut b = AlignedBuf::zeroed(self.max);
+        for (i, chunk) in buf.chunks(self.max).enumerate() {
+            b[..chunk.len()].copy_from_slice(chunk);
+            let at = off + (i * self.max) as u64;
+            let c = cmd::write(self.nsid, at / self.lba, (chunk.len() as u64 / self.lba) as u32, pid, false);
+            self.io(c, Data::ToDevice(&b[..chunk.len()]))?;
+        }
+        Ok(())
+    }
+
+    fn discard(&self, off: u64, len: u64) -> io::Result<()> {
+        use crate::nvme::cmd::{self, DsmRange, MAX_DSM_RANGES};
+        use crate::nvme::ioctl::Data;
+        let ranges: Vec<DsmRange> = DsmRange::split(off / self.lba, len / self.lba).collect();
+        for group in ranges.chunks(MAX_DSM_RANGES) {
+            let enc = cmd::encode_dsm_ranges(group).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+            let mut b = AlignedBuf::zeroed(enc.len());
+            b[..enc.len()].copy_from_slice(&enc);
+            self.io(cmd::dsm_deallocate(self.nsid, group.len()), Data::ToDevice(&b[..enc.len()]))?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.io(Ok(crate::nvme::cmd::flush(self.nsid)), crate::nvme::ioctl::Data::None)
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+/// One operation a [`MemDev`] saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemOp {
+    Write { off: u64, len: u64, data: Vec<u8>, handle: Handle },
+    Discard { off: u64, len: u64 },
+    Flush,
+}
+
+/// An in-memory device: bytes, plus the log of every state write, deallocation and flush.
+#[derive(Debug, Default)]
+pub struct MemDev {
+    inner: Mutex<MemInner>,
+}
+
+#[derive(Debug, Default)]
+struct MemInner {
+    bytes: Vec<u8>,
+    log: Vec<MemOp>,
+    /// Log writes' data (crash tests need it; benchmarks do not).
+    keep_data: bool,
+    fail_writes: bool,
+}
+
+impl MemDev {
+    pub fn new(size: u64) -> Self {
+        Self { inner: Mutex::new(MemInner { bytes: vec![0; size as usize], log: Vec::new(), keep_data: true, fail_writes: false }) }
+    }
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// Do not keep written data in the log (only offsets and lengths).
+    pub fn without_data_log(self) -> Self {
+        self.lock().keep_data = false;
+        self
+    }
+    /// Make state writes fail (I/O error injection).
+    pub fn set_fail_writes(&self, fail: bool) {
+        self.lock().fail_writes = fail;
+    }
+    /// Writes bytes directly (what a queue's engine would do).
+    pub fn poke(&self, off: u64, data: &[u8]) {
+        let mut g = self.lock();
+        let end = (off as usize + data.len()).min(g.bytes.len());
+        let n = end.saturating_sub(off as usize);
+        g.bytes[off as usize..end].copy_from_slice(&data[..n]);
+    }
+    pub fn peek(&self, off: u64, len: usize) -> Vec<u8> {
+        let g = self.lock();
+        g.bytes[off as usize..off as usize + len].to_vec()
+    }
+    pub fn image(&self) -> Vec<u8> {
+        self.lock().bytes.clone()
+    }
+    pub fn set_image(&self, img: Vec<u8>) {
+        self.lock().bytes = img;
+    }
+    pub fn take_log(&self) -> Vec<MemOp> {
+        std::mem::take(&mut self.lock().log)
+    }
+    /// Zeroes `[off, off+len)` without logging it (a deallocation by someone else).
+    pub fn zero(&self, off: u64, len: u64) {
+        let mut g = self.lock();
+        let end = ((off + len) as usize).min(g.bytes.len());
+        g.bytes[off as usize..end].fill(0);
+    }
+}
+
+impl StateWriter for MemDev {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let g = self.lock();
+        let end = off.checked_add(buf.len() as u64).filter(|&e| e <= g.bytes.len() as u64);
+        let Some(end) = end else {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"));
+        };
+        buf.copy_from_slice(&g.bytes[off as usize..end as usize]);
+        Ok(())
+    }
+    fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
+        let mut g = self.lock();
+        if g.fail_writes {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let end = off as usize + buf.len();
+        if end > g.bytes.len() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        g.bytes[off as usize..end].copy_from_slice(buf);
+        let data = if g.keep_data { buf.to_vec() } else { Vec::new() };
+        g.log.push(MemOp::Write { off, len: buf.len() as u64, data, handle });
+        Ok(())
+    }
+    fn discard(&self, off: u64, len: u64) -> io::Result<()> {
+        let mut g = self.lock();
+        let end = off.checked_add(len).filter(|&e| e <= g.bytes.len() as u64).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        g.bytes[off as usize..end as usize].fill(0);
+        g.log.push(MemOp::Discard { off, len });
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.lock().log.push(MemOp::Flush);
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.lock().bytes.len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_dev_reads_and_writes_unaligned_on_a_file() {
+        let dir = std::env::temp_dir().join(format!("fdpblk-statedev-{}", std::process::id()));
+        std::fs::write(&dir, vec![0u8; 64 << 10]).unwrap();
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&dir).unwrap();
+        let d = BlockDev::new(f, 64 << 10, None).unwrap();
+        d.write_at(8192, &[7u8; 4096], 3).unwrap();
+        let mut b = [0u8; 10];
+        d.read_at(8190, &mut b).unwrap();
+        assert_eq!(b, [0, 0, 7, 7, 7, 7, 7, 7, 7, 7]);
+        d.discard(8192, 4096).unwrap();
+        d.read_at(8190, &mut b).unwrap();
+        assert_eq!(b, [0; 10]);
+        assert!(d.read_at((64 << 10) - 2, &mut b).is_err());
+        let _ = std::fs::remove_file(&dir);
+    }
+
+    #[test]
+    fn mem_dev_logs() {
+        let d = MemDev::new(16384);
+        d.write_at(4096, &[1u8; 4096], 2).unwrap();
+        d.flush().unwrap();
+        d.discard(4096, 4096).unwrap();
+        let log = d.take_log();
+        assert_eq!(log.len(), 3);
+        assert!(matches!(&log[0], MemOp::Write { off: 4096, handle: 2, data, len: 4096 } if data.len() == 4096));
+        assert_eq!(d.peek(4096, 4), vec![0; 4]);
+    }
+}

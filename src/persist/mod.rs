@@ -1,0 +1,659 @@
+//! fdpblk's own persistent state, in the reserved tail of the backing device
+//! ([`crate::frontend::config::reserved_tail_bytes`], never exported), written on the
+//! policy's `OwnState` handle.
+//!
+//! What is kept: every slot's record (identity, payload_len, handle, generation, tag, state,
+//! confirmation, returning flag, writes, reads), the identity history, the tag names, and
+//! counters (trims per handle, evictions). It is history only: LMCache's data is addressed
+//! by LBA identity and never depends on it. Losing or corrupting it costs fdpblk what it
+//! learnt (placement hints, pending deallocations), nothing else.
+//!
+//! ## Format (little-endian, 4096-byte blocks)
+//!
+//! ```text
+//! region + 0      superblock copy 0
+//! region + 4096   superblock copy 1
+//! region + 8192   page area copy 0: logical pages 0..P, 4096 bytes each
+//! ... + P*4096    page area copy 1: logical pages 0..P
+//! ```
+//! Logical pages: `R` pages of slot records (169 records of 24 bytes per page, slot order;
+//! record layout in [`SlotTable::encode_record`]), then `H` pages of the identity history
+//! (507 raw u64 entries per page), then [`TAG_PAGES`] pages of tag names (one byte stream:
+//! u16 count, then per tag u8 length + model, u8 length + cache_salt).
+//!
+//! Every page: `magic "FDPBPG01"` (8) | instance u64 | seq u64 | logical index u32 | kind u32
+//! (1 records, 2 history, 3 tags) | 4060 payload bytes | CRC-32 (zlib) of bytes 0..4092.
+//!
+//! Superblock: `magic "FDPBSB01"` | version u32 (1) | flags u32 (bit 0: written by a clean
+//! shutdown) | seq u64 | instance u64 | block_align, header_bytes, slot_bytes,
+//! meta_total_bytes, max_slots (u64 each) | R, H, T, history capacity (u32 each) | trims,
+//! trim_bytes, evictions, persist cycles, own bytes written (u64 each) | handles u16, 6 zero
+//! bytes | trims per handle (u64 × handles, at most 64) | zeros | CRC-32 of bytes 0..4092
+//! at 4092.
+//!
+//! ## Persist cycle (incremental, crash-consistent)
+//!
+//! Cycle `n` writes only the pages that changed since cycle `n-1`, each into the copy that
+//! does *not* hold the page's newest committed version, stamped with seq `n`; then a flush;
+//! then superblock `n` into copy `n % 2`; then a flush. The superblock is the commit record.
+//!
+//! Loading takes the valid superblock (magic, version, CRC) with the highest seq `S`, and per
+//! logical page the valid copy (magic, CRC, instance, index, kind) with the highest seq `<= S`;
+//! a page without one is empty. Why that is the state of cycle `S` after a crash at any point:
+//! the page copy holding a page's newest version committed at or before `S` is never written
+//! by a later cycle (later cycles write the other copy), so it survives; copies written by
+//! an unfinished cycle carry seq `> S` (or a bad CRC when torn) and are ignored; the flush
+//! before the superblock means a durable superblock `n` implies durable pages of cycle `n`; a
+//! torn superblock fails its CRC and the previous one is used. After loading, the next seq is
+//! above every seq found on the device, and pages with a leftover copy above `S` are
+//! rewritten by the first cycle, so an unfinished cycle's pages can never later pass as
+//! committed. Nothing older than one persist interval is lost: a cycle runs every interval
+//! while anything changed.
+//!
+//! Clean flag: the first cycle after loading (written before the device serves I/O) clears
+//! it; the last cycle at shutdown sets it. Confirmations (that a slot's contents were seen
+//! committed by LMCache) are trusted only from a clean state: after a crash the slot may have
+//! been written after the last cycle. See [`crate::watch`].
+
+pub mod dev;
+
+use crate::layout::Geometry;
+use crate::place::Handle;
+use crate::slot_table::{SlotTable, HISTORY_PER_PAGE, RECORDS_PER_PAGE, RECORD_BYTES};
+use dev::{AlignedBuf, StateWriter};
+use std::io;
+
+pub const BLOCK: u64 = 4096;
+const SB_MAGIC: &[u8; 8] = b"FDPBSB01";
+const PG_MAGIC: &[u8; 8] = b"FDPBPG01";
+const VERSION: u32 = 1;
+const PAGE_HEADER: usize = 32;
+const CRC_AT: usize = 4092;
+/// Payload bytes per page.
+pub const PAGE_PAYLOAD: usize = CRC_AT - PAGE_HEADER;
+/// Pages of tag names.
+pub const TAG_PAGES: u64 = 4;
+/// Handles whose trim counts the superblock keeps.
+pub const MAX_HANDLES: usize = 64;
+/// Largest run of pages written in one request.
+const MAX_RUN: usize = 256;
+
+const KIND_RECORDS: u32 = 1;
+const KIND_HISTORY: u32 = 2;
+const KIND_TAGS: u32 = 3;
+
+/// Where the state lives on the backing device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Region {
+    /// The reserved tail of a backing device of `backing_bytes`, 4 KiB aligned.
+    pub fn tail(backing_bytes: u64) -> Region {
+        let start = backing_bytes.saturating_sub(crate::frontend::config::reserved_tail_bytes(backing_bytes));
+        let offset = start.div_ceil(BLOCK) * BLOCK;
+        Region { offset, len: (backing_bytes.saturating_sub(offset)) / BLOCK * BLOCK }
+    }
+}
+
+/// Counters kept in the superblock.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub trims: u64,
+    pub trim_bytes: u64,
+    pub evictions: u64,
+    pub cycles: u64,
+    pub own_bytes: u64,
+    pub trims_by_handle: Vec<u64>,
+}
+
+impl Counters {
+    pub fn count_trim(&mut self, handle: Handle, bytes: u64) {
+        self.trims += 1;
+        self.trim_bytes += bytes;
+        let h = usize::from(handle).min(MAX_HANDLES - 1);
+        if self.trims_by_handle.len() <= h {
+            self.trims_by_handle.resize(h + 1, 0);
+        }
+        self.trims_by_handle[h] += 1;
+    }
+}
+
+/// The page layout for a slot table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub record_pages: u64,
+    pub history_pages: u64,
+    pub tag_pages: u64,
+    pub history_capacity: u64,
+}
+
+impl Layout {
+    pub fn of(slots: &SlotTable) -> Layout {
+        Layout {
+            record_pages: slots.record_pages(),
+            history_pages: slots.history().pages(),
+            tag_pages: TAG_PAGES,
+            history_capacity: slots.history().capacity(),
+        }
+    }
+    pub fn pages(&self) -> u64 {
+        self.record_pages + self.history_pages + self.tag_pages
+    }
+    /// Bytes of region the layout needs.
+    pub fn bytes(&self) -> u64 {
+        2 * BLOCK + 2 * self.pages() * BLOCK
+    }
+}
+
+/// A decoded superblock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub seq: u64,
+    pub instance: u64,
+    pub clean: bool,
+    pub geometry: [u64; 5],
+    pub layout: Layout,
+    pub counters: Counters,
+}
+
+fn geometry_key(g: &Geometry) -> [u64; 5] {
+    [g.block_align, g.header_bytes, g.slot_bytes, g.meta_total_bytes, g.max_slots]
+}
+
+fn u32at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]))
+}
+fn u64at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]))
+}
+
+impl Superblock {
+    pub fn encode(&self, b: &mut [u8]) {
+        b[..BLOCK as usize].fill(0);
+        b[0..8].copy_from_slice(SB_MAGIC);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&u32::from(self.clean).to_le_bytes());
+        b[16..24].copy_from_slice(&self.seq.to_le_bytes());
+        b[24..32].copy_from_slice(&self.instance.to_le_bytes());
+        for (i, g) in self.geometry.iter().enumerate() {
+            b[32 + 8 * i..40 + 8 * i].copy_from_slice(&g.to_le_bytes());
+        }
+        let l = &self.layout;
+        for (i, v) in [l.record_pages, l.history_pages, l.tag_pages, l.history_capacity].iter().enumerate() {
+            b[72 + 4 * i..76 + 4 * i].copy_from_slice(&(*v as u32).to_le_bytes());
+        }
+        let c = &self.counters;
+        for (i, v) in [c.trims, c.trim_bytes, c.evictions, c.cycles, c.own_bytes].iter().enumerate() {
+            b[88 + 8 * i..96 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        let n = c.trims_by_handle.len().min(MAX_HANDLES);
+        b[128..130].copy_from_slice(&(n as u16).to_le_bytes());
+        for (i, v) in c.trims_by_handle.iter().take(n).enumerate() {
+            b[136 + 8 * i..144 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        let crc = crc32fast::hash(&b[..CRC_AT]);
+        b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Decodes a superblock block; `None` unless magic, version and CRC are right.
+    pub fn decode(b: &[u8]) -> Option<Superblock> {
+        if b.len() < BLOCK as usize || &b[0..8] != SB_MAGIC || u32at(b, 8) != VERSION {
+            return None;
+        }
+        if crc32fast::hash(&b[..CRC_AT]) != u32at(b, CRC_AT) {
+            return None;
+        }
+        let n = usize::from(u16::from_le_bytes([b[128], b[129]])).min(MAX_HANDLES);
+        Some(Superblock {
+            seq: u64at(b, 16),
+            instance: u64at(b, 24),
+            clean: u32at(b, 12) & 1 != 0,
+            geometry: std::array::from_fn(|i| u64at(b, 32 + 8 * i)),
+            layout: Layout {
+                record_pages: u64::from(u32at(b, 72)),
+                history_pages: u64::from(u32at(b, 76)),
+                tag_pages: u64::from(u32at(b, 80)),
+                history_capacity: u64::from(u32at(b, 84)),
+            },
+            counters: Counters {
+                trims: u64at(b, 88),
+                trim_bytes: u64at(b, 96),
+                evictions: u64at(b, 104),
+                cycles: u64at(b, 112),
+                own_bytes: u64at(b, 120),
+                trims_by_handle: (0..n).map(|i| u64at(b, 136 + 8 * i)).collect(),
+            },
+        })
+    }
+}
+
+/// A decoded page header, if the page is intact.
+fn page_header(b: &[u8]) -> Option<(u64, u64, u32, u32)> {
+    if b.len() < BLOCK as usize || &b[0..8] != PG_MAGIC || crc32fast::hash(&b[..CRC_AT]) != u32at(b, CRC_AT) {
+        return None;
+    }
+    Some((u64at(b, 8), u64at(b, 16), u32at(b, 24), u32at(b, 28)))
+}
+
+fn seal_page(b: &mut [u8], instance: u64, seq: u64, index: u64, kind: u32) {
+    b[0..8].copy_from_slice(PG_MAGIC);
+    b[8..16].copy_from_slice(&instance.to_le_bytes());
+    b[16..24].copy_from_slice(&seq.to_le_bytes());
+    b[24..28].copy_from_slice(&(index as u32).to_le_bytes());
+    b[28..32].copy_from_slice(&kind.to_le_bytes());
+    let crc = crc32fast::hash(&b[..CRC_AT]);
+    b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// What loading found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// A state of this geometry was found and restored.
+    pub found: bool,
+    /// It was saved by a clean shutdown (confirmations trusted).
+    pub clean: bool,
+    pub seq: u64,
+    pub counters: Counters,
+    /// Why an existing state was not used (geometry changed, region too small).
+    pub note: Option<String>,
+}
+
+/// One persist cycle's result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CycleReport {
+    pub seq: u64,
+    pub pages: u64,
+    pub bytes: u64,
+}
+
+/// The persistence of one device's state.
+pub struct Persist {
+    region: Region,
+    layout: Layout,
+    geometry: [u64; 5],
+    instance: u64,
+    /// Last committed seq.
+    seq: u64,
+    /// Next seq to use (above everything seen on the device).
+    next_seq: u64,
+    /// Per logical page: the copy holding its newest committed version.
+    current: Vec<u8>,
+    /// Pages to rewrite in the next cycle regardless of changes (leftovers of a torn cycle).
+    forced: Vec<u64>,
+    handle: Handle,
+}
+
+fn new_instance() -> u64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let x = t ^ (u64::from(std::process::id()) << 32) ^ 0x5eed_f00d_dead_beef;
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)).max(1)
+}
+
+impl Persist {
+    /// Reads both superblocks (for `fdpblk inspect`): the newest valid one.
+    pub fn read_superblock(dev: &dyn StateWriter, region: Region) -> Option<Superblock> {
+        if region.len < 2 * BLOCK {
+            return None;
+        }
+        let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
+        dev.read_at(region.offset, &mut b[..2 * BLOCK as usize]).ok()?;
+        let a = Superblock::decode(&b[..BLOCK as usize]);
+        let c = Superblock::decode(&b[BLOCK as usize..]);
+        [a, c].into_iter().flatten().max_by_key(|s| s.seq)
+    }
+
+    fn page_off(&self, index: u64, copy: u8) -> u64 {
+        self.region.offset + 2 * BLOCK + (u64::from(copy) * self.layout.pages() + index) * BLOCK
+    }
+
+    /// Loads the state in `region` into `slots` (a fresh table of `geom`'s size). Never fails:
+    /// an unreadable, foreign or mismatching state yields a fresh one (reported in `Loaded`).
+    /// `None` when the region cannot hold the state (persistence off).
+    pub fn load(dev: &dyn StateWriter, region: Region, geom: &Geometry, slots: &SlotTable, handle: Handle) -> (Option<Persist>, Loaded) {
+        let layout = Layout::of(slots);
+        let mut loaded = Loaded::default();
+        if layout.bytes() > region.len {
+            loaded.note = Some(format!("the reserved region ({} bytes) cannot hold the state ({} bytes); it is kept in memory only", region.len, layout.bytes()));
+            return (None, loaded);
+        }
+        let mut p = Persist {
+            region,
+            layout,
+            geometry: geometry_key(geom),
+            instance: new_instance(),
+            seq: 0,
+            next_seq: 1,
+            current: vec![0; layout.pages() as usize],
+            forced: Vec::new(),
+            handle,
+        };
+        let mut max_seq = 0u64;
+        let sb = {
+            let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
+            match dev.read_at(region.offset, &mut b[..2 * BLOCK as usize]) {
+                Ok(()) => {
+                    let a = Superblock::decode(&b[..BLOCK as usize]);
+                    let c = Superblock::decode(&b[BLOCK as usize..]);
+                    for s in [&a, &c].into_iter().flatten() {
+                        max_seq = max_seq.max(s.seq);
+                    }
+                    [a, c].into_iter().flatten().max_by_key(|s| s.seq)
+                }
+                Err(e) => {
+                    loaded.note = Some(format!("cannot read the state superblocks: {e}"));
+                    None
+                }
+            }
+        };
+        let usable = match sb {
+            Some(s) if s.geometry == p.geometry && s.layout == layout => Some(s),
+            Some(s) => {
+                loaded.note = Some(format!(
+                    "the saved state is for another layout (geometry {:?}, {} slot pages); starting fresh",
+                    s.geometry, s.layout.record_pages
+                ));
+                None
+            }
+            None => None,
+        };
+        // Read every page copy: to restore the chosen ones, and to find seqs above the commit.
+        let pages = layout.pages();
+        let mut tag_bytes = Vec::new();
+        let mut rec = [0u8; RECORD_BYTES];
+        let mut buf = AlignedBuf::zeroed(pages.min(MAX_RUN as u64) as usize * BLOCK as usize);
+        let mut chosen: Vec<Option<(u8, u64)>> = vec![None; pages as usize];
+        for copy in 0..2u8 {
+            let mut i = 0;
+            while i < pages {
+                let n = (pages - i).min(MAX_RUN as u64);
+                let b = &mut buf[..(n * BLOCK) as usize];
+                if dev.read_at(p.page_off(i, copy), b).is_err() {
+                    i += n;
+                    continue;
+                }
+                for k in 0..n {
+                    let pg = &b[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize];
+                    let Some((inst, seq, index, kind)) = page_header(pg) else { continue };
+                    max_seq = max_seq.max(seq);
+                    let Some(s) = &usable else { continue };
+                    let idx = i + k;
+                    if inst != s.instance || u64::from(index) != idx || kind != Self::kind_of(&layout, idx) {
+                        continue;
+                    }
+                    if seq > s.seq {
+                        p.forced.push(idx);
+                        continue;
+                    }
+                    if chosen[idx as usize].is_none_or(|(_, q)| seq > q) {
+                        chosen[idx as usize] = Some((copy, seq));
+                    }
+                }
+                i += n;
+            }
+        }
+        p.next_seq = max_seq + 1;
+        let Some(s) = usable else {
+            p.seq = max_seq;
+            return (Some(p), loaded);
+        };
+        p.instance = s.instance;
+        p.seq = s.seq;
+        loaded.found = true;
+        loaded.clean = s.clean;
+        loaded.seq = s.seq;
+        loaded.counters = s.counters.clone();
+        let mut pg = AlignedBuf::zeroed(BLOCK as usize);
+        for idx in 0..pages {
+            let Some((copy, _)) = chosen[idx as usize] else { continue };
+            p.current[idx as usize] = copy;
+            if dev.read_at(p.page_off(idx, copy), &mut pg[..BLOCK as usize]).is_err() || page_header(&pg).is_none() {
+                continue;
+            }
+            let payload = &pg[PAGE_HEADER..CRC_AT];
+            if idx < layout.record_pages {
+                for r in 0..RECORDS_PER_PAGE {
+                    let slot = idx * RECORDS_PER_PAGE + r;
+                    if slot >= slots.len() as u64 {
+                        break;
+                    }
+                    rec.copy_from_slice(&payload[r as usize * RECORD_BYTES..(r as usize + 1) * RECORD_BYTES]);
+                    slots.restore_record(slot, &rec, s.clean);
+                }
+            } else if idx < layout.record_pages + layout.history_pages {
+                let base = (idx - layout.record_pages) * HISTORY_PER_PAGE;
+                for e in 0..HISTORY_PER_PAGE {
+                    let i = base + e;
+                    if i >= layout.history_capacity {
+                        break;
+                    }
+                    slots.history().restore_raw(i, u64at(payload, e as usize * 8));
+                }
+            } else {
+                let t = (idx - layout.record_pages - layout.history_pages) as usize;
+                if tag_bytes.len() < (t + 1) * PAGE_PAYLOAD {
+                    tag_bytes.resize((t + 1) * PAGE_PAYLOAD, 0);
+                }
+                tag_bytes[t * PAGE_PAYLOAD..(t + 1) * PAGE_PAYLOAD].copy_from_slice(payload);
+            }
+        }
+        if !tag_bytes.is_empty() {
+            slots.tags().restore(&tag_bytes);
+        }
+        // Restoring marked everything dirty; only real changes should be written.
+        let _ = slots.take_dirty_pages();
+        let _ = slots.history().take_dirty_pages();
+        let _ = slots.tags().take_dirty();
+        (Some(p), loaded)
+    }
+
+    fn kind_of(l: &Layout, idx: u64) -> u32 {
+        if idx < l.record_pages {
+            KIND_RECORDS
+        } else if idx < l.record_pages + l.history_pages {
+            KIND_HISTORY
+        } else {
+            KIND_TAGS
+        }
+    }
+
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+    pub fn region(&self) -> Region {
+        self.region
+    }
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// One persist cycle: the changed pages, then the superblock. With nothing changed and
+    /// not `force`, writes nothing (`Ok(None)`). On an error the changes stay pending.
+    pub fn cycle(&mut self, dev: &dyn StateWriter, slots: &SlotTable, counters: &Counters, clean: bool, force: bool) -> io::Result<Option<CycleReport>> {
+        let l = self.layout;
+        let recs = slots.take_dirty_pages();
+        let hist = slots.history().take_dirty_pages();
+        let tags = slots.tags().take_dirty();
+        let mut pages: Vec<u64> = recs.iter().copied().filter(|&p| p < l.record_pages).collect();
+        pages.extend(hist.iter().map(|&h| l.record_pages + h).filter(|&p| p < l.record_pages + l.history_pages));
+        if tags.is_some() {
+            pages.extend((0..l.tag_pages).map(|t| l.record_pages + l.history_pages + t));
+        }
+        pages.append(&mut self.forced);
+        pages.sort_unstable();
+        pages.dedup();
+        if pages.is_empty() && !force {
+            return Ok(None);
+        }
+        let seq = self.next_seq;
+        let tag_bytes = tags.clone().unwrap_or_default();
+        let res = match self.write_cycle(dev, slots, counters, &pages, &tag_bytes, seq, clean) {
+            Ok(w) => Ok(w),
+            // The superblock went out but its flush failed: it may be durable. Trust what the
+            // device reads back, so that the copies of a committed cycle are never overwritten
+            // as if they were free.
+            Err((e, true)) if Self::read_superblock(dev, self.region).is_some_and(|s| s.seq == seq && s.instance == self.instance) => {
+                tracing::warn!("own state: flush after superblock {seq} failed ({e}); the superblock reads back, taking it as committed");
+                Ok(0)
+            }
+            Err((e, _)) => Err(e),
+        };
+        match res {
+            Ok(written) => {
+                for &p in &pages {
+                    self.current[p as usize] = 1 - self.current[p as usize];
+                }
+                self.seq = seq;
+                self.next_seq = seq + 1;
+                Ok(Some(CycleReport { seq, pages: pages.len() as u64, bytes: written }))
+            }
+            Err(e) => {
+                // Keep every change pending; pages already written carry `seq`, which is
+                // skipped, and they are rewritten next time, so they never pass as committed.
+                slots.redirty_pages(&recs);
+                slots.history().redirty_pages(&hist);
+                if tags.is_some() {
+                    slots.tags().redirty();
+                }
+                self.forced = pages;
+                self.next_seq = seq + 1;
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    /// Writes the pages and the superblock; the error says whether the superblock was written.
+    fn write_cycle(&self, dev: &dyn StateWriter, slots: &SlotTable, counters: &Counters, pages: &[u64], tag_bytes: &[u8], seq: u64, clean: bool) -> Result<u64, (io::Error, bool)> {
+        let l = self.layout;
+        let mut written = 0u64;
+        // Runs of consecutive pages that go to the same copy become one write.
+        let mut buf = AlignedBuf::zeroed(pages.len().clamp(1, MAX_RUN) * BLOCK as usize);
+        let mut i = 0;
+        while i < pages.len() {
+            let copy = 1 - self.current[pages[i] as usize];
+            let mut j = i + 1;
+            while j < pages.len() && j - i < MAX_RUN && pages[j] == pages[j - 1] + 1 && 1 - self.current[pages[j] as usize] == copy {
+                j += 1;
+            }
+            for (k, &idx) in pages[i..j].iter().enumerate() {
+                let b = &mut buf[k * BLOCK as usize..(k + 1) * BLOCK as usize];
+                b.fill(0);
+                self.fill_page(idx, &mut b[PAGE_HEADER..CRC_AT], slots, tag_bytes);
+                seal_page(b, self.instance, seq, idx, Self::kind_of(&l, idx));
+            }
+            let len = (j - i) * BLOCK as usize;
+            dev.write_at(self.page_off(pages[i], copy), &buf[..len], self.handle).map_err(|e| (e, false))?;
+            written += len as u64;
+            i = j;
+        }
+        if !pages.is_empty() {
+            dev.flush().map_err(|e| (e, false))?;
+        }
+        let mut c = counters.clone();
+        c.cycles += 1;
+        c.own_bytes += written + BLOCK;
+        let sb = Superblock { seq, instance: self.instance, clean, geometry: self.geometry, layout: l, counters: c };
+        let mut b = AlignedBuf::zeroed(BLOCK as usize);
+        sb.encode(&mut b);
+        dev.write_at(self.region.offset + (seq % 2) * BLOCK, &b[..BLOCK as usize], self.handle).map_err(|e| (e, true))?;
+        dev.flush().map_err(|e| (e, true))?;
+        Ok(written + BLOCK)
+    }
+
+    fn fill_page(&self, idx: u64, out: &mut [u8], slots: &SlotTable, tag_bytes: &[u8]) {
+        let l = &self.layout;
+        if idx < l.record_pages {
+            for r in 0..RECORDS_PER_PAGE {
+                let slot = idx * RECORDS_PER_PAGE + r;
+                if slot >= slots.len() as u64 {
+                    break;
+                }
+                slots.encode_record(slot, &mut out[r as usize * RECORD_BYTES..(r as usize + 1) * RECORD_BYTES]);
+            }
+        } else if idx < l.record_pages + l.history_pages {
+            let base = (idx - l.record_pages) * HISTORY_PER_PAGE;
+            for e in 0..HISTORY_PER_PAGE {
+                if base + e >= l.history_capacity {
+                    break;
+                }
+                out[e as usize * 8..e as usize * 8 + 8].copy_from_slice(&slots.history().raw(base + e).to_le_bytes());
+            }
+        } else {
+            let t = (idx - l.record_pages - l.history_pages) as usize * PAGE_PAYLOAD;
+            let total = (l.tag_pages as usize * PAGE_PAYLOAD).min(tag_bytes.len());
+            if t < total {
+                let src = &tag_bytes[t..total.min(t + PAGE_PAYLOAD)];
+                out[..src.len()].copy_from_slice(src);
+            }
+        }
+    }
+}
+
+/// A read-only [`StateWriter`] over any [`ReadAt`] (for `fdpblk inspect`).
+pub struct ReadOnly<'a>(pub &'a (dyn crate::device::ReadAt + Sync));
+
+impl StateWriter for ReadOnly<'_> {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.0.read_exact_at(buf, off)
+    }
+    fn write_at(&self, _off: u64, _buf: &[u8], _handle: Handle) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::PermissionDenied, "read-only"))
+    }
+    fn discard(&self, _off: u64, _len: u64) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::PermissionDenied, "read-only"))
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.0.size().unwrap_or(0)
+    }
+}
+
+/// fdpblk's saved state on a backing device or image of `size` bytes, summarised as JSON
+/// (`None` when its reserved tail holds none): superblock, slot counts by state, identity
+/// history, tags, trims.
+pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<serde_json::Value> {
+    use crate::slot_table::SlotState;
+    let ro = ReadOnly(dev);
+    let region = Region::tail(size);
+    let sb = Persist::read_superblock(&ro, region)?;
+    let [block_align, header_bytes, slot_bytes, meta_total_bytes, max_slots] = sb.geometry;
+    if max_slots > (1 << 36) || slot_bytes == 0 || block_align == 0 {
+        return None;
+    }
+    let g = Geometry { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0, container_bytes: meta_total_bytes / 2, max_slots };
+    let slots = SlotTable::new(max_slots);
+    let (_, loaded) = Persist::load(&ro, region, &g, &slots, 0);
+    let mut by_state = [0u64; 4];
+    let (mut with_header, mut confirmed, mut returning) = (0u64, 0u64, 0u64);
+    for s in 0..max_slots {
+        if let Some(e) = slots.get(s) {
+            with_header += 1;
+            by_state[e.state as usize] += 1;
+            confirmed += u64::from(e.confirmed);
+            returning += u64::from(e.seen_before);
+        }
+    }
+    let c = &sb.counters;
+    let handles: serde_json::Map<String, serde_json::Value> =
+        c.trims_by_handle.iter().enumerate().filter(|(_, &n)| n > 0).map(|(h, n)| (h.to_string(), serde_json::json!(n))).collect();
+    let _ = SlotState::Unknown;
+    Some(serde_json::json!({
+        "found": loaded.found, "seq": sb.seq, "clean": sb.clean, "region_offset": region.offset, "region_bytes": region.len,
+        "geometry": {"block_align": block_align, "header_bytes": header_bytes, "slot_bytes": slot_bytes, "meta_total_bytes": meta_total_bytes, "max_slots": max_slots},
+        "slots": {"with_header": with_header, "confirmed": confirmed, "unknown": by_state[0], "live": by_state[1], "evicted": by_state[2], "trimmed": by_state[3], "returning": returning},
+        "identity_history": slots.history().len(), "identity_history_capacity": slots.history().capacity(), "tags": slots.tags().len(),
+        "trims": c.trims, "trim_bytes": c.trim_bytes, "trims_by_handle": handles, "evictions": c.evictions,
+        "persist_cycles": c.cycles, "own_bytes_written": c.own_bytes,
+    }))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,792 @@
+//! The state thread of a device: checkpoint awareness, deallocation of evicted slots, the
+//! checkpoint-overflow alarm, and fdpblk's own persistence.
+//!
+//! LMCache commits a checkpoint by writing its container header block after (posix) or
+//! together with (io_uring) the JSON payload. The data path sees the header write
+//! ([`SlotTable::checkpoint_header`], before the write is submitted) and starts a new
+//! *epoch*; this thread reads the container back off the data path, checks that it holds
+//! exactly that header and that the payload's CRC matches (retrying while the payload is still
+//! on its way), and streams the JSON ([`crate::layout::checkpoint_json`], bounded memory):
+//! which slots each container lists, and for each entry whose key's identity (BLAKE2b-8 of the
+//! key string for object keys) matches the slot's header, a *confirmation* of the slot's
+//! contents and its (model, cache_salt) tag.
+//!
+//! # When a slot is deallocated
+//!
+//! Slot `s` is deallocated (trimmed) only when all of these hold at the moment fdpblk marks
+//! it `TRIMMING` with a compare-and-swap (CAS) on its `life` word:
+//!
+//! 1. **confirmed**: its current contents (the writes since its last put) were listed, with
+//!    the same identity and payload length, by a committed checkpoint of epoch `K` while the
+//!    slot's last write was stamped with an epoch `<= K - 2`;
+//! 2. **not written since**: no write, discard or write-zeroes touched the slot since that
+//!    confirmation (every such request clears the confirmation; the CAS expects it set);
+//! 3. **listed by neither container**: both checkpoint containers' current contents are known
+//!    (read back and parsed, or known to hold no loadable checkpoint) and neither lists `s`;
+//! 4. **nothing pending**: no checkpoint header write has been seen that is not processed yet;
+//! 5. the slot header on the drive still carries the confirmed identity and length.
+//!
+//! In the terms of the issue: contents are evicted once they are "absent from two consecutive
+//! committed checkpoints" (the two containers; consecutive seqs alternate between them) "and
+//! not written since the earlier of them" (2), and only contents LMCache is known to have
+//! committed qualify (1).
+//!
+//! ## Why no live slot is ever deallocated
+//!
+//! LMCache facts used (reference §4.1, §7, §9, §12): a slot is in LMCache's index only after
+//! its put allocated it, wrote it and committed; an allocated slot is in neither the index nor
+//! the free set until its put commits or rolls back, so no two puts hold one slot; delete and
+//! eviction only remove index entries (no I/O); a process's index starts as the checkpoint it
+//! loaded (the newest valid one in the two containers, entries with a mismatching slot header
+//! dropped) and changes only by its own puts and deletes; one checkpoint is written at a time
+//! (snapshot under the index lock, then payload and header), so the snapshot of checkpoint `K`
+//! is taken after the header write of checkpoint `K-1` completed; one LMCache process uses
+//! the device at a time.
+//!
+//! *Claim A (confirmation is sound).* If checkpoint `K` lists `(s, id, len)` and the slot's
+//! last write is stamped `e <= K-2`, then the put that wrote those contents committed before
+//! snapshot `K`. The stamp is read (SeqCst) when the write is planned, so the write was planned
+//! before header `K-1` was, and the put had allocated `s` before that; the header write of
+//! `K-1` completed before snapshot `K` was taken. So at snapshot `K` the slot was already
+//! allocated to that put, and it is in the index then only if that put committed (no other put
+//! can hold `s` while it is allocated, and any later put of `s` would have written it,
+//! giving a newer stamp). The entry names the put's identity and length, so it is that
+//! put's entry. For writes before fdpblk started, the stamp is 0 and `K >= 2`: the write
+//! preceded header 1 as seen by this run. Confirmations saved by an earlier run are used only
+//! after a clean shutdown: after a crash, a slot may have been written after the last persist.
+//!
+//! *Claim B (a confirmed, unwritten slot that neither container lists is dead).* Let `P` be
+//! the process now using the device. `P`'s index started as a loaded checkpoint and changed
+//! by `P`'s puts and deletes. `s` cannot be in `P`'s index through a put of `P` after the
+//! confirmation: that put would have written `s` (clearing the confirmation). Through a put
+//! before the confirmation: then `s`'s contents are that put's, confirmed committed (A), and a
+//! container lists `s` until a later snapshot of `P` lacks it, i.e. `P` deleted it; a snapshot
+//! that postdates the confirmation and lacks `s` overwrote the container that listed it.
+//! Through its load: the loaded checkpoint was in a container; for neither container to list
+//! `s` now, `P` must have overwritten that one with a snapshot lacking `s`, again a delete.
+//! Nor can any later process have `s`: it loads one of the two containers, and neither lists
+//! `s` (condition 3; a container with no loadable checkpoint lists nothing; a payload being
+//! overwritten without a new header cannot pass the CRC as anything but the old contents).
+//! A checkpoint header seen but not yet read back could list anything: condition 4.
+//!
+//! *Claim C (the CAS closes every race).* Each write to a slot first updates its `life` word
+//! (new stamp, confirmation cleared; for a header, after storing the new identity). If that
+//! update comes before fdpblk's CAS, the CAS fails. If after, the writer sees `TRIMMING` and
+//! its queue holds the write until the deallocation returned, so the write lands after it.
+//! The slot header read (5) happens before the CAS, so a slot changed outside fdpblk's view
+//! (another writer of the backing device while fdpblk was stopped) is not trimmed.
+//!
+//! The cases the issue names:
+//! - *A put in flight while LMCache takes its snapshot* is in neither the index nor that
+//!   checkpoint: its contents are not confirmed (1), so nothing happens to its slot; the next
+//!   checkpoint lists it (or it was deleted, and confirmed contents are needed anyway).
+//! - *Slot reuse*: a put into a freed slot writes it, which clears the confirmation and, if a
+//!   trim had begun, waits for it; the new contents need their own confirmation.
+//! - *LMCache restart*: the new process loads a container's checkpoint (whose listed slots
+//!   stay protected by 3 until overwritten by its own snapshots), or nothing.
+//! - *Seq restarting at 1 in container 0 while a stale copy 1 has a higher seq*: the rule is
+//!   about what the two containers hold now, not about seq order, so the stale copy's slots
+//!   stay protected until container 1 is overwritten.
+//! - *fdpblk restart*: unclean, confirmations are dropped; clean, they are kept (nothing
+//!   writes the backing device while fdpblk is stopped — assumed; 5 checks it per slot).
+//!
+//! Not proved, assumed: a single LMCache process per device, writing one checkpoint at a
+//! time (true for 0.5.6: the periodic thread, and `close()` after joining it).
+
+use crate::layout::checkpoint::payload_crc;
+use crate::layout::checkpoint_header::CheckpointHeader;
+use crate::layout::checkpoint_json::{parse_checkpoint_json, JsonLimits};
+use crate::layout::keys::{legacy_identity, object_identity, Key};
+use crate::layout::slot_header::{SlotHeader, SLOT_HEADER_PREFIX};
+use crate::layout::Geometry;
+use crate::persist::dev::{DevReader, StateWriter};
+use crate::persist::{Counters, Loaded, Persist, Region};
+use crate::place::Handle;
+use crate::slot_table::{life, CheckpointEvent, SlotState, SlotTable};
+use crate::device::RegionReader;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How the state thread runs.
+#[derive(Clone, Debug)]
+pub struct WatchConfig {
+    /// Deallocate evicted slots.
+    pub trim: bool,
+    /// First retry delay for a checkpoint whose payload is not complete yet (doubles to 1 s).
+    pub retry_base: Duration,
+    /// Persist cycle interval.
+    pub persist_interval: Duration,
+    /// Device id, for messages.
+    pub device: i32,
+    /// Checkpoints count as stalled after max(3 observed intervals, 180 s, this).
+    pub stall_min: Duration,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        Self { trim: true, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN }
+    }
+}
+
+/// The overflow alarm fires when the next checkpoint is estimated at this fraction of the cap.
+pub const RISK_FRACTION: f64 = 0.9;
+/// JSON bytes of a checkpoint besides its entries (plus the device_path string).
+const FIXED_JSON_BYTES: u64 = 320;
+/// Bytes per entry assumed before a checkpoint with entries was seen (reference §11).
+const DEFAULT_ENTRY_BYTES: f64 = 240.0;
+/// Checkpoints are considered stalled after max(3 intervals, this).
+const STALL_MIN: Duration = Duration::from_secs(180);
+/// Active retries of an incomplete checkpoint stop after this; later only writes to the
+/// container (or a new header) trigger a look.
+const RETRY_WINDOW: Duration = Duration::from_secs(120);
+
+/// One container's known contents.
+#[derive(Clone, Debug)]
+enum Container {
+    /// Not known: blocks deallocation.
+    Unknown,
+    /// No loadable checkpoint (the header block is not a valid header).
+    Empty,
+    Valid(Box<ValidCopy>),
+}
+
+#[derive(Clone, Debug)]
+struct ValidCopy {
+    seq: u64,
+    payload_len: u64,
+    entries: u64,
+    /// JSON bytes besides the entries (estimated).
+    fixed_bytes: u64,
+    /// One bit per slot the checkpoint lists.
+    listed: Vec<u64>,
+}
+
+impl Container {
+    fn lists(&self, slot: u64) -> bool {
+        match self {
+            Container::Unknown => true,
+            Container::Empty => false,
+            Container::Valid(v) => v.listed.get((slot / 64) as usize).is_some_and(|w| w & (1 << (slot % 64)) != 0),
+        }
+    }
+    fn name(&self) -> &'static str {
+        match self {
+            Container::Unknown => "unknown",
+            Container::Empty => "empty",
+            Container::Valid(_) => "valid",
+        }
+    }
+}
+
+/// A header write waiting to be read back.
+#[derive(Clone, Debug)]
+struct Pending {
+    ev: CheckpointEvent,
+    since: Instant,
+    next: Instant,
+    tries: u32,
+}
+
+/// The newest committed checkpoint, for the overflow estimate.
+#[derive(Clone, Debug)]
+struct Commit {
+    seq: u64,
+    payload_len: u64,
+    entries: u64,
+    at: Instant,
+    /// `SlotTable::header_writes` when it was committed.
+    puts_at: u64,
+    fixed_bytes: u64,
+}
+
+/// The overflow estimate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Estimate {
+    pub entries: u64,
+    pub bytes: u64,
+    pub cap: u64,
+    pub entry_bytes: f64,
+}
+
+/// Counts of slots by state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub with_header: u64,
+    pub confirmed: u64,
+    pub by_state: [u64; 4],
+}
+
+/// Outcome of reading a container.
+enum Read {
+    Done(Container),
+    /// The header or payload is not (yet) what the event announced.
+    NotYet,
+}
+
+pub struct Watcher {
+    geom: Geometry,
+    slots: Arc<SlotTable>,
+    dev: Arc<dyn StateWriter>,
+    cfg: WatchConfig,
+    containers: [Container; 2],
+    pending: Vec<Pending>,
+    /// The epoch of the newest event taken from the mailbox.
+    seen_epoch: u32,
+    counters: Counters,
+    counters_dirty: bool,
+    persist: Option<Persist>,
+    loaded: Loaded,
+    last_persist: Instant,
+    commit: Option<Commit>,
+    started: Instant,
+    interval: Option<Duration>,
+    conflict: Option<String>,
+    risk: bool,
+    stalled: bool,
+    summary: Summary,
+    summary_at: Instant,
+    trim_error: bool,
+    /// Sweep (and deallocate) at the next step even without a checkpoint event.
+    need_sweep: bool,
+    published: Arc<Mutex<Value>>,
+}
+
+fn bitset(n: u64) -> Vec<u64> {
+    vec![0u64; n.div_ceil(64) as usize]
+}
+
+impl Watcher {
+    /// Loads fdpblk's state from `region` into `slots` (a fresh table), reads both checkpoint
+    /// containers, and marks the persisted state unclean. Call before the device serves I/O.
+    pub fn new(geom: Geometry, slots: Arc<SlotTable>, dev: Arc<dyn StateWriter>, cfg: WatchConfig, region: Option<Region>, own_handle: Handle) -> Self {
+        let (persist, loaded) = match region {
+            Some(r) => Persist::load(&*dev, r, &geom, &slots, own_handle),
+            None => (None, Loaded::default()),
+        };
+        if let Some(n) = &loaded.note {
+            tracing::warn!("device {}: own state: {n}", cfg.device);
+        }
+        let now = Instant::now();
+        let mut w = Watcher {
+            geom,
+            slots,
+            dev,
+            counters: loaded.counters.clone(),
+            cfg,
+            containers: [Container::Unknown, Container::Unknown],
+            pending: Vec::new(),
+            seen_epoch: 0,
+            counters_dirty: false,
+            persist,
+            loaded,
+            last_persist: now,
+            commit: None,
+            started: now,
+            interval: None,
+            conflict: None,
+            risk: false,
+            stalled: false,
+            summary: Summary::default(),
+            summary_at: now,
+            trim_error: false,
+            need_sweep: true,
+            published: Arc::new(Mutex::new(Value::Null)),
+        };
+        w.seen_epoch = w.slots.epoch();
+        for copy in 0..2u8 {
+            w.containers[usize::from(copy)] = match w.read_container(copy, None, None) {
+                Read::Done(c) => c,
+                Read::NotYet => Container::Unknown,
+            };
+        }
+        // Baseline for the overflow estimate: the newest valid checkpoint on the device.
+        if let Some(v) = w.newest() {
+            w.commit = Some(Commit { seq: v.seq, payload_len: v.payload_len, entries: v.entries, at: now, puts_at: 0, fixed_bytes: v.fixed_bytes });
+        }
+        w.arm_alarm();
+        // From now on a crash leaves an unclean state: confirmations are not trusted then.
+        w.persist_now(false, true);
+        w.sweep(false);
+        w.publish();
+        w
+    }
+
+    pub fn loaded(&self) -> &Loaded {
+        &self.loaded
+    }
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+    pub fn summary(&self) -> Summary {
+        self.summary
+    }
+    /// The JSON the stats thread shows (refreshed by every step).
+    pub fn published(&self) -> Arc<Mutex<Value>> {
+        self.published.clone()
+    }
+
+    fn newest(&self) -> Option<&ValidCopy> {
+        self.containers
+            .iter()
+            .filter_map(|c| match c {
+                Container::Valid(v) => Some(&**v),
+                _ => None,
+            })
+            .max_by_key(|v| v.seq)
+    }
+
+    /// Runs the state thread until `stop`, then a final step and a clean persist.
+    pub fn run(mut self, stop: &AtomicBool) {
+        while !stop.load(Ordering::Relaxed) {
+            let wait = self.next_wakeup().min(Duration::from_secs(1));
+            self.slots.wait_events(wait);
+            self.step();
+            if self.last_persist.elapsed() >= self.cfg.persist_interval {
+                self.persist_now(false, false);
+            }
+        }
+        self.step();
+        self.persist_now(true, true);
+        self.publish();
+    }
+
+    fn next_wakeup(&self) -> Duration {
+        let now = Instant::now();
+        let mut d = self.cfg.persist_interval.saturating_sub(self.last_persist.elapsed());
+        for p in &self.pending {
+            if p.since.elapsed() < RETRY_WINDOW {
+                d = d.min(p.next.saturating_duration_since(now));
+            }
+        }
+        d
+    }
+
+    /// One round: take checkpoint events, read back what they announced, update slot states,
+    /// deallocate what is dead, check the overflow estimate, publish the stats.
+    pub fn step(&mut self) {
+        let (events, alarm) = self.slots.take_events();
+        let mut changed = false;
+        for ev in events {
+            self.seen_epoch = self.seen_epoch.max(ev.epoch);
+            // A newer write to the header block supersedes what was pending there.
+            self.pending.retain(|p| p.ev.copy != ev.copy);
+            self.containers[usize::from(ev.copy)] = Container::Unknown;
+            let now = Instant::now();
+            self.pending.push(Pending { ev, since: now, next: now, tries: 0 });
+            changed = true;
+        }
+        let now = Instant::now();
+        let mut still = Vec::new();
+        for mut p in std::mem::take(&mut self.pending) {
+            let touched = self.slots.take_touched(p.ev.copy);
+            let due = if p.since.elapsed() < RETRY_WINDOW { p.next <= now } else { touched };
+            if !due && !touched {
+                still.push(p);
+                continue;
+            }
+            match self.read_container(p.ev.copy, p.ev.header, p.ev.header.map(|_| p.ev.epoch)) {
+                Read::Done(c) => {
+                    if let (Some(h), Container::Valid(v)) = (p.ev.header, &c) {
+                        self.committed(h, v.entries, v.fixed_bytes);
+                    }
+                    self.containers[usize::from(p.ev.copy)] = c;
+                    changed = true;
+                }
+                Read::NotYet => {
+                    p.tries += 1;
+                    let backoff = self.cfg.retry_base.saturating_mul(1 << p.tries.min(20)).min(Duration::from_secs(1));
+                    p.next = Instant::now() + backoff;
+                    still.push(p);
+                }
+            }
+        }
+        self.pending = still;
+        // A container left unknown (torn at start-up) is looked at again when it is written.
+        for copy in 0..2u8 {
+            if matches!(self.containers[usize::from(copy)], Container::Unknown)
+                && !self.pending.iter().any(|p| p.ev.copy == copy)
+                && self.slots.take_touched(copy)
+            {
+                if let Read::Done(c) = self.read_container(copy, None, None) {
+                    self.containers[usize::from(copy)] = c;
+                    changed = true;
+                }
+            }
+        }
+        if changed || std::mem::take(&mut self.need_sweep) || self.summary_at.elapsed() >= Duration::from_secs(10) {
+            let allow = self.trims_allowed();
+            let candidates = self.sweep(allow);
+            if allow && !candidates.is_empty() {
+                self.trim(candidates);
+            }
+        }
+        self.check_overflow(alarm);
+        self.publish();
+    }
+
+    /// True when deallocation may happen now (conditions 3 and 4 of the module doc).
+    pub fn trims_allowed(&self) -> bool {
+        self.cfg.trim
+            && self.conflict.is_none()
+            && self.pending.is_empty()
+            && self.containers.iter().all(|c| !matches!(c, Container::Unknown))
+            && !self.slots.events_pending()
+            && self.slots.epoch() == self.seen_epoch
+    }
+
+    /// Reads container `copy`. With `expect`, it must hold exactly that header and a payload
+    /// matching its CRC (else `NotYet`); `confirm_epoch` confirms matching slots (claim A).
+    fn read_container(&mut self, copy: u8, expect: Option<CheckpointHeader>, confirm_epoch: Option<u32>) -> Read {
+        let g = self.geom;
+        let off = g.container_offset(copy);
+        let mut block = vec![0u8; g.block_align as usize];
+        if let Err(e) = self.dev.read_at(off, &mut block) {
+            tracing::warn!("device {}: reading checkpoint container {copy}: {e}", self.cfg.device);
+            return Read::NotYet;
+        }
+        let h = match CheckpointHeader::parse(&block, g.payload_cap()) {
+            Ok(h) => h,
+            Err(_) if expect.is_none() => return Read::Done(Container::Empty),
+            Err(_) => return Read::NotYet,
+        };
+        if let Some(x) = expect {
+            if (x.seq, x.payload_len, x.crc32, x.version) != (h.seq, h.payload_len, h.crc32, h.version) {
+                return Read::NotYet;
+            }
+        }
+        match payload_crc(&DevReader(&*self.dev), off + g.block_align, h.payload_len) {
+            Ok(c) if c == h.crc32 => {}
+            _ => return Read::NotYet,
+        }
+        match self.parse(copy, &h, confirm_epoch) {
+            Ok(v) => Read::Done(Container::Valid(Box::new(v))),
+            Err(e) => {
+                tracing::warn!("device {}: checkpoint seq {} in container {copy} is not usable: {e}; no deallocation until it is replaced", self.cfg.device, h.seq);
+                Read::Done(Container::Unknown)
+            }
+        }
+    }
+
+    /// Streams the JSON: which slots it lists; confirmations and tags for matching entries.
+    fn parse(&mut self, copy: u8, h: &CheckpointHeader, confirm_epoch: Option<u32>) -> Result<ValidCopy, String> {
+        let g = self.geom;
+        let slots = &*self.slots;
+        let mut listed = bitset(g.max_slots);
+        let epoch_now = slots.epoch();
+        // Epochs since commit `K`: the slot's stamp must be at least this + 2 epochs old.
+        let need = confirm_epoch.map(|k| epoch_now.wrapping_sub(k)).filter(|&d| u64::from(d) + 2 < life::STAMP_MASK);
+        let mut last_tag: (String, String, u16) = (String::new(), String::new(), 0);
+        let dev = DevReader(&*self.dev);
+        let reader = RegionReader::new(&dev, g.container_offset(copy) + g.block_align, h.payload_len);
+        let limits = JsonLimits { max_payload_bytes: g.payload_cap().max(h.payload_len), ..JsonLimits::default() };
+        let meta = parse_checkpoint_json(reader, &limits, &mut |e| {
+            let (Some(off), Some(size)) = (e.offset, e.size) else { return Ok(()) };
+            let Some((slot, 0)) = g.slot_of(off) else { return Ok(()) };
+            listed[(slot / 64) as usize] |= 1 << (slot % 64);
+            let Some(need) = need else { return Ok(()) };
+            let l = slots.life(slot);
+            let Some(cur) = slots.entry(slot) else { return Ok(()) };
+            if !cur.has_header() || cur.payload_len != size.min(u64::from(u32::MAX)) || l & life::TRIMMING != 0 {
+                return Ok(());
+            }
+            let Ok(key) = Key::parse(e.key) else { return Ok(()) };
+            let (id, model, salt) = match &key {
+                Key::Legacy(k) => (legacy_identity(k.chunk_hash_hex), k.model_name, ""),
+                Key::Object(k) => (object_identity(e.key), k.model_quoted, k.cache_salt.unwrap_or("")),
+            };
+            if id != cur.identity {
+                return Ok(());
+            }
+            let fresh = life::epochs_since(life::stamp(l), epoch_now) >= need + 2;
+            if l & life::CONFIRMED == 0 && !fresh {
+                return Ok(());
+            }
+            if last_tag.0 != model || last_tag.1 != salt {
+                last_tag = (model.to_string(), salt.to_string(), slots.tags().intern(&key.model_name(), salt));
+            }
+            let new = life::with_state(life::with_tag(l | life::CONFIRMED, last_tag.2), SlotState::Live);
+            if new != l {
+                slots.cas_life(slot, l, new);
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+        let geo = [
+            ("block_align", meta.block_align, g.block_align),
+            ("header_bytes", meta.header_bytes, g.header_bytes),
+            ("slot_bytes", meta.slot_bytes, g.slot_bytes),
+            ("meta_total_bytes", meta.meta_total_bytes, g.meta_total_bytes),
+        ];
+        if let Some((name, Some(theirs), ours)) = geo.into_iter().find(|(_, t, o)| t.is_some_and(|t| t != *o)) {
+            let msg = format!(
+                "LMCache's checkpoint seq {} says {name} {theirs}, but fdpblk serves the device with {ours}: fdpblk's layout is wrong; deallocation is off until the device is re-added with the right geometry",
+                h.seq
+            );
+            if self.conflict.is_none() {
+                tracing::error!("device {}: {msg}", self.cfg.device);
+            }
+            self.conflict = Some(msg.clone());
+            return Err(msg);
+        }
+        let fixed_bytes = FIXED_JSON_BYTES + meta.device_path.as_ref().map_or(0, |p| p.len() as u64);
+        Ok(ValidCopy { seq: h.seq, payload_len: h.payload_len, entries: meta.entries, fixed_bytes, listed })
+    }
+
+    /// A checkpoint LMCache committed through fdpblk (read back and verified).
+    fn committed(&mut self, h: CheckpointHeader, entries: u64, fixed_bytes: u64) {
+        let now = Instant::now();
+        let prev = self.commit.as_ref().map(|c| c.at);
+        if let Some(p) = prev {
+            let d = now.duration_since(p);
+            self.interval = Some(match self.interval {
+                Some(i) => (i * 3 + d) / 4,
+                None => d,
+            });
+        }
+        self.commit = Some(Commit {
+            seq: h.seq,
+            payload_len: h.payload_len,
+            entries,
+            at: now,
+            puts_at: self.slots.header_writes(),
+            fixed_bytes,
+        });
+        self.stalled = false;
+        self.arm_alarm();
+    }
+
+    /// Counts slots by state, relabels confirmed ones live/evicted, and returns the trim
+    /// candidates (confirmed and listed by neither container) when `allow`.
+    fn sweep(&mut self, allow: bool) -> Vec<(u64, u64)> {
+        let mut s = Summary::default();
+        let mut out = Vec::new();
+        let newest = self.containers.iter().enumerate().filter_map(|(i, c)| match c {
+            Container::Valid(v) => Some((i, v.seq)),
+            _ => None,
+        }).max_by_key(|&(_, seq)| seq).map(|(i, _)| i);
+        let unknown = self.containers.iter().any(|c| matches!(c, Container::Unknown));
+        for slot in 0..self.slots.len() as u64 {
+            let mut l = self.slots.life(slot);
+            if l & life::CONFIRMED != 0 {
+                s.confirmed += 1;
+                let in_newest = newest.is_some_and(|i| self.containers[i].lists(slot));
+                let listed = self.containers[0].lists(slot) || self.containers[1].lists(slot);
+                let want = if in_newest { SlotState::Live } else { SlotState::Evicted };
+                if !unknown && life::state(l) != want {
+                    let new = life::with_state(l, want);
+                    if self.slots.cas_life(slot, l, new) {
+                        if want == SlotState::Evicted {
+                            if let Some(e) = self.slots.entry(slot) {
+                                self.slots.history().insert(e.identity, e.tag);
+                            }
+                            self.counters.evictions += 1;
+                            self.counters_dirty = true;
+                        }
+                        l = new;
+                    }
+                }
+                if allow && !listed {
+                    out.push((slot, l));
+                }
+            }
+            if self.slots.get(slot).is_some() {
+                s.with_header += 1;
+                s.by_state[life::state(l) as usize] += 1;
+            }
+        }
+        self.summary = s;
+        self.summary_at = Instant::now();
+        out
+    }
+
+    /// Deallocates the candidates (conditions 2, 4 and 5 checked per slot; see the module doc).
+    fn trim(&mut self, candidates: Vec<(u64, u64)>) {
+        let g = self.geom;
+        let mut hdr = vec![0u8; SLOT_HEADER_PREFIX];
+        for (slot, l0) in candidates {
+            if !self.trims_allowed() {
+                break;
+            }
+            let l = self.slots.life(slot);
+            if l != l0 || l & life::CONFIRMED == 0 || l & life::TRIMMING != 0 {
+                continue;
+            }
+            let Some(e) = self.slots.entry(slot) else { continue };
+            let off = g.slot_offset(slot);
+            let on_disk = self.dev.read_at(off, &mut hdr).ok().and_then(|_| SlotHeader::parse(&hdr).ok());
+            if on_disk.is_none_or(|h| h.identity != e.identity || h.payload_len.min(u64::from(u32::MAX)) != e.payload_len) {
+                // Changed behind fdpblk's back: forget the confirmation.
+                self.slots.cas_life(slot, l, life::with_state(l & !life::CONFIRMED, SlotState::Unknown));
+                continue;
+            }
+            if !self.slots.cas_life(slot, l, l | life::TRIMMING) {
+                continue;
+            }
+            let res = self.dev.discard(off, g.slot_bytes);
+            self.slots.end_trim(slot, l | life::TRIMMING, res.is_ok());
+            match res {
+                Ok(()) => {
+                    self.counters.count_trim(e.handle, g.slot_bytes);
+                    self.counters_dirty = true;
+                    self.summary.by_state[life::state(l) as usize] = self.summary.by_state[life::state(l) as usize].saturating_sub(1);
+                    self.summary.by_state[SlotState::Trimmed as usize] += 1;
+                    self.summary.confirmed = self.summary.confirmed.saturating_sub(1);
+                }
+                Err(err) => {
+                    if !self.trim_error {
+                        tracing::warn!("device {}: deallocating slot {slot}: {err}; deallocation paused until the next checkpoint", self.cfg.device);
+                        self.trim_error = true;
+                    }
+                    return;
+                }
+            }
+        }
+        self.trim_error = false;
+    }
+
+    /// The estimated size of LMCache's next checkpoint: entries of the newest committed one
+    /// plus every put since (deletes are not visible, so it errs high), times the observed
+    /// bytes per entry.
+    pub fn estimate(&self) -> Option<Estimate> {
+        let c = self.baseline();
+        let puts = self.slots.header_writes().saturating_sub(c.puts_at);
+        let entry_bytes = if c.entries > 0 { c.payload_len.saturating_sub(c.fixed_bytes).max(1) as f64 / c.entries as f64 } else { DEFAULT_ENTRY_BYTES };
+        let entries = c.entries + puts;
+        Some(Estimate { entries, bytes: c.fixed_bytes + (entries as f64 * entry_bytes).ceil() as u64, cap: self.geom.payload_cap(), entry_bytes })
+    }
+
+    /// The newest committed checkpoint, or an empty one when fdpblk started.
+    fn baseline(&self) -> Commit {
+        self.commit.clone().unwrap_or(Commit { seq: 0, payload_len: 0, entries: 0, at: self.started, puts_at: 0, fixed_bytes: FIXED_JSON_BYTES })
+    }
+
+    /// Tells the data path after how many more puts the estimate reaches the risk threshold.
+    fn arm_alarm(&self) {
+        let c = self.baseline();
+        let Some(e) = self.estimate() else { return };
+        let threshold = RISK_FRACTION * e.cap as f64 - c.fixed_bytes as f64;
+        let fit = (threshold / e.entry_bytes).floor().max(0.0) as u64;
+        self.slots.set_alarm_at(c.puts_at + fit.saturating_sub(c.entries).max(1));
+    }
+
+    /// LMCache's `meta_total_bytes` that holds a checkpoint of twice `bytes`.
+    pub fn meta_total_needed(&self, bytes: u64) -> u64 {
+        let a = self.geom.block_align;
+        let container = (a + 2 * bytes).div_ceil(a) * a;
+        (2 * container).div_ceil(1 << 20) << 20
+    }
+
+    fn check_overflow(&mut self, _alarm: bool) {
+        let Some(e) = self.estimate() else { return };
+        let c = self.baseline();
+        let risk = e.bytes as f64 >= RISK_FRACTION * e.cap as f64;
+        let dev = self.cfg.device;
+        if risk && !self.risk {
+            tracing::error!(
+                "device {dev}: checkpoint overflow risk: LMCache's next checkpoint will be about {} bytes ({} entries x {:.0} bytes), {:.0}% of the {}-byte limit of a checkpoint container (meta_total_bytes {}). Above the limit LMCache skips every checkpoint with only a warning, and its next restart loses every entry stored since checkpoint seq {}. Fix: set LMCache's meta_total_bytes to at least {} (rust_raw_block.meta_total_bytes, or meta_total_bytes of the MP adapter); that is a new layout, so LMCache starts with an empty cache",
+                e.bytes,
+                e.entries,
+                e.entry_bytes,
+                100.0 * e.bytes as f64 / e.cap as f64,
+                e.cap,
+                self.geom.meta_total_bytes,
+                c.seq,
+                self.meta_total_needed(e.bytes)
+            );
+        } else if !risk && self.risk {
+            tracing::info!("device {dev}: checkpoint overflow risk gone: next checkpoint about {} of {} bytes", e.bytes, e.cap);
+        }
+        self.risk = risk;
+        let puts = self.slots.header_writes().saturating_sub(c.puts_at);
+        let after = self.interval.map_or(STALL_MIN, |i| (i * 3).max(STALL_MIN)).max(self.cfg.stall_min);
+        let age = c.at.elapsed();
+        let stalled = puts > 0 && age >= after;
+        if stalled && !self.stalled {
+            let cause = if e.bytes >= e.cap {
+                format!(
+                    "its checkpoint (about {} bytes) no longer fits the {}-byte container, so LMCache skips it; fix: meta_total_bytes of at least {} (a new layout: LMCache starts empty)",
+                    e.bytes,
+                    e.cap,
+                    self.meta_total_needed(e.bytes)
+                )
+            } else {
+                "LMCache writes a checkpoint only when no I/O has been in flight for 100 ms at its (60 s) tick, so continuous traffic defers it; fix: leave LMCache idle moments, or lower meta_checkpoint_interval_sec".to_string()
+            };
+            tracing::error!(
+                "device {dev}: LMCache wrote {puts} slots but no checkpoint for {}s (last seq {}): {cause}. A restart now loses those entries",
+                age.as_secs(),
+                c.seq
+            );
+        }
+        self.stalled = stalled;
+    }
+
+    /// Runs a persist cycle now (`clean` at shutdown; `force` even if nothing changed).
+    pub fn persist_now(&mut self, clean: bool, force: bool) {
+        self.last_persist = Instant::now();
+        let Some(p) = self.persist.as_mut() else { return };
+        let clean = clean && self.conflict.is_none();
+        match p.cycle(&*self.dev, &self.slots, &self.counters, clean, force || self.counters_dirty) {
+            Ok(Some(r)) => {
+                self.counters.cycles += 1;
+                self.counters.own_bytes += r.bytes;
+                self.counters_dirty = false;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!("device {}: writing own state: {e}", self.cfg.device),
+        }
+    }
+
+    /// Refreshes the JSON the stats thread shows.
+    pub fn publish(&self) {
+        let est = self.estimate();
+        let c = self.commit.as_ref();
+        let s = &self.summary;
+        let handles: serde_json::Map<String, Value> =
+            self.counters.trims_by_handle.iter().enumerate().filter(|(_, &n)| n > 0).map(|(h, n)| (h.to_string(), json!(n))).collect();
+        let containers: Vec<Value> = self
+            .containers
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match c {
+                Container::Valid(v) => json!({"copy": i, "state": "valid", "seq": v.seq, "payload_len": v.payload_len, "entries": v.entries}),
+                c => json!({"copy": i, "state": c.name()}),
+            })
+            .collect();
+        let v = json!({
+            "checkpoint_seq": c.map(|c| c.seq),
+            "checkpoint_age_s": c.map(|c| (c.at.elapsed().as_secs_f64() * 10.0).round() / 10.0),
+            "checkpoint_bytes": c.map(|c| c.payload_len),
+            "checkpoint_entries": c.map(|c| c.entries),
+            "checkpoint_cap_bytes": self.geom.payload_cap(),
+            "checkpoint_estimate_bytes": est.map(|e| e.bytes),
+            "overflow_risk": self.risk,
+            "checkpoint_stalled": self.stalled,
+            "meta_total_bytes_needed": (self.risk || self.stalled).then(|| est.map(|e| self.meta_total_needed(e.bytes))).flatten(),
+            "containers": containers,
+            "slots": {
+                "max_slots": self.slots.len(), "with_header": s.with_header, "confirmed": s.confirmed,
+                "unknown": s.by_state[0], "live": s.by_state[1], "evicted": s.by_state[2], "trimmed": s.by_state[3],
+                "identity_history": self.slots.history().len(), "identity_history_capacity": self.slots.history().capacity(),
+                "returning": self.slots.returning(), "tags": self.slots.tags().len(),
+            },
+            "trim": {
+                "enabled": self.cfg.trim, "allowed_now": self.trims_allowed(), "blocked_by": self.conflict,
+                "trims": self.counters.trims, "trim_bytes": self.counters.trim_bytes, "handles": handles,
+                "evictions": self.counters.evictions,
+            },
+            "own_state": {
+                "persisted": self.persist.is_some(), "seq": self.persist.as_ref().map(|p| p.seq()),
+                "cycles": self.counters.cycles, "bytes_written": self.counters.own_bytes,
+                "loaded": self.loaded.found, "loaded_clean": self.loaded.clean,
+                "region_offset": self.persist.as_ref().map(|p| p.region().offset), "region_bytes": self.persist.as_ref().map(|p| p.region().len),
+            },
+        });
+        *self.published.lock().unwrap_or_else(|e| e.into_inner()) = v;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,916 @@
+//! The deallocation rule against LMCache's behaviour: a model of LMCache 0.5.6 raw_block
+//! (puts as separate allocate / header / payload / commit steps, deletes, LIFO slot reuse,
+//! checkpoints as snapshot / payload / header steps in either order, restarts with and
+//! without loading) drives the real pipeline into an in-memory device, and fdpblk's state
+//! thread runs between the steps. Every deallocation is checked against an oracle of what is
+//! live at that moment; every load checks the bytes LMCache reads back.
+
+use super::*;
+use crate::classify::Op;
+use crate::engine::{Engine, Errno};
+use crate::layout::checkpoint::{newest_valid, read_copies, read_entries};
+use crate::layout::checkpoint_json::JsonLimits;
+use crate::layout::keys;
+use crate::layout::slot_header::SlotHeader;
+use crate::layout::GeometryConfig;
+use crate::persist::dev::{MemDev, MemOp};
+use crate::pipeline::{Pipeline, Request};
+use crate::place::RegionPolicy;
+use std::collections::{BTreeSet, HashMap};
+
+const BA: u64 = 512;
+
+fn geometry(slots: u64, meta_total: u64) -> Geometry {
+    GeometryConfig { block_align: BA, header_bytes: BA, slot_bytes: 2 * BA, meta_total_bytes: meta_total, capacity_bytes: 0 }
+        .validate(meta_total + slots * 2 * BA)
+        .unwrap()
+}
+
+struct MemEngine(Arc<MemDev>);
+
+impl Engine for MemEngine {
+    fn name(&self) -> &'static str {
+        "mem"
+    }
+    fn write(&mut self, offset: u64, len: u64, data: &[u8], _handle: Handle) -> Result<(), Errno> {
+        assert_eq!(data.len() as u64, len);
+        self.0.poke(offset, data);
+        Ok(())
+    }
+    fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        self.0.read_at(offset, buf).map_err(|_| Errno(libc::EIO))
+    }
+    fn flush(&mut self) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn discard(&mut self, offset: u64, len: u64) -> Result<(), Errno> {
+        self.0.zero(offset, len);
+        Ok(())
+    }
+    fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), Errno> {
+        self.0.zero(offset, len);
+        Ok(())
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // splitmix64
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Put {
+    key: String,
+    slot: u64,
+    size: u64,
+    gen: u32,
+    hdr: bool,
+    pay: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Ckpt {
+    seq: u64,
+    json: Vec<u8>,
+    slots: BTreeSet<u64>,
+    pay: bool,
+    hdr: bool,
+}
+
+/// LMCache's raw_block core, one process.
+#[derive(Clone, Debug, Default)]
+struct Lmc {
+    /// Committed entries in insertion order: key, slot, size, content generation.
+    index: Vec<(String, u64, u64, u32)>,
+    /// Free slots; `pop` is `dict.popitem()` (LIFO).
+    free: Vec<u64>,
+    next_slot: u64,
+    seq: u64,
+    puts: Vec<Put>,
+    ckpt: Option<Ckpt>,
+    deleted: Vec<String>,
+    keys: u64,
+    gens: HashMap<String, u32>,
+}
+
+/// A key's bytes (KV data is a function of its key; the same key always has the same data).
+fn payload(key: &str, _gen: u32, size: u64) -> Vec<u8> {
+    let h = key.bytes().fold(0u64, |a, b| a.wrapping_mul(31).wrapping_add(u64::from(b)));
+    let mut v: Vec<u8> = (0..size).map(|i| (h.wrapping_add(i * 7) % 251) as u8 + 1).collect();
+    v.resize(size.div_ceil(BA) as usize * BA as usize, 0);
+    v
+}
+
+struct Rig {
+    g: Geometry,
+    dev: Arc<MemDev>,
+    region: Region,
+    slots: Arc<SlotTable>,
+    pipe: Pipeline,
+    eng: MemEngine,
+    w: Watcher,
+    cfg: WatchConfig,
+    lmc: Lmc,
+    trims: u64,
+    /// Deallocations checked against the oracle.
+    checked: u64,
+    filler: Vec<String>,
+}
+
+const OWN: Handle = RegionPolicy::OWN_STATE;
+
+impl Rig {
+    fn new(nslots: u64, meta_total: u64, trim: bool) -> Rig {
+        let g = geometry(nslots, meta_total);
+        let table = SlotTable::new(g.max_slots);
+        let layout = crate::persist::Layout::of(&table);
+        let region = Region { offset: g.data_end_offset().div_ceil(4096) * 4096, len: layout.bytes() };
+        let dev = Arc::new(MemDev::new(region.offset + region.len));
+        let slots = Arc::new(table);
+        let cfg = WatchConfig { trim, retry_base: Duration::ZERO, persist_interval: Duration::from_secs(3600), device: 0, stall_min: STALL_MIN };
+        let w = Watcher::new(g, slots.clone(), dev.clone(), cfg.clone(), Some(region), OWN);
+        let pipe = Pipeline::with_slots(g, Box::new(RegionPolicy), slots.clone());
+        let eng = MemEngine(dev.clone());
+        Rig { g, dev, region, slots, pipe, eng, w, cfg, lmc: Lmc::default(), trims: 0, checked: 0, filler: Vec::new() }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        let req = Request { op: Op::Write, offset, len: data.len() as u64, data: Some(data) };
+        self.pipe.execute(&mut self.eng, &req).unwrap();
+        assert!(self.pipe.trim_waits().is_empty(), "no trim runs concurrently in these tests");
+    }
+
+    fn read(&mut self, offset: u64, len: u64) -> Vec<u8> {
+        let mut segs = Vec::new();
+        let _ = self.pipe.plan(&Request { op: Op::Read, offset, len, data: None }, &mut segs, crate::pipeline::HeaderWait::Expired);
+        self.dev.peek(offset, len as usize)
+    }
+
+    fn step(&mut self) {
+        self.w.step();
+        self.check_trims();
+    }
+
+    /// The oracle: why `slot` must not be deallocated now, if it must not.
+    fn protected(&self, slot: u64) -> Option<String> {
+        if let Some((k, ..)) = self.lmc.index.iter().find(|e| e.1 == slot) {
+            return Some(format!("live in LMCache's index ({k})"));
+        }
+        if let Some(p) = self.lmc.puts.iter().find(|p| p.slot == slot && (p.hdr || p.pay)) {
+            return Some(format!("a put in flight wrote it ({})", p.key));
+        }
+        if self.lmc.ckpt.as_ref().is_some_and(|c| c.slots.contains(&slot)) {
+            return Some("listed by the checkpoint being written".into());
+        }
+        let dev = crate::persist::dev::DevReader(&*self.dev);
+        let copies = read_copies(&dev, &self.g).unwrap();
+        for c in copies.iter().filter(|c| c.is_valid()) {
+            let mut listed = false;
+            read_entries(&dev, &self.g, c, &JsonLimits::default(), &mut |e| {
+                listed |= e.offset == Some(self.g.slot_offset(slot));
+                Ok(())
+            })
+            .unwrap();
+            if listed {
+                return Some(format!("listed by the loadable checkpoint seq {:?} in container {}", c.seq(), c.copy));
+            }
+        }
+        None
+    }
+
+    fn check_trims(&mut self) {
+        for op in self.dev.take_log() {
+            if let MemOp::Discard { off, len } = op {
+                let (slot, rel) = self.g.slot_of(off).expect("only slots are deallocated");
+                assert_eq!((rel, len), (0, self.g.slot_bytes), "whole slots");
+                if let Some(why) = self.protected(slot) {
+                    panic!("slot {slot} was deallocated but is {why}");
+                }
+                self.trims += 1;
+                self.checked += 1;
+            }
+        }
+    }
+
+    // ---- LMCache ----
+
+    fn new_key(&mut self, salted: bool) -> String {
+        self.lmc.keys += 1;
+        let salt = if salted { "@tenantA:alice" } else { "" };
+        format!("meta-llama%2FLlama-3.1-8B@0x01000100@0@{:032x}{salt}", self.lmc.keys.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    }
+
+    /// `_allocate_slot_locked` and the start of a put; false when the device is full.
+    fn start_put(&mut self, key: String, size: u64) -> bool {
+        if self.lmc.index.iter().any(|e| e.0 == key) || self.lmc.puts.iter().any(|p| p.key == key) {
+            return false; // indexed: no I/O
+        }
+        let slot = match self.lmc.free.pop() {
+            Some(s) => s,
+            None if self.lmc.next_slot < self.g.max_slots => {
+                self.lmc.next_slot += 1;
+                self.lmc.next_slot - 1
+            }
+            None => return false,
+        };
+        let gen = self.lmc.gens.get(&key).map_or(0, |g| g + 1);
+        self.lmc.gens.insert(key.clone(), gen);
+        self.lmc.puts.push(Put { key, slot, size, gen, hdr: false, pay: false });
+        true
+    }
+
+    fn put_header(&mut self, i: usize) {
+        let p = self.lmc.puts[i].clone();
+        let id = keys::identity(&p.key).unwrap();
+        let h = SlotHeader { identity: id, payload_len: p.size }.encode(BA as usize);
+        self.write(self.g.slot_offset(p.slot), &h);
+        self.lmc.puts[i].hdr = true;
+    }
+
+    fn put_payload(&mut self, i: usize) {
+        let p = self.lmc.puts[i].clone();
+        self.write(self.g.slot_offset(p.slot) + BA, &payload(&p.key, p.gen, p.size));
+        self.lmc.puts[i].pay = true;
+    }
+
+    fn put_commit(&mut self, i: usize) {
+        let p = self.lmc.puts.remove(i);
+        assert!(p.hdr && p.pay);
+        self.lmc.index.push((p.key, p.slot, p.size, p.gen));
+    }
+
+    fn put_rollback(&mut self, i: usize) {
+        let p = self.lmc.puts.remove(i);
+        self.lmc.free.push(p.slot);
+    }
+
+    /// A whole put: allocate, header, payload, commit.
+    fn put(&mut self, key: String) -> Option<u64> {
+        if !self.start_put(key, BA - 100) {
+            return None;
+        }
+        let i = self.lmc.puts.len() - 1;
+        self.put_header(i);
+        self.put_payload(i);
+        let slot = self.lmc.puts[i].slot;
+        self.put_commit(i);
+        Some(slot)
+    }
+
+    fn delete(&mut self, i: usize) -> String {
+        let (k, slot, ..) = self.lmc.index.remove(i);
+        self.lmc.free.push(slot);
+        self.lmc.deleted.push(k.clone());
+        k
+    }
+
+    fn delete_key(&mut self, key: &str) -> u64 {
+        let i = self.lmc.index.iter().position(|e| e.0 == key).unwrap();
+        let slot = self.lmc.index[i].1;
+        self.delete(i);
+        slot
+    }
+
+    fn json(&self) -> Vec<u8> {
+        let g = &self.g;
+        let mut s = format!(
+            "{{\"version\":1,\"device_path\":\"/dev/ublkb0\",\"capacity_bytes\":{},\"block_align\":{},\"header_bytes\":{},\"slot_bytes\":{},\"meta_total_bytes\":{},\"meta_magic\":\"LMCIDX01\",\"meta_version\":1,\"data_base_offset\":{},\"next_slot\":{},\"entries\":{{",
+            g.capacity_bytes, g.block_align, g.header_bytes, g.slot_bytes, g.meta_total_bytes, g.meta_total_bytes, self.lmc.next_slot
+        );
+        for (i, (k, slot, size, _)) in self.lmc.index.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push_str(&format!(
+                "\"{k}\":{{\"offset\":{},\"size\":{size},\"shape\":[{size}],\"dtype\":\"uint8\",\"fmt\":\"BINARY\",\"cached_positions\":null}}",
+                g.slot_offset(*slot)
+            ));
+        }
+        s.push_str("}}");
+        s.into_bytes()
+    }
+
+    /// Snapshot under the index lock; false when the JSON does not fit (skipped, as LMCache).
+    fn snapshot(&mut self) -> bool {
+        if self.lmc.ckpt.is_some() {
+            return false;
+        }
+        let json = self.json();
+        if json.len() as u64 > self.g.payload_cap() {
+            return false;
+        }
+        let slots = self.lmc.index.iter().map(|e| e.1).collect();
+        self.lmc.ckpt = Some(Ckpt { seq: self.lmc.seq + 1, json, slots, pay: false, hdr: false });
+        true
+    }
+
+    fn ckpt_payload(&mut self) {
+        let c = self.lmc.ckpt.clone().unwrap();
+        let copy = Geometry::copy_for_seq(c.seq);
+        let mut b = c.json.clone();
+        b.resize(b.len().div_ceil(BA as usize) * BA as usize, 0);
+        self.write(self.g.container_offset(copy) + BA, &b);
+        self.ckpt_done(|c| c.pay = true);
+    }
+
+    fn ckpt_header(&mut self) {
+        let c = self.lmc.ckpt.clone().unwrap();
+        let copy = Geometry::copy_for_seq(c.seq);
+        let h = CheckpointHeader::encode_for(c.seq, &c.json, BA as usize);
+        self.write(self.g.container_offset(copy), &h);
+        self.ckpt_done(|c| c.hdr = true);
+    }
+
+    fn ckpt_done(&mut self, f: impl FnOnce(&mut Ckpt)) {
+        let c = self.lmc.ckpt.as_mut().unwrap();
+        f(c);
+        if c.pay && c.hdr {
+            self.lmc.seq = c.seq;
+            self.lmc.ckpt = None;
+        }
+    }
+
+    /// A whole checkpoint in posix order (payload, then header).
+    fn checkpoint(&mut self) {
+        assert!(self.snapshot());
+        self.ckpt_payload();
+        self.ckpt_header();
+    }
+
+    /// LMCache's process ends (in-flight puts are lost; a checkpoint being written stays as
+    /// far as it got) and a new one starts: it loads the newest valid checkpoint, dropping
+    /// entries whose slot header does not match, or (`load` false, e.g. another device_path
+    /// string) starts empty.
+    fn restart_lmcache(&mut self, load: bool) {
+        let keys = self.lmc.keys;
+        let gens = std::mem::take(&mut self.lmc.gens);
+        let deleted = std::mem::take(&mut self.lmc.deleted);
+        self.lmc = Lmc { keys, gens, deleted, ..Lmc::default() };
+        if !load {
+            return;
+        }
+        let dev = crate::persist::dev::DevReader(&*self.dev);
+        let copies = read_copies(&dev, &self.g).unwrap();
+        let Some(c) = newest_valid(&copies) else { return };
+        let mut entries = Vec::new();
+        let meta = read_entries(&dev, &self.g, c, &JsonLimits::default(), &mut |e| {
+            entries.push((e.key.to_string(), e.offset.unwrap(), e.size.unwrap()));
+            Ok(())
+        })
+        .unwrap();
+        self.lmc.seq = c.seq().unwrap();
+        self.lmc.next_slot = meta.next_slot.unwrap();
+        let mut used = BTreeSet::new();
+        let mut dropped = Vec::new();
+        for (k, off, size) in entries {
+            let slot = self.g.slot_of(off).unwrap().0;
+            let h = SlotHeader::parse(&self.dev.peek(off, 24)).ok();
+            if h.is_some_and(|h| h.identity == keys::identity(&k).unwrap() && h.payload_len == size) {
+                let gen = self.lmc.gens[&k];
+                self.lmc.index.push((k, slot, size, gen));
+                used.insert(slot);
+            } else {
+                dropped.push(slot);
+            }
+        }
+        self.lmc.free = (0..self.lmc.next_slot).filter(|s| !used.contains(s) && !dropped.contains(s)).collect();
+        self.lmc.free.extend(dropped);
+        self.verify_all();
+    }
+
+    /// fdpblk stops (cleanly: a final persist) or crashes (state as of its last persist), and
+    /// a new instance starts on the same device; LMCache's I/O continues (ublk recovery).
+    fn restart_fdpblk(&mut self, clean: bool) {
+        if clean {
+            self.w.step();
+            self.w.persist_now(true, true);
+        }
+        self.check_trims();
+        let table = Arc::new(SlotTable::new(self.g.max_slots));
+        self.w = Watcher::new(self.g, table.clone(), self.dev.clone(), self.cfg.clone(), Some(self.region), OWN);
+        self.pipe = Pipeline::with_slots(self.g, Box::new(RegionPolicy), table.clone());
+        self.slots = table;
+        assert!(self.w.loaded().found);
+        self.check_trims();
+    }
+
+    /// LMCache reads an entry back (header and payload): it must be exactly what was put.
+    fn verify(&mut self, i: usize) {
+        let (k, slot, size, gen) = self.lmc.index[i].clone();
+        let off = self.g.slot_offset(slot);
+        let hdr = SlotHeader::parse(&self.dev.peek(off, 24)).unwrap_or_else(|e| panic!("slot {slot} of live {k}: header {e}"));
+        assert_eq!((hdr.identity, hdr.payload_len), (keys::identity(&k).unwrap(), size), "slot {slot} of live {k}");
+        let got = self.read(off + BA, size.div_ceil(BA) * BA);
+        assert!(got == payload(&k, gen, size), "slot {slot} of live {k}: payload differs");
+    }
+
+    fn verify_all(&mut self) {
+        for i in 0..self.lmc.index.len() {
+            self.verify(i);
+        }
+    }
+
+    fn state(&self, slot: u64) -> SlotState {
+        self.slots.get(slot).map_or(SlotState::Unknown, |e| e.state)
+    }
+}
+
+const SLOTS: u64 = 12;
+const META: u64 = 8192;
+
+#[test]
+fn evicted_slots_are_trimmed_after_two_checkpoints() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let keys: Vec<String> = (0..6).map(|i| r.new_key(i % 2 == 0)).collect();
+    for k in &keys {
+        r.put(k.clone()).unwrap();
+    }
+    r.fillers(3);
+    r.checkpoint(); // seq 1 -> container 0
+    r.step();
+    r.checkpoint_dirty(); // seq 2 -> container 1: confirms the first six
+    r.step();
+    assert!((0..6).all(|s| r.slots.get(s).unwrap().confirmed && r.state(s) == SlotState::Live));
+    let tag = r.slots.get(0).unwrap().tag;
+    assert_eq!(r.slots.tag_name(tag), Some(("meta-llama/Llama-3.1-8B".into(), "tenantA:alice".into())));
+    let (a, b) = (r.delete_key(&keys[0]), r.delete_key(&keys[1]));
+    r.checkpoint(); // seq 3 -> container 0 lacks them; container 1 still lists them
+    r.step();
+    assert_eq!(r.trims, 0);
+    assert_eq!(r.state(a), SlotState::Evicted);
+    r.checkpoint_dirty(); // seq 4 -> container 1 lacks them too
+    r.step();
+    assert_eq!(r.trims, 2);
+    assert_eq!((r.state(a), r.state(b)), (SlotState::Trimmed, SlotState::Trimmed));
+    for s in [a, b] {
+        assert!(r.dev.peek(r.g.slot_offset(s), r.g.slot_bytes as usize).iter().all(|&x| x == 0));
+    }
+    r.verify_all();
+    assert_eq!(r.w.counters().trims_by_handle, vec![0, 0, 2], "two trims on the slots handle");
+    let v = r.w.published().lock().unwrap().clone();
+    assert_eq!(v["trim"]["trims"], 2);
+    assert_eq!(v["slots"]["trimmed"], 2);
+    assert_eq!(v["checkpoint_seq"], 4);
+    // The identities of the evicted keys are in the history; a returning one is recognised
+    // with its tag.
+    r.put(keys[0].clone()).unwrap();
+    let e = r.slots.get(r.lmc.index.last().unwrap().1).unwrap();
+    assert!(e.seen_before);
+    assert_eq!(e.tag, tag);
+}
+
+#[test]
+fn a_put_in_flight_across_snapshots_is_never_trimmed() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let k0 = r.new_key(false);
+    r.put(k0.clone());
+    r.fillers(1);
+    r.checkpoint();
+    r.step();
+    r.checkpoint_dirty();
+    r.step();
+    // Delete k0; a new put takes its slot (LIFO), writes it, and does not commit for a while.
+    let s0 = r.delete_key(&k0);
+    let k1 = r.new_key(false);
+    assert!(r.start_put(k1.clone(), 300));
+    assert_eq!(r.lmc.puts[0].slot, s0);
+    r.put_payload(0); // io_uring: payload before header
+    r.put_header(0);
+    for _ in 0..4 {
+        // Checkpoints go on without it (each snapshot misses the uncommitted put).
+        let k = r.new_key(false);
+        r.put(k);
+        r.checkpoint();
+        r.step();
+        assert_eq!(r.trims, 0);
+    }
+    r.put_commit(0);
+    r.checkpoint();
+    r.step();
+    r.verify_all();
+    // The same with a re-put of the same key into the same slot (same identity and length).
+    let s = r.delete_key(&k1);
+    assert!(r.start_put(k1.clone(), 300));
+    assert_eq!(r.lmc.puts[0].slot, s);
+    r.put_header(0);
+    r.put_payload(0);
+    for _ in 0..3 {
+        let k = r.new_key(false);
+        r.put(k);
+        r.checkpoint();
+        r.step();
+    }
+    r.put_commit(0);
+    r.checkpoint();
+    r.step();
+    r.verify_all();
+    assert_eq!(r.trims, 0);
+}
+
+#[test]
+fn a_same_key_reput_written_during_a_checkpoint_is_not_confirmed_by_it() {
+    // Checkpoint K's snapshot lists key k in slot s; then k is deleted and put again (LIFO:
+    // slot s, same identity and length) and its writes land before K's header. K lists
+    // (s, k) but that entry is the old contents: the new put is not committed. The epoch rule
+    // (written before K-1's header) keeps it from being confirmed; two more checkpoints
+    // without it must not deallocate the slot while the put is still in flight.
+    let mut r = Rig::new(SLOTS, META, true);
+    let k = r.new_key(false);
+    let s = r.put(k.clone()).unwrap();
+    r.fillers(8);
+    for _ in 0..2 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    assert!(r.slots.get(s).unwrap().confirmed);
+    let f = r.filler.pop().unwrap();
+    r.delete_key(&f);
+    assert!(r.snapshot()); // lists k in s
+    r.delete_key(&k);
+    assert!(r.start_put(k.clone(), BA - 100));
+    assert_eq!(r.lmc.puts[0].slot, s);
+    r.put_header(0);
+    r.put_payload(0);
+    r.ckpt_payload();
+    r.ckpt_header();
+    r.step();
+    assert!(!r.slots.get(s).unwrap().confirmed, "the old entry must not confirm the new contents");
+    for _ in 0..3 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    assert_eq!(r.state(s), SlotState::Unknown);
+    r.put_commit(0);
+    r.checkpoint_dirty();
+    r.step();
+    r.verify_all();
+}
+
+impl Rig {
+    /// Puts `n` keys whose later deletion makes LMCache's index dirty without freeing a slot
+    /// that a test watches (LMCache writes a checkpoint only when something changed).
+    fn fillers(&mut self, n: usize) {
+        for _ in 0..n {
+            let k = self.new_key(false);
+            self.put(k.clone()).unwrap();
+            self.filler.push(k);
+        }
+    }
+
+    /// A checkpoint after a change: deletes a filler (no put, so no freed slot is reused).
+    fn checkpoint_dirty(&mut self) {
+        let k = self.filler.pop().expect("a filler key");
+        self.delete_key(&k);
+        self.checkpoint();
+    }
+}
+
+#[test]
+fn a_checkpoint_header_before_its_payload_is_read_back_when_complete() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let k = r.new_key(false);
+    r.put(k.clone());
+    r.fillers(3);
+    r.checkpoint_dirty();
+    r.step();
+    r.checkpoint_dirty();
+    r.step();
+    r.delete_key(&k);
+    r.checkpoint();
+    r.step();
+    // io_uring: the header lands first; the payload is still on its way.
+    let f = r.filler.pop().unwrap();
+    r.delete_key(&f);
+    assert!(r.snapshot());
+    r.ckpt_header();
+    r.step();
+    assert!(!r.w.trims_allowed(), "a header whose payload is incomplete blocks deallocation");
+    assert_eq!(r.trims, 0);
+    r.ckpt_payload();
+    r.step();
+    assert_eq!(r.trims, 1);
+    assert!(r.w.trims_allowed());
+}
+
+#[test]
+fn lmcache_restart_with_seq_restart_keeps_the_stale_copy_protected() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let old: Vec<String> = (0..8).map(|_| r.new_key(false)).collect();
+    for k in &old {
+        r.put(k.clone());
+    }
+    r.fillers(3);
+    for _ in 0..3 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    // seq 3 is in container 0 and seq 2 in container 1; all confirmed.
+    assert_eq!(r.lmc.seq, 3);
+    // LMCache restarts and loads nothing (another device_path string): seq restarts at 1 in
+    // container 0, slots are handed out from 0 again.
+    r.restart_lmcache(false);
+    for _ in 0..3 {
+        let k = r.new_key(false);
+        r.put(k);
+    }
+    r.checkpoint(); // seq 1 -> container 0; container 1 still holds seq 2 (higher: stale)
+    r.step();
+    assert_eq!(r.trims, 0, "the stale copy 1 (seq 2) still lists the old slots");
+    // A restart now would load the stale copy: LMCache's loader takes the highest seq.
+    let mut probe = r.lmc.clone();
+    std::mem::swap(&mut probe, &mut r.lmc);
+    r.restart_lmcache(true);
+    assert_eq!(r.lmc.seq, 2, "the stale copy is what a restart would load");
+    std::mem::swap(&mut probe, &mut r.lmc);
+    let k = r.new_key(false);
+    r.put(k);
+    r.checkpoint(); // seq 2 -> container 1: the stale copy is gone
+    r.step();
+    // Old slots 4.. (not overwritten by the new process's 4 puts) are dead now, but they
+    // were confirmed only as the old process's contents: trimmed.
+    assert!(r.trims > 0);
+    r.verify_all();
+}
+
+#[test]
+fn fdpblk_restart_clean_keeps_pending_trims_unclean_drops_them() {
+    for clean in [true, false] {
+        let mut r = Rig::new(SLOTS, META, true);
+        let ks: Vec<String> = (0..5).map(|_| r.new_key(false)).collect();
+        for k in &ks {
+            r.put(k.clone());
+        }
+        r.fillers(6);
+        r.checkpoint_dirty();
+        r.step();
+        r.checkpoint_dirty();
+        r.step();
+        r.w.persist_now(false, false);
+        let s = r.delete_key(&ks[0]);
+        r.checkpoint(); // evicted in one container
+        r.step();
+        r.w.persist_now(false, false);
+        r.restart_fdpblk(clean);
+        assert_eq!(r.slots.get(s).unwrap().identity, keys::identity(&ks[0]).unwrap(), "the slot table came back");
+        assert_eq!(r.slots.get(s).unwrap().confirmed, clean);
+        r.checkpoint_dirty();
+        r.step();
+        assert_eq!(r.trims, u64::from(clean), "clean: the pending trim happens; unclean: forgotten");
+        // Live contents are confirmed again by the second checkpoint after the restart, so
+        // later evictions are trimmed either way.
+        r.checkpoint_dirty();
+        r.step();
+        let s1 = r.delete_key(&ks[1]);
+        r.checkpoint();
+        r.step();
+        r.checkpoint_dirty();
+        r.step();
+        assert_eq!(r.state(s1), SlotState::Trimmed, "clean {clean}");
+        r.verify_all();
+    }
+}
+
+#[test]
+fn no_trim_keeps_everything_and_still_tracks_states() {
+    let mut r = Rig::new(SLOTS, META, false);
+    let k = r.new_key(false);
+    let s = r.put(k.clone()).unwrap();
+    r.fillers(5);
+    for _ in 0..2 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    r.delete_key(&k);
+    for _ in 0..3 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    assert_eq!(r.trims, 0);
+    assert_eq!(r.state(s), SlotState::Evicted);
+}
+
+#[test]
+fn foreign_write_behind_fdpblk_prevents_the_trim() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let k = r.new_key(false);
+    let s = r.put(k.clone()).unwrap();
+    r.fillers(3);
+    for _ in 0..2 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    r.delete_key(&k);
+    r.checkpoint();
+    r.step();
+    // Someone rewrites the slot header directly on the backing device.
+    let other = SlotHeader { identity: 12345, payload_len: 600 }.encode(BA as usize);
+    r.dev.poke(r.g.slot_offset(s), &other);
+    r.checkpoint_dirty();
+    r.step();
+    assert_eq!(r.trims, 0);
+    assert!(!r.slots.get(s).unwrap().confirmed);
+}
+
+#[test]
+fn overflow_alarm_comes_before_the_first_skipped_checkpoint() {
+    // Containers of 4 KiB: about 20 entries fit.
+    let mut r = Rig::new(64, 8192, true);
+    let mut alarmed_at = None;
+    let mut skipped = false;
+    for i in 0..64 {
+        let k = r.new_key(i % 3 == 0);
+        r.put(k);
+        r.step();
+        let v = r.w.published().lock().unwrap().clone();
+        if v["overflow_risk"] == true && alarmed_at.is_none() {
+            alarmed_at = Some(i);
+            assert!(v["meta_total_bytes_needed"].as_u64().unwrap() > 8192);
+        }
+        if i % 4 == 3 {
+            if r.snapshot() {
+                r.ckpt_payload();
+                r.ckpt_header();
+                r.step();
+            } else {
+                skipped = true;
+                assert!(alarmed_at.is_some(), "checkpoint skipped at put {i} before any alarm");
+                break;
+            }
+        }
+    }
+    assert!(skipped);
+    let v = r.w.published().lock().unwrap().clone();
+    assert_eq!(v["checkpoint_cap_bytes"], r.g.payload_cap());
+    assert!(v["checkpoint_estimate_bytes"].as_u64().unwrap() > r.g.payload_cap());
+    assert!(v["checkpoint_bytes"].as_u64().unwrap() <= r.g.payload_cap());
+    assert!(v["checkpoint_seq"].as_u64().unwrap() >= 2);
+}
+
+/// One random schedule of LMCache and fdpblk events; returns (trims, checkpoints).
+fn schedule(seed: u64, steps: usize) -> (u64, u64) {
+    let mut rng = Rng(seed);
+    let mut r = Rig::new(SLOTS, META, true);
+    let mut commits = 0;
+    let posix = rng.chance(50);
+    // Phases: filling (puts), churning, draining (deletes and checkpoints, so that evicted
+    // slots stay free long enough to be deallocated: LMCache reuses freed slots first).
+    let mut phase = 0;
+    for step in 0..steps {
+        if step % 16 == 0 {
+            phase = if step == 0 { 0 } else { rng.below(3) };
+        }
+        let (put_w, del_w, ckpt_w) = [(30, 4, 12), (14, 10, 18), (2, 14, 36)][phase];
+        let x = rng.below(100);
+        let kind = if x < put_w {
+            0
+        } else if x < put_w + 16 {
+            1
+        } else if x < put_w + 16 + del_w {
+            2
+        } else if x < put_w + 16 + del_w + ckpt_w {
+            3
+        } else {
+            4 + (x % 8)
+        };
+        match kind {
+            0 => {
+                // A new put, or a re-put of a deleted key (a returning identity).
+                // The most recently deleted key comes back into its own slot (LIFO): the same
+                // identity and maybe the same length in the same slot, the hardest case.
+                let key = if !r.lmc.deleted.is_empty() && rng.chance(50) {
+                    let i = if rng.chance(70) { r.lmc.deleted.len() - 1 } else { rng.below(r.lmc.deleted.len()) };
+                    r.lmc.deleted.remove(i)
+                } else {
+                    r.new_key(rng.chance(30))
+                };
+                let size = if rng.chance(50) { BA - 100 } else { 1 + rng.below(BA as usize) as u64 };
+                r.start_put(key, size);
+            }
+            1 if !r.lmc.puts.is_empty() => {
+                let i = rng.below(r.lmc.puts.len());
+                let p = r.lmc.puts[i].clone();
+                match (p.hdr, p.pay) {
+                    (false, false) if posix || rng.chance(50) => r.put_header(i),
+                    (false, _) => r.put_header(i),
+                    (true, false) => r.put_payload(i),
+                    (true, true) if rng.chance(3) => r.put_rollback(i),
+                    (true, true) if rng.chance(40) => r.put_commit(i),
+                    (true, true) => {} // the commit lags behind the writes
+                }
+            }
+            2 if !r.lmc.index.is_empty() => {
+                let i = rng.below(r.lmc.index.len());
+                r.delete(i);
+            }
+            3 => match r.lmc.ckpt.clone() {
+                None => {
+                    // Mostly a whole checkpoint at once; sometimes its writes interleave
+                    // with everything else.
+                    if r.snapshot() && rng.chance(60) {
+                        if posix || rng.chance(50) {
+                            r.ckpt_payload();
+                            r.ckpt_header();
+                        } else {
+                            r.ckpt_header();
+                            r.ckpt_payload();
+                        }
+                        commits += 1;
+                    }
+                }
+                Some(c) => {
+                    if !c.pay && (posix || rng.chance(50)) {
+                        r.ckpt_payload();
+                    } else if !c.hdr {
+                        r.ckpt_header();
+                    } else {
+                        r.ckpt_payload();
+                    }
+                    if r.lmc.ckpt.is_none() {
+                        commits += 1;
+                    }
+                }
+            },
+            4 if !r.lmc.index.is_empty() => {
+                let i = rng.below(r.lmc.index.len());
+                r.verify(i);
+            }
+            5 if rng.chance(30) => r.w.persist_now(false, false),
+            6 if rng.chance(8) => {
+                let load = rng.chance(75);
+                r.restart_lmcache(load);
+            }
+            7 if rng.chance(8) => {
+                let clean = rng.chance(50);
+                r.restart_fdpblk(clean);
+            }
+            _ => r.step(),
+        }
+    }
+    // Drain: finish everything in flight, checkpoint twice, and check every live entry.
+    while !r.lmc.puts.is_empty() {
+        if !r.lmc.puts[0].hdr {
+            r.put_header(0);
+        }
+        if !r.lmc.puts[0].pay {
+            r.put_payload(0);
+        }
+        r.put_commit(0);
+    }
+    if let Some(c) = r.lmc.ckpt.clone() {
+        if !c.pay {
+            r.ckpt_payload();
+        }
+        if !c.hdr {
+            r.ckpt_header();
+        }
+    }
+    // Then evict half of what is left: the deallocations after whatever state the schedule
+    // left behind are checked too.
+    for round in 0..4 {
+        if round == 2 {
+            for _ in 0..r.lmc.index.len() / 2 {
+                let i = rng.below(r.lmc.index.len());
+                r.delete(i);
+            }
+        } else if round == 3 && !r.lmc.index.is_empty() {
+            r.delete(0);
+        }
+        if r.snapshot() {
+            r.ckpt_payload();
+            r.ckpt_header();
+        }
+        r.step();
+    }
+    r.verify_all();
+    assert_eq!(r.checked, r.trims);
+    (r.trims, commits)
+}
+
+#[test]
+fn randomized_interleavings_never_trim_a_live_slot() {
+    // 10,000 in release builds (what CI runs: `cargo test --release`), 1,000 in debug builds.
+    let default = if cfg!(debug_assertions) { 1_000 } else { 10_000 };
+    let n: u64 = std::env::var("FDPBLK_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let t0 = std::time::Instant::now();
+    let (mut trims, mut commits) = (0, 0);
+    for seed in 0..n {
+        let (t, c) = schedule(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x1234, 64);
+        trims += t;
+        commits += c;
+    }
+    eprintln!("{n} schedules: {trims} deallocations checked, {commits} checkpoints, {:?}", t0.elapsed());
+    assert!(trims > n / 4, "the schedules exercise deallocation ({trims} trims)");
+}
