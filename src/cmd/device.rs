@@ -206,6 +206,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         streams,
         pids: probe.map(|p| p.pids).unwrap_or_default(),
         header_wait_us: a.header_wait_us,
+        trim: !a.no_trim,
     })
 }
 
@@ -459,7 +460,53 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
         }
     }
     println!("header waits {}  payload fallbacks {}", p["header_waits"], p["payload_fallbacks"]);
+    print_watch(&v);
     Ok(())
+}
+
+/// The state thread's part of the stats: LMCache's checkpoints, slots, deallocation.
+fn print_watch(v: &serde_json::Value) {
+    if v.get("checkpoint_cap_bytes").is_none() {
+        return;
+    }
+    let n = |x: &serde_json::Value| x.as_u64().map_or_else(|| "-".to_string(), |n| n.to_string());
+    println!(
+        "checkpoint seq {}  age {}s  {} of {} bytes ({} entries; next about {} bytes)",
+        n(&v["checkpoint_seq"]),
+        v["checkpoint_age_s"].as_f64().map_or_else(|| "-".to_string(), |a| format!("{a:.0}")),
+        n(&v["checkpoint_bytes"]),
+        n(&v["checkpoint_cap_bytes"]),
+        n(&v["checkpoint_entries"]),
+        n(&v["checkpoint_estimate_bytes"])
+    );
+    if v["overflow_risk"] == true || v["checkpoint_stalled"] == true {
+        println!(
+            "OVERFLOW RISK: LMCache's checkpoint {}; set LMCache's meta_total_bytes to at least {} (a new layout: LMCache starts empty)",
+            if v["checkpoint_stalled"] == true { "stopped being written" } else { "is close to its container's size" },
+            n(&v["meta_total_bytes_needed"])
+        );
+    }
+    let s = &v["slots"];
+    println!(
+        "slots {} with a header: {} live, {} evicted, {} trimmed, {} unknown; identity history {} of {}, {} returning",
+        n(&s["with_header"]),
+        n(&s["live"]),
+        n(&s["evicted"]),
+        n(&s["trimmed"]),
+        n(&s["unknown"]),
+        n(&s["identity_history"]),
+        n(&s["identity_history_capacity"]),
+        n(&s["returning"])
+    );
+    let t = &v["trim"];
+    let per: Vec<String> = t["handles"].as_object().map(|h| h.iter().map(|(k, c)| format!("{k}:{c}")).collect()).unwrap_or_default();
+    println!(
+        "deallocation {}: {} trims, {} bytes (per handle {})",
+        if t["enabled"] == true { "on" } else { "off" },
+        n(&t["trims"]),
+        n(&t["trim_bytes"]),
+        if per.is_empty() { "-".to_string() } else { per.join(" ") }
+    );
 }
 
 /// For udev: prints the stable name of device `id`, or fails if it has none.

@@ -90,6 +90,11 @@ pub fn inspect_entries<D: ReadAt + ?Sized>(
     Ok(s)
 }
 
+/// fdpblk's own saved state, when `dev` is a backing device (or its image).
+fn own_state(dev: &std::fs::File) -> Option<serde_json::Value> {
+    crate::persist::summary(dev, ReadAt::size(dev).ok()?)
+}
+
 fn copy_json(c: &CopyStatus) -> serde_json::Value {
     json!({
         "copy": c.copy,
@@ -135,8 +140,9 @@ pub fn run(a: &InspectArgs) -> CmdResult {
         })?;
         writeln!(
             w,
-            "],\"summary\":{}}}",
-            json!({"live": s.live, "header_mismatch": s.header_mismatch, "checkpoint_seq": s.checkpoint_seq})
+            "],\"summary\":{},\"fdpblk_state\":{}}}",
+            json!({"live": s.live, "header_mismatch": s.header_mismatch, "checkpoint_seq": s.checkpoint_seq}),
+            own_state(&dev).unwrap_or(serde_json::Value::Null)
         )?;
     } else {
         writeln!(w, "geometry ({:?}):", d.source)?;
@@ -185,6 +191,30 @@ pub fn run(a: &InspectArgs) -> CmdResult {
         match s.checkpoint_seq {
             Some(seq) => writeln!(w, "summary: {} live entries (checkpoint seq {seq}), {} with a mismatched slot header", s.live, s.header_mismatch)?,
             None => writeln!(w, "summary: no valid checkpoint; LMCache would start with an empty index")?,
+        }
+        match own_state(&dev) {
+            Some(o) => {
+                let (sl, n) = (&o["slots"], |v: &serde_json::Value| v.as_u64().unwrap_or(0));
+                writeln!(
+                    w,
+                    "fdpblk state (seq {}, {}): {} slots with a header: {} live, {} evicted, {} trimmed, {} unknown, {} returning; identity history {} of {}; {} tags; {} trims ({} bytes), per handle {}",
+                    o["seq"],
+                    if o["clean"] == true { "clean" } else { "unclean" },
+                    n(&sl["with_header"]),
+                    n(&sl["live"]),
+                    n(&sl["evicted"]),
+                    n(&sl["trimmed"]),
+                    n(&sl["unknown"]),
+                    n(&sl["returning"]),
+                    o["identity_history"],
+                    o["identity_history_capacity"],
+                    o["tags"],
+                    n(&o["trims"]),
+                    n(&o["trim_bytes"]),
+                    o["trims_by_handle"]
+                )?
+            }
+            None => writeln!(w, "fdpblk state: none (give the backing device or its image: the state lives in its reserved tail)")?,
         }
     }
     w.flush()?;

@@ -67,6 +67,8 @@ pub struct DeviceConfig {
     pub pids: Vec<u16>,
     /// How long a payload may wait for its slot header before it is placed anyway.
     pub header_wait_us: u64,
+    /// Deallocate slots LMCache evicted (`--no-trim` turns it off).
+    pub trim: bool,
 }
 
 impl DeviceConfig {
@@ -78,7 +80,7 @@ impl DeviceConfig {
             "lba_shift": self.lba_shift, "backing_bytes": self.backing_bytes, "exported_bytes": self.exported_bytes,
             "geometry": {"block_align": g.block_align, "header_bytes": g.header_bytes, "slot_bytes": g.slot_bytes,
                          "meta_total_bytes": g.meta_total_bytes, "capacity_bytes": g.capacity_bytes},
-            "streams": self.streams, "pids": self.pids, "header_wait_us": self.header_wait_us,
+            "streams": self.streams, "pids": self.pids, "header_wait_us": self.header_wait_us, "trim": self.trim,
         })
     }
 
@@ -120,6 +122,7 @@ impl DeviceConfig {
                 .map(|a| a.iter().filter_map(Value::as_u64).filter_map(|p| u16::try_from(p).ok()).collect())
                 .unwrap_or_default(),
             header_wait_us: u("header_wait_us").unwrap_or(5000),
+            trim: v.get("trim").and_then(Value::as_bool).unwrap_or(true),
         })
     }
 }
@@ -157,8 +160,14 @@ mod tests {
             streams: vec![1, 2, 3, 4],
             pids: Vec::new(),
             header_wait_us: 5000,
+            trim: true,
         };
         assert_eq!(DeviceConfig::from_json(&c.to_json()).unwrap(), c);
+        let n = DeviceConfig { trim: false, ..c.clone() };
+        assert_eq!(DeviceConfig::from_json(&n.to_json()).unwrap(), n);
+        let mut old = c.to_json();
+        old.as_object_mut().unwrap().remove("trim");
+        assert!(DeviceConfig::from_json(&old).unwrap().trim, "configs saved before --no-trim existed trim");
         let p = DeviceConfig {
             engine: EngineKind::Passthrough,
             backing: "/dev/ng0n1".into(),

@@ -70,6 +70,18 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         }
         sleep(q, HEADER_POLL).await;
     }
+    // A write to a slot fdpblk is deallocating goes out only after the deallocation.
+    let trim_waits = {
+        let p = ctx.pipeline.borrow();
+        (!p.trim_waits().is_empty()).then(|| (p.slots().clone(), p.trim_waits().to_vec()))
+    };
+    if let Some((slots, waits)) = trim_waits {
+        for slot in waits {
+            while slots.trimming(slot) {
+                sleep(q, HEADER_POLL).await;
+            }
+        }
+    }
     match op {
         Op::Write => {
             let fua = op_flags & sys::UBLK_IO_F_FUA != 0;

@@ -6,9 +6,12 @@ use super::state;
 use crate::engine::passthrough::PassthroughEngine;
 use crate::engine::queue::QueueEngine;
 use crate::engine::uring::UringEngine;
+use crate::persist::dev::{BlockDev, NvmeDev, StateWriter};
+use crate::persist::Region;
 use crate::pipeline::{Pipeline, PipelineCounters, PipelineStats};
-use crate::place::policy_by_name;
+use crate::place::{policy_by_name, Target};
 use crate::slot_table::SlotTable;
+use crate::watch::{WatchConfig, Watcher};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::{sys, UblkError, UblkFlags};
@@ -25,6 +28,8 @@ struct Shared {
     cfg: DeviceConfig,
     slots: Arc<SlotTable>,
     counters: Mutex<Vec<Arc<PipelineCounters>>>,
+    /// What the state thread publishes (checkpoint, slots, trims, own state).
+    watch: Arc<Mutex<serde_json::Value>>,
 }
 
 impl Shared {
@@ -196,8 +201,17 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     let mut cfg = cfg;
     cfg.id = id;
     spawn_signal_thread(id);
-    let shared = Arc::new(Shared { slots: Arc::new(SlotTable::new(cfg.geometry.max_slots)), counters: Mutex::new(Vec::new()), cfg: cfg.clone() });
+    let slots = Arc::new(SlotTable::new(cfg.geometry.max_slots));
+    // The state thread: loads fdpblk's own state into the slot table before any I/O is served.
+    let watcher = start_watcher(&cfg, &backing, &slots);
+    let watch = watcher.as_ref().map_or_else(|| Arc::new(Mutex::new(serde_json::Value::Null)), |w| w.published());
+    let shared = Arc::new(Shared { slots, counters: Mutex::new(Vec::new()), cfg: cfg.clone(), watch });
     let stop = Arc::new(AtomicBool::new(false));
+    let watch_stop = Arc::new(AtomicBool::new(false));
+    let state_thread = watcher.map(|w| {
+        let stop = watch_stop.clone();
+        std::thread::spawn(move || w.run(&stop))
+    });
     let (q_shared, d_shared, d_stop) = (shared.clone(), shared.clone(), stop.clone());
     let stats_thread: Arc<Mutex<Option<std::thread::JoinHandle<()>>>> = Arc::new(Mutex::new(None));
     let st = stats_thread.clone();
@@ -226,6 +240,13 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             }
         },
     );
+    // The queues are done: the state thread takes the last checkpoint events, then writes
+    // the state as clean.
+    watch_stop.store(true, Ordering::Relaxed);
+    shared.slots.wake();
+    if let Some(t) = state_thread {
+        let _ = t.join();
+    }
     stop.store(true, Ordering::Relaxed);
     if let Some(t) = stats_thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
         let _ = t.join();
@@ -240,13 +261,55 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     }
 }
 
+/// The state thread's device access for the engine, and the watcher (state loaded, both
+/// checkpoint containers read). `None` (logged) when the backing cannot be opened again.
+fn start_watcher(cfg: &DeviceConfig, backing: &std::fs::File, slots: &Arc<SlotTable>) -> Option<Watcher> {
+    use super::config::EngineKind;
+    let dev: std::io::Result<Arc<dyn StateWriter>> = match cfg.engine {
+        EngineKind::Passthrough => std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&cfg.backing)
+            .and_then(|f| NvmeDev::new(f, 1u64 << cfg.lba_shift, cfg.backing_bytes, cfg.io_buf_bytes, cfg.pids.clone()))
+            .map(|d| Arc::new(d) as Arc<dyn StateWriter>),
+        EngineKind::Streams => backing
+            .try_clone()
+            .and_then(|f| BlockDev::new(f, cfg.backing_bytes, Some(cfg.streams.clone())))
+            .map(|d| Arc::new(d) as Arc<dyn StateWriter>),
+        EngineKind::Plain => backing.try_clone().and_then(|f| BlockDev::new(f, cfg.backing_bytes, None)).map(|d| Arc::new(d) as Arc<dyn StateWriter>),
+    };
+    let dev = match dev {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!("device {}: no state thread ({e}): no checkpoint awareness, deallocation or saved state", cfg.id);
+            return None;
+        }
+    };
+    let own = policy_by_name(&cfg.policy).map_or(0, |mut p| p.place(&Target::OwnState));
+    let wc = WatchConfig { trim: cfg.trim, device: cfg.id, ..WatchConfig::default() };
+    let w = Watcher::new(cfg.geometry, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
+    let l = w.loaded();
+    tracing::info!(
+        "device {}: own state {} (seq {}, {}), deallocation {}",
+        cfg.id,
+        if l.found { "loaded" } else { "new" },
+        l.seq,
+        if l.clean { "clean" } else { "unclean: pending deallocations forgotten" },
+        if cfg.trim { "on" } else { "off" }
+    );
+    Some(w)
+}
+
 fn stats_loop(shared: &Shared, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         let c = &shared.cfg;
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "id": c.id, "name": c.name, "engine": c.engine.name(), "policy": c.policy,
             "geometry": c.geometry.to_json(), "pipeline": shared.stats().to_json(),
         });
+        if let (Some(o), serde_json::Value::Object(w)) = (v.as_object_mut(), shared.watch.lock().unwrap_or_else(|e| e.into_inner()).clone()) {
+            o.extend(w);
+        }
         let _ = state::write_atomic(&state::stats_path(c.id), v.to_string().as_bytes());
         std::thread::sleep(Duration::from_millis(500));
     }
