@@ -440,7 +440,10 @@ pub fn list(a: &ListArgs) -> CmdResult {
 pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     let p = state::stats_path(a.number);
     let text = std::fs::read_to_string(&p).map_err(|e| format!("no stats for device {} ({}: {e}); is it running? see `fdpblk list`", a.number, p.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let mut v: serde_json::Value = serde_json::from_str(&text)?;
+    // The drive's own counters since `add`: host vs media bytes (QEMU's drive has no GC).
+    let fdp = state::read_state(a.number).ok().and_then(|(cfg, _)| state::fdp_deltas(&cfg));
+    v["fdp"] = fdp.clone().unwrap_or(serde_json::Value::Null);
     if json_out {
         println!("{v}");
         return Ok(());
@@ -460,6 +463,12 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
         }
     }
     println!("header waits {}  payload fallbacks {}", p["header_waits"], p["payload_fallbacks"]);
+    if let Some(f) = fdp {
+        println!(
+            "drive since add: host {} bytes, media {} bytes (ratio {:.3}), erased {} bytes",
+            f["host_bytes"], f["media_bytes"], f["media_host_ratio"].as_f64().unwrap_or(0.0), f["erased_bytes"]
+        );
+    }
     print_watch(&v);
     Ok(())
 }

@@ -61,9 +61,44 @@ pub fn state_ids() -> Vec<i32> {
     ids
 }
 
+/// The drive's FDP statistics when the device was added: `fdpblk stats` reports deltas.
+pub fn fdp_baseline_path(id: i32) -> PathBuf {
+    Path::new(RUN_DIR).join(format!("{id}.fdp-baseline.json"))
+}
+
+/// Records the backing drive's FDP counters once per `add` (a `recover` keeps the first).
+pub fn record_fdp_baseline(cfg: &DeviceConfig) {
+    let p = fdp_baseline_path(cfg.id);
+    if p.exists() {
+        return;
+    }
+    // Not an FDP NVMe drive (a file, a plain SSD): nothing to compare against.
+    if let Ok(info) = crate::nvme::FdpInfo::discover(&cfg.backing) {
+        let v = json!({"endgid": info.endgid, "hbmw": info.stats.hbmw.to_string(),
+                       "mbmw": info.stats.mbmw.to_string(), "mbe": info.stats.mbe.to_string()});
+        let _ = write_atomic(&p, v.to_string().as_bytes());
+    }
+}
+
+/// HBMW, MBMW and MBE written since `add`, read from the drive now.
+pub fn fdp_deltas(cfg: &DeviceConfig) -> Option<Value> {
+    let text = fs::read_to_string(fdp_baseline_path(cfg.id)).ok()?;
+    let base: Value = serde_json::from_str(&text).ok()?;
+    let b = |k: &str| base[k].as_str().and_then(|s| s.parse::<u128>().ok());
+    let info = crate::nvme::FdpInfo::discover(&cfg.backing).ok()?;
+    let now = info.stats;
+    let host = now.hbmw.saturating_sub(b("hbmw")?);
+    let media = now.mbmw.saturating_sub(b("mbmw")?);
+    let erased = now.mbe.saturating_sub(b("mbe")?);
+    let ratio = if host > 0 { media as f64 / host as f64 } else { 0.0 };
+    Some(json!({"host_bytes": host as u64, "media_bytes": media as u64, "erased_bytes": erased as u64,
+                "media_host_ratio": ratio}))
+}
+
 pub fn remove_state(cfg: &DeviceConfig) {
     let _ = fs::remove_file(state_path(cfg.id));
     let _ = fs::remove_file(stats_path(cfg.id));
+    let _ = fs::remove_file(fdp_baseline_path(cfg.id));
     if let Some(n) = &cfg.name {
         let link = name_path(n);
         // Only remove the link if it still points at this device.

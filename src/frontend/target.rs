@@ -228,6 +228,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             if let Err(e) = state::write_state(c, std::process::id()) {
                 tracing::warn!("cannot write {}: {e}", state::state_path(c.id).display());
             }
+            state::record_fdp_baseline(c);
             if let Some(name) = &c.name {
                 if let Err(e) = state::link_name(name, c.id) {
                     tracing::warn!("cannot link {}: {e}", state::name_path(name).display());

@@ -18,6 +18,9 @@ expect "features" quiet "$FDPBLK" features
 expect "features --json reports write streams" bash -c "$FDPBLK features --json | grep -q '\"nvme0n1\":8'"
 sleep 1
 expect "stats --json counts the write" bash -c "$FDPBLK stats -n 3 --json | grep -q '\"write\":{\"bytes\":1048576'"
+host=$("$FDPBLK" stats -n 3 --json | sed -n 's/.*"fdp":{[^}]*"host_bytes":\([0-9]*\).*/\1/p')
+expect "stats: the drive's host bytes since add ($host) include the 1 MiB written" test "${host:-0}" -ge 1048576
+expect "stats text shows the drive's counters" bash -c "$FDPBLK stats -n 3 | grep -q 'drive since add: host'"
 pid=$(daemon_pid 3)
 expect "SIGTERM the daemon" kill -TERM "$pid"
 expect "daemon exits" bash -c "for i in \$(seq 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
