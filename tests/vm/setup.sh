@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the fdpblk VM harness on a Debian host (idempotent).
 #
-#   tests/vm/setup.sh [--refresh] [--no-packages] [--no-kernels]
+#   tests/vm/setup.sh [--refresh] [--no-packages] [--no-kernels] [--peer]
 #
 # 1. Host packages: QEMU >= 8.0 with FDP emulation (from <codename>-backports on
 #    bookworm; the backports source is written from the mirror URI found in the
@@ -12,6 +12,7 @@
 #      new  newest generic amd64 kernel in trixie-backports (must be >= 6.16)
 #      old  newest generic amd64 kernel < 6.16 in bookworm-backports (6.12 era)
 # 3. The initramfs for each kernel and tools/wstream.c -> $CACHE/bin/wstream.
+# 4. With --peer: rublk (the benchmark peer of tools/bench/ublk-bench.sh) into $CACHE/rublk.
 #
 # Cache: $FDPBLK_VM_CACHE (default /var/cache/fdpblk-vm). Once the cache is
 # complete, a rerun does no network access at all; --refresh re-resolves the
@@ -22,12 +23,13 @@ VM_LOG_PREFIX=setup
 # shellcheck source=lib/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
-REFRESH=0 PACKAGES=1 KERNELS=1
+REFRESH=0 PACKAGES=1 KERNELS=1 PEER=0
 while (($#)); do
     case $1 in
         --refresh) REFRESH=1 ;;
         --no-packages) PACKAGES=0 ;;
         --no-kernels) KERNELS=0 ;;
+        --peer) PEER=1 ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) vm_die "unknown option '$1' (see --help)" ;;
     esac
@@ -310,4 +312,12 @@ if ((KERNELS)); then
     done
 fi
 vm_log "wstream: $(vm_build_wstream)"
+# The benchmark peer (tools/bench/ublk-bench.sh): rublk's loop target, from the crates
+# registry, built once into the cache. Only with --peer: the tests do not need it.
+if ((PEER)) && [[ ! -x $VM_CACHE/rublk/bin/rublk ]]; then
+    command -v cargo >/dev/null || vm_die "--peer needs cargo to build rublk"
+    vm_log "building rublk (benchmark peer) into $VM_CACHE/rublk"
+    cargo install --locked --quiet rublk --root "$VM_CACHE/rublk"
+fi
+((PEER)) && vm_log "rublk: $VM_CACHE/rublk/bin/rublk"
 vm_log "ready (cache: $VM_CACHE)"

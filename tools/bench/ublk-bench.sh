@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 FDPBLK=${FDPBLK:-target/release/fdpblk}
 NS=${NS:-/dev/nvme0n1}
-RUBLK=${RUBLK:-$(command -v rublk || true)}
+# The peer: rublk's loop target, built by `tests/vm/setup.sh --peer`.
+CACHE=${FDPBLK_VM_CACHE:-/var/cache/fdpblk-vm}
+RUBLK=${RUBLK:-$(command -v rublk || { [[ -x $CACHE/rublk/bin/rublk ]] && echo "$CACHE/rublk/bin/rublk"; } || true)}
 SIZE=${SIZE:-256M}
 RUNTIME=${RUNTIME:-8}
 
@@ -31,16 +33,19 @@ measure() { # LABEL DEV
 }
 
 measure "raw $NS" "$NS"
-for engine in streams plain; do
-    policy=region
+NG=${NG:-/dev/ng0n1}
+for engine in streams passthrough plain; do
+    policy=region backing=$NS
     [[ $engine == plain ]] && policy=none
-    dev=$("$FDPBLK" add --backing "$NS" -n 0 --engine "$engine" --policy "$policy" \
+    [[ $engine == passthrough ]] && backing=$NG
+    dev=$("$FDPBLK" add --backing "$backing" -n 0 --engine "$engine" --policy "$policy" \
         --slot-bytes 64K --meta-total-bytes 1M -q 2 -d 128)
     measure "fdpblk $engine" "$dev"
     "$FDPBLK" del -n 0
 done
 if [[ -n $RUBLK ]]; then
     "$RUBLK" add loop -n 1 -f "$NS" -q 2 -d 128 >/dev/null
+    for _ in $(seq 50); do [[ -b /dev/ublkb1 ]] && break; sleep 0.1; done
     measure "rublk loop" /dev/ublkb1
     "$RUBLK" del -n 1
 fi
