@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# vm-kernel: new
+# vm-fdp: on
+# vm-timeout: 300
+# Data written through each engine reads back bit-identical through every other path
+# (the other engines and the raw namespace: LBA identity), and discard through each engine
+# makes reads return zeroes.
+. "$(dirname "$0")/../lib/check-lib.sh"
+. "$(dirname "$0")/../lib/fdpblk-lib.sh"
+need_tool fio blkdiscard cmp
+GEO=(--slot-bytes 64K --meta-total-bytes 1M)
+
+job() { # REGION DEV: fio arguments for region REGION (16 MiB at REGION*64 MiB) on DEV
+    echo --name="r$1" --filename="$2" --direct=1 --ioengine=io_uring --rw=randwrite --bs=16k \
+        --size=16M --offset=$(($1 * 64))M --iodepth=8 --verify=crc32c --randseed=$((100 + $1)) \
+        --verify_fatal=1 --output-format=terse
+}
+add() { # ENGINE
+    case $1 in
+        streams) fdpblk_add --backing "$NS_DEV" -n 0 --engine streams --policy region "${GEO[@]}" ;;
+        passthrough) fdpblk_add --backing "$NG_DEV" -n 0 --engine passthrough --policy region "${GEO[@]}" ;;
+        plain) fdpblk_add --backing "$NS_DEV" -n 0 --engine plain --policy none "${GEO[@]}" ;;
+    esac
+}
+
+engines=(streams passthrough plain)
+for i in 0 1 2; do
+    e=${engines[$i]}
+    dev=$(add "$e")
+    # shellcheck disable=SC2046
+    expect "$e writes region $i" quiet fio $(job "$i" "$dev") --do_verify=0
+    for j in $(seq 0 "$i"); do
+        # shellcheck disable=SC2046
+        expect "$e reads region $j (written by ${engines[$j]}) bit-identical" quiet fio $(job "$j" "$dev") --verify_only=1
+    done
+    # Discard a 1 MiB piece of this engine's region through the engine: zeroes after.
+    off=$((i * 64 + 32))
+    expect "$e: blkdiscard 1 MiB" blkdiscard -o $((off << 20)) -l 1048576 "$dev"
+    expect "$e: discarded range reads zeroes through ublk" \
+        bash -c "dd if=$dev bs=1M skip=$off count=1 iflag=direct status=none | cmp -s - <(head -c 1048576 /dev/zero)"
+    expect "$e: and on the raw namespace" \
+        bash -c "dd if=$NS_DEV bs=1M skip=$off count=1 iflag=direct status=none | cmp -s - <(head -c 1048576 /dev/zero)"
+    expect "$e: del" "$FDPBLK" del -n 0
+done
+for j in 0 1 2; do
+    # shellcheck disable=SC2046
+    expect "raw $NS_DEV reads region $j bit-identical (LBA identity)" quiet fio $(job "$j" "$NS_DEV") --verify_only=1 --offset=$((j * 64))M --size=16M
+done
+check_done
