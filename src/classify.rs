@@ -250,11 +250,7 @@ mod tests {
     use crate::layout::GeometryConfig;
     use proptest::prelude::*;
 
-    fn geom() -> Geometry {
-        GeometryConfig { block_align: 4096, header_bytes: 4096, slot_bytes: 65536, meta_total_bytes: 1 << 20, capacity_bytes: 0 }
-            .validate(4 << 20)
-            .unwrap()
-    }
+    use crate::test_fixtures::small_geometry as geom;
 
     fn run(g: &Geometry, op: Op, off: u64, len: u64, data: Option<&[u8]>) -> Vec<Extent> {
         let mut v = Vec::new();

@@ -11,4 +11,6 @@ pub mod pipeline;
 pub mod place;
 pub mod sim;
 pub mod slot_table;
+#[cfg(test)]
+pub mod test_fixtures;
 pub mod watch;

@@ -388,14 +388,9 @@ mod tests {
     use super::*;
     use crate::engine::sim::SimEngine;
     use crate::layout::slot_header::SlotHeader;
-    use crate::layout::GeometryConfig;
     use crate::place::{NonePolicy, RegionPolicy};
 
-    fn geom() -> Geometry {
-        GeometryConfig { block_align: 4096, header_bytes: 4096, slot_bytes: 65536, meta_total_bytes: 1 << 20, capacity_bytes: 0 }
-            .validate(4 << 20)
-            .unwrap()
-    }
+    use crate::test_fixtures::small_geometry as geom;
 
     #[test]
     fn payload_follows_header_and_segments_merge() {

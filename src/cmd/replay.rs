@@ -261,7 +261,7 @@ mod tests {
 
     #[test]
     fn fixture_traces_classify_like_the_capture_says() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6");
+        let root = crate::test_fixtures::fixtures_dir();
         for scen in ["legacy-basic", "object-evict.io_uring", "object-multitenant.odirect", "reopen"] {
             let dir = root.join(scen);
             let img = std::fs::read(dir.join("device.img")).unwrap();

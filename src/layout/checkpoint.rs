@@ -88,13 +88,7 @@ pub fn read_entries<D: ReadAt + ?Sized>(
 mod tests {
     use super::*;
     use crate::layout::GeometryConfig;
-
-    fn fixture(s: &str) -> (Vec<u8>, serde_json::Value) {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6").join(s);
-        let img = std::fs::read(dir.join("device.img")).unwrap();
-        let m = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
-        (img, m)
-    }
+    use crate::test_fixtures::fixture;
 
     fn geom_of(m: &serde_json::Value, size: u64) -> Geometry {
         let g = &m["geometry"];

@@ -248,13 +248,7 @@ fn geometry_prefix(buf: &[u8]) -> Option<serde_json::Map<String, serde_json::Val
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fixture(s: &str) -> (Vec<u8>, serde_json::Value) {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6").join(s);
-        let img = std::fs::read(dir.join("device.img")).unwrap();
-        let m = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
-        (img, m)
-    }
+    use crate::test_fixtures::fixture;
 
     #[test]
     fn every_fixture_from_its_checkpoint_alone() {

@@ -204,10 +204,7 @@ pub fn percent_decode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fixtures() -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6")
-    }
+    use crate::test_fixtures::fixtures_dir as fixtures;
 
     #[test]
     fn reference_vector() {

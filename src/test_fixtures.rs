@@ -1,0 +1,25 @@
+//! Test helpers shared by the unit tests: the LMCache fixtures beside the repository and a
+//! small standard geometry.
+
+use crate::layout::{Geometry, GeometryConfig};
+use std::path::PathBuf;
+
+/// The LMCache 0.5.6 fixtures (real images, manifests and I/O captures).
+pub fn fixtures_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6")
+}
+
+/// A scenario's device image and manifest.
+pub fn fixture(scenario: &str) -> (Vec<u8>, serde_json::Value) {
+    let dir = fixtures_dir().join(scenario);
+    let img = std::fs::read(dir.join("device.img")).unwrap();
+    let m = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    (img, m)
+}
+
+/// The fixtures' geometry on a 4 MiB device: 1 MiB metadata, 64 KiB slots (48 of them).
+pub fn small_geometry() -> Geometry {
+    GeometryConfig { block_align: 4096, header_bytes: 4096, slot_bytes: 65536, meta_total_bytes: 1 << 20, capacity_bytes: 0 }
+        .validate(4 << 20)
+        .unwrap()
+}
