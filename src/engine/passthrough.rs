@@ -512,32 +512,32 @@ impl PassthroughEngine {
         self.slab.borrow().inflight
     }
 
-    /// The completion task: run it on the queue's executor beside the tag tasks, and keep it
-    /// out of the set that decides when the queue is done. It returns once the queue stops
-    /// and no command is in flight; a reaper still waiting then is simply dropped with the
-    /// executor (its poll dies with the queue ring).
+    /// The completion task: run it on the queue's executor beside the tag tasks, keep it out
+    /// of the set that decides when the queue is done, and drop it once the queue loop has
+    /// returned (its armed poll goes away with the queue ring). It does not end by itself
+    /// when the queue starts stopping: tag tasks finish the request they hold, and may start
+    /// NVMe commands, before they see the abort. Only a cancelled poll of a stopping queue
+    /// (the ring being torn down) ends it.
     pub async fn reap(&self, q: &UblkQueue<'_>) {
         let mut logged = false;
         loop {
             self.complete();
-            if q.is_stopping() && self.inflight() == 0 {
-                break;
-            }
             let poll = opcode::PollAdd::new(types::Fd(self.efd.as_raw_fd()), libc::POLLIN as u32).build();
             let res = q.ublk_submit_sqe(poll).await;
-            if res < 0 && res != -libc::EINTR {
-                // -ECANCELED when the queue ring goes away. Otherwise keep reaping, by time.
-                if res == -libc::ECANCELED && q.is_stopping() && self.inflight() == 0 {
-                    break;
-                }
-                if !logged {
-                    tracing::warn!("passthrough: poll on the completion eventfd failed ({res}); polling every 1 ms");
-                    logged = true;
-                }
-                let ts = types::Timespec::new().nsec(1_000_000);
-                let _ = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
-            }
             self.drain_eventfd();
+            if res >= 0 || res == -libc::EINTR {
+                continue;
+            }
+            if res == -libc::ECANCELED && q.is_stopping() {
+                break;
+            }
+            // Keep reaping, by time.
+            if !logged {
+                tracing::warn!("passthrough: poll on the completion eventfd failed ({res}); polling every 1 ms");
+                logged = true;
+            }
+            let ts = types::Timespec::new().nsec(1_000_000);
+            let _ = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
         }
         self.complete();
     }

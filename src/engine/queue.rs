@@ -8,6 +8,7 @@ use libublk::io::UblkQueue;
 
 /// Results follow ublk's completion rules: bytes done for reads and writes, 0 for the other
 /// operations, a negative errno on failure.
+#[allow(clippy::large_enum_variant)] // one per queue thread, never moved on the data path
 pub enum QueueEngine {
     /// `plain` and `streams`: I/O on the ublk queue's own ring.
     Uring(UringEngine),
