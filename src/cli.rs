@@ -142,6 +142,10 @@ pub struct AddArgs {
     /// committed checkpoints no longer list it).
     #[arg(long)]
     pub no_trim: bool,
+    /// How often (ms) fdpblk writes its own state (what changed) to the reserved tail of the
+    /// backing; 0: only when the device starts and stops.
+    #[arg(long, default_value_t = 5000)]
+    pub persist_interval_ms: u64,
 }
 
 #[derive(Args, Debug)]

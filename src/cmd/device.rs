@@ -207,6 +207,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         pids: probe.map(|p| p.pids).unwrap_or_default(),
         header_wait_us: a.header_wait_us,
         trim: !a.no_trim,
+        persist_interval_ms: a.persist_interval_ms,
     })
 }
 

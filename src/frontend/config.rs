@@ -69,6 +69,8 @@ pub struct DeviceConfig {
     pub header_wait_us: u64,
     /// Deallocate slots LMCache evicted (`--no-trim` turns it off).
     pub trim: bool,
+    /// Own-state persist interval; 0 = only at start and stop.
+    pub persist_interval_ms: u64,
 }
 
 impl DeviceConfig {
@@ -81,6 +83,7 @@ impl DeviceConfig {
             "geometry": {"block_align": g.block_align, "header_bytes": g.header_bytes, "slot_bytes": g.slot_bytes,
                          "meta_total_bytes": g.meta_total_bytes, "capacity_bytes": g.capacity_bytes},
             "streams": self.streams, "pids": self.pids, "header_wait_us": self.header_wait_us, "trim": self.trim,
+            "persist_interval_ms": self.persist_interval_ms,
         })
     }
 
@@ -123,6 +126,7 @@ impl DeviceConfig {
                 .unwrap_or_default(),
             header_wait_us: u("header_wait_us").unwrap_or(5000),
             trim: v.get("trim").and_then(Value::as_bool).unwrap_or(true),
+            persist_interval_ms: u("persist_interval_ms").unwrap_or(5000),
         })
     }
 }
@@ -161,9 +165,10 @@ mod tests {
             pids: Vec::new(),
             header_wait_us: 5000,
             trim: true,
+            persist_interval_ms: 5000,
         };
         assert_eq!(DeviceConfig::from_json(&c.to_json()).unwrap(), c);
-        let n = DeviceConfig { trim: false, ..c.clone() };
+        let n = DeviceConfig { trim: false, persist_interval_ms: 0, ..c.clone() };
         assert_eq!(DeviceConfig::from_json(&n.to_json()).unwrap(), n);
         let mut old = c.to_json();
         old.as_object_mut().unwrap().remove("trim");

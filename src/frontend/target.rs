@@ -287,7 +287,11 @@ fn start_watcher(cfg: &DeviceConfig, backing: &std::fs::File, slots: &Arc<SlotTa
         }
     };
     let own = policy_by_name(&cfg.policy).map_or(0, |mut p| p.place(&Target::OwnState));
-    let wc = WatchConfig { trim: cfg.trim, device: cfg.id, ..WatchConfig::default() };
+    let persist_interval = match cfg.persist_interval_ms {
+        0 => Duration::MAX,
+        ms => Duration::from_millis(ms),
+    };
+    let wc = WatchConfig { trim: cfg.trim, device: cfg.id, persist_interval, ..WatchConfig::default() };
     let w = Watcher::new(cfg.geometry, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
     let l = w.loaded();
     tracing::info!(

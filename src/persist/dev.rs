@@ -6,8 +6,8 @@
 //! - [`BlockDev`]: a block device or file (`plain` and `streams` engines). Its own descriptor
 //!   (a `dup` of the backing's, so O_DIRECT); reads and writes go through an aligned bounce
 //!   buffer; placement for `streams` is an io_uring write carrying `write_stream` (the same
-//!   field the queue engine uses); deallocation is `fallocate(PUNCH_HOLE)` (a TRIM / write
-//!   zeroes with deallocate on NVMe; reads return zeroes).
+//!   field the queue engine uses); deallocation is `BLKDISCARD` on a block device (Dataset
+//!   Management deallocate on NVMe) and `fallocate(PUNCH_HOLE)` on a file.
 //! - [`NvmeDev`]: an NVMe generic char device (`passthrough` engine), synchronous NVMe
 //!   commands by ioctl: Read, Write with the Data Placement directive of the handle's
 //!   placement identifier, Dataset Management deallocate, Flush.
@@ -111,6 +111,7 @@ pub struct BlockDev {
     /// Logical handle -> write stream (1-based; 0 = none); `None`: plain writes.
     streams: Option<Vec<u8>>,
     ring: Option<Mutex<io_uring::IoUring>>,
+    bdev: bool,
 }
 
 impl BlockDev {
@@ -121,7 +122,9 @@ impl BlockDev {
             Some(s) if s.iter().any(|&x| x != 0) => Some(Mutex::new(io_uring::IoUring::new(4)?)),
             _ => None,
         };
-        Ok(Self { file, size, streams, ring })
+        use std::os::unix::fs::FileTypeExt;
+        let bdev = file.metadata()?.file_type().is_block_device();
+        Ok(Self { file, size, streams, ring, bdev })
     }
 
     fn pread_exact(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
@@ -189,6 +192,22 @@ impl StateWriter for BlockDev {
     }
 
     fn discard(&self, off: u64, len: u64) -> io::Result<()> {
+        if self.bdev {
+            // BLKDISCARD: Dataset Management deallocate on NVMe (a TRIM), the drive's own way
+            // to drop the data; QEMU's `discard=unmap` and most drives read zeroes after it.
+            const BLKDISCARD: libc::c_ulong = 0x1277;
+            let range = [off, len];
+            // SAFETY: BLKDISCARD reads two u64 through the pointer, which outlives the call.
+            let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), BLKDISCARD as _, range.as_ptr()) };
+            if rc == 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                return Err(e);
+            }
+        }
+        // Files (and devices without discard): punch a hole; reads return zeroes.
         // SAFETY: fallocate on an owned descriptor.
         let rc = unsafe {
             libc::fallocate(self.file.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, off as libc::off_t, len as libc::off_t)

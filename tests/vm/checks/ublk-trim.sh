@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# vm-kernel: new
+# vm-fdp: on
+# vm-timeout: 480
+# fdpblk deallocates the slots LMCache evicted. tools/rawblock_writer (LMCache 0.5.6
+# raw_block's I/O) puts, deletes and checkpoints through /dev/ublkb0; once two committed
+# checkpoints no longer list a slot, the slot reads back as zeroes (through /dev/ublkb0 and
+# on the namespace), every live entry still verifies, and fdpblk stats counts the trims on
+# the slots' handle. fdpblk's own state goes to its own placement ID. fdpblk is killed
+# (SIGKILL) and recovered, the writer restarts (reopens from the device): the slot table,
+# the identity history and the counters come back, and later evictions are deallocated
+# again. A clean del + add keeps them too.
+. "$(dirname "$0")/../lib/check-lib.sh"
+. "$(dirname "$0")/../lib/fdpblk-lib.sh"
+need_tool jq nvme dd cmp blkdiscard blockdev
+
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+RBW=$ROOT/target/release/rawblock-writer
+[[ -x $RBW ]] || check_fatal "no $RBW: run 'cargo build --release' on the host first"
+DEV=/dev/ublkb0
+STATE=/tmp/ublk-trim.state
+OUT=${FDPBLK_CHECK_OUT:-/tmp}
+GEOM=(--slot-bytes 64K --meta-total-bytes 1M)
+rm -f "$STATE"
+# Checks in one boot share the drive: start without LMCache checkpoints or saved fdpblk state
+# (the reserved tail: max(8 MiB, size / 4096 rounded up to 1 MiB)).
+size=$(blockdev --getsize64 "$NS_DEV")
+tail_bytes=$(((size / 4096 + (1 << 20) - 1) / (1 << 20) * (1 << 20)))
+((tail_bytes < 8 << 20)) && tail_bytes=$((8 << 20))
+wipe() {
+    blkdiscard -o 0 -l $((1 << 20)) "$NS_DEV" && blkdiscard -o $((size - tail_bytes)) -l "$tail_bytes" "$NS_DEV"
+}
+wipe || check_fatal "blkdiscard of the metadata region and the reserved tail"
+# ... and leave none for the next check.
+trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true; wipe || true' EXIT
+
+# writer NAME ARGS...: one rawblock-writer run (one LMCache process) with the index kept in
+# $STATE; its stats JSON goes to $OUT/trim-NAME.json.
+writer() {
+    local name=$1
+    shift
+    if "$RBW" --device "$DEV" "${GEOM[@]}" --engine posix --odirect --state "$STATE" -q "$@" stats \
+        >"$OUT/trim-$name.json" 2>"$OUT/trim-$name.err"; then
+        ok "$name: rawblock-writer $*"
+    else
+        sed 's/^/    /' "$OUT/trim-$name.err"
+        not_ok "$name: rawblock-writer $*"
+    fi
+}
+
+# wfield NAME PATH: a field of the writer's stats of run NAME (jq path).
+wfield() { jq -c ".$2" "$OUT/trim-$1.json"; }
+
+# stat PATH: a field of `fdpblk stats -n 0 --json` (jq path), compact JSON.
+stat() { "$FDPBLK" stats -n 0 --json 2>/dev/null | jq -c ".$1"; }
+
+# wait_stat PATH WANT: until fdpblk's stats (refreshed twice a second) show WANT.
+wait_stat() {
+    local got
+    for _ in $(seq 80); do
+        got=$(stat "$1")
+        [[ $got == "$2" ]] && break
+        sleep 0.25
+    done
+    expect_eq "fdpblk stats $1" "$got" "$2"
+}
+
+# free_zero DEV: "Z/F": of the writer's F free slots (all written once), Z read back as zeroes
+# (O_DIRECT reads: no page cache in between). Slot s is at 1 MiB + s * 64 KiB.
+free_zero() {
+    local s zero=0 n=0
+    for s in $(jq -r '.free[]' "$STATE"); do
+        n=$((n + 1))
+        cmp -s <(dd if="$1" bs=64K skip=$((16 + s)) count=1 iflag=direct status=none) <(head -c 65536 /dev/zero) &&
+            zero=$((zero + 1))
+    done
+    echo "$zero/$n"
+}
+
+add_device() {
+    local dev
+    dev=$(fdpblk_add --backing "$NS_DEV" -n 0 --engine streams --policy region "$@")
+    expect_eq "fdpblk add $*" "$dev" "$DEV"
+    for _ in $(seq 100); do [[ -b $DEV && -e /run/fdpblk/0.stats.json ]] && return 0; sleep 0.1; done
+    check_fatal "$DEV or its stats did not appear"
+}
+
+r0=$(ruamw) || check_fatal "nvme fdp status failed"
+add_device "${GEOM[@]}"
+expect_eq "deallocation on by default" "$(stat trim.enabled)" true
+
+# 24 puts, then a second checkpoint: the 24 are confirmed (listed with their identity by a
+# checkpoint taken after a checkpoint that followed their writes).
+writer fill put 24 checkpoint put 2 checkpoint
+wait_stat checkpoint_seq 2
+wait_stat slots.live 24
+# Delete the 8 oldest: the next checkpoint (seq 3, container 0) lacks them but container 1
+# (seq 2) still lists them; after seq 4 (container 1) neither does.
+writer evict delete 8 checkpoint
+wait_stat checkpoint_seq 3
+expect_eq "nothing deallocated while one container still lists the slots" "$(stat trim.trims)" 0
+writer evict2 delete 1 checkpoint
+wait_stat checkpoint_seq 4
+wait_stat trim.trims 8
+wait_stat trim.handles '{"2":8}'
+wait_stat slots.trimmed 8
+wait_stat slots.evicted 1
+expect_eq "evicted slots read zeroes through $DEV (zeroed/free)" "$(free_zero "$DEV")" "8/9"
+expect_eq "and on $NS_DEV" "$(free_zero "$NS_DEV")" "8/9"
+writer verify verify
+expect_eq "every live entry verifies" "$(wfield verify run.verified)" 17
+
+# Own state: written within a persist interval (5 s), on placement ID 3 (handle OwnState).
+sleep 6
+r1=$(ruamw)
+used3=$(ruamw_used "$r0" "$r1" 3)
+expect "own state on placement ID 3 ($used3 blocks)" test "$used3" -gt 0
+own=$(stat own_state.bytes_written)
+host=$(stat pipeline.ops.write.bytes)
+echo "    own state: $own bytes written for $host host bytes"
+expect "own state written" test "$own" -gt 0
+inspect=$("$FDPBLK" inspect "$NS_DEV" --json | jq -r '.fdpblk_state | "\(.slots.with_header) \(.slots.trimmed) \(.trims) \(.identity_history >= 9)"')
+expect_eq "fdpblk inspect $NS_DEV: slots, trimmed, trims, history >= 9" "$inspect" "26 8 8 true"
+
+# fdpblk crashes and is recovered; LMCache (the writer) restarts and reopens the device.
+old=$(daemon_pid 0)
+expect "SIGKILL fdpblk ($old)" kill -9 "$old"
+if "$FDPBLK" recover -n 0 >"$OUT/trim-recover.log" 2>&1; then ok "fdpblk recover"; else
+    cat "$OUT/trim-recover.log" /run/fdpblk/daemon.log
+    not_ok "fdpblk recover"
+fi
+for _ in $(seq 40); do [[ $(daemon_pid 0) != "$old" ]] && break; sleep 0.25; done
+wait_stat own_state.loaded true
+wait_stat own_state.loaded_clean false
+wait_stat slots.with_header 26
+wait_stat trim.trims 8
+wait_stat slots.trimmed 8
+hist=$(stat slots.identity_history)
+expect "identity history back ($hist >= 9)" test "$hist" -ge 9
+writer reopen reopen verify
+expect_eq "reopen: entries recovered" "$(wfield reopen run.recovered)" 17
+expect_eq "reopen: entries verified" "$(wfield reopen run.verified)" 17
+# After an unclean stop, contents are confirmed again by the second checkpoint; evictions
+# after that are deallocated (the eviction pending at the crash is forgotten: a missed trim,
+# never a wrong one). One checkpoint at a time, as LMCache (at least 1 s apart): fdpblk reads
+# each back before the next overwrites its container.
+writer again1 delete 1 checkpoint
+wait_stat checkpoint_seq 5
+writer again2 delete 1 checkpoint
+wait_stat checkpoint_seq 6
+writer again3 delete 4 checkpoint
+wait_stat checkpoint_seq 7
+writer again delete 1 checkpoint verify
+wait_stat checkpoint_seq 8
+wait_stat trim.trims 12
+expect_eq "evicted slots read zeroes (zeroed/free)" "$(free_zero "$DEV")" "12/16"
+expect_eq "every live entry verifies" "$(wfield again run.verified)" 10
+
+# A clean stop keeps everything, confirmations included.
+sleep 6
+expect "fdpblk del" "$FDPBLK" del -n 0
+add_device
+wait_stat own_state.loaded_clean true
+wait_stat trim.trims 12
+wait_stat slots.with_header 26
+writer clean reopen verify
+expect_eq "after del + add: entries verified" "$(wfield clean run.verified)" 10
+expect "fdpblk del" "$FDPBLK" del -n 0
+check_done
