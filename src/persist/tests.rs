@@ -161,10 +161,10 @@ type Variant = (Option<(usize, usize)>, Vec<usize>);
 
 #[test]
 fn crash_at_every_write_boundary_loads_a_committed_state() {
-    let g = geom(1200);
+    let g = geom(4000);
     let mut rng = Rng(7);
     let mut checked = 0;
-    for round in 0..10 {
+    for round in 0..12 {
         let t = SlotTable::new(g.max_slots);
         let region = region_for(&t);
         let dev = MemDev::new(region.len);
@@ -175,7 +175,7 @@ fn crash_at_every_write_boundary_loads_a_committed_state() {
         let img_a = dev.image();
         dev.take_log();
         // Cycle B changes a few pages (scattered and adjacent), the history and the tags.
-        mutate(&t, &mut rng, 5 + round * 7);
+        mutate(&t, &mut rng, 2 + round * 2);
         let snap_b = snapshot(&t);
         p.cycle(&dev, &t, &Counters { trims: 1, ..Counters::default() }, true, false).unwrap().unwrap();
         let ops = dev.take_log();
@@ -211,6 +211,9 @@ fn crash_at_every_write_boundary_loads_a_committed_state() {
                 let want = if sb_durable { &snap_b } else { &snap_a };
                 assert!(got == *want, "round {round} cut {p_cut} torn {torn:?} drop {drop:?}: loaded state is not the committed one (sb durable {sb_durable})");
                 checked += 1;
+                if checked % 5 != 0 {
+                    continue;
+                }
                 // The next run continues from there: one more cycle, then a crash in it
                 // before its superblock, must still load the state loaded here; a complete
                 // one loads the new state.
@@ -231,7 +234,8 @@ fn crash_at_every_write_boundary_loads_a_committed_state() {
             }
         }
     }
-    assert!(checked > 200, "{checked}");
+    eprintln!("{checked} crash variants (cut, torn, lost unflushed writes) loaded a committed state");
+    assert!(checked > 1500, "{checked}");
 }
 
 #[test]
