@@ -96,6 +96,15 @@ pub struct ReplayArgs {
     /// Size of the replayed device; default: the device's size, else the trace's furthest byte.
     #[arg(long, value_parser = parse_size)]
     pub device_size: Option<u64>,
+    /// Also run the placed writes into the FDP SSD model (garbage collection, WAF).
+    #[arg(long)]
+    pub ssd: bool,
+    /// Over-provisioning of the modelled SSD, as a fraction of physical space.
+    #[arg(long, default_value_t = 0.07)]
+    pub ssd_op: f64,
+    /// Reclaim unit size of the modelled SSD (default: 6 GB per 1.88 TB, scaled to the device).
+    #[arg(long, value_parser = parse_size)]
+    pub ssd_ru_size: Option<u64>,
     #[command(flatten)]
     pub geometry: GeometryArgs,
 }

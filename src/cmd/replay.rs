@@ -74,6 +74,8 @@ pub struct ReplayReport {
     pub identities: BTreeSet<u64>,
     pub pipeline: crate::pipeline::PipelineStats,
     pub engine: crate::engine::sim::SimCounters,
+    /// `--ssd`: the SSD model's counters and WAF.
+    pub ssd: Option<Value>,
 }
 
 impl ReplayReport {
@@ -100,12 +102,24 @@ impl ReplayReport {
             "identities": self.identities.iter().collect::<Vec<_>>(),
             "handles": handles,
             "payload_fallbacks": self.pipeline.payload_fallbacks,
+            "ssd": self.ssd,
         })
     }
 }
 
 /// Replays parsed requests through a pipeline with `policy` into a simulated drive.
 pub fn replay(geometry: Geometry, policy: &str, size: u64, trace: impl IntoIterator<Item = TraceRequest>) -> Result<ReplayReport, String> {
+    replay_into(geometry, policy, size, trace, None)
+}
+
+/// `replay`, with the placed writes also run into the SSD model when `ssd` is given.
+pub fn replay_into(
+    geometry: Geometry,
+    policy: &str,
+    size: u64,
+    trace: impl IntoIterator<Item = TraceRequest>,
+    mut ssd: Option<crate::sim::dev::TraceSsd>,
+) -> Result<ReplayReport, String> {
     let p = policy_by_name(policy)
         .ok_or_else(|| format!("unknown policy \"{policy}\"; choose one of {}", POLICY_NAMES.join(", ")))?;
     let handles = p.handles();
@@ -137,6 +151,14 @@ pub fn replay(geometry: Geometry, policy: &str, size: u64, trace: impl IntoItera
             Op::Discard => crate::engine::Engine::discard(&mut engine, t.offset, t.len),
             Op::WriteZeroes => crate::engine::Engine::write_zeroes(&mut engine, t.offset, t.len),
         };
+        if let (Some(d), true) = (&mut ssd, res.is_ok()) {
+            let r = match t.op {
+                Op::Write => segments.iter().try_for_each(|s| d.write(*s)),
+                Op::Discard | Op::WriteZeroes => d.deallocate(t.offset, t.len),
+                _ => Ok(()),
+            };
+            r.map_err(|e| format!("simulated SSD: {e}"))?;
+        }
         if res.is_err() {
             errors += 1;
         }
@@ -149,6 +171,10 @@ pub fn replay(geometry: Geometry, policy: &str, size: u64, trace: impl IntoItera
         identities,
         pipeline: pipeline.stats(),
         engine: engine.counters,
+        ssd: match &mut ssd {
+            Some(d) => Some(d.finish().map_err(|e| format!("simulated SSD: {e}"))?),
+            None => None,
+        },
     })
 }
 
@@ -195,7 +221,13 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
             (g, size)
         }
     };
-    let report = replay(geometry, &a.policy, size, trace)?;
+    let ssd = if a.ssd {
+        let handles = policy_by_name(&a.policy).map_or(1, |p| p.handles());
+        Some(crate::sim::dev::TraceSsd::new(size, &geometry, a.ssd_op, a.ssd_ru_size, handles)?)
+    } else {
+        None
+    };
+    let report = replay_into(geometry, &a.policy, size, trace, ssd)?;
     if a.json {
         println!("{}", report.to_json());
     } else {
@@ -214,6 +246,17 @@ fn print_text(r: &ReplayReport) {
     println!("{:<8} {:>16}", "handle", "bytes written");
     for (h, b) in &r.engine.bytes_by_handle {
         println!("{h:<8} {b:>16}");
+    }
+    if let Some(s) = &r.ssd {
+        println!(
+            "simulated SSD: WAF {} (host {} bytes, media {} bytes, relocated {} bytes; RU {} bytes, {} handles)",
+            s["waf"].as_f64().map_or("-".to_string(), |w| format!("{w:.3}")),
+            s["host_bytes"],
+            s["media_bytes"],
+            s["relocated_bytes"],
+            s["ru_bytes"],
+            s["handles"]
+        );
     }
 }
 

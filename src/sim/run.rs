@@ -1,0 +1,970 @@
+//! One simulation run: the LMCache workload model → its block requests → fdpblk's real
+//! pipeline (classify → place, with the chosen policy) → the FDP SSD model. Where fdpblk runs
+//! (every policy but the `none` and `lmcache-fdp` baselines, and any run with `--trim on`),
+//! its real state thread ([`crate::watch::Watcher`]) runs beside the pipeline: it reads every
+//! committed checkpoint back off the simulated device, deallocates the slots LMCache evicted
+//! (issue #6's rule, when trim is on) and writes fdpblk's own state, all into the same SSD
+//! model. The stale-tail rule (`super::trim`) is the simulator's own, proposed for the state
+//! thread.
+//!
+//! Phases: warm-up (LMCache writes `warmup` × its capacity), then a measured window of at least
+//! `measure` × the device's logical capacity of host writes; the steady-state WAF is
+//! Δmedia / Δhost over that window (reference `fdp-waf.md` §8).
+
+use super::dev::{SimDev, WriteCombiner};
+use super::trim::stale_tail;
+use super::workload::{BlockIo, IoShaper, LmOp, LmcacheFdpMode, Workload, WorkloadSpec, WorkloadStats};
+use super::{HandleType, Ssd, SsdConfig, SsdCounters, Victim};
+use crate::classify::Op;
+use crate::frontend::config::exported_bytes;
+use crate::layout::Geometry;
+use crate::persist::Region;
+use crate::pipeline::{HeaderWait, Pipeline, Request, Segment};
+use crate::place::{policy_by_name, LmcacheFdpPolicy, Observation, Policy, SharedPolicy, Target, POLICY_NAMES};
+use crate::watch::{WatchConfig, Watcher};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use std::time::Instant;
+
+const MIB: u64 = 1 << 20;
+
+/// PM9D3a-class anchor (reference §5): a 6 GB reclaim unit on a 1.88 TB drive.
+pub const RU_PER_DEVICE: f64 = 6.0e9 / 1.88e12;
+
+/// The simulated drive.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DriveSpec {
+    /// Logical capacity (the namespace).
+    pub logical_bytes: u64,
+    /// Over-provisioning as a fraction of physical space.
+    pub op: f64,
+    /// Reclaim unit size; 0: the PM9D3a ratio (6 GB per 1.88 TB) scaled to `logical_bytes`.
+    pub ru_bytes: u64,
+    /// Mapping unit; 0: the largest power of two up to 1 MiB that divides the slot size and the
+    /// metadata region (slots then map to whole units).
+    pub unit_bytes: u64,
+    pub handles: u16,
+    pub handle_type: HandleType,
+    pub victim: Victim,
+}
+
+impl Default for DriveSpec {
+    fn default() -> Self {
+        DriveSpec {
+            logical_bytes: 1_880_000_000_000,
+            op: 0.07,
+            ru_bytes: 0,
+            unit_bytes: 0,
+            handles: 8,
+            handle_type: HandleType::InitiallyIsolated,
+            victim: Victim::Greedy,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    pub workload: WorkloadSpec,
+    pub drive: DriveSpec,
+    pub policy: String,
+    /// Share of the device LMCache may use (its `capacity_bytes`).
+    pub utilization: f64,
+    /// fdpblk deallocates what LMCache no longer references (see `trim_rules`).
+    pub trim: bool,
+    /// Which trim rules: evicted slots (issue #6's two-checkpoint rule) and stale tails.
+    pub trim_slots: bool,
+    pub trim_tails: bool,
+    pub seed: u64,
+    /// Warm-up: LMCache writes this many times its capacity first.
+    pub warmup: f64,
+    /// Measured window: at least this many device capacities of host writes.
+    pub measure: f64,
+    /// Record data lifetimes by write class (for the key-aware design).
+    pub probe: bool,
+}
+
+/// The mapping unit for a workload: largest power of two ≤ 1 MiB dividing both sizes.
+pub fn auto_unit(slot_bytes: u64, meta_total_bytes: u64) -> u64 {
+    let g = gcd(slot_bytes, meta_total_bytes);
+    let mut u = MIB;
+    while u > 512 && g % u != 0 {
+        u /= 2;
+    }
+    u
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Lifetime statistics of one write class: lifetimes in cache turnovers (puts / slots).
+#[derive(Clone, Debug, Default)]
+pub struct ClassLife {
+    pub writes: u64,
+    pub deaths: u64,
+    pub sum: f64,
+    /// Log-spaced histogram: bin i holds lifetimes in [2^(i/4 − 8), 2^((i+1)/4 − 8)).
+    pub hist: Vec<u64>,
+}
+
+const HIST_BINS: usize = 80;
+
+impl ClassLife {
+    fn add(&mut self, t: f64) {
+        if self.hist.is_empty() {
+            self.hist = vec![0; HIST_BINS];
+        }
+        self.deaths += 1;
+        self.sum += t;
+        let b = ((t.max(1e-9).log2() + 8.0) * 4.0).floor().clamp(0.0, (HIST_BINS - 1) as f64) as usize;
+        self.hist[b] += 1;
+    }
+    /// The q-quantile of the lifetimes (bin lower edge).
+    pub fn quantile(&self, q: f64) -> f64 {
+        let target = (self.deaths as f64 * q).ceil() as u64;
+        let mut acc = 0;
+        for (i, &n) in self.hist.iter().enumerate() {
+            acc += n;
+            if acc >= target.max(1) {
+                return 2f64.powf(i as f64 / 4.0 - 8.0);
+            }
+        }
+        f64::NAN
+    }
+    pub fn mean(&self) -> f64 {
+        self.sum / self.deaths.max(1) as f64
+    }
+}
+
+/// Which class a put falls in, from what the simulator knows exactly.
+pub const CLASS_NAMES: [&str; 6] = [
+    "first, full",
+    "first, partial",
+    "returning, unread",
+    "returning, partial",
+    "returning, read before",
+    "returning, read, partial",
+];
+
+/// Data lifetimes by write class, measured in the run's window (the evidence behind key-aware).
+#[derive(Clone, Debug, Default)]
+pub struct Probe {
+    /// Per tenant, per class.
+    pub classes: Vec<[ClassLife; 6]>,
+    birth: Vec<u64>,
+    class: Vec<u8>,
+    tenant: Vec<u32>,
+    seen: HashMap<u64, (u32, u32)>,
+    slot_identity: Vec<u64>,
+    puts: u64,
+    slots: u64,
+    recording: bool,
+}
+
+impl Probe {
+    fn new(slots: u64, tenants: usize) -> Self {
+        Probe {
+            classes: vec![Default::default(); tenants],
+            birth: vec![u64::MAX; slots as usize],
+            class: vec![0; slots as usize],
+            tenant: vec![0; slots as usize],
+            slot_identity: vec![0; slots as usize],
+            slots,
+            ..Default::default()
+        }
+    }
+    fn death(&mut self, slot: u64) {
+        let i = slot as usize;
+        if self.birth[i] != u64::MAX {
+            if self.recording {
+                let t = (self.puts - self.birth[i]) as f64 / self.slots as f64;
+                self.classes[self.tenant[i] as usize][self.class[i] as usize].add(t);
+            }
+            self.birth[i] = u64::MAX;
+        }
+    }
+    fn put(&mut self, slot: u64, identity: u64, partial: bool, tenant: u32) {
+        self.death(slot);
+        self.puts += 1;
+        let (writes, reads) = self.seen.get(&identity).copied().unwrap_or((0, 0));
+        let class = match (writes > 0, reads > 0, partial) {
+            (false, _, false) => 0,
+            (false, _, true) => 1,
+            (true, false, false) => 2,
+            (true, false, true) => 3,
+            (true, true, false) => 4,
+            (true, true, true) => 5,
+        };
+        self.seen.insert(identity, (writes + 1, reads));
+        let i = slot as usize;
+        self.birth[i] = self.puts;
+        self.class[i] = class;
+        self.tenant[i] = tenant;
+        self.slot_identity[i] = identity;
+        if self.recording {
+            self.classes[tenant as usize][class as usize].writes += 1;
+        }
+    }
+    fn read(&mut self, slot: u64) {
+        let id = self.slot_identity[slot as usize];
+        if let Some(e) = self.seen.get_mut(&id) {
+            e.1 += 1;
+        }
+    }
+    pub fn to_json(&self, tenant_names: &[String]) -> Value {
+        let mut out = Vec::new();
+        for (t, cl) in self.classes.iter().enumerate() {
+            for (c, l) in cl.iter().enumerate() {
+                if l.writes == 0 {
+                    continue;
+                }
+                out.push(json!({
+                    "tenant": tenant_names.get(t).cloned().unwrap_or_default(),
+                    "class": CLASS_NAMES[c],
+                    "writes": l.writes,
+                    "deaths": l.deaths,
+                    "mean": l.mean(), "p10": l.quantile(0.1), "p50": l.quantile(0.5), "p90": l.quantile(0.9),
+                }));
+            }
+        }
+        Value::Array(out)
+    }
+}
+
+/// How often fdpblk's state thread persists its state (its default interval), in simulated
+/// seconds.
+const PERSIST_INTERVAL_S: f64 = 5.0;
+
+/// Everything of a run except the workload (which drives it).
+struct Sim {
+    pipeline: Pipeline,
+    observer: SharedPolicy,
+    dev: Arc<SimDev>,
+    watcher: Option<Watcher>,
+    shaper: Option<IoShaper>,
+    combiner: WriteCombiner,
+    probe: Option<Probe>,
+    clair: Option<Clairvoyant>,
+    segs: Vec<Segment>,
+    geom: Geometry,
+    chunk_bytes: u64,
+    trim_tails: bool,
+    next_persist_s: f64,
+    block_requests: u64,
+    lm_ops: u64,
+    lm_write_bytes: u64,
+    tail_trims: u64,
+    error: Option<String>,
+}
+
+impl Sim {
+    fn io(&mut self, io: &BlockIo) {
+        self.block_requests += 1;
+        let hb = io.header.map(|h| IoShaper::header_bytes(&h));
+        let data: Option<&[u8]> = match (&hb, &io.checkpoint) {
+            (Some(h), _) => Some(&h[..]),
+            (None, Some(c)) => Some(&c[..]),
+            _ => None,
+        };
+        let op = if io.write { Op::Write } else { Op::Read };
+        let req = Request { op, offset: io.offset, len: io.len, data };
+        // The slot a header write starts, with its record from before the write.
+        let header_slot = io.header.and_then(|h| self.geom.slot_of(io.offset).map(|(slot, _)| (slot, h)));
+        let previous = header_slot.and_then(|(slot, _)| self.pipeline.slots().get(slot));
+        self.segs.clear();
+        let _ = self.pipeline.plan(&req, &mut self.segs, HeaderWait::Expired);
+        if !io.write {
+            return;
+        }
+        self.lm_write_bytes += io.len;
+        let mut d = self.dev.lock();
+        if let (Some((slot, h)), Some(b)) = (header_slot, &hb) {
+            d.set_header(slot, b);
+            if self.trim_tails {
+                if let Some((off, len)) = stale_tail(previous.as_ref(), &h, &self.geom) {
+                    // What the previous occupants left past the new payload: LMCache never
+                    // reads it again.
+                    self.tail_trims += 1;
+                    if let Err(e) = self.combiner.flush(&mut d.ssd) {
+                        self.error.get_or_insert(e.to_string());
+                    }
+                    d.deallocate(self.geom.slot_offset(slot) + off, len);
+                }
+            }
+        }
+        if let Some(c) = &io.checkpoint {
+            if io.offset < 2 * self.geom.container_bytes {
+                let copy = (io.offset / self.geom.container_bytes) as u8;
+                d.poke_container(copy, 0, c);
+            }
+        }
+        for i in 0..self.segs.len() {
+            if let Err(e) = self.combiner.push(self.segs[i], &mut d.ssd) {
+                self.error.get_or_insert(e.to_string());
+            }
+        }
+    }
+
+    /// Runs the state thread's round (after a checkpoint) and collects its deallocations.
+    fn watch_step(&mut self) {
+        let Some(w) = &mut self.watcher else { return };
+        {
+            let mut d = self.dev.lock();
+            if let Err(e) = self.combiner.flush(&mut d.ssd) {
+                self.error.get_or_insert(e.to_string());
+            }
+        }
+        w.step();
+        let trimmed = self.dev.lock().take_trimmed();
+        for s in trimmed {
+            if let Some(p) = &mut self.probe {
+                p.death(s);
+            }
+            if let Some(c) = &mut self.clair {
+                c.death(s);
+            }
+        }
+    }
+
+    fn on_op(&mut self, op: &LmOp<'_>) {
+        self.lm_ops += 1;
+        match *op {
+            LmOp::Put { slot, identity, payload_len, tenant, pid } => {
+                if let Some(pid) = pid {
+                    self.observer.observe(&Observation::WriterPlacement { slot, pid });
+                }
+                if let Some(c) = &mut self.clair {
+                    if let Some(h) = c.put(slot) {
+                        self.observer.observe(&Observation::WriterPlacement { slot, pid: h });
+                    }
+                }
+                if let Some(p) = &mut self.probe {
+                    p.put(slot, identity, payload_len < self.chunk_bytes, tenant);
+                }
+                self.shape(op);
+            }
+            LmOp::Load { slot, payload_len } => {
+                self.observer.observe(&Observation::Read { slot, len: payload_len });
+                if let Some(p) = &mut self.probe {
+                    p.read(slot);
+                }
+                self.shape(op);
+            }
+            LmOp::Delete { .. } => {}
+            LmOp::Tick { now_s } => {
+                self.observer.observe(&Observation::Time { now_s });
+                if now_s >= self.next_persist_s {
+                    self.next_persist_s = now_s + PERSIST_INTERVAL_S;
+                    if let Some(w) = &mut self.watcher {
+                        {
+                            let mut d = self.dev.lock();
+                            if let Err(e) = self.combiner.flush(&mut d.ssd) {
+                                self.error.get_or_insert(e.to_string());
+                            }
+                        }
+                        w.persist_now(false, false);
+                    }
+                }
+            }
+            LmOp::Checkpoint { seq, entries, json, .. } => {
+                if let Some(j) = json {
+                    let copy = Geometry::copy_for_seq(seq);
+                    self.dev.lock().poke_container(copy, self.geom.block_align, j);
+                }
+                self.shape(op);
+                self.observer.observe(&Observation::Checkpoint { seq, entries });
+                self.watch_step();
+            }
+        }
+    }
+
+    fn shape(&mut self, op: &LmOp<'_>) {
+        let mut shaper = self.shaper.take().expect("shaper");
+        shaper.shape(op, &mut |io| self.io(io));
+        self.shaper = Some(shaper);
+    }
+
+    fn flush(&mut self) {
+        let mut shaper = self.shaper.take().expect("shaper");
+        shaper.flush(&mut |io| self.io(io));
+        self.shaper = Some(shaper);
+        let mut d = self.dev.lock();
+        if let Err(e) = self.combiner.flush(&mut d.ssd) {
+            self.error.get_or_insert(e.to_string());
+        }
+        if let Some(e) = d.error.take() {
+            self.error.get_or_insert(e);
+        }
+    }
+
+    fn counters(&self) -> SsdCounters {
+        self.dev.lock().ssd.counters().clone()
+    }
+    fn trims(&self) -> u64 {
+        self.watcher.as_ref().map_or(0, |w| w.counters().trims)
+    }
+    fn own_bytes(&self) -> u64 {
+        self.dev.lock().own_bytes
+    }
+}
+
+/// What one run measured (the window is the steady-state part).
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    pub workload: String,
+    pub policy: String,
+    pub utilization: f64,
+    pub trim: bool,
+    pub seed: u64,
+    /// Steady-state WAF: Δmedia / Δhost over the window (NaN when the window is empty).
+    pub waf: f64,
+    /// WAF of each device-write of the window.
+    pub waf_by_device_write: Vec<f64>,
+    pub window: SsdCounters,
+    /// In the window: bytes LMCache wrote, fdpblk's own-state bytes, slots trimmed.
+    pub lmcache_bytes: u64,
+    pub own_state_bytes: u64,
+    pub trimmed_slots: u64,
+    /// Stale tails deallocated in the window.
+    pub tail_trims: u64,
+    pub trim_slots: bool,
+    pub trim_tails: bool,
+    /// Host bytes per handle in the window, and RUs in use per handle at the end (host, GC).
+    pub handle_bytes: Vec<u64>,
+    pub handle_rus: Vec<(u64, u64)>,
+    pub shared_gc_rus: u64,
+    pub lmcache: WorkloadStats,
+    /// LMCache stopped writing (non-MP: puts fail once the device is full).
+    pub stalled: bool,
+    pub max_slots: u64,
+    pub slot_bytes: u64,
+    pub live_slots_end: u64,
+    pub slots_ever_used: u64,
+    pub drive: DriveSpec,
+    pub physical_bytes: u64,
+    pub block_requests: u64,
+    pub lm_ops: u64,
+    pub wall_s: f64,
+    pub probe: Option<Value>,
+    /// fdpblk (its pipeline's state thread) ran: own-state writes and, with trim, deallocation.
+    pub fdpblk: bool,
+}
+
+impl RunResult {
+    /// Row label: the policy, with `+ trim` (and the rules when not both).
+    pub fn label(&self) -> String {
+        match (self.trim, self.trim_slots, self.trim_tails) {
+            (false, ..) => self.policy.clone(),
+            (true, true, true) => format!("{} + trim", self.policy),
+            (true, true, false) => format!("{} + trim(slots)", self.policy),
+            (true, false, true) => format!("{} + trim(tails)", self.policy),
+            (true, false, false) => format!("{} + trim(none)", self.policy),
+        }
+    }
+    pub fn own_state_ratio(&self) -> f64 {
+        self.own_state_bytes as f64 / self.lmcache_bytes.max(1) as f64
+    }
+    pub fn events_per_s(&self) -> f64 {
+        (self.block_requests + self.lm_ops) as f64 / self.wall_s.max(1e-9)
+    }
+    pub fn to_json(&self) -> Value {
+        let w = &self.window;
+        json!({
+            "workload": self.workload, "policy": self.policy, "utilization": self.utilization,
+            "trim": self.trim, "seed": self.seed,
+            "waf": if self.waf.is_finite() { json!(round4(self.waf)) } else { Value::Null },
+            "waf_by_device_write": self.waf_by_device_write.iter().map(|x| round4(*x)).collect::<Vec<_>>(),
+            "host_bytes": w.host_bytes, "media_bytes": w.media_bytes, "relocated_bytes": w.relocated_bytes,
+            "gc_events": w.gc_events, "deallocated_bytes": w.deallocated_bytes,
+            "lmcache_bytes": self.lmcache_bytes, "own_state_bytes": self.own_state_bytes,
+            "own_state_ratio": self.own_state_ratio(), "trimmed_slots": self.trimmed_slots,
+            "tail_trims": self.tail_trims, "trim_rules": {"slots": self.trim_slots, "tails": self.trim_tails},
+            "handles": self.handle_bytes.iter().enumerate().filter(|(_, b)| **b > 0)
+                .map(|(h, b)| json!({"handle": h, "host_bytes": b, "rus_in_use": self.handle_rus[h].0, "gc_rus_in_use": self.handle_rus[h].1}))
+                .collect::<Vec<_>>(),
+            "shared_gc_rus_in_use": self.shared_gc_rus,
+            "lmcache": {
+                "requests": self.lmcache.requests, "chunks": self.lmcache.chunks, "hits": self.lmcache.hits,
+                "puts": self.lmcache.puts, "puts_noop": self.lmcache.puts_noop, "puts_failed": self.lmcache.puts_failed,
+                "loads": self.lmcache.loads, "evictions": self.lmcache.evictions, "deletes": self.lmcache.deletes,
+                "checkpoints": self.lmcache.checkpoints, "checkpoints_skipped_busy": self.lmcache.checkpoints_skipped_busy,
+                "checkpoints_overflow": self.lmcache.checkpoints_overflow, "checkpoint_bytes": self.lmcache.checkpoint_bytes,
+                "max_slots": self.max_slots, "slots_ever_used": self.slots_ever_used, "live_slots_end": self.live_slots_end,
+            },
+            "stalled": self.stalled,
+            "drive": {
+                "logical_bytes": self.drive.logical_bytes, "physical_bytes": self.physical_bytes, "op": self.drive.op,
+                "ru_bytes": self.drive.ru_bytes, "unit_bytes": self.drive.unit_bytes, "handles": self.drive.handles,
+                "handle_type": match self.drive.handle_type { HandleType::InitiallyIsolated => "ii", HandleType::PersistentlyIsolated => "pi" },
+                "gc": match self.drive.victim { Victim::Greedy => "greedy", Victim::CostBenefit => "cost-benefit", Victim::Fifo => "fifo" },
+            },
+            "speed": {"wall_s": round4(self.wall_s), "block_requests": self.block_requests, "lmcache_ops": self.lm_ops,
+                      "events_per_s": self.events_per_s().round()},
+            "lifetimes": self.probe.clone().unwrap_or(Value::Null),
+        })
+    }
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
+/// Resolves the drive's automatic sizes for a workload.
+pub fn resolve_drive(d: &DriveSpec, w: &WorkloadSpec) -> DriveSpec {
+    let mut d = d.clone();
+    if d.unit_bytes == 0 {
+        d.unit_bytes = auto_unit(w.slot_bytes, w.meta_total_bytes);
+    }
+    d.logical_bytes = d.logical_bytes / d.unit_bytes * d.unit_bytes;
+    if d.ru_bytes == 0 {
+        d.ru_bytes = ((d.logical_bytes as f64 * RU_PER_DEVICE) as u64 / d.unit_bytes).max(1) * d.unit_bytes;
+    } else {
+        d.ru_bytes = (d.ru_bytes / d.unit_bytes).max(1) * d.unit_bytes;
+    }
+    d
+}
+
+/// The policies the simulator accepts: the selectable ones, plus `clairvoyant`, a bound that
+/// knows every put's future lifetime (from a first pass of the same seeded workload with
+/// policy `none`) and places it by lifetime tercile on three handles, checkpoints and
+/// fdpblk's state with the shortest (the same handle budget as `key-aware`).
+pub fn sim_policy_names() -> Vec<&'static str> {
+    let mut v = POLICY_NAMES.to_vec();
+    v.push(CLAIRVOYANT);
+    v
+}
+
+pub const CLAIRVOYANT: &str = "clairvoyant";
+
+/// Lifetimes per put (pass 1) or placements per put (pass 2) of the clairvoyant bound.
+struct Clairvoyant {
+    puts: u64,
+    /// Pass 1: birth (put index) of each slot's data, u64::MAX when none.
+    birth: Vec<u64>,
+    /// Pass 1: lifetime in puts of each put (u64::MAX: still alive at the end).
+    lifetimes: Vec<u64>,
+    /// Pass 2: the handle of each put.
+    handles: Vec<u16>,
+}
+
+impl Clairvoyant {
+    fn recorder(slots: u64) -> Self {
+        Clairvoyant { puts: 0, birth: vec![u64::MAX; slots as usize], lifetimes: Vec::new(), handles: Vec::new() }
+    }
+    fn placer(lifetimes: &[u64]) -> Self {
+        let mut sorted: Vec<u64> = lifetimes.to_vec();
+        sorted.sort_unstable();
+        let q = |f: f64| {
+            sorted.get(((sorted.len() as f64 * f) as usize).min(sorted.len().saturating_sub(1))).copied().unwrap_or(0)
+        };
+        let (t1, t2) = (q(1.0 / 3.0), q(2.0 / 3.0));
+        let handles = lifetimes
+            .iter()
+            .map(|&l| {
+                if l <= t1 {
+                    0
+                } else if l <= t2 {
+                    1
+                } else {
+                    2
+                }
+            })
+            .collect();
+        Clairvoyant { puts: 0, birth: Vec::new(), lifetimes: Vec::new(), handles }
+    }
+    fn death(&mut self, slot: u64) {
+        if let Some(b) = self.birth.get_mut(slot as usize) {
+            if *b != u64::MAX {
+                self.lifetimes[*b as usize] = self.puts - *b;
+                *b = u64::MAX;
+            }
+        }
+    }
+    /// A put into `slot`; in pass 2, the handle to place it on.
+    fn put(&mut self, slot: u64) -> Option<u16> {
+        let i = self.puts;
+        self.puts += 1;
+        if self.birth.is_empty() {
+            return Some(self.handles.get(i as usize).copied().unwrap_or(2));
+        }
+        self.death(slot);
+        self.birth[slot as usize] = i;
+        self.lifetimes.push(u64::MAX);
+        None
+    }
+}
+
+/// Places by the writer's hint only (the clairvoyant bound's second pass).
+struct HintPolicy {
+    pending: Option<(u64, u16)>,
+}
+
+impl Policy for HintPolicy {
+    fn name(&self) -> &'static str {
+        CLAIRVOYANT
+    }
+    fn handles(&self) -> u16 {
+        3
+    }
+    fn needs_state(&self) -> bool {
+        true
+    }
+    fn place(&mut self, target: &Target<'_>) -> crate::place::Handle {
+        match target {
+            Target::Slot { slot, header: Some(_), .. } => match self.pending {
+                Some((s, h)) if s == *slot => h,
+                _ => 0,
+            },
+            Target::Slot { previous, .. } => previous.map_or(0, |p| p.handle),
+            _ => 0,
+        }
+    }
+    fn observe(&mut self, event: &Observation<'_>) {
+        if let Observation::WriterPlacement { slot, pid } = *event {
+            self.pending = Some((slot, pid));
+        }
+    }
+}
+
+/// Runs one simulation.
+pub fn run(spec: &RunSpec) -> Result<RunResult, String> {
+    if spec.policy == CLAIRVOYANT {
+        let mut first = spec.clone();
+        first.policy = "none".into();
+        first.probe = false;
+        let (_, rec) = run_with(&first, Some(Clairvoyant::recorder(0)))?;
+        let lifetimes = rec.map(|c| c.lifetimes).unwrap_or_default();
+        return run_with(spec, Some(Clairvoyant::placer(&lifetimes))).map(|(r, _)| r);
+    }
+    run_with(spec, None).map(|(r, _)| r)
+}
+
+/// Whether fdpblk runs in a run: every policy but the baselines that stand for a drive
+/// without it (`none`) and LMCache's own FDP mode on `/dev/ng` (`lmcache-fdp`), and any run
+/// with trim.
+pub fn fdpblk_runs(policy: &str, trim: bool) -> bool {
+    trim || !matches!(policy, "none" | "lmcache-fdp")
+}
+
+fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Option<Clairvoyant>), String> {
+    let start = Instant::now();
+    let w = &spec.workload;
+    let drive = resolve_drive(&spec.drive, w);
+    let unit = drive.unit_bytes;
+    let policy: Box<dyn Policy> = if spec.policy == CLAIRVOYANT {
+        Box::new(HintPolicy { pending: None })
+    } else {
+        policy_by_name(&spec.policy).ok_or_else(|| {
+            format!("unknown policy \"{}\"; choose one of {}", spec.policy, sim_policy_names().join(", "))
+        })?
+    };
+    if policy.handles() > drive.handles {
+        return Err(format!(
+            "policy {} needs {} handles; the drive has {}",
+            spec.policy,
+            policy.handles(),
+            drive.handles
+        ));
+    }
+    if !(spec.utilization > 0.0 && spec.utilization <= 1.0) {
+        return Err(format!("utilization {} must be in (0, 1]", spec.utilization));
+    }
+    let fdpblk = fdpblk_runs(&spec.policy, spec.trim);
+    // fdpblk exports the drive less its reserved tail (own state); every policy sees the same
+    // LMCache geometry so that runs compare.
+    let lm_device = exported_bytes(drive.logical_bytes, 4096).ok_or("device too small")?;
+    let capacity = ((lm_device as f64 * spec.utilization) as u64).max(1);
+    let fdp = (spec.policy == "lmcache-fdp").then(|| LmcacheFdpMode { data_pids: LmcacheFdpPolicy::data_handles() });
+    let mut wl =
+        Workload::new(w.clone(), lm_device, if spec.utilization >= 1.0 { 0 } else { capacity }, spec.seed, fdp)?;
+    wl.emit_json(fdpblk);
+    let geom = wl.geometry;
+    let physical = SsdConfig::physical_for_op(drive.logical_bytes, drive.op);
+    let mut cfg = SsdConfig::new(drive.logical_bytes, physical, unit, drive.ru_bytes, drive.handles, drive.handle_type);
+    cfg.gc.victim = drive.victim;
+    let ssd = Ssd::new(cfg).map_err(|e| e.to_string())?;
+    let region = Region::tail(drive.logical_bytes);
+    let dev = Arc::new(SimDev::new(ssd, geom, region));
+    let slots = Arc::new(crate::slot_table::SlotTable::new(geom.max_slots));
+    let shared = SharedPolicy::new(policy);
+    let mut observer = shared.clone();
+    let own_handle = observer.place(&Target::OwnState);
+    let watcher = fdpblk.then(|| {
+        let wc = WatchConfig {
+            trim: spec.trim && spec.trim_slots,
+            retry_base: Duration::ZERO,
+            persist_interval: Duration::MAX,
+            device: -1,
+            stall_min: Duration::MAX,
+        };
+        Watcher::new(geom, slots.clone(), dev.clone(), wc, Some(region), own_handle)
+    });
+    let pipeline = Pipeline::with_slots(geom, Box::new(shared), slots);
+    let clair = clair.map(|c| if c.handles.is_empty() { Clairvoyant::recorder(geom.max_slots) } else { c });
+    let mut sim = Sim {
+        pipeline,
+        observer,
+        dev,
+        watcher,
+        shaper: Some(IoShaper::new(w, geom)),
+        combiner: WriteCombiner::default(),
+        probe: spec.probe.then(|| Probe::new(geom.max_slots, w.tenants.len())),
+        clair,
+        segs: Vec::new(),
+        geom,
+        chunk_bytes: w.chunk_bytes,
+        trim_tails: spec.trim && spec.trim_tails,
+        next_persist_s: PERSIST_INTERVAL_S,
+        block_requests: 0,
+        lm_ops: 0,
+        lm_write_bytes: 0,
+        tail_trims: 0,
+        error: None,
+    };
+    let cap_bytes = geom.max_slots * geom.slot_bytes;
+    let warm_target = (spec.warmup * cap_bytes as f64) as u64;
+    let measure_target = (spec.measure * drive.logical_bytes as f64).max(1.0) as u64;
+    let mut warm: Option<(SsdCounters, u64, u64, u64, u64)> = None;
+    let mut marks: Vec<SsdCounters> = Vec::new();
+    let mut last_puts = 0;
+    let mut idle_requests = 0u64;
+    let stall_limit = 4 * geom.max_slots + 100_000;
+    let mut stalled = false;
+    loop {
+        wl.step(&mut |op| sim.on_op(op));
+        if let Some(e) = sim.error.take().or_else(|| sim.dev.lock().error.take()) {
+            return Err(format!("simulated drive: {e}"));
+        }
+        if wl.stats.puts == last_puts {
+            idle_requests += 1;
+            if idle_requests > stall_limit {
+                stalled = true;
+                break;
+            }
+        } else {
+            idle_requests = 0;
+            last_puts = wl.stats.puts;
+        }
+        match &warm {
+            None => {
+                if sim.lm_write_bytes >= warm_target {
+                    sim.flush();
+                    if let Some(p) = &mut sim.probe {
+                        p.recording = true;
+                    }
+                    let c = sim.counters();
+                    warm = Some((c.clone(), sim.lm_write_bytes, sim.own_bytes(), sim.trims(), sim.tail_trims));
+                    marks.push(c);
+                }
+            }
+            Some((w0, ..)) => {
+                let now = sim.counters();
+                let host = now.host_bytes - w0.host_bytes;
+                let last = marks.last().map_or(0, |m| m.host_bytes - w0.host_bytes);
+                if host - last >= drive.logical_bytes {
+                    marks.push(now);
+                }
+                if host >= measure_target {
+                    break;
+                }
+            }
+        }
+    }
+    sim.flush();
+    if let Some(e) = sim.error.take() {
+        return Err(format!("simulated drive: {e}"));
+    }
+    let end = sim.counters();
+    let (w0, lm0, own0, trim0, tails0) =
+        warm.unwrap_or((end.clone(), sim.lm_write_bytes, sim.own_bytes(), sim.trims(), sim.tail_trims));
+    let window = end.since(&w0);
+    let waf = if window.host_bytes > 0 { window.waf() } else { f64::NAN };
+    let waf_by_device_write = marks.windows(2).map(|m| m[1].since(&m[0]).waf()).collect();
+    let (usage, shared_gc_rus) = {
+        let d = sim.dev.lock();
+        (d.ssd.ruh_usage(), d.ssd.shared_gc_rus_in_use())
+    };
+    let handle_bytes =
+        (0..drive.handles as usize).map(|h| window.host_bytes_by_handle.get(h).copied().unwrap_or(0)).collect();
+    let handle_rus = usage.iter().map(|u| (u.rus_in_use, u.gc_rus_in_use)).collect();
+    let tenant_names: Vec<String> = w.tenants.iter().map(|t| t.name.clone()).collect();
+    let result = RunResult {
+        workload: w.name.clone(),
+        policy: spec.policy.clone(),
+        utilization: spec.utilization,
+        trim: spec.trim,
+        trim_slots: spec.trim && spec.trim_slots,
+        trim_tails: sim.trim_tails,
+        seed: spec.seed,
+        waf,
+        waf_by_device_write,
+        lmcache_bytes: sim.lm_write_bytes - lm0,
+        own_state_bytes: sim.own_bytes() - own0,
+        trimmed_slots: sim.trims() - trim0,
+        tail_trims: sim.tail_trims - tails0,
+        window,
+        handle_bytes,
+        handle_rus,
+        shared_gc_rus,
+        lmcache: wl.stats.clone(),
+        stalled,
+        max_slots: geom.max_slots,
+        slot_bytes: geom.slot_bytes,
+        live_slots_end: wl.live(),
+        slots_ever_used: wl.next_slot(),
+        physical_bytes: physical,
+        drive,
+        block_requests: sim.block_requests,
+        lm_ops: sim.lm_ops,
+        wall_s: start.elapsed().as_secs_f64(),
+        probe: sim.probe.as_ref().map(|p| p.to_json(&tenant_names)),
+        fdpblk,
+    };
+    Ok((result, sim.clair))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    /// A 2 GiB drive with 1 MiB slots (about 1800) and 8 MiB RUs (as many RUs as a 1.88 TB
+    /// drive has 6 GB ones); time runs so that an
+    /// eviction tick is one slot and a checkpoint sixty, as on a large drive; eviction at
+    /// 95 % fills the drive.
+    fn spec(workload: &str, policy: &str, utilization: f64, trim: bool) -> RunSpec {
+        let text = format!(
+            r#"{{"name": "t", "slot_bytes": "1M", "write_rate_mb_s": 1,
+                "eviction": {{"policy": "LRU", "trigger_watermark": 0.95, "eviction_ratio": 0.05}},
+                "tenants": [{workload}]}}"#
+        );
+        RunSpec {
+            workload: WorkloadSpec::from_json_str(&text).unwrap(),
+            // 64 KiB units: fdpblk's 4 KiB own-state pages stay small next to 1 MiB slots.
+            drive: DriveSpec {
+                logical_bytes: 2 * GIB,
+                ru_bytes: 8 << 20,
+                unit_bytes: 64 << 10,
+                ..DriveSpec::default()
+            },
+            policy: policy.into(),
+            utilization,
+            trim,
+            trim_slots: true,
+            trim_tails: true,
+            seed: 1,
+            warmup: 1.5,
+            measure: 2.0,
+            probe: false,
+        }
+    }
+
+    const ZIPF: &str =
+        r#"{"name": "a", "salt": "a:1", "zipf": 0.9, "universe": 4, "doc_chunks": [1, 16], "unique_tail_chunks": 1}"#;
+    const TWO: &str = r#"{"name": "a", "salt": "a:1", "share": 0.5, "universe": 4},
+                         {"name": "b", "salt": "b:1", "share": 0.5, "universe": 4}"#;
+
+    #[test]
+    fn auto_sizes() {
+        assert_eq!(auto_unit(16 << 20, 256 << 20), 1 << 20);
+        assert_eq!(auto_unit((16 << 20) + 4096, 256 << 20), 4096);
+        let w = WorkloadSpec::from_json_str(r#"{"tenants": [{}]}"#).unwrap();
+        let d = resolve_drive(&DriveSpec::default(), &w);
+        // A 6 GB-class RU on the 1.88 TB default.
+        assert_eq!(d.unit_bytes, 1 << 20);
+        assert!((d.ru_bytes as f64 - 6e9).abs() < 2e6, "{}", d.ru_bytes);
+    }
+
+    #[test]
+    fn half_used_drive_barely_amplifies_and_runs_are_reproducible() {
+        let r = run(&spec(ZIPF, "none", 0.5, false)).unwrap();
+        assert!(r.waf >= 1.0 && r.waf < 1.05, "{}", r.waf);
+        assert!(!r.fdpblk && r.own_state_bytes == 0 && r.trimmed_slots == 0);
+        assert!(r.window.host_bytes >= 2 * 2 * GIB);
+        assert_eq!(r.waf_by_device_write.len(), 2);
+        let again = run(&spec(ZIPF, "none", 0.5, false)).unwrap();
+        assert_eq!((r.waf, r.lmcache.puts), (again.waf, again.lmcache.puts));
+    }
+
+    #[test]
+    fn state_thread_trims_evicted_slots_and_stale_tails_and_writes_its_state() {
+        let plain = run(&spec(ZIPF, "none", 1.0, false)).unwrap();
+        let r = run(&spec(ZIPF, "none", 1.0, true)).unwrap();
+        assert!(r.fdpblk && r.trimmed_slots > 0 && r.tail_trims > 0 && r.own_state_bytes > 0, "{r:?}");
+        assert!(r.window.deallocated_bytes > 0);
+        assert!(r.waf < plain.waf, "trim {} vs {}", r.waf, plain.waf);
+        let mut slots_only = spec(ZIPF, "none", 1.0, true);
+        slots_only.trim_tails = false;
+        let s = run(&slots_only).unwrap();
+        assert!(s.trimmed_slots > 0 && s.tail_trims == 0);
+    }
+
+    #[test]
+    fn key_aware_separates_by_reads_and_with_trim_beats_none() {
+        let none = run(&spec(ZIPF, "none", 1.0, false)).unwrap();
+        let ka = run(&spec(ZIPF, "key-aware", 1.0, true)).unwrap();
+        assert!(ka.waf < none.waf, "key-aware + trim {} vs none {}", ka.waf, none.waf);
+        // Young data on handle 0 (with checkpoints and own state), read keys on 1 and 2.
+        assert!(ka.handle_bytes[0] > ka.handle_bytes[1] && ka.handle_bytes[1] > 0 && ka.handle_bytes[2] > 0);
+        assert!(ka.handle_bytes[3..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn lmcache_fdp_gives_each_bucket_a_handle() {
+        let r = run(&spec(TWO, "lmcache-fdp", 1.0, false)).unwrap();
+        let used: Vec<usize> = r.handle_bytes.iter().enumerate().filter(|(_, b)| **b > 0).map(|(h, _)| h).collect();
+        assert_eq!(used, vec![1, 2, 3], "checkpoints on 1, buckets on 2 and 3");
+        assert!(!r.fdpblk && r.own_state_bytes == 0);
+    }
+
+    #[test]
+    fn clairvoyant_bound_is_at_most_none() {
+        let none = run(&spec(ZIPF, "none", 1.0, true)).unwrap();
+        let c = run(&spec(ZIPF, CLAIRVOYANT, 1.0, true)).unwrap();
+        assert!(c.waf <= none.waf + 0.01, "clairvoyant {} vs none {}", c.waf, none.waf);
+        assert_eq!(c.lmcache.puts, none.lmcache.puts);
+    }
+
+    #[test]
+    fn unknown_policies_and_bad_utilisations_are_refused() {
+        assert!(run(&spec(ZIPF, "nope", 1.0, false)).unwrap_err().contains("key-aware"));
+        assert!(run(&spec(ZIPF, "none", 1.5, false)).is_err());
+    }
+
+    #[test]
+    fn a_model_trace_replays_into_the_ssd() {
+        use crate::cmd::replay::{replay_into, TraceRequest};
+        let s = spec(ZIPF, "none", 1.0, false);
+        let mut w = Workload::new(s.workload.clone(), GIB, 0, 1, None).unwrap();
+        let g = w.geometry;
+        let mut shaper = IoShaper::new(&s.workload, g);
+        let mut trace = Vec::new();
+        for _ in 0..4000 {
+            w.step(&mut |op| {
+                shaper.shape(op, &mut |io| {
+                    let data =
+                        io.header.map(|h| IoShaper::header_bytes(&h).to_vec()).or(io.checkpoint.map(|c| c.to_vec()));
+                    let op = if io.write { Op::Write } else { Op::Read };
+                    trace.push(TraceRequest { op, offset: io.offset, len: io.len, data: data.unwrap_or_default() });
+                })
+            });
+        }
+        let written: u64 = trace.iter().filter(|t| t.op == Op::Write).map(|t| t.len).sum();
+        let ssd = crate::sim::dev::TraceSsd::new(GIB, &g, 0.07, Some(4 << 20), 1).unwrap();
+        let rep = replay_into(g, "key-aware", GIB, trace, Some(ssd)).unwrap();
+        let ssd = rep.ssd.unwrap();
+        assert!(ssd["waf"].as_f64().unwrap() >= 1.0);
+        assert!(
+            ssd["host_bytes"].as_u64().unwrap() >= written && ssd["relocated_bytes"].as_u64().unwrap() > 0,
+            "{ssd}"
+        );
+        assert_eq!(rep.errors, 0);
+    }
+}
