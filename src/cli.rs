@@ -35,6 +35,9 @@ pub enum Command {
     /// What an NVMe FDP drive reports: `fdp status` (placement IDs, RUH status, configuration)
     /// and `fdp stats` (host/media bytes written, media bytes erased, events).
     Fdp(crate::cmd::fdp::FdpArgs),
+    /// Simulate LMCache workloads on a model FDP SSD: steady-state WAF per placement policy and
+    /// device utilisation.
+    Simulate(crate::cmd::simulate::SimulateArgs),
 }
 
 /// LMCache's raw_block geometry, named like its config keys. Sizes take K/M/G/T suffixes

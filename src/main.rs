@@ -21,6 +21,7 @@ fn main() -> ExitCode {
         Command::Features(a) => fdpblk::cmd::device::features(a.json),
         Command::Name(a) => fdpblk::cmd::device::name(a.id),
         Command::Fdp(a) => fdpblk::cmd::fdp::run(&a),
+        Command::Simulate(a) => fdpblk::cmd::simulate::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

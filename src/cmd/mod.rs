@@ -4,5 +4,6 @@ pub mod device;
 pub mod fdp;
 pub mod inspect;
 pub mod replay;
+pub mod simulate;
 
 pub type CmdResult = Result<(), Box<dyn std::error::Error>>;

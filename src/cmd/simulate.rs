@@ -1,0 +1,300 @@
+//! `fdpblk simulate`: runs an LMCache workload model through fdpblk's pipeline into the FDP
+//! SSD model, for each policy, utilisation and trim setting, and reports the steady-state WAF.
+
+use super::CmdResult;
+use crate::cli::parse_size;
+use crate::place::POLICY_NAMES;
+use crate::sim::run::{run as run_one, sim_policy_names, DriveSpec, RunResult, RunSpec};
+use crate::sim::workload::WorkloadSpec;
+use crate::sim::{HandleType, Victim};
+use clap::Args;
+use serde_json::json;
+use std::path::PathBuf;
+
+#[derive(Args, Debug, Clone)]
+pub struct SimulateArgs {
+    /// Workload file (JSON; see tools/workloads/).
+    #[arg(long)]
+    pub workload: PathBuf,
+    /// Policy, a comma-separated list, or `all` (none, region, lmcache-fdp, key-aware);
+    /// `clairvoyant` is a bound that knows each write's future lifetime.
+    #[arg(long, default_value = "all")]
+    pub policy: String,
+    /// Share of the device LMCache uses, in percent (comma-separated list).
+    #[arg(long, default_value = "50,80,90,100")]
+    pub utilization: String,
+    /// fdpblk deallocates evicted slots (issue #6's two-checkpoint rule): on, off or both.
+    #[arg(long, default_value = "both")]
+    pub trim: String,
+    /// Trim rules with --trim on: `slots` (evicted slots, issue #6's two-checkpoint rule) and
+    /// `tails` (a slot's stale tail past a new, shorter payload), comma-separated.
+    #[arg(long, default_value = "slots,tails")]
+    pub trim_rules: String,
+    /// Seed of the workload model (every number is reproducible from it).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Logical capacity of the simulated drive (bytes, or K/M/G/T).
+    #[arg(long, default_value = "1880000000000", value_parser = parse_size)]
+    pub device_size: u64,
+    /// Over-provisioning, as a fraction of physical space.
+    #[arg(long, default_value_t = 0.07)]
+    pub op: f64,
+    /// Reclaim unit size; `auto` scales a 6 GB RU on a 1.88 TB drive to --device-size.
+    #[arg(long, default_value = "auto")]
+    pub ru_size: String,
+    /// Mapping unit of the FTL model; `auto`: the largest power of two up to 1 MiB dividing the
+    /// slot size.
+    #[arg(long, default_value = "auto")]
+    pub unit: String,
+    /// Reclaim unit handles of the drive.
+    #[arg(long, default_value_t = 8)]
+    pub handles: u16,
+    /// Handle type: ii (initially isolated) or pi (persistently isolated).
+    #[arg(long, default_value = "ii")]
+    pub handle_type: String,
+    /// GC victim choice: greedy, cost-benefit or fifo.
+    #[arg(long, default_value = "greedy")]
+    pub gc: String,
+    /// Warm-up: LMCache writes this many times its capacity before measuring.
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup: f64,
+    /// Measured window: this many device capacities of host writes.
+    #[arg(long, default_value_t = 5.0)]
+    pub measure: f64,
+    /// Also measure data lifetimes by write class (first-time / returning, partial, read).
+    #[arg(long)]
+    pub explain: bool,
+    /// Runs in parallel (one thread each).
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+    #[arg(long)]
+    pub json: bool,
+    /// Draw WAF vs utilisation per policy into this PNG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+fn parse_list<T>(s: &str, what: &str, f: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| f(x).ok_or_else(|| format!("{what}: cannot read \"{x}\"")))
+        .collect()
+}
+
+/// Builds the run specifications the arguments ask for, in table order.
+pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
+    let text = std::fs::read_to_string(&a.workload)
+        .map_err(|e| format!("cannot read workload {}: {e}", a.workload.display()))?;
+    let mut workload =
+        WorkloadSpec::from_json_str(&text).map_err(|e| format!("workload {}: {e}", a.workload.display()))?;
+    if workload.name.is_empty() {
+        workload.name = a.workload.file_stem().and_then(|s| s.to_str()).unwrap_or("workload").to_string();
+    }
+    let policies: Vec<String> = if a.policy == "all" {
+        POLICY_NAMES.iter().map(|s| s.to_string()).collect()
+    } else {
+        parse_list(&a.policy, "--policy", |p| sim_policy_names().contains(&p).then(|| p.to_string()))
+            .map_err(|e| format!("{e}; choose from {} or all", sim_policy_names().join(", ")))?
+    };
+    let utils = parse_list(&a.utilization, "--utilization", |u| {
+        let v: f64 = u.trim_end_matches('%').parse().ok()?;
+        let f = if v > 1.0 { v / 100.0 } else { v };
+        (f > 0.0 && f <= 1.0).then_some(f)
+    })?;
+    let trims: Vec<bool> = match a.trim.as_str() {
+        "on" => vec![true],
+        "off" => vec![false],
+        "both" => vec![false, true],
+        t => return Err(format!("--trim {t}: use on, off or both")),
+    };
+    let rules = parse_list(&a.trim_rules, "--trim-rules", |r| ["slots", "tails"].contains(&r).then(|| r.to_string()))?;
+    let size = |s: &str, what: &str| -> Result<u64, String> {
+        if s == "auto" {
+            Ok(0)
+        } else {
+            parse_size(s).map_err(|e| format!("{what}: {e}"))
+        }
+    };
+    let drive = DriveSpec {
+        logical_bytes: a.device_size,
+        op: a.op,
+        ru_bytes: size(&a.ru_size, "--ru-size")?,
+        unit_bytes: size(&a.unit, "--unit")?,
+        handles: a.handles,
+        handle_type: match a.handle_type.as_str() {
+            "ii" => HandleType::InitiallyIsolated,
+            "pi" => HandleType::PersistentlyIsolated,
+            t => return Err(format!("--handle-type {t}: use ii or pi")),
+        },
+        victim: match a.gc.as_str() {
+            "greedy" => Victim::Greedy,
+            "cost-benefit" => Victim::CostBenefit,
+            "fifo" => Victim::Fifo,
+            g => return Err(format!("--gc {g}: use greedy, cost-benefit or fifo")),
+        },
+    };
+    if !(0.0..0.9).contains(&a.op) {
+        return Err(format!("--op {}: give a fraction of physical space, e.g. 0.07", a.op));
+    }
+    let mut out = Vec::new();
+    for p in &policies {
+        for &t in &trims {
+            // LMCache's own FDP mode writes to /dev/ng directly: there is no fdpblk to trim.
+            if t && p == "lmcache-fdp" {
+                continue;
+            }
+            for &u in &utils {
+                out.push(RunSpec {
+                    workload: workload.clone(),
+                    drive: drive.clone(),
+                    policy: p.clone(),
+                    utilization: u,
+                    trim: t,
+                    trim_slots: rules.iter().any(|r| r == "slots"),
+                    trim_tails: rules.iter().any(|r| r == "tails"),
+                    seed: a.seed,
+                    warmup: a.warmup,
+                    measure: a.measure,
+                    probe: a.explain,
+                });
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err("nothing to run: lmcache-fdp has no trim (LMCache's own FDP mode writes to /dev/ng, without fdpblk); use --trim off or both".into());
+    }
+    Ok(out)
+}
+
+/// Runs the specs on `jobs` threads, results in spec order.
+pub fn run_all(specs: &[RunSpec], jobs: usize) -> Result<Vec<RunResult>, String> {
+    let jobs = jobs.clamp(1, specs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<Result<RunResult, String>>>> =
+        specs.iter().map(|_| Default::default()).collect();
+    std::thread::scope(|sc| {
+        for _ in 0..jobs {
+            sc.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(spec) = specs.get(i) else { break };
+                let r = run_one(spec);
+                if let Ok(r) = &r {
+                    eprintln!(
+                        "simulate: {} {} trim {} at {:.0} %: WAF {:.3} ({:.1} s)",
+                        r.workload,
+                        r.policy,
+                        if r.trim { "on" } else { "off" },
+                        r.utilization * 100.0,
+                        r.waf,
+                        r.wall_s
+                    );
+                }
+                *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(|| Err("run lost".into())))
+        .collect()
+}
+
+fn label(r: &RunResult) -> String {
+    r.label()
+}
+
+fn fmt_waf(r: &RunResult) -> String {
+    if r.stalled && !r.waf.is_finite() {
+        "stall".into()
+    } else if r.waf.is_finite() {
+        format!("{:.3}", r.waf)
+    } else {
+        "-".into()
+    }
+}
+
+fn print_text(rs: &[RunResult]) {
+    let Some(first) = rs.first() else { return };
+    let d = &first.drive;
+    println!(
+        "workload {}: drive {:.3} TB logical, OP {:.0} %, RU {:.2} GB, {} handles ({}), unit {} KiB; {} slots of {} MiB at 100 %",
+        first.workload,
+        d.logical_bytes as f64 / 1e12,
+        d.op * 100.0,
+        d.ru_bytes as f64 / 1e9,
+        d.handles,
+        match d.handle_type {
+            HandleType::InitiallyIsolated => "II",
+            HandleType::PersistentlyIsolated => "PI",
+        },
+        d.unit_bytes >> 10,
+        rs.iter().map(|r| r.max_slots).max().unwrap_or(0),
+        first.slot_bytes >> 20,
+    );
+    let mut utils: Vec<f64> = rs.iter().map(|r| r.utilization).collect();
+    utils.sort_by(|a, b| a.total_cmp(b));
+    utils.dedup();
+    let mut rows: Vec<String> = Vec::new();
+    for r in rs {
+        let l = label(r);
+        if !rows.contains(&l) {
+            rows.push(l);
+        }
+    }
+    print!("{:<24}", "steady-state WAF");
+    for u in &utils {
+        print!(" {:>8}", format!("{:.0} %", u * 100.0));
+    }
+    println!();
+    for row in &rows {
+        print!("{row:<24}");
+        for u in &utils {
+            let cell = rs.iter().find(|r| &label(r) == row && r.utilization == *u).map_or("".into(), fmt_waf);
+            print!(" {cell:>8}");
+        }
+        println!();
+    }
+    println!();
+    println!(
+        "{:<24} {:>5} {:>7} {:>8} {:>8} {:>9} {:>9} {:>7}  handles used (host bytes share)",
+        "run", "util", "WAF", "slots", "tails", "own/LMC", "hit ratio", "wall s"
+    );
+    for r in rs {
+        let host: u64 = r.handle_bytes.iter().sum();
+        let handles: Vec<String> = r
+            .handle_bytes
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b > 0)
+            .map(|(h, b)| format!("{h}:{:.0}%", 100.0 * *b as f64 / host.max(1) as f64))
+            .collect();
+        println!(
+            "{:<24} {:>4.0}% {:>7} {:>8} {:>8} {:>9.2e} {:>9.3} {:>7.1}  {}",
+            label(r),
+            r.utilization * 100.0,
+            fmt_waf(r),
+            r.trimmed_slots,
+            r.tail_trims,
+            r.own_state_ratio(),
+            r.lmcache.hits as f64 / r.lmcache.chunks.max(1) as f64,
+            r.wall_s,
+            handles.join(" ")
+        );
+    }
+}
+
+pub fn run(a: &SimulateArgs) -> CmdResult {
+    let specs = plan(a)?;
+    let results = run_all(&specs, a.jobs)?;
+    if a.json {
+        let v = json!({"runs": results.iter().map(RunResult::to_json).collect::<Vec<_>>()});
+        println!("{v}");
+    } else {
+        print_text(&results);
+    }
+    if let Some(p) = &a.plot {
+        crate::sim::plot::waf_vs_utilization(&results, p)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! `fdpblk simulate` end to end: a small seeded run, its JSON, its plot, its errors.
+
+use std::process::Command;
+
+fn fdpblk() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fdpblk"))
+}
+
+fn tmpdir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("fdpblk-simulate-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+const WORKLOAD: &str = r#"{
+  "name": "tiny", "description": "test", "slot_bytes": "1M", "write_rate_mb_s": 1,
+  "eviction": {"policy": "LRU", "trigger_watermark": 0.95, "eviction_ratio": 0.05},
+  "tenants": [{"name": "a", "salt": "a:1", "zipf": 0.9, "universe": 4, "doc_chunks": [1, 16], "unique_tail_chunks": 1}]
+}"#;
+
+const SMALL: &[&str] = &["--device-size", "1G", "--ru-size", "4M", "--unit", "64K", "--warmup", "1", "--measure", "1"];
+
+#[test]
+fn json_table_and_plot() {
+    let d = tmpdir("run");
+    let w = d.join("tiny.json");
+    std::fs::write(&w, WORKLOAD).unwrap();
+    let png = d.join("waf.png");
+    let out = fdpblk()
+        .args(["simulate", "--workload", w.to_str().unwrap(), "--policy", "none,key-aware", "--utilization", "50,100"])
+        .args(["--trim", "both", "--json", "--jobs", "2", "--plot", png.to_str().unwrap()])
+        .args(SMALL)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    // 2 policies x 2 trim settings x 2 utilisations, in table order.
+    assert_eq!(runs.len(), 8);
+    let key = |r: &serde_json::Value| {
+        (r["policy"].as_str().unwrap().to_string(), r["trim"].as_bool().unwrap(), r["utilization"].as_f64().unwrap())
+    };
+    assert_eq!(key(&runs[0]), ("none".into(), false, 0.5));
+    assert_eq!(key(&runs[7]), ("key-aware".into(), true, 1.0));
+    for r in runs {
+        let waf = r["waf"].as_f64().unwrap();
+        assert!((1.0..3.0).contains(&waf), "{r}");
+        assert!(r["host_bytes"].as_u64().unwrap() >= 1 << 30);
+        assert!(r["speed"]["events_per_s"].as_f64().unwrap() > 0.0);
+    }
+    assert!(runs[7]["trimmed_slots"].as_u64().unwrap() > 0 && runs[7]["own_state_bytes"].as_u64().unwrap() > 0);
+    let png = std::fs::read(&png).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    // The text table.
+    let out = fdpblk()
+        .args([
+            "simulate",
+            "--workload",
+            w.to_str().unwrap(),
+            "--policy",
+            "lmcache-fdp",
+            "--utilization",
+            "100",
+            "--trim",
+            "both",
+        ])
+        .args(SMALL)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("steady-state WAF") && !text.contains("lmcache-fdp + trim"), "{text}");
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn errors_name_the_fix() {
+    let d = tmpdir("err");
+    let w = d.join("tiny.json");
+    std::fs::write(&w, WORKLOAD).unwrap();
+    for (args, needle) in [
+        (vec!["--policy", "fastest"], "choose from"),
+        (vec!["--utilization", "150"], "--utilization"),
+        (vec!["--trim", "maybe"], "on, off or both"),
+        (vec!["--handle-type", "xx"], "ii or pi"),
+        (vec!["--policy", "lmcache-fdp", "--trim", "on"], "no trim"),
+    ] {
+        let out =
+            fdpblk().args(["simulate", "--workload", w.to_str().unwrap()]).args(&args).args(SMALL).output().unwrap();
+        assert!(!out.status.success());
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains(needle), "{args:?}: {e}");
+    }
+    std::fs::write(&w, r#"{"tenants": [{"zipf": -1}]}"#).unwrap();
+    let out = fdpblk().args(["simulate", "--workload", w.to_str().unwrap()]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("zipf"));
+    std::fs::remove_dir_all(&d).ok();
+}
