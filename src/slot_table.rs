@@ -401,7 +401,14 @@ impl SlotTable {
     /// LMCache header it carried. A valid header starts a new epoch before the write goes out.
     pub fn checkpoint_header(&self, copy: u8, header: Option<CheckpointHeader>) {
         let epoch = if header.is_some() { self.epoch.fetch_add(1, Ordering::SeqCst).wrapping_add(1) } else { self.epoch() };
-        self.mailbox.lock().unwrap_or_else(|e| e.into_inner()).events.push(CheckpointEvent { copy: copy & 1, header, epoch });
+        let mut m = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        // A newer write to a header block supersedes an older one not yet taken (the state
+        // thread would drop it too), so the mailbox holds at most one event per container
+        // even when nothing drains it (trace replay).
+        let epoch = m.events.iter().filter(|e| e.copy == copy & 1).map(|e| e.epoch).fold(epoch, u32::max);
+        m.events.retain(|e| e.copy != copy & 1);
+        m.events.push(CheckpointEvent { copy: copy & 1, header, epoch });
+        drop(m);
         self.wake.notify_all();
     }
 
