@@ -6,7 +6,8 @@
 # raw_block's I/O) puts, deletes and checkpoints through /dev/ublkb0; once two committed
 # checkpoints no longer list a slot, the slot reads back as zeroes (through /dev/ublkb0 and
 # on the namespace), every live entry still verifies, and fdpblk stats counts the trims on
-# the slots' handle. fdpblk's own state goes to its own placement ID. fdpblk is killed
+# the slots' handle; with the passthrough engine and the streams engine. fdpblk's own state
+# goes to its own placement ID. fdpblk is killed
 # (SIGKILL) and recovered, the writer restarts (reopens from the device): the slot table,
 # the identity history and the counters come back, and later evictions are deallocated
 # again. A clean del + add keeps them too.
@@ -79,48 +80,61 @@ free_zero() {
 
 add_device() {
     local dev
-    dev=$(fdpblk_add --backing "$NS_DEV" -n 0 --engine streams --policy region "$@")
+    dev=$(fdpblk_add -n 0 --policy region "$@")
     expect_eq "fdpblk add $*" "$dev" "$DEV"
     for _ in $(seq 100); do [[ -b $DEV && -e /run/fdpblk/0.stats.json ]] && return 0; sleep 0.1; done
     check_fatal "$DEV or its stats did not appear"
 }
 
-r0=$(ruamw) || check_fatal "nvme fdp status failed"
-add_device "${GEOM[@]}"
-expect_eq "deallocation on by default" "$(stat trim.enabled)" true
+# evictions ENGINE: puts, evictions and their deallocation on a freshly added device.
+evictions() {
+    local e=$1 r0 r1 used3 own host inspect
+    r0=$(ruamw) || check_fatal "nvme fdp status failed"
+    if [[ $e == passthrough ]]; then
+        add_device --backing "$NG_DEV" --engine passthrough "${GEOM[@]}"
+    else
+        add_device --backing "$NS_DEV" --engine streams "${GEOM[@]}"
+    fi
+    expect_eq "$e: deallocation on by default" "$(stat trim.enabled)" true
+    # 24 puts, then a second checkpoint: the 24 are confirmed (listed with their identity by a
+    # checkpoint taken after a checkpoint that followed their writes).
+    writer "$e-fill" put 24 checkpoint put 2 checkpoint
+    wait_stat checkpoint_seq 2
+    wait_stat slots.live 24
+    # Delete the 8 oldest: the next checkpoint (seq 3, container 0) lacks them but container 1
+    # (seq 2) still lists them; after seq 4 (container 1) neither does.
+    writer "$e-evict" delete 8 checkpoint
+    wait_stat checkpoint_seq 3
+    expect_eq "$e: nothing deallocated while one container still lists the slots" "$(stat trim.trims)" 0
+    writer "$e-evict2" delete 1 checkpoint
+    wait_stat checkpoint_seq 4
+    wait_stat trim.trims 8
+    wait_stat trim.handles '{"2":8}'
+    wait_stat slots.trimmed 8
+    wait_stat slots.evicted 1
+    expect_eq "$e: evicted slots read zeroes through $DEV (zeroed/free)" "$(free_zero "$DEV")" "8/9"
+    expect_eq "$e: and on $NS_DEV" "$(free_zero "$NS_DEV")" "8/9"
+    writer "$e-verify" verify
+    expect_eq "$e: every live entry verifies" "$(wfield "$e-verify" run.verified)" 17
+    # Own state: written within a persist interval (5 s), on placement ID 3 (handle OwnState).
+    sleep 6
+    r1=$(ruamw)
+    used3=$(ruamw_used "$r0" "$r1" 3)
+    expect "$e: own state on placement ID 3 ($used3 blocks)" test "$used3" -gt 0
+    own=$(stat own_state.bytes_written)
+    host=$(stat pipeline.ops.write.bytes)
+    echo "    $e: own state: $own bytes written for $host host bytes"
+    inspect=$("$FDPBLK" inspect "$NS_DEV" --json | jq -r '.fdpblk_state | "\(.slots.with_header) \(.slots.trimmed) \(.trims) \(.identity_history >= 9)"')
+    expect_eq "$e: fdpblk inspect $NS_DEV: slots, trimmed, trims, history >= 9" "$inspect" "26 8 8 true"
+}
 
-# 24 puts, then a second checkpoint: the 24 are confirmed (listed with their identity by a
-# checkpoint taken after a checkpoint that followed their writes).
-writer fill put 24 checkpoint put 2 checkpoint
-wait_stat checkpoint_seq 2
-wait_stat slots.live 24
-# Delete the 8 oldest: the next checkpoint (seq 3, container 0) lacks them but container 1
-# (seq 2) still lists them; after seq 4 (container 1) neither does.
-writer evict delete 8 checkpoint
-wait_stat checkpoint_seq 3
-expect_eq "nothing deallocated while one container still lists the slots" "$(stat trim.trims)" 0
-writer evict2 delete 1 checkpoint
-wait_stat checkpoint_seq 4
-wait_stat trim.trims 8
-wait_stat trim.handles '{"2":8}'
-wait_stat slots.trimmed 8
-wait_stat slots.evicted 1
-expect_eq "evicted slots read zeroes through $DEV (zeroed/free)" "$(free_zero "$DEV")" "8/9"
-expect_eq "and on $NS_DEV" "$(free_zero "$NS_DEV")" "8/9"
-writer verify verify
-expect_eq "every live entry verifies" "$(wfield verify run.verified)" 17
-
-# Own state: written within a persist interval (5 s), on placement ID 3 (handle OwnState).
-sleep 6
-r1=$(ruamw)
-used3=$(ruamw_used "$r0" "$r1" 3)
-expect "own state on placement ID 3 ($used3 blocks)" test "$used3" -gt 0
-own=$(stat own_state.bytes_written)
-host=$(stat pipeline.ops.write.bytes)
-echo "    own state: $own bytes written for $host host bytes"
-expect "own state written" test "$own" -gt 0
-inspect=$("$FDPBLK" inspect "$NS_DEV" --json | jq -r '.fdpblk_state | "\(.slots.with_header) \(.slots.trimmed) \(.trims) \(.identity_history >= 9)"')
-expect_eq "fdpblk inspect $NS_DEV: slots, trimmed, trims, history >= 9" "$inspect" "26 8 8 true"
+# The passthrough engine (NVMe commands on $NG_DEV) first, then the streams engine, which
+# goes on through a crash and a clean restart.
+evictions passthrough
+expect "fdpblk del" "$FDPBLK" del -n 0
+wipe || check_fatal "blkdiscard"
+rm -f "$STATE"
+evictions streams
 
 # fdpblk crashes and is recovered; LMCache (the writer) restarts and reopens the device.
 old=$(daemon_pid 0)
@@ -159,7 +173,7 @@ expect_eq "every live entry verifies" "$(wfield again run.verified)" 10
 # A clean stop keeps everything, confirmations included.
 sleep 6
 expect "fdpblk del" "$FDPBLK" del -n 0
-add_device
+add_device --backing "$NS_DEV" --engine streams
 wait_stat own_state.loaded_clean true
 wait_stat trim.trims 12
 wait_stat slots.with_header 26
