@@ -147,8 +147,8 @@ fn checkpoint() {
     let h = CheckpointHeader::decode(&hdr).unwrap();
     // Two checkpoint epochs pass after the slot writes above (their events are not for this
     // measurement), then LMCache's header write of the 256 MiB checkpoint is seen.
-    for _ in 0..2 {
-        slots.checkpoint_header(1, Some(h));
+    for i in 1..=2 {
+        slots.checkpoint_header(1, Some(CheckpointHeader { seq: h.seq + i, ..h }));
         let _ = slots.take_events();
     }
     let mut w = Watcher::new(g, slots.clone(), dev, cfg, None, 3);

@@ -189,6 +189,8 @@ pub struct CheckpointEvent {
 #[derive(Debug, Default)]
 struct Mailbox {
     events: Vec<CheckpointEvent>,
+    /// The last valid header written to each container, with its epoch.
+    last: [Option<(CheckpointHeader, u32)>; 2],
     /// The overflow estimate crossed its threshold on the data path.
     alarm: bool,
 }
@@ -400,12 +402,23 @@ impl SlotTable {
     /// A write (or discard) touched container `copy`'s header block; `header` is the valid
     /// LMCache header it carried. A valid header starts a new epoch before the write goes out.
     pub fn checkpoint_header(&self, copy: u8, header: Option<CheckpointHeader>) {
-        let epoch = if header.is_some() { self.epoch.fetch_add(1, Ordering::SeqCst).wrapping_add(1) } else { self.epoch() };
         let mut m = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        // The same header written again (a re-issued or repeated write) is not a new
+        // checkpoint: it must not start an epoch, or one checkpoint would count as two.
+        // It keeps the epoch of its first write: its snapshot is no newer than that.
+        let c = usize::from(copy & 1);
+        let epoch = match (header, m.last[c]) {
+            (Some(h), Some((last, e))) if last == h => e,
+            (Some(h), _) => {
+                let e = self.epoch.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+                m.last[c] = Some((h, e));
+                e
+            }
+            (None, _) => self.epoch(),
+        };
         // A newer write to a header block supersedes an older one not yet taken (the state
         // thread would drop it too), so the mailbox holds at most one event per container
         // even when nothing drains it (trace replay).
-        let epoch = m.events.iter().filter(|e| e.copy == copy & 1).map(|e| e.epoch).fold(epoch, u32::max);
         m.events.retain(|e| e.copy != copy & 1);
         m.events.push(CheckpointEvent { copy: copy & 1, header, epoch });
         drop(m);
@@ -930,6 +943,23 @@ mod tests {
         t.note_write(2);
         assert!(t.cas_life(2, t.life(2), t.life(2)));
         assert!(!t.cas_life(2, l | life::CONFIRMED, l | life::TRIMMING));
+    }
+
+    #[test]
+    fn a_repeated_header_write_is_not_a_new_epoch() {
+        let t = SlotTable::new(4);
+        let h = CheckpointHeader { magic: *b"LMCIDX01", version: 1, seq: 3, payload_len: 10, crc32: 7 };
+        t.checkpoint_header(0, Some(h));
+        t.checkpoint_header(1, Some(CheckpointHeader { seq: 4, ..h }));
+        t.checkpoint_header(0, Some(h)); // written again after epoch 2 began
+        assert_eq!(t.epoch(), 2);
+        let (ev, _) = t.take_events();
+        assert_eq!(ev.len(), 2, "one pending event per container");
+        assert_eq!((ev[1].copy, ev[1].epoch), (0, 1), "the repeat keeps its first epoch");
+        t.checkpoint_header(0, None);
+        assert_eq!(t.epoch(), 2);
+        t.checkpoint_header(0, Some(CheckpointHeader { seq: 5, ..h }));
+        assert_eq!(t.epoch(), 3);
     }
 
     #[test]
