@@ -51,7 +51,8 @@
 //! allocated to that put, and it is in the index then only if that put committed (no other put
 //! can hold `s` while it is allocated, and any later put of `s` would have written it,
 //! giving a newer stamp). The entry names the put's identity and length, so it is that
-//! put's entry. For writes before fdpblk started, the stamp is 0 and `K >= 2`: the write
+//! put's entry. Epochs count distinct header writes: the same header written again keeps the
+//! epoch of its first write, so one checkpoint never counts as two. For writes before fdpblk started, the stamp is 0 and `K >= 2`: the write
 //! preceded header 1 as seen by this run. Confirmations saved by an earlier run are used only
 //! after a clean shutdown: after a crash, a slot may have been written after the last persist.
 //!
