@@ -120,8 +120,8 @@ pub struct AddArgs {
     /// auto: passthrough for /dev/ng*, streams for a block device with write streams, else plain.
     #[arg(long, default_value = "auto")]
     pub engine: String,
-    /// Placement policy.
-    #[arg(long, default_value = "region")]
+    /// Placement policy: key-aware (3 handles), region (4), none (1), lmcache-fdp (8).
+    #[arg(long, default_value = "key-aware")]
     pub policy: String,
     /// auto: the geometry of the LMCache checkpoint on the device (flags must agree);
     /// lmcache: from the flags.

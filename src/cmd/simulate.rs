@@ -284,6 +284,31 @@ fn print_text(rs: &[RunResult]) {
     }
 }
 
+/// `--explain`: data lifetimes by write class, in cache turnovers (puts / slots).
+fn print_lifetimes(rs: &[RunResult]) {
+    for r in rs {
+        let Some(serde_json::Value::Array(rows)) = &r.probe else { continue };
+        println!();
+        println!("lifetimes, {} at {:.0} % (in cache turnovers: puts / slots)", r.label(), r.utilization * 100.0);
+        println!("{:<10} {:<28} {:>7} {:>8} {:>6} {:>6} {:>6} {:>6}", "tenant", "class", "share", "deaths", "p10", "p50", "p90", "mean");
+        let total: f64 = rows.iter().filter_map(|x| x["writes"].as_f64()).sum();
+        for x in rows {
+            let f = |k: &str| x[k].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "{:<10} {:<28} {:>6.1}% {:>8} {:>6.2} {:>6.2} {:>6.2} {:>6.2}",
+                x["tenant"].as_str().unwrap_or(""),
+                x["class"].as_str().unwrap_or(""),
+                100.0 * f("writes") / total.max(1.0),
+                x["deaths"],
+                f("p10"),
+                f("p50"),
+                f("p90"),
+                f("mean")
+            );
+        }
+    }
+}
+
 pub fn run(a: &SimulateArgs) -> CmdResult {
     let specs = plan(a)?;
     let results = run_all(&specs, a.jobs)?;
@@ -292,6 +317,7 @@ pub fn run(a: &SimulateArgs) -> CmdResult {
         println!("{v}");
     } else {
         print_text(&results);
+        print_lifetimes(&results);
     }
     if let Some(p) = &a.plot {
         crate::sim::plot::waf_vs_utilization(&results, p)?;

@@ -109,11 +109,11 @@ pub struct ClassLife {
     pub writes: u64,
     pub deaths: u64,
     pub sum: f64,
-    /// Log-spaced histogram: bin i holds lifetimes in [2^(i/4 − 8), 2^((i+1)/4 − 8)).
+    /// Log-spaced histogram: bin i holds lifetimes in [2^(i/16 − 8), 2^((i+1)/16 − 8)).
     pub hist: Vec<u64>,
 }
 
-const HIST_BINS: usize = 80;
+const HIST_BINS: usize = 256;
 
 impl ClassLife {
     fn add(&mut self, t: f64) {
@@ -122,17 +122,17 @@ impl ClassLife {
         }
         self.deaths += 1;
         self.sum += t;
-        let b = ((t.max(1e-9).log2() + 8.0) * 4.0).floor().clamp(0.0, (HIST_BINS - 1) as f64) as usize;
+        let b = ((t.max(1e-9).log2() + 8.0) * 16.0).floor().clamp(0.0, (HIST_BINS - 1) as f64) as usize;
         self.hist[b] += 1;
     }
-    /// The q-quantile of the lifetimes (bin lower edge).
+    /// The q-quantile of the lifetimes (the middle of its bin, within 2 %).
     pub fn quantile(&self, q: f64) -> f64 {
         let target = (self.deaths as f64 * q).ceil() as u64;
         let mut acc = 0;
         for (i, &n) in self.hist.iter().enumerate() {
             acc += n;
             if acc >= target.max(1) {
-                return 2f64.powf(i as f64 / 4.0 - 8.0);
+                return 2f64.powf((i as f64 + 0.5) / 16.0 - 8.0);
             }
         }
         f64::NAN
@@ -143,20 +143,25 @@ impl ClassLife {
 }
 
 /// Which class a put falls in, from what the simulator knows exactly.
-pub const CLASS_NAMES: [&str; 6] = [
-    "first, full",
-    "first, partial",
-    "returning, unread",
-    "returning, partial",
-    "returning, read before",
-    "returning, read, partial",
+/// Classes by what the identity's history held at the write (the exact history, unbounded):
+/// first write, written before but never read, read once or twice, read three times or more;
+/// each for a full and a partial (last-of-request) chunk.
+pub const CLASS_NAMES: [&str; 8] = [
+    "first write, full",
+    "first write, partial",
+    "rewritten, never read, full",
+    "rewritten, never read, part",
+    "read 1-2x before, full",
+    "read 1-2x before, partial",
+    "read 3+x before, full",
+    "read 3+x before, partial",
 ];
 
 /// Data lifetimes by write class, measured in the run's window (the evidence behind key-aware).
 #[derive(Clone, Debug, Default)]
 pub struct Probe {
     /// Per tenant, per class.
-    pub classes: Vec<[ClassLife; 6]>,
+    pub classes: Vec<[ClassLife; 8]>,
     birth: Vec<u64>,
     class: Vec<u8>,
     tenant: Vec<u32>,
@@ -193,14 +198,13 @@ impl Probe {
         self.death(slot);
         self.puts += 1;
         let (writes, reads) = self.seen.get(&identity).copied().unwrap_or((0, 0));
-        let class = match (writes > 0, reads > 0, partial) {
-            (false, _, false) => 0,
-            (false, _, true) => 1,
-            (true, false, false) => 2,
-            (true, false, true) => 3,
-            (true, true, false) => 4,
-            (true, true, true) => 5,
+        let base = match (writes, reads) {
+            (0, _) => 0,
+            (_, 0) => 1,
+            (_, 1 | 2) => 2,
+            _ => 3,
         };
+        let class = 2 * base + u8::from(partial);
         self.seen.insert(identity, (writes + 1, reads));
         let i = slot as usize;
         self.birth[i] = self.puts;
