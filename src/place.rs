@@ -62,8 +62,9 @@ pub trait Policy: Send {
     fn place(&mut self, target: &Target<'_>) -> Handle;
     /// Side information (default: ignored).
     fn observe(&mut self, _event: &Observation<'_>) {}
-    /// Whether the policy keeps state that fdpblk must persist (identity history): the
-    /// simulator then counts fdpblk's own-state writes.
+    /// Whether the policy keeps a history of its own (key-aware's loads per identity) that
+    /// fdpblk's own state should carry across restarts; it does not yet, so such a policy
+    /// relearns it after a restart.
     fn needs_state(&self) -> bool {
         false
     }
