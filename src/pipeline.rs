@@ -10,7 +10,7 @@
 use crate::classify::{classify, Class, Extent, ExtentKind, Op};
 use crate::engine::{Engine, Errno};
 use crate::layout::Geometry;
-use crate::place::{Handle, Policy, Target};
+use crate::place::{Handle, Observation, Policy, Target};
 use crate::slot_table::SlotTable;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -261,7 +261,8 @@ impl Pipeline {
         for e in &self.extents {
             match (op, e.kind) {
                 (Op::Read, ExtentKind::SlotPayload { slot }) if e.offset == self.geom.slot_offset(slot) + self.geom.header_bytes => {
-                    self.slots.note_read(slot)
+                    self.slots.note_read(slot);
+                    self.policy.observe(&Observation::Read { slot, len: e.len });
                 }
                 (Op::Discard | Op::WriteZeroes, kind) => match kind {
                     ExtentKind::CheckpointHeader { copy, .. } => self.slots.checkpoint_header(copy, None),
@@ -416,6 +417,34 @@ mod tests {
         assert_eq!(segs[1].handle, RegionPolicy::SLOTS);
         assert_eq!(p.stats().payload_fallbacks, 1);
         assert_eq!(eng.counters.bytes_by_handle[&RegionPolicy::SLOTS], 61440);
+    }
+
+    #[test]
+    fn loads_on_one_queue_place_headers_on_another() {
+        use crate::place::{KeyAwarePolicy, SharedPolicy};
+        let g = geom();
+        let slots = Arc::new(SlotTable::new(g.max_slots));
+        let shared = SharedPolicy::new(Box::new(KeyAwarePolicy::new()));
+        let mut q0 = Pipeline::with_slots(g, Box::new(shared.clone()), slots.clone());
+        let mut q1 = Pipeline::with_slots(g, Box::new(shared), slots);
+        let mut segs = Vec::new();
+        let put = |q: &mut Pipeline, slot: u64, identity: u64, segs: &mut Vec<Segment>| {
+            let hdr = SlotHeader { identity, payload_len: 8192 }.encode(4096);
+            segs.clear();
+            q.plan(&Request { op: Op::Write, offset: g.slot_offset(slot), len: 4096, data: Some(&hdr) }, segs, HeaderWait::Expired)
+                .unwrap();
+            segs[0].handle
+        };
+        assert_eq!(put(&mut q0, 1, 42, &mut segs), KeyAwarePolicy::YOUNG);
+        // A load reads from the payload start (once per load, however the read is split);
+        // a read elsewhere in the slot is not a load.
+        let load = Request { op: Op::Read, offset: g.slot_offset(1) + 4096, len: 4096, data: None };
+        let other = Request { op: Op::Read, offset: g.slot_offset(1) + 8192, len: 4096, data: None };
+        q1.plan(&load, &mut segs, HeaderWait::Expired).unwrap();
+        q1.plan(&other, &mut segs, HeaderWait::Expired).unwrap();
+        // Identity 42 comes back into another slot, written through queue 0: read once before.
+        assert_eq!(put(&mut q0, 3, 42, &mut segs), KeyAwarePolicy::READ);
+        assert_eq!(put(&mut q0, 4, 43, &mut segs), KeyAwarePolicy::YOUNG);
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub struct SimulateArgs {
     /// Share of the device LMCache uses, in percent (comma-separated list).
     #[arg(long, default_value = "50,80,90,100")]
     pub utilization: String,
-    /// fdpblk deallocates evicted slots (issue #6's two-checkpoint rule): on, off or both.
+    /// fdpblk deallocates what LMCache no longer references (see --trim-rules): on, off or both.
     #[arg(long, default_value = "both")]
     pub trim: String,
     /// Trim rules with --trim on: `slots` (evicted slots, issue #6's two-checkpoint rule) and

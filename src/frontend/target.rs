@@ -9,7 +9,7 @@ use crate::engine::uring::UringEngine;
 use crate::persist::dev::{BlockDev, NvmeDev, StateWriter};
 use crate::persist::Region;
 use crate::pipeline::{Pipeline, PipelineCounters, PipelineStats};
-use crate::place::{policy_by_name, Target};
+use crate::place::{policy_by_name, SharedPolicy, Target};
 use crate::slot_table::SlotTable;
 use crate::watch::{WatchConfig, Watcher};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
@@ -27,6 +27,9 @@ use std::time::Duration;
 struct Shared {
     cfg: DeviceConfig,
     slots: Arc<SlotTable>,
+    /// One policy for all queues: what it learns from one queue's reads places the headers
+    /// another queue writes.
+    policy: SharedPolicy,
     counters: Mutex<Vec<Arc<PipelineCounters>>>,
     /// What the state thread publishes (checkpoint, slots, trims, own state).
     watch: Arc<Mutex<serde_json::Value>>,
@@ -50,8 +53,7 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
             return;
         }
     };
-    let policy = policy_by_name(&shared.cfg.policy).expect("policy validated before the device was created");
-    let pipeline = Pipeline::with_slots(shared.cfg.geometry, policy, shared.slots.clone());
+    let pipeline = Pipeline::with_slots(shared.cfg.geometry, Box::new(shared.policy.clone()), shared.slots.clone());
     shared.counters.lock().unwrap_or_else(|e| e.into_inner()).push(pipeline.counters().clone());
     let engine = match shared.cfg.engine {
         super::config::EngineKind::Streams => QueueEngine::Uring(UringEngine::streams(shared.cfg.streams.clone())),
@@ -205,7 +207,8 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // The state thread: loads fdpblk's own state into the slot table before any I/O is served.
     let watcher = start_watcher(&cfg, &backing, &slots);
     let watch = watcher.as_ref().map_or_else(|| Arc::new(Mutex::new(serde_json::Value::Null)), |w| w.published());
-    let shared = Arc::new(Shared { slots, counters: Mutex::new(Vec::new()), cfg: cfg.clone(), watch });
+    let policy = SharedPolicy::new(policy_by_name(&cfg.policy).expect("policy validated before the device was created"));
+    let shared = Arc::new(Shared { slots, policy, counters: Mutex::new(Vec::new()), cfg: cfg.clone(), watch });
     let stop = Arc::new(AtomicBool::new(false));
     let watch_stop = Arc::new(AtomicBool::new(false));
     let state_thread = watcher.map(|w| {

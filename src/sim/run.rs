@@ -353,8 +353,8 @@ impl Sim {
                 }
                 self.shape(op);
             }
-            LmOp::Load { slot, payload_len } => {
-                self.observer.observe(&Observation::Read { slot, len: payload_len });
+            LmOp::Load { slot, .. } => {
+                // The load's read reaches the policy through the pipeline, as under `fdpblk add`.
                 if let Some(p) = &mut self.probe {
                     p.read(slot);
                 }
