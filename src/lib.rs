@@ -1,3 +1,4 @@
+pub mod blkparse;
 pub mod classify;
 pub mod cli;
 pub mod cmd;
