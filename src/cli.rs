@@ -23,6 +23,12 @@ pub enum Command {
     Recover(IdArgs),
     /// Requests and bytes per class and per placement handle of a running device.
     Stats(StatsArgs),
+    /// Start device NAME from /etc/fdpblk/NAME.toml in the foreground (systemd's
+    /// fdpblk@NAME.service), or recover it if it exists and its daemon died.
+    Up(crate::cmd::up::UpArgs),
+    /// Stop device NAME (ExecStop of fdpblk@NAME.service); a device whose daemon died is kept
+    /// for `fdpblk up` to recover.
+    Down(crate::cmd::up::UpArgs),
     /// The ublk driver's feature bits, those fdpblk uses, and block write-stream support.
     Features(FeaturesArgs),
     /// Print the --name of device ID (for the udev rule in deploy/); exit 1 if it has none.
@@ -115,8 +121,12 @@ pub struct ReplayArgs {
 #[derive(Args, Debug)]
 pub struct AddArgs {
     /// Backing NVMe namespace: /dev/ngXnY (passthrough) or /dev/nvmeXnY (write streams), or a file.
-    #[arg(long)]
+    #[arg(long, required_unless_present = "config", default_value = "", hide_default_value = true, value_parser = parse_path)]
     pub backing: PathBuf,
+    /// Read the flags from a TOML file (keys: the long flags with _ for -; see
+    /// deploy/fdpblk.example.toml); flags given here override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// auto: passthrough for /dev/ng*, streams for a block device with write streams, else plain.
     #[arg(long, default_value = "auto")]
     pub engine: String,
@@ -202,6 +212,11 @@ pub struct NameArgs {
 pub struct FeaturesArgs {
     #[arg(long)]
     pub json: bool,
+}
+
+/// A path as given; an empty one is caught after `--config` is read.
+fn parse_path(s: &str) -> Result<PathBuf, String> {
+    Ok(PathBuf::from(s))
 }
 
 /// Parses `4096`, `64K`, `128M`, `1G`, `2T` (also `KiB`/`MiB`/...) into bytes.

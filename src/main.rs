@@ -1,4 +1,4 @@
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use fdpblk::cli::{Cli, Command};
 use std::process::ExitCode;
 
@@ -9,15 +9,22 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
         Command::Inspect(a) => fdpblk::cmd::inspect::run(&a),
         Command::Replay(a) => fdpblk::cmd::replay::run(&a),
-        Command::Add(a) => fdpblk::cmd::device::add(&a),
+        Command::Add(mut a) => {
+            // Flags given on the command line override the --config file.
+            let explicit = matches.subcommand_matches("add").map(fdpblk::cmd::config_file::explicit_ids).unwrap_or_default();
+            fdpblk::cmd::config_file::resolve_add(&mut a, &explicit).map_err(Into::into).and_then(|()| fdpblk::cmd::device::add(&a))
+        }
         Command::Del(a) => fdpblk::cmd::device::del(&a),
         Command::List(a) => fdpblk::cmd::device::list(&a),
         Command::Recover(a) => fdpblk::cmd::device::recover(&a),
         Command::Stats(a) => fdpblk::cmd::device::stats(&fdpblk::cli::IdArgs { number: a.number, foreground: false }, a.json),
+        Command::Up(a) => fdpblk::cmd::up::up(&a),
+        Command::Down(a) => fdpblk::cmd::up::down(&a),
         Command::Features(a) => fdpblk::cmd::device::features(a.json),
         Command::Name(a) => fdpblk::cmd::device::name(a.id),
         Command::Fdp(a) => fdpblk::cmd::fdp::run(&a),

@@ -222,7 +222,13 @@ fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, Stri
     if foreground {
         // SAFETY: unshare only changes this process's namespaces.
         unsafe { libc::unshare(libc::CLONE_NEWNS) };
-        return body(Box::new(move |r| report(&r))).map_err(Into::into);
+        return body(Box::new(move |r| {
+            report(&r);
+            if let Ok(id) = r {
+                super::up::notify_ready(id); // systemd Type=notify; nothing outside systemd
+            }
+        }))
+        .map_err(Into::into);
     }
     let mut fds = [0i32; 2];
     // SAFETY: pipe writes two fds into the array.

@@ -1,9 +1,11 @@
 //! The commands behind the CLI. Each returns a one-line error that names the fix.
 
+pub mod config_file;
 pub mod device;
 pub mod fdp;
 pub mod inspect;
 pub mod replay;
 pub mod simulate;
+pub mod up;
 
 pub type CmdResult = Result<(), Box<dyn std::error::Error>>;

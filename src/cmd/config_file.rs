@@ -1,0 +1,382 @@
+//! `/etc/fdpblk/NAME.toml`: what `fdpblk add` takes, as a file (`fdpblk add --config FILE`,
+//! `fdpblk up NAME`, the systemd unit `fdpblk@NAME.service`).
+//!
+//! Every key is a long flag of `fdpblk add` with `_` for `-` (`slot_bytes` is
+//! `--slot-bytes`, `no_trim` is `--no-trim`, `number` is `-n`/`--number`); `--foreground` and
+//! `--config` are not keys. Sizes are a number of bytes or a string with a K/M/G/T suffix, like
+//! the flags. A flag given on the command line overrides the file. An unknown key, a value of
+//! the wrong type or a TOML syntax error is a one-line error that names the key (or line) and
+//! the fix. Example: `deploy/fdpblk.example.toml`.
+
+use crate::cli::{parse_size, AddArgs, GeometryArgs};
+use clap::parser::ValueSource;
+use clap::ArgMatches;
+use std::path::{Path, PathBuf};
+
+/// Where `fdpblk up NAME` and the systemd unit look for `NAME.toml`.
+pub const CONFIG_DIR: &str = "/etc/fdpblk";
+
+/// The keys of a config file, in the order `fdpblk add --help` lists the flags.
+pub const KEYS: [&str; 17] = [
+    "backing",
+    "engine",
+    "policy",
+    "layout",
+    "block_align",
+    "header_bytes",
+    "slot_bytes",
+    "meta_total_bytes",
+    "capacity_bytes",
+    "number",
+    "queues",
+    "depth",
+    "io_buf_size",
+    "name",
+    "header_wait_us",
+    "no_trim",
+    "persist_interval_ms",
+];
+
+/// The settings of one config file; `None` for a key the file does not set.
+#[derive(Clone, Debug, Default)]
+pub struct ConfigFile {
+    pub path: PathBuf,
+    pub backing: Option<PathBuf>,
+    pub engine: Option<String>,
+    pub policy: Option<String>,
+    pub layout: Option<String>,
+    pub geometry: GeometryArgs,
+    pub number: Option<i32>,
+    pub queues: Option<u16>,
+    pub depth: Option<u16>,
+    pub io_buf_size: Option<u64>,
+    pub name: Option<String>,
+    pub header_wait_us: Option<u64>,
+    pub no_trim: Option<bool>,
+    pub persist_interval_ms: Option<u64>,
+}
+
+/// Line (1-based) of byte `at` in `text`.
+fn line_of(text: &str, at: usize) -> usize {
+    text.as_bytes()[..at.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
+}
+
+impl ConfigFile {
+    /// Reads and parses `path`.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            format!("cannot read config {}: {e}; create it (deploy/fdpblk.example.toml shows every key) or pass another --config", path.display())
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses the text of a config file; `path` only names the file in errors.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, String> {
+        let file = path.display();
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            let line = e.span().map_or(String::new(), |s| format!(" line {}", line_of(text, s.start)));
+            format!("{file}{line}: {}; write one `key = value` per line, strings in double quotes", e.message().trim_end())
+        })?;
+        let mut c = ConfigFile { path: path.to_path_buf(), ..Default::default() };
+        for (key, value) in &table {
+            let string = || {
+                value.as_str().map(str::to_string).ok_or_else(|| format!("{file}: `{key}` must be a string in double quotes, e.g. {key} = \"{}\"", example(key)))
+            };
+            let size = || match value {
+                toml::Value::Integer(n) if *n >= 0 => Ok(*n as u64),
+                toml::Value::String(s) => parse_size(s).map_err(|e| format!("{file}: `{key}`: {e}")),
+                _ => Err(format!("{file}: `{key}` must be a size in bytes, e.g. {key} = {} or {key} = \"{}\"", example(key), size_example(key))),
+            };
+            let int = |lo: i64, hi: i64| match value {
+                toml::Value::Integer(n) if (lo..=hi).contains(n) => Ok(*n),
+                _ => Err(format!("{file}: `{key}` must be a whole number from {lo} to {hi}, e.g. {key} = {}", example(key))),
+            };
+            match key.as_str() {
+                "backing" => c.backing = Some(PathBuf::from(string()?)),
+                "engine" => c.engine = Some(string()?),
+                "policy" => c.policy = Some(string()?),
+                "layout" => c.layout = Some(string()?),
+                "name" => c.name = Some(string()?),
+                "block_align" => c.geometry.block_align = Some(size()?),
+                "header_bytes" => c.geometry.header_bytes = Some(size()?),
+                "slot_bytes" => c.geometry.slot_bytes = Some(size()?),
+                "meta_total_bytes" => c.geometry.meta_total_bytes = Some(size()?),
+                "capacity_bytes" => c.geometry.capacity_bytes = Some(size()?),
+                "io_buf_size" => c.io_buf_size = Some(size()?),
+                "number" => c.number = Some(int(-1, i64::from(i32::MAX))? as i32),
+                "queues" => c.queues = Some(int(0, i64::from(u16::MAX))? as u16),
+                "depth" => c.depth = Some(int(0, i64::from(u16::MAX))? as u16),
+                "header_wait_us" => c.header_wait_us = Some(int(0, i64::MAX)? as u64),
+                "persist_interval_ms" => c.persist_interval_ms = Some(int(0, i64::MAX)? as u64),
+                "no_trim" => {
+                    c.no_trim = Some(value.as_bool().ok_or_else(|| format!("{file}: `no_trim` must be true or false (no quotes)"))?)
+                }
+                k => {
+                    let underscored = k.replace('-', "_");
+                    return Err(if KEYS.contains(&underscored.as_str()) {
+                        format!("{file}: unknown key `{k}`; write it `{underscored}` (config keys use _ where flags use -)")
+                    } else if k == "foreground" || k == "config" {
+                        format!("{file}: unknown key `{k}`: --{k} is a command-line flag only; remove the line")
+                    } else {
+                        format!("{file}: unknown key `{k}`; remove it or use one of: {}", KEYS.join(", "))
+                    });
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    /// Sets on `a` every key the file has, except those `explicit` says were given on the
+    /// command line (clap argument ids, which are the key names).
+    pub fn apply(&self, a: &mut AddArgs, explicit: impl Fn(&str) -> bool) {
+        macro_rules! set {
+            ($($field:ident),*) => {$(
+                if let Some(v) = &self.$field {
+                    if !explicit(stringify!($field)) {
+                        a.$field = v.clone();
+                    }
+                }
+            )*};
+        }
+        macro_rules! set_geometry {
+            ($($field:ident),*) => {$(
+                if self.geometry.$field.is_some() && !explicit(stringify!($field)) {
+                    a.geometry.$field = self.geometry.$field;
+                }
+            )*};
+        }
+        set!(backing, engine, policy, layout, number, queues, depth, io_buf_size, header_wait_us, no_trim, persist_interval_ms);
+        set_geometry!(block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes);
+        if self.name.is_some() && !explicit("name") {
+            a.name = self.name.clone();
+        }
+    }
+}
+
+fn example(key: &str) -> &'static str {
+    match key {
+        "backing" => "/dev/ng0n1",
+        "engine" => "auto",
+        "policy" => "key-aware",
+        "layout" => "auto",
+        "name" => "kv0",
+        "block_align" | "header_bytes" => "4096",
+        "slot_bytes" => "33558528",
+        "meta_total_bytes" => "268435456",
+        "capacity_bytes" => "0",
+        "io_buf_size" => "524288",
+        "number" => "-1",
+        "queues" => "1",
+        "depth" => "128",
+        "header_wait_us" => "5000",
+        "persist_interval_ms" => "5000",
+        _ => "",
+    }
+}
+
+fn size_example(key: &str) -> &'static str {
+    match key {
+        "meta_total_bytes" => "256M",
+        "io_buf_size" => "512K",
+        "capacity_bytes" => "1T",
+        "slot_bytes" => "32M",
+        _ => "4K",
+    }
+}
+
+/// The ids of the arguments given on the command line (not defaults).
+pub fn explicit_ids(m: &ArgMatches) -> Vec<String> {
+    m.ids().filter(|id| m.value_source(id.as_str()) == Some(ValueSource::CommandLine)).map(|id| id.to_string()).collect()
+}
+
+/// Completes `fdpblk add`'s arguments: with `--config FILE` the file's keys fill in every
+/// flag not given on the command line (`explicit`: see [`explicit_ids`]). Then the backing
+/// must be known.
+pub fn resolve_add(a: &mut AddArgs, explicit: &[String]) -> Result<(), String> {
+    if let Some(path) = a.config.clone() {
+        ConfigFile::load(&path)?.apply(a, |id| explicit.iter().any(|e| e == id));
+        if a.backing.as_os_str().is_empty() {
+            return Err(format!("no backing device: set backing = \"/dev/ngXnY\" in {} or pass --backing DEV", path.display()));
+        }
+    } else if a.backing.as_os_str().is_empty() {
+        return Err("no backing device: pass --backing DEV (an NVMe namespace or a file), or --config FILE".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::{CommandFactory, FromArgMatches};
+
+    fn add_args(argv: &[&str]) -> (AddArgs, Vec<String>) {
+        let m = Cli::command().try_get_matches_from(argv).unwrap();
+        let explicit = explicit_ids(m.subcommand_matches("add").unwrap());
+        match Cli::from_arg_matches(&m).unwrap().command {
+            Command::Add(a) => (a, explicit),
+            _ => unreachable!(),
+        }
+    }
+
+    fn write(text: &str) -> (tempdir::Dir, PathBuf) {
+        let d = tempdir::Dir::new();
+        let p = d.0.join("kv0.toml");
+        std::fs::write(&p, text).unwrap();
+        (d, p)
+    }
+
+    mod tempdir {
+        pub struct Dir(pub std::path::PathBuf);
+        impl Dir {
+            pub fn new() -> Self {
+                use std::sync::atomic::{AtomicU32, Ordering};
+                static N: AtomicU32 = AtomicU32::new(0);
+                let p = std::env::temp_dir().join(format!("fdpblk-cfg-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+                std::fs::create_dir_all(&p).unwrap();
+                Dir(p)
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    const FULL: &str = r#"
+backing = "/dev/ng0n1"
+engine = "passthrough"
+policy = "region"
+layout = "lmcache"
+name = "kv0"
+number = 3
+queues = 2
+depth = 64
+io_buf_size = "256K"
+header_wait_us = 2000
+no_trim = true
+persist_interval_ms = 0
+block_align = 4096
+header_bytes = "8K"
+slot_bytes = 33558528
+meta_total_bytes = "256M"
+capacity_bytes = "1T"
+"#;
+
+    #[test]
+    fn every_key_sets_its_flag() {
+        let (_d, p) = write(FULL);
+        let (mut a, explicit) = add_args(&["fdpblk", "add", "--config", p.to_str().unwrap()]);
+        resolve_add(&mut a, &explicit).unwrap();
+        assert_eq!(a.backing, PathBuf::from("/dev/ng0n1"));
+        assert_eq!((a.engine.as_str(), a.policy.as_str(), a.layout.as_str()), ("passthrough", "region", "lmcache"));
+        assert_eq!(a.name.as_deref(), Some("kv0"));
+        assert_eq!((a.number, a.queues, a.depth, a.io_buf_size), (3, 2, 64, 256 << 10));
+        assert_eq!((a.header_wait_us, a.no_trim, a.persist_interval_ms), (2000, true, 0));
+        let g = &a.geometry;
+        assert_eq!(
+            (g.block_align, g.header_bytes, g.slot_bytes, g.meta_total_bytes, g.capacity_bytes),
+            (Some(4096), Some(8192), Some(33558528), Some(256 << 20), Some(1 << 40))
+        );
+    }
+
+    #[test]
+    fn command_line_overrides_the_file() {
+        let (_d, p) = write(FULL);
+        let (mut a, explicit) = add_args(&[
+            "fdpblk", "add", "--config", p.to_str().unwrap(), "--backing", "/dev/nvme1n1", "--policy", "none", "-n", "7", "--slot-bytes", "64K", "-q", "1",
+        ]);
+        resolve_add(&mut a, &explicit).unwrap();
+        assert_eq!(a.backing, PathBuf::from("/dev/nvme1n1"));
+        assert_eq!(a.policy, "none");
+        assert_eq!(a.number, 7);
+        assert_eq!(a.queues, 1, "a flag equal to its default still overrides the file");
+        assert_eq!(a.geometry.slot_bytes, Some(65536));
+        // Keys not overridden come from the file, flags not in the file keep add's defaults.
+        assert_eq!(a.engine, "passthrough");
+        assert_eq!(a.geometry.meta_total_bytes, Some(256 << 20));
+        let (_d2, p2) = write("backing = \"/dev/ng0n1\"\n");
+        let (mut b, explicit) = add_args(&["fdpblk", "add", "--config", p2.to_str().unwrap()]);
+        resolve_add(&mut b, &explicit).unwrap();
+        assert_eq!((b.engine.as_str(), b.policy.as_str(), b.queues, b.depth), ("auto", "key-aware", 1, 128));
+        assert!(!b.no_trim);
+    }
+
+    #[test]
+    fn keys_are_the_flags_of_add() {
+        let cmd = Cli::command();
+        let add = cmd.find_subcommand("add").unwrap();
+        let mut flags: Vec<String> = add
+            .get_arguments()
+            .map(|a| a.get_id().to_string())
+            .filter(|id| !matches!(id.as_str(), "config" | "foreground" | "help"))
+            .collect();
+        let mut keys: Vec<String> = KEYS.iter().map(|k| k.to_string()).collect();
+        flags.sort();
+        keys.sort();
+        assert_eq!(flags, keys, "a flag of `fdpblk add` without a config key (or the reverse): update KEYS, ConfigFile and its docs");
+        for a in add.get_arguments() {
+            if let Some(long) = a.get_long() {
+                if long != "config" && long != "foreground" {
+                    assert_eq!(long.replace('-', "_"), a.get_id().as_str(), "the key of --{long} is its flag with _ for -");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn errors_name_the_key_and_the_fix() {
+        let p = Path::new("/etc/fdpblk/kv0.toml");
+        let err = |t: &str| ConfigFile::parse(p, t).unwrap_err();
+        let e = err("backing = \"/dev/ng0n1\"\nslot-bytes = 4096\n");
+        assert!(e.contains("unknown key `slot-bytes`") && e.contains("`slot_bytes`"), "{e}");
+        let e = err("bakcing = \"/dev/ng0n1\"\n");
+        assert!(e.contains("unknown key `bakcing`") && e.contains("backing, engine"), "{e}");
+        let e = err("[geometry]\nslot_bytes = 4096\n");
+        assert!(e.contains("unknown key `geometry`"), "{e}");
+        let e = err("foreground = true\n");
+        assert!(e.contains("command-line flag only"), "{e}");
+        let e = err("queues = \"2\"\n");
+        assert!(e.contains("`queues` must be a whole number from 0 to 65535"), "{e}");
+        let e = err("queues = 70000\n");
+        assert!(e.contains("`queues`"), "{e}");
+        let e = err("slot_bytes = -1\n");
+        assert!(e.contains("`slot_bytes` must be a size in bytes, e.g. slot_bytes = 33558528 or slot_bytes = \"32M\""), "{e}");
+        let e = err("slot_bytes = \"32Q\"\n");
+        assert!(e.contains("`slot_bytes`") && e.contains("use K, M, G or T"), "{e}");
+        let e = err("backing = /dev/ng0n1\n");
+        assert!(e.starts_with("/etc/fdpblk/kv0.toml line 1:") && e.contains("double quotes"), "{e}");
+        let e = err("\n\nname = \"kv0\"\nname = \"kv1\"\n");
+        assert!(e.contains("line 4"), "{e}");
+        let e = err("no_trim = \"yes\"\n");
+        assert!(e.contains("`no_trim` must be true or false"), "{e}");
+        let e = err("engine = 1\n");
+        assert!(e.contains("`engine` must be a string in double quotes, e.g. engine = \"auto\""), "{e}");
+        for e in [err("x = 1\n"), err("backing = /dev/x\n"), err("queues = true\n")] {
+            assert!(!e.contains('\n'), "one line: {e:?}");
+        }
+        let e = ConfigFile::load(Path::new("/nonexistent/fdpblk/kv0.toml")).unwrap_err();
+        assert!(e.contains("cannot read config /nonexistent/fdpblk/kv0.toml") && e.contains("deploy/fdpblk.example.toml"), "{e}");
+    }
+
+    #[test]
+    fn backing_is_required_from_one_place() {
+        let (_d, p) = write("name = \"kv0\"\n");
+        let (mut a, explicit) = add_args(&["fdpblk", "add", "--config", p.to_str().unwrap()]);
+        let e = resolve_add(&mut a, &explicit).unwrap_err();
+        assert!(e.contains("set backing = ") && e.contains("--backing DEV"), "{e}");
+        assert!(Cli::command().try_get_matches_from(["fdpblk", "add"]).is_err(), "without --config, --backing is required");
+        let (mut a, explicit) = add_args(&["fdpblk", "add", "--backing", ""]);
+        assert!(resolve_add(&mut a, &explicit).unwrap_err().contains("--backing DEV"));
+    }
+
+    #[test]
+    fn sizes_take_numbers_and_suffixes() {
+        let c = ConfigFile::parse(Path::new("x.toml"), "slot_bytes = \"32M\"\nmeta_total_bytes = 134217728\nio_buf_size = \"1MiB\"\n").unwrap();
+        assert_eq!(c.geometry.slot_bytes, Some(32 << 20));
+        assert_eq!(c.geometry.meta_total_bytes, Some(128 << 20));
+        assert_eq!(c.io_buf_size, Some(1 << 20));
+        assert_eq!(ConfigFile::parse(Path::new("x.toml"), "# nothing\n").unwrap().backing, None);
+    }
+}

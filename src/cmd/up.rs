@@ -1,0 +1,235 @@
+//! `fdpblk up` and `fdpblk down`: one device by its stable name, for systemd
+//! (`deploy/fdpblk@.service`: ExecStart=`fdpblk up %i`, ExecStop=`fdpblk down %i`).
+//!
+//! `up NAME` reads `/etc/fdpblk/NAME.toml` and runs in the foreground. If a device of that
+//! name exists and its daemon died (a crash, `kill -9`), it attaches a new daemon to it
+//! (`fdpblk recover`): the driver held the I/O in flight and re-issues it, `/dev/fdpblk/NAME`
+//! keeps pointing at the same `/dev/ublkbN`, and LMCache never sees the device go away. Else it
+//! creates the device (`fdpblk add --config FILE --foreground`). It tells systemd
+//! (`Type=notify`) once the device serves I/O and `/dev/fdpblk/NAME` exists.
+//!
+//! `down NAME` deletes the device if its daemon runs. systemd runs ExecStop also after the
+//! daemon crashed, before it restarts the unit: then the device is kept for `up` to recover.
+
+use super::config_file::{ConfigFile, CONFIG_DIR};
+use super::{device, CmdResult};
+use crate::cli::{Cli, Command, DelArgs, IdArgs};
+use crate::frontend::config::DeviceConfig;
+use crate::frontend::state;
+use clap::{Args, Parser};
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// The device's stable name (/dev/fdpblk/NAME); its config is /etc/fdpblk/NAME.toml.
+    #[arg(required_unless_present = "config")]
+    pub name: Option<String>,
+    /// Config file to read instead of /etc/fdpblk/NAME.toml; without NAME the device's name
+    /// is the file's `name`, else the file's stem.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// The config file and the device name of `up`/`down`'s arguments.
+fn resolve(u: &UpArgs, config_dir: &Path) -> Result<(PathBuf, String), String> {
+    match (&u.name, &u.config) {
+        (Some(n), Some(c)) => Ok((c.clone(), n.clone())),
+        (Some(n), None) => {
+            if n.is_empty() || n.contains('/') || n.starts_with('.') {
+                return Err(format!("device name {n:?} must be a plain file name (the NAME of /dev/fdpblk/NAME)"));
+            }
+            Ok((config_dir.join(format!("{n}.toml")), n.clone()))
+        }
+        (None, Some(c)) => {
+            let stem = c.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
+            let name = ConfigFile::load(c)?.name.unwrap_or(stem);
+            if name.is_empty() {
+                return Err(format!("{}: set name = \"...\" in it, or pass the device name: fdpblk up NAME --config FILE", c.display()));
+            }
+            Ok((c.clone(), name))
+        }
+        (None, None) => Err("pass the device name (fdpblk up NAME reads /etc/fdpblk/NAME.toml) or --config FILE".into()),
+    }
+}
+
+/// `fdpblk add`'s arguments for device `name` from `file`: add's defaults, then the file's keys.
+fn add_args(file: &Path, name: &str) -> Result<crate::cli::AddArgs, String> {
+    let argv = ["fdpblk", "add", "--foreground", "--config"];
+    let cli = Cli::try_parse_from(argv.iter().map(std::ffi::OsStr::new).chain([file.as_os_str()])).map_err(|e| e.to_string())?;
+    let Command::Add(mut a) = cli.command else { unreachable!("parsed as add") };
+    // Only --foreground and --config were given: every key of the file applies.
+    super::config_file::resolve_add(&mut a, &["foreground".into(), "config".into()])?;
+    match &a.name {
+        Some(n) if n != name => {
+            return Err(format!(
+                "{} sets name = \"{n}\" but it is the config of device {name}; remove the name line or rename the file to {n}.toml",
+                file.display()
+            ))
+        }
+        _ => a.name = Some(name.to_string()),
+    }
+    Ok(a)
+}
+
+/// What runs under a name now.
+#[derive(Debug)]
+enum Found {
+    None,
+    /// The daemon (`pid`) serves the device.
+    Running { id: i32, pid: u32 },
+    /// The daemon died; the driver holds the device (quiesced) for recovery.
+    Orphaned { id: i32 },
+    /// A state file of a device that no longer exists.
+    Stale { cfg: Box<DeviceConfig> },
+}
+
+fn ublk_exists(id: i32) -> bool {
+    Path::new(&format!("/dev/ublkc{id}")).exists() || Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists()
+}
+
+fn find(name: &str) -> Found {
+    for id in state::state_ids() {
+        let Ok((cfg, pid)) = state::read_state(id) else { continue };
+        if cfg.name.as_deref() != Some(name) {
+            continue;
+        }
+        return if state::pid_alive(pid) {
+            Found::Running { id, pid }
+        } else if ublk_exists(id) {
+            Found::Orphaned { id }
+        } else {
+            Found::Stale { cfg: Box::new(cfg) }
+        };
+    }
+    Found::None
+}
+
+pub fn up(u: &UpArgs) -> CmdResult {
+    let (file, name) = resolve(u, Path::new(CONFIG_DIR))?;
+    let a = add_args(&file, &name);
+    match find(&name) {
+        Found::Running { id, pid } => Err(format!(
+            "device {name} already runs as {} (pid {pid}); stop it first: fdpblk down {name} (or fdpblk del -n {id})",
+            state::bdev_path(id)
+        )
+        .into()),
+        Found::Orphaned { id } => {
+            // The device's saved config is what runs: the file applies at the next clean start,
+            // and a broken file must not keep LMCache's device from coming back.
+            if let Err(e) = &a {
+                tracing::warn!("{e} (recovering with the device's saved config)");
+            }
+            tracing::info!("device {name} ({}) lost its daemon: recovering it", state::bdev_path(id));
+            device::recover(&IdArgs { number: id, foreground: true })
+        }
+        Found::Stale { cfg } => {
+            let a = a?;
+            state::remove_state(&cfg);
+            device::add(&a)
+        }
+        Found::None => device::add(&a?),
+    }
+}
+
+pub fn down(u: &UpArgs) -> CmdResult {
+    let name = match &u.name {
+        Some(n) => n.clone(),
+        None => resolve(u, Path::new(CONFIG_DIR))?.1,
+    };
+    match find(&name) {
+        Found::None => println!("no fdpblk device named {name}; nothing to stop"),
+        Found::Running { id, .. } => {
+            device::del(&DelArgs { number: Some(id), all: false })?;
+            println!("stopped {} ({name})", state::bdev_path(id));
+        }
+        Found::Orphaned { id } => println!(
+            "the daemon of {} ({name}) died: the device is kept for recovery; `fdpblk up {name}` recovers it, `fdpblk del -n {id}` deletes it",
+            state::bdev_path(id)
+        ),
+        Found::Stale { cfg } => state::remove_state(&cfg),
+    }
+    Ok(())
+}
+
+/// Tells systemd (`Type=notify`, `$NOTIFY_SOCKET`) that the device serves I/O. Does nothing
+/// outside systemd.
+pub fn notify_ready(id: i32) {
+    let Some(sock) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let msg = format!("READY=1\nSTATUS=serving {}\n", state::bdev_path(id));
+    if let Err(e) = sd_notify(&sock, msg.as_bytes()) {
+        tracing::warn!("cannot notify systemd at {}: {e}", Path::new(&sock).display());
+    }
+}
+
+fn sd_notify(sock: &std::ffi::OsStr, msg: &[u8]) -> std::io::Result<()> {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let bytes = sock.as_bytes();
+    let addr = match bytes.first() {
+        Some(b'@') => SocketAddr::from_abstract_name(&bytes[1..])?,
+        Some(b'/') => SocketAddr::from_pathname(sock)?,
+        _ => return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "NOTIFY_SOCKET is neither a path nor @abstract")),
+    };
+    UnixDatagram::unbound()?.send_to_addr(msg, &addr)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(name: Option<&str>, config: Option<&Path>) -> UpArgs {
+        UpArgs { name: name.map(String::from), config: config.map(Path::to_path_buf) }
+    }
+
+    fn temp_config(stem: &str, text: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("fdpblk-up-{}-{stem}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join(format!("{stem}.toml"));
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn name_and_file() {
+        let dir = Path::new("/etc/fdpblk");
+        assert_eq!(resolve(&args(Some("kv0"), None), dir).unwrap(), (PathBuf::from("/etc/fdpblk/kv0.toml"), "kv0".into()));
+        assert!(resolve(&args(Some("../x"), None), dir).unwrap_err().contains("plain file name"));
+        assert!(resolve(&args(None, None), dir).unwrap_err().contains("--config FILE"));
+        let p = temp_config("stem0", "backing = \"/dev/ng0n1\"\n");
+        assert_eq!(resolve(&args(None, Some(&p)), dir).unwrap().1, "stem0", "no name key: the file's stem");
+        let q = temp_config("stem1", "backing = \"/dev/ng0n1\"\nname = \"kv9\"\n");
+        assert_eq!(resolve(&args(None, Some(&q)), dir).unwrap().1, "kv9");
+        assert_eq!(resolve(&args(Some("kv0"), Some(&q)), dir).unwrap(), (q.clone(), "kv0".into()));
+        // The file's name must be the instance's.
+        let e = add_args(&q, "kv0").unwrap_err();
+        assert!(e.contains("sets name = \"kv9\" but it is the config of device kv0") && e.contains("kv9.toml"), "{e}");
+        let a = add_args(&p, "stem0").unwrap();
+        assert_eq!(a.name.as_deref(), Some("stem0"));
+        assert!(a.foreground, "up runs in the foreground");
+        assert_eq!((a.policy.as_str(), a.queues), ("key-aware", 1), "add's defaults");
+        let _ = std::fs::remove_dir_all(p.parent().unwrap());
+        let _ = std::fs::remove_dir_all(q.parent().unwrap());
+    }
+
+    #[test]
+    fn notify_reaches_the_socket() {
+        use std::os::unix::net::UnixDatagram;
+        let path = std::env::temp_dir().join(format!("fdpblk-notify-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let rx = UnixDatagram::bind(&path).unwrap();
+        sd_notify(path.as_os_str(), b"READY=1\n").unwrap();
+        let mut buf = [0u8; 64];
+        let n = rx.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"READY=1\n");
+        let _ = std::fs::remove_file(&path);
+        let name = format!("fdpblk-notify-test-{}", std::process::id());
+        use std::os::linux::net::SocketAddrExt;
+        let rx = UnixDatagram::bind_addr(&std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
+        sd_notify(std::ffi::OsStr::new(&format!("@{name}")), b"READY=1\n").unwrap();
+        let n = rx.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"READY=1\n");
+        assert!(sd_notify(std::ffi::OsStr::new("relative"), b"x").is_err());
+    }
+}
