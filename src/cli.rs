@@ -29,6 +29,9 @@ pub enum Command {
     /// Stop device NAME (ExecStop of fdpblk@NAME.service); a device whose daemon died is kept
     /// for `fdpblk up` to recover.
     Down(crate::cmd::up::UpArgs),
+    /// Every device's stats in Prometheus text format, once to stdout or as a textfile for
+    /// node_exporter, rewritten every --interval seconds.
+    Metrics(crate::cmd::metrics::MetricsArgs),
     /// The ublk driver's feature bits, those fdpblk uses, and block write-stream support.
     Features(FeaturesArgs),
     /// Print the --name of device ID (for the udev rule in deploy/); exit 1 if it has none.
@@ -200,6 +203,9 @@ pub struct StatsArgs {
     pub number: i32,
     #[arg(long)]
     pub json: bool,
+    /// Prometheus text exposition format (the metrics of `fdpblk metrics`, this device only).
+    #[arg(long, conflicts_with = "json")]
+    pub prometheus: bool,
 }
 
 #[derive(Args, Debug)]

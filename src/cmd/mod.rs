@@ -4,6 +4,7 @@ pub mod config_file;
 pub mod device;
 pub mod fdp;
 pub mod inspect;
+pub mod metrics;
 pub mod replay;
 pub mod simulate;
 pub mod up;

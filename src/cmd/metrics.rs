@@ -1,0 +1,660 @@
+//! `fdpblk metrics` and `fdpblk stats --prometheus`: the counters of `fdpblk stats` in
+//! Prometheus' text exposition format (version 0.0.4).
+//!
+//! Every metric is named `fdpblk_…` with its unit in the name (`_bytes`, `_seconds`;
+//! counters end in `_total`) and carries the labels `id` (the N of /dev/ublkbN) and `name`
+//! (the stable name, empty without one), plus `class`, `op`, `handle` or `state` where the
+//! stats have one. All devices go into one document: each metric family is written once, with
+//! its `# HELP` and `# TYPE`, and all its samples together.
+//!
+//! `--textfile FILE` writes the document for node_exporter's textfile collector: to a
+//! temporary file in the same directory, then renamed over FILE, so the collector never reads
+//! half of it. A device whose daemon died shows only `fdpblk_device_info` and
+//! `fdpblk_daemon_up 0` (its last counters are stale).
+
+use super::CmdResult;
+use crate::frontend::state;
+use clap::Args;
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct MetricsArgs {
+    /// Write to FILE (atomically: a temporary file renamed over it) for node_exporter's
+    /// textfile collector, every --interval seconds; without it, print once to stdout.
+    #[arg(long)]
+    pub textfile: Option<PathBuf>,
+    /// Seconds between two writes of --textfile.
+    #[arg(long, default_value_t = 15)]
+    pub interval: u64,
+    /// Write --textfile once and exit.
+    #[arg(long)]
+    pub once: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+}
+
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: Kind,
+    samples: Vec<(Vec<(&'static str, String)>, f64)>,
+}
+
+/// Metric families in first-use order, each with its samples.
+#[derive(Default)]
+pub struct Registry {
+    families: Vec<Family>,
+}
+
+impl Registry {
+    fn add(&mut self, name: &'static str, help: &'static str, kind: Kind, labels: Vec<(&'static str, String)>, value: f64) {
+        let i = match self.families.iter().position(|f| f.name == name) {
+            Some(i) => i,
+            None => {
+                self.families.push(Family { name, help, kind, samples: Vec::new() });
+                self.families.len() - 1
+            }
+        };
+        debug_assert_eq!(self.families[i].kind, kind, "{name}");
+        self.families[i].samples.push((labels, value));
+    }
+
+    /// The text exposition document.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for f in &self.families {
+            let _ = writeln!(out, "# HELP {} {}", f.name, f.help.replace('\\', "\\\\").replace('\n', "\\n"));
+            let _ = writeln!(out, "# TYPE {} {}", f.name, if f.kind == Kind::Counter { "counter" } else { "gauge" });
+            for (labels, v) in &f.samples {
+                out.push_str(f.name);
+                if !labels.is_empty() {
+                    out.push('{');
+                    for (i, (k, val)) in labels.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        let _ = write!(out, "{k}=\"{}\"", escape_label(val));
+                    }
+                    out.push('}');
+                }
+                let _ = writeln!(out, " {}", format_value(*v));
+            }
+        }
+        out
+    }
+
+    /// Adds the metrics of one device: its saved config (`cfg`, from `/run/fdpblk/ID.json`),
+    /// whether its daemon runs, its stats (`/run/fdpblk/ID.stats.json`) and the drive's FDP
+    /// deltas since `add`.
+    pub fn add_device(&mut self, id: i32, cfg: Option<&Value>, daemon_up: bool, stats: Option<&Value>, fdp: Option<&Value>) {
+        use Kind::{Counter, Gauge};
+        let name = cfg
+            .and_then(|c| c["name"].as_str())
+            .or_else(|| stats.and_then(|s| s["name"].as_str()))
+            .unwrap_or("")
+            .to_string();
+        let base = || vec![("id", id.to_string()), ("name", name.clone())];
+        let with = |k: &'static str, v: &str| {
+            let mut l = base();
+            l.push((k, v.to_string()));
+            l
+        };
+        let s = |v: &Value, k: &str| v[k].as_str().unwrap_or("").to_string();
+        let mut info = base();
+        info.push(("device", state::bdev_path(id)));
+        if let Some(c) = cfg {
+            info.extend([("backing", s(c, "backing")), ("engine", s(c, "engine")), ("policy", s(c, "policy"))]);
+        } else if let Some(st) = stats {
+            info.extend([("backing", String::new()), ("engine", s(st, "engine")), ("policy", s(st, "policy"))]);
+        }
+        self.add("fdpblk_device_info", "An fdpblk device: its ublk block device, backing, engine and placement policy (always 1).", Gauge, info, 1.0);
+        self.add(
+            "fdpblk_daemon_up",
+            "1 while the device's daemon runs; 0 when it died and the device waits for `fdpblk recover` (or `fdpblk up`).",
+            Gauge,
+            base(),
+            if daemon_up { 1.0 } else { 0.0 },
+        );
+        let Some(st) = stats.filter(|_| daemon_up) else { return };
+        let num = |v: &Value| v.as_f64();
+        let g = &st["geometry"];
+        for (metric, key, help) in [
+            ("fdpblk_layout_slot_bytes", "slot_bytes", "LMCache's slot_bytes on this device."),
+            ("fdpblk_layout_meta_total_bytes", "meta_total_bytes", "LMCache's meta_total_bytes on this device."),
+            ("fdpblk_layout_capacity_bytes", "capacity_bytes", "LMCache's effective capacity on this device."),
+            ("fdpblk_layout_slots", "max_slots", "Slots in LMCache's layout."),
+        ] {
+            if let Some(v) = num(&g[key]) {
+                self.add(metric, help, Gauge, base(), v);
+            }
+        }
+        let p = &st["pipeline"];
+        if let Some(classes) = p["classes"].as_object() {
+            for (class, c) in classes {
+                if let Some(v) = num(&c["requests"]) {
+                    self.add(
+                        "fdpblk_class_requests_total",
+                        "Requests (reads and writes) that touched each part of LMCache's layout (a request counts once per class it touches).",
+                        Counter,
+                        with("class", class),
+                        v,
+                    );
+                }
+            }
+            for (class, c) in classes {
+                if let Some(v) = num(&c["bytes"]) {
+                    self.add("fdpblk_class_bytes_total", "Bytes read and written per part of LMCache's layout.", Counter, with("class", class), v);
+                }
+            }
+        }
+        if let Some(ops) = p["ops"].as_object() {
+            for (op, c) in ops {
+                if let Some(v) = num(&c["requests"]) {
+                    self.add("fdpblk_io_requests_total", "Requests served per operation.", Counter, with("op", op), v);
+                }
+            }
+            for (op, c) in ops {
+                if let Some(v) = num(&c["bytes"]) {
+                    self.add("fdpblk_io_bytes_total", "Bytes served per operation (flushes carry none).", Counter, with("op", op), v);
+                }
+            }
+        }
+        if let Some(h) = p["handles"].as_object() {
+            for (handle, b) in h {
+                if let Some(v) = num(b) {
+                    self.add("fdpblk_handle_written_bytes_total", "Bytes written per placement handle (the policy's logical handle).", Counter, with("handle", handle), v);
+                }
+            }
+        }
+        if let Some(v) = num(&p["header_waits"]) {
+            self.add("fdpblk_header_waits_total", "Slot payload writes held until their slot header arrived.", Counter, base(), v);
+        }
+        if let Some(v) = num(&p["payload_fallbacks"]) {
+            self.add(
+                "fdpblk_payload_fallbacks_total",
+                "Slot payload writes placed without their header (after --header-wait-us).",
+                Counter,
+                base(),
+                v,
+            );
+        }
+        // The state thread: LMCache's checkpoints, slots, deallocation, own state.
+        for (metric, key, help) in [
+            ("fdpblk_checkpoint_seq", "checkpoint_seq", "Sequence number of LMCache's newest checkpoint."),
+            ("fdpblk_checkpoint_age_seconds", "checkpoint_age_s", "Seconds since LMCache's newest checkpoint was written."),
+            ("fdpblk_checkpoint_payload_bytes", "checkpoint_bytes", "JSON bytes of LMCache's newest checkpoint."),
+            ("fdpblk_checkpoint_entries", "checkpoint_entries", "Entries in LMCache's newest checkpoint."),
+            ("fdpblk_checkpoint_cap_bytes", "checkpoint_cap_bytes", "Largest checkpoint JSON LMCache writes; a larger one is skipped."),
+            ("fdpblk_checkpoint_estimate_bytes", "checkpoint_estimate_bytes", "fdpblk's estimate of LMCache's next checkpoint."),
+            (
+                "fdpblk_checkpoint_needed_meta_total_bytes",
+                "meta_total_bytes_needed",
+                "The meta_total_bytes LMCache needs so that its checkpoint fits (present while the overflow alarm is raised).",
+            ),
+        ] {
+            if let Some(v) = num(&st[key]) {
+                self.add(metric, help, Gauge, base(), v);
+            }
+        }
+        let flag = |v: &Value| v.as_bool().map(|b| if b { 1.0 } else { 0.0 });
+        if let Some(v) = flag(&st["overflow_risk"]) {
+            self.add(
+                "fdpblk_checkpoint_overflow_risk",
+                "1 when LMCache's next checkpoint is about to exceed its container (it would be skipped).",
+                Gauge,
+                base(),
+                v,
+            );
+        }
+        if let Some(v) = flag(&st["checkpoint_stalled"]) {
+            self.add("fdpblk_checkpoint_stalled", "1 when slot writes go on but LMCache's checkpoints stopped.", Gauge, base(), v);
+        }
+        let sl = &st["slots"];
+        for state in ["unknown", "live", "evicted", "trimmed"] {
+            if let Some(v) = num(&sl[state]) {
+                self.add(
+                    "fdpblk_slots",
+                    "Slots with a header, by state (unknown: not yet in a checkpoint; live; evicted; trimmed).",
+                    Gauge,
+                    with("state", state),
+                    v,
+                );
+            }
+        }
+        for (metric, key, help, kind) in [
+            ("fdpblk_slots_with_header", "with_header", "Slots whose header fdpblk has seen.", Gauge),
+            ("fdpblk_slots_confirmed", "confirmed", "Slots whose contents a checkpoint confirmed.", Gauge),
+            ("fdpblk_identity_history_entries", "identity_history", "Identities in the history of keys that left their slot.", Gauge),
+            ("fdpblk_identity_history_capacity", "identity_history_capacity", "Capacity of the identity history.", Gauge),
+            ("fdpblk_returning_puts_total", "returning", "Puts of a key found in the identity history (a key that came back).", Counter),
+        ] {
+            if let Some(v) = num(&sl[key]) {
+                self.add(metric, help, kind, base(), v);
+            }
+        }
+        let t = &st["trim"];
+        if let Some(v) = flag(&t["enabled"]) {
+            self.add("fdpblk_trim_enabled", "1 when fdpblk deallocates the slots LMCache evicted (0 with --no-trim).", Gauge, base(), v);
+        }
+        if let Some(h) = t["handles"].as_object() {
+            for (handle, n) in h {
+                if let Some(v) = num(n) {
+                    self.add("fdpblk_trims_total", "Slot deallocations per placement handle.", Counter, with("handle", handle), v);
+                }
+            }
+        }
+        for (metric, key, help) in [
+            ("fdpblk_trim_bytes_total", "trim_bytes", "Bytes deallocated."),
+            ("fdpblk_evictions_total", "evictions", "Slots LMCache evicted, as its checkpoints show."),
+        ] {
+            if let Some(v) = num(&t[key]) {
+                self.add(metric, help, Counter, base(), v);
+            }
+        }
+        let o = &st["own_state"];
+        for (metric, key, help) in [
+            ("fdpblk_own_state_written_bytes_total", "bytes_written", "Bytes fdpblk wrote for its own state in the reserved tail."),
+            ("fdpblk_own_state_cycles_total", "cycles", "Own-state write cycles."),
+        ] {
+            if let Some(v) = num(&o[key]) {
+                self.add(metric, help, Counter, base(), v);
+            }
+        }
+        if let Some(f) = fdp.filter(|f| f.is_object()) {
+            for (metric, key, help) in [
+                ("fdpblk_drive_host_written_bytes_total", "host_bytes", "The drive's host bytes with metadata written (FDP HBMW) since the device was added."),
+                ("fdpblk_drive_media_written_bytes_total", "media_bytes", "The drive's media bytes with metadata written (FDP MBMW) since the device was added."),
+                ("fdpblk_drive_media_erased_bytes_total", "erased_bytes", "The drive's media bytes erased (FDP MBE) since the device was added."),
+            ] {
+                if let Some(v) = num(&f[key]) {
+                    self.add(metric, help, Counter, base(), v);
+                }
+            }
+        }
+    }
+}
+
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+fn format_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else if v.fract() == 0.0 && v.abs() < 9.007_199_254_740_992e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// One device, read from `/run/fdpblk` (no state file: an error that names `fdpblk list`).
+fn collect(reg: &mut Registry, id: i32) -> Result<(), String> {
+    let state_text = std::fs::read_to_string(state::state_path(id)).map_err(|e| {
+        format!("no fdpblk device {id} ({}: {e}); see `fdpblk list`", state::state_path(id).display())
+    })?;
+    let saved: Value = serde_json::from_str(&state_text).map_err(|e| format!("{} is corrupt: {e}", state::state_path(id).display()))?;
+    let pid = saved["pid"].as_u64().unwrap_or(0) as u32;
+    let up = state::pid_alive(pid);
+    let stats: Option<Value> = std::fs::read_to_string(state::stats_path(id)).ok().and_then(|t| serde_json::from_str(&t).ok());
+    let fdp = if up { state::read_state(id).ok().and_then(|(cfg, _)| state::fdp_deltas(&cfg)) } else { None };
+    reg.add_device(id, Some(&saved["config"]), up, stats.as_ref(), fdp.as_ref());
+    Ok(())
+}
+
+/// Every device's metrics.
+pub fn all() -> Registry {
+    let mut reg = Registry::default();
+    reg.add("fdpblk_devices", "fdpblk devices on this host (with a state file under /run/fdpblk).", Kind::Gauge, Vec::new(), state::state_ids().len() as f64);
+    for id in state::state_ids() {
+        if let Err(e) = collect(&mut reg, id) {
+            tracing::warn!("{e}");
+        }
+    }
+    reg
+}
+
+/// `fdpblk stats -n ID --prometheus`.
+pub fn print_device(id: i32) -> CmdResult {
+    let mut reg = Registry::default();
+    collect(&mut reg, id)?;
+    print!("{}", reg.render());
+    Ok(())
+}
+
+pub fn run(a: &MetricsArgs) -> CmdResult {
+    let Some(path) = &a.textfile else {
+        print!("{}", all().render());
+        return Ok(());
+    };
+    if path.extension().and_then(|e| e.to_str()) != Some("prom") {
+        return Err(format!("--textfile {}: node_exporter's textfile collector reads only *.prom files; name it e.g. fdpblk.prom", path.display()).into());
+    }
+    if a.interval == 0 && !a.once {
+        return Err("--interval must be at least 1 second (or pass --once)".into());
+    }
+    loop {
+        // The temporary file is `fdpblk.tmp` beside `fdpblk.prom`: not a *.prom, so the
+        // collector skips it.
+        state::write_atomic(path, all().render().as_bytes()).map_err(|e| {
+            format!("cannot write {}: {e}; create its directory or pick another --textfile", path.display())
+        })?;
+        if a.once {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs(a.interval));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::collections::{HashMap, HashSet};
+
+    fn valid_metric_name(n: &str) -> bool {
+        let mut c = n.chars();
+        matches!(c.next(), Some(ch) if ch.is_ascii_alphabetic() || ch == '_' || ch == ':')
+            && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == ':')
+    }
+
+    fn valid_label_name(n: &str) -> bool {
+        let mut c = n.chars();
+        matches!(c.next(), Some(ch) if ch.is_ascii_alphabetic() || ch == '_')
+            && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+            && !n.starts_with("__")
+    }
+
+    /// Parses `{a="x",b="y"}` (after the name); returns the labels and the rest of the line.
+    fn parse_labels(s: &str) -> Result<(Vec<(String, String)>, &str), String> {
+        let mut labels = Vec::new();
+        let Some(mut rest) = s.strip_prefix('{') else { return Ok((labels, s)) };
+        loop {
+            if let Some(r) = rest.strip_prefix('}') {
+                return Ok((labels, r));
+            }
+            let eq = rest.find('=').ok_or("label without =")?;
+            let name = &rest[..eq];
+            if !valid_label_name(name) {
+                return Err(format!("bad label name {name:?}"));
+            }
+            rest = rest[eq + 1..].strip_prefix('"').ok_or("label value not quoted")?;
+            let mut value = String::new();
+            let mut chars = rest.char_indices();
+            let end = loop {
+                match chars.next() {
+                    None => return Err("unterminated label value".into()),
+                    Some((i, '"')) => break i,
+                    Some((_, '\\')) => match chars.next() {
+                        Some((_, '\\')) => value.push('\\'),
+                        Some((_, '"')) => value.push('"'),
+                        Some((_, 'n')) => value.push('\n'),
+                        other => return Err(format!("bad escape {other:?} in a label value")),
+                    },
+                    Some((_, '\n')) => return Err("raw newline in a label value".into()),
+                    Some((_, c)) => value.push(c),
+                }
+            };
+            if labels.iter().any(|(n, _): &(String, String)| n == name) {
+                return Err(format!("label {name} twice"));
+            }
+            labels.push((name.to_string(), value));
+            rest = &rest[end + 1..];
+            if let Some(r) = rest.strip_prefix(',') {
+                rest = r;
+            } else if !rest.starts_with('}') {
+                return Err("labels not separated by ,".into());
+            }
+        }
+    }
+
+    fn parse_value(v: &str) -> Result<f64, String> {
+        match v {
+            "NaN" => Ok(f64::NAN),
+            "+Inf" => Ok(f64::INFINITY),
+            "-Inf" => Ok(f64::NEG_INFINITY),
+            _ => v.parse::<f64>().map_err(|_| format!("bad value {v:?}")),
+        }
+    }
+
+    /// Checks a document against the text exposition format (0.0.4) and this project's
+    /// conventions; returns the samples by `name{sorted labels}`.
+    fn check_exposition(doc: &str) -> Result<HashMap<String, f64>, String> {
+        if !doc.is_empty() && !doc.ends_with('\n') {
+            return Err("the document must end with a newline".into());
+        }
+        let mut types: HashMap<String, String> = HashMap::new();
+        let mut helps: HashSet<String> = HashSet::new();
+        let mut done: HashSet<String> = HashSet::new(); // families whose block has ended
+        let mut current: Option<String> = None;
+        let mut samples = HashMap::new();
+        for (n, line) in doc.lines().enumerate() {
+            let at = |e: String| format!("line {}: {e}: {line:?}", n + 1);
+            if line.is_empty() {
+                return Err(at("empty line".into()));
+            }
+            let family = if let Some(c) = line.strip_prefix('#') {
+                let mut parts = c.trim_start().splitn(3, ' ');
+                let (kw, name, rest) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next());
+                match kw {
+                    "HELP" => {
+                        let text = rest.unwrap_or("");
+                        let mut it = text.chars();
+                        while let Some(ch) = it.next() {
+                            if ch == '\\' && !matches!(it.next(), Some('\\' | 'n')) {
+                                return Err(at("bad escape in HELP".into()));
+                            }
+                        }
+                        if !helps.insert(name.to_string()) {
+                            return Err(at("second HELP".into()));
+                        }
+                        if text.trim().is_empty() {
+                            return Err(at("empty HELP".into()));
+                        }
+                    }
+                    "TYPE" => {
+                        let t = rest.unwrap_or("");
+                        if !["counter", "gauge", "histogram", "summary", "untyped"].contains(&t) {
+                            return Err(at(format!("unknown type {t:?}")));
+                        }
+                        if types.insert(name.to_string(), t.to_string()).is_some() {
+                            return Err(at("second TYPE".into()));
+                        }
+                        if samples.keys().any(|k: &String| k.split('{').next() == Some(name)) {
+                            return Err(at("TYPE after the family's samples".into()));
+                        }
+                    }
+                    _ => continue, // a comment
+                }
+                if !valid_metric_name(name) {
+                    return Err(at(format!("bad metric name {name:?}")));
+                }
+                name.to_string()
+            } else {
+                let name_end = line.find(['{', ' ']).ok_or_else(|| at("no value".into()))?;
+                let name = &line[..name_end];
+                if !valid_metric_name(name) {
+                    return Err(at(format!("bad metric name {name:?}")));
+                }
+                let (mut labels, rest) = parse_labels(&line[name_end..]).map_err(at)?;
+                let rest = rest.strip_prefix(' ').ok_or_else(|| at("no space before the value".into()))?;
+                let mut fields = rest.split(' ');
+                let value = parse_value(fields.next().unwrap_or("")).map_err(at)?;
+                if let Some(ts) = fields.next() {
+                    ts.parse::<i64>().map_err(|_| at(format!("bad timestamp {ts:?}")))?;
+                }
+                if fields.next().is_some() {
+                    return Err(at("trailing fields".into()));
+                }
+                let Some(t) = types.get(name) else { return Err(at("sample before its TYPE".into())) };
+                if t == "counter" && !(value >= 0.0) {
+                    return Err(at("negative counter".into()));
+                }
+                labels.sort();
+                let key = format!("{name}{{{}}}", labels.iter().map(|(k, v)| format!("{k}={v:?}")).collect::<Vec<_>>().join(","));
+                if samples.insert(key, value).is_some() {
+                    return Err(at("duplicate series".into()));
+                }
+                name.to_string()
+            };
+            if current.as_deref() != Some(family.as_str()) {
+                if done.contains(&family) {
+                    return Err(at(format!("family {family} split in two blocks")));
+                }
+                if let Some(c) = current.take() {
+                    done.insert(c);
+                }
+                current = Some(family.clone());
+            }
+            // This project's conventions.
+            if !family.starts_with("fdpblk_") {
+                return Err(at("metric not prefixed fdpblk_".into()));
+            }
+            if types.get(&family).map(String::as_str) == Some("counter") && !family.ends_with("_total") {
+                return Err(at("counter not named *_total".into()));
+            }
+            if types.get(&family).map(String::as_str) == Some("gauge") && family.ends_with("_total") {
+                return Err(at("gauge named *_total".into()));
+            }
+            if family.contains("byte") && !(family.ends_with("_bytes") || family.ends_with("_bytes_total")) {
+                return Err(at("a byte metric must end in _bytes or _bytes_total".into()));
+            }
+        }
+        for t in types.keys() {
+            if !helps.contains(t) {
+                return Err(format!("{t} has no HELP"));
+            }
+        }
+        Ok(samples)
+    }
+
+    /// The stats file of a running device, shaped like the daemon's (`target::stats_loop`:
+    /// config, geometry, pipeline counters, then the state thread's fields).
+    fn stats_json() -> Value {
+        use crate::layout::GeometryConfig;
+        use crate::pipeline::PipelineStats;
+        let g = GeometryConfig { block_align: 4096, header_bytes: 4096, slot_bytes: 65536, meta_total_bytes: 1 << 20, capacity_bytes: 0 }
+            .validate(64 << 20)
+            .unwrap();
+        let mut p = PipelineStats::default();
+        p.classes[3].requests = 7;
+        p.classes[3].bytes = 7 * 61440;
+        p.ops[1].requests = 9;
+        p.ops[1].bytes = 3 << 20;
+        p.handle_bytes = vec![0, 8192, 1 << 20];
+        p.header_waits = 2;
+        json!({
+            "id": 0, "name": "kv0", "engine": "passthrough", "policy": "key-aware",
+            "geometry": g.to_json(), "pipeline": p.to_json(),
+            "checkpoint_seq": 12, "checkpoint_age_s": 3.5, "checkpoint_bytes": 1000, "checkpoint_entries": 4,
+            "checkpoint_cap_bytes": g.payload_cap(), "checkpoint_estimate_bytes": 1200, "overflow_risk": false,
+            "checkpoint_stalled": false, "meta_total_bytes_needed": null, "containers": [],
+            "slots": {"max_slots": g.max_slots, "with_header": 5, "confirmed": 4, "unknown": 1, "live": 3, "evicted": 1,
+                      "trimmed": 0, "identity_history": 2, "identity_history_capacity": 6, "returning": 1, "tags": 1},
+            "trim": {"enabled": true, "allowed_now": true, "blocked_by": null, "trims": 3, "trim_bytes": 196608,
+                     "handles": {"2": 3}, "evictions": 4},
+            "own_state": {"persisted": true, "seq": 9, "cycles": 9, "bytes_written": 40960, "loaded": true,
+                          "loaded_clean": true, "region_offset": 1, "region_bytes": 2},
+        })
+    }
+
+    fn config_json(name: &str) -> Value {
+        json!({"name": name, "backing": "/dev/ng0n1", "engine": "passthrough", "policy": "key-aware"})
+    }
+
+    #[test]
+    fn device_metrics_follow_the_exposition_format() {
+        let mut reg = Registry::default();
+        let fdp = json!({"host_bytes": 3145728, "media_bytes": 3145728, "erased_bytes": 0, "media_host_ratio": 1.0});
+        reg.add_device(0, Some(&config_json("kv0")), true, Some(&stats_json()), Some(&fdp));
+        let doc = reg.render();
+        let s = check_exposition(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
+        let get = |k: &str| *s.get(k).unwrap_or_else(|| panic!("no {k} in\n{doc}"));
+        assert_eq!(get(r#"fdpblk_handle_written_bytes_total{handle="1",id="0",name="kv0"}"#), 8192.0);
+        assert_eq!(get(r#"fdpblk_handle_written_bytes_total{handle="2",id="0",name="kv0"}"#), 1048576.0);
+        assert!(!s.contains_key(r#"fdpblk_handle_written_bytes_total{handle="0",id="0",name="kv0"}"#), "the stats list only handles written");
+        assert_eq!(get(r#"fdpblk_class_bytes_total{class="slot_payload",id="0",name="kv0"}"#), 430080.0);
+        assert_eq!(get(r#"fdpblk_class_requests_total{class="slot_payload",id="0",name="kv0"}"#), 7.0);
+        assert_eq!(get(r#"fdpblk_io_bytes_total{id="0",name="kv0",op="write"}"#), 3145728.0);
+        assert_eq!(get(r#"fdpblk_header_waits_total{id="0",name="kv0"}"#), 2.0);
+        assert_eq!(get(r#"fdpblk_slots{id="0",name="kv0",state="live"}"#), 3.0);
+        assert_eq!(get(r#"fdpblk_trims_total{handle="2",id="0",name="kv0"}"#), 3.0);
+        assert_eq!(get(r#"fdpblk_checkpoint_age_seconds{id="0",name="kv0"}"#), 3.5);
+        assert_eq!(get(r#"fdpblk_checkpoint_cap_bytes{id="0",name="kv0"}"#), 520192.0);
+        assert_eq!(get(r#"fdpblk_checkpoint_overflow_risk{id="0",name="kv0"}"#), 0.0);
+        assert_eq!(get(r#"fdpblk_layout_slots{id="0",name="kv0"}"#), 1008.0);
+        assert_eq!(get(r#"fdpblk_drive_media_written_bytes_total{id="0",name="kv0"}"#), 3145728.0);
+        assert_eq!(get(r#"fdpblk_own_state_written_bytes_total{id="0",name="kv0"}"#), 40960.0);
+        assert_eq!(
+            get(r#"fdpblk_device_info{backing="/dev/ng0n1",device="/dev/ublkb0",engine="passthrough",id="0",name="kv0",policy="key-aware"}"#),
+            1.0
+        );
+        assert_eq!(get(r#"fdpblk_daemon_up{id="0",name="kv0"}"#), 1.0);
+        assert!(!doc.contains("meta_total_bytes_needed"), "absent while no alarm");
+    }
+
+    #[test]
+    fn several_devices_keep_each_family_in_one_block() {
+        let mut reg = Registry::default();
+        reg.add_device(0, Some(&config_json("kv0")), true, Some(&stats_json()), None);
+        reg.add_device(1, Some(&config_json("a\"b\\c")), true, Some(&stats_json()), None);
+        reg.add_device(2, Some(&config_json("dead")), false, Some(&stats_json()), None);
+        let doc = reg.render();
+        let s = check_exposition(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
+        assert_eq!(s[r#"fdpblk_slots{id="1",name="a\"b\\c",state="live"}"#], 3.0, "label values escaped and read back");
+        assert_eq!(s[r#"fdpblk_daemon_up{id="2",name="dead"}"#], 0.0);
+        assert!(!s.keys().any(|k| k.contains("id=\"2\"") && !k.starts_with("fdpblk_device_info") && !k.starts_with("fdpblk_daemon_up")));
+        assert_eq!(doc.matches("# TYPE fdpblk_slots gauge").count(), 1);
+    }
+
+    #[test]
+    fn the_checker_rejects_what_the_format_forbids() {
+        let ok = "# HELP fdpblk_x_total x\n# TYPE fdpblk_x_total counter\nfdpblk_x_total{a=\"1\"} 2\n";
+        check_exposition(ok).unwrap();
+        for (bad, why) in [
+            ("# HELP fdpblk_x_total x\n# TYPE fdpblk_x_total counter\nfdpblk_x_total{a=\"1\"} 2", "no final newline"),
+            ("# HELP fdpblk_x_total x\nfdpblk_x_total 2\n# TYPE fdpblk_x_total counter\n", "TYPE after sample"),
+            ("# HELP fdpblk_x_total x\n# TYPE fdpblk_x_total counter\nfdpblk_x_total -1\n", "negative counter"),
+            ("# HELP fdpblk_x_total x\n# TYPE fdpblk_x_total counter\nfdpblk_x_total 1\nfdpblk_x_total 2\n", "duplicate series"),
+            ("# HELP fdpblk_x_total x\n# TYPE fdpblk_x_total counter\nfdpblk_x_total{a=1} 1\n", "unquoted label"),
+            ("# HELP fdpblk_x_total x\n# TYPE fdpblk_x_total counter\nfdpblk_x_total{a=\"\\t\"} 1\n", "bad escape"),
+            ("# HELP fdpblk_x_total x\n# TYPE fdpblk_x_total counter\nfdpblk_x_total{a=\"1\",a=\"2\"} 1\n", "label twice"),
+            ("# HELP fdpblk_x_total x\n# TYPE fdpblk_x_total counter\nfdpblk_x_total{__a=\"1\"} 1\n", "reserved label"),
+            ("# HELP fdpblk_x_total x\n# TYPE fdpblk_x_total counter\nfdpblk_x_total one\n", "bad value"),
+            ("# HELP fdpblk_x_total x\n# TYPE fdpblk_x_total bogus\n", "bad type"),
+            ("# HELP fdpblk-x x\n# TYPE fdpblk-x gauge\nfdpblk-x 1\n", "bad name"),
+            ("# HELP fdpblk_x x\n# TYPE fdpblk_x counter\nfdpblk_x 1\n", "counter without _total"),
+            ("# HELP fdpblk_x_bytes_total x\n# TYPE fdpblk_x_bytes_total gauge\nfdpblk_x_bytes_total 1\n", "gauge with _total"),
+            ("# HELP fdpblk_bytes_x x\n# TYPE fdpblk_bytes_x gauge\nfdpblk_bytes_x 1\n", "unit not last"),
+            ("# HELP x_total x\n# TYPE x_total counter\nx_total 1\n", "no prefix"),
+            ("# TYPE fdpblk_x gauge\nfdpblk_x 1\n", "no HELP"),
+            (
+                "# HELP fdpblk_a a\n# TYPE fdpblk_a gauge\nfdpblk_a 1\n# HELP fdpblk_b b\n# TYPE fdpblk_b gauge\nfdpblk_b 1\nfdpblk_a{x=\"1\"} 1\n",
+                "family split",
+            ),
+            ("# HELP fdpblk_a a\n# TYPE fdpblk_a gauge\n\nfdpblk_a 1\n", "empty line"),
+            ("# HELP fdpblk_a a\n# TYPE fdpblk_a gauge\nfdpblk_a 1 2 3\n", "trailing field"),
+        ] {
+            assert!(check_exposition(bad).is_err(), "accepted ({why}):\n{bad}");
+        }
+    }
+
+    #[test]
+    fn values_are_written_exactly() {
+        assert_eq!(format_value(1.0), "1");
+        assert_eq!(format_value(18446744073709551615.0), "18446744073709552000");
+        assert_eq!(format_value(3.25), "3.25");
+        assert_eq!(format_value(f64::NAN), "NaN");
+        assert_eq!(format_value(f64::INFINITY), "+Inf");
+        assert_eq!(format_value((1u64 << 50) as f64), "1125899906842624");
+    }
+}
