@@ -95,8 +95,20 @@ pub struct InspectArgs {
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
-    /// JSON-lines trace, one request per line (see the README); `-` reads standard input.
+    /// Trace file: JSON lines, one request per line, or blkparse's default text output (see
+    /// the README); `-` reads standard input.
     pub trace: PathBuf,
+    /// Trace format: auto (JSON lines when the first non-blank character is `{`, else
+    /// blkparse), json or blkparse.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub format: crate::cmd::replay::TraceFormat,
+    /// blkparse traces: the event taken for each I/O: Q (queued, per bio), D (issued to the
+    /// driver, what a ublk server receives) or C (completed without error).
+    #[arg(long, default_value = "D", value_parser = parse_blk_event)]
+    pub blk_event: crate::blkparse::BlkAction,
+    /// blkparse traces: only the events of this device (MAJ,MIN), for a trace of several.
+    #[arg(long, value_parser = parse_maj_min)]
+    pub blk_device: Option<(u32, u32)>,
     #[arg(long)]
     pub json: bool,
     /// Placement policy.
@@ -240,6 +252,19 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         _ => return Err(format!("'{s}': unknown size unit '{unit}' (use K, M, G or T)")),
     };
     n.checked_mul(1u64 << shift).ok_or_else(|| format!("'{s}' does not fit in 64 bits"))
+}
+
+/// `--blk-event`: Q, D or C.
+pub fn parse_blk_event(s: &str) -> Result<crate::blkparse::BlkAction, String> {
+    crate::blkparse::BlkAction::parse(s.trim())
+        .ok_or_else(|| format!("'{s}' is not a blkparse event to take: use Q (queued), D (issued) or C (completed)"))
+}
+
+/// `--blk-device`: a device as blkparse prints it, MAJ,MIN.
+pub fn parse_maj_min(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("'{s}' is not a device number MAJ,MIN as blkparse prints it (example: 259,0)");
+    let (a, b) = s.trim().split_once(',').ok_or_else(bad)?;
+    Ok((a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?))
 }
 
 #[cfg(test)]

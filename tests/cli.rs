@@ -112,3 +112,130 @@ fn bad_input_is_one_clear_line() {
     assert!(err.contains("trace line 1: missing \"len\""), "{err}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// Writes LMCache's captured I/O of `scen` as blkparse would print a blktrace of the ublk
+/// device: each request queued, got, inserted, issued and completed, every third write as two
+/// bios that merge, plug/unplug lines, a flush after each checkpoint header, the summaries at
+/// the end. Returns the file and the bytes per class the capture's own region labels give
+/// (writes and reads).
+fn blkparse_from_fixture(scen: &str, out: &std::path::Path) -> (PathBuf, std::collections::BTreeMap<&'static str, u64>, u64) {
+    use std::fmt::Write;
+    let dir = fixtures().join(scen);
+    let mut text = String::new();
+    let mut want = std::collections::BTreeMap::new();
+    let mut written = 0;
+    let mut seq = 0;
+    let mut line = |text: &mut String, cpu: u32, act: &str, rwbs: &str, rest: &str| {
+        seq += 1;
+        let t = seq as f64 * 1e-5;
+        writeln!(text, "259,0 {cpu:4} {seq:8} {t:14.9} {:5} {act:>2} {rwbs:>3} {rest}", if act == "C" { 0 } else { 4711 }).unwrap();
+    };
+    for (i, l) in std::fs::read_to_string(dir.join("iotrace.jsonl")).unwrap().lines().enumerate() {
+        let v: Value = serde_json::from_str(l).unwrap();
+        let rwbs = match v["op"].as_str().unwrap() {
+            "write" => "WS",
+            "read" => "R",
+            _ => continue,
+        };
+        let (off, len) = (v["offset"].as_u64().unwrap(), v["total_len"].as_u64().unwrap());
+        assert!(off % 512 == 0 && len % 512 == 0, "{scen}: the block layer sees whole sectors");
+        let class = match v["region"].as_str().unwrap() {
+            "meta_header" | "checkpoint_header" => "checkpoint_header",
+            "meta_payload" | "checkpoint_payload" => "checkpoint_payload",
+            r => if r == "slot_header" { "slot_header" } else { "slot_payload" },
+        };
+        *want.entry(class).or_insert(0) += len;
+        if rwbs == "WS" {
+            written += len;
+        }
+        let (s, n) = (off / 512, len / 512);
+        let proc_ = "[python3]";
+        if rwbs == "WS" && i % 3 == 0 && n >= 16 {
+            line(&mut text, 1, "Q", rwbs, &format!("{s} + {} {proc_}", n / 2));
+            line(&mut text, 1, "G", rwbs, &format!("{s} + {} {proc_}", n / 2));
+            line(&mut text, 1, "P", "N", proc_);
+            line(&mut text, 1, "Q", rwbs, &format!("{} + {} {proc_}", s + n / 2, n - n / 2));
+            line(&mut text, 1, "M", rwbs, &format!("{} + {} {proc_}", s + n / 2, n - n / 2));
+            line(&mut text, 1, "U", "N", &format!("{proc_} 1"));
+        } else {
+            line(&mut text, 1, "Q", rwbs, &format!("{s} + {n} {proc_}"));
+            line(&mut text, 1, "G", rwbs, &format!("{s} + {n} {proc_}"));
+        }
+        line(&mut text, 1, "I", rwbs, &format!("{s} + {n} {proc_}"));
+        line(&mut text, 1, "D", rwbs, &format!("{s} + {n} {proc_}"));
+        line(&mut text, 0, "C", rwbs, &format!("{s} + {n} [0]"));
+        if class == "checkpoint_header" && rwbs == "WS" {
+            line(&mut text, 1, "Q", "FN", "[python3]");
+            line(&mut text, 1, "D", "FN", "[kworker/1:1H]");
+            line(&mut text, 0, "C", "FN", "[0]");
+        }
+    }
+    text.push_str("CPU0 (259,0):\n Reads Queued:           0,        0KiB\t Writes Queued:           0,        0KiB\n");
+    text.push_str("Total (259,0):\n Reads Queued:           2,        8KiB\t Writes Queued:          44,     1088KiB\n\n");
+    text.push_str("Throughput (R/W): 8KiB/s / 1088KiB/s\nEvents (259,0): 300 entries\nSkips: 0 forward (0 -   0.0%)\n");
+    let path = out.join(format!("{scen}.blkparse"));
+    std::fs::write(&path, text).unwrap();
+    (path, want, written)
+}
+
+#[test]
+fn replay_blkparse_of_a_fixture() {
+    let dir = std::env::temp_dir().join(format!("fdpblk-cli-blk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let scen = "object-evict.odirect";
+    let img = fixtures().join(scen).join("device.img");
+    let (trace, want, written) = blkparse_from_fixture(scen, &dir);
+    let (t, img) = (trace.to_str().unwrap(), img.to_str().unwrap());
+    let classes = |v: &Value| -> std::collections::BTreeMap<&'static str, u64> {
+        ["checkpoint_header", "checkpoint_payload", "slot_header", "slot_payload", "slot_padding", "outside"]
+            .into_iter()
+            .map(|c| (c, v["classes"][c]["bytes"].as_u64().unwrap()))
+            .filter(|&(_, b)| b > 0)
+            .collect()
+    };
+    // The geometry comes from the image's checkpoint; every event kind gives the same bytes.
+    for ev in ["D", "Q", "C"] {
+        let (code, out, err) = fdpblk(&["replay", "--json", "--blk-event", ev, "--device", img, t]);
+        assert_eq!(code, 0, "{err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(classes(&v), want, "--blk-event {ev}");
+        assert_eq!(v["ops"]["write"]["bytes"], written);
+        assert_eq!(v["ops"]["flush"]["requests"], 2, "one flush after each checkpoint header write");
+        assert_eq!(v["trace"]["format"], "blkparse");
+        assert_eq!(v["trace"]["event"], ev);
+        assert_eq!(v["trace"]["identities_known"], false);
+        assert_eq!(v["identities"], serde_json::json!([]));
+        // Region placement: checkpoint writes on handle 1, slot writes on handle 2.
+        assert_eq!(v["handles"]["1"].as_u64().unwrap() + v["handles"]["2"].as_u64().unwrap(), written);
+        assert_eq!(v["handles"]["1"].as_u64().unwrap(), 8192 + 8192);
+    }
+    // key-aware knows no identity here: every slot on handle 0, and the report says so.
+    let (code, out, err) = fdpblk(&["replay", "--json", "--policy", "key-aware", "--ssd", "--device", img, t]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["handles"], serde_json::json!({"0": written}));
+    assert!(v["trace"]["note"].as_str().unwrap().contains("no slot identity is known"), "{v}");
+    assert_eq!(v["ssd"]["host_bytes"], written);
+    assert_eq!(v["payload_fallbacks"], 20, "every slot payload write");
+    let (code, out, err) = fdpblk(&["replay", "--policy", "key-aware", "--ssd", "--slot-bytes", "64K", "--meta-total-bytes", "1M", t]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("trace: blkparse, "), "{out}");
+    assert!(out.contains("D (issued to the driver) events of device 259,0 taken"), "{out}");
+    assert!(out.contains("note: the trace carries no data"), "{out}");
+    assert!(out.contains("handle 0 (young)"), "{out}");
+    assert!(out.contains("simulated SSD: WAF"), "{out}");
+    // Explicit formats, and a file with no events: one line that names the line.
+    let (code, _, err) = fdpblk(&["replay", "--format", "json", "--slot-bytes", "64K", "--meta-total-bytes", "1M", t]);
+    assert_ne!(code, 0);
+    assert!(err.contains("trace line 1: not JSON"), "{err}");
+    let junk = dir.join("junk.txt");
+    std::fs::write(&junk, "\nTotal (259,0):\n Reads Queued: 0\n").unwrap();
+    let (code, _, err) = fdpblk(&["replay", "--slot-bytes", "64K", "--meta-total-bytes", "1M", junk.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no blkparse events in 3 lines of the trace: line 2: first field is not a device maj,min"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let (code, _, err) = fdpblk(&["replay", "--blk-event", "X", t]);
+    assert_ne!(code, 0);
+    assert!(err.contains("use Q (queued), D (issued) or C (completed)"), "{err}");
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -1,12 +1,18 @@
 //! `fdpblk replay`: drives the engine core with a trace of block requests into the simulated
 //! drive and reports per-class counts, slot identities seen, and bytes per placement handle.
 //!
-//! Trace format (JSON lines, one request each):
-//! `{"op":"write|read|flush|discard|write_zeroes","offset":N,"len":N,"data_hex":"<first bytes>"}`.
-//! `data_hex` is optional and may hold only a prefix of the written bytes: a slot header is
-//! recognised when its first 24 bytes are present.
+//! Two trace formats, told apart per file (or chosen with `--format`):
+//! - JSON lines, one request each:
+//!   `{"op":"write|read|flush|discard|write_zeroes","offset":N,"len":N,"data_hex":"<first bytes>"}`.
+//!   `data_hex` is optional and may hold only a prefix of the written bytes: a slot header is
+//!   recognised when its first 24 bytes are present.
+//! - blkparse's default text output ([`crate::blkparse`]), one event kind per I/O
+//!   (`--blk-event`, default `D`). A blktrace records sector ranges and no data: the classes
+//!   come from the geometry alone, but no slot header can be read, so no identity is known
+//!   and policies that place by identity fall back (the report says so).
 
 use super::CmdResult;
+use crate::blkparse::{parse_line, BlkAction, BoundedLines};
 use crate::classify::{ExtentKind, Op};
 use crate::cli::ReplayArgs;
 use crate::device::open_readonly;
@@ -18,6 +24,7 @@ use crate::place::{policy_by_name, POLICY_NAMES};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
 
 /// One parsed trace line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -178,25 +185,249 @@ pub fn replay_into(
     })
 }
 
-fn read_trace(a: &ReplayArgs) -> Result<Vec<TraceRequest>, String> {
-    let reader: Box<dyn Read> = if a.trace.as_os_str() == "-" {
+/// `--format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TraceFormat {
+    /// JSON lines when the first non-blank character is `{`, else blkparse.
+    Auto,
+    Json,
+    Blkparse,
+}
+
+/// What reading a trace found, besides its requests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TraceInfo {
+    /// `json` or `blkparse`.
+    pub format: &'static str,
+    pub lines: usize,
+    /// blkparse: the event kind taken.
+    pub event: Option<BlkAction>,
+    /// blkparse: event lines of any kind and device.
+    pub events: u64,
+    /// blkparse: events taken (each gives one request, or two for a write with a pre-flush).
+    pub taken: u64,
+    /// blkparse: completions of the taken kind with a non-zero error, not replayed.
+    pub failed: u64,
+    /// blkparse: events of the taken kind that stand for no block request (a passthrough
+    /// command, a range that overflows), with the first one's line.
+    pub unusable: u64,
+    pub first_unusable: Option<(usize, &'static str)>,
+    /// blkparse: lines that are not events (summaries, messages, garbage).
+    pub other_lines: u64,
+    /// blkparse: the devices of the events taken.
+    pub devices: Vec<(u32, u32)>,
+    /// Whether any write carried data bytes (never for blkparse).
+    pub carries_data: bool,
+}
+
+impl TraceInfo {
+    pub fn to_json(&self) -> Value {
+        let mut v = json!({"format": self.format, "lines": self.lines, "carries_data": self.carries_data});
+        if let Some(e) = self.event {
+            let devices: Vec<String> = self.devices.iter().map(|(a, b)| format!("{a},{b}")).collect();
+            v["event"] = json!(e.letter());
+            v["events"] = json!(self.events);
+            v["taken"] = json!(self.taken);
+            v["failed_completions"] = json!(self.failed);
+            v["unusable"] = json!(self.unusable);
+            v["other_lines"] = json!(self.other_lines);
+            v["devices"] = json!(devices);
+        }
+        v
+    }
+}
+
+/// What a trace without data lets replay tell, for `policy`.
+pub fn no_data_note(policy: &str) -> String {
+    let placement = match policy {
+        "key-aware" => "key-aware places slots by identity and its reads, so here it puts every slot on handle 0 (young), \
+                        as --policy none would: this is not key-aware's placement or WAF",
+        "lmcache-fdp" => "lmcache-fdp places slots by the tenant of an identity, so here it puts every slot on handle 0 \
+                          (no directive)",
+        _ => "this policy places by position only, so its placement is the one the device would make",
+    };
+    format!(
+        "the trace carries no data (a blktrace records only sector ranges): classes and bytes follow from the geometry, \
+         but no slot header can be read, so no slot identity is known and every slot payload counts as a payload \
+         fallback; {placement}"
+    )
+}
+
+fn open_trace(path: &Path) -> Result<BufReader<Box<dyn Read>>, String> {
+    let reader: Box<dyn Read> = if path.as_os_str() == "-" {
         Box::new(std::io::stdin())
     } else {
-        Box::new(std::fs::File::open(&a.trace).map_err(|e| format!("cannot open trace {}: {e}", a.trace.display()))?)
+        Box::new(std::fs::File::open(path).map_err(|e| format!("cannot open trace {}: {e}", path.display()))?)
     };
+    Ok(BufReader::with_capacity(1 << 16, reader))
+}
+
+/// Skips leading whitespace; returns the first other byte (not consumed) and the newlines
+/// skipped.
+fn first_byte(r: &mut impl BufRead) -> Result<(Option<u8>, usize), String> {
+    let mut newlines = 0;
+    loop {
+        let buf = r.fill_buf().map_err(|e| format!("reading trace: {e}"))?;
+        if buf.is_empty() {
+            return Ok((None, newlines));
+        }
+        match buf.iter().position(|c| !c.is_ascii_whitespace()) {
+            Some(p) => {
+                newlines += buf[..p].iter().filter(|&&c| c == b'\n').count();
+                let c = buf[p];
+                r.consume(p);
+                return Ok((Some(c), newlines));
+            }
+            None => {
+                let n = buf.len();
+                newlines += buf.iter().filter(|&&c| c == b'\n').count();
+                r.consume(n);
+            }
+        }
+    }
+}
+
+/// Reads a trace in the format `format` (`Auto`: told by its first non-blank character).
+pub fn read_trace_from(
+    mut r: impl BufRead,
+    format: TraceFormat,
+    event: BlkAction,
+    device: Option<(u32, u32)>,
+) -> Result<(Vec<TraceRequest>, TraceInfo), String> {
+    let (first, skipped) = first_byte(&mut r)?;
+    let json = match format {
+        TraceFormat::Json => true,
+        TraceFormat::Blkparse => false,
+        TraceFormat::Auto => first == Some(b'{'),
+    };
+    if first.is_none() {
+        return Err("the trace is empty: give a JSON-lines trace or blkparse's output (see tools/trace/capture-blktrace.sh)".into());
+    }
+    if json {
+        let mut out = Vec::new();
+        let mut lines = skipped;
+        for (i, line) in r.lines().enumerate() {
+            let line = line.map_err(|e| format!("reading trace: {e}"))?;
+            lines = skipped + i + 1;
+            if line.trim().is_empty() {
+                continue;
+            }
+            out.push(parse_trace_line(&line).map_err(|e| format!("trace line {lines}: {e}"))?);
+        }
+        let carries_data = out.iter().any(|t| t.op == Op::Write && !t.data.is_empty());
+        Ok((out, TraceInfo { format: "json", lines, carries_data, ..Default::default() }))
+    } else {
+        read_blkparse(r, skipped, event, device)
+    }
+}
+
+fn dev_name(d: (u32, u32)) -> String {
+    format!("{},{}", d.0, d.1)
+}
+
+fn read_blkparse(
+    r: impl BufRead,
+    skipped: usize,
+    event: BlkAction,
+    device: Option<(u32, u32)>,
+) -> Result<(Vec<TraceRequest>, TraceInfo), String> {
+    const MAX_DEVICES: usize = 64;
+    let mut info = TraceInfo { format: "blkparse", event: Some(event), ..Default::default() };
     let mut out = Vec::new();
-    for (i, line) in BufReader::new(reader).lines().enumerate() {
-        let line = line.map_err(|e| format!("reading trace: {e}"))?;
-        if line.trim().is_empty() {
+    let mut ops = Vec::new();
+    let mut first_other: Option<(usize, &'static str)> = None;
+    let mut actions = BTreeSet::new();
+    let mut all_devices = BTreeSet::new();
+    let mut lines = BoundedLines::new(r);
+    while let Some((n, line, _truncated)) = lines.next_line().map_err(|e| format!("reading trace: {e}"))? {
+        let n = n + skipped;
+        info.lines = n;
+        let e = match parse_line(&line) {
+            Ok(e) => e,
+            Err(why) => {
+                if !line.trim().is_empty() {
+                    info.other_lines += 1;
+                    first_other.get_or_insert((n, why));
+                }
+                continue;
+            }
+        };
+        info.events += 1;
+        if actions.len() < 64 {
+            actions.insert(e.action_str().to_string());
+        }
+        if all_devices.len() < MAX_DEVICES {
+            all_devices.insert(e.device());
+        }
+        if device.is_some_and(|d| d != e.device()) || !e.is(event) {
             continue;
         }
-        out.push(parse_trace_line(&line).map_err(|e| format!("trace line {}: {e}", i + 1))?);
+        if e.error.unwrap_or(0) != 0 {
+            info.failed += 1;
+            continue;
+        }
+        if let Err(why) = e.ops(&mut ops) {
+            info.unusable += 1;
+            info.first_unusable.get_or_insert((n, why));
+            continue;
+        }
+        if ops.is_empty() {
+            info.unusable += 1;
+            info.first_unusable.get_or_insert((n, "no block request (RWBS N without a flush)"));
+            continue;
+        }
+        info.taken += 1;
+        if info.devices.len() < MAX_DEVICES && !info.devices.contains(&e.device()) {
+            info.devices.push(e.device());
+        }
+        out.extend(ops.iter().map(|&(op, offset, len)| TraceRequest { op, offset, len, data: Vec::new() }));
     }
-    Ok(out)
+    if info.taken == 0 {
+        let hint = "replay reads blkparse's default output (blkparse -i TRACE, no -f; tools/trace/capture-blktrace.sh writes it) \
+                    or JSON lines (--format json)";
+        if info.events == 0 {
+            return Err(match first_other {
+                Some((n, why)) => format!("no blkparse events in {} lines of the trace: line {n}: {why}; {hint}", info.lines),
+                None => format!("no blkparse events in the trace; {hint}"),
+            });
+        }
+        let names = |s: &BTreeSet<(u32, u32)>| s.iter().map(|&d| dev_name(d)).collect::<Vec<_>>().join(", ");
+        if let Some(d) = device.filter(|d| !all_devices.contains(d)) {
+            return Err(format!("the trace has no events of device {} (--blk-device); it has {}", dev_name(d), names(&all_devices)));
+        }
+        let mut why = format!(
+            "the trace has {} blkparse events but no usable {} ({}) events",
+            info.events,
+            event.letter(),
+            event.describe()
+        );
+        if info.failed > 0 {
+            why += &format!(" ({} failed completions)", info.failed);
+        }
+        if let Some((n, w)) = info.first_unusable {
+            why += &format!(" (line {n}: {w})");
+        }
+        let present: Vec<String> = actions.into_iter().collect();
+        return Err(format!("{why}; actions present: {}; choose one with --blk-event Q|D|C", present.join(" ")));
+    }
+    if info.devices.len() > 1 && device.is_none() {
+        let names: Vec<String> = info.devices.iter().map(|&d| dev_name(d)).collect();
+        return Err(format!(
+            "the trace has {} events of devices {}: replay one device at a time with --blk-device MAJ,MIN",
+            event.letter(),
+            names.join(" and ")
+        ));
+    }
+    Ok((out, info))
+}
+
+fn read_trace(a: &ReplayArgs) -> Result<(Vec<TraceRequest>, TraceInfo), String> {
+    let r = open_trace(&a.trace)?;
+    read_trace_from(r, a.format, a.blk_event, a.blk_device)
 }
 
 pub fn run(a: &ReplayArgs) -> CmdResult {
-    let trace = read_trace(a)?;
+    let (trace, info) = read_trace(a)?;
     let flags = a.geometry.flags();
     let (geometry, size) = match &a.device {
         Some(path) => {
@@ -228,12 +459,45 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
         None
     };
     let report = replay_into(geometry, &a.policy, size, trace, ssd)?;
+    let note = (!info.carries_data && report.pipeline.op(Op::Write).requests > 0).then(|| no_data_note(report.policy));
     if a.json {
-        println!("{}", report.to_json());
+        let mut v = report.to_json();
+        let mut t = info.to_json();
+        t["identities_known"] = json!(info.carries_data);
+        if let Some(n) = &note {
+            t["note"] = json!(n);
+        }
+        v["trace"] = t;
+        println!("{v}");
     } else {
+        print_trace_info(&info);
         print_text(&report);
+        if let Some(n) = &note {
+            println!("note: {n}");
+        }
     }
     Ok(())
+}
+
+fn print_trace_info(i: &TraceInfo) {
+    match i.event {
+        None => println!("trace: JSON lines, {} lines", i.lines),
+        Some(e) => {
+            let devices: Vec<String> = i.devices.iter().map(|&d| dev_name(d)).collect();
+            println!(
+                "trace: blkparse, {} lines: {} events, {} {} ({}) events of device {} taken; {} failed completions and {} events without a block request left out; {} lines not events",
+                i.lines,
+                i.events,
+                i.taken,
+                e.letter(),
+                e.describe(),
+                devices.join(","),
+                i.failed,
+                i.unusable,
+                i.other_lines
+            );
+        }
+    }
 }
 
 fn print_text(r: &ReplayReport) {
@@ -283,6 +547,101 @@ mod tests {
         ] {
             assert!(parse_trace_line(bad).is_err(), "{bad}");
         }
+    }
+
+    const BLK_SAMPLE: &str = include_str!("../../tests/data/blkparse/ublk-sample.txt");
+
+    fn read(text: &str, f: TraceFormat, e: BlkAction, d: Option<(u32, u32)>) -> Result<(Vec<TraceRequest>, TraceInfo), String> {
+        read_trace_from(text.as_bytes(), f, e, d)
+    }
+
+    #[test]
+    fn blkparse_sample_is_detected_and_read() {
+        let (reqs, info) = read(BLK_SAMPLE, TraceFormat::Auto, BlkAction::Issue, None).unwrap();
+        let got: Vec<(Op, u64, u64)> = reqs.iter().map(|t| (t.op, t.offset, t.len)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (Op::Write, 2048 * 512, 8192),
+                (Op::Write, 4096 * 512, 120 * 512),
+                (Op::Read, 0, 4096),
+                (Op::Discard, 8192 * 512, 1 << 20),
+                (Op::Flush, 0, 0),
+                (Op::Flush, 0, 0),
+                (Op::Write, 16384 * 512, 4096),
+            ]
+        );
+        assert!(reqs.iter().all(|t| t.data.is_empty()));
+        assert_eq!((info.format, info.lines, info.events, info.taken), ("blkparse", 40, 29, 6));
+        assert_eq!((info.failed, info.unusable, info.other_lines), (0, 0, 10));
+        assert_eq!(info.devices, vec![(259, 0)]);
+        assert!(!info.carries_data);
+        // Completions: the failed one ([-5]) is left out and counted.
+        let (reqs, info) = read(BLK_SAMPLE, TraceFormat::Blkparse, BlkAction::Complete, None).unwrap();
+        assert_eq!((reqs.len(), info.taken, info.failed), (5, 5, 1));
+        // Queued: per bio, before the merge.
+        let (reqs, _) = read(BLK_SAMPLE, TraceFormat::Auto, BlkAction::Queue, None).unwrap();
+        assert_eq!(reqs.len(), 8);
+    }
+
+    #[test]
+    fn formats_are_told_apart_and_errors_name_the_line() {
+        let json = "\n\n{\"op\":\"write\",\"offset\":0,\"len\":4096,\"data_hex\":\"4c4d\"}\n";
+        let (reqs, info) = read(json, TraceFormat::Auto, BlkAction::Issue, None).unwrap();
+        assert_eq!((reqs.len(), info.format, info.lines, info.carries_data), (1, "json", 3, true));
+        let err = read(json, TraceFormat::Blkparse, BlkAction::Issue, None).unwrap_err();
+        assert!(err.contains("no blkparse events in 3 lines of the trace: line 3: first field is not a device"), "{err}");
+        let err = read(BLK_SAMPLE, TraceFormat::Json, BlkAction::Issue, None).unwrap_err();
+        assert!(err.starts_with("trace line 1: not JSON"), "{err}");
+        let err = read("\n \nCPU0 (8,0):\n", TraceFormat::Auto, BlkAction::Issue, None).unwrap_err();
+        assert!(err.contains("line 3: first field is not a device maj,min"), "{err}");
+        assert!(err.contains("blkparse -i TRACE, no -f"), "{err}");
+        assert!(read(" \n\n", TraceFormat::Auto, BlkAction::Issue, None).unwrap_err().contains("empty"));
+        // Events, but none of the kind asked for.
+        let q = "8,0 1 1 0.1 7 Q WS 0 + 8 [p]\n8,0 1 2 0.2 7 G WS 0 + 8 [p]\n";
+        let err = read(q, TraceFormat::Auto, BlkAction::Issue, None).unwrap_err();
+        assert!(err.contains("2 blkparse events but no usable D (issued to the driver) events"), "{err}");
+        assert!(err.contains("actions present: G Q; choose one with --blk-event"), "{err}");
+        let err = read("8,0 1 1 0.1 7 C WS 0 + 8 [-5]\n", TraceFormat::Auto, BlkAction::Complete, None).unwrap_err();
+        assert!(err.contains("1 failed completions"), "{err}");
+        let err = read("8,0 1 1 0.1 7 D N 0 (12 00) [p]\n", TraceFormat::Auto, BlkAction::Issue, None).unwrap_err();
+        assert!(err.contains("line 1: no block request"), "{err}");
+    }
+
+    #[test]
+    fn one_device_at_a_time() {
+        let two = "259,0 1 1 0.1 7 D WS 0 + 8 [p]\n8,16 1 1 0.2 7 D WS 8 + 8 [p]\n8,16 1 2 0.3 7 D R 8 + 16 [p]\n";
+        let err = read(two, TraceFormat::Auto, BlkAction::Issue, None).unwrap_err();
+        assert!(err.contains("devices 259,0 and 8,16: replay one device at a time with --blk-device MAJ,MIN"), "{err}");
+        let (reqs, info) = read(two, TraceFormat::Auto, BlkAction::Issue, Some((8, 16))).unwrap();
+        assert_eq!((reqs.len(), info.taken, info.devices.clone()), (2, 2, vec![(8, 16)]));
+        let err = read(two, TraceFormat::Auto, BlkAction::Issue, Some((8, 0))).unwrap_err();
+        assert!(err.contains("no events of device 8,0 (--blk-device); it has 8,16, 259,0"), "{err}");
+    }
+
+    /// A blktrace has no data: the classes follow from the geometry, identities stay unknown,
+    /// and key-aware places every slot on its young handle.
+    #[test]
+    fn blkparse_replay_classifies_by_geometry() {
+        let g = crate::test_fixtures::small_geometry();
+        let slot1 = g.slot_offset(1) / 512;
+        let text = format!(
+            "259,0 0 1 0.1 9 D WS 0 + 8 [p]\n259,0 0 2 0.2 9 D WS 8 + 16 [p]\n259,0 0 3 0.3 9 D WS {slot1} + 128 [p]\n259,0 0 4 0.4 9 D R {} + 8 [p]\n",
+            slot1 + 8
+        );
+        let (trace, info) = read(&text, TraceFormat::Auto, BlkAction::Issue, None).unwrap();
+        assert_eq!(info.taken, 4);
+        let rep = replay(g, "key-aware", 4 << 20, trace).unwrap();
+        let c = |cls: crate::classify::Class| rep.pipeline.classes[cls.index()];
+        use crate::classify::Class;
+        assert_eq!(c(Class::CheckpointHeader).bytes, 4096);
+        assert_eq!(c(Class::CheckpointPayload).bytes, 8192);
+        assert_eq!(c(Class::SlotHeader).bytes, 4096);
+        assert_eq!(c(Class::SlotPayload).bytes, 65536 - 4096 + 4096);
+        assert!(rep.identities.is_empty());
+        assert_eq!(rep.pipeline.payload_fallbacks, 1);
+        assert_eq!(rep.engine.bytes_by_handle.keys().copied().collect::<Vec<_>>(), vec![crate::place::KeyAwarePolicy::YOUNG]);
+        assert!(no_data_note("key-aware").contains("handle 0 (young)"));
     }
 
     /// Converts a fixture's captured LMCache I/O (iotrace.jsonl) into trace requests.
