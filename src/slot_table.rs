@@ -112,8 +112,8 @@ fn unpack(identity: u64, meta: u64, life: u64) -> SlotEntry {
     }
 }
 
-/// The `life` word: stamp (24 bits) | state (2) | confirmed | trimming | seen_before | spare (3)
-/// | writes (8) | reads (8) | tag (16).
+/// The `life` word: stamp (24 bits) | state (2) | confirmed | trimming | seen_before |
+/// tail_done | spare (2) | writes (8) | reads (8) | tag (16).
 pub mod life {
     use super::SlotState;
     pub const STAMP_MASK: u64 = (1 << 24) - 1;
@@ -122,6 +122,8 @@ pub mod life {
     pub const CONFIRMED: u64 = 1 << 26;
     pub const TRIMMING: u64 = 1 << 27;
     pub const SEEN_BEFORE: u64 = 1 << 28;
+    /// The stale tail past the current payload was deallocated (cleared by every write).
+    pub const TAIL_DONE: u64 = 1 << 29;
     pub const WRITES_SHIFT: u32 = 32;
     pub const READS_SHIFT: u32 = 40;
     pub const TAG_SHIFT: u32 = 48;
@@ -293,7 +295,7 @@ impl SlotTable {
         let epoch = self.epoch.load(Ordering::SeqCst);
         let old = self.life[i]
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
-                let mut n = life::with_stamp(l, epoch) & !life::CONFIRMED;
+                let mut n = life::with_stamp(l, epoch) & !life::CONFIRMED & !life::TAIL_DONE;
                 if life::state(n) != SlotState::Unknown {
                     n = life::with_state(n, SlotState::Unknown);
                 }
@@ -509,6 +511,17 @@ impl SlotTable {
             self.remaining[i].store(0, Ordering::Relaxed);
         }
         self.mark_dirty(slot);
+    }
+
+    /// Ends a tail deallocation begun by a CAS to `began` (which has `TRIMMING`): the contents
+    /// stay as they were, now with `TAIL_DONE`, unless the slot was written meanwhile;
+    /// `TRIMMING` is cleared either way.
+    pub fn end_tail_trim(&self, slot: u64, began: u64, done: bool) {
+        let Some(i) = self.index(slot) else { return };
+        let after = (began & !life::TRIMMING) | if done { life::TAIL_DONE } else { 0 };
+        if self.life[i].compare_exchange(began, after, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            self.life[i].fetch_and(!life::TRIMMING, Ordering::AcqRel);
+        }
     }
 
     pub fn history(&self) -> &IdentityHistory {

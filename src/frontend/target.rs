@@ -294,7 +294,7 @@ fn start_watcher(cfg: &DeviceConfig, backing: &std::fs::File, slots: &Arc<SlotTa
         0 => Duration::MAX,
         ms => Duration::from_millis(ms),
     };
-    let wc = WatchConfig { trim: cfg.trim, device: cfg.id, persist_interval, ..WatchConfig::default() };
+    let wc = WatchConfig { trim: cfg.trim, trim_tails: cfg.trim, device: cfg.id, persist_interval, ..WatchConfig::default() };
     let w = Watcher::new(cfg.geometry, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
     let l = w.loaded();
     tracing::info!(

@@ -8,8 +8,8 @@
 //! - `workload`: the LMCache workload model (requests, index, allocator, eviction controller,
 //!   checkpoints) and the block requests it makes (`tools/workloads/*.json`).
 //! - `run`: one simulation (`fdpblk simulate`): workload → fdpblk's pipeline and state thread
-//!   → SSD model, steady-state WAF; `dev`: the simulated backing device; `trim`: the stale-tail
-//!   rule; `plot`: the WAF-vs-utilisation PNG.
+//!   → SSD model, steady-state WAF; `dev`: the simulated backing device; `plot`: the
+//!   WAF-vs-utilisation PNG.
 //!
 //! ```
 //! use fdpblk::sim::{HandleType, Ssd, SsdConfig};
@@ -28,7 +28,6 @@ pub mod dev;
 pub mod plot;
 pub mod run;
 pub mod ssd;
-pub mod trim;
 pub mod workload;
 
 pub use analytic::{analytic_waf_alpha, analytic_waf_uniform, valid_fraction};

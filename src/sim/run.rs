@@ -3,16 +3,14 @@
 //! (every policy but the `none` and `lmcache-fdp` baselines, and any run with `--trim on`),
 //! its real state thread ([`crate::watch::Watcher`]) runs beside the pipeline: it reads every
 //! committed checkpoint back off the simulated device, deallocates the slots LMCache evicted
-//! (issue #6's rule, when trim is on) and writes fdpblk's own state, all into the same SSD
-//! model. The stale-tail rule (`super::trim`) is the simulator's own, proposed for the state
-//! thread.
+//! and the stale tails of confirmed slots (when trim is on; `--trim-rules` picks either) and
+//! writes fdpblk's own state, all into the same SSD model.
 //!
 //! Phases: warm-up (LMCache writes `warmup` × its capacity), then a measured window of at least
 //! `measure` × the device's logical capacity of host writes; the steady-state WAF is
 //! Δmedia / Δhost over that window (reference `fdp-waf.md` §8).
 
 use super::dev::{SimDev, WriteCombiner};
-use super::trim::stale_tail;
 use super::workload::{BlockIo, IoShaper, LmOp, LmcacheFdpMode, Workload, WorkloadSpec, WorkloadStats};
 use super::{HandleType, Ssd, SsdConfig, SsdCounters, Victim};
 use crate::classify::Op;
@@ -258,12 +256,10 @@ struct Sim {
     segs: Vec<Segment>,
     geom: Geometry,
     chunk_bytes: u64,
-    trim_tails: bool,
     next_persist_s: f64,
     block_requests: u64,
     lm_ops: u64,
     lm_write_bytes: u64,
-    tail_trims: u64,
     error: Option<String>,
 }
 
@@ -278,9 +274,8 @@ impl Sim {
         };
         let op = if io.write { Op::Write } else { Op::Read };
         let req = Request { op, offset: io.offset, len: io.len, data };
-        // The slot a header write starts, with its record from before the write.
-        let header_slot = io.header.and_then(|h| self.geom.slot_of(io.offset).map(|(slot, _)| (slot, h)));
-        let previous = header_slot.and_then(|(slot, _)| self.pipeline.slots().get(slot));
+        // The slot a header write starts.
+        let header_slot = io.header.and_then(|_| self.geom.slot_of(io.offset).map(|(slot, _)| slot));
         self.segs.clear();
         let _ = self.pipeline.plan(&req, &mut self.segs, HeaderWait::Expired);
         if !io.write {
@@ -288,19 +283,8 @@ impl Sim {
         }
         self.lm_write_bytes += io.len;
         let mut d = self.dev.lock();
-        if let (Some((slot, h)), Some(b)) = (header_slot, &hb) {
+        if let (Some(slot), Some(b)) = (header_slot, &hb) {
             d.set_header(slot, b);
-            if self.trim_tails {
-                if let Some((off, len)) = stale_tail(previous.as_ref(), &h, &self.geom) {
-                    // What the previous occupants left past the new payload: LMCache never
-                    // reads it again.
-                    self.tail_trims += 1;
-                    if let Err(e) = self.combiner.flush(&mut d.ssd) {
-                        self.error.get_or_insert(e.to_string());
-                    }
-                    d.deallocate(self.geom.slot_offset(slot) + off, len);
-                }
-            }
         }
         if let Some(c) = &io.checkpoint {
             if io.offset < 2 * self.geom.container_bytes {
@@ -412,6 +396,9 @@ impl Sim {
     }
     fn trims(&self) -> u64 {
         self.watcher.as_ref().map_or(0, |w| w.counters().trims)
+    }
+    fn tail_trims(&self) -> u64 {
+        self.watcher.as_ref().map_or(0, |w| w.tail_trims())
     }
     fn own_bytes(&self) -> u64 {
         self.dev.lock().own_bytes
@@ -702,6 +689,7 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
     let watcher = fdpblk.then(|| {
         let wc = WatchConfig {
             trim: spec.trim && spec.trim_slots,
+            trim_tails: spec.trim && spec.trim_tails,
             retry_base: Duration::ZERO,
             persist_interval: Duration::MAX,
             device: -1,
@@ -723,12 +711,10 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
         segs: Vec::new(),
         geom,
         chunk_bytes: w.chunk_bytes,
-        trim_tails: spec.trim && spec.trim_tails,
         next_persist_s: PERSIST_INTERVAL_S,
         block_requests: 0,
         lm_ops: 0,
         lm_write_bytes: 0,
-        tail_trims: 0,
         error: None,
     };
     let cap_bytes = geom.max_slots * geom.slot_bytes;
@@ -763,7 +749,7 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
                         p.recording = true;
                     }
                     let c = sim.counters();
-                    warm = Some((c.clone(), sim.lm_write_bytes, sim.own_bytes(), sim.trims(), sim.tail_trims));
+                    warm = Some((c.clone(), sim.lm_write_bytes, sim.own_bytes(), sim.trims(), sim.tail_trims()));
                     marks.push(c);
                 }
             }
@@ -786,7 +772,7 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
     }
     let end = sim.counters();
     let (w0, lm0, own0, trim0, tails0) =
-        warm.unwrap_or((end.clone(), sim.lm_write_bytes, sim.own_bytes(), sim.trims(), sim.tail_trims));
+        warm.unwrap_or((end.clone(), sim.lm_write_bytes, sim.own_bytes(), sim.trims(), sim.tail_trims()));
     let window = end.since(&w0);
     let waf = if window.host_bytes > 0 { window.waf() } else { f64::NAN };
     let waf_by_device_write = marks.windows(2).map(|m| m[1].since(&m[0]).waf()).collect();
@@ -804,14 +790,14 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
         utilization: spec.utilization,
         trim: spec.trim,
         trim_slots: spec.trim && spec.trim_slots,
-        trim_tails: sim.trim_tails,
+        trim_tails: spec.trim && spec.trim_tails,
         seed: spec.seed,
         waf,
         waf_by_device_write,
         lmcache_bytes: sim.lm_write_bytes - lm0,
         own_state_bytes: sim.own_bytes() - own0,
         trimmed_slots: sim.trims() - trim0,
-        tail_trims: sim.tail_trims - tails0,
+        tail_trims: sim.tail_trims() - tails0,
         window,
         handle_bytes,
         handle_rus,

@@ -26,6 +26,17 @@
 //! 4. **nothing pending**: no checkpoint header write has been seen that is not processed yet;
 //! 5. the slot header on the drive still carries the confirmed identity and length.
 //!
+//! # Stale tails
+//!
+//! A put with a shorter payload than the slot's earlier contents leaves their bytes behind the
+//! new payload; the drive would keep them valid, and copy them in garbage collection, until a
+//! longer payload overwrites them. Once the current contents are **confirmed** (1) and **not
+//! written since** (2, the same CAS), and the header on the drive carries them (5), the
+//! slot's bytes past `payload_len` rounded up to `block_align` are deallocated: no LMCache
+//! process reads past that (`Watcher::trim_tails` says why). Conditions 3 and 4 are not
+//! needed: a container listing the slot names either these contents or contents whose header
+//! is gone, which LMCache's load drops.
+//!
 //! In the terms of the issue: contents are evicted once they are "absent from two consecutive
 //! committed checkpoints" (the two containers; consecutive seqs alternate between them) "and
 //! not written since the earlier of them" (2), and only contents LMCache is known to have
@@ -115,6 +126,8 @@ use std::time::{Duration, Instant};
 pub struct WatchConfig {
     /// Deallocate evicted slots.
     pub trim: bool,
+    /// Deallocate stale tails: what earlier contents left past a confirmed slot's payload.
+    pub trim_tails: bool,
     /// First retry delay for a checkpoint whose payload is not complete yet (doubles to 1 s).
     pub retry_base: Duration,
     /// Persist cycle interval.
@@ -127,7 +140,7 @@ pub struct WatchConfig {
 
 impl Default for WatchConfig {
     fn default() -> Self {
-        Self { trim: true, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN }
+        Self { trim: true, trim_tails: true, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN }
     }
 }
 
@@ -251,6 +264,9 @@ pub struct Watcher {
     trim_error: bool,
     /// Sweep (and deallocate) at the next step even without a checkpoint event.
     need_sweep: bool,
+    /// Stale tails deallocated by this run, and their bytes (not persisted).
+    tail_trims: u64,
+    tail_trim_bytes: u64,
     published: Arc<Mutex<Value>>,
 }
 
@@ -293,6 +309,8 @@ impl Watcher {
             summary_at: now,
             trim_error: false,
             need_sweep: true,
+            tail_trims: 0,
+            tail_trim_bytes: 0,
             published: Arc::new(Mutex::new(Value::Null)),
         };
         w.seen_epoch = w.slots.epoch();
@@ -309,7 +327,7 @@ impl Watcher {
         w.arm_alarm();
         // From now on a crash leaves an unclean state: confirmations are not trusted then.
         w.persist_now(false, true);
-        w.sweep(false);
+        let _ = w.sweep(false);
         w.publish();
         w
     }
@@ -322,6 +340,10 @@ impl Watcher {
     }
     pub fn summary(&self) -> Summary {
         self.summary
+    }
+    /// Stale tails deallocated by this run.
+    pub fn tail_trims(&self) -> u64 {
+        self.tail_trims
     }
     /// The JSON the stats thread shows (refreshed by every step).
     pub fn published(&self) -> Arc<Mutex<Value>> {
@@ -418,9 +440,12 @@ impl Watcher {
         }
         if changed || std::mem::take(&mut self.need_sweep) || self.summary_at.elapsed() >= Duration::from_secs(10) {
             let allow = self.trims_allowed();
-            let candidates = self.sweep(allow);
+            let (candidates, tails) = self.sweep(allow);
             if allow && !candidates.is_empty() {
                 self.trim(candidates);
+            }
+            if !tails.is_empty() {
+                self.trim_tails(tails);
             }
         }
         self.check_overflow(alarm);
@@ -559,10 +584,13 @@ impl Watcher {
     }
 
     /// Counts slots by state, relabels confirmed ones live/evicted, and returns the trim
-    /// candidates (confirmed and listed by neither container) when `allow`.
-    fn sweep(&mut self, allow: bool) -> Vec<(u64, u64)> {
+    /// candidates (confirmed and listed by neither container) when `allow`, and the slots
+    /// whose stale tail may go (confirmed, listed, tail not yet deallocated).
+    fn sweep(&mut self, allow: bool) -> (Vec<(u64, u64)>, Vec<(u64, u64)>) {
         let mut s = Summary::default();
         let mut out = Vec::new();
+        let mut tails = Vec::new();
+        let tails_on = self.cfg.trim_tails && self.conflict.is_none();
         let newest = self.containers.iter().enumerate().filter_map(|(i, c)| match c {
             Container::Valid(v) => Some((i, v.seq)),
             _ => None,
@@ -590,6 +618,8 @@ impl Watcher {
                 }
                 if allow && !listed {
                     out.push((slot, l));
+                } else if tails_on && listed && l & (life::TAIL_DONE | life::TRIMMING) == 0 && self.tail_of(slot).is_some() {
+                    tails.push((slot, l));
                 }
             }
             if self.slots.get(slot).is_some() {
@@ -599,7 +629,61 @@ impl Watcher {
         }
         self.summary = s;
         self.summary_at = Instant::now();
-        out
+        (out, tails)
+    }
+
+    /// The stale tail of `slot`'s current contents, as (offset in the slot, length): from the
+    /// end of its payload (rounded up to `block_align`, what LMCache's loads read) to the end
+    /// of the slot. None when the payload fills the slot.
+    fn tail_of(&self, slot: u64) -> Option<(u64, u64)> {
+        let g = &self.geom;
+        let e = self.slots.entry(slot)?;
+        let start = g.header_bytes.checked_add(e.payload_len.div_ceil(g.block_align).checked_mul(g.block_align)?)?;
+        (start < g.slot_bytes).then(|| (start, g.slot_bytes - start))
+    }
+
+    /// Deallocates the stale tails of confirmed slots.
+    ///
+    /// Why it is safe: the contents are confirmed (claim A: the put that wrote them committed,
+    /// so its header write had completed) and unchanged since (the CAS), and the header on the
+    /// drive carries the confirmed identity and length (read before the CAS). LMCache reads a
+    /// slot's payload only through an index entry whose identity and length match the header
+    /// (a loaded checkpoint's other entries are dropped by its header check), and reads
+    /// `payload_len` rounded up to `block_align`: no process can read past it. A put into the
+    /// slot during the deallocation is held by its queue until it returned, like a slot trim.
+    fn trim_tails(&mut self, candidates: Vec<(u64, u64)>) {
+        let g = self.geom;
+        let mut hdr = vec![0u8; SLOT_HEADER_PREFIX];
+        for (slot, l0) in candidates {
+            let l = self.slots.life(slot);
+            if l != l0 {
+                continue;
+            }
+            let (Some(e), Some((start, len))) = (self.slots.entry(slot), self.tail_of(slot)) else { continue };
+            let off = g.slot_offset(slot);
+            let on_disk = self.dev.read_at(off, &mut hdr).ok().and_then(|_| SlotHeader::parse(&hdr).ok());
+            if on_disk.is_none_or(|h| h.identity != e.identity || h.payload_len.min(u64::from(u32::MAX)) != e.payload_len) {
+                continue;
+            }
+            if !self.slots.cas_life(slot, l, l | life::TRIMMING) {
+                continue;
+            }
+            let res = self.dev.discard(off + start, len);
+            self.slots.end_tail_trim(slot, l | life::TRIMMING, res.is_ok());
+            match res {
+                Ok(()) => {
+                    self.tail_trims += 1;
+                    self.tail_trim_bytes += len;
+                }
+                Err(err) => {
+                    if !self.trim_error {
+                        tracing::warn!("device {}: deallocating the stale tail of slot {slot}: {err}; paused until the next checkpoint", self.cfg.device);
+                        self.trim_error = true;
+                    }
+                    return;
+                }
+            }
+        }
     }
 
     /// Deallocates the candidates (conditions 2, 4 and 5 checked per slot; see the module doc).
@@ -777,6 +861,7 @@ impl Watcher {
                 "enabled": self.cfg.trim, "allowed_now": self.trims_allowed(), "blocked_by": self.conflict,
                 "trims": self.counters.trims, "trim_bytes": self.counters.trim_bytes, "handles": handles,
                 "evictions": self.counters.evictions,
+                "tails_enabled": self.cfg.trim_tails, "tail_trims": self.tail_trims, "tail_trim_bytes": self.tail_trim_bytes,
             },
             "own_state": {
                 "persisted": self.persist.is_some(), "seq": self.persist.as_ref().map(|p| p.seq()),

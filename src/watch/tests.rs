@@ -21,8 +21,8 @@ use std::collections::{BTreeSet, HashMap};
 const BA: u64 = 512;
 
 fn geometry(slots: u64, meta_total: u64) -> Geometry {
-    GeometryConfig { block_align: BA, header_bytes: BA, slot_bytes: 2 * BA, meta_total_bytes: meta_total, capacity_bytes: 0 }
-        .validate(meta_total + slots * 2 * BA)
+    GeometryConfig { block_align: BA, header_bytes: BA, slot_bytes: 4 * BA, meta_total_bytes: meta_total, capacity_bytes: 0 }
+        .validate(meta_total + slots * 4 * BA)
         .unwrap()
 }
 
@@ -125,6 +125,8 @@ struct Rig {
     cfg: WatchConfig,
     lmc: Lmc,
     trims: u64,
+    /// Stale tails deallocated (each checked against the oracle).
+    tails: u64,
     /// Deallocations checked against the oracle.
     checked: u64,
     filler: Vec<String>,
@@ -140,11 +142,11 @@ impl Rig {
         let region = Region { offset: g.data_end_offset().div_ceil(4096) * 4096, len: layout.bytes() };
         let dev = Arc::new(MemDev::new(region.offset + region.len));
         let slots = Arc::new(table);
-        let cfg = WatchConfig { trim, retry_base: Duration::ZERO, persist_interval: Duration::from_secs(3600), device: 0, stall_min: STALL_MIN };
+        let cfg = WatchConfig { trim, trim_tails: trim, retry_base: Duration::ZERO, persist_interval: Duration::from_secs(3600), device: 0, stall_min: STALL_MIN };
         let w = Watcher::new(g, slots.clone(), dev.clone(), cfg.clone(), Some(region), OWN);
         let pipe = Pipeline::with_slots(g, Box::new(RegionPolicy), slots.clone());
         let eng = MemEngine(dev.clone());
-        Rig { g, dev, region, slots, pipe, eng, w, cfg, lmc: Lmc::default(), trims: 0, checked: 0, filler: Vec::new() }
+        Rig { g, dev, region, slots, pipe, eng, w, cfg, lmc: Lmc::default(), trims: 0, tails: 0, checked: 0, filler: Vec::new() }
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
@@ -191,11 +193,49 @@ impl Rig {
         None
     }
 
+    /// The oracle for a stale tail from `rel`: why it must not go, if it must not. Readable
+    /// are the payloads (rounded to the block) of LMCache's index entries, of puts in flight,
+    /// and of entries of a loadable checkpoint whose slot header on the device matches them.
+    fn tail_protected(&self, slot: u64, rel: u64) -> Option<String> {
+        let end = |size: u64| self.g.header_bytes + size.div_ceil(BA) * BA;
+        if let Some(e) = self.lmc.index.iter().find(|e| e.1 == slot && end(e.2) > rel) {
+            return Some(format!("{} in LMCache's index reads up to {}", e.0, end(e.2)));
+        }
+        if let Some(p) = self.lmc.puts.iter().find(|p| p.slot == slot && (p.hdr || p.pay) && end(p.size) > rel) {
+            return Some(format!("a put in flight of {} writes up to {}", p.key, end(p.size)));
+        }
+        let dev = crate::persist::dev::DevReader(&*self.dev);
+        let on_disk = SlotHeader::parse(&self.dev.peek(self.g.slot_offset(slot), 64)).ok();
+        let mut why = None;
+        for c in read_copies(&dev, &self.g).unwrap().iter().filter(|c| c.is_valid()) {
+            read_entries(&dev, &self.g, c, &JsonLimits::default(), &mut |e| {
+                if e.offset == Some(self.g.slot_offset(slot)) {
+                    let (Some(size), Ok(id)) = (e.size, keys::identity(e.key)) else { return Ok(()) };
+                    if on_disk.is_some_and(|h| h.identity == id && h.payload_len == size) && end(size) > rel {
+                        why = Some(format!("checkpoint seq {:?} lists {} up to {}", c.seq(), e.key, end(size)));
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+        why
+    }
+
     fn check_trims(&mut self) {
         for op in self.dev.take_log() {
             if let MemOp::Discard { off, len } = op {
                 let (slot, rel) = self.g.slot_of(off).expect("only slots are deallocated");
-                assert_eq!((rel, len), (0, self.g.slot_bytes), "whole slots");
+                if rel != 0 {
+                    // A stale tail: up to the slot's end, past every payload anyone can read.
+                    assert!(rel >= self.g.header_bytes && rel + len == self.g.slot_bytes, "tail {rel}+{len} of slot {slot}");
+                    if let Some(why) = self.tail_protected(slot, rel) {
+                        panic!("the tail of slot {slot} from {rel} was deallocated but {why}");
+                    }
+                    self.tails += 1;
+                    continue;
+                }
+                assert_eq!(len, self.g.slot_bytes, "whole slots");
                 if let Some(why) = self.protected(slot) {
                     panic!("slot {slot} was deallocated but is {why}");
                 }
@@ -759,8 +799,8 @@ fn overflow_alarm_comes_before_the_first_skipped_checkpoint() {
     assert!(v["checkpoint_seq"].as_u64().unwrap() >= 2);
 }
 
-/// One random schedule of LMCache and fdpblk events; returns (trims, checkpoints).
-fn schedule(seed: u64, steps: usize) -> (u64, u64) {
+/// One random schedule of LMCache and fdpblk events; returns (trims, checkpoints, tails).
+fn schedule(seed: u64, steps: usize) -> (u64, u64, u64) {
     let mut rng = Rng(seed);
     let mut r = Rig::new(SLOTS, META, true);
     let mut commits = 0;
@@ -796,7 +836,9 @@ fn schedule(seed: u64, steps: usize) -> (u64, u64) {
                 } else {
                     r.new_key(rng.chance(30))
                 };
-                let size = if rng.chance(50) { BA - 100 } else { 1 + rng.below(BA as usize) as u64 };
+                // Lengths from a fraction of a block to the whole payload capacity (3 blocks):
+                // a shorter put after a longer one leaves a stale tail.
+                let size = if rng.chance(30) { BA - 100 } else { 1 + rng.below(3 * BA as usize) as u64 };
                 r.start_put(key, size);
             }
             1 if !r.lmc.puts.is_empty() => {
@@ -896,7 +938,7 @@ fn schedule(seed: u64, steps: usize) -> (u64, u64) {
     }
     r.verify_all();
     assert_eq!(r.checked, r.trims);
-    (r.trims, commits)
+    (r.trims, commits, r.tails)
 }
 
 #[test]
@@ -905,12 +947,14 @@ fn randomized_interleavings_never_trim_a_live_slot() {
     let default = if cfg!(debug_assertions) { 1_000 } else { 10_000 };
     let n: u64 = std::env::var("FDPBLK_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let t0 = std::time::Instant::now();
-    let (mut trims, mut commits) = (0, 0);
+    let (mut trims, mut commits, mut tails) = (0, 0, 0);
     for seed in 0..n {
-        let (t, c) = schedule(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x1234, 64);
+        let (t, c, tl) = schedule(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x1234, 64);
         trims += t;
         commits += c;
+        tails += tl;
     }
-    eprintln!("{n} schedules: {trims} deallocations checked, {commits} checkpoints, {:?}", t0.elapsed());
+    eprintln!("{n} schedules: {trims} deallocations and {tails} stale tails checked, {commits} checkpoints, {:?}", t0.elapsed());
     assert!(trims > n / 4, "the schedules exercise deallocation ({trims} trims)");
+    assert!(tails > n / 4, "the schedules exercise stale tails ({tails} tails)");
 }

@@ -98,9 +98,13 @@ evictions() {
     expect_eq "$e: deallocation on by default" "$(stat trim.enabled)" true
     # 24 puts, then a second checkpoint: the 24 are confirmed (listed with their identity by a
     # checkpoint taken after a checkpoint that followed their writes).
-    writer "$e-fill" put 24 checkpoint put 2 checkpoint
+    # Every third put is a partial last chunk: its slot has a stale tail past the payload.
+    writer "$e-fill" put 24 --partial-every=3 checkpoint put 2 checkpoint
     wait_stat checkpoint_seq 2
     wait_stat slots.live 24
+    # The confirmed partial slots' tails are deallocated (the live payloads verify below).
+    for _ in $(seq 40); do [[ $(stat trim.tail_trims) -gt 0 ]] && break; sleep 0.25; done
+    expect "$e: stale tails of confirmed partial slots deallocated ($(stat trim.tail_trims))" test "$(stat trim.tail_trims)" -gt 0
     # Delete the 8 oldest: the next checkpoint (seq 3, container 0) lacks them but container 1
     # (seq 2) still lists them; after seq 4 (container 1) neither does.
     writer "$e-evict" delete 8 checkpoint
