@@ -5,13 +5,16 @@
 #
 # 1. Host packages: QEMU >= 8.0 with FDP emulation (from <codename>-backports on
 #    bookworm; the backports source is written from the mirror URI found in the
-#    host's own apt configuration), busybox-static, nvme-cli, fio, cpio, kmod, zstd,
-#    xz-utils, gcc, libc6-dev, libclang-dev.
+#    host's own apt configuration), busybox-static, nvme-cli, fio, blktrace, cpio, kmod,
+#    zstd, xz-utils, gcc, libc6-dev, libclang-dev.
 # 2. Guest kernels, downloaded with a private apt configuration and unpacked into
 #    the cache (never installed):
 #      new  newest generic amd64 kernel in trixie-backports (must be >= 6.16)
 #      old  newest generic amd64 kernel < 6.16 in bookworm-backports (6.12 era)
 # 3. The initramfs for each kernel and tools/wstream.c -> $CACHE/bin/wstream.
+#    fio with FDP placement (>= 3.38; bookworm's 3.33 has none) -> $CACHE/bin/fio-fdp:
+#    trixie's fio and the libraries it links, unpacked into $CACHE/fio-fdp and run through
+#    their own dynamic loader (tools/waf-compare's static-placement baseline).
 # 4. With --peer: rublk (the benchmark peer of tools/bench/ublk-bench.sh) into $CACHE/rublk.
 #
 # Cache: $FDPBLK_VM_CACHE (default /var/cache/fdpblk-vm). Once the cache is
@@ -130,7 +133,7 @@ qemu_version_ok() {
 }
 
 install_packages() {
-    local base=(busybox-static nvme-cli fio cpio kmod zstd xz-utils gcc libc6-dev libclang-dev
+    local base=(busybox-static nvme-cli fio blktrace cpio kmod zstd xz-utils gcc libc6-dev libclang-dev
         binutils debian-archive-keyring util-linux)
     local qemu=(qemu-system-x86 qemu-system-data qemu-utils)
     local missing=() p
@@ -299,7 +302,7 @@ fi
 mkdir -p "$VM_CACHE/kernels"
 
 ((PACKAGES)) && install_packages
-for p in busybox cpio depmod zstd xz gcc readelf qemu-system-x86_64 nvme fio; do
+for p in busybox cpio depmod zstd xz gcc readelf qemu-system-x86_64 nvme fio blktrace blkparse; do
     command -v "$p" >/dev/null || vm_die "'$p' not found; run tests/vm/setup.sh without --no-packages"
 done
 
@@ -312,6 +315,37 @@ if ((KERNELS)); then
     done
 fi
 vm_log "wstream: $(vm_build_wstream)"
+
+# fio >= 3.38 (FDP with dp_scheme) for tools/waf-compare: trixie's fio binary with the
+# libraries it needs, unpacked (never installed) and started through trixie's own loader, so
+# the host's libc is not touched. Downloaded once; the cache keeps it.
+prepare_fio_fdp() {
+    local root="$VM_CACHE/fio-fdp" out="$VM_CACHE/bin/fio-fdp" pkgs tmp d
+    if [[ -x $out ]] && "$out" --cmdhelp=dp_scheme >/dev/null 2>&1; then
+        return 0
+    fi
+    alt_apt trixie
+    apt_quiet apt-get "${ALT[@]}" update || vm_die "apt-get update (trixie, for fio) failed"
+    # fio and its library closure (an empty dpkg status: everything it would pull in), less
+    # the interpreters and tools fio does not link.
+    pkgs=$(apt-get "${ALT[@]}" install --print-uris -y --no-install-recommends fio 2>/dev/null |
+        sed -n "s/^'[^']*' \([^_]*\)_.*/\1/p" | grep -E '^(fio|lib|gcc-[0-9]+-base|zlib1g)' | grep -v '^libpython') ||
+        vm_die "cannot resolve trixie's fio and its libraries"
+    tmp=$(mktemp -d "$VM_CACHE/fio-fdp.XXXXXX")
+    # shellcheck disable=SC2086 # a list of package names
+    (cd "$tmp" && apt_quiet apt-get "${ALT[@]}" download $pkgs) || { rm -rf "$tmp"; vm_die "downloading fio's packages failed"; }
+    mkdir "$tmp/root"
+    for d in "$tmp"/*.deb; do dpkg-deb -x "$d" "$tmp/root"; done
+    rm -rf "$root" && mv "$tmp/root" "$root" && rm -rf "$tmp"
+    mkdir -p "$VM_CACHE/bin"
+    local lib="$root/usr/lib/x86_64-linux-gnu"
+    printf '#!/bin/sh\n# fio from trixie with its own libraries (tests/vm/setup.sh)\nexec %s --library-path %s:%s %s "$@"\n' \
+        "$lib/ld-linux-x86-64.so.2" "$lib" "$lib/ceph" "$root/usr/bin/fio" >"$out"
+    chmod +x "$out"
+    "$out" --cmdhelp=dp_scheme >/dev/null 2>&1 || vm_die "$out does not run or has no dp_scheme option"
+}
+((KERNELS)) && prepare_fio_fdp
+[[ -x $VM_CACHE/bin/fio-fdp ]] && vm_log "fio with FDP: $VM_CACHE/bin/fio-fdp ($("$VM_CACHE/bin/fio-fdp" --version))"
 # The benchmark peer (tools/bench/ublk-bench.sh): rublk's loop target, from the crates
 # registry, built once into the cache. Only with --peer: the tests do not need it.
 if ((PEER)) && [[ ! -x $VM_CACHE/rublk/bin/rublk ]]; then
