@@ -47,6 +47,8 @@ pub enum Command {
     /// Simulate LMCache workloads on a model FDP SSD: steady-state WAF per placement policy and
     /// device utilisation.
     Simulate(crate::cmd::simulate::SimulateArgs),
+    /// Draw a grouped bar chart (PNG) from a small JSON table (used by tools/waf-compare).
+    Plot(crate::cmd::plot::PlotArgs),
 }
 
 /// LMCache's raw_block geometry, named like its config keys. Sizes take K/M/G/T suffixes

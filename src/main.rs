@@ -31,6 +31,7 @@ fn main() -> ExitCode {
         Command::Name(a) => fdpblk::cmd::device::name(a.id),
         Command::Fdp(a) => fdpblk::cmd::fdp::run(&a),
         Command::Simulate(a) => fdpblk::cmd::simulate::run(&a),
+        Command::Plot(a) => fdpblk::cmd::plot::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

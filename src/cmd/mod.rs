@@ -5,6 +5,7 @@ pub mod device;
 pub mod fdp;
 pub mod inspect;
 pub mod metrics;
+pub mod plot;
 pub mod replay;
 pub mod simulate;
 pub mod up;
