@@ -137,12 +137,15 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let flags = a.geometry.flags();
     let geometry = match a.layout.as_str() {
         "auto" => match discover(&*source, &flags) {
-            Ok(d) => d.geometry,
+            Ok(d) => Some(d.geometry),
+            // Learned from LMCache's first checkpoint while serving (`frontend::learn`).
             Err(DiscoverError::NoCheckpoint { missing }) => {
-                return Err(format!(
-                    "no LMCache checkpoint on {} to learn the layout from; pass {missing} (LMCache's raw_block values)",
+                // `list` and `stats` say `learning`; the daemon's log says it too.
+                tracing::debug!(
+                    "no LMCache checkpoint on {} yet: fdpblk learns the layout from LMCache's first one (pass {missing} to place from the first write)",
                     a.backing.display()
-                ))
+                );
+                None
             }
             Err(e) => return Err(e.to_string()),
         },
@@ -154,7 +157,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             if let Err(e @ DiscoverError::Conflict { .. }) = discover(&*source, &flags) {
                 return Err(e.to_string());
             }
-            GeometryConfig {
+            Some(GeometryConfig {
                 block_align: flags.block_align.unwrap_or(4096),
                 header_bytes: flags.header_bytes.unwrap_or(4096),
                 slot_bytes,
@@ -162,7 +165,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
                 capacity_bytes: flags.capacity_bytes.unwrap_or(0),
             }
             .validate(exported)
-            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?)
         }
         l => return Err(format!("unknown --layout {l}; use auto or lmcache")),
     };
@@ -203,6 +206,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         backing_bytes,
         exported_bytes: exported,
         geometry,
+        layout_flags: flags,
         streams,
         pids: probe.map(|p| p.pids).unwrap_or_default(),
         header_wait_us: a.header_wait_us,
@@ -435,8 +439,8 @@ pub fn list(a: &ListArgs) -> CmdResult {
                 v["backing"].as_str().unwrap_or(""),
                 v["engine"].as_str().unwrap_or(""),
                 v["policy"].as_str().unwrap_or(""),
-                v["geometry"]["slot_bytes"],
-                v["geometry"]["meta_total_bytes"],
+                if v["geometry"].is_null() { "learning".into() } else { v["geometry"]["slot_bytes"].to_string() },
+                if v["geometry"].is_null() { "learning".into() } else { v["geometry"]["meta_total_bytes"].to_string() },
                 v["state"].as_str().unwrap_or("")
             );
         }

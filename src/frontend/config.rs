@@ -1,6 +1,7 @@
 //! Everything a device needs to run, validated before it is created, and stored in the ublk
 //! device's target JSON so that `fdpblk recover` rebuilds exactly the same device.
 
+use crate::layout::discover::GeometryFlags;
 use crate::layout::{Geometry, GeometryConfig};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -60,7 +61,11 @@ pub struct DeviceConfig {
     pub lba_shift: u8,
     pub backing_bytes: u64,
     pub exported_bytes: u64,
-    pub geometry: Geometry,
+    /// LMCache's layout; `None` while fdpblk learns it from LMCache's first checkpoint
+    /// (`--layout auto` on a device without one; see [`super::learn`]).
+    pub geometry: Option<Geometry>,
+    /// The geometry flags given to `add` (checked against a learned layout).
+    pub layout_flags: GeometryFlags,
     /// Logical handle -> write stream (streams engine).
     pub streams: Vec<u8>,
     /// Logical handle -> NVMe placement identifier (passthrough engine; empty = no directive).
@@ -75,13 +80,19 @@ pub struct DeviceConfig {
 
 impl DeviceConfig {
     pub fn to_json(&self) -> Value {
-        let g = self.geometry.config();
+        let geometry = self.geometry.map(|g| {
+            let g = g.config();
+            json!({"block_align": g.block_align, "header_bytes": g.header_bytes, "slot_bytes": g.slot_bytes,
+                   "meta_total_bytes": g.meta_total_bytes, "capacity_bytes": g.capacity_bytes})
+        });
+        let f = &self.layout_flags;
         json!({
             "id": self.id, "name": self.name, "backing": self.backing, "engine": self.engine.name(),
             "policy": self.policy, "queues": self.queues, "depth": self.depth, "io_buf_bytes": self.io_buf_bytes,
             "lba_shift": self.lba_shift, "backing_bytes": self.backing_bytes, "exported_bytes": self.exported_bytes,
-            "geometry": {"block_align": g.block_align, "header_bytes": g.header_bytes, "slot_bytes": g.slot_bytes,
-                         "meta_total_bytes": g.meta_total_bytes, "capacity_bytes": g.capacity_bytes},
+            "geometry": geometry,
+            "layout_flags": {"block_align": f.block_align, "header_bytes": f.header_bytes, "slot_bytes": f.slot_bytes,
+                             "meta_total_bytes": f.meta_total_bytes, "capacity_bytes": f.capacity_bytes},
             "streams": self.streams, "pids": self.pids, "header_wait_us": self.header_wait_us, "trim": self.trim,
             "persist_interval_ms": self.persist_interval_ms,
         })
@@ -92,15 +103,30 @@ impl DeviceConfig {
         let gv = v.get("geometry").ok_or("device config lacks \"geometry\"")?;
         let gu = |k: &str| gv.get(k).and_then(Value::as_u64).ok_or_else(|| format!("device geometry lacks \"{k}\""));
         let exported = u("exported_bytes")?;
-        let geometry = GeometryConfig {
-            block_align: gu("block_align")?,
-            header_bytes: gu("header_bytes")?,
-            slot_bytes: gu("slot_bytes")?,
-            meta_total_bytes: gu("meta_total_bytes")?,
-            capacity_bytes: gu("capacity_bytes")?,
-        }
-        .validate(exported)
-        .map_err(|e| e.to_string())?;
+        let geometry = if gv.is_null() {
+            None
+        } else {
+            Some(
+                GeometryConfig {
+                    block_align: gu("block_align")?,
+                    header_bytes: gu("header_bytes")?,
+                    slot_bytes: gu("slot_bytes")?,
+                    meta_total_bytes: gu("meta_total_bytes")?,
+                    capacity_bytes: gu("capacity_bytes")?,
+                }
+                .validate(exported)
+                .map_err(|e| e.to_string())?,
+            )
+        };
+        let fv = v.get("layout_flags");
+        let fu = |k: &str| fv.and_then(|f| f.get(k)).and_then(Value::as_u64);
+        let layout_flags = GeometryFlags {
+            block_align: fu("block_align"),
+            header_bytes: fu("header_bytes"),
+            slot_bytes: fu("slot_bytes"),
+            meta_total_bytes: fu("meta_total_bytes"),
+            capacity_bytes: fu("capacity_bytes"),
+        };
         Ok(Self {
             id: v.get("id").and_then(Value::as_i64).ok_or("device config lacks \"id\"")? as i32,
             name: v.get("name").and_then(Value::as_str).map(String::from),
@@ -114,6 +140,7 @@ impl DeviceConfig {
             backing_bytes: u("backing_bytes")?,
             exported_bytes: exported,
             geometry,
+            layout_flags,
             streams: v
                 .get("streams")
                 .and_then(Value::as_array)
@@ -160,7 +187,8 @@ mod tests {
             lba_shift: 9,
             backing_bytes: (1 << 30) + (8 << 20),
             exported_bytes: 1 << 30,
-            geometry,
+            geometry: Some(geometry),
+            layout_flags: GeometryFlags { slot_bytes: Some(65536), ..Default::default() },
             streams: vec![1, 2, 3, 4],
             pids: Vec::new(),
             header_wait_us: 5000,
@@ -182,5 +210,8 @@ mod tests {
         };
         assert_eq!(DeviceConfig::from_json(&p.to_json()).unwrap(), p);
         assert!(DeviceConfig::from_json(&json!({})).is_err());
+        // A device still learning its layout.
+        let l = DeviceConfig { geometry: None, layout_flags: GeometryFlags::default(), ..c.clone() };
+        assert_eq!(DeviceConfig::from_json(&l.to_json()).unwrap(), l);
     }
 }

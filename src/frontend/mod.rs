@@ -3,6 +3,7 @@
 //! byte X), so the backing device stays readable without fdpblk.
 
 pub mod config;
+pub mod learn;
 pub mod queue;
 pub mod state;
 pub mod target;

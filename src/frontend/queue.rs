@@ -9,7 +9,9 @@ use io_uring::{opcode, types};
 use libublk::helpers::IoBuf;
 use libublk::io::UblkQueue;
 use libublk::{sys, BufDesc, UblkError};
+use super::learn::LayoutCell;
 use std::cell::RefCell;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often a held payload looks for its header.
@@ -17,7 +19,9 @@ const HEADER_POLL: Duration = Duration::from_micros(200);
 
 /// What every tag task of one queue shares (same thread, so `RefCell` is enough).
 pub struct QueueCtx {
-    pub pipeline: RefCell<Pipeline>,
+    /// `None` until the device's layout is known (see [`super::learn`]).
+    pub pipeline: RefCell<Option<Pipeline>>,
+    pub layout: Arc<LayoutCell>,
     pub engine: QueueEngine,
     pub header_wait: Duration,
 }
@@ -56,24 +60,36 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
     segments.clear();
     let data = (op == Op::Write).then(|| &buf[..len as usize]);
     let req = Request { op, offset, len, data };
-    let deadline = Instant::now() + ctx.header_wait;
-    let mut waited = false;
-    loop {
-        let wait = if Instant::now() < deadline { HeaderWait::Allowed } else { HeaderWait::Expired };
-        let planned = ctx.pipeline.borrow_mut().plan(&req, segments, wait).is_ok();
-        if planned {
-            break;
-        }
-        if !waited {
-            ctx.pipeline.borrow().note_header_wait();
-            waited = true;
-        }
-        sleep(q, HEADER_POLL).await;
+    if ctx.pipeline.borrow().is_none() {
+        *ctx.pipeline.borrow_mut() = ctx.layout.pipeline();
     }
-    // A write to a slot fdpblk is deallocating goes out only after the deallocation.
-    let trim_waits = {
+    let trim_waits = if ctx.pipeline.borrow().is_some() {
+        let deadline = Instant::now() + ctx.header_wait;
+        let mut waited = false;
+        loop {
+            let wait = if Instant::now() < deadline { HeaderWait::Allowed } else { HeaderWait::Expired };
+            let planned = ctx.pipeline.borrow_mut().as_mut().is_some_and(|p| p.plan(&req, segments, wait).is_ok());
+            if planned {
+                break;
+            }
+            if !waited {
+                if let Some(p) = ctx.pipeline.borrow().as_ref() {
+                    p.note_header_wait();
+                }
+                waited = true;
+            }
+            sleep(q, HEADER_POLL).await;
+        }
+        // A write to a slot fdpblk is deallocating goes out only after the deallocation.
         let p = ctx.pipeline.borrow();
-        (!p.trim_waits().is_empty()).then(|| (p.slots().clone(), p.trim_waits().to_vec()))
+        p.as_ref().and_then(|p| (!p.trim_waits().is_empty()).then(|| (p.slots().clone(), p.trim_waits().to_vec())))
+    } else {
+        // Learning the layout: unclassified, on the handle for bytes outside it.
+        if op == Op::Write {
+            ctx.layout.note_learning_write(len);
+            segments.push(Segment { offset, len, handle: ctx.layout.learning_handle });
+        }
+        None
     };
     if let Some((slots, waits)) = trim_waits {
         for slot in waits {

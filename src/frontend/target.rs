@@ -1,6 +1,7 @@
 //! Creating (or recovering) the ublk device and running its queues until it stops.
 
 use super::config::DeviceConfig;
+use super::learn::{self, ExportedReader, Known, LayoutCell};
 use super::queue::{io_task, QueueCtx};
 use super::state;
 use crate::engine::passthrough::PassthroughEngine;
@@ -8,8 +9,9 @@ use crate::engine::queue::QueueEngine;
 use crate::engine::uring::UringEngine;
 use crate::persist::dev::{BlockDev, NvmeDev, StateWriter};
 use crate::persist::Region;
-use crate::pipeline::{Pipeline, PipelineCounters, PipelineStats};
-use crate::place::{policy_by_name, SharedPolicy, Target};
+use crate::layout::Geometry;
+use crate::pipeline::PipelineStats;
+use crate::place::{policy_by_name, Policy, SharedPolicy, Target};
 use crate::slot_table::SlotTable;
 use crate::watch::{WatchConfig, Watcher};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
@@ -26,19 +28,19 @@ use std::time::Duration;
 /// once-a-second stats snapshot, never per request).
 struct Shared {
     cfg: DeviceConfig,
-    slots: Arc<SlotTable>,
-    /// One policy for all queues: what it learns from one queue's reads places the headers
-    /// another queue writes.
-    policy: SharedPolicy,
-    counters: Mutex<Vec<Arc<PipelineCounters>>>,
-    /// What the state thread publishes (checkpoint, slots, trims, own state).
-    watch: Arc<Mutex<serde_json::Value>>,
+    /// The layout, the slot table, the queues' pipelines and their one shared policy (what
+    /// it learns from one queue's reads places the headers another queue writes).
+    layout: Arc<LayoutCell>,
+    /// The layout was learned while serving (not given or found at start).
+    learned: AtomicBool,
+    /// What the state thread publishes (checkpoint, slots, trims, own state), once it runs.
+    watch: Mutex<Option<Arc<Mutex<serde_json::Value>>>>,
 }
 
 impl Shared {
     fn stats(&self) -> PipelineStats {
         let mut total = PipelineStats::default();
-        for c in self.counters.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for c in self.layout.counters().iter() {
             total.add(&c.snapshot());
         }
         total
@@ -53,8 +55,8 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
             return;
         }
     };
-    let pipeline = Pipeline::with_slots(shared.cfg.geometry, Box::new(shared.policy.clone()), shared.slots.clone());
-    shared.counters.lock().unwrap_or_else(|e| e.into_inner()).push(pipeline.counters().clone());
+    // None while the layout is being learned: the queue switches at its first request after.
+    let pipeline = shared.layout.pipeline();
     let engine = match shared.cfg.engine {
         super::config::EngineKind::Streams => QueueEngine::Uring(UringEngine::streams(shared.cfg.streams.clone())),
         super::config::EngineKind::Passthrough => match passthrough_engine(dev, &shared.cfg) {
@@ -68,6 +70,7 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
     };
     let ctx = Rc::new(QueueCtx {
         pipeline: RefCell::new(pipeline),
+        layout: shared.layout.clone(),
         engine,
         header_wait: Duration::from_micros(shared.cfg.header_wait_us),
     });
@@ -203,18 +206,45 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     let mut cfg = cfg;
     cfg.id = id;
     spawn_signal_thread(id);
-    let slots = Arc::new(SlotTable::new(cfg.geometry.max_slots));
+    let state_dev = open_state_dev(&cfg, &backing);
+    // A device that was learning when its daemon died may have a checkpoint by now.
+    if let (None, Some(d)) = (cfg.geometry, &state_dev) {
+        if let Ok(Some(g)) = learn::look(&ExportedReader { dev: &**d, size: cfg.exported_bytes }, &cfg.layout_flags) {
+            cfg.geometry = Some(g);
+        }
+    }
+    let mut policy = SharedPolicy::new(policy_by_name(&cfg.policy).expect("policy validated before the device was created"));
+    let outside = policy.place(&Target::Outside);
+    let layout = Arc::new(LayoutCell::new(policy, outside));
+    let shared = Arc::new(Shared { layout: layout.clone(), learned: AtomicBool::new(false), cfg: cfg.clone(), watch: Mutex::new(None) });
     // The state thread: loads fdpblk's own state into the slot table before any I/O is served.
-    let watcher = start_watcher(&cfg, &backing, &slots);
-    let watch = watcher.as_ref().map_or_else(|| Arc::new(Mutex::new(serde_json::Value::Null)), |w| w.published());
-    let policy = SharedPolicy::new(policy_by_name(&cfg.policy).expect("policy validated before the device was created"));
-    let shared = Arc::new(Shared { slots, policy, counters: Mutex::new(Vec::new()), cfg: cfg.clone(), watch });
+    let watcher = cfg.geometry.and_then(|g| {
+        let slots = Arc::new(SlotTable::new(g.max_slots));
+        let w = state_dev.clone().map(|d| start_watcher(&cfg, g, d, &slots));
+        layout.set(Known { geometry: g, slots });
+        w
+    });
+    *shared.watch.lock().unwrap_or_else(|e| e.into_inner()) = watcher.as_ref().map(|w| w.published());
     let stop = Arc::new(AtomicBool::new(false));
     let watch_stop = Arc::new(AtomicBool::new(false));
-    let state_thread = watcher.map(|w| {
-        let stop = watch_stop.clone();
-        std::thread::spawn(move || w.run(&stop))
-    });
+    let state_thread = match (watcher, cfg.geometry, state_dev) {
+        (Some(w), _, _) => {
+            let stop = watch_stop.clone();
+            Some(std::thread::spawn(move || w.run(&stop)))
+        }
+        (None, None, Some(d)) => {
+            tracing::info!(
+                "device {id}: no LMCache checkpoint yet: writes go unclassified to handle {outside} until LMCache's first checkpoint tells the layout"
+            );
+            let (stop, s) = (watch_stop.clone(), shared.clone());
+            Some(std::thread::spawn(move || learn_then_watch(&s, d, &stop)))
+        }
+        (None, None, None) => {
+            tracing::error!("device {id}: cannot learn the layout without device access: writes stay unclassified; re-add with --slot-bytes and --meta-total-bytes");
+            None
+        }
+        (None, Some(_), _) => None,
+    };
     let (q_shared, d_shared, d_stop) = (shared.clone(), shared.clone(), stop.clone());
     let stats_thread: Arc<Mutex<Option<std::thread::JoinHandle<()>>>> = Arc::new(Mutex::new(None));
     let st = stats_thread.clone();
@@ -247,7 +277,9 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // The queues are done: the state thread takes the last checkpoint events, then writes
     // the state as clean.
     watch_stop.store(true, Ordering::Relaxed);
-    shared.slots.wake();
+    if let Some(k) = shared.layout.known() {
+        k.slots.wake();
+    }
     if let Some(t) = state_thread {
         let _ = t.join();
     }
@@ -265,9 +297,9 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     }
 }
 
-/// The state thread's device access for the engine, and the watcher (state loaded, both
-/// checkpoint containers read). `None` (logged) when the backing cannot be opened again.
-fn start_watcher(cfg: &DeviceConfig, backing: &std::fs::File, slots: &Arc<SlotTable>) -> Option<Watcher> {
+/// The state thread's device access for the engine. `None` (logged) when the backing cannot
+/// be opened again.
+fn open_state_dev(cfg: &DeviceConfig, backing: &std::fs::File) -> Option<Arc<dyn StateWriter>> {
     use super::config::EngineKind;
     let dev: std::io::Result<Arc<dyn StateWriter>> = match cfg.engine {
         EngineKind::Passthrough => std::fs::OpenOptions::new()
@@ -282,20 +314,76 @@ fn start_watcher(cfg: &DeviceConfig, backing: &std::fs::File, slots: &Arc<SlotTa
             .map(|d| Arc::new(d) as Arc<dyn StateWriter>),
         EngineKind::Plain => backing.try_clone().and_then(|f| BlockDev::new(f, cfg.backing_bytes, None)).map(|d| Arc::new(d) as Arc<dyn StateWriter>),
     };
-    let dev = match dev {
-        Ok(d) => d,
+    match dev {
+        Ok(d) => Some(d),
         Err(e) => {
             tracing::error!("device {}: no state thread ({e}): no checkpoint awareness, deallocation or saved state", cfg.id);
-            return None;
+            None
+        }
+    }
+}
+
+/// The learner, then the state thread: looks for LMCache's first checkpoint every second until
+/// it tells the layout, sets it (the queues switch to classifying pipelines), records it in
+/// the device's state file, and runs the state thread.
+fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBool) {
+    let cfg = &shared.cfg;
+    let mut refused = false;
+    let g: Geometry = loop {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        match learn::look(&ExportedReader { dev: &*dev, size: cfg.exported_bytes }, &cfg.layout_flags) {
+            Ok(Some(g)) => break g,
+            Ok(None) => {}
+            Err(e) => {
+                if !refused {
+                    tracing::error!("device {}: LMCache's checkpoint cannot be used: {e}; writes stay unclassified", cfg.id);
+                    shared.layout.refuse(e);
+                    refused = true;
+                }
+            }
+        }
+        for _ in 0..10 {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
     };
+    let mut learned = cfg.clone();
+    learned.geometry = Some(g);
+    let slots = Arc::new(SlotTable::new(g.max_slots));
+    let w = start_watcher(&learned, g, dev, &slots);
+    *shared.watch.lock().unwrap_or_else(|e| e.into_inner()) = Some(w.published());
+    shared.learned.store(true, Ordering::Relaxed);
+    shared.layout.set(Known { geometry: g, slots });
+    let c = g.config();
+    tracing::info!(
+        "device {}: layout learned from LMCache's checkpoint: slot_bytes {} meta_total_bytes {} block_align {} header_bytes {} ({} writes before it went unclassified)",
+        cfg.id,
+        c.slot_bytes,
+        c.meta_total_bytes,
+        c.block_align,
+        c.header_bytes,
+        shared.layout.learning_writes.load(Ordering::Relaxed)
+    );
+    // `list` and `recover` see the layout from now on.
+    if let Err(e) = state::write_state(&learned, std::process::id()) {
+        tracing::warn!("cannot write {}: {e}", state::state_path(cfg.id).display());
+    }
+    w.run(stop);
+}
+
+/// The watcher (state loaded, both checkpoint containers read).
+fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slots: &Arc<SlotTable>) -> Watcher {
     let own = policy_by_name(&cfg.policy).map_or(0, |mut p| p.place(&Target::OwnState));
     let persist_interval = match cfg.persist_interval_ms {
         0 => Duration::MAX,
         ms => Duration::from_millis(ms),
     };
     let wc = WatchConfig { trim: cfg.trim, trim_tails: cfg.trim, device: cfg.id, persist_interval, ..WatchConfig::default() };
-    let w = Watcher::new(cfg.geometry, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
+    let w = Watcher::new(g, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
     let l = w.loaded();
     tracing::info!(
         "device {}: own state {} (seq {}, {}), deallocation {}",
@@ -305,7 +393,7 @@ fn start_watcher(cfg: &DeviceConfig, backing: &std::fs::File, slots: &Arc<SlotTa
         if l.clean { "clean" } else { "unclean: pending deallocations forgotten" },
         if cfg.trim { "on" } else { "off" }
     );
-    Some(w)
+    w
 }
 
 fn stats_loop(shared: &Shared, stop: &AtomicBool) {
@@ -313,9 +401,12 @@ fn stats_loop(shared: &Shared, stop: &AtomicBool) {
         let c = &shared.cfg;
         let mut v = serde_json::json!({
             "id": c.id, "name": c.name, "engine": c.engine.name(), "policy": c.policy,
-            "geometry": c.geometry.to_json(), "pipeline": shared.stats().to_json(),
+            "geometry": shared.layout.known().map(|k| k.geometry.to_json()),
+            "layout": shared.layout.to_json(shared.learned.load(Ordering::Relaxed)),
+            "pipeline": shared.stats().to_json(),
         });
-        if let (Some(o), serde_json::Value::Object(w)) = (v.as_object_mut(), shared.watch.lock().unwrap_or_else(|e| e.into_inner()).clone()) {
+        let watch = shared.watch.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|w| w.lock().unwrap_or_else(|e| e.into_inner()).clone());
+        if let (Some(o), Some(serde_json::Value::Object(w))) = (v.as_object_mut(), watch) {
             o.extend(w);
         }
         let _ = state::write_atomic(&state::stats_path(c.id), v.to_string().as_bytes());

@@ -25,7 +25,6 @@ refuse() {
 refuse "missing backing" "backing /dev/nope: .*pass an NVMe namespace" add --backing /dev/nope "${GEO[@]}"
 truncate -s 4M /var/tmp/small.img
 refuse "too small" "too small: fdpblk reserves" add --backing /var/tmp/small.img --engine plain --policy none "${GEO[@]}"
-refuse "blank device, no geometry" "no LMCache checkpoint .*pass --slot-bytes and --meta-total-bytes" add --backing "$NS_DEV"
 refuse "bad geometry" "slot_bytes 1000 .*--slot-bytes" add --backing "$NS_DEV" --slot-bytes 1000 --meta-total-bytes 1M
 refuse "unknown policy" "unknown --policy" add --backing "$NS_DEV" --policy nope "${GEO[@]}"
 refuse "unknown engine" "unknown --engine" add --backing "$NS_DEV" --engine nope "${GEO[@]}"

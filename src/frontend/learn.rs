@@ -1,0 +1,197 @@
+//! The device's layout, known from the start or learned from LMCache's first checkpoint.
+//!
+//! `fdpblk add --layout auto` on a device with no LMCache checkpoint and without the geometry
+//! flags cannot classify anything yet: LMCache has not told where its slots are. The device
+//! then starts *learning*: every request is served unclassified and every write goes to the
+//! policy's handle for bytes outside the layout (the drive's default handle for the shipped
+//! policies). A learner thread looks for LMCache's first checkpoint (it is written within
+//! LMCache's checkpoint interval once there is anything to checkpoint) and, once one is
+//! valid on the drive (header, CRC and JSON, exactly as LMCache's loader would take it), sets
+//! the layout: each queue switches to a classifying pipeline at its next request and the state
+//! thread starts.
+//!
+//! What is lost by learning rather than being told: placement of the writes before the
+//! switch, and the slot table's record of the slots written then (their headers were never
+//! seen), so those slots are neither confirmed nor deallocated until LMCache writes them again.
+//! Explicit flags (`--slot-bytes`, `--meta-total-bytes`) avoid both.
+
+use crate::device::ReadAt;
+use crate::layout::discover::{discover, DiscoverError, GeometryFlags};
+use crate::layout::Geometry;
+use crate::persist::dev::StateWriter;
+use crate::pipeline::{Pipeline, PipelineCounters};
+use crate::place::{Handle, SharedPolicy};
+use crate::slot_table::SlotTable;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The layout once known, with the slot table sized for it.
+pub struct Known {
+    pub geometry: Geometry,
+    pub slots: Arc<SlotTable>,
+}
+
+/// What every queue and the stats writer share about the layout.
+pub struct LayoutCell {
+    known: OnceLock<Known>,
+    policy: SharedPolicy,
+    /// The counters of every pipeline built so far (for stats).
+    counters: Mutex<Vec<Arc<PipelineCounters>>>,
+    /// The handle unclassified writes go to while learning.
+    pub learning_handle: Handle,
+    /// Writes served while learning (requests, bytes).
+    pub learning_writes: AtomicU64,
+    pub learning_bytes: AtomicU64,
+    /// Why the learned layout was refused, if it was.
+    refused: Mutex<Option<String>>,
+}
+
+impl LayoutCell {
+    pub fn new(policy: SharedPolicy, learning_handle: Handle) -> Self {
+        LayoutCell {
+            known: OnceLock::new(),
+            policy,
+            counters: Mutex::new(Vec::new()),
+            learning_handle,
+            learning_writes: AtomicU64::new(0),
+            learning_bytes: AtomicU64::new(0),
+            refused: Mutex::new(None),
+        }
+    }
+
+    pub fn known(&self) -> Option<&Known> {
+        self.known.get()
+    }
+
+    /// Sets the layout (once; a second call is ignored and returns false).
+    pub fn set(&self, known: Known) -> bool {
+        self.known.set(known).is_ok()
+    }
+
+    /// A classifying pipeline for one queue, once the layout is known.
+    pub fn pipeline(&self) -> Option<Pipeline> {
+        let k = self.known.get()?;
+        let p = Pipeline::with_slots(k.geometry, Box::new(self.policy.clone()), k.slots.clone());
+        self.counters.lock().unwrap_or_else(|e| e.into_inner()).push(p.counters().clone());
+        Some(p)
+    }
+
+    pub fn counters(&self) -> Vec<Arc<PipelineCounters>> {
+        self.counters.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Counts a write served before the layout was known.
+    pub fn note_learning_write(&self, bytes: u64) {
+        self.learning_writes.fetch_add(1, Relaxed);
+        self.learning_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    pub fn refuse(&self, why: String) {
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+    }
+
+    /// `layout` in `fdpblk stats`.
+    pub fn to_json(&self, learned: bool) -> serde_json::Value {
+        let state = match (self.known.get(), learned) {
+            (None, _) => "learning",
+            (Some(_), true) => "learned",
+            (Some(_), false) => "given",
+        };
+        serde_json::json!({
+            "state": state,
+            "writes_before_layout": self.learning_writes.load(Relaxed),
+            "bytes_before_layout": self.learning_bytes.load(Relaxed),
+            "refused": *self.refused.lock().unwrap_or_else(|e| e.into_inner()),
+        })
+    }
+}
+
+/// The exported part of the backing device, through the state thread's device access.
+pub struct ExportedReader<'a> {
+    pub dev: &'a dyn StateWriter,
+    pub size: u64,
+}
+
+impl ReadAt for ExportedReader<'_> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if offset >= self.size {
+            return Ok(0);
+        }
+        let n = buf.len().min((self.size - offset).min(1 << 20) as usize);
+        self.dev.read_at(offset, &mut buf[..n])?;
+        Ok(n)
+    }
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.size)
+    }
+}
+
+/// One look for LMCache's layout on the device: `Ok(None)` while there is no valid checkpoint
+/// yet, `Err` when there is one that the flags contradict (a one-line message with the fix).
+pub fn look(dev: &dyn ReadAt, flags: &GeometryFlags) -> Result<Option<Geometry>, String> {
+    match discover(dev, flags) {
+        Ok(d) => Ok(Some(d.geometry)),
+        Err(DiscoverError::NoCheckpoint { .. }) => Ok(None),
+        // A read error or a torn copy now may be a checkpoint on its way: look again later.
+        Err(DiscoverError::Io(_)) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::Op;
+    use crate::layout::discover::discover;
+    use crate::place::KeyAwarePolicy;
+    use crate::pipeline::{HeaderWait, Request};
+    use crate::test_fixtures::fixture;
+
+    fn fixture_image() -> Vec<u8> {
+        fixture("object-evict").0
+    }
+
+    #[test]
+    fn learns_the_layout_of_a_real_lmcache_device_once_its_checkpoint_is_there() {
+        // A real LMCache device image: before its checkpoint is there, nothing is learned;
+        // with it, the layout is exactly what discovery reads at `fdpblk add`.
+        let img = fixture_image();
+        let want = discover(&img, &GeometryFlags::default()).unwrap().geometry;
+        let mut blank = img.clone();
+        let first_block = (want.block_align as usize).min(blank.len());
+        blank[..first_block].fill(0); // copy 0's header not written yet
+        if want.container_bytes as usize + first_block <= blank.len() {
+            let c1 = want.container_offset(1) as usize;
+            blank[c1..c1 + first_block].fill(0);
+        }
+        assert_eq!(look(&blank, &GeometryFlags::default()).unwrap(), None);
+        assert_eq!(look(&img, &GeometryFlags::default()).unwrap(), Some(want));
+        // A flag that contradicts the checkpoint is refused with the fix.
+        let bad = GeometryFlags { slot_bytes: Some(want.slot_bytes * 2), ..Default::default() };
+        let e = look(&img, &bad).unwrap_err();
+        assert!(e.contains("--slot-bytes") && e.contains("conflicts"), "{e}");
+    }
+
+    #[test]
+    fn queues_switch_to_classifying_pipelines_once_the_layout_is_set() {
+        let img = fixture_image();
+        let g = discover(&img, &GeometryFlags::default()).unwrap().geometry;
+        let cell = LayoutCell::new(SharedPolicy::new(Box::new(KeyAwarePolicy::new())), 0);
+        assert!(cell.pipeline().is_none());
+        assert_eq!(cell.to_json(true)["state"], "learning");
+        cell.note_learning_write(4096);
+        let slots = Arc::new(SlotTable::new(g.max_slots));
+        assert!(cell.set(Known { geometry: g, slots: slots.clone() }));
+        assert!(!cell.set(Known { geometry: g, slots }), "the layout is set once");
+        let mut q0 = cell.pipeline().unwrap();
+        let _q1 = cell.pipeline().unwrap();
+        assert_eq!(cell.counters().len(), 2);
+        let mut segs = Vec::new();
+        q0.plan(&Request { op: Op::Write, offset: g.slot_offset(0) + g.header_bytes, len: 4096, data: None }, &mut segs, HeaderWait::Expired)
+            .unwrap();
+        assert_eq!(cell.counters()[0].snapshot().ops[1].bytes, 4096);
+        let j = cell.to_json(true);
+        assert_eq!((j["state"].as_str(), j["writes_before_layout"].as_u64(), j["bytes_before_layout"].as_u64()), (Some("learned"), Some(1), Some(4096)));
+    }
+}
