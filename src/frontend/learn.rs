@@ -10,6 +10,12 @@
 //! the layout: each queue switches to a classifying pipeline at its next request and the state
 //! thread starts.
 //!
+//! Why the checkpoint and not the first slot headers: a header tells where one slot starts,
+//! not `slot_bytes`, `meta_total_bytes`, `header_bytes` or `block_align` (LMCache's batches
+//! write slots out of order, and the first one need not be slot 0 on a reused device); a
+//! layout guessed from them and later contradicted would have placed, stamped and deallocated
+//! by the wrong slot boundaries. The checkpoint carries every field LMCache itself checks.
+//!
 //! What is lost by learning rather than being told: placement of the writes before the
 //! switch, and the slot table's record of the slots written then (their headers were never
 //! seen), so those slots are neither confirmed nor deallocated until LMCache writes them again.
