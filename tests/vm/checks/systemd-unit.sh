@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# vm-kernel: new
+# vm-fdp: on
+# vm-timeout: 150
+# deploy/'s units under a real systemd (PID 1 of a PID namespace in the guest):
+# systemd-analyze verify is silent; fdpblk@demo starts /dev/fdpblk/demo from
+# /etc/fdpblk/demo.toml (Type=notify); after kill -9 of its daemon systemd restarts the unit,
+# `fdpblk up` recovers the same device and all data written before and during the crash
+# reads back; fdpblk-metrics writes the textfile; systemctl stop deletes the device cleanly.
+. "$(dirname "$0")/../lib/check-lib.sh"
+. "$(dirname "$0")/../lib/fdpblk-lib.sh"
+need_tool systemctl systemd-analyze unshare nsenter pgrep
+repo=$(cd "$(dirname "$0")/../../.." && pwd)
+
+# Install as deploy/README.md says (the guest's root is a throw-away overlay).
+install -m 0755 "$FDPBLK" /usr/local/bin/fdpblk
+install -m 0644 "$repo/deploy/fdpblk@.service" "$repo/deploy/fdpblk-metrics.service" /etc/systemd/system/
+mkdir -p /etc/fdpblk /var/lib/prometheus/node-exporter
+cat >/etc/fdpblk/demo.toml <<EOF
+backing = "$NS_DEV"
+slot_bytes = "64K"
+meta_total_bytes = "1M"
+EOF
+verify=$(systemd-analyze verify fdpblk@demo.service fdpblk-metrics.service 2>&1)
+expect_eq "systemd-analyze verify fdpblk@demo.service fdpblk-metrics.service (no warnings)" "$verify" ""
+
+# systemd with only an empty target: what runs is what the units pull in.
+printf '[Unit]\nDescription=fdpblk VM check\n' >/etc/systemd/system/fdpblk-vmcheck.target
+unshare --pid --fork --mount-proc env -i container=fdpblk-vm PATH="$PATH" \
+    /lib/systemd/systemd --system --unit=fdpblk-vmcheck.target --log-target=kmsg </dev/null >/dev/null 2>&1 &
+ns_pid=$!
+sd_pid=
+for _ in $(seq 50); do
+    sd_pid=$(pgrep -P "$ns_pid" -x systemd | head -1 || true)
+    [[ -n $sd_pid ]] && break
+    sleep 0.1
+done
+[[ -n $sd_pid ]] || check_fatal "systemd did not start in the guest"
+# in_ns CMD...: CMD in systemd's namespaces (the daemon's pids are from there, and systemd
+# refuses systemctl from outside); the guest runs checks in a chroot, hence IGNORE_CHROOT.
+in_ns() { nsenter -t "$sd_pid" -p -m -r -w -- env SYSTEMD_IGNORE_CHROOT=1 "$@"; }
+sc() { timeout 90 nsenter -t "$sd_pid" -p -m -r -w -- env SYSTEMD_IGNORE_CHROOT=1 systemctl "$@"; }
+stop_systemd() {
+    # Delete the device first: killing systemd kills the daemon and would leave it quiesced.
+    sc stop fdpblk-metrics fdpblk@demo >/dev/null 2>&1 || true
+    kill -KILL "$sd_pid" 2>/dev/null || true
+    wait "$ns_pid" 2>/dev/null || true
+}
+up=
+for _ in $(seq 300); do
+    s=$(sc is-system-running 2>/dev/null || true)
+    if [[ $s == running || $s == degraded ]]; then up=1 && break; fi
+    sleep 0.2
+done
+[[ -n $up ]] || check_fatal "systemd did not come up in the guest ($(sc is-system-running 2>&1))"
+ok "systemd runs (PID 1 of a PID namespace)"
+trap stop_systemd EXIT
+
+devices_before=$(ls /sys/class/ublk-char 2>/dev/null | wc -l)
+expect "systemctl start fdpblk@demo" sc start fdpblk@demo
+expect_eq "fdpblk@demo active" "$(sc is-active fdpblk@demo)" active
+dev=$(readlink /dev/fdpblk/demo || true)
+[[ $dev == /dev/ublkb* ]] || check_fatal "no /dev/fdpblk/demo after start ($(sc status fdpblk@demo --no-pager 2>&1 | tail -5))"
+ok "/dev/fdpblk/demo -> $dev"
+refuses_second_up() {
+    local out
+    ! out=$(in_ns /usr/local/bin/fdpblk up demo 2>&1) && grep -q "device demo already runs as $dev" <<<"$out"
+}
+expect "fdpblk up refuses a device that runs" refuses_second_up
+head -c 4194304 /dev/urandom >/tmp/a
+head -c 16777216 /dev/urandom >/tmp/b
+expect "write 4 MiB through /dev/fdpblk/demo" dd if=/tmp/a of=/dev/fdpblk/demo bs=1M seek=2 oflag=direct status=none
+
+# kill -9 while a write is in flight: it waits in the driver and completes after recovery.
+dd if=/tmp/b of=/dev/fdpblk/demo bs=16K seek=512 oflag=direct status=none &
+dd_pid=$!
+sleep 0.3
+expect "a write is in flight at the kill" kill -0 "$dd_pid"
+expect "kill -9 the daemon" sc kill --kill-who=main --signal=SIGKILL fdpblk@demo
+restarted=
+for _ in $(seq 300); do
+    if [[ $(sc show -p NRestarts --value fdpblk@demo) == 1 && $(sc is-active fdpblk@demo) == active ]]; then
+        restarted=1 && break
+    fi
+    sleep 0.2
+done
+expect "systemd restarted fdpblk@demo (NRestarts 1, active)" test -n "$restarted"
+expect "the write in flight during the crash finished" wait "$dd_pid"
+expect_eq "same device after the crash" "$(readlink /dev/fdpblk/demo)" "$dev"
+expect_eq "no second device: fdpblk up recovered the first" "$(ls /sys/class/ublk-char | wc -l)" "$((devices_before + 1))"
+expect "data written before the crash reads back" \
+    bash -c "dd if=/dev/fdpblk/demo bs=1M skip=2 count=4 iflag=direct status=none | cmp - /tmp/a"
+expect "data written during the crash reads back" \
+    bash -c "dd if=/dev/fdpblk/demo bs=16K skip=512 count=1024 iflag=direct status=none | cmp - /tmp/b"
+id=${dev#/dev/ublkb}
+expect_eq "fdpblk list: live" "$(in_ns /usr/local/bin/fdpblk list --json | grep -o '"state":"[a-z]*' | head -1)" '"state":"live'
+
+expect "systemctl start fdpblk-metrics" sc start fdpblk-metrics
+prom=/var/lib/prometheus/node-exporter/fdpblk.prom
+for _ in $(seq 100); do [[ -s $prom ]] && break; sleep 0.1; done
+expect "textfile: daemon up" grep -qx "fdpblk_daemon_up{id=\"$id\",name=\"demo\"} 1" "$prom"
+expect "textfile: handle bytes" grep -q "^fdpblk_handle_written_bytes_total{id=\"$id\",name=\"demo\",handle=\"[0-9]*\"} [1-9]" "$prom"
+expect "textfile: the slot table's gauges" grep -q "^fdpblk_slots{id=\"$id\",name=\"demo\",state=\"live\"} " "$prom"
+prom_has() { in_ns /usr/local/bin/fdpblk stats -n "$id" --prometheus | grep -q "$1"; }
+expect "stats --prometheus counts the writes" prom_has "^fdpblk_io_bytes_total{id=\"$id\",name=\"demo\",op=\"write\"} [1-9]"
+sc stop fdpblk-metrics
+
+expect "systemctl stop fdpblk@demo" sc stop fdpblk@demo
+expect_eq "fdpblk@demo inactive (not failed)" "$(sc is-active fdpblk@demo)" inactive
+expect "device deleted" bash -c "for i in \$(seq 50); do [[ -e $dev ]] || exit 0; sleep 0.1; done; exit 1"
+expect "stable name removed" test ! -e /dev/fdpblk/demo
+expect "state removed" test ! -e "/run/fdpblk/$id.json"
+stop_systemd
+trap - EXIT
+rm -f /etc/systemd/system/fdpblk@.service /etc/systemd/system/fdpblk-metrics.service /etc/systemd/system/fdpblk-vmcheck.target
+check_done
