@@ -81,12 +81,15 @@ pub fn parse_table(v: &Value) -> Result<BarTable, String> {
 /// Draws the grouped bar chart, values printed above their bars.
 pub fn render(t: &BarTable) -> Canvas {
     let nbars = t.groups.len() * t.series.len();
-    let bar_w = 26i64;
+    let bar_w = 40i64;
     let group_gap = 36i64;
-    let (left, right, top, bottom) = (90i64, 40i64, 110i64, 90i64);
+    // Title, then one legend line per series, then the plot.
+    let legend_top = 44i64;
+    let top = legend_top + 22 * t.series.len() as i64 + 40;
+    let (left, right, bottom) = (90i64, 40i64, 90i64);
     let groups_w = t.groups.len() as i64 * (t.series.len() as i64 * bar_w + group_gap);
     let w = (left + right + groups_w).max(640) as usize;
-    let h = 560usize;
+    let h = (top + 400 + bottom) as usize;
     let mut c = Canvas::new(w, h);
     let (pw, ph) = (w as i64 - left - right, h as i64 - top - bottom);
     let vmax = t.groups.iter().flat_map(|g| g.1.iter().flatten()).fold(t.y_min + 1e-9, |a, &b| a.max(b));
@@ -108,12 +111,11 @@ pub fn render(t: &BarTable) -> Canvas {
     c.line(left, top + ph, left + pw, top + ph, 1, 2, 0);
     c.text(16, 16, &t.title, 1, 2);
     c.text(16, top - 28, &t.y_label, 3, 2);
-    // Legend in one row under the title.
-    let mut lx = 16i64;
+    // Legend, one series per line under the title.
     for (i, s) in t.series.iter().enumerate() {
-        let color = 4 + (i % 8) as u8;
-        c.rect(lx, 50, lx + 14, 64, color);
-        lx += 22 + c.text(lx + 22, 51, s, 1, 2) + 24;
+        let (color, y) = (4 + (i % 8) as u8, legend_top + 22 * i as i64);
+        c.rect(16, y, 30, y + 14, color);
+        c.text(38, y + 1, s, 1, 2);
     }
     let inner = pw - 2 * 12;
     let slot = inner as f64 / nbars.max(1) as f64;
@@ -126,7 +128,7 @@ pub fn render(t: &BarTable) -> Canvas {
             let label = match v {
                 Some(v) => {
                     c.rect(x0, py(*v), x1, top + ph - 1, 4 + (si % 8) as u8);
-                    format!("{v:.2}")
+                    format!("{v:.3}")
                 }
                 None => "-".to_string(),
             };
