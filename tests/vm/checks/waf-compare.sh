@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# vm-kernel: new
+# vm-fdp: on
+# vm-args: --ru-size 64M
+# vm-timeout: 300
+# tools/waf-compare end to end on QEMU's FDP drive, with the commands of docs/guide.md
+# ("Measure"): a row for every configuration (raw, fio-static, fdpblk with none, region,
+# lmcache-fdp, key-aware) with non-zero byte counts; bytes on the workload device = classified
+# bytes = the writer's own per-class bytes; bytes per placement ID on the drive (RUAMW, HBMW)
+# = fdpblk's per-handle counters plus its own-state writes; fio's static placement puts the
+# metadata on PID 1 and the slots on PID 2; the chart is a PNG. The assertions are checked on a
+# tampered copy of the report too, where they must fail. (64 MiB reclaim units: RUAMW counts
+# modulo the RU, and no placement ID gets 64 MiB here.)
+. "$(dirname "$0")/../lib/check-lib.sh"
+need_tool blktrace blkparse python3 nvme
+
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+for b in fdpblk rawblock-writer; do
+    [[ -x $ROOT/target/release/$b ]] || check_fatal "no target/release/$b: run 'cargo build --release --bins' on the host first"
+done
+FIO_FDP=${FDPBLK_VM_CACHE:-/var/cache/fdpblk-vm}/bin/fio-fdp
+"$FIO_FDP" --cmdhelp=dp_scheme >/dev/null 2>&1 || check_fatal "no fio with FDP at $FIO_FDP: run tests/vm/setup.sh"
+OUT=${FDPBLK_CHECK_OUT:-/tmp}/waf-compare
+cd "$ROOT"
+
+# ---- the guide's commands (docs/guide.md, "Measure") ------------------------------------------
+FIO=$FIO_FDP
+t0=$SECONDS
+if tools/waf-compare --drive /dev/nvme0n1 --out "$OUT" --fio "$FIO" --ssd-ru-size 128K --ssd-op 0.28 >"$OUT.log" 2>&1; then
+    ok "tools/waf-compare ran ($((SECONDS - t0)) s)"
+else
+    sed 's/^/    /' "$OUT.log" | tail -40
+    check_fatal "tools/waf-compare failed"
+fi
+# ------------------------------------------------------------------------------------------------
+sed -n '/^| configuration | workload/,/^$/p' "$OUT/report.md" | sed 's/^/    /'
+
+# assert REPORT: one line per failed assertion on stdout; exit 1 if any.
+assert_report() {
+    python3 - "$1" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+fails = []
+def want(cond, what):
+    if not cond:
+        fails.append(what)
+rows = {c["config"]: c for c in r["configs"]}
+want(sorted(rows) == sorted(["raw", "fio-static", "none", "region", "lmcache-fdp", "key-aware"]), f"configurations: {sorted(rows)}")
+raw = rows.get("raw")
+for name, c in rows.items():
+    cl, pid = c["classes"], {int(k): v for k, v in c["fdp"]["bytes_by_pid_index"].items()}
+    ck = cl["checkpoint_header"] + cl["checkpoint_payload"]
+    for k in ("workload_write_bytes", "drive_write_bytes"):
+        want(c[k] > 0, f"{name}: {k} is {c[k]}")
+    for k in ("checkpoint_header", "checkpoint_payload", "slot_header", "slot_payload"):
+        want(cl[k] > 0, f"{name}: no {k} bytes")
+    want(sum(cl.values()) == c["workload_write_bytes"], f"{name}: classified {sum(cl.values())} != on the workload device {c['workload_write_bytes']}")
+    want(sum(pid.values()) == c["drive_write_bytes"], f"{name}: per-PID bytes {sum(pid.values())} != HBMW delta {c['drive_write_bytes']}")
+    want(c["sim"]["host_bytes"] > 0 and c["sim"]["waf"] >= 1.0, f"{name}: simulated drive {c['sim']}")
+    want(c["fdp"]["media_host_ratio"] is not None and c["fdp"]["media_host_ratio"] >= 1.0, f"{name}: media/host {c['fdp']['media_host_ratio']}")
+    if "writer_bytes" in c:
+        w = c["writer_bytes"]
+        want(ck == w["checkpoint_header"] + w["checkpoint_payload"], f"{name}: checkpoint bytes {ck} != the writer's")
+        want(cl["slot_header"] + cl["slot_payload"] + cl["slot_padding"] == w["slot_header"] + w["slot_payload"], f"{name}: slot bytes != the writer's")
+    if raw is not None:
+        want(c["workload_write_bytes"] == raw["workload_write_bytes"], f"{name}: the same workload as raw ({c['workload_write_bytes']} != {raw['workload_write_bytes']})")
+    f = c.get("fdpblk")
+    if name in ("raw", "fio-static"):
+        want(f is None and c["own_state_bytes"] == 0, f"{name}: fdpblk counters or own state")
+        want(c["drive_write_bytes"] == c["workload_write_bytes"], f"{name}: drive bytes != workload bytes")
+    if name == "raw":
+        want(pid[0] == c["drive_write_bytes"], f"raw: not everything on PID 0: {pid}")
+    if name == "fio-static":
+        want(pid[1] == ck and pid[2] == c["workload_write_bytes"] - ck, f"fio-static: PID 1 {pid[1]} (want {ck}), PID 2 {pid[2]}")
+    if f is not None:
+        want(f["policy"] == name, f"{name}: fdpblk ran policy {f['policy']}")
+        want(f["write_bytes"] == c["workload_write_bytes"], f"{name}: fdpblk write bytes {f['write_bytes']} != blktrace {c['workload_write_bytes']}")
+        want(c["own_state_bytes"] > 0, f"{name}: no own-state writes on the drive")
+        want(c["drive_write_bytes"] == c["workload_write_bytes"] + c["own_state_bytes"], f"{name}: drive bytes != ublk bytes + own state")
+        want(c["drive_write_bytes_blktrace"] == c["drive_write_bytes"], f"{name}: drive blktrace {c['drive_write_bytes_blktrace']} != HBMW {c['drive_write_bytes']}")
+        for i, got in pid.items():
+            exp = f["handles"].get(str(i), 0) + (c["own_state_bytes"] if i == f["own_state_handle"] else 0)
+            want(got == exp, f"{name}: PID {i}: drive {got} != fdpblk handle {exp}")
+        want(c["fdpblk_overhead"] > 1.0, f"{name}: overhead {c['fdpblk_overhead']}")
+want(all(k["ok"] for k in r["checks"]), "waf-compare's own checks: " + "; ".join(k["what"] for k in r["checks"] if not k["ok"]))
+# Placement differs where it should: region splits checkpoints from slots, none does not.
+if "region" in rows and "none" in rows:
+    want(rows["region"]["fdp"]["bytes_by_pid_index"]["1"] > 0 and rows["none"]["fdp"]["bytes_by_pid_index"]["1"] == 0, "region vs none: PID 1")
+for x in fails:
+    print(x)
+sys.exit(1 if fails else 0)
+PY
+}
+
+if fails=$(assert_report "$OUT/report.json"); then
+    ok "report.json: every assertion holds"
+else
+    echo "$fails" | sed 's/^/    /'
+    not_ok "report.json: $(echo "$fails" | wc -l) assertion(s) failed"
+fi
+# The same assertions on a copy where fdpblk's handle 2 counter under region is 4 KiB high:
+# they must catch it.
+python3 - "$OUT/report.json" "$OUT/tampered.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for c in r["configs"]:
+    if c["config"] == "region":
+        c["fdpblk"]["handles"]["2"] += 4096
+json.dump(r, open(sys.argv[2], "w"))
+PY
+if assert_report "$OUT/tampered.json" >"$OUT/tampered.out"; then
+    not_ok "the assertions pass a tampered report"
+else
+    expect "the assertions catch the tampered counter: $(head -n1 "$OUT/tampered.out")" grep -q '^region: PID 2: drive' "$OUT/tampered.out"
+fi
+expect_eq "report.md rows" "$(grep -cE '^\| (raw|fio-static|none|region|lmcache-fdp|key-aware) \| `' "$OUT/report.md")" 6
+expect_eq "chart.png starts with PNG's signature" "$(head -c 4 "$OUT/chart.png" | od -An -tx1 | tr -d ' \n')" 89504e47
+check_done

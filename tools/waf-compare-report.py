@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""The report of tools/waf-compare: reads what each configuration left in OUT/NAME/ (blkparse
+text of each traced device, `fdpblk fdp status --json` before and after, the writer's or fio's
+JSON, `fdpblk stats --json`), runs `fdpblk replay` on the workload device's trace (classes, and
+`--ssd` for the simulated device WAF) and writes OUT/report.json, OUT/report.md and
+OUT/chart.png (`fdpblk plot`). Run by tools/waf-compare; not meant to be run alone."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+T0 = time.time()
+
+
+def step(what):
+    print(f"waf-compare: report {time.time() - T0:5.1f} s {what}", file=sys.stderr)
+
+# The handle each policy gives fdpblk's own state (src/place.rs: region's OWN_STATE is 3; the
+# others put it on their first handle). fdpblk handle h is placement-ID index h.
+OWN_STATE_HANDLE = {"none": 0, "region": 3, "lmcache-fdp": 0, "key-aware": 0}
+# The policy `fdpblk replay` re-runs a configuration's trace with: raw is the drive without
+# placement; fio's static placement is region's (metadata and slots apart) without fdpblk.
+SIM_POLICY = {"raw": "none", "fio-static": "region"}
+CLASSES = ["checkpoint_header", "checkpoint_payload", "slot_header", "slot_payload", "slot_padding", "outside"]
+
+
+def blk_events(trace_dir):
+    """Completed, error-free data events of the device in DIR/device, from DIR/trace.txt
+    (blkparse's default text): (time, op, offset, len), op write/read/discard."""
+    majmin = open(os.path.join(trace_dir, "device")).read().split()[1]
+    out = []
+    with open(os.path.join(trace_dir, "trace.txt"), errors="replace") as f:
+        for line in f:
+            p = line.split()
+            # maj,min cpu seq sec.nsec pid action RWBS sector + blocks [error]
+            if len(p) < 11 or p[0] != majmin or p[5] != "C" or p[8] != "+":
+                continue
+            if p[10] != "[0]":
+                continue
+            rwbs = p[6].lstrip("F")
+            op = {"W": "write", "R": "read", "D": "discard"}.get(rwbs[:1])
+            if op is None:
+                continue
+            try:
+                t, sector, blocks = float(p[3]), int(p[7]), int(p[9])
+            except ValueError:
+                continue
+            out.append((t, op, sector * 512, blocks * 512))
+    return out
+
+
+def total(events, op, lo=0, hi=None):
+    return sum(n for _, o, off, n in events if o == op and off >= lo and (hi is None or off < hi))
+
+
+def fdp_delta(before, after):
+    """Per placement ID bytes from RUAMW (modulo the RU), and the HBMW/MBMW deltas."""
+    lba, rub = before["lba_size"], before["ru_blocks"]
+    b = {r["pid"]: r["ruamw"] for r in before["ruhs"]}
+    a = {r["pid"]: r["ruamw"] for r in after["ruhs"]}
+    pids = {}
+    for i, r in enumerate(before["ruhs"]):
+        pid = r["pid"]
+        pids[str(i)] = ((b[pid] - a[pid]) % rub) * lba
+    host = int(after["hbmw"]) - int(before["hbmw"])
+    media = int(after["mbmw"]) - int(before["mbmw"])
+    return {
+        "bytes_by_pid_index": pids,
+        "host_bytes": host,
+        "media_bytes": media,
+        "media_host_ratio": media / host if host else None,
+        "ru_bytes": rub * lba,
+        # RUAMW counts modulo the RU size: exact only while the per-PID sum is the host bytes.
+        "pid_bytes_exact": sum(pids.values()) == host,
+    }
+
+
+def replay(fdpblk, trace_lines, path, policy, geom, ssd=None, extra=()):
+    """`fdpblk replay --json` of trace_lines (written to path as JSON lines), or of the
+    file at path as it is when trace_lines is None."""
+    if trace_lines is not None:
+        with open(path, "w") as f:
+            for t in trace_lines:
+                f.write(json.dumps(t) + "\n")
+    cmd = [fdpblk, "replay", path, "--json", "--policy", policy] + list(extra) + geom
+    if ssd:
+        cmd += ["--ssd"] + ssd
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"waf-compare: {' '.join(cmd)}: {r.stderr.strip()}")
+    with open(path + ".cmd", "w") as f:
+        f.write(" ".join(cmd) + "\n")
+    return json.loads(r.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--fdpblk", required=True)
+    ap.add_argument("--drive", required=True)
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--configs", required=True)
+    ap.add_argument("--ssd-op", default="0.07")
+    ap.add_argument("--ssd-ru-size")
+    ap.add_argument("geom", nargs="*")
+    a = ap.parse_args()
+    rows = []
+    raw_trace = None
+    for c in a.configs.split():
+        d = os.path.join(a.out, c)
+        wdev = open(os.path.join(d, "workload-device")).read().strip()
+        nvme_ev = blk_events(os.path.join(d, "trace-drive"))
+        fdp = fdp_delta(json.load(open(os.path.join(d, "fdp-before.json"))), json.load(open(os.path.join(d, "fdp-after.json"))))
+        row = {"config": c, "workload_device": wdev, "fdp": fdp}
+        policy = SIM_POLICY.get(c, c)
+        row["sim_policy"] = policy
+        if c in ("raw", "fio-static"):
+            own_lo = None
+            wl_ev = nvme_ev if c == "raw" else raw_trace
+        else:
+            own_lo = int(open(os.path.join(d, "exported-bytes")).read())
+            wl_ev = blk_events(os.path.join(d, "trace-workload"))
+        if c == "raw":
+            raw_trace = nvme_ev
+        if wl_ev is None:
+            sys.exit("waf-compare: fio-static needs the raw configuration's trace")
+        # Bytes on the workload's device.
+        if c == "fio-static":
+            fj = json.load(open(os.path.join(d, "fio.json")))
+            row["workload_write_bytes"] = sum(j["write"]["io_bytes"] for j in fj["jobs"])
+            row["workload_source"] = "fio (replay of raw's trace)"
+        else:
+            row["workload_write_bytes"] = total(wl_ev, "write")
+            row["workload_source"] = "blktrace"
+            w = json.load(open(os.path.join(d, "writer.json")))
+            row["writer_bytes"] = w["run"]["device_bytes"]
+        # Bytes on the drive: blktrace of the namespace (passthrough I/O, fio's, shows no
+        # sectors there: HBMW is the count then).
+        row["drive_write_bytes_blktrace"] = total(nvme_ev, "write")
+        row["drive_discard_bytes"] = total(nvme_ev, "discard")
+        row["drive_write_bytes"] = fdp["host_bytes"]
+        row["own_state_bytes"] = total(nvme_ev, "write", own_lo) if own_lo is not None else 0
+        row["fdpblk_overhead"] = fdp["host_bytes"] / row["workload_write_bytes"] if row["workload_write_bytes"] else None
+        # Classes: the workload device's trace (its completed requests) through fdpblk's
+        # blkparse reader and classifier; writes only (replay's classes count every op).
+        wl_dir = os.path.join(a.out, "raw", "trace-drive") if c == "fio-static" else os.path.join(d, "trace-workload" if own_lo is not None else "trace-drive")
+        wl_txt = os.path.join(d, "classes.blkparse.txt")
+        with open(os.path.join(wl_dir, "trace.txt"), errors="replace") as src, open(wl_txt, "w") as dst:
+            for line in src:
+                p = line.split()
+                if len(p) > 6 and p[5] == "C" and p[6].lstrip("F")[:1] == "W":
+                    dst.write(line)
+        rep = replay(a.fdpblk, None, wl_txt, policy, a.geom, extra=["--format", "blkparse", "--blk-event", "C"])
+        row["classes"] = {k: rep["classes"].get(k, {}).get("bytes", 0) for k in CLASSES}
+        row["classified_bytes"] = sum(row["classes"].values())
+        # The simulated drive: the workload's writes and reads, and the drive's deallocations
+        # inside the exported range (fdpblk's trims of evicted slots), in time order.
+        sim = [(t, o, off, n) for t, o, off, n in wl_ev if o in ("write", "read")]
+        if own_lo is not None:
+            sim += [(t, o, off, n) for t, o, off, n in nvme_ev if o == "discard" and off + n <= own_lo]
+        sim.sort(key=lambda e: e[0])
+        ssd = ["--ssd-op", a.ssd_op] + (["--ssd-ru-size", a.ssd_ru_size] if a.ssd_ru_size else [])
+        srep = replay(a.fdpblk, [{"op": o, "offset": off, "len": n} for _, o, off, n in sim], os.path.join(d, "sim.jsonl"), policy, a.geom, ssd)
+        row["sim"] = srep["ssd"]
+        # fdpblk's own counters.
+        sp = os.path.join(d, "fdpblk-stats.json")
+        if os.path.exists(sp):
+            s = json.load(open(sp))
+            pl = s["pipeline"]
+            row["fdpblk"] = {
+                "policy": s.get("policy"),
+                "engine": s.get("engine"),
+                "handles": {k: v for k, v in pl.get("handles", {}).items()},
+                "write_bytes": pl["ops"]["write"]["bytes"],
+                "own_state_bytes": s.get("own_state", {}).get("bytes_written"),
+                "trim_bytes": s.get("trim", {}).get("trim_bytes"),
+                "own_state_handle": OWN_STATE_HANDLE[c],
+            }
+        rows.append(row)
+        step(c)
+
+    checks = consistency(rows)
+    report = {"drive": a.drive, "workload": a.workload, "geometry": a.geom, "ssd_op": float(a.ssd_op), "configs": rows, "checks": checks}
+    json.dump(report, open(os.path.join(a.out, "report.json"), "w"), indent=1)
+    open(os.path.join(a.out, "report.md"), "w").write(markdown(report))
+    chart = {
+        "title": "waf-compare: " + os.path.basename(a.workload),
+        "y_label": "ratio",
+        "y_min": 0.9,
+        "series": ["fdpblk overhead (drive/ublk bytes)", "drive media/host", "simulated device waf"],
+        "groups": [{"name": r["config"], "values": [r["fdpblk_overhead"], r["fdp"]["media_host_ratio"], r["sim"].get("waf")]} for r in rows],
+    }
+    json.dump(chart, open(os.path.join(a.out, "chart.json"), "w"))
+    r = subprocess.run([a.fdpblk, "plot", os.path.join(a.out, "chart.json"), "--out", os.path.join(a.out, "chart.png")], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"waf-compare: fdpblk plot: {r.stderr.strip()}")
+    sys.stdout.write(markdown(report))
+    bad = [k for k in checks if not k["ok"]]
+    if bad:
+        sys.exit("waf-compare: inconsistent counts: " + "; ".join(k["what"] for k in bad))
+
+
+def consistency(rows):
+    """Cross-checks between independent counts; each {what, got, want, ok}."""
+    out = []
+
+    def eq(what, got, want):
+        out.append({"what": what, "got": got, "want": want, "ok": got == want})
+
+    for r in rows:
+        c = r["config"]
+        eq(f"{c}: bytes on the workload device = classified bytes", r["classified_bytes"], r["workload_write_bytes"])
+        if "writer_bytes" in r:
+            wb = r["writer_bytes"]
+            eq(f"{c}: checkpoint bytes, blktrace vs the writer", r["classes"]["checkpoint_header"] + r["classes"]["checkpoint_payload"],
+               wb["checkpoint_header"] + wb["checkpoint_payload"])
+            eq(f"{c}: slot bytes, blktrace vs the writer", r["classes"]["slot_header"] + r["classes"]["slot_payload"] + r["classes"]["slot_padding"],
+               wb["slot_header"] + wb["slot_payload"])
+        if r["workload_source"] == "blktrace" and c == "raw" or "fdpblk" in r:
+            eq(f"{c}: drive bytes, blktrace vs HBMW", r["drive_write_bytes_blktrace"], r["drive_write_bytes"])
+        eq(f"{c}: per-PID bytes (RUAMW) add up to HBMW", sum(r["fdp"]["bytes_by_pid_index"].values()), r["drive_write_bytes"])
+        if c == "raw":
+            eq("raw: all bytes on placement ID 0", r["fdp"]["bytes_by_pid_index"].get("0"), r["drive_write_bytes"])
+        if c == "fio-static":
+            raw = next((x for x in rows if x["config"] == "raw"), None)
+            if raw:
+                eq("fio-static: fio replayed raw's bytes", r["workload_write_bytes"], raw["workload_write_bytes"])
+                ck = raw["classes"]["checkpoint_header"] + raw["classes"]["checkpoint_payload"]
+                eq("fio-static: metadata bytes on placement ID 1", r["fdp"]["bytes_by_pid_index"].get("1"), ck)
+                eq("fio-static: slot bytes on placement ID 2", r["fdp"]["bytes_by_pid_index"].get("2"), raw["workload_write_bytes"] - ck)
+        f = r.get("fdpblk")
+        if f:
+            eq(f"{c}: fdpblk's write bytes = blktrace on the ublk device", f["write_bytes"], r["workload_write_bytes"])
+            # fdpblk's counter is read before del, so the drive saw its final state write too.
+            out.append({"what": f"{c}: fdpblk's own-state bytes before del <= drive writes past the exported capacity",
+                        "got": f["own_state_bytes"], "want": r["own_state_bytes"], "ok": 0 < f["own_state_bytes"] <= r["own_state_bytes"]})
+            eq(f"{c}: drive bytes = ublk bytes + own-state bytes", r["drive_write_bytes"], r["workload_write_bytes"] + r["own_state_bytes"])
+            for i, got in sorted(r["fdp"]["bytes_by_pid_index"].items(), key=lambda kv: int(kv[0])):
+                want = f["handles"].get(i, 0) + (r["own_state_bytes"] if int(i) == f["own_state_handle"] else 0)
+                eq(f"{c}: placement ID index {i}: drive bytes (RUAMW) = fdpblk's handle {i} bytes + own state there", got, want)
+    return out
+
+
+def human(n):
+    if n is None:
+        return "-"
+    for unit, s in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << s:
+            return f"{n / (1 << s):.2f} {unit}"
+    return f"{n} B"
+
+
+def ratio(x):
+    return "-" if x is None else f"{x:.3f}"
+
+
+def markdown(rep):
+    rows = rep["configs"]
+    m = [f"# waf-compare: `{os.path.basename(rep['workload'])}` on `{rep['drive']}`", ""]
+    m.append("| configuration | workload device | written there | checkpoint | slot header | slot payload | fdpblk state | on the drive (HBMW) | deallocated | fdpblk overhead | drive media/host | simulated device WAF |")
+    m.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        cl = r["classes"]
+        m.append("| " + " | ".join([
+            r["config"], f"`{r['workload_device']}`", human(r["workload_write_bytes"]),
+            human(cl["checkpoint_header"] + cl["checkpoint_payload"]), human(cl["slot_header"]),
+            human(cl["slot_payload"] + cl["slot_padding"]), human(r["own_state_bytes"]),
+            human(r["drive_write_bytes"]), human(r["drive_discard_bytes"]), ratio(r["fdpblk_overhead"]),
+            ratio(r["fdp"]["media_host_ratio"]), ratio(r["sim"].get("waf")),
+        ]) + " |")
+    npid = max(len(r["fdp"]["bytes_by_pid_index"]) for r in rows)
+    m += ["", "Bytes per placement ID on the drive (RUAMW deltas), and fdpblk's own per-handle counters:", ""]
+    m.append("| configuration | " + " | ".join(f"PID {i}" for i in range(npid)) + " | fdpblk handles |")
+    m.append("|---|" + "---|" * npid + "---|")
+    for r in rows:
+        p = r["fdp"]["bytes_by_pid_index"]
+        f = r.get("fdpblk")
+        fh = ", ".join(f"{k}: {human(v)}" for k, v in sorted(f["handles"].items(), key=lambda kv: int(kv[0]))) if f else "-"
+        if f:
+            fh += f"; own state {human(f['own_state_bytes'])} on {f['own_state_handle']}"
+        m.append(f"| {r['config']} | " + " | ".join(human(p.get(str(i), 0)) for i in range(npid)) + f" | {fh} |")
+    m += ["", "Simulated device: the workload device's trace (fdpblk's deallocations included) through "
+          f"`fdpblk replay --ssd` with the configuration's policy, {rep['ssd_op'] * 100:g} % over-provisioning; "
+          "blktrace carries no data, so policies that read slot headers (key-aware, lmcache-fdp) see none "
+          "there and place by LBA and history only. Commands: `*/sim.jsonl.cmd`.", ""]
+    for r in rows:
+        s = r["sim"]
+        m.append(f"- {r['config']} (`{r['sim_policy']}`): WAF {ratio(s.get('waf'))}, host {human(s['host_bytes'])}, "
+                 f"relocated {human(s['relocated_bytes'])}, {s['gc_events']} GC events, RU {human(s['ru_bytes'])}, "
+                 f"logical {human(s['logical_bytes'])}")
+    bad = [k for k in rep["checks"] if not k["ok"]]
+    m += ["", f"Consistency checks: {len(rep['checks']) - len(bad)} of {len(rep['checks'])} hold."]
+    for k in bad:
+        m.append(f"- FAILED: {k['what']}: {k['got']} != {k['want']}")
+    return "\n".join(m) + "\n"
+
+
+if __name__ == "__main__":
+    main()
