@@ -11,21 +11,13 @@
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq nvme blkdiscard blockdev
 
-ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
-RBW=$ROOT/target/release/rawblock-writer
 [[ -x $RBW ]] || check_fatal "no $RBW: run 'cargo build --release' on the host first"
 DEV=/dev/ublkb0
 STATE=/var/tmp/ublk-learn.state
 OUT=${FDPBLK_CHECK_OUT:-/var/tmp}
 # The writer (LMCache) knows its geometry; fdpblk is not told.
 GEOM=(--slot-bytes 64K --meta-total-bytes 1M)
-size=$(blockdev --getsize64 "$NS_DEV")
-tail_bytes=$(((size / 4096 + (1 << 20) - 1) / (1 << 20) * (1 << 20)))
-((tail_bytes < 8 << 20)) && tail_bytes=$((8 << 20))
-wipe() {
-    blkdiscard -o 0 -l $((1 << 20)) "$NS_DEV" && blkdiscard -o $((size - tail_bytes)) -l "$tail_bytes" "$NS_DEV"
-}
-trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true; wipe || true' EXIT
+trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
 
 writer() {
     local name=$1
@@ -39,22 +31,12 @@ writer() {
     fi
 }
 wfield() { jq -c ".$2" "$OUT/learn-$1.json"; }
-stat() { "$FDPBLK" stats -n 0 --json 2>/dev/null | jq -c ".$1"; }
-wait_stat() {
-    local got
-    for _ in $(seq 40); do
-        got=$(stat "$1")
-        [[ $got == "$2" ]] && break
-        sleep 0.25
-    done
-    expect_eq "fdpblk stats $1" "$got" "$2"
-}
 
 # learn ENGINE BACKING KILL: a blank drive, add without layout flags, LMCache's first puts and
 # checkpoint, then placement by the learned layout. KILL=1: SIGKILL + recover while learning.
 learn() {
     local e=$1 backing=$2 kill=$3 r0 r1 r2 pid
-    wipe || check_fatal "blkdiscard of the metadata region and the reserved tail"
+    fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
     rm -f "$STATE"
     expect_eq "$e: add without layout flags on a blank drive" \
         "$(fdpblk_add -n 0 --backing "$backing" --engine "$e" --policy region)" "$DEV"
@@ -80,7 +62,7 @@ learn() {
     wait_stat layout.state '"learned"'
     wait_stat geometry.slot_bytes 65536
     wait_stat geometry.meta_total_bytes 1048576
-    expect "$e: writes before the layout counted ($(stat layout.writes_before_layout))" test "$(stat layout.writes_before_layout)" -ge 9
+    expect "$e: writes before the layout counted ($(dev_stat layout.writes_before_layout))" test "$(dev_stat layout.writes_before_layout)" -ge 9
     expect_eq "$e: fdpblk list shows the learned geometry" "$("$FDPBLK" list --json | jq -c '.[0].geometry.slot_bytes')" 65536
     # From now on: placed by the layout.
     r1=$(ruamw)
@@ -90,7 +72,7 @@ learn() {
     expect "$e: slot bytes on PID 2 ($(ruamw_used "$r1" "$r2" 2) blocks)" test "$(ruamw_used "$r1" "$r2" 2)" -ge 8
     expect_eq "$e: no LMCache bytes unclassified (PID 0)" "$(ruamw_used "$r1" "$r2" 0)" 0
     expect_eq "$e: every entry verifies" "$(wfield "$e-placed" run.verified)" 16
-    expect_eq "$e: payload placed without its header" "$(stat pipeline.payload_fallbacks)" 0
+    expect_eq "$e: payload placed without its header" "$(dev_stat pipeline.payload_fallbacks)" 0
     "$FDPBLK" del -n 0 >/dev/null 2>&1 || not_ok "$e: fdpblk del"
 }
 

@@ -12,25 +12,16 @@
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq blkdiscard blockdev
 
-ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
-RBW=$ROOT/target/release/rawblock-writer
 [[ -x $RBW ]] || check_fatal "no $RBW: run 'cargo build --release' on the host first"
 DEV=/dev/ublkb0
 STATE=/tmp/ublk-overflow.state
 OUT=${FDPBLK_CHECK_OUT:-/tmp}
 GEOM=(--slot-bytes 16K --meta-total-bytes 64K)
 rm -f "$STATE"
-# Checks in one boot share the drive: start without LMCache checkpoints or saved fdpblk state
-# (the reserved tail: max(8 MiB, size / 4096 rounded up to 1 MiB)).
-size=$(blockdev --getsize64 "$NS_DEV")
-tail_bytes=$(((size / 4096 + (1 << 20) - 1) / (1 << 20) * (1 << 20)))
-((tail_bytes < 8 << 20)) && tail_bytes=$((8 << 20))
-wipe() {
-    blkdiscard -o 0 -l $((1 << 20)) "$NS_DEV" && blkdiscard -o $((size - tail_bytes)) -l "$tail_bytes" "$NS_DEV"
-}
-wipe || check_fatal "blkdiscard of the metadata region and the reserved tail"
-# ... and leave none for the next check.
-trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true; wipe || true' EXIT
+# Checks in one boot share the drive: start without LMCache checkpoints or saved fdpblk state,
+# and leave none for the next check.
+fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
+trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
 
 # writer ARGS...: one rawblock-writer run; prints its checkpoints_skipped (this run).
 writer() {

@@ -15,25 +15,16 @@
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq nvme dd cmp blkdiscard blockdev
 
-ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
-RBW=$ROOT/target/release/rawblock-writer
 [[ -x $RBW ]] || check_fatal "no $RBW: run 'cargo build --release' on the host first"
 DEV=/dev/ublkb0
 STATE=/tmp/ublk-trim.state
 OUT=${FDPBLK_CHECK_OUT:-/tmp}
 GEOM=(--slot-bytes 64K --meta-total-bytes 1M)
 rm -f "$STATE"
-# Checks in one boot share the drive: start without LMCache checkpoints or saved fdpblk state
-# (the reserved tail: max(8 MiB, size / 4096 rounded up to 1 MiB)).
-size=$(blockdev --getsize64 "$NS_DEV")
-tail_bytes=$(((size / 4096 + (1 << 20) - 1) / (1 << 20) * (1 << 20)))
-((tail_bytes < 8 << 20)) && tail_bytes=$((8 << 20))
-wipe() {
-    blkdiscard -o 0 -l $((1 << 20)) "$NS_DEV" && blkdiscard -o $((size - tail_bytes)) -l "$tail_bytes" "$NS_DEV"
-}
-wipe || check_fatal "blkdiscard of the metadata region and the reserved tail"
-# ... and leave none for the next check.
-trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true; wipe || true' EXIT
+# Checks in one boot share the drive: start without LMCache checkpoints or saved fdpblk state,
+# and leave none for the next check.
+fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
+trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
 
 # writer NAME ARGS...: one rawblock-writer run (one LMCache process) with the index kept in
 # $STATE; its stats JSON goes to $OUT/trim-NAME.json.
@@ -52,19 +43,6 @@ writer() {
 # wfield NAME PATH: a field of the writer's stats of run NAME (jq path).
 wfield() { jq -c ".$2" "$OUT/trim-$1.json"; }
 
-# stat PATH: a field of `fdpblk stats -n 0 --json` (jq path), compact JSON.
-stat() { "$FDPBLK" stats -n 0 --json 2>/dev/null | jq -c ".$1"; }
-
-# wait_stat PATH WANT: until fdpblk's stats (refreshed twice a second) show WANT.
-wait_stat() {
-    local got
-    for _ in $(seq 80); do
-        got=$(stat "$1")
-        [[ $got == "$2" ]] && break
-        sleep 0.25
-    done
-    expect_eq "fdpblk stats $1" "$got" "$2"
-}
 
 # free_zero DEV: "Z/F": of the writer's F free slots (all written once), Z read back as zeroes
 # (O_DIRECT reads: no page cache in between). Slot s is at 1 MiB + s * 64 KiB.
@@ -95,7 +73,7 @@ evictions() {
     else
         add_device --backing "$NS_DEV" --engine streams "${GEOM[@]}"
     fi
-    expect_eq "$e: deallocation on by default" "$(stat trim.enabled)" true
+    expect_eq "$e: deallocation on by default" "$(dev_stat trim.enabled)" true
     # 24 puts, then a second checkpoint: the 24 are confirmed (listed with their identity by a
     # checkpoint taken after a checkpoint that followed their writes).
     # Every third put is a partial last chunk: its slot has a stale tail past the payload.
@@ -103,13 +81,13 @@ evictions() {
     wait_stat checkpoint_seq 2
     wait_stat slots.live 24
     # The confirmed partial slots' tails are deallocated (the live payloads verify below).
-    for _ in $(seq 40); do [[ $(stat trim.tail_trims) -gt 0 ]] && break; sleep 0.25; done
-    expect "$e: stale tails of confirmed partial slots deallocated ($(stat trim.tail_trims))" test "$(stat trim.tail_trims)" -gt 0
+    for _ in $(seq 40); do [[ $(dev_stat trim.tail_trims) -gt 0 ]] && break; sleep 0.25; done
+    expect "$e: stale tails of confirmed partial slots deallocated ($(dev_stat trim.tail_trims))" test "$(dev_stat trim.tail_trims)" -gt 0
     # Delete the 8 oldest: the next checkpoint (seq 3, container 0) lacks them but container 1
     # (seq 2) still lists them; after seq 4 (container 1) neither does.
     writer "$e-evict" delete 8 checkpoint
     wait_stat checkpoint_seq 3
-    expect_eq "$e: nothing deallocated while one container still lists the slots" "$(stat trim.trims)" 0
+    expect_eq "$e: nothing deallocated while one container still lists the slots" "$(dev_stat trim.trims)" 0
     writer "$e-evict2" delete 1 checkpoint
     wait_stat checkpoint_seq 4
     wait_stat trim.trims 8
@@ -125,8 +103,8 @@ evictions() {
     r1=$(ruamw)
     used3=$(ruamw_used "$r0" "$r1" 3)
     expect "$e: own state on placement ID 3 ($used3 blocks)" test "$used3" -gt 0
-    own=$(stat own_state.bytes_written)
-    host=$(stat pipeline.ops.write.bytes)
+    own=$(dev_stat own_state.bytes_written)
+    host=$(dev_stat pipeline.ops.write.bytes)
     echo "    $e: own state: $own bytes written for $host host bytes"
     inspect=$("$FDPBLK" inspect "$NS_DEV" --json | jq -r '.fdpblk_state | "\(.slots.with_header) \(.slots.trimmed) \(.trims) \(.identity_history >= 9)"')
     expect_eq "$e: fdpblk inspect $NS_DEV: slots, trimmed, trims, history >= 9" "$inspect" "26 8 8 true"
@@ -136,7 +114,7 @@ evictions() {
 # goes on through a crash and a clean restart.
 evictions passthrough
 expect "fdpblk del" "$FDPBLK" del -n 0
-wipe || check_fatal "blkdiscard"
+fdpblk_fresh_drive || check_fatal "blkdiscard"
 rm -f "$STATE"
 evictions streams
 
@@ -153,7 +131,7 @@ wait_stat own_state.loaded_clean false
 wait_stat slots.with_header 26
 wait_stat trim.trims 8
 wait_stat slots.trimmed 8
-hist=$(stat slots.identity_history)
+hist=$(dev_stat slots.identity_history)
 expect "identity history back ($hist >= 9)" test "$hist" -ge 9
 writer reopen reopen verify
 expect_eq "reopen: entries recovered" "$(wfield reopen run.recovered)" 17

@@ -29,3 +29,32 @@ fio_verify() {
         not_ok "fio $name ($*)"
     fi
 }
+
+# The LMCache raw_block writer (tools/rawblock_writer), built on the host with fdpblk.
+# shellcheck disable=SC2034 # used by the checks that source this file
+RBW=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/target/release/rawblock-writer
+
+# fdpblk_fresh_drive: no LMCache checkpoint and no saved fdpblk state on $NS_DEV (the checks of
+# one boot share the drive): discards the first MiB (the metadata region of the checks'
+# geometries) and fdpblk's reserved tail, max(8 MiB, size / 4096 rounded up to 1 MiB).
+fdpblk_fresh_drive() {
+    local size tail_bytes
+    size=$(blockdev --getsize64 "$NS_DEV") || return 1
+    tail_bytes=$(((size / 4096 + (1 << 20) - 1) / (1 << 20) * (1 << 20)))
+    ((tail_bytes < 8 << 20)) && tail_bytes=$((8 << 20))
+    blkdiscard -o 0 -l $((1 << 20)) "$NS_DEV" && blkdiscard -o $((size - tail_bytes)) -l "$tail_bytes" "$NS_DEV"
+}
+
+# dev_stat PATH: a field of `fdpblk stats -n 0 --json` (jq path), compact JSON.
+dev_stat() { "$FDPBLK" stats -n 0 --json 2>/dev/null | jq -c ".$1"; }
+
+# wait_stat PATH WANT: until device 0's stats (refreshed twice a second) show WANT (20 s).
+wait_stat() {
+    local got
+    for _ in $(seq 80); do
+        got=$(dev_stat "$1")
+        [[ $got == "$2" ]] && break
+        sleep 0.25
+    done
+    expect_eq "fdpblk stats $1" "$got" "$2"
+}
