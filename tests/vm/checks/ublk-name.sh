@@ -11,6 +11,18 @@ dev=$(fdpblk_add --backing "$NS_DEV" -n 3 --name kv0 "${GEO[@]}")
 expect_eq "device" "$dev" /dev/ublkb3
 expect_eq "/dev/fdpblk/kv0" "$(readlink /dev/fdpblk/kv0)" /dev/ublkb3
 expect_eq "fdpblk name 3 (udev rule)" "$("$FDPBLK" name 3)" kv0
+# deploy/99-fdpblk.rules as deploy/README.md installs it: udev's own dry run on the device
+# names the same link (the guest runs no udevd; `udevadm test` applies the rules by itself).
+if command -v udevadm >/dev/null; then
+    repo=$(cd "$(dirname "$0")/../../.." && pwd)
+    install -m 0755 "$FDPBLK" /usr/local/bin/fdpblk
+    install -D -m 0644 "$repo/deploy/99-fdpblk.rules" /etc/udev/rules.d/99-fdpblk.rules
+    links=$(udevadm test --action=add /sys/class/block/ublkb3 2>&1 | sed -n 's/^DEVLINKS=//p')
+    expect "udevadm test: deploy/99-fdpblk.rules links /dev/fdpblk/kv0 (DEVLINKS=$links)" \
+        grep -qw /dev/fdpblk/kv0 <<<"$links"
+else
+    not_ok "udevadm missing in the guest (tests/vm/setup.sh installs udev)"
+fi
 expect "list --json names it" bash -c "$FDPBLK list --json | grep -q '\"name\":\"kv0\"'"
 head -c 1048576 /dev/urandom >/tmp/p
 expect "write through the stable name" dd if=/tmp/p of=/dev/fdpblk/kv0 bs=1M seek=8 count=1 oflag=direct status=none
