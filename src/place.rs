@@ -188,9 +188,10 @@ impl TenantBook {
 ///
 /// LMCache knows each key's salt when it writes. In the simulator the workload model plays
 /// LMCache in FDP mode (it also reuses slots with pid affinity) and passes each write's id as
-/// `Observation::WriterPlacement`. Under `fdpblk add` no such id reaches the block device: the
-/// emulation then places a returning identity by the tenant a checkpoint taught it, and
-/// anything else on handle 0.
+/// `Observation::WriterPlacement`. Under `fdpblk add` no such id reaches the block device and
+/// fdpblk's state thread passes it no checkpoints: the emulation then puts checkpoints on
+/// handle 1 and every slot on handle 0. (Given `Observation::Checkpoint`, as the simulator
+/// can, it places a returning identity by the tenant a checkpoint taught it.)
 #[derive(Debug)]
 pub struct LmcacheFdpPolicy {
     pending: Option<(u64, Handle)>,

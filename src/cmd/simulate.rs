@@ -27,7 +27,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value = "both")]
     pub trim: String,
     /// Trim rules with --trim on: `slots` (evicted slots, issue #6's two-checkpoint rule) and
-    /// `tails` (a slot's stale tail past a new, shorter payload), comma-separated.
+    /// `tails` (a confirmed slot's bytes past its payload, once per contents), comma-separated.
     #[arg(long, default_value = "slots,tails")]
     pub trim_rules: String,
     /// Seed of the workload model (every number is reproducible from it).
