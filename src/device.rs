@@ -64,6 +64,30 @@ impl ReadAt for Vec<u8> {
 }
 
 /// `ioctl(BLKGETSIZE64)`: the byte size of a block device.
+/// The logical block size of a block device (BLKSSZGET); 512 when it cannot be read.
+pub fn logical_block_bytes(f: &File) -> u64 {
+    use std::os::fd::AsRawFd;
+    const BLKSSZGET: libc::c_ulong = 0x1268;
+    let mut ssz: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), BLKSSZGET as _, &mut ssz as *mut libc::c_int) };
+    if rc == 0 && ssz >= 512 {
+        ssz as u64
+    } else {
+        512
+    }
+}
+
+/// The whole blocks of `block` bytes inside `[off, off + len)`, as (offset, length): a
+/// deallocation must never reach past what it was asked to drop, even by a partial block at
+/// either end. None when no whole block fits.
+pub fn whole_blocks_within(off: u64, len: u64, block: u64) -> Option<(u64, u64)> {
+    let block = block.max(1);
+    let start = off.checked_next_multiple_of(block)?;
+    let end = off.checked_add(len)? / block * block;
+    (end > start).then(|| (start, end - start))
+}
+
 pub fn block_device_size(f: &File) -> io::Result<u64> {
     use std::os::fd::AsRawFd;
     // _IOR(0x12, 114, size_t); not exported by the libc crate.
@@ -108,5 +132,22 @@ impl<D: ReadAt + ?Sized> io::Read for RegionReader<'_, D> {
         }
         self.pos += got as u64;
         Ok(got)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whole_blocks_within;
+
+    #[test]
+    fn deallocations_stay_inside_their_range() {
+        // A stale tail starting 512 B into a 4 KiB block: that block still holds payload.
+        assert_eq!(whole_blocks_within(4096 + 512, 3 * 4096 - 512, 4096), Some((8192, 8192)));
+        assert_eq!(whole_blocks_within(8192, 8192, 4096), Some((8192, 8192)));
+        assert_eq!(whole_blocks_within(100, 4000, 4096), None);
+        assert_eq!(whole_blocks_within(4096, 4095, 4096), None);
+        assert_eq!(whole_blocks_within(7, 10, 1), Some((7, 10)));
+        assert_eq!(whole_blocks_within(u64::MAX - 10, 5, 4096), None);
+        assert_eq!(whole_blocks_within(u64::MAX - 4096, 4096, 4096), None);
     }
 }

@@ -31,16 +31,7 @@ impl ReadAt for Exported<'_> {
 }
 
 fn lba_bytes(f: &std::fs::File) -> u64 {
-    use std::os::fd::AsRawFd;
-    const BLKSSZGET: libc::c_ulong = 0x1268;
-    let mut ssz: libc::c_int = 0;
-    // SAFETY: BLKSSZGET writes one int through the pointer.
-    let rc = unsafe { libc::ioctl(f.as_raw_fd(), BLKSSZGET as _, &mut ssz as *mut libc::c_int) };
-    if rc == 0 && ssz >= 512 {
-        ssz as u64
-    } else {
-        512
-    }
+    crate::device::logical_block_bytes(f)
 }
 
 fn sysfs_queue_attr(dev: &Path, attr: &str) -> Option<u64> {

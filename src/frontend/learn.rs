@@ -72,7 +72,11 @@ impl LayoutCell {
 
     /// Sets the layout (once; a second call is ignored and returns false).
     pub fn set(&self, known: Known) -> bool {
-        self.known.set(known).is_ok()
+        let ok = self.known.set(known).is_ok();
+        if ok {
+            *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+        ok
     }
 
     /// A classifying pipeline for one queue, once the layout is known.

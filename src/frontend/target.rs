@@ -344,7 +344,8 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
                 }
             }
         }
-        for _ in 0..10 {
+        // Once a second; after a refusal every 30 s (each look reads the whole checkpoint).
+        for _ in 0..if refused { 300 } else { 10 } {
             if stop.load(Ordering::Relaxed) {
                 return;
             }

@@ -27,7 +27,8 @@ pub trait StateWriter: Send + Sync {
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Writes `buf` at `off` on placement `handle` (`off` and the length in whole 4 KiB blocks).
     fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()>;
-    /// Deallocates `[off, off + len)`: later reads return zeroes.
+    /// Deallocates the whole logical blocks inside `[off, off + len)` (never a byte outside
+    /// it): later reads of them return zeroes.
     fn discard(&self, off: u64, len: u64) -> io::Result<()>;
     /// Makes the writes before it durable.
     fn flush(&self) -> io::Result<()>;
@@ -112,6 +113,8 @@ pub struct BlockDev {
     streams: Option<Vec<u8>>,
     ring: Option<Mutex<io_uring::IoUring>>,
     bdev: bool,
+    /// Logical block size of a block device (1 for a file: holes are punched to the byte).
+    block: u64,
 }
 
 impl BlockDev {
@@ -124,7 +127,8 @@ impl BlockDev {
         };
         use std::os::unix::fs::FileTypeExt;
         let bdev = file.metadata()?.file_type().is_block_device();
-        Ok(Self { file, size, streams, ring, bdev })
+        let block = if bdev { crate::device::logical_block_bytes(&file) } else { 1 };
+        Ok(Self { file, size, streams, ring, bdev, block })
     }
 
     fn pread_exact(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
@@ -192,6 +196,7 @@ impl StateWriter for BlockDev {
     }
 
     fn discard(&self, off: u64, len: u64) -> io::Result<()> {
+        let Some((off, len)) = crate::device::whole_blocks_within(off, len, self.block) else { return Ok(()) };
         if self.bdev {
             // BLKDISCARD: Dataset Management deallocate on NVMe (a TRIM), the drive's own way
             // to drop the data; QEMU's `discard=unmap` and most drives read zeroes after it.
@@ -295,6 +300,7 @@ impl StateWriter for NvmeDev {
     fn discard(&self, off: u64, len: u64) -> io::Result<()> {
         use crate::nvme::cmd::{self, DsmRange, MAX_DSM_RANGES};
         use crate::nvme::ioctl::Data;
+        let Some((off, len)) = crate::device::whole_blocks_within(off, len, self.lba) else { return Ok(()) };
         let ranges: Vec<DsmRange> = DsmRange::split(off / self.lba, len / self.lba).collect();
         for group in ranges.chunks(MAX_DSM_RANGES) {
             let enc = cmd::encode_dsm_ranges(group).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;

@@ -267,6 +267,8 @@ pub struct Watcher {
     /// Stale tails deallocated by this run, and their bytes (not persisted).
     tail_trims: u64,
     tail_trim_bytes: u64,
+    /// Tail deallocation failed while this epoch was the newest seen: paused until the next.
+    tail_error_epoch: Option<u32>,
     published: Arc<Mutex<Value>>,
 }
 
@@ -311,6 +313,7 @@ impl Watcher {
             need_sweep: true,
             tail_trims: 0,
             tail_trim_bytes: 0,
+            tail_error_epoch: None,
             published: Arc::new(Mutex::new(Value::Null)),
         };
         w.seen_epoch = w.slots.epoch();
@@ -636,9 +639,15 @@ impl Watcher {
     /// end of its payload (rounded up to `block_align`, what LMCache's loads read) to the end
     /// of the slot. None when the payload fills the slot.
     fn tail_of(&self, slot: u64) -> Option<(u64, u64)> {
-        let g = &self.geom;
         let e = self.slots.entry(slot)?;
-        let start = g.header_bytes.checked_add(e.payload_len.div_ceil(g.block_align).checked_mul(g.block_align)?)?;
+        // The table keeps 32 bits of length: a longer payload's end is not known from it.
+        (e.payload_len < u64::from(u32::MAX)).then(|| self.tail_after(e.payload_len)).flatten()
+    }
+
+    /// The tail of a slot whose payload is `payload_len` bytes (see [`Self::tail_of`]).
+    fn tail_after(&self, payload_len: u64) -> Option<(u64, u64)> {
+        let g = &self.geom;
+        let start = g.header_bytes.checked_add(payload_len.div_ceil(g.block_align).checked_mul(g.block_align)?)?;
         (start < g.slot_bytes).then(|| (start, g.slot_bytes - start))
     }
 
@@ -652,6 +661,9 @@ impl Watcher {
     /// `payload_len` rounded up to `block_align`: no process can read past it. A put into the
     /// slot during the deallocation is held by its queue until it returned, like a slot trim.
     fn trim_tails(&mut self, candidates: Vec<(u64, u64)>) {
+        if self.tail_error_epoch == Some(self.seen_epoch) {
+            return; // paused after an error until the next checkpoint
+        }
         let g = self.geom;
         let mut hdr = vec![0u8; SLOT_HEADER_PREFIX];
         for (slot, l0) in candidates {
@@ -659,12 +671,15 @@ impl Watcher {
             if l != l0 {
                 continue;
             }
-            let (Some(e), Some((start, len))) = (self.slots.entry(slot), self.tail_of(slot)) else { continue };
+            // One snapshot of the record, checked against the header on the drive; the range
+            // comes from that header's own (full-width) length.
+            let Some(e) = self.slots.entry(slot) else { continue };
             let off = g.slot_offset(slot);
             let on_disk = self.dev.read_at(off, &mut hdr).ok().and_then(|_| SlotHeader::parse(&hdr).ok());
-            if on_disk.is_none_or(|h| h.identity != e.identity || h.payload_len.min(u64::from(u32::MAX)) != e.payload_len) {
+            let Some(h) = on_disk.filter(|h| h.identity == e.identity && h.payload_len.min(u64::from(u32::MAX)) == e.payload_len) else {
                 continue;
-            }
+            };
+            let Some((start, len)) = self.tail_after(h.payload_len) else { continue };
             if !self.slots.cas_life(slot, l, l | life::TRIMMING) {
                 continue;
             }
@@ -676,10 +691,10 @@ impl Watcher {
                     self.tail_trim_bytes += len;
                 }
                 Err(err) => {
-                    if !self.trim_error {
+                    if self.tail_error_epoch.is_none() {
                         tracing::warn!("device {}: deallocating the stale tail of slot {slot}: {err}; paused until the next checkpoint", self.cfg.device);
-                        self.trim_error = true;
                     }
+                    self.tail_error_epoch = Some(self.seen_epoch);
                     return;
                 }
             }
