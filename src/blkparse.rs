@@ -246,11 +246,17 @@ pub struct BoundedLines<R> {
     inner: R,
     buf: Vec<u8>,
     line_no: usize,
+    limit: usize,
 }
 
 impl<R: BufRead> BoundedLines<R> {
     pub fn new(inner: R) -> Self {
-        BoundedLines { inner, buf: Vec::with_capacity(256), line_no: 0 }
+        Self::with_limit(inner, MAX_LINE)
+    }
+
+    /// Lines of at most `limit` bytes.
+    pub fn with_limit(inner: R, limit: usize) -> Self {
+        BoundedLines { inner, buf: Vec::with_capacity(256), line_no: 0, limit }
     }
 
     /// The next line: (1-based number, text without the newline, truncated), or None at
@@ -273,7 +279,7 @@ impl<R: BufRead> BoundedLines<R> {
                 Some(p) => (p, true),
                 None => (chunk.len(), false),
             };
-            let room = MAX_LINE - self.buf.len();
+            let room = self.limit - self.buf.len();
             if take > room {
                 truncated = true;
             }

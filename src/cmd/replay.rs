@@ -306,9 +306,15 @@ pub fn read_trace_from(
     if json {
         let mut out = Vec::new();
         let mut lines = skipped;
-        for (i, line) in r.lines().enumerate() {
-            let line = line.map_err(|e| format!("reading trace: {e}"))?;
-            lines = skipped + i + 1;
+        // One request per line; a line is bounded so that a file without newlines is an
+        // error, not a read of the whole file into memory.
+        const MAX_JSON_LINE: usize = 1 << 20;
+        let mut reader = BoundedLines::with_limit(r, MAX_JSON_LINE);
+        while let Some((i, line, truncated)) = reader.next_line().map_err(|e| format!("reading trace: {e}"))? {
+            lines = skipped + i;
+            if truncated {
+                return Err(format!("trace line {lines}: longer than {MAX_JSON_LINE} bytes; a JSON-lines trace has one request per line"));
+            }
             if line.trim().is_empty() {
                 continue;
             }
@@ -582,6 +588,13 @@ mod tests {
         // Queued: per bio, before the merge.
         let (reqs, _) = read(BLK_SAMPLE, TraceFormat::Auto, BlkAction::Queue, None).unwrap();
         assert_eq!(reqs.len(), 8);
+    }
+
+    #[test]
+    fn a_json_trace_line_is_bounded() {
+        let line = format!("{{\"op\":\"write\",\"offset\":0,\"len\":4096,\"data_hex\":\"{}\"}}", "0".repeat(2 << 20));
+        let err = read(&line, TraceFormat::Auto, BlkAction::Issue, None).unwrap_err();
+        assert!(err.contains("trace line 1: longer than 1048576 bytes"), "{err}");
     }
 
     #[test]

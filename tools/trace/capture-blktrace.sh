@@ -150,12 +150,14 @@ else
     echo "$PROG: tracing $REAL until Ctrl-C or SIGTERM (events: ${EVENTS})" >&2
 fi
 # wait returns early on a trapped signal: pass it on, then wait for blktrace to flush.
+# A signal that came before a wait began (during start-up, or between two waits) is passed on
+# first, so that no wait blocks on a blktrace that was never told to stop.
 while kill -0 "$BT_PID" 2>/dev/null; do
-    wait "$BT_PID" 2>/dev/null || true
     if ((stop)); then
         kill -INT "$BT_PID" 2>/dev/null || true
         stop=0
     fi
+    wait "$BT_PID" 2>/dev/null || true
 done
 wait "$BT_PID" 2>/dev/null || true
 BT_PID=
