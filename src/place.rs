@@ -68,6 +68,11 @@ pub trait Policy: Send {
     fn needs_state(&self) -> bool {
         false
     }
+    /// Whether the policy wants `Observation::Checkpoint` (every live entry of each committed
+    /// checkpoint: costs the state thread a key hash per entry).
+    fn observes_checkpoints(&self) -> bool {
+        false
+    }
 }
 
 /// Everything on the default handle: what a drive sees without fdpblk.
@@ -123,12 +128,13 @@ pub struct SharedPolicy {
     name: &'static str,
     handles: u16,
     needs_state: bool,
+    observes_checkpoints: bool,
 }
 
 impl SharedPolicy {
     pub fn new(p: Box<dyn Policy>) -> Self {
-        let (name, handles, needs_state) = (p.name(), p.handles(), p.needs_state());
-        SharedPolicy { inner: Arc::new(Mutex::new(p)), name, handles, needs_state }
+        let (name, handles, needs_state, observes_checkpoints) = (p.name(), p.handles(), p.needs_state(), p.observes_checkpoints());
+        SharedPolicy { inner: Arc::new(Mutex::new(p)), name, handles, needs_state, observes_checkpoints }
     }
     fn lock(&self) -> std::sync::MutexGuard<'_, Box<dyn Policy>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
@@ -150,6 +156,9 @@ impl Policy for SharedPolicy {
     }
     fn needs_state(&self) -> bool {
         self.needs_state
+    }
+    fn observes_checkpoints(&self) -> bool {
+        self.observes_checkpoints
     }
 }
 
@@ -188,10 +197,10 @@ impl TenantBook {
 ///
 /// LMCache knows each key's salt when it writes. In the simulator the workload model plays
 /// LMCache in FDP mode (it also reuses slots with pid affinity) and passes each write's id as
-/// `Observation::WriterPlacement`. Under `fdpblk add` no such id reaches the block device and
-/// fdpblk's state thread passes it no checkpoints: the emulation then puts checkpoints on
-/// handle 1 and every slot on handle 0. (Given `Observation::Checkpoint`, as the simulator
-/// can, it places a returning identity by the tenant a checkpoint taught it.)
+/// `Observation::WriterPlacement`. Under `fdpblk add` no such id reaches the block device: the
+/// emulation then places a returning identity by the tenant (model and cache_salt) a committed
+/// checkpoint taught it (fdpblk's state thread passes each one on), and anything else on
+/// handle 0.
 #[derive(Debug)]
 pub struct LmcacheFdpPolicy {
     pending: Option<(u64, Handle)>,
@@ -249,6 +258,9 @@ impl Policy for LmcacheFdpPolicy {
             }
             Target::Outside | Target::OwnState => Self::NO_DIRECTIVE,
         }
+    }
+    fn observes_checkpoints(&self) -> bool {
+        true
     }
     fn observe(&mut self, event: &Observation<'_>) {
         match *event {

@@ -66,6 +66,11 @@ impl LayoutCell {
         }
     }
 
+    /// The one policy of all the device's pipelines.
+    pub fn policy(&self) -> &SharedPolicy {
+        &self.policy
+    }
+
     pub fn known(&self) -> Option<&Known> {
         self.known.get()
     }

@@ -220,7 +220,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // The state thread: loads fdpblk's own state into the slot table before any I/O is served.
     let watcher = cfg.geometry.and_then(|g| {
         let slots = Arc::new(SlotTable::new(g.max_slots));
-        let w = state_dev.clone().map(|d| start_watcher(&cfg, g, d, &slots));
+        let w = state_dev.clone().map(|d| start_watcher(&cfg, g, d, &slots, layout.policy()));
         layout.set(Known { geometry: g, slots });
         w
     });
@@ -355,7 +355,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
     let mut learned = cfg.clone();
     learned.geometry = Some(g);
     let slots = Arc::new(SlotTable::new(g.max_slots));
-    let w = start_watcher(&learned, g, dev, &slots);
+    let w = start_watcher(&learned, g, dev, &slots, shared.layout.policy());
     *shared.watch.lock().unwrap_or_else(|e| e.into_inner()) = Some(w.published());
     shared.learned.store(true, Ordering::Relaxed);
     shared.layout.set(Known { geometry: g, slots });
@@ -377,14 +377,16 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
 }
 
 /// The watcher (state loaded, both checkpoint containers read).
-fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slots: &Arc<SlotTable>) -> Watcher {
+fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slots: &Arc<SlotTable>, policy: &SharedPolicy) -> Watcher {
     let own = policy_by_name(&cfg.policy).map_or(0, |mut p| p.place(&Target::OwnState));
     let persist_interval = match cfg.persist_interval_ms {
         0 => Duration::MAX,
         ms => Duration::from_millis(ms),
     };
     let wc = WatchConfig { trim: cfg.trim, trim_tails: cfg.trim, device: cfg.id, persist_interval, ..WatchConfig::default() };
-    let w = Watcher::new(g, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
+    let mut w = Watcher::new(g, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
+    // A policy that learns tenants from LMCache's checkpoints (lmcache-fdp) gets each one.
+    w.observe_with(policy.clone());
     let l = w.loaded();
     tracing::info!(
         "device {}: own state {} (seq {}, {}), deallocation {}",

@@ -113,7 +113,7 @@ use crate::layout::slot_header::{SlotHeader, SLOT_HEADER_PREFIX};
 use crate::layout::Geometry;
 use crate::persist::dev::{DevReader, StateWriter};
 use crate::persist::{Counters, Loaded, Persist, Region};
-use crate::place::Handle;
+use crate::place::{Handle, LiveEntry, Observation, Policy, SharedPolicy};
 use crate::slot_table::{life, CheckpointEvent, SlotState, SlotTable};
 use crate::device::RegionReader;
 use serde_json::{json, Value};
@@ -269,6 +269,8 @@ pub struct Watcher {
     tail_trim_bytes: u64,
     /// Tail deallocation failed while this epoch was the newest seen: paused until the next.
     tail_error_epoch: Option<u32>,
+    /// A policy that learns from committed checkpoints (`Policy::observes_checkpoints`).
+    observer: Option<SharedPolicy>,
     published: Arc<Mutex<Value>>,
 }
 
@@ -314,6 +316,7 @@ impl Watcher {
             tail_trims: 0,
             tail_trim_bytes: 0,
             tail_error_epoch: None,
+            observer: None,
             published: Arc::new(Mutex::new(Value::Null)),
         };
         w.seen_epoch = w.slots.epoch();
@@ -347,6 +350,10 @@ impl Watcher {
     /// Stale tails deallocated by this run.
     pub fn tail_trims(&self) -> u64 {
         self.tail_trims
+    }
+    /// Passes every committed checkpoint's live entries to `policy` if it wants them.
+    pub fn observe_with(&mut self, policy: SharedPolicy) {
+        self.observer = policy.observes_checkpoints().then_some(policy);
     }
     /// The JSON the stats thread shows (refreshed by every step).
     pub fn published(&self) -> Arc<Mutex<Value>> {
@@ -507,6 +514,8 @@ impl Watcher {
         // Epochs since commit `K`: the slot's stamp must be at least this + 2 epochs old.
         let need = confirm_epoch.map(|k| epoch_now.wrapping_sub(k)).filter(|&d| u64::from(d) + 2 < life::STAMP_MASK);
         let mut last_tag: (String, String, u16) = (String::new(), String::new(), 0);
+        // Every live entry, for a policy that learns tenants from committed checkpoints.
+        let mut live: Option<Vec<LiveEntry>> = (self.observer.is_some() && confirm_epoch.is_some()).then(Vec::new);
         let dev = DevReader(&*self.dev);
         let reader = RegionReader::new(&dev, g.container_offset(copy) + g.block_align, h.payload_len);
         let limits = JsonLimits { max_payload_bytes: g.payload_cap().max(h.payload_len), ..JsonLimits::default() };
@@ -514,6 +523,16 @@ impl Watcher {
             let (Some(off), Some(size)) = (e.offset, e.size) else { return Ok(()) };
             let Some((slot, 0)) = g.slot_of(off) else { return Ok(()) };
             listed[(slot / 64) as usize] |= 1 << (slot % 64);
+            if let Some(live) = live.as_mut() {
+                if let Ok(key) = Key::parse(e.key) {
+                    let (identity, salt) = match &key {
+                        Key::Legacy(k) => (legacy_identity(k.chunk_hash_hex), ""),
+                        Key::Object(k) => (object_identity(e.key), k.cache_salt.unwrap_or("")),
+                    };
+                    let tenant_tag = if salt.is_empty() { 0 } else { u32::from(slots.tags().intern(&key.model_name(), salt)) };
+                    live.push(LiveEntry { slot, identity, tenant_tag });
+                }
+            }
             let Some(need) = need else { return Ok(()) };
             let l = slots.life(slot);
             let Some(cur) = slots.entry(slot) else { return Ok(()) };
@@ -560,6 +579,9 @@ impl Watcher {
             return Err(msg);
         }
         let fixed_bytes = FIXED_JSON_BYTES + meta.device_path.as_ref().map_or(0, |p| p.len() as u64);
+        if let (Some(entries), Some(p)) = (live, self.observer.as_mut()) {
+            p.observe(&Observation::Checkpoint { seq: h.seq, entries: &entries });
+        }
         Ok(ValidCopy { seq: h.seq, payload_len: h.payload_len, entries: meta.entries, fixed_bytes, listed })
     }
 

@@ -958,3 +958,27 @@ fn randomized_interleavings_never_trim_a_live_slot() {
     assert!(trims > n / 4, "the schedules exercise deallocation ({trims} trims)");
     assert!(tails > n / 4, "the schedules exercise stale tails ({tails} tails)");
 }
+
+#[test]
+fn a_policy_that_observes_checkpoints_learns_tenants_from_them() {
+    use crate::place::{KeyAwarePolicy, LmcacheFdpPolicy, Policy, SharedPolicy, Target};
+    let mut r = Rig::new(SLOTS, META, true);
+    let mut p = SharedPolicy::new(Box::new(LmcacheFdpPolicy::new()));
+    r.w.observe_with(p.clone());
+    let (salted, plain) = (r.new_key(true), r.new_key(false));
+    let place = |p: &mut SharedPolicy, key: &str| {
+        let h = SlotHeader { identity: keys::identity(key).unwrap(), payload_len: 100 };
+        p.place(&Target::Slot { slot: 9, header: Some(&h), previous: None })
+    };
+    r.put(salted.clone()).unwrap();
+    r.put(plain.clone()).unwrap();
+    assert_eq!(place(&mut p, &salted), LmcacheFdpPolicy::NO_DIRECTIVE, "nothing committed yet");
+    r.checkpoint();
+    r.step();
+    // The committed checkpoint listed the salted key with its tenant: a bucket of its own.
+    assert_eq!(place(&mut p, &salted), LmcacheFdpPolicy::FIRST_DATA);
+    assert_eq!(place(&mut p, &plain), LmcacheFdpPolicy::NO_DIRECTIVE, "no cache_salt, no bucket");
+    // A policy that does not learn from checkpoints is not handed them.
+    r.w.observe_with(SharedPolicy::new(Box::new(KeyAwarePolicy::new())));
+    assert!(r.w.observer.is_none());
+}
