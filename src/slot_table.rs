@@ -554,19 +554,7 @@ impl SlotTable {
 
     /// Takes the dirty record pages (ascending), clearing their bits.
     pub fn take_dirty_pages(&self) -> Vec<u64> {
-        let mut out = Vec::new();
-        for (w, word) in self.dirty.iter().enumerate() {
-            if word.load(Ordering::Relaxed) == 0 {
-                continue;
-            }
-            let mut bits = word.swap(0, Ordering::AcqRel);
-            while bits != 0 {
-                let b = bits.trailing_zeros();
-                bits &= bits - 1;
-                out.push(w as u64 * 64 + u64::from(b));
-            }
-        }
-        out
+        take_bits(&self.dirty)
     }
 
     /// Marks record pages dirty again (a persist cycle that failed).
@@ -631,6 +619,23 @@ impl SlotTable {
 }
 
 /// What persistence keeps of `life` (stamp, trimming and reads are not worth a page write).
+/// The set bits of a bitmap (ascending), clearing them.
+fn take_bits(words: &[AtomicU64]) -> Vec<u64> {
+    let mut out = Vec::new();
+    for (w, word) in words.iter().enumerate() {
+        if word.load(Ordering::Relaxed) == 0 {
+            continue;
+        }
+        let mut bits = word.swap(0, Ordering::AcqRel);
+        while bits != 0 {
+            let b = bits.trailing_zeros();
+            bits &= bits - 1;
+            out.push(w as u64 * 64 + u64::from(b));
+        }
+    }
+    out
+}
+
 fn persisted_life(l: u64) -> u64 {
     l & (life::STATE_MASK | life::CONFIRMED | life::SEEN_BEFORE | (0xff << life::WRITES_SHIFT) | life::TAG_MASK)
 }
@@ -756,16 +761,7 @@ impl IdentityHistory {
     }
 
     pub fn take_dirty_pages(&self) -> Vec<u64> {
-        let mut out = Vec::new();
-        for (w, word) in self.dirty.iter().enumerate() {
-            let mut bits = word.swap(0, Ordering::AcqRel);
-            while bits != 0 {
-                let b = bits.trailing_zeros();
-                bits &= bits - 1;
-                out.push(w as u64 * 64 + u64::from(b));
-            }
-        }
-        out
+        take_bits(&self.dirty)
     }
 
     pub fn redirty_pages(&self, pages: &[u64]) {

@@ -14,23 +14,11 @@ need_tool jq nvme blkdiscard blockdev
 [[ -x $RBW ]] || check_fatal "no $RBW: run 'cargo build --release' on the host first"
 DEV=/dev/ublkb0
 STATE=/var/tmp/ublk-learn.state
+WRITER_PREFIX=learn
 OUT=${FDPBLK_CHECK_OUT:-/var/tmp}
 # The writer (LMCache) knows its geometry; fdpblk is not told.
 GEOM=(--slot-bytes 64K --meta-total-bytes 1M)
 trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
-
-writer() {
-    local name=$1
-    shift
-    if "$RBW" --device "$DEV" "${GEOM[@]}" --engine posix --odirect --state "$STATE" -q "$@" stats \
-        >"$OUT/learn-$name.json" 2>"$OUT/learn-$name.err"; then
-        ok "$name: rawblock-writer $*"
-    else
-        sed 's/^/    /' "$OUT/learn-$name.err"
-        not_ok "$name: rawblock-writer $*"
-    fi
-}
-wfield() { jq -c ".$2" "$OUT/learn-$1.json"; }
 
 # learn ENGINE BACKING KILL: a blank drive, add without layout flags, LMCache's first puts and
 # checkpoint, then placement by the learned layout. KILL=1: SIGKILL + recover while learning.

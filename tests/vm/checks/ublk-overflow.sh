@@ -23,8 +23,8 @@ rm -f "$STATE"
 fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
 trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
 
-# writer ARGS...: one rawblock-writer run; prints its checkpoints_skipped (this run).
-writer() {
+# skipped_by ARGS...: one rawblock-writer run; prints its checkpoints_skipped (this run).
+skipped_by() {
     "$RBW" --device "$DEV" "${GEOM[@]}" --engine posix --odirect --state "$STATE" -q "$@" stats \
         2>>"$OUT/overflow-writer.err" | jq .run.checkpoints_skipped
 }
@@ -42,7 +42,7 @@ expect_eq "fdpblk add" "$dev" "$DEV"
 for _ in $(seq 100); do [[ -e /run/fdpblk/0.stats.json ]] && break; sleep 0.1; done
 
 # About 230 bytes per entry: 100 entries are 80 % of the 28 KiB a checkpoint may hold.
-expect_eq "first checkpoint fits (skipped)" "$(writer put 100 checkpoint)" 0
+expect_eq "first checkpoint fits (skipped)" "$(skipped_by put 100 checkpoint)" 0
 sleep 1.5
 read -r risk seq bytes cap est need <<<"$(stats)"
 echo "    after 100 entries: checkpoint seq $seq, $bytes of $cap bytes, next about $est"
@@ -52,7 +52,7 @@ expect_eq "checkpoint_cap_bytes" "$cap" $((32768 - 4096))
 alarm_round=
 skip_round=
 for round in $(seq 1 12); do
-    writer put 4 >/dev/null
+    skipped_by put 4 >/dev/null
     sleep 1.2 # fdpblk's stats refresh twice a second
     read -r risk seq bytes cap est need <<<"$(stats)"
     if [[ $risk == true && -z $alarm_round ]]; then
@@ -60,7 +60,7 @@ for round in $(seq 1 12); do
         echo "    round $round: alarm: checkpoint seq $seq, $bytes bytes, next about $est of $cap; meta_total_bytes_needed $need"
     fi
     # LMCache's checkpoint attempt comes after the alarm state was read.
-    if [[ $(writer checkpoint) != 0 ]]; then
+    if [[ $(skipped_by checkpoint) != 0 ]]; then
         skip_round=$round
         echo "    round $round: the writer skipped its checkpoint (next about $est bytes)"
         break

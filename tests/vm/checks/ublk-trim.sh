@@ -18,6 +18,7 @@ need_tool jq nvme dd cmp blkdiscard blockdev
 [[ -x $RBW ]] || check_fatal "no $RBW: run 'cargo build --release' on the host first"
 DEV=/dev/ublkb0
 STATE=/tmp/ublk-trim.state
+WRITER_PREFIX=trim
 OUT=${FDPBLK_CHECK_OUT:-/tmp}
 GEOM=(--slot-bytes 64K --meta-total-bytes 1M)
 rm -f "$STATE"
@@ -25,24 +26,6 @@ rm -f "$STATE"
 # and leave none for the next check.
 fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
 trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
-
-# writer NAME ARGS...: one rawblock-writer run (one LMCache process) with the index kept in
-# $STATE; its stats JSON goes to $OUT/trim-NAME.json.
-writer() {
-    local name=$1
-    shift
-    if "$RBW" --device "$DEV" "${GEOM[@]}" --engine posix --odirect --state "$STATE" -q "$@" stats \
-        >"$OUT/trim-$name.json" 2>"$OUT/trim-$name.err"; then
-        ok "$name: rawblock-writer $*"
-    else
-        sed 's/^/    /' "$OUT/trim-$name.err"
-        not_ok "$name: rawblock-writer $*"
-    fi
-}
-
-# wfield NAME PATH: a field of the writer's stats of run NAME (jq path).
-wfield() { jq -c ".$2" "$OUT/trim-$1.json"; }
-
 
 # free_zero DEV: "Z/F": of the writer's F free slots (all written once), Z read back as zeroes
 # (O_DIRECT reads: no page cache in between). Slot s is at 1 MiB + s * 64 KiB.

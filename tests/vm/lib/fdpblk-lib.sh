@@ -45,6 +45,25 @@ fdpblk_fresh_drive() {
     blkdiscard -o 0 -l $((1 << 20)) "$NS_DEV" && blkdiscard -o $((size - tail_bytes)) -l "$tail_bytes" "$NS_DEV"
 }
 
+# writer NAME ARGS...: one rawblock-writer run (one LMCache process, posix O_DIRECT) on $DEV
+# with the check's ${GEOM[@]} and its index in $STATE; its stats JSON goes to
+# $OUT/$WRITER_PREFIX-NAME.json (WRITER_PREFIX: the check's name).
+writer() {
+    local name=$1 base
+    shift
+    base="$OUT/${WRITER_PREFIX:-writer}-$name"
+    if "$RBW" --device "$DEV" "${GEOM[@]}" --engine posix --odirect --state "$STATE" -q "$@" stats \
+        >"$base.json" 2>"$base.err"; then
+        ok "$name: rawblock-writer $*"
+    else
+        sed 's/^/    /' "$base.err"
+        not_ok "$name: rawblock-writer $*"
+    fi
+}
+
+# wfield NAME PATH: a field (jq path) of the stats of writer run NAME.
+wfield() { jq -c ".$2" "$OUT/${WRITER_PREFIX:-writer}-$1.json"; }
+
 # dev_stat PATH: a field of `fdpblk stats -n 0 --json` (jq path), compact JSON.
 dev_stat() { "$FDPBLK" stats -n 0 --json 2>/dev/null | jq -c ".$1"; }
 
