@@ -420,18 +420,17 @@ impl WorkloadSpec {
 
     /// Bytes of the JSON before the entries and after them, for `device_path` "/dev/ublkb0".
     pub fn json_fixed_bytes(&self, g: &Geometry, next_slot: u64) -> u64 {
-        let head = format!(
-            r#"{{"version":1,"device_path":"/dev/ublkb0","capacity_bytes":{},"block_align":{},"header_bytes":{},"slot_bytes":{},"meta_total_bytes":{},"meta_magic":"LMCIDX01","meta_version":1,"data_base_offset":{},"next_slot":{},"entries":{{}}}}"#,
-            g.capacity_bytes,
-            g.block_align,
-            g.header_bytes,
-            g.slot_bytes,
-            g.meta_total_bytes,
-            g.meta_total_bytes,
-            next_slot
-        );
-        head.len() as u64
+        json_head(g, next_slot).len() as u64 + "}}".len() as u64
     }
+}
+
+/// LMCache's checkpoint JSON up to the opening brace of `entries`, for `device_path`
+/// "/dev/ublkb0" (the fields in LMCache's order).
+fn json_head(g: &Geometry, next_slot: u64) -> String {
+    format!(
+        r#"{{"version":1,"device_path":"/dev/ublkb0","capacity_bytes":{},"block_align":{},"header_bytes":{},"slot_bytes":{},"meta_total_bytes":{},"meta_magic":"LMCIDX01","meta_version":1,"data_base_offset":{},"next_slot":{},"entries":{{"#,
+        g.capacity_bytes, g.block_align, g.header_bytes, g.slot_bytes, g.meta_total_bytes, g.meta_total_bytes, next_slot
+    )
 }
 
 fn digits(n: u64) -> u64 {
@@ -1105,16 +1104,7 @@ impl Workload {
         use std::io::Write as _;
         self.entries.clear();
         let g = self.geometry;
-        let head = format!(
-            r#"{{"version":1,"device_path":"/dev/ublkb0","capacity_bytes":{},"block_align":{},"header_bytes":{},"slot_bytes":{},"meta_total_bytes":{},"meta_magic":"LMCIDX01","meta_version":1,"data_base_offset":{},"next_slot":{},"entries":{{"#,
-            g.capacity_bytes,
-            g.block_align,
-            g.header_bytes,
-            g.slot_bytes,
-            g.meta_total_bytes,
-            g.meta_total_bytes,
-            self.next_slot
-        );
+        let head = json_head(&g, self.next_slot);
         let mut bytes = self.spec.json_fixed_bytes(&g, self.next_slot);
         let mut json = std::mem::take(&mut self.json);
         json.clear();
