@@ -20,7 +20,8 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct PlotArgs {
-    /// JSON table (see `fdpblk plot --help`'s description in the source); `-` reads stdin.
+    /// JSON table, `-` for stdin: {"title", "y_label", "y_min"?, "series": [names],
+    /// "groups": [{"name", "values": [one number or null per series]}]}.
     pub table: PathBuf,
     /// Output PNG.
     #[arg(long, short)]
