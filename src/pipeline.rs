@@ -180,6 +180,8 @@ pub struct Pipeline {
     extents: Vec<Extent>,
     /// Slots written by the last planned request while fdpblk was deallocating them.
     trim_waits: Vec<u64>,
+    /// Slot headers the last planned request carries, as (slot, generation).
+    headers: Vec<(u64, u16)>,
 }
 
 impl Pipeline {
@@ -192,7 +194,7 @@ impl Pipeline {
     /// A pipeline sharing `slots` with the other queues of the same device.
     pub fn with_slots(geom: Geometry, policy: Box<dyn Policy>, slots: Arc<SlotTable>) -> Self {
         let counters = Arc::new(PipelineCounters::new(policy.handles()));
-        Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new() }
+        Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new(), headers: Vec::new() }
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -217,6 +219,7 @@ impl Pipeline {
     pub fn plan(&mut self, req: &Request<'_>, segments: &mut Vec<Segment>, wait: HeaderWait) -> Result<&[Extent], u64> {
         self.extents.clear();
         self.trim_waits.clear();
+        self.headers.clear();
         classify(&self.geom, req.op, req.offset, req.len, req.data, self.slots.as_ref(), &mut self.extents);
         if req.op == Op::Write && wait == HeaderWait::Allowed && self.slots.headers_seen() {
             if let Some(slot) = self.awaited_header() {
@@ -247,6 +250,20 @@ impl Pipeline {
             self.observe_other(req.op);
         }
         Ok(&self.extents)
+    }
+
+    /// The slot headers the last planned write carries, as (slot, generation): once the
+    /// write completed, the caller reports each with [`SlotTable::header_completed`]
+    /// ([`Self::completed`] does it for the last plan).
+    pub fn planned_headers(&self) -> &[(u64, u16)] {
+        &self.headers
+    }
+
+    /// Reports the last planned write's slot headers as completed.
+    pub fn completed(&self) {
+        for &(slot, generation) in &self.headers {
+            self.slots.header_completed(slot, generation);
+        }
     }
 
     /// Slots the last planned write touched while fdpblk was deallocating them: the caller
@@ -299,7 +316,14 @@ impl Pipeline {
         if let Some(slot) = e.kind.slot() {
             // Every write to a slot (its header's through `record_header`) is stamped.
             let header = matches!(e.kind, ExtentKind::SlotHeader { header, .. } if header.valid().is_some());
-            if !header && self.slots.note_write(slot) {
+            let waits = match e.kind {
+                _ if header => false,
+                ExtentKind::SlotPayload { .. } | ExtentKind::SlotPadding { .. } if self.within_payload(slot, e) => {
+                    self.slots.note_payload_write(slot)
+                }
+                _ => self.slots.note_write(slot),
+            };
+            if waits {
                 self.trim_waits.push(slot);
             }
         }
@@ -323,6 +347,9 @@ impl Pipeline {
                     if self.slots.trimming(slot) {
                         self.trim_waits.push(slot);
                     }
+                    if let Some(cur) = self.slots.get(slot) {
+                        self.headers.push((slot, cur.generation));
+                    }
                     handle
                 }
                 None => self.slot_handle(slot),
@@ -339,6 +366,19 @@ impl Pipeline {
             }
             ExtentKind::SlotPadding { slot } => self.slot_handle(slot),
         }
+    }
+
+    /// True when extent `e` of `slot` ends within the current header's payload rounded up to
+    /// `block_align` (LMCache's O_DIRECT padding included): it leaves the header and any
+    /// deallocated tail as they are.
+    fn within_payload(&self, slot: u64, e: &Extent) -> bool {
+        let g = &self.geom;
+        let Some(cur) = self.slots.get(slot) else { return false };
+        if cur.payload_len >= u64::from(u32::MAX) {
+            return false; // the table keeps 32 bits of length
+        }
+        let end = g.header_bytes + cur.payload_len.div_ceil(g.block_align) * g.block_align;
+        e.offset >= g.slot_offset(slot) + g.header_bytes && e.offset + e.len <= g.slot_offset(slot) + end
     }
 
     /// The handle of the slot's current header, or the policy's guess when none was seen.
@@ -366,6 +406,7 @@ impl Pipeline {
                     let end = (rel + s.len as usize).min(data.len());
                     engine.write(s.offset, s.len, data.get(rel..end).unwrap_or(&[]), s.handle)?;
                 }
+                self.completed();
                 Ok(())
             }
             Op::Read => {

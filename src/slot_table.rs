@@ -113,7 +113,7 @@ fn unpack(identity: u64, meta: u64, life: u64) -> SlotEntry {
 }
 
 /// The `life` word: stamp (24 bits) | state (2) | confirmed | trimming | seen_before |
-/// tail_done | spare (2) | writes (8) | reads (8) | tag (16).
+/// tail_done | stale_tail | header_done | writes (8) | reads (8) | tag (16).
 pub mod life {
     use super::SlotState;
     pub const STAMP_MASK: u64 = (1 << 24) - 1;
@@ -122,8 +122,16 @@ pub mod life {
     pub const CONFIRMED: u64 = 1 << 26;
     pub const TRIMMING: u64 = 1 << 27;
     pub const SEEN_BEFORE: u64 = 1 << 28;
-    /// The stale tail past the current payload was deallocated (cleared by every write).
+    /// The stale tail past the current payload was deallocated (cleared by a new header and
+    /// by any write that reaches past the payload).
     pub const TAIL_DONE: u64 = 1 << 29;
+    /// When the current header was written, the slot may have held longer contents (what the
+    /// table knew: not a whole-slot deallocation, not a shorter tail-deallocated payload).
+    /// Only completed headers with it are queued for early tails. Not persisted.
+    pub const STALE_TAIL: u64 = 1 << 30;
+    /// The current header's write completed, and nothing but its payload was written to the
+    /// slot since (set by the queue that served it; cleared like `TAIL_DONE`). Not persisted.
+    pub const HEADER_DONE: u64 = 1 << 31;
     pub const WRITES_SHIFT: u32 = 32;
     pub const READS_SHIFT: u32 = 40;
     pub const TAG_SHIFT: u32 = 48;
@@ -224,7 +232,13 @@ pub struct SlotTable {
     returning: AtomicU64,
     /// `header_writes` value at which the overflow estimate reaches its threshold.
     alarm_at: AtomicU64,
+    /// Slot headers whose write completed, as (slot, generation), for the state thread's
+    /// early stale-tail deallocation; bounded (what does not fit waits for confirmation).
+    completed: Mutex<Vec<(u64, u16)>>,
 }
+
+/// At most this many completed headers wait for the state thread.
+const COMPLETED_MAX: usize = 1 << 16;
 
 impl Default for SlotTable {
     fn default() -> Self {
@@ -252,6 +266,7 @@ impl SlotTable {
             header_writes: AtomicU64::new(0),
             returning: AtomicU64::new(0),
             alarm_at: AtomicU64::new(u64::MAX),
+            completed: Mutex::new(Vec::new()),
         }
     }
 
@@ -287,23 +302,26 @@ impl SlotTable {
     }
 
     /// Every write to a slot (header, payload, padding, or a discard/write-zeroes over it):
-    /// stamps it with the current epoch and drops its confirmation. `put` also counts a put,
-    /// resets the load count and sets state, tag and the returning flag. Returns true when a
-    /// trim of the slot is in progress: the caller must not submit its write before
-    /// [`trimming`](Self::trimming) turns false.
-    fn touch(&self, i: usize, put: Option<(u16, bool)>) -> bool {
+    /// stamps it with the current epoch and drops its confirmation; unless `payload_only`
+    /// (a write inside the current header's payload), it also drops `TAIL_DONE` and
+    /// `HEADER_DONE`. `put` also counts a put, resets the load count and sets state, tag and
+    /// the returning flag. Returns true when a trim of the slot is in progress: the caller
+    /// must not submit its write before [`trimming`](Self::trimming) turns false.
+    fn touch(&self, i: usize, put: Option<(u16, bool, bool)>, payload_only: bool) -> bool {
         let epoch = self.epoch.load(Ordering::SeqCst);
+        let keep = if payload_only { !0 } else { !(life::TAIL_DONE | life::HEADER_DONE) };
         let old = self.life[i]
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
-                let mut n = life::with_stamp(l, epoch) & !life::CONFIRMED & !life::TAIL_DONE;
+                let mut n = life::with_stamp(l, epoch) & !life::CONFIRMED & keep;
                 if life::state(n) != SlotState::Unknown {
                     n = life::with_state(n, SlotState::Unknown);
                 }
-                if let Some((tag, seen)) = put {
+                if let Some((tag, seen, stale)) = put {
                     let writes = ((l >> life::WRITES_SHIFT) as u8).saturating_add(1);
                     n = (n & !(0xff << life::WRITES_SHIFT) & !life::READS_MASK) | (u64::from(writes) << life::WRITES_SHIFT);
                     n = life::with_tag(n, tag);
                     n = if seen { n | life::SEEN_BEFORE } else { n & !life::SEEN_BEFORE };
+                    n = if stale { n | life::STALE_TAIL } else { n & !life::STALE_TAIL };
                 }
                 Some(n)
             })
@@ -317,8 +335,13 @@ impl SlotTable {
     /// Records a new header written to `slot` on `handle`.
     pub fn record_header(&self, slot: u64, header: &SlotHeader, handle: Handle) {
         let Some(i) = self.index(slot) else { return };
-        let old = unpack(self.identity[i].load(Ordering::Acquire), self.meta[i].load(Ordering::Relaxed), self.life[i].load(Ordering::Relaxed));
+        let old_life = self.life[i].load(Ordering::Relaxed);
+        let old = unpack(self.identity[i].load(Ordering::Acquire), self.meta[i].load(Ordering::Relaxed), old_life);
         let same = old.has_header() && old.identity == header.identity;
+        // Bytes past the new payload may be stale unless the slot was deallocated whole, or
+        // its last contents were no longer and had their own tail deallocated.
+        let stale = old.state != SlotState::Trimmed
+            && (!old.has_header() || old_life & life::TAIL_DONE == 0 || old.payload_len > header.payload_len);
         if old.has_header() && !same && old.identity != 0 {
             self.history.insert(old.identity, old.tag);
         }
@@ -342,7 +365,7 @@ impl SlotTable {
         self.meta[i].store(pack(header.payload_len, handle, generation), Ordering::Release);
         // After the new identity is visible: a confirmation the state thread made from it
         // before this point is cleared here, and one made from the old identity is too.
-        self.touch(i, Some((tag, seen)));
+        self.touch(i, Some((tag, seen, stale)), false);
         if !self.headers_seen.load(Ordering::Relaxed) {
             self.headers_seen.store(true, Ordering::Relaxed);
         }
@@ -357,7 +380,40 @@ impl SlotTable {
     /// A write to `slot` that is not a valid header (payload, padding, a torn header) or a
     /// discard / write-zeroes over it. Returns true when the caller must wait for a trim.
     pub fn note_write(&self, slot: u64) -> bool {
-        self.index(slot).is_some_and(|i| self.touch(i, None))
+        self.index(slot).is_some_and(|i| self.touch(i, None, false))
+    }
+
+    /// A write that stays inside the current header's payload (rounded up to `block_align`):
+    /// like [`note_write`](Self::note_write), but a deallocated tail stays deallocated.
+    pub fn note_payload_write(&self, slot: u64) -> bool {
+        self.index(slot).is_some_and(|i| self.touch(i, None, true))
+    }
+
+    /// The write of header `generation` of `slot` completed: if it is still the slot's
+    /// current header and may have a stale tail, the slot is marked `HEADER_DONE` and queued
+    /// for the state thread (which checks the generation again before it acts).
+    pub fn header_completed(&self, slot: u64, generation: u16) {
+        let Some(i) = self.index(slot) else { return };
+        let current = |t: &Self| (t.meta[i].load(Ordering::Acquire) >> 48) as u16 == generation;
+        if !current(self) || self.life[i].load(Ordering::Acquire) & life::STALE_TAIL == 0 {
+            return;
+        }
+        self.life[i].fetch_or(life::HEADER_DONE, Ordering::AcqRel);
+        // A newer header clears the bit after storing its generation; if that store came
+        // first, the bit set here belongs to the old header: take it back.
+        if !current(self) {
+            self.life[i].fetch_and(!life::HEADER_DONE, Ordering::AcqRel);
+            return;
+        }
+        let mut q = self.completed.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() < COMPLETED_MAX {
+            q.push((slot, generation));
+        }
+    }
+
+    /// The completed headers queued since the last call.
+    pub fn take_completed_headers(&self) -> Vec<(u64, u16)> {
+        std::mem::take(&mut *self.completed.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// True while the state thread deallocates `slot`.
@@ -518,7 +574,7 @@ impl SlotTable {
     /// `TRIMMING` is cleared either way.
     pub fn end_tail_trim(&self, slot: u64, began: u64, done: bool) {
         let Some(i) = self.index(slot) else { return };
-        let after = (began & !life::TRIMMING) | if done { life::TAIL_DONE } else { 0 };
+        let after = if done { (began & !life::TRIMMING & !life::STALE_TAIL) | life::TAIL_DONE } else { began & !life::TRIMMING };
         if self.life[i].compare_exchange(began, after, Ordering::AcqRel, Ordering::Acquire).is_err() {
             self.life[i].fetch_and(!life::TRIMMING, Ordering::AcqRel);
         }
@@ -887,6 +943,40 @@ impl TagTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn completed_headers_are_queued_when_a_stale_tail_may_be_behind_them() {
+        let t = SlotTable::new(4);
+        t.record_header(2, &SlotHeader { identity: 1, payload_len: 10 }, 0);
+        t.record_header(2, &SlotHeader { identity: 2, payload_len: 10 }, 0);
+        t.header_completed(2, 1); // the first header's write completes late: not current
+        assert!(t.take_completed_headers().is_empty());
+        t.header_completed(2, 2);
+        assert_eq!(t.take_completed_headers(), vec![(2, 2)]);
+        assert!(t.take_completed_headers().is_empty());
+        // Payload writes keep a deallocated tail (and HEADER_DONE); anything else drops both.
+        assert!(t.cas_life(2, t.life(2), (t.life(2) | life::TRIMMING) & !life::TAIL_DONE));
+        t.end_tail_trim(2, t.life(2), true);
+        assert_eq!(t.life(2) & (life::TAIL_DONE | life::STALE_TAIL | life::TRIMMING), life::TAIL_DONE);
+        t.note_payload_write(2);
+        assert_eq!(t.life(2) & (life::TAIL_DONE | life::HEADER_DONE), life::TAIL_DONE | life::HEADER_DONE);
+        // A no longer payload after a deallocated tail leaves nothing stale...
+        t.record_header(2, &SlotHeader { identity: 3, payload_len: 10 }, 0);
+        t.header_completed(2, 3);
+        assert!(t.take_completed_headers().is_empty());
+        // ...a longer one does, and so does any write past the payload.
+        t.record_header(2, &SlotHeader { identity: 4, payload_len: 9 }, 0);
+        t.header_completed(2, 4);
+        assert_eq!(t.take_completed_headers(), vec![(2, 4)]);
+        assert!(t.life(2) & life::HEADER_DONE != 0);
+        t.note_write(2);
+        assert!(t.life(2) & (life::TAIL_DONE | life::HEADER_DONE) == 0);
+        t.record_header(2, &SlotHeader { identity: 5, payload_len: 9 }, 0);
+        t.header_completed(2, 4); // too late: a new header
+        assert!(t.life(2) & life::HEADER_DONE == 0 && t.take_completed_headers().is_empty());
+        // None is persisted: a restarted table knows nothing of them.
+        assert_eq!(persisted_life(life::STALE_TAIL | life::TAIL_DONE | life::HEADER_DONE), 0);
+    }
 
     #[test]
     fn record_and_generations() {

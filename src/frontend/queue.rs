@@ -63,7 +63,7 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
     if ctx.pipeline.borrow().is_none() {
         *ctx.pipeline.borrow_mut() = ctx.layout.pipeline();
     }
-    let trim_waits = if ctx.pipeline.borrow().is_some() {
+    let slot_io = if ctx.pipeline.borrow().is_some() {
         let deadline = Instant::now() + ctx.header_wait;
         let mut waited = false;
         loop {
@@ -80,9 +80,13 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
             }
             sleep(q, HEADER_POLL).await;
         }
-        // A write to a slot fdpblk is deallocating goes out only after the deallocation.
+        // A write to a slot fdpblk is deallocating goes out only after the deallocation;
+        // the headers it carries are reported once it completed.
         let p = ctx.pipeline.borrow();
-        p.as_ref().and_then(|p| (!p.trim_waits().is_empty()).then(|| (p.slots().clone(), p.trim_waits().to_vec())))
+        p.as_ref().and_then(|p| {
+            (!p.trim_waits().is_empty() || !p.planned_headers().is_empty())
+                .then(|| (p.slots().clone(), p.trim_waits().to_vec(), p.planned_headers().to_vec()))
+        })
     } else {
         // Learning the layout: unclassified, on the handle for bytes outside it.
         if op == Op::Write {
@@ -91,8 +95,8 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         }
         None
     };
-    if let Some((slots, waits)) = trim_waits {
-        for slot in waits {
+    if let Some((slots, waits, _)) = &slot_io {
+        for &slot in waits {
             while slots.trimming(slot) {
                 sleep(q, HEADER_POLL).await;
             }
@@ -106,6 +110,11 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
                 let res = ctx.engine.write(q, s.offset, &buf[rel..rel + s.len as usize], s.handle, fua).await;
                 if res < 0 {
                     return res;
+                }
+            }
+            if let Some((slots, _, headers)) = &slot_io {
+                for &(slot, generation) in headers {
+                    slots.header_completed(slot, generation);
                 }
             }
             len as i32

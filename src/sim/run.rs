@@ -19,7 +19,7 @@ use crate::layout::Geometry;
 use crate::persist::Region;
 use crate::pipeline::{HeaderWait, Pipeline, Request, Segment};
 use crate::place::{policy_by_name, LmcacheFdpPolicy, Observation, Policy, SharedPolicy, Target, POLICY_NAMES};
-use crate::watch::{WatchConfig, Watcher};
+use crate::watch::{WatchConfig, Watcher, EARLY_TAILS_INTERVAL};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -71,9 +71,11 @@ pub struct RunSpec {
     pub utilization: f64,
     /// fdpblk deallocates what LMCache no longer references (see `trim_rules`).
     pub trim: bool,
-    /// Which trim rules: evicted slots (issue #6's two-checkpoint rule) and stale tails.
+    /// Which trim rules: evicted slots (issue #6's two-checkpoint rule), stale tails of
+    /// confirmed slots, and stale tails as soon as the new header is durable.
     pub trim_slots: bool,
     pub trim_tails: bool,
+    pub early_tails: bool,
     pub seed: u64,
     /// Warm-up: LMCache writes this many times its capacity first.
     pub warmup: f64,
@@ -260,6 +262,9 @@ struct Sim {
     block_requests: u64,
     lm_ops: u64,
     lm_write_bytes: u64,
+    /// LMCache bytes per interval of the state thread's early-tail round, and the next one.
+    early_tails_every: u64,
+    next_early_tails: u64,
     error: Option<String>,
 }
 
@@ -295,6 +300,22 @@ impl Sim {
         for i in 0..self.segs.len() {
             if let Err(e) = self.combiner.push(self.segs[i], &mut d.ssd) {
                 self.error.get_or_insert(e.to_string());
+            }
+        }
+        drop(d);
+        // The model completes a write as it takes it.
+        self.pipeline.completed();
+        if self.lm_write_bytes >= self.next_early_tails {
+            // The state thread's round for early stale tails, every EARLY_TAILS_INTERVAL.
+            self.next_early_tails = self.lm_write_bytes + self.early_tails_every;
+            if let Some(w) = &mut self.watcher {
+                {
+                    let mut d = self.dev.lock();
+                    if let Err(e) = self.combiner.flush(&mut d.ssd) {
+                        self.error.get_or_insert(e.to_string());
+                    }
+                }
+                w.trim_early_tails();
             }
         }
     }
@@ -426,6 +447,7 @@ pub struct RunResult {
     pub tail_trims: u64,
     pub trim_slots: bool,
     pub trim_tails: bool,
+    pub early_tails: bool,
     /// Host bytes per handle in the window, and RUs in use per handle at the end (host, GC).
     pub handle_bytes: Vec<u64>,
     pub handle_rus: Vec<(u64, u64)>,
@@ -450,12 +472,15 @@ pub struct RunResult {
 impl RunResult {
     /// Row label: the policy, with `+ trim` (and the rules when not both).
     pub fn label(&self) -> String {
-        match (self.trim, self.trim_slots, self.trim_tails) {
-            (false, ..) => self.policy.clone(),
-            (true, true, true) => format!("{} + trim", self.policy),
-            (true, true, false) => format!("{} + trim(slots)", self.policy),
-            (true, false, true) => format!("{} + trim(tails)", self.policy),
-            (true, false, false) => format!("{} + trim(none)", self.policy),
+        let rules: Vec<&str> = [(self.trim_slots, "slots"), (self.trim_tails, "tails"), (self.early_tails, "early-tails")]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect();
+        match (self.trim, rules.len()) {
+            (false, _) => self.policy.clone(),
+            (true, 3) => format!("{} + trim", self.policy),
+            (true, 0) => format!("{} + trim(none)", self.policy),
+            (true, _) => format!("{} + trim({})", self.policy, rules.join(",")),
         }
     }
     pub fn own_state_ratio(&self) -> f64 {
@@ -475,7 +500,7 @@ impl RunResult {
             "gc_events": w.gc_events, "deallocated_bytes": w.deallocated_bytes,
             "lmcache_bytes": self.lmcache_bytes, "own_state_bytes": self.own_state_bytes,
             "own_state_ratio": self.own_state_ratio(), "trimmed_slots": self.trimmed_slots,
-            "tail_trims": self.tail_trims, "trim_rules": {"slots": self.trim_slots, "tails": self.trim_tails},
+            "tail_trims": self.tail_trims, "trim_rules": {"slots": self.trim_slots, "tails": self.trim_tails, "early_tails": self.early_tails},
             "handles": self.handle_bytes.iter().enumerate().filter(|(_, b)| **b > 0)
                 .map(|(h, b)| json!({"handle": h, "host_bytes": b, "rus_in_use": self.handle_rus[h].0, "gc_rus_in_use": self.handle_rus[h].1}))
                 .collect::<Vec<_>>(),
@@ -690,6 +715,7 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
         let wc = WatchConfig {
             trim: spec.trim && spec.trim_slots,
             trim_tails: spec.trim && spec.trim_tails,
+            early_tails: spec.trim && spec.early_tails,
             retry_base: Duration::ZERO,
             persist_interval: Duration::MAX,
             device: -1,
@@ -715,6 +741,8 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
         block_requests: 0,
         lm_ops: 0,
         lm_write_bytes: 0,
+        early_tails_every: (EARLY_TAILS_INTERVAL.as_secs_f64() * w.write_rate_mb_s * 1e6) as u64,
+        next_early_tails: 0,
         error: None,
     };
     let cap_bytes = geom.max_slots * geom.slot_bytes;
@@ -791,6 +819,7 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
         trim: spec.trim,
         trim_slots: spec.trim && spec.trim_slots,
         trim_tails: spec.trim && spec.trim_tails,
+        early_tails: spec.trim && spec.early_tails,
         seed: spec.seed,
         waf,
         waf_by_device_write,
@@ -849,6 +878,7 @@ mod tests {
             trim,
             trim_slots: true,
             trim_tails: true,
+            early_tails: true,
             seed: 1,
             warmup: 1.5,
             measure: 2.0,
@@ -892,6 +922,7 @@ mod tests {
         assert!(r.waf < plain.waf, "trim {} vs {}", r.waf, plain.waf);
         let mut slots_only = spec(ZIPF, "none", 1.0, true);
         slots_only.trim_tails = false;
+        slots_only.early_tails = false;
         let s = run(&slots_only).unwrap();
         assert!(s.trimmed_slots > 0 && s.tail_trims == 0);
     }

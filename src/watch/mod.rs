@@ -37,6 +37,29 @@
 //! needed: a container listing the slot names either these contents or contents whose header
 //! is gone, which LMCache's load drops.
 //!
+//! ## Early tails
+//!
+//! A tail can go before any checkpoint confirmed the slot, as soon as its new header is
+//! durable, because LMCache's load checks every entry against the slot header on the drive.
+//! The conditions, checked by the state thread's round (at least once a second,
+//! [`Watcher::trim_early_tails`]):
+//!
+//! - the queue that served the header write saw it complete ([`SlotTable::header_completed`]:
+//!   the slot is `HEADER_DONE`, with the same header generation), and nothing but that
+//!   header's payload was written to the slot since (any other write, such as the next put's
+//!   payload ahead of its header, clears `HEADER_DONE`);
+//! - the drive was flushed after that completion, so the header survives a power loss (the
+//!   confirmed path flushes too);
+//! - the header on the drive carries the identity and length of the slot's record (5), and
+//!   the trim CAS holds any later write to the slot until the deallocation returned.
+//!
+//! Then no LMCache process reads the tail: the current put's entry (if it commits) reads its
+//! own `payload_len`; an entry for any earlier contents of the slot, in a checkpoint LMCache
+//! loads after a crash, is dropped by the header check of its load (`meta_verify_on_load`,
+//! on by default). With that check off, LMCache would serve such an entry from a slot whose
+//! header already names the new put and whose payload that put is overwriting: fdpblk
+//! assumes the default.
+//!
 //! In the terms of the issue: contents are evicted once they are "absent from two consecutive
 //! committed checkpoints" (the two containers; consecutive seqs alternate between them) "and
 //! not written since the earlier of them" (2), and only contents LMCache is known to have
@@ -128,6 +151,9 @@ pub struct WatchConfig {
     pub trim: bool,
     /// Deallocate stale tails: what earlier contents left past a confirmed slot's payload.
     pub trim_tails: bool,
+    /// Deallocate a stale tail as soon as its slot's new header is durable ("Early tails" in
+    /// the module doc), before a checkpoint confirmed the slot.
+    pub early_tails: bool,
     /// First retry delay for a checkpoint whose payload is not complete yet (doubles to 1 s).
     pub retry_base: Duration,
     /// Persist cycle interval.
@@ -140,9 +166,13 @@ pub struct WatchConfig {
 
 impl Default for WatchConfig {
     fn default() -> Self {
-        Self { trim: true, trim_tails: true, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN }
+        Self { trim: true, trim_tails: true, early_tails: true, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN }
     }
 }
+
+/// How often the state thread deallocates early stale tails (its longest sleep): each round
+/// with work costs one flush of the drive.
+pub const EARLY_TAILS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The overflow alarm fires when the next checkpoint is estimated at this fraction of the cap.
 pub const RISK_FRACTION: f64 = 0.9;
@@ -267,6 +297,8 @@ pub struct Watcher {
     /// Stale tails deallocated by this run, and their bytes (not persisted).
     tail_trims: u64,
     tail_trim_bytes: u64,
+    /// Of `tail_trims`, those done early (before a checkpoint confirmed the slot).
+    early_tail_trims: u64,
     /// Tail deallocation failed while this epoch was the newest seen: paused until the next.
     tail_error_epoch: Option<u32>,
     /// A policy that learns from committed checkpoints (`Policy::observes_checkpoints`).
@@ -315,6 +347,7 @@ impl Watcher {
             need_sweep: true,
             tail_trims: 0,
             tail_trim_bytes: 0,
+            early_tail_trims: 0,
             tail_error_epoch: None,
             observer: None,
             published: Arc::new(Mutex::new(Value::Null)),
@@ -351,6 +384,10 @@ impl Watcher {
     pub fn tail_trims(&self) -> u64 {
         self.tail_trims
     }
+    /// Of [`Self::tail_trims`], those done before a checkpoint confirmed the slot.
+    pub fn early_tail_trims(&self) -> u64 {
+        self.early_tail_trims
+    }
     /// Passes every committed checkpoint's live entries to `policy` if it wants them.
     pub fn observe_with(&mut self, policy: SharedPolicy) {
         self.observer = policy.observes_checkpoints().then_some(policy);
@@ -373,7 +410,7 @@ impl Watcher {
     /// Runs the state thread until `stop`, then a final step and a clean persist.
     pub fn run(mut self, stop: &AtomicBool) {
         while !stop.load(Ordering::Relaxed) {
-            let wait = self.next_wakeup().min(Duration::from_secs(1));
+            let wait = self.next_wakeup().min(EARLY_TAILS_INTERVAL);
             self.slots.wait_events(wait);
             self.step();
             if self.last_persist.elapsed() >= self.cfg.persist_interval {
@@ -458,6 +495,7 @@ impl Watcher {
                 self.trim_tails(tails);
             }
         }
+        self.trim_early_tails();
         self.check_overflow(alarm);
         self.publish();
     }
@@ -686,6 +724,12 @@ impl Watcher {
         if self.tail_error_epoch == Some(self.seen_epoch) {
             return; // paused after an error until the next checkpoint
         }
+        // The headers must be durable before their tails go (as for early tails).
+        if let Err(err) = self.dev.flush() {
+            tracing::warn!("device {}: flushing before deallocating stale tails: {err}; paused until the next checkpoint", self.cfg.device);
+            self.tail_error_epoch = Some(self.seen_epoch);
+            return;
+        }
         let g = self.geom;
         let mut hdr = vec![0u8; SLOT_HEADER_PREFIX];
         for (slot, l0) in candidates {
@@ -710,6 +754,90 @@ impl Watcher {
             match res {
                 Ok(()) => {
                     self.tail_trims += 1;
+                    self.tail_trim_bytes += len;
+                }
+                Err(err) => {
+                    if self.tail_error_epoch.is_none() {
+                        tracing::warn!("device {}: deallocating the stale tail of slot {slot}: {err}; paused until the next checkpoint", self.cfg.device);
+                    }
+                    self.tail_error_epoch = Some(self.seen_epoch);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Deallocates the stale tails of slots whose new header's write completed since the last
+    /// round, before any checkpoint confirmed them ("Early tails" in the module doc): one
+    /// flush makes those headers durable, then each slot whose header is still that one
+    /// and whose on-drive header carries it has its tail deallocated under the trim CAS.
+    pub fn trim_early_tails(&mut self) {
+        let done = self.slots.take_completed_headers();
+        if done.is_empty() || !self.cfg.early_tails || self.conflict.is_some() {
+            return;
+        }
+        if self.tail_error_epoch == Some(self.seen_epoch) {
+            return; // paused after an error until the next checkpoint
+        }
+        let current = |w: &Self, slot: u64, generation: u16| {
+            w.slots.get(slot).filter(|e| e.generation == generation && e.payload_len < u64::from(u32::MAX))
+        };
+        let mut todo: Vec<(u64, u16)> = done
+            .into_iter()
+            .filter(|&(slot, g)| {
+                let l = self.slots.life(slot);
+                l & life::HEADER_DONE != 0
+                    && l & (life::TAIL_DONE | life::TRIMMING) == 0
+                    && current(self, slot, g).is_some_and(|e| self.tail_after(e.payload_len).is_some())
+            })
+            .collect();
+        if todo.is_empty() {
+            return;
+        }
+        // Every header in `todo` completed before this flush, so the flush makes it durable.
+        if let Err(err) = self.dev.flush() {
+            tracing::warn!("device {}: flushing before deallocating stale tails: {err}; paused until the next checkpoint", self.cfg.device);
+            self.tail_error_epoch = Some(self.seen_epoch);
+            return;
+        }
+        todo.sort_unstable();
+        todo.dedup();
+        let g = self.geom;
+        let mut hdr = vec![0u8; SLOT_HEADER_PREFIX];
+        for (slot, generation) in todo {
+            let Some(e) = current(self, slot, generation) else { continue };
+            let off = g.slot_offset(slot);
+            let on_disk = self.dev.read_at(off, &mut hdr).ok().and_then(|_| SlotHeader::parse(&hdr).ok());
+            let Some(h) = on_disk.filter(|h| h.identity == e.identity && h.payload_len.min(u64::from(u32::MAX)) == e.payload_len) else {
+                continue;
+            };
+            let Some((start, len)) = self.tail_after(h.payload_len) else { continue };
+            // The life word changes with loads and stamps too: retry while nothing but payload
+            // was written since the header completed (a write past the payload, such as the
+            // next put's payload ahead of its header, clears HEADER_DONE).
+            let mut began = None;
+            for _ in 0..8 {
+                let l = self.slots.life(slot);
+                if l & life::HEADER_DONE == 0 || l & (life::TAIL_DONE | life::TRIMMING) != 0 {
+                    break;
+                }
+                if self.slots.cas_life(slot, l, l | life::TRIMMING) {
+                    began = Some(l | life::TRIMMING);
+                    break;
+                }
+            }
+            let Some(began) = began else { continue };
+            // A new header recorded before the CAS changed the generation: not ours to cut.
+            if current(self, slot, generation).is_none() {
+                self.slots.end_tail_trim(slot, began, false);
+                continue;
+            }
+            let res = self.dev.discard(off + start, len);
+            self.slots.end_tail_trim(slot, began, res.is_ok());
+            match res {
+                Ok(()) => {
+                    self.tail_trims += 1;
+                    self.early_tail_trims += 1;
                     self.tail_trim_bytes += len;
                 }
                 Err(err) => {
@@ -898,7 +1026,7 @@ impl Watcher {
                 "enabled": self.cfg.trim, "allowed_now": self.trims_allowed(), "blocked_by": self.conflict,
                 "trims": self.counters.trims, "trim_bytes": self.counters.trim_bytes, "handles": handles,
                 "evictions": self.counters.evictions,
-                "tails_enabled": self.cfg.trim_tails, "tail_trims": self.tail_trims, "tail_trim_bytes": self.tail_trim_bytes,
+                "tails_enabled": self.cfg.trim_tails, "early_tails_enabled": self.cfg.early_tails, "tail_trims": self.tail_trims, "early_tail_trims": self.early_tail_trims, "tail_trim_bytes": self.tail_trim_bytes,
             },
             "own_state": {
                 "persisted": self.persist.is_some(), "seq": self.persist.as_ref().map(|p| p.seq()),

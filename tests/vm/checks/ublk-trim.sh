@@ -10,7 +10,8 @@
 # goes to its own placement ID. fdpblk is killed
 # (SIGKILL) and recovered, the writer restarts (reopens from the device): the slot table,
 # the identity history and the counters come back, and later evictions are deallocated
-# again. A clean del + add keeps them too.
+# again. A clean del + add keeps them too. Stale tails behind partial payloads are
+# deallocated before any checkpoint once their headers are durable (early tails).
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq nvme dd cmp blkdiscard blockdev
@@ -144,5 +145,38 @@ wait_stat trim.trims 12
 wait_stat slots.with_header 26
 writer clean reopen verify
 expect_eq "after del + add: entries verified" "$(wfield clean run.verified)" 10
+
+# Early tails: 3 full chunks, deleted (no I/O) and replaced by 3 partial last chunks, which
+# reuse their slots (LIFO) and leave the full payloads' last blocks stale behind them. fdpblk
+# deallocates those as soon as each new header's write completed and the drive was flushed,
+# before any checkpoint lists the new puts.
+seq0=$(dev_stat checkpoint_seq)
+early0=$(dev_stat trim.early_tail_trims)
+writer early-full put 3
+writer early-partial delete 3 put 3 --partial-every 1
+# A partial payload has a tail when it ends before the slot's last 4 KiB block (the writer's
+# partial lengths are random, from its fixed seed). Slot s is at 1 MiB + s * 64 KiB, its
+# payload after a 4 KiB header.
+tails=0
+while read -r slot size; do
+    [[ $((1 + (size + 4095) / 4096)) -lt 16 ]] && tails=$((tails + 1))
+done < <(jq -r '.entries[-3:][] | "\(.slot) \(.size)"' "$STATE")
+expect "early tails: the partial puts have tails ($tails of 3)" test "$tails" -ge 1
+for _ in $(seq 40); do [[ $(dev_stat trim.early_tail_trims) -ge $((early0 + tails)) ]] && break; sleep 0.25; done
+expect "early tails: $tails deallocated ($early0 -> $(dev_stat trim.early_tail_trims))" \
+    test "$(dev_stat trim.early_tail_trims)" -ge $((early0 + tails))
+expect_eq "early tails: before any checkpoint" "$(dev_stat checkpoint_seq)" "$seq0"
+# Each reads zeroes on the namespace from its payload's end (rounded up to the block) to the
+# slot's end.
+zeroed=0
+while read -r slot size; do
+    from=$((1 + (size + 4095) / 4096))
+    [[ $from -lt 16 ]] || continue
+    cmp -s <(dd if="$NS_DEV" bs=4K skip=$((256 + slot * 16 + from)) count=$((16 - from)) iflag=direct status=none) \
+        <(head -c $(((16 - from) * 4096)) /dev/zero) && zeroed=$((zeroed + 1))
+done < <(jq -r '.entries[-3:][] | "\(.slot) \(.size)"' "$STATE")
+expect_eq "early tails: the stale blocks read zeroes on $NS_DEV" "$zeroed" "$tails"
+writer early-verify checkpoint verify
+expect_eq "early tails: every live entry verifies" "$(wfield early-verify run.verified)" 13
 expect "fdpblk del" "$FDPBLK" del -n 0
 check_done
