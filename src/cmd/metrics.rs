@@ -253,6 +253,9 @@ impl Registry {
         for (metric, key, help) in [
             ("fdpblk_trim_bytes_total", "trim_bytes", "Bytes deallocated."),
             ("fdpblk_evictions_total", "evictions", "Slots LMCache evicted, as its checkpoints show."),
+            ("fdpblk_tail_trims_total", "tail_trims", "Stale tails deallocated: bytes past a slot's payload that earlier, longer contents left."),
+            ("fdpblk_early_tail_trims_total", "early_tail_trims", "Stale tails deallocated before a checkpoint confirmed the slot (once the new header was durable)."),
+            ("fdpblk_tail_trim_bytes_total", "tail_trim_bytes", "Bytes of stale tails deallocated."),
         ] {
             if let Some(v) = num(&t[key]) {
                 self.add(metric, help, Counter, base(), v);

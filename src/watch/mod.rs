@@ -1026,7 +1026,8 @@ impl Watcher {
                 "enabled": self.cfg.trim, "allowed_now": self.trims_allowed(), "blocked_by": self.conflict,
                 "trims": self.counters.trims, "trim_bytes": self.counters.trim_bytes, "handles": handles,
                 "evictions": self.counters.evictions,
-                "tails_enabled": self.cfg.trim_tails, "early_tails_enabled": self.cfg.early_tails, "tail_trims": self.tail_trims, "early_tail_trims": self.early_tail_trims, "tail_trim_bytes": self.tail_trim_bytes,
+                "tails_enabled": self.cfg.trim_tails, "early_tails_enabled": self.cfg.early_tails,
+                "tail_trims": self.tail_trims, "early_tail_trims": self.early_tail_trims, "tail_trim_bytes": self.tail_trim_bytes,
             },
             "own_state": {
                 "persisted": self.persist.is_some(), "seq": self.persist.as_ref().map(|p| p.seq()),

@@ -64,9 +64,9 @@ evictions() {
     writer "$e-fill" put 24 --partial-every=3 checkpoint put 2 checkpoint
     wait_stat checkpoint_seq 2
     wait_stat slots.live 24
-    # The confirmed partial slots' tails are deallocated (the live payloads verify below).
+    # The partial slots' tails are deallocated (the live payloads verify below).
     for _ in $(seq 40); do [[ $(dev_stat trim.tail_trims) -gt 0 ]] && break; sleep 0.25; done
-    expect "$e: stale tails of confirmed partial slots deallocated ($(dev_stat trim.tail_trims))" test "$(dev_stat trim.tail_trims)" -gt 0
+    expect "$e: stale tails of partial slots deallocated ($(dev_stat trim.tail_trims))" test "$(dev_stat trim.tail_trims)" -gt 0
     # Delete the 8 oldest: the next checkpoint (seq 3, container 0) lacks them but container 1
     # (seq 2) still lists them; after seq 4 (container 1) neither does.
     writer "$e-evict" delete 8 checkpoint
