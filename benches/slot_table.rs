@@ -23,7 +23,6 @@ use fdpblk::place::RegionPolicy;
 use fdpblk::slot_table::SlotTable;
 use fdpblk::watch::{WatchConfig, Watcher};
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

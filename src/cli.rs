@@ -181,6 +181,12 @@ pub struct AddArgs {
     /// committed checkpoints no longer list it).
     #[arg(long)]
     pub no_trim: bool,
+    /// Deallocate a stale tail (bytes past a shorter new payload) only once a checkpoint
+    /// confirmed the slot, not as soon as the new header is durable. Early tails rely on
+    /// LMCache's header check at load (`meta_verify_on_load`, on by default): use this flag
+    /// where it is turned off.
+    #[arg(long)]
+    pub no_early_tails: bool,
     /// How often (ms) fdpblk writes its own state (what changed) to the reserved tail of the
     /// backing; 0: only when the device starts and stops.
     #[arg(long, default_value_t = 5000)]

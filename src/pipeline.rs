@@ -343,13 +343,11 @@ impl Pipeline {
                     let previous = self.slots.get(slot);
                     let handle =
                         self.policy.place(&Target::Slot { slot, header: Some(h), previous: previous.as_ref() });
-                    self.slots.record_header(slot, h, handle);
+                    let generation = self.slots.record_header(slot, h, handle);
                     if self.slots.trimming(slot) {
                         self.trim_waits.push(slot);
                     }
-                    if let Some(cur) = self.slots.get(slot) {
-                        self.headers.push((slot, cur.generation));
-                    }
+                    self.headers.push((slot, generation));
                     handle
                 }
                 None => self.slot_handle(slot),

@@ -122,12 +122,12 @@ pub mod life {
     pub const CONFIRMED: u64 = 1 << 26;
     pub const TRIMMING: u64 = 1 << 27;
     pub const SEEN_BEFORE: u64 = 1 << 28;
-    /// The stale tail past the current payload was deallocated (cleared by a new header and
-    /// by any write that reaches past the payload).
+    /// Nothing stale lies past the current payload: its tail was deallocated, or nothing was
+    /// there when the header was written (cleared by any write but the payload's).
     pub const TAIL_DONE: u64 = 1 << 29;
-    /// When the current header was written, the slot may have held longer contents (what the
-    /// table knew: not a whole-slot deallocation, not a shorter tail-deallocated payload).
-    /// Only completed headers with it are queued for early tails. Not persisted.
+    /// The slot may hold earlier contents' bytes past the current payload (set by the header
+    /// write when the table cannot rule it out), and nothing but the payload was written to
+    /// the slot since that header was planned (cleared by any other write). Not persisted.
     pub const STALE_TAIL: u64 = 1 << 30;
     /// The current header's write completed, and nothing but its payload was written to the
     /// slot since (set by the queue that served it; cleared like `TAIL_DONE`). Not persisted.
@@ -232,13 +232,10 @@ pub struct SlotTable {
     returning: AtomicU64,
     /// `header_writes` value at which the overflow estimate reaches its threshold.
     alarm_at: AtomicU64,
-    /// Slot headers whose write completed, as (slot, generation), for the state thread's
-    /// early stale-tail deallocation; bounded (what does not fit waits for confirmation).
-    completed: Mutex<Vec<(u64, u16)>>,
+    /// One bit per slot: a header with a stale tail behind it completed since the state
+    /// thread last looked (early stale-tail deallocation; no lock on the data path).
+    completed: Box<[AtomicU64]>,
 }
-
-/// At most this many completed headers wait for the state thread.
-const COMPLETED_MAX: usize = 1 << 16;
 
 impl Default for SlotTable {
     fn default() -> Self {
@@ -266,15 +263,16 @@ impl SlotTable {
             header_writes: AtomicU64::new(0),
             returning: AtomicU64::new(0),
             alarm_at: AtomicU64::new(u64::MAX),
-            completed: Mutex::new(Vec::new()),
+            completed: zeroed_u64(n.div_ceil(64)),
         }
     }
 
-    /// Heap bytes this table holds (slot records, history, dirty bitmap; tag names excluded).
+    /// Heap bytes this table holds (slot records, history, bitmaps; tag names excluded).
     pub fn heap_bytes(&self) -> usize {
         self.identity.len() * 8 + self.meta.len() * 8 + self.life.len() * 8 + self.remaining.len() * 4
             + self.history.heap_bytes()
             + self.dirty.len() * 8
+            + self.completed.len() * 8
     }
 
     pub fn get(&self, slot: u64) -> Option<SlotEntry> {
@@ -303,13 +301,13 @@ impl SlotTable {
 
     /// Every write to a slot (header, payload, padding, or a discard/write-zeroes over it):
     /// stamps it with the current epoch and drops its confirmation; unless `payload_only`
-    /// (a write inside the current header's payload), it also drops `TAIL_DONE` and
-    /// `HEADER_DONE`. `put` also counts a put, resets the load count and sets state, tag and
-    /// the returning flag. Returns true when a trim of the slot is in progress: the caller
+    /// (a write inside the current header's payload), it also drops `TAIL_DONE`,
+    /// `STALE_TAIL` and `HEADER_DONE`. `put` (a header) also counts a put, resets the load
+    /// count, sets state, tag and the returning flag, and sets `STALE_TAIL` or `TAIL_DONE`. Returns true when a trim of the slot is in progress: the caller
     /// must not submit its write before [`trimming`](Self::trimming) turns false.
     fn touch(&self, i: usize, put: Option<(u16, bool, bool)>, payload_only: bool) -> bool {
         let epoch = self.epoch.load(Ordering::SeqCst);
-        let keep = if payload_only { !0 } else { !(life::TAIL_DONE | life::HEADER_DONE) };
+        let keep = if payload_only { !0 } else { !(life::TAIL_DONE | life::STALE_TAIL | life::HEADER_DONE) };
         let old = self.life[i]
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
                 let mut n = life::with_stamp(l, epoch) & !life::CONFIRMED & keep;
@@ -321,7 +319,7 @@ impl SlotTable {
                     n = (n & !(0xff << life::WRITES_SHIFT) & !life::READS_MASK) | (u64::from(writes) << life::WRITES_SHIFT);
                     n = life::with_tag(n, tag);
                     n = if seen { n | life::SEEN_BEFORE } else { n & !life::SEEN_BEFORE };
-                    n = if stale { n | life::STALE_TAIL } else { n & !life::STALE_TAIL };
+                    n |= if stale { life::STALE_TAIL } else { life::TAIL_DONE };
                 }
                 Some(n)
             })
@@ -332,9 +330,10 @@ impl SlotTable {
         old & life::TRIMMING != 0
     }
 
-    /// Records a new header written to `slot` on `handle`.
-    pub fn record_header(&self, slot: u64, header: &SlotHeader, handle: Handle) {
-        let Some(i) = self.index(slot) else { return };
+    /// Records a new header written to `slot` on `handle`; returns its generation (for
+    /// [`header_completed`](Self::header_completed)), 0 for a slot out of range.
+    pub fn record_header(&self, slot: u64, header: &SlotHeader, handle: Handle) -> u16 {
+        let Some(i) = self.index(slot) else { return 0 };
         let old_life = self.life[i].load(Ordering::Relaxed);
         let old = unpack(self.identity[i].load(Ordering::Acquire), self.meta[i].load(Ordering::Relaxed), old_life);
         let same = old.has_header() && old.identity == header.identity;
@@ -375,6 +374,7 @@ impl SlotTable {
             self.mailbox.lock().unwrap_or_else(|e| e.into_inner()).alarm = true;
             self.wake.notify_all();
         }
+        generation
     }
 
     /// A write to `slot` that is not a valid header (payload, padding, a torn header) or a
@@ -390,8 +390,8 @@ impl SlotTable {
     }
 
     /// The write of header `generation` of `slot` completed: if it is still the slot's
-    /// current header and may have a stale tail, the slot is marked `HEADER_DONE` and queued
-    /// for the state thread (which checks the generation again before it acts).
+    /// current header and may have a stale tail, the slot is marked `HEADER_DONE` and
+    /// flagged for the state thread.
     pub fn header_completed(&self, slot: u64, generation: u16) {
         let Some(i) = self.index(slot) else { return };
         let current = |t: &Self| (t.meta[i].load(Ordering::Acquire) >> 48) as u16 == generation;
@@ -405,15 +405,21 @@ impl SlotTable {
             self.life[i].fetch_and(!life::HEADER_DONE, Ordering::AcqRel);
             return;
         }
-        let mut q = self.completed.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() < COMPLETED_MAX {
-            q.push((slot, generation));
-        }
+        self.completed[i / 64].fetch_or(1 << (i % 64), Ordering::AcqRel);
     }
 
-    /// The completed headers queued since the last call.
-    pub fn take_completed_headers(&self) -> Vec<(u64, u16)> {
-        std::mem::take(&mut *self.completed.lock().unwrap_or_else(|e| e.into_inner()))
+    /// The slots flagged by [`header_completed`](Self::header_completed) since the last
+    /// call, ascending.
+    pub fn take_completed_headers(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (w, word) in self.completed.iter().enumerate() {
+            let mut bits = if word.load(Ordering::Relaxed) == 0 { 0 } else { word.swap(0, Ordering::AcqRel) };
+            while bits != 0 {
+                out.push(w as u64 * 64 + u64::from(bits.trailing_zeros()));
+                bits &= bits - 1;
+            }
+        }
+        out
     }
 
     /// True while the state thread deallocates `slot`.
@@ -569,15 +575,17 @@ impl SlotTable {
         self.mark_dirty(slot);
     }
 
-    /// Ends a tail deallocation begun by a CAS to `began` (which has `TRIMMING`): the contents
-    /// stay as they were, now with `TAIL_DONE`, unless the slot was written meanwhile;
-    /// `TRIMMING` is cleared either way.
+    /// Ends a tail deallocation begun by a CAS to `began` (which has `TRIMMING`): `TRIMMING`
+    /// is cleared, and when `done` the slot gets `TAIL_DONE` unless something but loads and
+    /// the payload's own writes touched it meanwhile (a bit that made the deallocation safe,
+    /// `CONFIRMED` or `HEADER_DONE`, is still set: either is cleared by any other write).
     pub fn end_tail_trim(&self, slot: u64, began: u64, done: bool) {
         let Some(i) = self.index(slot) else { return };
-        let after = if done { (began & !life::TRIMMING & !life::STALE_TAIL) | life::TAIL_DONE } else { began & !life::TRIMMING };
-        if self.life[i].compare_exchange(began, after, Ordering::AcqRel, Ordering::Acquire).is_err() {
-            self.life[i].fetch_and(!life::TRIMMING, Ordering::AcqRel);
-        }
+        let basis = began & (life::CONFIRMED | life::HEADER_DONE);
+        let _ = self.life[i].fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
+            let n = l & !life::TRIMMING;
+            Some(if done && l & basis != 0 { (n & !life::STALE_TAIL) | life::TAIL_DONE } else { n })
+        });
     }
 
     pub fn history(&self) -> &IdentityHistory {
@@ -952,7 +960,7 @@ mod tests {
         t.header_completed(2, 1); // the first header's write completes late: not current
         assert!(t.take_completed_headers().is_empty());
         t.header_completed(2, 2);
-        assert_eq!(t.take_completed_headers(), vec![(2, 2)]);
+        assert_eq!(t.take_completed_headers(), vec![2]);
         assert!(t.take_completed_headers().is_empty());
         // Payload writes keep a deallocated tail (and HEADER_DONE); anything else drops both.
         assert!(t.cas_life(2, t.life(2), (t.life(2) | life::TRIMMING) & !life::TAIL_DONE));
@@ -967,12 +975,17 @@ mod tests {
         // ...a longer one does, and so does any write past the payload.
         t.record_header(2, &SlotHeader { identity: 4, payload_len: 9 }, 0);
         t.header_completed(2, 4);
-        assert_eq!(t.take_completed_headers(), vec![(2, 4)]);
+        assert_eq!(t.take_completed_headers(), vec![2]);
         assert!(t.life(2) & life::HEADER_DONE != 0);
         t.note_write(2);
         assert!(t.life(2) & (life::TAIL_DONE | life::HEADER_DONE) == 0);
         t.record_header(2, &SlotHeader { identity: 5, payload_len: 9 }, 0);
         t.header_completed(2, 4); // too late: a new header
+        assert!(t.life(2) & life::HEADER_DONE == 0 && t.take_completed_headers().is_empty());
+        // A write past the payload while the header is in flight: nothing to do early.
+        let g = t.record_header(2, &SlotHeader { identity: 6, payload_len: 1 }, 0);
+        t.note_write(2);
+        t.header_completed(2, g);
         assert!(t.life(2) & life::HEADER_DONE == 0 && t.take_completed_headers().is_empty());
         // None is persisted: a restarted table knows nothing of them.
         assert_eq!(persisted_life(life::STALE_TAIL | life::TAIL_DONE | life::HEADER_DONE), 0);

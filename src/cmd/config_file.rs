@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 pub const CONFIG_DIR: &str = "/etc/fdpblk";
 
 /// The keys of a config file, in the order `fdpblk add --help` lists the flags.
-pub const KEYS: [&str; 17] = [
+pub const KEYS: [&str; 18] = [
     "backing",
     "engine",
     "policy",
@@ -34,6 +34,7 @@ pub const KEYS: [&str; 17] = [
     "name",
     "header_wait_us",
     "no_trim",
+    "no_early_tails",
     "persist_interval_ms",
 ];
 
@@ -53,6 +54,7 @@ pub struct ConfigFile {
     pub name: Option<String>,
     pub header_wait_us: Option<u64>,
     pub no_trim: Option<bool>,
+    pub no_early_tails: Option<bool>,
     pub persist_interval_ms: Option<u64>,
 }
 
@@ -111,6 +113,10 @@ impl ConfigFile {
                 "no_trim" => {
                     c.no_trim = Some(value.as_bool().ok_or_else(|| format!("{file}: `no_trim` must be true or false (no quotes)"))?)
                 }
+                "no_early_tails" => {
+                    c.no_early_tails =
+                        Some(value.as_bool().ok_or_else(|| format!("{file}: `no_early_tails` must be true or false (no quotes)"))?)
+                }
                 k => {
                     let underscored = k.replace('-', "_");
                     return Err(if KEYS.contains(&underscored.as_str()) {
@@ -145,7 +151,7 @@ impl ConfigFile {
                 }
             )*};
         }
-        set!(backing, engine, policy, layout, number, queues, depth, io_buf_size, header_wait_us, no_trim, persist_interval_ms);
+        set!(backing, engine, policy, layout, number, queues, depth, io_buf_size, header_wait_us, no_trim, no_early_tails, persist_interval_ms);
         set_geometry!(block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes);
         if self.name.is_some() && !explicit("name") {
             a.name = self.name.clone();
@@ -256,6 +262,7 @@ depth = 64
 io_buf_size = "256K"
 header_wait_us = 2000
 no_trim = true
+no_early_tails = true
 persist_interval_ms = 0
 block_align = 4096
 header_bytes = "8K"
@@ -273,7 +280,7 @@ capacity_bytes = "1T"
         assert_eq!((a.engine.as_str(), a.policy.as_str(), a.layout.as_str()), ("passthrough", "region", "lmcache"));
         assert_eq!(a.name.as_deref(), Some("kv0"));
         assert_eq!((a.number, a.queues, a.depth, a.io_buf_size), (3, 2, 64, 256 << 10));
-        assert_eq!((a.header_wait_us, a.no_trim, a.persist_interval_ms), (2000, true, 0));
+        assert_eq!((a.header_wait_us, a.no_trim, a.no_early_tails, a.persist_interval_ms), (2000, true, true, 0));
         let g = &a.geometry;
         assert_eq!(
             (g.block_align, g.header_bytes, g.slot_bytes, g.meta_total_bytes, g.capacity_bytes),

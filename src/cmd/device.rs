@@ -202,6 +202,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         pids: probe.map(|p| p.pids).unwrap_or_default(),
         header_wait_us: a.header_wait_us,
         trim: !a.no_trim,
+        early_tails: !a.no_trim && !a.no_early_tails,
         persist_interval_ms: a.persist_interval_ms,
     })
 }

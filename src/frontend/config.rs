@@ -72,8 +72,11 @@ pub struct DeviceConfig {
     pub pids: Vec<u16>,
     /// How long a payload may wait for its slot header before it is placed anyway.
     pub header_wait_us: u64,
-    /// Deallocate slots LMCache evicted (`--no-trim` turns it off).
+    /// Deallocate slots LMCache evicted and stale tails (`--no-trim` turns it off).
     pub trim: bool,
+    /// With `trim`: deallocate stale tails as soon as the new header is durable
+    /// (`--no-early-tails` turns it off).
+    pub early_tails: bool,
     /// Own-state persist interval; 0 = only at start and stop.
     pub persist_interval_ms: u64,
 }
@@ -93,7 +96,7 @@ impl DeviceConfig {
             "geometry": geometry,
             "layout_flags": {"block_align": f.block_align, "header_bytes": f.header_bytes, "slot_bytes": f.slot_bytes,
                              "meta_total_bytes": f.meta_total_bytes, "capacity_bytes": f.capacity_bytes},
-            "streams": self.streams, "pids": self.pids, "header_wait_us": self.header_wait_us, "trim": self.trim,
+            "streams": self.streams, "pids": self.pids, "header_wait_us": self.header_wait_us, "trim": self.trim, "early_tails": self.early_tails,
             "persist_interval_ms": self.persist_interval_ms,
         })
     }
@@ -153,6 +156,7 @@ impl DeviceConfig {
                 .unwrap_or_default(),
             header_wait_us: u("header_wait_us").unwrap_or(5000),
             trim: v.get("trim").and_then(Value::as_bool).unwrap_or(true),
+            early_tails: v.get("early_tails").and_then(Value::as_bool).unwrap_or(true),
             persist_interval_ms: u("persist_interval_ms").unwrap_or(5000),
         })
     }
@@ -193,6 +197,7 @@ mod tests {
             pids: Vec::new(),
             header_wait_us: 5000,
             trim: true,
+            early_tails: true,
             persist_interval_ms: 5000,
         };
         assert_eq!(DeviceConfig::from_json(&c.to_json()).unwrap(), c);
@@ -201,6 +206,8 @@ mod tests {
         let mut old = c.to_json();
         old.as_object_mut().unwrap().remove("trim");
         assert!(DeviceConfig::from_json(&old).unwrap().trim, "configs saved before --no-trim existed trim");
+        old.as_object_mut().unwrap().remove("early_tails");
+        assert!(DeviceConfig::from_json(&old).unwrap().early_tails, "and have early tails");
         let p = DeviceConfig {
             engine: EngineKind::Passthrough,
             backing: "/dev/ng0n1".into(),

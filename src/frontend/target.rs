@@ -383,7 +383,7 @@ fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slo
         0 => Duration::MAX,
         ms => Duration::from_millis(ms),
     };
-    let wc = WatchConfig { trim: cfg.trim, trim_tails: cfg.trim, early_tails: cfg.trim, device: cfg.id, persist_interval, ..WatchConfig::default() };
+    let wc = WatchConfig { trim: cfg.trim, trim_tails: cfg.trim, early_tails: cfg.trim && cfg.early_tails, device: cfg.id, persist_interval, ..WatchConfig::default() };
     let mut w = Watcher::new(g, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
     // A policy that learns tenants from LMCache's checkpoints (lmcache-fdp) gets each one.
     w.observe_with(policy.clone());

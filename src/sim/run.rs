@@ -330,6 +330,7 @@ impl Sim {
             }
         }
         w.step();
+        w.trim_early_tails();
         let trimmed = self.dev.lock().take_trimmed();
         for s in trimmed {
             if let Some(p) = &mut self.probe {
@@ -716,6 +717,8 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
             trim: spec.trim && spec.trim_slots,
             trim_tails: spec.trim && spec.trim_tails,
             early_tails: spec.trim && spec.early_tails,
+            // The simulator runs the early-tail round itself, on simulated time.
+            early_tails_every: Duration::MAX,
             retry_base: Duration::ZERO,
             persist_interval: Duration::MAX,
             device: -1,

@@ -41,13 +41,14 @@
 //!
 //! A tail can go before any checkpoint confirmed the slot, as soon as its new header is
 //! durable, because LMCache's load checks every entry against the slot header on the drive.
-//! The conditions, checked by the state thread's round (at least once a second,
+//! The conditions, checked by the state thread's round (once a second,
 //! [`Watcher::trim_early_tails`]):
 //!
 //! - the queue that served the header write saw it complete ([`SlotTable::header_completed`]:
 //!   the slot is `HEADER_DONE`, with the same header generation), and nothing but that
-//!   header's payload was written to the slot since (any other write, such as the next put's
-//!   payload ahead of its header, clears `HEADER_DONE`);
+//!   header's payload was written to the slot since the header was planned (any other write,
+//!   such as the next put's payload ahead of its header or a buffered writeback of a later
+//!   put, clears `STALE_TAIL` before the completion and `HEADER_DONE` after it);
 //! - the drive was flushed after that completion, so the header survives a power loss (the
 //!   confirmed path flushes too);
 //! - the header on the drive carries the identity and length of the slot's record (5), and
@@ -154,6 +155,9 @@ pub struct WatchConfig {
     /// Deallocate a stale tail as soon as its slot's new header is durable ("Early tails" in
     /// the module doc), before a checkpoint confirmed the slot.
     pub early_tails: bool,
+    /// How often `step` runs the early-tail round (each round with work flushes the drive);
+    /// `Duration::MAX`: never (the simulator runs it on simulated time).
+    pub early_tails_every: Duration,
     /// First retry delay for a checkpoint whose payload is not complete yet (doubles to 1 s).
     pub retry_base: Duration,
     /// Persist cycle interval.
@@ -166,7 +170,7 @@ pub struct WatchConfig {
 
 impl Default for WatchConfig {
     fn default() -> Self {
-        Self { trim: true, trim_tails: true, early_tails: true, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN }
+        Self { trim: true, trim_tails: true, early_tails: true, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN }
     }
 }
 
@@ -299,6 +303,7 @@ pub struct Watcher {
     tail_trim_bytes: u64,
     /// Of `tail_trims`, those done early (before a checkpoint confirmed the slot).
     early_tail_trims: u64,
+    last_early_tails: Instant,
     /// Tail deallocation failed while this epoch was the newest seen: paused until the next.
     tail_error_epoch: Option<u32>,
     /// A policy that learns from committed checkpoints (`Policy::observes_checkpoints`).
@@ -348,6 +353,7 @@ impl Watcher {
             tail_trims: 0,
             tail_trim_bytes: 0,
             early_tail_trims: 0,
+            last_early_tails: Instant::now(),
             tail_error_epoch: None,
             observer: None,
             published: Arc::new(Mutex::new(Value::Null)),
@@ -495,7 +501,10 @@ impl Watcher {
                 self.trim_tails(tails);
             }
         }
-        self.trim_early_tails();
+        if self.last_early_tails.elapsed() >= self.cfg.early_tails_every {
+            self.last_early_tails = Instant::now();
+            self.trim_early_tails();
+        }
         self.check_overflow(alarm);
         self.publish();
     }
@@ -782,13 +791,18 @@ impl Watcher {
         let current = |w: &Self, slot: u64, generation: u16| {
             w.slots.get(slot).filter(|e| e.generation == generation && e.payload_len < u64::from(u32::MAX))
         };
-        let mut todo: Vec<(u64, u16)> = done
+        // The header generation whose completion set HEADER_DONE: read before and after the
+        // life word (a new header stores its generation before it clears the bit).
+        let todo: Vec<(u64, u16)> = done
             .into_iter()
-            .filter(|&(slot, g)| {
+            .filter_map(|slot| {
+                let before = self.slots.get(slot)?;
                 let l = self.slots.life(slot);
-                l & life::HEADER_DONE != 0
+                let e = current(self, slot, before.generation)?;
+                (l & life::HEADER_DONE != 0
                     && l & (life::TAIL_DONE | life::TRIMMING) == 0
-                    && current(self, slot, g).is_some_and(|e| self.tail_after(e.payload_len).is_some())
+                    && self.tail_after(e.payload_len).is_some())
+                .then_some((slot, e.generation))
             })
             .collect();
         if todo.is_empty() {
@@ -800,8 +814,6 @@ impl Watcher {
             self.tail_error_epoch = Some(self.seen_epoch);
             return;
         }
-        todo.sort_unstable();
-        todo.dedup();
         let g = self.geom;
         let mut hdr = vec![0u8; SLOT_HEADER_PREFIX];
         for (slot, generation) in todo {
@@ -827,7 +839,8 @@ impl Watcher {
                 }
             }
             let Some(began) = began else { continue };
-            // A new header recorded before the CAS changed the generation: not ours to cut.
+            // A header recorded before the CAS changed the generation (its HEADER_DONE, if any,
+            // may postdate the flush): not ours to cut.
             if current(self, slot, generation).is_none() {
                 self.slots.end_tail_trim(slot, began, false);
                 continue;

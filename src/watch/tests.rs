@@ -147,7 +147,12 @@ impl Rig {
         let region = Region { offset: g.data_end_offset().div_ceil(4096) * 4096, len: layout.bytes() };
         let dev = Arc::new(MemDev::new(region.offset + region.len));
         let slots = Arc::new(table);
-        let cfg = WatchConfig { trim, trim_tails: trim, early_tails: trim, retry_base: Duration::ZERO, persist_interval: Duration::from_secs(3600), device: 0, stall_min: STALL_MIN };
+        let cfg = WatchConfig {
+            trim,
+            trim_tails: trim,
+            early_tails: trim,
+            early_tails_every: Duration::ZERO,
+            retry_base: Duration::ZERO, persist_interval: Duration::from_secs(3600), device: 0, stall_min: STALL_MIN };
         let w = Watcher::new(g, slots.clone(), dev.clone(), cfg.clone(), Some(region), OWN);
         let pipe = Pipeline::with_slots(g, Box::new(RegionPolicy), slots.clone());
         let eng = MemEngine(dev.clone());
@@ -720,6 +725,30 @@ fn an_early_tail_never_takes_the_next_puts_payload_written_ahead_of_its_header()
     r.step();
     assert_eq!(r.tails, 1, "C's own tail, after its header completed");
     r.verify_all();
+}
+
+#[test]
+fn a_write_past_the_payload_while_the_header_is_in_flight_cancels_the_early_tail() {
+    // Buffered writeback: D's header write is still in flight when a write lands past D's
+    // payload (pages of a later put into the same slot); D's completion must not let the
+    // state thread deallocate what that write brought.
+    let mut r = Rig::new(SLOTS, META, true);
+    let d = r.new_key(false);
+    assert!(r.start_put(d.clone(), 100));
+    let s = r.lmc.puts[0].slot;
+    let h = SlotHeader { identity: keys::identity(&d).unwrap(), payload_len: 100 }.encode(BA as usize);
+    let off = r.g.slot_offset(s);
+    let mut segs = Vec::new();
+    r.pipe.plan(&Request { op: Op::Write, offset: off, len: BA, data: Some(&h) }, &mut segs, crate::pipeline::HeaderWait::Expired).unwrap();
+    let headers = r.pipe.planned_headers().to_vec();
+    r.dev.poke(off, &h);
+    r.write(off + 2 * BA, &vec![9u8; BA as usize]);
+    for (slot, generation) in headers {
+        r.slots.header_completed(slot, generation);
+    }
+    r.step();
+    assert_eq!(r.tails, 0);
+    assert_eq!(r.dev.peek(off + 2 * BA, 4), vec![9u8; 4]);
 }
 
 impl Rig {
