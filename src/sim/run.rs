@@ -307,7 +307,7 @@ impl Sim {
         self.pipeline.completed();
         if self.lm_write_bytes >= self.next_early_tails {
             // The state thread's round for early stale tails, every EARLY_TAILS_INTERVAL.
-            self.next_early_tails = self.lm_write_bytes + self.early_tails_every;
+            self.next_early_tails = self.lm_write_bytes.saturating_add(self.early_tails_every);
             if let Some(w) = &mut self.watcher {
                 {
                     let mut d = self.dev.lock();
@@ -745,7 +745,8 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
         lm_ops: 0,
         lm_write_bytes: 0,
         early_tails_every: (EARLY_TAILS_INTERVAL.as_secs_f64() * w.write_rate_mb_s * 1e6) as u64,
-        next_early_tails: 0,
+        // Without early tails the round never runs (its flush would only split merged writes).
+        next_early_tails: if spec.trim && spec.early_tails { 0 } else { u64::MAX },
         error: None,
     };
     let cap_bytes = geom.max_slots * geom.slot_bytes;
