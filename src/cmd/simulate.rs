@@ -244,13 +244,15 @@ fn print_text(rs: &[RunResult]) {
             rows.push(l);
         }
     }
-    print!("{:<24}", "steady-state WAF");
+    // Labels with trim rules can be longer than the usual column.
+    let w = rows.iter().map(String::len).max().unwrap_or(0).max(24);
+    print!("{:<w$}", "steady-state WAF");
     for u in &utils {
         print!(" {:>8}", format!("{:.0} %", u * 100.0));
     }
     println!();
     for row in &rows {
-        print!("{row:<24}");
+        print!("{row:<w$}");
         for u in &utils {
             let cell = rs.iter().find(|r| &label(r) == row && r.utilization == *u).map_or("".into(), fmt_waf);
             print!(" {cell:>8}");
@@ -259,7 +261,7 @@ fn print_text(rs: &[RunResult]) {
     }
     println!();
     println!(
-        "{:<24} {:>5} {:>7} {:>8} {:>8} {:>9} {:>9} {:>7}  handles used (host bytes share)",
+        "{:<w$} {:>5} {:>7} {:>8} {:>8} {:>9} {:>9} {:>7}  handles used (host bytes share)",
         "run", "util", "WAF", "slots", "tails", "own/LMC", "hit ratio", "wall s"
     );
     for r in rs {
@@ -272,7 +274,7 @@ fn print_text(rs: &[RunResult]) {
             .map(|(h, b)| format!("{h}:{:.0}%", 100.0 * *b as f64 / host.max(1) as f64))
             .collect();
         println!(
-            "{:<24} {:>4.0}% {:>7} {:>8} {:>8} {:>9.2e} {:>9.3} {:>7.1}  {}",
+            "{:<w$} {:>4.0}% {:>7} {:>8} {:>8} {:>9.2e} {:>9.3} {:>7.1}  {}",
             label(r),
             r.utilization * 100.0,
             fmt_waf(r),
