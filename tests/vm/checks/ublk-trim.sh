@@ -178,5 +178,26 @@ done < <(jq -r '.entries[-3:][] | "\(.slot) \(.size)"' "$STATE")
 expect_eq "early tails: the stale blocks read zeroes on $NS_DEV" "$zeroed" "$tails"
 writer early-verify checkpoint verify
 expect_eq "early tails: every live entry verifies" "$(wfield early-verify run.verified)" 3
+
+# --no-early-tails: tails wait for a checkpoint's confirmation.
+sleep 6
+expect "fdpblk del" "$FDPBLK" del -n 0
+add_device --backing "$NS_DEV" --engine streams --no-early-tails
+expect_eq "--no-early-tails: off in the stats" "$(dev_stat trim.early_tails_enabled)" false
+writer late put 3 delete 6 put 3 --partial-every 1
+tails=0
+while read -r slot size; do
+    [[ $((1 + (size + 4095) / 4096)) -lt 16 ]] && tails=$((tails + 1))
+done < <(jq -r '.entries[-3:][] | "\(.slot) \(.size)"' "$STATE")
+expect "--no-early-tails: the partial puts have tails ($tails of 3)" test "$tails" -ge 1
+sleep 3
+expect_eq "--no-early-tails: no early tail" "$(dev_stat trim.early_tail_trims)" 0
+# Confirmed by the second checkpoint this fdpblk sees (the puts preceded the first).
+writer late-verify checkpoint put 1 checkpoint verify
+wait_stat checkpoint_seq $((seq0 + 3))
+for _ in $(seq 40); do [[ $(dev_stat trim.tail_trims) -ge $tails ]] && break; sleep 0.25; done
+expect "--no-early-tails: the $tails tails go once confirmed ($(dev_stat trim.tail_trims))" \
+    test "$(dev_stat trim.tail_trims)" -ge "$tails"
+expect_eq "--no-early-tails: every live entry verifies" "$(wfield late-verify run.verified)" 4
 expect "fdpblk del" "$FDPBLK" del -n 0
 check_done
