@@ -138,7 +138,7 @@ use crate::layout::Geometry;
 use crate::persist::dev::{DevReader, StateWriter};
 use crate::persist::{Counters, Loaded, Persist, Region};
 use crate::place::{Handle, LiveEntry, Observation, Policy, SharedPolicy};
-use crate::slot_table::{life, CheckpointEvent, SlotState, SlotTable};
+use crate::slot_table::{life, CheckpointEvent, SlotEntry, SlotState, SlotTable};
 use crate::device::RegionReader;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -734,9 +734,7 @@ impl Watcher {
             return; // paused after an error until the next checkpoint
         }
         // The headers must be durable before their tails go (as for early tails).
-        if let Err(err) = self.dev.flush() {
-            tracing::warn!("device {}: flushing before deallocating stale tails: {err}; paused until the next checkpoint", self.cfg.device);
-            self.tail_error_epoch = Some(self.seen_epoch);
+        if !self.flush_for_tails() {
             return;
         }
         let g = self.geom;
@@ -750,28 +748,13 @@ impl Watcher {
             // comes from that header's own (full-width) length.
             let Some(e) = self.slots.entry(slot) else { continue };
             let off = g.slot_offset(slot);
-            let on_disk = self.dev.read_at(off, &mut hdr).ok().and_then(|_| SlotHeader::parse(&hdr).ok());
-            let Some(h) = on_disk.filter(|h| h.identity == e.identity && h.payload_len.min(u64::from(u32::MAX)) == e.payload_len) else {
-                continue;
-            };
+            let Some(h) = self.header_on_drive(off, &e, &mut hdr) else { continue };
             let Some((start, len)) = self.tail_after(h.payload_len) else { continue };
             if !self.slots.cas_life(slot, l, l | life::TRIMMING) {
                 continue;
             }
-            let res = self.dev.discard(off + start, len);
-            self.slots.end_tail_trim(slot, l | life::TRIMMING, res.is_ok());
-            match res {
-                Ok(()) => {
-                    self.tail_trims += 1;
-                    self.tail_trim_bytes += len;
-                }
-                Err(err) => {
-                    if self.tail_error_epoch.is_none() {
-                        tracing::warn!("device {}: deallocating the stale tail of slot {slot}: {err}; paused until the next checkpoint", self.cfg.device);
-                    }
-                    self.tail_error_epoch = Some(self.seen_epoch);
-                    return;
-                }
+            if !self.discard_tail(slot, l | life::TRIMMING, off + start, len, false) {
+                return;
             }
         }
     }
@@ -809,9 +792,7 @@ impl Watcher {
             return;
         }
         // Every header in `todo` completed before this flush, so the flush makes it durable.
-        if let Err(err) = self.dev.flush() {
-            tracing::warn!("device {}: flushing before deallocating stale tails: {err}; paused until the next checkpoint", self.cfg.device);
-            self.tail_error_epoch = Some(self.seen_epoch);
+        if !self.flush_for_tails() {
             return;
         }
         let g = self.geom;
@@ -819,10 +800,7 @@ impl Watcher {
         for (slot, generation) in todo {
             let Some(e) = current(self, slot, generation) else { continue };
             let off = g.slot_offset(slot);
-            let on_disk = self.dev.read_at(off, &mut hdr).ok().and_then(|_| SlotHeader::parse(&hdr).ok());
-            let Some(h) = on_disk.filter(|h| h.identity == e.identity && h.payload_len.min(u64::from(u32::MAX)) == e.payload_len) else {
-                continue;
-            };
+            let Some(h) = self.header_on_drive(off, &e, &mut hdr) else { continue };
             let Some((start, len)) = self.tail_after(h.payload_len) else { continue };
             // The life word changes with loads and stamps too: retry while nothing but payload
             // was written since the header completed (a write past the payload, such as the
@@ -845,21 +823,52 @@ impl Watcher {
                 self.slots.end_tail_trim(slot, began, false);
                 continue;
             }
-            let res = self.dev.discard(off + start, len);
-            self.slots.end_tail_trim(slot, began, res.is_ok());
-            match res {
-                Ok(()) => {
-                    self.tail_trims += 1;
-                    self.early_tail_trims += 1;
-                    self.tail_trim_bytes += len;
+            if !self.discard_tail(slot, began, off + start, len, true) {
+                return;
+            }
+        }
+    }
+
+    /// The slot header at `off` on the drive, when it carries `e`'s identity and length
+    /// (condition 5; the table keeps 32 bits of length).
+    fn header_on_drive(&self, off: u64, e: &SlotEntry, buf: &mut [u8]) -> Option<SlotHeader> {
+        self.dev.read_at(off, buf).ok()?;
+        SlotHeader::parse(buf)
+            .ok()
+            .filter(|h| h.identity == e.identity && h.payload_len.min(u64::from(u32::MAX)) == e.payload_len)
+    }
+
+    /// Flushes the drive so that the headers of the tails about to go are durable; on an
+    /// error, tails pause until the next checkpoint. False when they must not go.
+    fn flush_for_tails(&mut self) -> bool {
+        match self.dev.flush() {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!("device {}: flushing before deallocating stale tails: {err}; paused until the next checkpoint", self.cfg.device);
+                self.tail_error_epoch = Some(self.seen_epoch);
+                false
+            }
+        }
+    }
+
+    /// Deallocates the stale tail `[off, off + len)` of `slot`, whose trim CAS set `began`,
+    /// and counts it; false after an error (tails pause until the next checkpoint).
+    fn discard_tail(&mut self, slot: u64, began: u64, off: u64, len: u64, early: bool) -> bool {
+        let res = self.dev.discard(off, len);
+        self.slots.end_tail_trim(slot, began, res.is_ok());
+        match res {
+            Ok(()) => {
+                self.tail_trims += 1;
+                self.early_tail_trims += u64::from(early);
+                self.tail_trim_bytes += len;
+                true
+            }
+            Err(err) => {
+                if self.tail_error_epoch.is_none() {
+                    tracing::warn!("device {}: deallocating the stale tail of slot {slot}: {err}; paused until the next checkpoint", self.cfg.device);
                 }
-                Err(err) => {
-                    if self.tail_error_epoch.is_none() {
-                        tracing::warn!("device {}: deallocating the stale tail of slot {slot}: {err}; paused until the next checkpoint", self.cfg.device);
-                    }
-                    self.tail_error_epoch = Some(self.seen_epoch);
-                    return;
-                }
+                self.tail_error_epoch = Some(self.seen_epoch);
+                false
             }
         }
     }
@@ -878,8 +887,7 @@ impl Watcher {
             }
             let Some(e) = self.slots.entry(slot) else { continue };
             let off = g.slot_offset(slot);
-            let on_disk = self.dev.read_at(off, &mut hdr).ok().and_then(|_| SlotHeader::parse(&hdr).ok());
-            if on_disk.is_none_or(|h| h.identity != e.identity || h.payload_len.min(u64::from(u32::MAX)) != e.payload_len) {
+            if self.header_on_drive(off, &e, &mut hdr).is_none() {
                 // Changed behind fdpblk's back: forget the confirmation.
                 self.slots.cas_life(slot, l, life::with_state(l & !life::CONFIRMED, SlotState::Unknown));
                 continue;
