@@ -16,8 +16,9 @@
 //! evicted), with their tags, so that a key that returns after eviction is recognised
 //! ([`IdentityHistory`], at most 3 bytes per slot); the tag names ([`TagTable`]); the
 //! checkpoint epoch and the mailbox through which the data path tells the state thread about
-//! checkpoint header writes ([`crate::watch`]); and a bitmap of the persistence pages whose
-//! records changed ([`crate::persist`]).
+//! checkpoint header writes ([`crate::watch`]); a bitmap of the persistence pages whose
+//! records changed ([`crate::persist`]); and a bitmap of the slots whose header write
+//! completed with a stale tail behind it (early tails, [`crate::watch`]).
 //!
 //! The trim handshake (see [`crate::watch`] for why it is safe): the state thread sets
 //! `TRIMMING` with a compare-and-swap on `life` that expects the slot confirmed and unchanged;
