@@ -304,8 +304,9 @@ impl SlotTable {
     /// stamps it with the current epoch and drops its confirmation; unless `payload_only`
     /// (a write inside the current header's payload), it also drops `TAIL_DONE`,
     /// `STALE_TAIL` and `HEADER_DONE`. `put` (a header) also counts a put, resets the load
-    /// count, sets state, tag and the returning flag, and sets `STALE_TAIL` or `TAIL_DONE`. Returns true when a trim of the slot is in progress: the caller
-    /// must not submit its write before [`trimming`](Self::trimming) turns false.
+    /// count, sets state, tag and the returning flag, and sets `STALE_TAIL` or `TAIL_DONE`.
+    /// Returns true when a trim of the slot is in progress: the caller must not submit its
+    /// write before [`trimming`](Self::trimming) turns false.
     fn touch(&self, i: usize, put: Option<(u16, bool, bool)>, payload_only: bool) -> bool {
         let epoch = self.epoch.load(Ordering::SeqCst);
         let keep = if payload_only { !0 } else { !(life::TAIL_DONE | life::STALE_TAIL | life::HEADER_DONE) };
