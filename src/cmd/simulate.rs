@@ -4,7 +4,7 @@
 use super::CmdResult;
 use crate::cli::parse_size;
 use crate::place::POLICY_NAMES;
-use crate::sim::run::{run as run_one, sim_policy_names, DriveSpec, RunResult, RunSpec};
+use crate::sim::run::{run as run_one, sim_policy_names, DriveSpec, RunResult, RunSpec, CLAIRVOYANT};
 use crate::sim::workload::WorkloadSpec;
 use crate::sim::{HandleType, Victim};
 use clap::Args;
@@ -65,6 +65,10 @@ pub struct SimulateArgs {
     /// Also measure data lifetimes by write class (first-time / returning, partial, read).
     #[arg(long)]
     pub explain: bool,
+    /// Handles of the `clairvoyant` bound, which splits the data by lifetime into equal
+    /// shares on them (3 = `key-aware`'s budget).
+    #[arg(long, default_value_t = 3)]
+    pub clairvoyant_handles: u16,
     /// Runs in parallel (one thread each).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
@@ -135,6 +139,9 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
             g => return Err(format!("--gc {g}: use greedy, cost-benefit or fifo")),
         },
     };
+    if policies.iter().any(|p| p == CLAIRVOYANT) && !(2..=a.handles).contains(&a.clairvoyant_handles) {
+        return Err(format!("--clairvoyant-handles {}: use 2 to --handles ({})", a.clairvoyant_handles, a.handles));
+    }
     if !(0.0..0.9).contains(&a.op) {
         return Err(format!("--op {}: give a fraction of physical space, e.g. 0.07", a.op));
     }
@@ -159,6 +166,7 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
                     warmup: a.warmup,
                     measure: a.measure,
                     probe: a.explain,
+                    clairvoyant_handles: a.clairvoyant_handles,
                 });
             }
         }

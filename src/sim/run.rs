@@ -83,6 +83,8 @@ pub struct RunSpec {
     pub measure: f64,
     /// Record data lifetimes by write class (for the key-aware design).
     pub probe: bool,
+    /// Handles of the `clairvoyant` bound (2 to the drive's handles; 3 = `key-aware`'s budget).
+    pub clairvoyant_handles: u16,
 }
 
 /// The mapping unit for a workload: largest power of two ≤ 1 MiB dividing both sizes.
@@ -549,8 +551,10 @@ pub fn resolve_drive(d: &DriveSpec, w: &WorkloadSpec) -> DriveSpec {
 
 /// The policies the simulator accepts: the selectable ones, plus `clairvoyant`, a bound that
 /// knows every put's future lifetime (from a first pass of the same seeded workload with
-/// policy `none`) and places it by lifetime tercile on three handles, checkpoints and
-/// fdpblk's state with the shortest (the same handle budget as `key-aware`).
+/// policy `none`) and places it by lifetime on `clairvoyant_handles` handles (default three,
+/// the same budget as `key-aware`), in equal shares, checkpoints and fdpblk's state with the
+/// shortest; the better of two runs, with data still alive at the end of the run counted as
+/// the longest-lived or given the last handle alone.
 pub fn sim_policy_names() -> Vec<&'static str> {
     let mut v = POLICY_NAMES.to_vec();
     v.push(CLAIRVOYANT);
@@ -568,33 +572,33 @@ struct Clairvoyant {
     lifetimes: Vec<u64>,
     /// Pass 2: the handle of each put.
     handles: Vec<u16>,
+    /// Pass 1: puts before the measurement window (their lifetimes do not set the thresholds).
+    warm_puts: u64,
 }
 
 impl Clairvoyant {
     fn recorder(slots: u64) -> Self {
-        Clairvoyant { puts: 0, birth: vec![u64::MAX; slots as usize], lifetimes: Vec::new(), handles: Vec::new() }
+        Clairvoyant { puts: 0, birth: vec![u64::MAX; slots as usize], lifetimes: Vec::new(), handles: Vec::new(), warm_puts: 0 }
     }
-    fn placer(lifetimes: &[u64]) -> Self {
-        let mut sorted: Vec<u64> = lifetimes.to_vec();
+    /// Pass 2's placements: lifetimes split into equal shares on `handles` handles, at
+    /// thresholds taken from the measured window's puts. With `alive_apart`, the data still
+    /// alive at the end of the run gets the last handle alone and the data that dies is split
+    /// on the others; without, data alive at the end counts as the longest-lived.
+    fn placer(lifetimes: &[u64], warm_puts: u64, handles: u16, alive_apart: bool) -> Self {
+        let window = lifetimes.get(warm_puts as usize..).unwrap_or(&[]);
+        let mut sorted: Vec<u64> = window.iter().copied().filter(|&l| !alive_apart || l != u64::MAX).collect();
         sorted.sort_unstable();
-        let q = |f: f64| {
-            sorted.get(((sorted.len() as f64 * f) as usize).min(sorted.len().saturating_sub(1))).copied().unwrap_or(0)
-        };
-        let (t1, t2) = (q(1.0 / 3.0), q(2.0 / 3.0));
+        let handles = handles.max(2);
+        let classes = usize::from(if alive_apart { handles - 1 } else { handles });
+        let th: Vec<u64> =
+            (1..classes).map(|k| sorted.get((sorted.len() * k / classes).saturating_sub(1)).copied().unwrap_or(0)).collect();
         let handles = lifetimes
             .iter()
-            .map(|&l| {
-                if l <= t1 {
-                    0
-                } else if l <= t2 {
-                    1
-                } else {
-                    2
-                }
-            })
+            .map(|&l| if l == u64::MAX { handles - 1 } else { th.partition_point(|&t| t < l) as u16 })
             .collect();
-        Clairvoyant { puts: 0, birth: Vec::new(), lifetimes: Vec::new(), handles }
+        Clairvoyant { puts: 0, birth: Vec::new(), lifetimes: Vec::new(), handles, warm_puts: 0 }
     }
+
     fn death(&mut self, slot: u64) {
         if let Some(b) = self.birth.get_mut(slot as usize) {
             if *b != u64::MAX {
@@ -617,9 +621,11 @@ impl Clairvoyant {
     }
 }
 
-/// Places by the writer's hint only (the clairvoyant bound's second pass).
+/// Places by the writer's hint only (the clairvoyant bound's second pass). The hint is kept
+/// per slot: buffered I/O writes a put back long after the next puts were made.
 struct HintPolicy {
-    pending: Option<(u64, u16)>,
+    hints: HashMap<u64, u16>,
+    handles: u16,
 }
 
 impl Policy for HintPolicy {
@@ -627,24 +633,21 @@ impl Policy for HintPolicy {
         CLAIRVOYANT
     }
     fn handles(&self) -> u16 {
-        3
+        self.handles
     }
     fn needs_state(&self) -> bool {
         true
     }
     fn place(&mut self, target: &Target<'_>) -> crate::place::Handle {
         match target {
-            Target::Slot { slot, header: Some(_), .. } => match self.pending {
-                Some((s, h)) if s == *slot => h,
-                _ => 0,
-            },
+            Target::Slot { slot, header: Some(_), .. } => self.hints.get(slot).copied().unwrap_or(0),
             Target::Slot { previous, .. } => previous.map_or(0, |p| p.handle),
             _ => 0,
         }
     }
     fn observe(&mut self, event: &Observation<'_>) {
         if let Observation::WriterPlacement { slot, pid } = *event {
-            self.pending = Some((slot, pid));
+            self.hints.insert(slot, pid);
         }
     }
 }
@@ -656,8 +659,14 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, String> {
         first.policy = "none".into();
         first.probe = false;
         let (_, rec) = run_with(&first, Some(Clairvoyant::recorder(0)))?;
-        let lifetimes = rec.map(|c| c.lifetimes).unwrap_or_default();
-        return run_with(spec, Some(Clairvoyant::placer(&lifetimes))).map(|(r, _)| r);
+        let (lifetimes, warm_puts) = rec.map(|c| (c.lifetimes, c.warm_puts)).unwrap_or_default();
+        // Two ways to use the knowledge; neither wins everywhere (data alive at the end of
+        // the run is a few percent under eviction, most of it on a full device without):
+        // the bound is the better of the two.
+        let split = |alive_apart| Some(Clairvoyant::placer(&lifetimes, warm_puts, spec.clairvoyant_handles, alive_apart));
+        let (shares, _) = run_with(spec, split(false))?;
+        let (apart, _) = run_with(spec, split(true))?;
+        return Ok(if apart.waf < shares.waf { apart } else { shares });
     }
     run_with(spec, None).map(|(r, _)| r)
 }
@@ -675,7 +684,7 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
     let drive = resolve_drive(&spec.drive, w);
     let unit = drive.unit_bytes;
     let policy: Box<dyn Policy> = if spec.policy == CLAIRVOYANT {
-        Box::new(HintPolicy { pending: None })
+        Box::new(HintPolicy { hints: HashMap::new(), handles: spec.clairvoyant_handles.max(2) })
     } else {
         policy_by_name(&spec.policy).ok_or_else(|| {
             format!("unknown policy \"{}\"; choose one of {}", spec.policy, sim_policy_names().join(", "))
@@ -782,6 +791,9 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
                     }
                     let c = sim.counters();
                     warm = Some((c.clone(), sim.lm_write_bytes, sim.own_bytes(), sim.trims(), sim.tail_trims()));
+                    if let Some(cl) = &mut sim.clair {
+                        cl.warm_puts = cl.puts;
+                    }
                     marks.push(c);
                 }
             }
@@ -887,6 +899,7 @@ mod tests {
             warmup: 1.5,
             measure: 2.0,
             probe: false,
+            clairvoyant_handles: 3,
         }
     }
 
@@ -950,11 +963,43 @@ mod tests {
     }
 
     #[test]
+    fn clairvoyant_splits_lifetimes_with_or_without_data_that_never_dies_apart() {
+        let m = u64::MAX;
+        let l = [80, 10, 70, 20, m, 30, 60, 40, 50];
+        // Shares of all, three handles: thirds, the never-dying data with the longest-lived.
+        assert_eq!(Clairvoyant::placer(&l, 0, 3, false).handles, vec![2, 0, 2, 0, 2, 0, 1, 1, 1]);
+        // Apart: the data that died split at its median, the rest alone on handle 2.
+        assert_eq!(Clairvoyant::placer(&l, 0, 3, true).handles, vec![1, 0, 1, 0, 2, 0, 1, 0, 1]);
+        // Four handles apart: thirds; the warm-up's puts (the first two) set no threshold.
+        let c = Clairvoyant::placer(&[1000, 1, 10, 20, 30, 40, 50, 60, m], 2, 4, true);
+        assert_eq!(c.handles, vec![2, 0, 0, 0, 1, 1, 2, 2, 3]);
+        // Nothing died: all on the last handle; nothing at all: no panic.
+        assert_eq!(Clairvoyant::placer(&[m, m], 0, 3, true).handles, vec![2, 2]);
+        assert!(Clairvoyant::placer(&[], 0, 3, false).handles.is_empty());
+    }
+
+    #[test]
     fn clairvoyant_bound_is_at_most_none() {
         let none = run(&spec(ZIPF, "none", 1.0, true)).unwrap();
         let c = run(&spec(ZIPF, CLAIRVOYANT, 1.0, true)).unwrap();
         assert!(c.waf <= none.waf + 0.01, "clairvoyant {} vs none {}", c.waf, none.waf);
         assert_eq!(c.lmcache.puts, none.lmcache.puts);
+    }
+
+    #[test]
+    fn clairvoyant_places_buffered_writebacks_by_their_own_put() {
+        // Non-MP: page-cache writeback reaches the drive after later puts were made, so each
+        // put's hint must be kept by slot (one pending hint put nearly all on handle 0).
+        let mut s = spec(ZIPF, CLAIRVOYANT, 0.9, false);
+        s.workload = WorkloadSpec::from_json_str(
+            r#"{"name": "t", "mode": "non_mp", "slot_bytes": "1M", "write_rate_mb_s": 1, "remove_after_read": true,
+                "tenants": [{"zipf": 0.9, "universe": 4, "doc_chunks": [1, 16]}]}"#,
+        )
+        .unwrap();
+        let c = run(&s).unwrap();
+        let total: u64 = c.handle_bytes.iter().sum();
+        // Most of this data never dies (the device fills, and only loads free slots).
+        assert!(c.handle_bytes[2] * 2 > total, "{:?}", c.handle_bytes);
     }
 
     #[test]
