@@ -25,9 +25,7 @@ for engine in streams plain; do
         # 32 MiB blocks at depth 2: fio holds depth x bs of buffers in the 2 GiB guest.
         fio_verify "$tag-seq32m" "$dev" --rw=write --bs=32m --size=64M --offset=256M --iodepth=$((iod > 1 ? 2 : 1))
         # Bytes written through ublk equal the pipeline's write counter.
-        sleep 1
-        w=$("$FDPBLK" stats -n 0 --json | sed -n 's/.*"write":{"bytes":\([0-9]*\).*/\1/p')
-        expect_eq "$tag: bytes counted by fdpblk" "$w" $(((8 + 8 + 16 + 16 + 64) << 20))
+        expect_written 0 $(((8 + 8 + 16 + 16 + 64) << 20)) "$tag: bytes counted by fdpblk"
         expect "$tag: fdpblk del" "$FDPBLK" del -n 0
         expect "$tag: /dev/ublkb0 gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb0 ]] || exit 0; sleep 0.1; done; exit 1"
     done

@@ -28,8 +28,7 @@ head -c 1048576 /dev/urandom >/tmp/p
 expect "write through the stable name" dd if=/tmp/p of=/dev/fdpblk/kv0 bs=1M seek=8 count=1 oflag=direct status=none
 expect "features" quiet "$FDPBLK" features
 expect "features --json reports write streams" bash -c "$FDPBLK features --json | grep -q '\"nvme0n1\":8'"
-sleep 1
-expect "stats --json counts the write" bash -c "$FDPBLK stats -n 3 --json | grep -q '\"write\":{\"bytes\":1048576'"
+expect_written 3 1048576 "stats --json counts the write"
 host=$("$FDPBLK" stats -n 3 --json | sed -n 's/.*"fdp":{[^}]*"host_bytes":\([0-9]*\).*/\1/p')
 expect "stats: the drive's host bytes since add ($host) include the 1 MiB written" test "${host:-0}" -ge 1048576
 expect "stats text shows the drive's counters" bash -c "$FDPBLK stats -n 3 | grep -q 'drive since add: host'"
