@@ -67,28 +67,24 @@ wfield() { jq -c ".$2" "$OUT/${WRITER_PREFIX:-writer}-$1.json"; }
 # dev_stat PATH: a field of `fdpblk stats -n 0 --json` (jq path), compact JSON.
 dev_stat() { "$FDPBLK" stats -n 0 --json 2>/dev/null | jq -c ".$1"; }
 
+# poll_eq NAME WANT CMD...: until CMD prints WANT (20 s), then the check NAME. fdpblk rewrites
+# its stats twice a second, so a single read can be one refresh behind on a slow guest.
+poll_eq() {
+    local name=$1 want=$2 got
+    shift 2
+    for _ in $(seq 80); do
+        got=$("$@")
+        [[ $got == "$want" ]] && break
+        sleep 0.25
+    done
+    expect_eq "$name" "$got" "$want"
+}
+
 # written_bytes ID: the bytes written through ublk device ID, as its stats count them.
 written_bytes() { "$FDPBLK" stats -n "$1" --json 2>/dev/null | sed -n 's/.*"write":{"bytes":\([0-9]*\).*/\1/p'; }
 
-# expect_written ID WANT NAME: until device ID's stats (rewritten twice a second, so a single
-# read can be one refresh behind on a slow guest) count WANT bytes written (20 s).
-expect_written() {
-    local got
-    for _ in $(seq 80); do
-        got=$(written_bytes "$1")
-        [[ $got == "$2" ]] && break
-        sleep 0.25
-    done
-    expect_eq "$3" "$got" "$2"
-}
+# expect_written ID WANT NAME: until device ID's stats count WANT bytes written.
+expect_written() { poll_eq "$3" "$2" written_bytes "$1"; }
 
-# wait_stat PATH WANT: until device 0's stats (refreshed twice a second) show WANT (20 s).
-wait_stat() {
-    local got
-    for _ in $(seq 80); do
-        got=$(dev_stat "$1")
-        [[ $got == "$2" ]] && break
-        sleep 0.25
-    done
-    expect_eq "fdpblk stats $1" "$got" "$2"
-}
+# wait_stat PATH WANT: until device 0's stats show WANT.
+wait_stat() { poll_eq "fdpblk stats $1" "$2" dev_stat "$1"; }
