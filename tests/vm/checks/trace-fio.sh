@@ -29,14 +29,16 @@ DEV=/dev/ublkb0
 GEOM=(--slot-bytes 64K --meta-total-bytes 1M)
 trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true' EXIT
 
-# stats_settled: fdpblk stats --json of device 0 once two reads agree (refreshed twice a second).
+# stats_settled: fdpblk stats --json of device 0 once two reads agree. The stats are rewritten
+# twice a second; reads 1.1 s apart span two rewrites, so one late rewrite on a slow guest
+# cannot pass for settled.
 stats_settled() {
     local prev='' cur i
-    for ((i = 0; i < 40; i++)); do
+    for ((i = 0; i < 30; i++)); do
         cur=$("$FDPBLK" stats -n 0 --json | jq -c '.pipeline')
         [[ $cur == "$prev" ]] && { echo "$cur"; return 0; }
         prev=$cur
-        sleep 0.6
+        sleep 1.1
     done
     echo "$cur"
 }
