@@ -98,12 +98,16 @@ fn pack(payload_len: u64, handle: Handle, generation: u16) -> u64 {
     (payload_len.min(u32::MAX as u64)) | (u64::from(handle) << 32) | (u64::from(generation) << 48)
 }
 
+fn meta_generation(meta: u64) -> u16 {
+    (meta >> 48) as u16
+}
+
 fn unpack(identity: u64, meta: u64, life: u64) -> SlotEntry {
     SlotEntry {
         identity,
         payload_len: meta & 0xffff_ffff,
         handle: (meta >> 32) as u16,
-        generation: (meta >> 48) as u16,
+        generation: meta_generation(meta),
         state: life::state(life),
         confirmed: life & life::CONFIRMED != 0,
         writes: (life >> life::WRITES_SHIFT) as u8,
@@ -396,7 +400,7 @@ impl SlotTable {
     /// flagged for the state thread.
     pub fn header_completed(&self, slot: u64, generation: u16) {
         let Some(i) = self.index(slot) else { return };
-        let current = |t: &Self| (t.meta[i].load(Ordering::Acquire) >> 48) as u16 == generation;
+        let current = |t: &Self| meta_generation(t.meta[i].load(Ordering::Acquire)) == generation;
         if !current(self) || self.life[i].load(Ordering::Acquire) & life::STALE_TAIL == 0 {
             return;
         }

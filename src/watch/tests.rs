@@ -331,7 +331,12 @@ impl Rig {
 
     /// A whole put: allocate, header, payload, commit.
     fn put(&mut self, key: String) -> Option<u64> {
-        if !self.start_put(key, BA - 100) {
+        self.put_sized(key, BA - 100)
+    }
+
+    /// A whole put of `size` payload bytes: header, payload, commit. The slot, if any.
+    fn put_sized(&mut self, key: String, size: u64) -> Option<u64> {
+        if !self.start_put(key, size) {
             return None;
         }
         let i = self.lmc.puts.len() - 1;
@@ -640,10 +645,7 @@ fn early_tails_wait_for_the_header_write_to_complete_and_a_flush() {
     r.step();
     assert_eq!((r.tails, r.w.early_tail_trims()), (10, 10));
     let a = r.new_key(false);
-    assert!(r.start_put(a.clone(), 3 * BA - 10)); // fills the slot: no tail
-    r.put_header(0);
-    r.put_payload(0);
-    r.put_commit(0);
+    assert!(r.put_sized(a.clone(), 3 * BA - 10).is_some()); // fills the slot: no tail
     r.step();
     assert_eq!(r.tails, 10);
     let s = r.delete_key(&a);
@@ -709,10 +711,7 @@ fn an_early_tail_never_takes_the_next_puts_payload_written_ahead_of_its_header()
     // header is B's, completed and queued for its early tail. C's payload reaches past B's.
     let mut r = Rig::new(SLOTS, META, true);
     let b = r.new_key(false);
-    assert!(r.start_put(b.clone(), 100));
-    r.put_header(0);
-    r.put_payload(0);
-    r.put_commit(0);
+    assert!(r.put_sized(b.clone(), 100).is_some());
     let s = r.delete_key(&b);
     let c = r.new_key(false);
     assert!(r.start_put(c.clone(), BA + 5));
