@@ -68,11 +68,12 @@ refuses_second_up() {
 }
 expect "fdpblk up refuses a device that runs" refuses_second_up
 head -c 4194304 /dev/urandom >/tmp/a
-head -c 16777216 /dev/urandom >/tmp/b
+head -c 33554432 /dev/urandom >/tmp/b
 expect "write 4 MiB through /dev/fdpblk/demo" dd if=/tmp/a of=/dev/fdpblk/demo bs=1M seek=2 oflag=direct status=none
 
 # kill -9 while a write is in flight: it waits in the driver and completes after recovery.
-dd if=/tmp/b of=/dev/fdpblk/demo bs=16K seek=512 oflag=direct status=none &
+# 8192 synchronous 4 KiB writes: still running 0.3 s later on any guest.
+dd if=/tmp/b of=/dev/fdpblk/demo bs=4K seek=2048 oflag=direct status=none &
 dd_pid=$!
 sleep 0.3
 expect "a write is in flight at the kill" kill -0 "$dd_pid"
@@ -91,7 +92,7 @@ expect_eq "no second device: fdpblk up recovered the first" "$(ls /sys/class/ubl
 expect "data written before the crash reads back" \
     bash -c "dd if=/dev/fdpblk/demo bs=1M skip=2 count=4 iflag=direct status=none | cmp - /tmp/a"
 expect "data written during the crash reads back" \
-    bash -c "dd if=/dev/fdpblk/demo bs=16K skip=512 count=1024 iflag=direct status=none | cmp - /tmp/b"
+    bash -c "dd if=/dev/fdpblk/demo bs=4K skip=2048 count=8192 iflag=direct status=none | cmp - /tmp/b"
 id=${dev#/dev/ublkb}
 expect_eq "fdpblk list: live" "$(in_ns /usr/local/bin/fdpblk list --json | grep -o '"state":"[a-z]*' | head -1)" '"state":"live'
 
