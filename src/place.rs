@@ -5,7 +5,7 @@
 //! Slot payload bytes never ask: the pipeline sends them to the handle their header got.
 
 use crate::layout::slot_header::SlotHeader;
-use crate::slot_table::SlotEntry;
+use crate::slot_table::{SlotEntry, SlotTable};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -53,6 +53,10 @@ pub enum Observation<'a> {
     WriterPlacement { slot: u64, pid: Handle },
     /// Wall-clock (or simulated) seconds since start.
     Time { now_s: f64 },
+    /// At start, from fdpblk's own state: `slot` holds `identity`, whose current contents were
+    /// loaded `reads` times (what the policy saw before a restart, as far as the slot table
+    /// keeps it).
+    Resident { slot: u64, identity: u64, reads: u8 },
 }
 
 pub trait Policy: Send {
@@ -62,9 +66,10 @@ pub trait Policy: Send {
     fn place(&mut self, target: &Target<'_>) -> Handle;
     /// Side information (default: ignored).
     fn observe(&mut self, _event: &Observation<'_>) {}
-    /// Whether the policy keeps a history of its own (key-aware's loads per identity) that
-    /// fdpblk's own state should carry across restarts; it does not yet, so such a policy
-    /// relearns it after a restart.
+    /// Whether the policy keeps a history of its own (key-aware's loads per identity). fdpblk's
+    /// own state keeps only what the slot table holds: at start such a policy gets every
+    /// resident slot as `Observation::Resident` ([`SharedPolicy::resume`]); loads of identities
+    /// no slot holds any more are not kept and are learnt again.
     fn needs_state(&self) -> bool {
         false
     }
@@ -138,6 +143,24 @@ impl SharedPolicy {
     }
     fn lock(&self) -> std::sync::MutexGuard<'_, Box<dyn Policy>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tells a policy that keeps history (`needs_state`) what each slot of a slot table
+    /// restored from fdpblk's own state holds, before the device serves I/O. Returns the
+    /// slots reported.
+    pub fn resume(&self, slots: &SlotTable) -> u64 {
+        if !self.needs_state {
+            return 0;
+        }
+        let mut p = self.lock();
+        let mut n = 0;
+        for slot in 0..slots.len() as u64 {
+            if let Some(e) = slots.get(slot) {
+                p.observe(&Observation::Resident { slot, identity: e.identity, reads: e.reads });
+                n += 1;
+            }
+        }
+        n
     }
 }
 
@@ -291,6 +314,16 @@ impl ReadBook {
         }
         self.current.insert(identity, n.saturating_add(1));
     }
+    /// Sets `identity`'s count to at least `n` (state restored at start).
+    pub fn note_reads(&mut self, identity: u64, n: u8) {
+        if n > self.reads(identity) {
+            self.previous.remove(&identity);
+            if self.current.len() >= self.limit {
+                self.previous = std::mem::take(&mut self.current);
+            }
+            self.current.insert(identity, n);
+        }
+    }
     pub fn reads(&self, identity: u64) -> u8 {
         self.current.get(&identity).or_else(|| self.previous.get(&identity)).copied().unwrap_or(0)
     }
@@ -334,6 +367,16 @@ impl KeyAwarePolicy {
         KeyAwarePolicy { reads: ReadBook::new(1 << 20), slot_identity: Vec::new() }
     }
 
+    fn set_identity(&mut self, slot: u64, identity: u64) {
+        let i = slot as usize;
+        if i >= self.slot_identity.len() {
+            self.slot_identity.resize(i + 1, 0);
+            // Keep the read book around four times the slots seen.
+            self.reads.limit = self.reads.limit.max(4 * self.slot_identity.len());
+        }
+        self.slot_identity[i] = identity;
+    }
+
     /// The handle for a header write of `identity`.
     pub fn class_of(&self, identity: u64) -> Handle {
         match self.reads.reads(identity) {
@@ -364,23 +407,26 @@ impl Policy for KeyAwarePolicy {
         match target {
             Target::Checkpoint { .. } | Target::OwnState | Target::Outside => Self::YOUNG,
             Target::Slot { slot, header: Some(h), .. } => {
-                let i = *slot as usize;
-                if i >= self.slot_identity.len() {
-                    self.slot_identity.resize(i + 1, 0);
-                    // Keep the read book around four times the slots seen.
-                    self.reads.limit = self.reads.limit.max(4 * self.slot_identity.len());
-                }
-                self.slot_identity[i] = h.identity;
+                self.set_identity(*slot, h.identity);
                 self.class_of(h.identity)
             }
             Target::Slot { previous, .. } => previous.map_or(Self::YOUNG, |p| p.handle),
         }
     }
     fn observe(&mut self, event: &Observation<'_>) {
-        if let Observation::Read { slot, .. } = *event {
-            if let Some(&id) = self.slot_identity.get(slot as usize) {
-                self.reads.note_read(id);
+        match *event {
+            Observation::Read { slot, .. } => {
+                if let Some(&id) = self.slot_identity.get(slot as usize) {
+                    self.reads.note_read(id);
+                }
             }
+            // After a restart: loads of the slot count again at once, and its contents' loads
+            // so far are not lost.
+            Observation::Resident { slot, identity, reads } => {
+                self.set_identity(slot, identity);
+                self.reads.note_reads(identity, reads);
+            }
+            _ => {}
         }
     }
 }
@@ -442,6 +488,30 @@ mod tests {
         assert_eq!(p.place(&Target::Slot { slot: 6, header: None, previous: Some(&prev) }), 2);
         // A read of a slot never written is ignored.
         p.observe(&Observation::Read { slot: 999, len: 1 });
+    }
+
+    #[test]
+    fn key_aware_resumes_from_a_restored_slot_table() {
+        let slots = SlotTable::new(8);
+        slots.record_header(2, &hdr(20), KeyAwarePolicy::HOT);
+        slots.record_header(3, &hdr(30), KeyAwarePolicy::YOUNG);
+        for _ in 0..3 {
+            slots.note_read(2);
+        }
+        slots.note_read(3);
+        // A restarted daemon: a fresh policy given the table fdpblk's own state restored.
+        let shared = SharedPolicy::new(Box::new(KeyAwarePolicy::new()));
+        assert_eq!(shared.resume(&slots), 2);
+        let mut p = shared.clone();
+        // Identity 20 had 3 loads, 30 one: returning, they keep their classes.
+        assert_eq!(put(&mut p, 5, 20), KeyAwarePolicy::HOT);
+        assert_eq!(put(&mut p, 6, 30), KeyAwarePolicy::READ);
+        // Loads of slot 3 count for identity 30 before any new header is written to it.
+        p.observe(&Observation::Read { slot: 3, len: 1000 });
+        p.observe(&Observation::Read { slot: 3, len: 1000 });
+        assert_eq!(put(&mut p, 7, 30), KeyAwarePolicy::HOT);
+        // Policies without history take nothing.
+        assert_eq!(SharedPolicy::new(Box::new(NonePolicy)).resume(&slots), 0);
     }
 
     #[test]

@@ -385,16 +385,18 @@ fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slo
     };
     let wc = WatchConfig { trim: cfg.trim, trim_tails: cfg.trim, early_tails: cfg.trim && cfg.early_tails, device: cfg.id, persist_interval, ..WatchConfig::default() };
     let mut w = Watcher::new(g, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
-    // A policy that learns tenants from LMCache's checkpoints (lmcache-fdp) gets each one.
-    w.observe_with(policy.clone());
+    // A policy with history (key-aware's loads) takes back what the restored slot table holds;
+    // one that learns tenants from LMCache's checkpoints (lmcache-fdp) gets each one.
+    let resumed = w.attach(policy.clone());
     let l = w.loaded();
     tracing::info!(
-        "device {}: own state {} (seq {}, {}), deallocation {}",
+        "device {}: own state {} (seq {}, {}), deallocation {}{}",
         cfg.id,
         if l.found { "loaded" } else { "new" },
         l.seq,
         if l.clean { "clean" } else { "unclean: pending deallocations forgotten" },
-        if cfg.trim { "on" } else { "off" }
+        if cfg.trim { "on" } else { "off" },
+        if policy.needs_state() { format!(", policy {} resumed from {resumed} slots", policy.name()) } else { String::new() }
     );
     w
 }

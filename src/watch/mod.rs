@@ -394,9 +394,13 @@ impl Watcher {
     pub fn early_tail_trims(&self) -> u64 {
         self.early_tail_trims
     }
-    /// Passes every committed checkpoint's live entries to `policy` if it wants them.
-    pub fn observe_with(&mut self, policy: SharedPolicy) {
+    /// Connects the data path's `policy`: it takes back the history the restored slot table
+    /// holds ([`SharedPolicy::resume`]), and gets every committed checkpoint's live entries if
+    /// it wants them. Returns the slots it resumed from.
+    pub fn attach(&mut self, policy: SharedPolicy) -> u64 {
+        let resumed = policy.resume(&self.slots);
         self.observer = policy.observes_checkpoints().then_some(policy);
+        resumed
     }
     /// The JSON the stats thread shows (refreshed by every step).
     pub fn published(&self) -> Arc<Mutex<Value>> {

@@ -1123,7 +1123,7 @@ fn a_policy_that_observes_checkpoints_learns_tenants_from_them() {
     use crate::place::{KeyAwarePolicy, LmcacheFdpPolicy, Policy, SharedPolicy, Target};
     let mut r = Rig::new(SLOTS, META, true);
     let mut p = SharedPolicy::new(Box::new(LmcacheFdpPolicy::new()));
-    r.w.observe_with(p.clone());
+    r.w.attach(p.clone());
     let (salted, plain) = (r.new_key(true), r.new_key(false));
     let place = |p: &mut SharedPolicy, key: &str| {
         let h = SlotHeader { identity: keys::identity(key).unwrap(), payload_len: 100 };
@@ -1138,6 +1138,33 @@ fn a_policy_that_observes_checkpoints_learns_tenants_from_them() {
     assert_eq!(place(&mut p, &salted), LmcacheFdpPolicy::FIRST_DATA);
     assert_eq!(place(&mut p, &plain), LmcacheFdpPolicy::NO_DIRECTIVE, "no cache_salt, no bucket");
     // A policy that does not learn from checkpoints is not handed them.
-    r.w.observe_with(SharedPolicy::new(Box::new(KeyAwarePolicy::new())));
+    r.w.attach(SharedPolicy::new(Box::new(KeyAwarePolicy::new())));
     assert!(r.w.observer.is_none());
+}
+
+#[test]
+fn a_policy_with_history_resumes_from_the_restored_slot_table() {
+    use crate::place::{KeyAwarePolicy, SharedPolicy, Target};
+    let mut r = Rig::new(SLOTS, META, true);
+    let (hot, once, never) = (r.new_key(false), r.new_key(true), r.new_key(false));
+    for k in [&hot, &once, &never] {
+        r.put(k.clone()).unwrap();
+    }
+    let at = |r: &Rig, k: &str| r.lmc.index.iter().position(|e| e.0 == k).unwrap();
+    for _ in 0..KeyAwarePolicy::HOT_READS {
+        r.verify(at(&r, &hot));
+    }
+    r.verify(at(&r, &once));
+    // fdpblk restarts: a fresh policy instance, the slot table from fdpblk's own state.
+    r.restart_fdpblk(true);
+    let mut p = SharedPolicy::new(Box::new(KeyAwarePolicy::new()));
+    assert_eq!(r.w.attach(p.clone()), 3);
+    let mut place = |key: &str| {
+        let h = SlotHeader { identity: keys::identity(key).unwrap(), payload_len: 100 };
+        p.place(&Target::Slot { slot: SLOTS - 1, header: Some(&h), previous: None })
+    };
+    // Each identity comes back on the handle its loads before the restart earned it.
+    assert_eq!(place(&hot), KeyAwarePolicy::HOT);
+    assert_eq!(place(&once), KeyAwarePolicy::READ);
+    assert_eq!(place(&never), KeyAwarePolicy::YOUNG);
 }
