@@ -1,7 +1,8 @@
 //! Measurements for fdpblk's slot table, checkpoint awareness and own state (issue #6):
 //!
 //! - `memory`: heap bytes per slot of the slot table (records, identity history, dirty
-//!   bitmap) and of the state thread's per-container slot bitsets, for 1 M and 30 M slots;
+//!   bitmap), of the state thread's per-container slot bitsets and of `key-aware`'s read book
+//!   at its bound, for 1 M and 30 M slots;
 //! - `checkpoint`: reading back a 256 MiB LMCache checkpoint of 1.3 M entries (CRC, streaming
 //!   parse, identities, confirmations): time and peak heap;
 //! - `ratio`: fdpblk's own-state write volume against the host's under LMCache's default
@@ -19,7 +20,7 @@ use fdpblk::layout::{Geometry, GeometryConfig};
 use fdpblk::persist::dev::{BlockDev, StateWriter};
 use fdpblk::persist::Region;
 use fdpblk::pipeline::{HeaderWait, Pipeline, Request};
-use fdpblk::place::RegionPolicy;
+use fdpblk::place::{KeyAwarePolicy, Observation, Policy, RegionPolicy, Target};
 use fdpblk::slot_table::SlotTable;
 use fdpblk::watch::{WatchConfig, Watcher};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -83,6 +84,25 @@ fn memory() {
         );
         assert_eq!(t.heap_bytes(), table - (table - t.heap_bytes()), "heap_bytes");
         drop(t);
+    }
+    // key-aware's loads per identity at their bound: both generations full of distinct
+    // identities (a generation holds as many as the slots seen).
+    for n in [1_000_000u64, 30_000_000] {
+        let before = NOW.load(Relaxed);
+        let mut p = KeyAwarePolicy::new();
+        let h = SlotHeader { identity: 1, payload_len: 1 };
+        p.place(&Target::Slot { slot: n - 1, header: Some(&h), previous: None });
+        for id in 0..2 * n {
+            p.observe(&Observation::Read { slot: id % n, identity: Some(id.wrapping_mul(0x9e37_79b9_7f4a_7c15)), len: 1 });
+        }
+        let book = NOW.load(Relaxed) - before;
+        println!(
+            "memory: {n:>10} slots: key-aware read book {:>11} bytes = {:.2} bytes/slot ({} identities)",
+            book,
+            book as f64 / n as f64,
+            p.read_book().len()
+        );
+        assert!(p.read_book().len() as u64 <= 2 * n);
     }
 }
 

@@ -192,7 +192,8 @@ impl Pipeline {
     }
 
     /// A pipeline sharing `slots` with the other queues of the same device.
-    pub fn with_slots(geom: Geometry, policy: Box<dyn Policy>, slots: Arc<SlotTable>) -> Self {
+    pub fn with_slots(geom: Geometry, mut policy: Box<dyn Policy>, slots: Arc<SlotTable>) -> Self {
+        policy.observe(&Observation::Layout { max_slots: geom.max_slots });
         let counters = Arc::new(PipelineCounters::new(policy.handles()));
         Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new(), headers: Vec::new() }
     }
@@ -279,7 +280,8 @@ impl Pipeline {
             match (op, e.kind) {
                 (Op::Read, ExtentKind::SlotPayload { slot }) if e.offset == self.geom.slot_offset(slot) + self.geom.header_bytes => {
                     self.slots.note_read(slot);
-                    self.policy.observe(&Observation::Read { slot, len: e.len });
+                    let identity = self.slots.get(slot).map(|h| h.identity);
+                    self.policy.observe(&Observation::Read { slot, identity, len: e.len });
                 }
                 (Op::Discard | Op::WriteZeroes, kind) => match kind {
                     ExtentKind::CheckpointHeader { copy, .. } => self.slots.checkpoint_header(copy, None),

@@ -43,8 +43,10 @@ pub struct LiveEntry {
 /// frontend, the checkpoint reader and the simulator report these through `observe`.
 #[derive(Clone, Copy, Debug)]
 pub enum Observation<'a> {
-    /// A read of `len` bytes of a slot (LMCache's loads read the payload, never the header).
-    Read { slot: u64, len: u64 },
+    /// A load: a read of `len` bytes from the start of a slot's payload (LMCache's loads never
+    /// read the header), and the identity of the slot's current header as the slot table knows
+    /// it (None when no header was seen).
+    Read { slot: u64, identity: Option<u64>, len: u64 },
     /// A committed checkpoint (`seq`) with every live entry.
     Checkpoint { seq: u64, entries: &'a [LiveEntry] },
     /// The placement id the writer itself chose for its next write to `slot`. Only LMCache's
@@ -53,6 +55,9 @@ pub enum Observation<'a> {
     WriterPlacement { slot: u64, pid: Handle },
     /// Wall-clock (or simulated) seconds since start.
     Time { now_s: f64 },
+    /// The layout of the device the policy places for: LMCache's slot count (each pipeline
+    /// reports it when it is made).
+    Layout { max_slots: u64 },
     /// At start, from fdpblk's own state: `slot` holds `identity`, whose current contents were
     /// loaded `reads` times (what the policy saw before a restart, as far as the slot table
     /// keeps it).
@@ -294,38 +299,168 @@ impl Policy for LmcacheFdpPolicy {
     }
 }
 
-/// Loads seen per identity, bounded: two generations of at most `limit` identities each; an
-/// identity not read for a whole generation is forgotten.
-#[derive(Debug, Default)]
+/// Loads seen per identity, in bounded memory: two generations of at most `limit` identities
+/// each; an identity neither read nor restored during a whole generation is forgotten.
+///
+/// Each generation is an open-addressing table of 8-byte words, a 56-bit tag of the identity
+/// and an 8-bit saturating count (two identities with one tag share a count, about one pair in
+/// 2^56: it only steers placement), at most 3/4 full, probed linearly from a keyed hash (a writer that
+/// chooses its identities cannot make the probes long). So `limit` identities cost about
+/// 2 × 8 × 4/3 = 21 bytes each, both generations allocated.
+#[derive(Debug)]
 pub struct ReadBook {
-    current: HashMap<u64, u8>,
-    previous: HashMap<u64, u8>,
+    current: CountTable,
+    previous: CountTable,
     limit: usize,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+/// One generation of a [`ReadBook`]: words `tag | count`, 0 = empty; no deletions (a
+/// generation is emptied whole), so a probe ends at the first empty word.
+#[derive(Debug, Default)]
+struct CountTable {
+    words: Vec<u64>,
+    len: usize,
+}
+
+const COUNT_MASK: u64 = 0xff;
+
+impl CountTable {
+    /// Room for `limit` identities at most 3/4 full (one empty word always remains).
+    fn new(limit: usize) -> Self {
+        CountTable { words: vec![0; limit.saturating_mul(4) / 3 + 1], len: 0 }
+    }
+    /// The word holding `tag`, or the empty word where it would go.
+    fn find(&self, tag: u64, hash: u64) -> usize {
+        let n = self.words.len();
+        let mut i = ((u128::from(hash) * n as u128) >> 64) as usize;
+        loop {
+            let w = self.words[i];
+            if w == 0 || w & !COUNT_MASK == tag {
+                return i;
+            }
+            i = if i + 1 == n { 0 } else { i + 1 };
+        }
+    }
+    fn get(&self, tag: u64, hash: u64) -> u8 {
+        (self.words[self.find(tag, hash)] & COUNT_MASK) as u8
+    }
+    /// Sets `tag`'s count (`n` >= 1); a new tag needs room (`len` below the limit).
+    fn set(&mut self, tag: u64, hash: u64, n: u8) {
+        let i = self.find(tag, hash);
+        if self.words[i] == 0 {
+            self.len += 1;
+        }
+        self.words[i] = tag | u64::from(n.max(1));
+    }
+    fn tags(&self) -> impl Iterator<Item = u64> + '_ {
+        self.words.iter().copied().filter(|&w| w != 0)
+    }
 }
 
 impl ReadBook {
+    /// The smallest generation.
+    pub const MIN_LIMIT: usize = 1024;
+
     pub fn new(limit: usize) -> Self {
-        ReadBook { current: HashMap::new(), previous: HashMap::new(), limit: limit.max(1024) }
-    }
-    pub fn note_read(&mut self, identity: u64) {
-        let n = self.current.remove(&identity).or_else(|| self.previous.remove(&identity)).unwrap_or(0);
-        if self.current.len() >= self.limit {
-            self.previous = std::mem::take(&mut self.current);
+        let limit = limit.max(Self::MIN_LIMIT);
+        ReadBook {
+            current: CountTable::new(limit),
+            previous: CountTable::new(limit),
+            limit,
+            hasher: Default::default(),
         }
-        self.current.insert(identity, n.saturating_add(1));
+    }
+
+    /// The word's tag for `identity` and where its probe starts. The tag is 56 bits of a
+    /// bijective mix of the identity, so identities that differ anywhere rarely share one.
+    fn key(&self, identity: u64) -> (u64, u64) {
+        let mut z = identity;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let tag = z & !COUNT_MASK;
+        (tag, self.probe_start(tag))
+    }
+    fn probe_start(&self, tag: u64) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(tag)
+    }
+
+    /// Raises the generation size to at least `limit` (never lowers it); the tables are
+    /// rebuilt, so callers grow in few large steps.
+    pub fn grow_to(&mut self, limit: usize) {
+        if limit <= self.limit {
+            return;
+        }
+        let (old_cur, old_prev) = (std::mem::take(&mut self.current), std::mem::take(&mut self.previous));
+        self.limit = limit;
+        self.current = CountTable::new(limit);
+        self.previous = CountTable::new(limit);
+        for (from, to) in [(&old_cur, 0), (&old_prev, 1)] {
+            for w in from.tags() {
+                let tag = w & !COUNT_MASK;
+                let h = self.probe_start(tag);
+                let t = if to == 0 { &mut self.current } else { &mut self.previous };
+                t.set(tag, h, (w & COUNT_MASK) as u8);
+            }
+        }
+    }
+
+    /// Before a tag new to the current generation: a full generation becomes the previous
+    /// one, and the one before is forgotten (its table is reused).
+    fn make_room(&mut self) {
+        if self.current.len >= self.limit {
+            std::mem::swap(&mut self.current, &mut self.previous);
+            self.current.words.fill(0);
+            self.current.len = 0;
+        }
+    }
+
+    pub fn note_read(&mut self, identity: u64) {
+        let (tag, h) = self.key(identity);
+        let n = self.current.get(tag, h);
+        if n > 0 {
+            self.current.set(tag, h, n.saturating_add(1));
+            return;
+        }
+        let n = self.previous.get(tag, h);
+        self.make_room();
+        self.current.set(tag, h, n.saturating_add(1));
     }
     /// Sets `identity`'s count to at least `n` (state restored at start).
     pub fn note_reads(&mut self, identity: u64, n: u8) {
         if n > self.reads(identity) {
-            self.previous.remove(&identity);
-            if self.current.len() >= self.limit {
-                self.previous = std::mem::take(&mut self.current);
+            let (tag, h) = self.key(identity);
+            if self.current.get(tag, h) == 0 {
+                self.make_room();
             }
-            self.current.insert(identity, n);
+            self.current.set(tag, h, n);
         }
     }
     pub fn reads(&self, identity: u64) -> u8 {
-        self.current.get(&identity).or_else(|| self.previous.get(&identity)).copied().unwrap_or(0)
+        let (tag, h) = self.key(identity);
+        match self.current.get(tag, h) {
+            0 => self.previous.get(tag, h),
+            n => n,
+        }
+    }
+    /// Identities remembered, both generations (one remembered in both counts twice).
+    pub fn len(&self) -> usize {
+        self.current.len + self.previous.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Heap bytes of both generations' tables.
+    pub fn heap_bytes(&self) -> usize {
+        (self.current.words.capacity() + self.previous.words.capacity()) * 8
+    }
+}
+
+impl Default for ReadBook {
+    fn default() -> Self {
+        Self::new(Self::MIN_LIMIT)
     }
 }
 
@@ -351,8 +486,6 @@ impl ReadBook {
 #[derive(Debug)]
 pub struct KeyAwarePolicy {
     reads: ReadBook,
-    /// Identity currently in each slot (loads carry no header).
-    slot_identity: Vec<u64>,
 }
 
 impl KeyAwarePolicy {
@@ -364,17 +497,23 @@ impl KeyAwarePolicy {
     pub const HOT_READS: u8 = 3;
 
     pub fn new() -> Self {
-        KeyAwarePolicy { reads: ReadBook::new(1 << 20), slot_identity: Vec::new() }
+        KeyAwarePolicy { reads: ReadBook::new(ReadBook::MIN_LIMIT) }
     }
 
-    fn set_identity(&mut self, slot: u64, identity: u64) {
-        let i = slot as usize;
-        if i >= self.slot_identity.len() {
-            self.slot_identity.resize(i + 1, 0);
-            // Keep the read book around four times the slots seen.
-            self.reads.limit = self.reads.limit.max(4 * self.slot_identity.len());
+    /// A generation of the read book holds as many identities as LMCache has slots (the
+    /// layout's, or the slots seen when no layout was given): the simulator measured no
+    /// placement change from four times that, and the book's memory follows the device.
+    fn saw_slot(&mut self, slot: u64) {
+        let seen = usize::try_from(slot).unwrap_or(usize::MAX).saturating_add(1);
+        if seen > self.reads.limit {
+            // Without a layout, grow in doublings: every growth rebuilds the tables.
+            self.reads.grow_to(seen.max(self.reads.limit.saturating_mul(2)));
         }
-        self.slot_identity[i] = identity;
+    }
+
+    /// The loads per identity it remembers.
+    pub fn read_book(&self) -> &ReadBook {
+        &self.reads
     }
 
     /// The handle for a header write of `identity`.
@@ -407,7 +546,7 @@ impl Policy for KeyAwarePolicy {
         match target {
             Target::Checkpoint { .. } | Target::OwnState | Target::Outside => Self::YOUNG,
             Target::Slot { slot, header: Some(h), .. } => {
-                self.set_identity(*slot, h.identity);
+                self.saw_slot(*slot);
                 self.class_of(h.identity)
             }
             Target::Slot { previous, .. } => previous.map_or(Self::YOUNG, |p| p.handle),
@@ -415,15 +554,14 @@ impl Policy for KeyAwarePolicy {
     }
     fn observe(&mut self, event: &Observation<'_>) {
         match *event {
-            Observation::Read { slot, .. } => {
-                if let Some(&id) = self.slot_identity.get(slot as usize) {
-                    self.reads.note_read(id);
-                }
+            Observation::Read { slot, identity: Some(id), .. } => {
+                self.saw_slot(slot);
+                self.reads.note_read(id);
             }
-            // After a restart: loads of the slot count again at once, and its contents' loads
-            // so far are not lost.
+            Observation::Layout { max_slots } => self.reads.grow_to(usize::try_from(max_slots).unwrap_or(usize::MAX)),
+            // After a restart: the loads of each slot's contents so far are not lost.
             Observation::Resident { slot, identity, reads } => {
-                self.set_identity(slot, identity);
+                self.saw_slot(slot);
                 self.reads.note_reads(identity, reads);
             }
             _ => {}
@@ -476,18 +614,19 @@ mod tests {
         assert_eq!(put(&mut p, 0, 10), KeyAwarePolicy::YOUNG);
         assert_eq!(put(&mut p, 1, 11), KeyAwarePolicy::YOUNG);
         // Identity 10 is read twice while in slot 0, then evicted; slot 0 reused by 12.
-        p.observe(&Observation::Read { slot: 0, len: 1000 });
-        p.observe(&Observation::Read { slot: 0, len: 1000 });
+        p.observe(&Observation::Read { slot: 0, identity: Some(10), len: 1000 });
+        p.observe(&Observation::Read { slot: 0, identity: Some(10), len: 1000 });
         assert_eq!(put(&mut p, 0, 12), KeyAwarePolicy::YOUNG);
         // 10 comes back (in another slot): read before, on the read handle.
         assert_eq!(put(&mut p, 5, 10), KeyAwarePolicy::READ);
-        p.observe(&Observation::Read { slot: 5, len: 1000 });
+        p.observe(&Observation::Read { slot: 5, identity: Some(10), len: 1000 });
         assert_eq!(put(&mut p, 6, 10), KeyAwarePolicy::HOT);
         // A payload without its header follows the slot's record.
         let prev = SlotEntry { handle: 2, generation: 1, ..Default::default() };
         assert_eq!(p.place(&Target::Slot { slot: 6, header: None, previous: Some(&prev) }), 2);
-        // A read of a slot never written is ignored.
-        p.observe(&Observation::Read { slot: 999, len: 1 });
+        // A read of a slot without a header is ignored.
+        p.observe(&Observation::Read { slot: 999, identity: None, len: 1 });
+        assert!(p.read_book().len() == 1 && p.read_book().reads(10) == 3);
     }
 
     #[test]
@@ -506,28 +645,76 @@ mod tests {
         // Identity 20 had 3 loads, 30 one: returning, they keep their classes.
         assert_eq!(put(&mut p, 5, 20), KeyAwarePolicy::HOT);
         assert_eq!(put(&mut p, 6, 30), KeyAwarePolicy::READ);
-        // Loads of slot 3 count for identity 30 before any new header is written to it.
-        p.observe(&Observation::Read { slot: 3, len: 1000 });
-        p.observe(&Observation::Read { slot: 3, len: 1000 });
+        // Later loads add to them.
+        p.observe(&Observation::Read { slot: 3, identity: Some(30), len: 1000 });
+        p.observe(&Observation::Read { slot: 3, identity: Some(30), len: 1000 });
         assert_eq!(put(&mut p, 7, 30), KeyAwarePolicy::HOT);
         // Policies without history take nothing.
         assert_eq!(SharedPolicy::new(Box::new(NonePolicy)).resume(&slots), 0);
     }
 
     #[test]
+    fn key_aware_read_book_follows_the_layout_or_the_slots_seen() {
+        let mut p = KeyAwarePolicy::new();
+        put(&mut p, 0, 1);
+        assert_eq!(p.read_book().limit, ReadBook::MIN_LIMIT);
+        p.observe(&Observation::Layout { max_slots: 60_000 });
+        assert_eq!(p.read_book().limit, 60_000);
+        let spread = |i: u64| i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        for i in 0..60_000 {
+            p.observe(&Observation::Read { slot: 0, identity: Some(spread(i)), len: 1 });
+        }
+        // Both generations in use, at most 3/4 full: about 21 bytes per identity.
+        assert_eq!(p.read_book().reads(spread(7)), 1);
+        assert_eq!(p.read_book().reads(1), 0, "identity 1 was never read");
+        p.observe(&Observation::Read { slot: 0, identity: Some(spread(60_000)), len: 1 });
+        assert_eq!(p.read_book().reads(spread(7)), 1, "the previous generation is still read");
+        assert!(p.read_book().len() <= 2 * 60_000);
+        assert_eq!(p.read_book().heap_bytes(), 2 * 8 * (60_000 * 4 / 3 + 1));
+        // Without a layout, slots beyond the limit double it; counts survive the rebuild.
+        let mut q = KeyAwarePolicy::new();
+        q.observe(&Observation::Read { slot: 0, identity: Some(5), len: 1 });
+        put(&mut q, 1500, 9);
+        assert_eq!(q.read_book().limit, 2048);
+        assert_eq!((q.read_book().reads(5), q.read_book().reads(9)), (1, 0));
+    }
+
+    #[test]
+    fn read_book_counts_saturate_and_bounds_hold() {
+        let mut b = ReadBook::new(1024);
+        for _ in 0..300 {
+            b.note_read(42);
+        }
+        assert_eq!(b.reads(42), 255);
+        // Restored counts only raise.
+        b.note_reads(42, 3);
+        b.note_reads(43, 7);
+        assert_eq!((b.reads(42), b.reads(43)), (255, 7));
+        assert_eq!(b.reads(44), 0);
+        // Many more identities than the limit: never more than two generations, never a
+        // full table (a probe always ends).
+        for i in 0..100_000u64 {
+            b.note_read(i << 8);
+            assert!(b.current.len <= b.limit && b.current.len < b.current.words.len());
+        }
+        assert!(b.len() <= 2 * 1024);
+    }
+
+    #[test]
     fn read_book_forgets_whole_generations() {
+        let id = |i: u64| i;
         let mut b = ReadBook::new(1024);
         for i in 0..1024 {
-            b.note_read(i);
+            b.note_read(id(i));
         }
-        b.note_read(5000); // rotates: 0..1024 become the previous generation
-        assert_eq!((b.reads(3), b.reads(5000)), (1, 1));
-        b.note_read(3); // moves to the current generation with its count
-        assert_eq!(b.reads(3), 2);
+        b.note_read(id(5000)); // rotates: 0..1024 become the previous generation
+        assert_eq!((b.reads(id(3)), b.reads(id(5000))), (1, 1));
+        b.note_read(id(3)); // moves to the current generation with its count
+        assert_eq!(b.reads(id(3)), 2);
         for i in 10_000..12_100 {
-            b.note_read(i);
+            b.note_read(id(i));
         }
-        assert_eq!((b.reads(3), b.reads(4)), (0, 0), "forgotten after two rotations");
+        assert_eq!((b.reads(id(3)), b.reads(id(4))), (0, 0), "forgotten after two rotations");
     }
 
     #[test]
@@ -553,7 +740,7 @@ mod tests {
         let (mut a, mut b) = (s.clone(), s);
         assert_eq!((a.name(), a.handles(), a.needs_state()), ("key-aware", 3, true));
         assert_eq!(put(&mut a, 0, 1), KeyAwarePolicy::YOUNG);
-        b.observe(&Observation::Read { slot: 0, len: 1 });
+        b.observe(&Observation::Read { slot: 0, identity: Some(1), len: 1 });
         assert_eq!(put(&mut a, 1, 1), KeyAwarePolicy::READ);
     }
 }
