@@ -501,8 +501,9 @@ impl KeyAwarePolicy {
     }
 
     /// A generation of the read book holds as many identities as LMCache has slots (the
-    /// layout's, or the slots seen when no layout was given): the simulator measured no
-    /// placement change from four times that, and the book's memory follows the device.
+    /// layout's, or the slots seen when no layout was given), so its memory follows the device.
+    /// Against a book of a million identities per generation (nine times the simulated slots),
+    /// `key-aware`'s WAF in the tables of `docs/waf.md` moved by 0.008 at most, either way.
     fn saw_slot(&mut self, slot: u64) {
         let seen = usize::try_from(slot).unwrap_or(usize::MAX).saturating_add(1);
         if seen > self.reads.limit {
