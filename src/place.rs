@@ -45,7 +45,8 @@ pub struct LiveEntry {
 pub enum Observation<'a> {
     /// A load: a read of `len` bytes from the start of a slot's payload (LMCache's loads never
     /// read the header), and the identity of the slot's current header as the slot table knows
-    /// it (None when no header was seen).
+    /// it (None when no header was seen; after an unclean restart, a slot rewritten since the
+    /// last persist names its previous identity until its next header: placement only).
     Read { slot: u64, identity: Option<u64>, len: u64 },
     /// A committed checkpoint (`seq`) with every live entry.
     Checkpoint { seq: u64, entries: &'a [LiveEntry] },
@@ -59,8 +60,9 @@ pub enum Observation<'a> {
     /// reports it when it is made).
     Layout { max_slots: u64 },
     /// At start, from fdpblk's own state: `slot` holds `identity`, whose current contents were
-    /// loaded `reads` times (what the policy saw before a restart, as far as the slot table
-    /// keeps it).
+    /// loaded `reads` times as of the slot's record on the device. Records are written when
+    /// their page changes for another reason (a put, a confirmation, a deallocation), not for
+    /// loads alone, so later loads of a slot nothing else touched are not in it.
     Resident { slot: u64, identity: u64, reads: u8 },
 }
 
@@ -72,9 +74,9 @@ pub trait Policy: Send {
     /// Side information (default: ignored).
     fn observe(&mut self, _event: &Observation<'_>) {}
     /// Whether the policy keeps a history of its own (key-aware's loads per identity). fdpblk's
-    /// own state keeps only what the slot table holds: at start such a policy gets every
-    /// resident slot as `Observation::Resident` ([`SharedPolicy::resume`]); loads of identities
-    /// no slot holds any more are not kept and are learnt again.
+    /// own state keeps only what the slot table's records hold: at start such a policy gets
+    /// every resident slot as `Observation::Resident` ([`SharedPolicy::resume`]); loads of
+    /// identities no slot holds any more are not kept and are learnt again.
     fn needs_state(&self) -> bool {
         false
     }
@@ -150,23 +152,29 @@ impl SharedPolicy {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Tells a policy that keeps history (`needs_state`) what each slot of a slot table
-    /// restored from fdpblk's own state holds, before the device serves I/O. Returns the
-    /// slots reported.
+    /// [`resume`] under the lock.
     pub fn resume(&self, slots: &SlotTable) -> u64 {
         if !self.needs_state {
             return 0;
         }
-        let mut p = self.lock();
-        let mut n = 0;
-        for slot in 0..slots.len() as u64 {
-            if let Some(e) = slots.get(slot) {
-                p.observe(&Observation::Resident { slot, identity: e.identity, reads: e.reads });
-                n += 1;
-            }
-        }
-        n
+        resume(self.lock().as_mut(), slots)
     }
+}
+
+/// Tells a policy that keeps history (`needs_state`) the layout and what each slot of a slot
+/// table restored from fdpblk's own state holds, before the device serves I/O. Returns the
+/// slots reported.
+pub fn resume(p: &mut dyn Policy, slots: &SlotTable) -> u64 {
+    // The layout first: a policy sizes its history by it, not by the slots it is told of.
+    p.observe(&Observation::Layout { max_slots: slots.len() as u64 });
+    let mut n = 0;
+    for slot in 0..slots.len() as u64 {
+        if let Some(e) = slots.get(slot) {
+            p.observe(&Observation::Resident { slot, identity: e.identity, reads: e.reads });
+            n += 1;
+        }
+    }
+    n
 }
 
 impl Policy for SharedPolicy {
@@ -326,9 +334,11 @@ struct CountTable {
 const COUNT_MASK: u64 = 0xff;
 
 impl CountTable {
-    /// Room for `limit` identities at most 3/4 full (one empty word always remains).
+    /// Room for `limit` identities at most 3/4 full (one empty word always remains; `limit`
+    /// is at most [`ReadBook::MAX_LIMIT`]). The words come zeroed from the allocator, so a new
+    /// table costs no pass over its memory.
     fn new(limit: usize) -> Self {
-        CountTable { words: vec![0; limit.saturating_mul(4) / 3 + 1], len: 0 }
+        CountTable { words: vec![0; limit + limit / 3 + 1], len: 0 }
     }
     /// The word holding `tag`, or the empty word where it would go.
     fn find(&self, tag: u64, hash: u64) -> usize {
@@ -361,9 +371,11 @@ impl CountTable {
 impl ReadBook {
     /// The smallest generation.
     pub const MIN_LIMIT: usize = 1024;
+    /// The largest generation (2^36 identities; a slot table that large would not fit first).
+    pub const MAX_LIMIT: usize = 1 << 36;
 
     pub fn new(limit: usize) -> Self {
-        let limit = limit.max(Self::MIN_LIMIT);
+        let limit = limit.clamp(Self::MIN_LIMIT, Self::MAX_LIMIT);
         ReadBook {
             current: CountTable::new(limit),
             previous: CountTable::new(limit),
@@ -390,6 +402,7 @@ impl ReadBook {
     /// Raises the generation size to at least `limit` (never lowers it); the tables are
     /// rebuilt, so callers grow in few large steps.
     pub fn grow_to(&mut self, limit: usize) {
+        let limit = limit.min(Self::MAX_LIMIT);
         if limit <= self.limit {
             return;
         }
@@ -408,12 +421,12 @@ impl ReadBook {
     }
 
     /// Before a tag new to the current generation: a full generation becomes the previous
-    /// one, and the one before is forgotten (its table is reused).
+    /// one, and the one before is forgotten. This runs under the data path's policy lock, so
+    /// the new table is a fresh zeroed allocation rather than a pass over the old one.
     fn make_room(&mut self) {
         if self.current.len >= self.limit {
-            std::mem::swap(&mut self.current, &mut self.previous);
-            self.current.words.fill(0);
-            self.current.len = 0;
+            let fresh = CountTable::new(self.limit);
+            self.previous = std::mem::replace(&mut self.current, fresh);
         }
     }
 
@@ -652,6 +665,12 @@ mod tests {
         assert_eq!(put(&mut p, 7, 30), KeyAwarePolicy::HOT);
         // Policies without history take nothing.
         assert_eq!(SharedPolicy::new(Box::new(NonePolicy)).resume(&slots), 0);
+        // The history is sized by the layout, not by the highest slot it was told of.
+        let big = SlotTable::new(5000);
+        big.record_header(4000, &hdr(40), KeyAwarePolicy::YOUNG);
+        let mut k = KeyAwarePolicy::new();
+        assert_eq!(resume(&mut k, &big), 1);
+        assert_eq!(k.read_book().limit, 5000);
     }
 
     #[test]
@@ -665,7 +684,7 @@ mod tests {
         for i in 0..60_000 {
             p.observe(&Observation::Read { slot: 0, identity: Some(spread(i)), len: 1 });
         }
-        // Both generations in use, at most 3/4 full: about 21 bytes per identity.
+        // The current generation is full; the next new identity starts another.
         assert_eq!(p.read_book().reads(spread(7)), 1);
         assert_eq!(p.read_book().reads(1), 0, "identity 1 was never read");
         p.observe(&Observation::Read { slot: 0, identity: Some(spread(60_000)), len: 1 });
@@ -703,19 +722,18 @@ mod tests {
 
     #[test]
     fn read_book_forgets_whole_generations() {
-        let id = |i: u64| i;
         let mut b = ReadBook::new(1024);
         for i in 0..1024 {
-            b.note_read(id(i));
+            b.note_read(i);
         }
-        b.note_read(id(5000)); // rotates: 0..1024 become the previous generation
-        assert_eq!((b.reads(id(3)), b.reads(id(5000))), (1, 1));
-        b.note_read(id(3)); // moves to the current generation with its count
-        assert_eq!(b.reads(id(3)), 2);
+        b.note_read(5000); // rotates: 0..1024 become the previous generation
+        assert_eq!((b.reads(3), b.reads(5000)), (1, 1));
+        b.note_read(3); // moves to the current generation with its count
+        assert_eq!(b.reads(3), 2);
         for i in 10_000..12_100 {
-            b.note_read(id(i));
+            b.note_read(i);
         }
-        assert_eq!((b.reads(id(3)), b.reads(id(4))), (0, 0), "forgotten after two rotations");
+        assert_eq!((b.reads(3), b.reads(4)), (0, 0), "forgotten after two rotations");
     }
 
     #[test]

@@ -1155,7 +1155,9 @@ fn a_policy_with_history_resumes_from_the_restored_slot_table() {
         r.verify(at(&r, &hot));
     }
     r.verify(at(&r, &once));
-    // fdpblk restarts: a fresh policy instance, the slot table from fdpblk's own state.
+    // fdpblk restarts: a fresh policy instance, the slot table from fdpblk's own state. The
+    // puts left the records' page dirty, so the clean stop wrote it with the loads (loads
+    // alone do not dirty a page: a record carries the loads of its page's last write).
     r.restart_fdpblk(true);
     let mut p = SharedPolicy::new(Box::new(KeyAwarePolicy::new()));
     assert_eq!(r.w.attach(p.clone()), 3);
