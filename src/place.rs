@@ -363,9 +363,6 @@ impl CountTable {
         }
         self.words[i] = tag | u64::from(n.max(1));
     }
-    fn tags(&self) -> impl Iterator<Item = u64> + '_ {
-        self.words.iter().copied().filter(|&w| w != 0)
-    }
 }
 
 impl ReadBook {
@@ -406,18 +403,16 @@ impl ReadBook {
         if limit <= self.limit {
             return;
         }
-        let (old_cur, old_prev) = (std::mem::take(&mut self.current), std::mem::take(&mut self.previous));
-        self.limit = limit;
-        self.current = CountTable::new(limit);
-        self.previous = CountTable::new(limit);
-        for (from, to) in [(&old_cur, 0), (&old_prev, 1)] {
-            for w in from.tags() {
+        let rebuilt = |from: &CountTable| {
+            let mut t = CountTable::new(limit);
+            for w in from.words.iter().copied().filter(|&w| w != 0) {
                 let tag = w & !COUNT_MASK;
-                let h = self.probe_start(tag);
-                let t = if to == 0 { &mut self.current } else { &mut self.previous };
-                t.set(tag, h, (w & COUNT_MASK) as u8);
+                t.set(tag, self.probe_start(tag), (w & COUNT_MASK) as u8);
             }
-        }
+            t
+        };
+        let (current, previous) = (rebuilt(&self.current), rebuilt(&self.previous));
+        (self.current, self.previous, self.limit) = (current, previous, limit);
     }
 
     /// Before a tag new to the current generation: a full generation becomes the previous
