@@ -103,6 +103,7 @@ fn memory() {
             p.read_book().len()
         );
         assert!(p.read_book().len() as u64 <= 2 * n);
+        assert_eq!(p.read_book().heap_bytes(), book, "heap_bytes");
     }
 }
 

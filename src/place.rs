@@ -466,12 +466,6 @@ impl ReadBook {
     }
 }
 
-impl Default for ReadBook {
-    fn default() -> Self {
-        Self::new(Self::MIN_LIMIT)
-    }
-}
-
 /// fdpblk's own policy. It uses only what a block device sees: a slot header's identity, the
 /// loads of that identity while it sat in a slot before (LMCache reads a key's payload when a
 /// request hits it), and nothing of LMCache's internals.
