@@ -60,9 +60,9 @@ pub enum Observation<'a> {
     /// reports it when it is made).
     Layout { max_slots: u64 },
     /// At start, from fdpblk's own state: `slot` holds `identity`, whose current contents were
-    /// loaded `reads` times as of the slot's record on the device. Records are written when
-    /// their page changes for another reason (a put, a confirmation, a deallocation), not for
-    /// loads alone, so later loads of a slot nothing else touched are not in it.
+    /// loaded `reads` times as of the slot's record on the device: exact up to 4, within a
+    /// factor of two above (loads save a record at 1–4 and at powers of two), as of fdpblk's
+    /// last persist.
     Resident { slot: u64, identity: u64, reads: u8 },
 }
 

@@ -173,6 +173,11 @@ pub const RECORDS_PER_PAGE: u64 = 169;
 /// Bytes of one persisted slot record.
 pub const RECORD_BYTES: usize = 24;
 
+/// Load counts at which a slot record is saved again (see [`SlotTable::note_read`]).
+fn reads_worth_saving(n: u8) -> bool {
+    n <= 4 || n.is_power_of_two() || n == u8::MAX
+}
+
 fn zeroed_u64(n: usize) -> Box<[AtomicU64]> {
     const _: () = assert!(std::mem::align_of::<AtomicU64>() == std::mem::align_of::<u64>());
     const _: () = assert!(std::mem::size_of::<AtomicU64>() == std::mem::size_of::<u64>());
@@ -434,12 +439,23 @@ impl SlotTable {
     }
 
     /// A load of the slot's contents (a read starting at the payload).
+    ///
+    /// The record's page is saved again when the count reaches 1, 2, 3, 4 or a power of two
+    /// (or 255), so a restart brings back a slot's loads exactly up to 4 and within a factor of
+    /// two above, as of the last persist: enough for placement by load classes, without a page
+    /// write per load.
     pub fn note_read(&self, slot: u64) {
         let Some(i) = self.index(slot) else { return };
-        let _ = self.life[i].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
+        let counted = self.life[i].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
             let r = ((l & life::READS_MASK) >> life::READS_SHIFT) as u8;
             (r < u8::MAX).then(|| (l & !life::READS_MASK) | (u64::from(r + 1) << life::READS_SHIFT))
         });
+        if let Ok(before) = counted {
+            let n = ((before & life::READS_MASK) >> life::READS_SHIFT) as u8 + 1;
+            if reads_worth_saving(n) {
+                self.mark_dirty(slot);
+            }
+        }
     }
 
     /// True once any LMCache slot header was written through this table.
@@ -607,13 +623,13 @@ impl SlotTable {
 
     // ---- persistence ----
 
+    /// Marks the record's page for the next persist. Always a release read-modify-write, even
+    /// when the bit is set: the persist that takes the bit (acquire) must see the record as
+    /// this thread left it, also on weakly ordered CPUs.
     pub fn mark_dirty(&self, slot: u64) {
         let page = slot / RECORDS_PER_PAGE;
         if let Some(w) = self.dirty.get((page / 64) as usize) {
-            let bit = 1u64 << (page % 64);
-            if w.load(Ordering::Relaxed) & bit == 0 {
-                w.fetch_or(bit, Ordering::Relaxed);
-            }
+            w.fetch_or(1u64 << (page % 64), Ordering::Release);
         }
     }
 
@@ -688,7 +704,6 @@ impl SlotTable {
     }
 }
 
-/// What persistence keeps of `life` (stamp, trimming and reads are not worth a page write).
 /// The set bits of a bitmap (ascending), clearing them.
 fn take_bits(words: &[AtomicU64]) -> Vec<u64> {
     let mut out = Vec::new();
@@ -706,6 +721,8 @@ fn take_bits(words: &[AtomicU64]) -> Vec<u64> {
     out
 }
 
+/// The bits of `life` whose change saves the record (the stamp and trimming are not
+/// persisted; loads save it only at the counts [`SlotTable::note_read`] picks).
 fn persisted_life(l: u64) -> u64 {
     l & (life::STATE_MASK | life::CONFIRMED | life::SEEN_BEFORE | (0xff << life::WRITES_SHIFT) | life::TAG_MASK)
 }
@@ -822,7 +839,8 @@ impl IdentityHistory {
     fn mark_dirty(&self, entry: usize) {
         let page = entry as u64 / HISTORY_PER_PAGE;
         if let Some(w) = self.dirty.get((page / 64) as usize) {
-            w.fetch_or(1 << (page % 64), Ordering::Relaxed);
+            // Release: see `SlotTable::mark_dirty`.
+            w.fetch_or(1 << (page % 64), Ordering::Release);
         }
     }
 
@@ -1017,6 +1035,25 @@ mod tests {
         t.note_read(1);
         t.note_read(1);
         assert_eq!(t.get(1).unwrap().reads, 2);
+    }
+
+    #[test]
+    fn loads_save_the_record_at_class_counts_only() {
+        let t = SlotTable::new(2 * RECORDS_PER_PAGE);
+        let slot = RECORDS_PER_PAGE + 3; // the second page
+        t.record_header(slot, &SlotHeader { identity: 5, payload_len: 10 }, 0);
+        assert_eq!(t.take_dirty_pages(), vec![1]);
+        let mut saved_at = Vec::new();
+        for n in 1..=300u32 {
+            t.note_read(slot);
+            if !t.take_dirty_pages().is_empty() {
+                saved_at.push(n);
+            }
+        }
+        assert_eq!(saved_at, [1, 2, 3, 4, 8, 16, 32, 64, 128, 255]);
+        assert_eq!(t.get(slot).unwrap().reads, u8::MAX);
+        t.note_read(9 * RECORDS_PER_PAGE); // out of range: ignored
+        assert!(t.take_dirty_pages().is_empty());
     }
 
     #[test]

@@ -1151,14 +1151,18 @@ fn a_policy_with_history_resumes_from_the_restored_slot_table() {
         r.put(k.clone()).unwrap();
     }
     let at = |r: &Rig, k: &str| r.lmc.index.iter().position(|e| e.0 == k).unwrap();
+    // The puts are saved first, so only the loads below can save the records again.
+    r.w.step();
+    r.w.persist_now(false, true);
+    assert!(r.slots.take_dirty_pages().is_empty());
     for _ in 0..KeyAwarePolicy::HOT_READS {
         r.verify(at(&r, &hot));
     }
     r.verify(at(&r, &once));
-    // fdpblk restarts: a fresh policy instance, the slot table from fdpblk's own state. The
-    // puts left the records' page dirty, so the clean stop wrote it with the loads (loads
-    // alone do not dirty a page: a record carries the loads of its page's last write).
-    r.restart_fdpblk(true);
+    // A periodic persist, then fdpblk is killed and restarts: a fresh policy instance, the
+    // slot table from fdpblk's own state.
+    r.w.persist_now(false, false);
+    r.restart_fdpblk(false);
     let mut p = SharedPolicy::new(Box::new(KeyAwarePolicy::new()));
     assert_eq!(r.w.attach(p.clone()), 3);
     let mut place = |key: &str| {
