@@ -38,13 +38,15 @@ impl fmt::Display for ParseError {
 
 impl std::error::Error for ParseError {}
 
-fn le16(b: &[u8], o: usize) -> u16 {
+// Little-endian fields of NVMe data structures (callers check lengths first); `identify` uses
+// them too.
+pub(super) fn le16(b: &[u8], o: usize) -> u16 {
     u16::from_le_bytes([b[o], b[o + 1]])
 }
-fn le32(b: &[u8], o: usize) -> u32 {
+pub(super) fn le32(b: &[u8], o: usize) -> u32 {
     u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
 }
-fn le64(b: &[u8], o: usize) -> u64 {
+pub(super) fn le64(b: &[u8], o: usize) -> u64 {
     u64::from(le32(b, o)) | (u64::from(le32(b, o + 4)) << 32)
 }
 fn le128(b: &[u8], o: usize) -> u128 {

@@ -20,17 +20,8 @@
 //! | id_ns | ENDGID | 102 | 2 |
 //! | id_ns | LBAF[i] | 128 + 4 i | 4: MS u16, LBADS u8 (2^n bytes), RP u8 — LBADS is bits 23:16 |
 
-use super::fdp::ParseError;
+use super::fdp::{le16, le32, le64, ParseError};
 
-fn le16(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
-}
-fn le32(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
-fn le64(b: &[u8], o: usize) -> u64 {
-    u64::from(le32(b, o)) | (u64::from(le32(b, o + 4)) << 32)
-}
 fn ascii(b: &[u8]) -> String {
     String::from_utf8_lossy(b).trim_end_matches([' ', '\0']).trim().to_string()
 }
