@@ -7,7 +7,8 @@
 //!   parse, identities, confirmations): time and peak heap;
 //! - `ratio`: fdpblk's own-state write volume against the host's under LMCache's default
 //!   layout (32 MiB + 4 KiB slots, 128 MiB metadata, checkpoints every 60 s) and a steady
-//!   put/evict workload, persisting every 5 s.
+//!   put/evict workload, without loads and with one load of a resident key per put,
+//!   persisting every 5 s.
 //!
 //! `cargo bench --bench slot_table [-- memory|checkpoint|ratio]`. Heap is counted by a global
 //! allocator that records the bytes requested (so untouched zeroed pages count too).
@@ -192,7 +193,9 @@ fn checkpoint() {
 }
 
 /// A sparse file standing in for a 1 TiB FDP namespace.
-fn ratio() {
+/// `with_loads`: one load of a resident key after each put (loads save slot records at some
+/// counts), or none.
+fn ratio(with_loads: bool) {
     let backing: u64 = 1 << 40;
     let region = Region::tail(backing);
     let exported = region.offset;
@@ -213,7 +216,9 @@ fn ratio() {
     // two simulated hours; eviction as the MP adapter's LRU defaults.
     let mut index: std::collections::VecDeque<(String, u64)> = Default::default();
     let mut free: Vec<u64> = Vec::new();
-    let (mut next_slot, mut seq, mut next_key, mut host) = (0u64, 0u64, 0u64, 0u64);
+    let (mut next_slot, mut seq, mut next_key, mut host, mut loads) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut read_segs = Vec::new();
     let payload_len = 33_554_432u64;
     let mut segs = Vec::new();
     use std::os::unix::fs::FileExt;
@@ -244,6 +249,17 @@ fn ratio() {
             plan(&mut pipe, g.slot_offset(slot), 4096, Some(&hdr), &mut host);
             plan(&mut pipe, g.slot_offset(slot) + 4096, payload_len, None, &mut host);
             index.push_back((key, slot));
+            if !with_loads {
+                continue;
+            }
+            // xorshift64: a uniform pick among the resident keys.
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let (_, loaded) = index[(rng % index.len() as u64) as usize];
+            read_segs.clear();
+            let _ = pipe.plan(&Request { op: Op::Read, offset: g.slot_offset(loaded) + 4096, len: payload_len, data: None }, &mut read_segs, HeaderWait::Expired);
+            loads += 1;
         }
         if s % 60 == 0 {
             seq += 1;
@@ -276,7 +292,7 @@ fn ratio() {
     let own = w.counters().own_bytes - own0;
     let v = w.published().lock().unwrap().clone();
     println!(
-        "ratio: {} simulated hours, {} puts of 32 MiB, {} slots, {} checkpoints, {} trims: host {:.1} TB, own state {:.1} MB in {} cycles: {:.4} % ({:.0} s)",
+        "ratio: {} simulated hours, {} puts of 32 MiB, {loads} loads, {} slots, {} checkpoints, {} trims: host {:.1} TB, own state {:.1} MB in {} cycles: {:.4} % ({:.0} s)",
         seconds / 3600,
         next_key,
         g.max_slots,
@@ -302,6 +318,7 @@ fn main() {
         checkpoint();
     }
     if want("ratio") {
-        ratio();
+        ratio(false);
+        ratio(true);
     }
 }
