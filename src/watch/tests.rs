@@ -134,6 +134,11 @@ struct Rig {
     /// Slots whose last header write is not yet durable: written since the last flush (the
     /// drive's volatile write cache, as far as the tests model it).
     volatile: std::collections::HashSet<u64>,
+    /// Slots whose payload a put lost at an LMCache restart overwrote while the header still
+    /// names the earlier contents: LMCache itself serves another key's bytes from them (its
+    /// io_uring path may write a payload before its header), with or without fdpblk, so
+    /// their payloads are not checked.
+    lmcache_torn: std::collections::HashSet<u64>,
     filler: Vec<String>,
 }
 
@@ -171,6 +176,7 @@ impl Rig {
             checked: 0,
             early_tails: 0,
             volatile: Default::default(),
+            lmcache_torn: Default::default(),
             filler: Vec::new(),
         }
     }
@@ -321,6 +327,7 @@ impl Rig {
     fn put_commit(&mut self, i: usize) {
         let p = self.lmc.puts.remove(i);
         assert!(p.hdr && p.pay);
+        self.lmcache_torn.remove(&p.slot);
         self.lmc.index.push((p.key, p.slot, p.size, p.gen));
     }
 
@@ -432,6 +439,7 @@ impl Rig {
     /// entries whose slot header does not match, or (`load` false, e.g. another device_path
     /// string) starts empty.
     fn restart_lmcache(&mut self, load: bool) {
+        self.lmcache_torn.extend(self.lmc.puts.iter().filter(|p| p.pay && !p.hdr).map(|p| p.slot));
         let keys = self.lmc.keys;
         let gens = std::mem::take(&mut self.lmc.gens);
         let deleted = std::mem::take(&mut self.lmc.deleted);
@@ -492,6 +500,9 @@ impl Rig {
         let hdr = SlotHeader::parse(&self.dev.peek(off, 24)).unwrap_or_else(|e| panic!("slot {slot} of live {k}: header {e}"));
         assert_eq!((hdr.identity, hdr.payload_len), (keys::identity(&k).unwrap(), size), "slot {slot} of live {k}");
         let got = self.read(off + BA, size.div_ceil(BA) * BA);
+        if self.lmcache_torn.contains(&slot) {
+            return;
+        }
         assert!(got == payload(&k, gen, size), "slot {slot} of live {k}: payload differs");
     }
 
@@ -1100,10 +1111,12 @@ fn randomized_interleavings_never_trim_a_live_slot() {
     // 10,000 in release builds (what CI runs: `cargo test --release`), 1,000 in debug builds.
     let default = if cfg!(debug_assertions) { 1_000 } else { 10_000 };
     let n: u64 = std::env::var("FDPBLK_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    // Another salt explores other schedules (CI runs the default).
+    let salt: u64 = std::env::var("FDPBLK_SCHEDULE_SALT").ok().and_then(|v| v.parse().ok()).unwrap_or(0x1234);
     let t0 = std::time::Instant::now();
     let (mut trims, mut commits, mut tails, mut early) = (0, 0, 0, 0);
     for seed in 0..n {
-        let (t, c, tl, e) = schedule(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x1234, 64);
+        let (t, c, tl, e) = schedule(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ salt, 64);
         trims += t;
         commits += c;
         tails += tl;
