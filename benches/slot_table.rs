@@ -169,13 +169,13 @@ fn checkpoint() {
     // Two checkpoint epochs pass after the slot writes above (their events are not for this
     // measurement), then LMCache's header write of the 256 MiB checkpoint is seen.
     for i in 1..=2 {
-        slots.checkpoint_header(1, Some(CheckpointHeader { seq: h.seq + i, ..h }));
+        let _ = slots.checkpoint_header(1, Some(CheckpointHeader { seq: h.seq + i, ..h }));
         let _ = slots.take_events();
     }
     let mut w = Watcher::new(g, slots.clone(), dev, cfg, None, 3);
     let base = reset_peak();
     let t0 = Instant::now();
-    slots.checkpoint_header(0, Some(h));
+    let _ = slots.checkpoint_header(0, Some(h));
     w.step();
     let dt = t0.elapsed();
     let peak = PEAK.load(Relaxed) - base;

@@ -187,6 +187,13 @@ pub struct AddArgs {
     /// where it is turned off.
     #[arg(long)]
     pub no_early_tails: bool,
+    /// Deallocate an evicted slot only once both checkpoint containers no longer list it (one
+    /// to two checkpoint intervals after the eviction) and never touch LMCache's older
+    /// checkpoint copy. By default, once LMCache's newest checkpoint lacks slots the older copy
+    /// still lists, fdpblk zeroes the older copy's header (LMCache overwrites it at its next
+    /// checkpoint anyway) and deallocates those slots.
+    #[arg(long)]
+    pub no_early_evictions: bool,
     /// How often (ms) fdpblk writes its own state (what changed) to the reserved tail of the
     /// backing; 0: only when the device starts and stops.
     #[arg(long, default_value_t = 5000)]

@@ -180,6 +180,9 @@ pub struct Pipeline {
     extents: Vec<Extent>,
     /// Slots written by the last planned request while fdpblk was deallocating them.
     trim_waits: Vec<u64>,
+    /// Checkpoint containers whose header block the last planned request writes while the
+    /// state thread zeroes it.
+    container_waits: Vec<u8>,
     /// Slot headers the last planned request carries, as (slot, generation).
     headers: Vec<(u64, u16)>,
 }
@@ -195,7 +198,7 @@ impl Pipeline {
     pub fn with_slots(geom: Geometry, mut policy: Box<dyn Policy>, slots: Arc<SlotTable>) -> Self {
         policy.observe(&Observation::Layout { max_slots: geom.max_slots });
         let counters = Arc::new(PipelineCounters::new(policy.handles()));
-        Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new(), headers: Vec::new() }
+        Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new(), container_waits: Vec::new(), headers: Vec::new() }
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -220,6 +223,7 @@ impl Pipeline {
     pub fn plan(&mut self, req: &Request<'_>, segments: &mut Vec<Segment>, wait: HeaderWait) -> Result<&[Extent], u64> {
         self.extents.clear();
         self.trim_waits.clear();
+        self.container_waits.clear();
         self.headers.clear();
         classify(&self.geom, req.op, req.offset, req.len, req.data, self.slots.as_ref(), &mut self.extents);
         if req.op == Op::Write && wait == HeaderWait::Allowed && self.slots.headers_seen() {
@@ -273,6 +277,13 @@ impl Pipeline {
         &self.trim_waits
     }
 
+    /// Checkpoint containers whose header block the last planned write (or discard) touches
+    /// while fdpblk zeroes it: the caller must not submit the request before
+    /// [`SlotTable::container_zeroing`] is false for each.
+    pub fn container_waits(&self) -> &[u8] {
+        &self.container_waits
+    }
+
     /// What reads, discards and write-zeroes tell the slot table: loads of slot contents,
     /// and (for the two that change data) writes to slots and containers.
     fn observe_other(&mut self, op: Op) {
@@ -284,7 +295,11 @@ impl Pipeline {
                     self.policy.observe(&Observation::Read { slot, identity, len: e.len });
                 }
                 (Op::Discard | Op::WriteZeroes, kind) => match kind {
-                    ExtentKind::CheckpointHeader { copy, .. } => self.slots.checkpoint_header(copy, None),
+                    ExtentKind::CheckpointHeader { copy, .. } => {
+                        if self.slots.checkpoint_header(copy, None) {
+                            self.container_waits.push(copy);
+                        }
+                    }
                     ExtentKind::CheckpointPayload { copy } => self.slots.container_touched(copy),
                     ExtentKind::SlotHeader { slot, .. } | ExtentKind::SlotPayload { slot } | ExtentKind::SlotPadding { slot } => {
                         if self.slots.note_write(slot) {
@@ -332,7 +347,9 @@ impl Pipeline {
         match e.kind {
             ExtentKind::CheckpointHeader { copy, header } => {
                 // Before the write goes out: its epoch must precede LMCache's next snapshot.
-                self.slots.checkpoint_header(copy, header.valid().copied());
+                if self.slots.checkpoint_header(copy, header.valid().copied()) {
+                    self.container_waits.push(copy);
+                }
                 self.policy.place(&Target::Checkpoint { copy })
             }
             ExtentKind::CheckpointPayload { copy } => {
@@ -458,6 +475,26 @@ mod tests {
         assert_eq!(segs[1].handle, RegionPolicy::SLOTS);
         assert_eq!(p.stats().payload_fallbacks, 1);
         assert_eq!(eng.counters.bytes_by_handle[&RegionPolicy::SLOTS], 61440);
+    }
+
+    #[test]
+    fn a_checkpoint_header_write_waits_while_fdpblk_zeroes_that_container() {
+        let g = geom();
+        let mut p = Pipeline::new(g, Box::new(RegionPolicy));
+        let mut segs = Vec::new();
+        let block = vec![0u8; g.block_align as usize];
+        let header = |copy: u8| Request { op: Op::Write, offset: g.container_offset(copy), len: g.block_align, data: Some(&block) };
+        assert!(p.slots().begin_container_zeroing(1, 0));
+        p.plan(&header(1), &mut segs, HeaderWait::Allowed).unwrap();
+        assert_eq!(p.container_waits(), &[1]);
+        p.plan(&header(0), &mut segs, HeaderWait::Allowed).unwrap();
+        assert!(p.container_waits().is_empty());
+        // A discard of the header block waits too.
+        p.plan(&Request { op: Op::Discard, offset: g.container_offset(1), len: g.block_align, data: None }, &mut segs, HeaderWait::Allowed).unwrap();
+        assert_eq!(p.container_waits(), &[1]);
+        p.slots().end_container_zeroing(1);
+        p.plan(&header(1), &mut segs, HeaderWait::Allowed).unwrap();
+        assert!(p.container_waits().is_empty());
     }
 
     #[test]

@@ -204,6 +204,9 @@ pub struct CheckpointEvent {
     pub header: Option<CheckpointHeader>,
     /// The checkpoint epoch this header write started (valid headers only).
     pub epoch: u32,
+    /// Writes to this container's header block planned in this run, this one included
+    /// (what [`SlotTable::begin_container_zeroing`] expects).
+    pub writes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -236,6 +239,9 @@ pub struct SlotTable {
     wake: Condvar,
     /// Per container: a payload write since the state thread last looked.
     touched: [AtomicBool; 2],
+    /// Per container: writes to its header block planned in this run, times two, plus one
+    /// while the state thread zeroes that block (early evictions, [`crate::watch`]).
+    container_guard: [AtomicU64; 2],
     /// One bit per persistence page of slot records.
     dirty: Box<[AtomicU64]>,
     header_writes: AtomicU64,
@@ -269,6 +275,7 @@ impl SlotTable {
             mailbox: Mutex::new(Mailbox::default()),
             wake: Condvar::new(),
             touched: [AtomicBool::new(false), AtomicBool::new(false)],
+            container_guard: [AtomicU64::new(0), AtomicU64::new(0)],
             dirty: zeroed_u64(pages.div_ceil(64)),
             header_writes: AtomicU64::new(0),
             returning: AtomicU64::new(0),
@@ -487,8 +494,15 @@ impl SlotTable {
 
     /// A write (or discard) touched container `copy`'s header block; `header` is the valid
     /// LMCache header it carried. A valid header starts a new epoch before the write goes out.
-    pub fn checkpoint_header(&self, copy: u8, header: Option<CheckpointHeader>) {
+    /// Returns true when the state thread is zeroing that block: the caller must not submit
+    /// the write before [`SlotTable::container_zeroing`] is false.
+    #[must_use]
+    pub fn checkpoint_header(&self, copy: u8, header: Option<CheckpointHeader>) -> bool {
         let mut m = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        // Counted before the write goes out, so the state thread's zeroing CAS either fails
+        // or is seen here (the same handshake as a slot's TRIMMING).
+        let guard = self.container_guard[usize::from(copy & 1)].fetch_add(2, Ordering::SeqCst);
+        let writes = (guard >> 1) + 1;
         // The same header written again (a re-issued or repeated write) is not a new
         // checkpoint: it must not start an epoch, or one checkpoint would count as two.
         // It keeps the epoch of its first write: its snapshot is no newer than that.
@@ -506,9 +520,28 @@ impl SlotTable {
         // thread would drop it too), so the mailbox holds at most one event per container
         // even when nothing drains it (trace replay).
         m.events.retain(|e| e.copy != copy & 1);
-        m.events.push(CheckpointEvent { copy: copy & 1, header, epoch });
+        m.events.push(CheckpointEvent { copy: copy & 1, header, epoch, writes });
         drop(m);
         self.wake.notify_all();
+        guard & 1 != 0
+    }
+
+    /// Starts zeroing container `copy`'s header block, if no write to it was planned since
+    /// the state thread's view of it (`writes`, from its last event; 0 without one). Every
+    /// later write is held by its queue until [`SlotTable::end_container_zeroing`].
+    pub fn begin_container_zeroing(&self, copy: u8, writes: u64) -> bool {
+        let g = &self.container_guard[usize::from(copy & 1)];
+        g.compare_exchange(writes << 1, (writes << 1) | 1, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    }
+
+    /// Ends a zeroing begun by [`SlotTable::begin_container_zeroing`].
+    pub fn end_container_zeroing(&self, copy: u8) {
+        self.container_guard[usize::from(copy & 1)].fetch_and(!1, Ordering::SeqCst);
+    }
+
+    /// True while the state thread zeroes container `copy`'s header block.
+    pub fn container_zeroing(&self, copy: u8) -> bool {
+        self.container_guard[usize::from(copy & 1)].load(Ordering::SeqCst) & 1 != 0
     }
 
     /// A write to container `copy`'s payload.
@@ -1104,17 +1137,39 @@ mod tests {
     fn a_repeated_header_write_is_not_a_new_epoch() {
         let t = SlotTable::new(4);
         let h = CheckpointHeader { magic: *b"LMCIDX01", version: 1, seq: 3, payload_len: 10, crc32: 7 };
-        t.checkpoint_header(0, Some(h));
-        t.checkpoint_header(1, Some(CheckpointHeader { seq: 4, ..h }));
-        t.checkpoint_header(0, Some(h)); // written again after epoch 2 began
+        let _ = t.checkpoint_header(0, Some(h));
+        let _ = t.checkpoint_header(1, Some(CheckpointHeader { seq: 4, ..h }));
+        let _ = t.checkpoint_header(0, Some(h)); // written again after epoch 2 began
         assert_eq!(t.epoch(), 2);
         let (ev, _) = t.take_events();
         assert_eq!(ev.len(), 2, "one pending event per container");
         assert_eq!((ev[1].copy, ev[1].epoch), (0, 1), "the repeat keeps its first epoch");
-        t.checkpoint_header(0, None);
+        let _ = t.checkpoint_header(0, None);
         assert_eq!(t.epoch(), 2);
-        t.checkpoint_header(0, Some(CheckpointHeader { seq: 5, ..h }));
+        let _ = t.checkpoint_header(0, Some(CheckpointHeader { seq: 5, ..h }));
         assert_eq!(t.epoch(), 3);
+    }
+
+    #[test]
+    fn zeroing_a_container_and_writing_its_header_exclude_each_other() {
+        let t = SlotTable::new(4);
+        // Nothing written to container 1 since the state thread's view of it: it may zero.
+        assert!(t.begin_container_zeroing(1, 0));
+        assert!(t.container_zeroing(1) && !t.container_zeroing(0));
+        assert!(t.checkpoint_header(1, None), "a header write during the zeroing is held");
+        assert!(!t.checkpoint_header(0, None), "the other container's is not");
+        t.end_container_zeroing(1);
+        assert!(!t.container_zeroing(1));
+        // A write planned since the view makes the zeroing fail until its event is taken.
+        assert!(!t.begin_container_zeroing(1, 0));
+        let h = CheckpointHeader { magic: *b"LMCIDX01", version: 1, seq: 3, payload_len: 10, crc32: 7 };
+        assert!(!t.checkpoint_header(1, Some(h)));
+        let (ev, _) = t.take_events();
+        let writes = ev.iter().find(|e| e.copy == 1).unwrap().writes;
+        assert_eq!(writes, 2);
+        assert!(!t.begin_container_zeroing(1, writes - 1));
+        assert!(t.begin_container_zeroing(1, writes));
+        t.end_container_zeroing(1);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 pub const CONFIG_DIR: &str = "/etc/fdpblk";
 
 /// The keys of a config file, in the order `fdpblk add --help` lists the flags.
-pub const KEYS: [&str; 18] = [
+pub const KEYS: [&str; 19] = [
     "backing",
     "engine",
     "policy",
@@ -35,6 +35,7 @@ pub const KEYS: [&str; 18] = [
     "header_wait_us",
     "no_trim",
     "no_early_tails",
+    "no_early_evictions",
     "persist_interval_ms",
 ];
 
@@ -55,6 +56,7 @@ pub struct ConfigFile {
     pub header_wait_us: Option<u64>,
     pub no_trim: Option<bool>,
     pub no_early_tails: Option<bool>,
+    pub no_early_evictions: Option<bool>,
     pub persist_interval_ms: Option<u64>,
 }
 
@@ -117,6 +119,10 @@ impl ConfigFile {
                     c.no_early_tails =
                         Some(value.as_bool().ok_or_else(|| format!("{file}: `no_early_tails` must be true or false (no quotes)"))?)
                 }
+                "no_early_evictions" => {
+                    c.no_early_evictions =
+                        Some(value.as_bool().ok_or_else(|| format!("{file}: `no_early_evictions` must be true or false (no quotes)"))?)
+                }
                 k => {
                     let underscored = k.replace('-', "_");
                     return Err(if KEYS.contains(&underscored.as_str()) {
@@ -151,7 +157,7 @@ impl ConfigFile {
                 }
             )*};
         }
-        set!(backing, engine, policy, layout, number, queues, depth, io_buf_size, header_wait_us, no_trim, no_early_tails, persist_interval_ms);
+        set!(backing, engine, policy, layout, number, queues, depth, io_buf_size, header_wait_us, no_trim, no_early_tails, no_early_evictions, persist_interval_ms);
         set_geometry!(block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes);
         if self.name.is_some() && !explicit("name") {
             a.name = self.name.clone();
@@ -263,6 +269,7 @@ io_buf_size = "256K"
 header_wait_us = 2000
 no_trim = true
 no_early_tails = true
+no_early_evictions = true
 persist_interval_ms = 0
 block_align = 4096
 header_bytes = "8K"
@@ -280,7 +287,7 @@ capacity_bytes = "1T"
         assert_eq!((a.engine.as_str(), a.policy.as_str(), a.layout.as_str()), ("passthrough", "region", "lmcache"));
         assert_eq!(a.name.as_deref(), Some("kv0"));
         assert_eq!((a.number, a.queues, a.depth, a.io_buf_size), (3, 2, 64, 256 << 10));
-        assert_eq!((a.header_wait_us, a.no_trim, a.no_early_tails, a.persist_interval_ms), (2000, true, true, 0));
+        assert_eq!((a.header_wait_us, a.no_trim, a.no_early_tails, a.no_early_evictions, a.persist_interval_ms), (2000, true, true, true, 0));
         let g = &a.geometry;
         assert_eq!(
             (g.block_align, g.header_bytes, g.slot_bytes, g.meta_total_bytes, g.capacity_bytes),

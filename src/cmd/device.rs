@@ -203,6 +203,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         header_wait_us: a.header_wait_us,
         trim: !a.no_trim,
         early_tails: !a.no_trim && !a.no_early_tails,
+        early_evictions: !a.no_trim && !a.no_early_evictions,
         persist_interval_ms: a.persist_interval_ms,
     })
 }

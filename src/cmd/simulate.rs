@@ -27,9 +27,11 @@ pub struct SimulateArgs {
     #[arg(long, default_value = "both")]
     pub trim: String,
     /// Trim rules with --trim on, comma-separated: `slots` (evicted slots, issue #6's
-    /// two-checkpoint rule), `tails` (a confirmed slot's bytes past its payload) and
-    /// `early-tails` (the same bytes as soon as the slot's new header is durable).
-    #[arg(long, default_value = "slots,tails,early-tails")]
+    /// two-checkpoint rule), `tails` (a confirmed slot's bytes past its payload),
+    /// `early-tails` (the same bytes as soon as the slot's new header is durable) and
+    /// `early-evictions` (with `slots`: an evicted slot once the newest checkpoint lacks it,
+    /// the older container zeroed first).
+    #[arg(long, default_value = "slots,tails,early-tails,early-evictions")]
     pub trim_rules: String,
     /// Seed of the workload model (every number is reproducible from it).
     #[arg(long, default_value_t = 1)]
@@ -113,7 +115,7 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
         "both" => vec![false, true],
         t => return Err(format!("--trim {t}: use on, off or both")),
     };
-    let rules = parse_list(&a.trim_rules, "--trim-rules", |r| ["slots", "tails", "early-tails"].contains(&r).then(|| r.to_string()))?;
+    let rules = parse_list(&a.trim_rules, "--trim-rules", |r| ["slots", "tails", "early-tails", "early-evictions"].contains(&r).then(|| r.to_string()))?;
     let size = |s: &str, what: &str| -> Result<u64, String> {
         if s == "auto" {
             Ok(0)
@@ -162,6 +164,7 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
                     trim_slots: rules.iter().any(|r| r == "slots"),
                     trim_tails: rules.iter().any(|r| r == "tails"),
                     early_tails: rules.iter().any(|r| r == "early-tails"),
+                    early_evictions: rules.iter().any(|r| r == "early-evictions"),
                     seed: a.seed,
                     warmup: a.warmup,
                     measure: a.measure,

@@ -77,6 +77,9 @@ pub struct DeviceConfig {
     /// With `trim`: deallocate stale tails as soon as the new header is durable
     /// (`--no-early-tails` turns it off).
     pub early_tails: bool,
+    /// With `trim`: deallocate an evicted slot once the newest checkpoint lacks it, after
+    /// zeroing the older checkpoint container's header (`--no-early-evictions` turns it off).
+    pub early_evictions: bool,
     /// Own-state persist interval; 0 = only at start and stop.
     pub persist_interval_ms: u64,
 }
@@ -96,7 +99,7 @@ impl DeviceConfig {
             "geometry": geometry,
             "layout_flags": {"block_align": f.block_align, "header_bytes": f.header_bytes, "slot_bytes": f.slot_bytes,
                              "meta_total_bytes": f.meta_total_bytes, "capacity_bytes": f.capacity_bytes},
-            "streams": self.streams, "pids": self.pids, "header_wait_us": self.header_wait_us, "trim": self.trim, "early_tails": self.early_tails,
+            "streams": self.streams, "pids": self.pids, "header_wait_us": self.header_wait_us, "trim": self.trim, "early_tails": self.early_tails, "early_evictions": self.early_evictions,
             "persist_interval_ms": self.persist_interval_ms,
         })
     }
@@ -157,6 +160,7 @@ impl DeviceConfig {
             header_wait_us: u("header_wait_us").unwrap_or(5000),
             trim: v.get("trim").and_then(Value::as_bool).unwrap_or(true),
             early_tails: v.get("early_tails").and_then(Value::as_bool).unwrap_or(true),
+            early_evictions: v.get("early_evictions").and_then(Value::as_bool).unwrap_or(true),
             persist_interval_ms: u("persist_interval_ms").unwrap_or(5000),
         })
     }
@@ -198,6 +202,7 @@ mod tests {
             header_wait_us: 5000,
             trim: true,
             early_tails: true,
+            early_evictions: true,
             persist_interval_ms: 5000,
         };
         assert_eq!(DeviceConfig::from_json(&c.to_json()).unwrap(), c);
@@ -208,6 +213,8 @@ mod tests {
         assert!(DeviceConfig::from_json(&old).unwrap().trim, "configs saved before --no-trim existed trim");
         old.as_object_mut().unwrap().remove("early_tails");
         assert!(DeviceConfig::from_json(&old).unwrap().early_tails, "and have early tails");
+        old.as_object_mut().unwrap().remove("early_evictions");
+        assert!(DeviceConfig::from_json(&old).unwrap().early_evictions, "and early evictions");
         let p = DeviceConfig {
             engine: EngineKind::Passthrough,
             backing: "/dev/ng0n1".into(),

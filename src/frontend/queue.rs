@@ -84,8 +84,8 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         // the headers it carries are reported once it completed.
         let p = ctx.pipeline.borrow();
         p.as_ref().and_then(|p| {
-            (!p.trim_waits().is_empty() || !p.planned_headers().is_empty())
-                .then(|| (p.slots().clone(), p.trim_waits().to_vec(), p.planned_headers().to_vec()))
+            (!p.trim_waits().is_empty() || !p.container_waits().is_empty() || !p.planned_headers().is_empty())
+                .then(|| (p.slots().clone(), p.trim_waits().to_vec(), p.container_waits().to_vec(), p.planned_headers().to_vec()))
         })
     } else {
         // Learning the layout: unclassified, on the handle for bytes outside it.
@@ -95,9 +95,15 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         }
         None
     };
-    if let Some((slots, waits, _)) = &slot_io {
+    if let Some((slots, waits, containers, _)) = &slot_io {
         for &slot in waits {
             while slots.trimming(slot) {
+                sleep(q, HEADER_POLL).await;
+            }
+        }
+        // A checkpoint header write waits for fdpblk's zeroing of the same block to land.
+        for &copy in containers {
+            while slots.container_zeroing(copy) {
                 sleep(q, HEADER_POLL).await;
             }
         }
@@ -112,7 +118,7 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
                     return res;
                 }
             }
-            if let Some((slots, _, headers)) = &slot_io {
+            if let Some((slots, _, _, headers)) = &slot_io {
                 for &(slot, generation) in headers {
                     slots.header_completed(slot, generation);
                 }

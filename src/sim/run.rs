@@ -72,10 +72,12 @@ pub struct RunSpec {
     /// fdpblk deallocates what LMCache no longer references (see `trim_rules`).
     pub trim: bool,
     /// Which trim rules: evicted slots (issue #6's two-checkpoint rule), stale tails of
-    /// confirmed slots, and stale tails as soon as the new header is durable.
+    /// confirmed slots, stale tails as soon as the new header is durable, and evicted slots
+    /// once the newest checkpoint lacks them (with `trim_slots` only).
     pub trim_slots: bool,
     pub trim_tails: bool,
     pub early_tails: bool,
+    pub early_evictions: bool,
     pub seed: u64,
     /// Warm-up: LMCache writes this many times its capacity first.
     pub warmup: f64,
@@ -451,6 +453,7 @@ pub struct RunResult {
     pub trim_slots: bool,
     pub trim_tails: bool,
     pub early_tails: bool,
+    pub early_evictions: bool,
     /// Host bytes per handle in the window, and RUs in use per handle at the end (host, GC).
     pub handle_bytes: Vec<u64>,
     pub handle_rus: Vec<(u64, u64)>,
@@ -475,13 +478,18 @@ pub struct RunResult {
 impl RunResult {
     /// Row label: the policy, with `+ trim` (and the rules when not both).
     pub fn label(&self) -> String {
-        let rules: Vec<&str> = [(self.trim_slots, "slots"), (self.trim_tails, "tails"), (self.early_tails, "early-tails")]
-            .into_iter()
-            .filter_map(|(on, name)| on.then_some(name))
-            .collect();
+        let rules: Vec<&str> = [
+            (self.trim_slots, "slots"),
+            (self.trim_tails, "tails"),
+            (self.early_tails, "early-tails"),
+            (self.early_evictions, "early-evictions"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
         match (self.trim, rules.len()) {
             (false, _) => self.policy.clone(),
-            (true, 3) => format!("{} + trim", self.policy),
+            (true, 4) => format!("{} + trim", self.policy),
             (true, 0) => format!("{} + trim(none)", self.policy),
             (true, _) => format!("{} + trim({})", self.policy, rules.join(",")),
         }
@@ -503,7 +511,7 @@ impl RunResult {
             "gc_events": w.gc_events, "deallocated_bytes": w.deallocated_bytes,
             "lmcache_bytes": self.lmcache_bytes, "own_state_bytes": self.own_state_bytes,
             "own_state_ratio": self.own_state_ratio(), "trimmed_slots": self.trimmed_slots,
-            "tail_trims": self.tail_trims, "trim_rules": {"slots": self.trim_slots, "tails": self.trim_tails, "early_tails": self.early_tails},
+            "tail_trims": self.tail_trims, "trim_rules": {"slots": self.trim_slots, "tails": self.trim_tails, "early_tails": self.early_tails, "early_evictions": self.early_evictions},
             "handles": self.handle_bytes.iter().enumerate().filter(|(_, b)| **b > 0)
                 .map(|(h, b)| json!({"handle": h, "host_bytes": b, "rus_in_use": self.handle_rus[h].0, "gc_rus_in_use": self.handle_rus[h].1}))
                 .collect::<Vec<_>>(),
@@ -726,6 +734,7 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
             trim: spec.trim && spec.trim_slots,
             trim_tails: spec.trim && spec.trim_tails,
             early_tails: spec.trim && spec.early_tails,
+            early_evictions: spec.trim && spec.trim_slots && spec.early_evictions,
             // The simulator runs the early-tail round itself, on simulated time.
             early_tails_every: Duration::MAX,
             retry_base: Duration::ZERO,
@@ -836,6 +845,7 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
         trim_slots: spec.trim && spec.trim_slots,
         trim_tails: spec.trim && spec.trim_tails,
         early_tails: spec.trim && spec.early_tails,
+        early_evictions: spec.trim && spec.trim_slots && spec.early_evictions,
         seed: spec.seed,
         waf,
         waf_by_device_write,
@@ -895,6 +905,7 @@ mod tests {
             trim_slots: true,
             trim_tails: true,
             early_tails: true,
+            early_evictions: true,
             seed: 1,
             warmup: 1.5,
             measure: 2.0,

@@ -61,6 +61,48 @@
 //! header already names the new put and whose payload that put is overwriting: fdpblk
 //! assumes the default.
 //!
+//! ## Early evictions
+//!
+//! Condition 3 keeps an evicted slot's data on the drive for one to two checkpoint intervals
+//! after LMCache dropped it: the older container still lists it. With `early_evictions` (the
+//! default; `--no-early-evictions`), fdpblk does not wait for LMCache to overwrite that
+//! container. When
+//!
+//! - the container of the newest checkpoint header write this run has seen (write order, not
+//!   seq order) holds a valid checkpoint whose seq is higher than the other container's, and
+//! - some confirmed slot (1, 2) is listed by the other container only,
+//!
+//! fdpblk makes the other container unloadable: it writes its header block with zeroes
+//! (LMCache's load skips a block without `LMCIDX01`) and flushes. Then condition 3 holds for
+//! those slots, and they go by the rule above, in the same round.
+//!
+//! That container holds nothing LMCache needs. Its next checkpoint overwrites it anyway (seq
+//! `n + 1` goes where `n - 1` was), and a load takes the valid copy with the highest seq, the
+//! other one. That copy was written by the process now using the device, or by one before
+//! it whose checkpoint the current process loaded or ignored (it started empty). The older
+//! copy is loaded only when the newer one fails its checks. fdpblk read the newer one back
+//! valid, and LMCache overwrites it only with seq `n + 2`, after seq `n + 1` is complete in
+//! the zeroed container, so a torn seq `n + 2` still falls back to `n + 1`. What is lost is
+//! the fallback when the newer copy is lost otherwise (a media error, or a torn seq 1 of a
+//! process that started empty): LMCache then starts empty instead of from the older copy.
+//!
+//! Without the zeroing, deallocating while the older copy lists the slot is unsafe. A later
+//! process can load that copy: after an LMCache restart that rejected its index, seq 1 goes
+//! over the newer copy and the stale one has the higher seq. If that process re-puts the same
+//! key into the same slot and dies between header and payload, the stale entry passes the
+//! header check in front of deallocated payload
+//! (`early_eviction_then_same_key_reput_torn_by_a_crash_after_a_seq_restart`).
+//!
+//! The zeroing must not destroy a checkpoint LMCache is writing into that container. The
+//! handshake is the one of the slot trim: every write, discard or write-zeroes of a header
+//! block counts itself in the container's guard before it is submitted
+//! ([`SlotTable::checkpoint_header`]). fdpblk sets the guard's zeroing bit with a CAS that
+//! expects the count of its last event for that container. So either LMCache's write came
+//! first (the CAS fails, its event comes next), or the write sees the bit and its queue holds
+//! it until the zeroes are written and flushed. The write LMCache made before, seq `n - 1`,
+//! completed before it took the snapshot of seq `n` (one checkpoint at a time), so it cannot
+//! land after the zeroes.
+//!
 //! In the terms of the issue: contents are evicted once they are "absent from two consecutive
 //! committed checkpoints" (the two containers; consecutive seqs alternate between them) "and
 //! not written since the earlier of them" (2), and only contents LMCache is known to have
@@ -155,6 +197,10 @@ pub struct WatchConfig {
     /// Deallocate a stale tail as soon as its slot's new header is durable ("Early tails" in
     /// the module doc), before a checkpoint confirmed the slot.
     pub early_tails: bool,
+    /// Deallocate an evicted slot once the checkpoint written last no longer lists it, after
+    /// zeroing the older container's header ("Early evictions" in the module doc), instead of
+    /// waiting until LMCache overwrote the older container.
+    pub early_evictions: bool,
     /// How often `step` runs the early-tail round (each round with work flushes the drive);
     /// `Duration::MAX`: never (the simulator runs it on simulated time).
     pub early_tails_every: Duration,
@@ -170,7 +216,7 @@ pub struct WatchConfig {
 
 impl Default for WatchConfig {
     fn default() -> Self {
-        Self { trim: true, trim_tails: true, early_tails: true, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN }
+        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN }
     }
 }
 
@@ -189,6 +235,16 @@ const STALL_MIN: Duration = Duration::from_secs(180);
 /// Active retries of an incomplete checkpoint stop after this; later only writes to the
 /// container (or a new header) trigger a look.
 const RETRY_WINDOW: Duration = Duration::from_secs(120);
+
+/// What a sweep found, each slot with the `life` word it saw (the trim CAS expects it).
+struct Sweep {
+    /// Confirmed and listed by neither container.
+    dead: Vec<(u64, u64)>,
+    /// Confirmed and listed by the older container only (early evictions).
+    early: Vec<(u64, u64)>,
+    /// Confirmed and listed, with a stale tail not yet deallocated.
+    tails: Vec<(u64, u64)>,
+}
 
 /// One container's known contents.
 #[derive(Clone, Debug)]
@@ -303,6 +359,18 @@ pub struct Watcher {
     tail_trim_bytes: u64,
     /// Of `tail_trims`, those done early (before a checkpoint confirmed the slot).
     early_tail_trims: u64,
+    /// Slots deallocated by the early-eviction rule in this run (not persisted).
+    early_evictions: u64,
+    /// Older containers made unloadable for early evictions in this run.
+    invalidations: u64,
+    /// Per container: header-block writes planned in this run, as of its last event taken
+    /// (what a zeroing expects; see [`SlotTable::begin_container_zeroing`]).
+    container_writes: [u64; 2],
+    /// The handle of fdpblk's own writes.
+    own_handle: Handle,
+    /// The container of the newest checkpoint header write taken in this run (its write
+    /// order; seqs can run backwards after an LMCache restart).
+    last_written: Option<u8>,
     last_early_tails: Instant,
     /// Tail deallocation failed while this epoch was the newest seen: paused until the next.
     tail_error_epoch: Option<u32>,
@@ -353,6 +421,11 @@ impl Watcher {
             tail_trims: 0,
             tail_trim_bytes: 0,
             early_tail_trims: 0,
+            early_evictions: 0,
+            invalidations: 0,
+            container_writes: [0; 2],
+            own_handle,
+            last_written: None,
             last_early_tails: Instant::now(),
             tail_error_epoch: None,
             observer: None,
@@ -393,6 +466,14 @@ impl Watcher {
     /// Of [`Self::tail_trims`], those done before a checkpoint confirmed the slot.
     pub fn early_tail_trims(&self) -> u64 {
         self.early_tail_trims
+    }
+    /// Slots deallocated by the early-eviction rule in this run.
+    pub fn early_evictions(&self) -> u64 {
+        self.early_evictions
+    }
+    /// Older checkpoint containers fdpblk made unloadable (zeroed) for early evictions.
+    pub fn containers_invalidated(&self) -> u64 {
+        self.invalidations
     }
     /// Connects the data path's `policy`: it takes back the history the restored slot table
     /// holds ([`SharedPolicy::resume`]), and gets every committed checkpoint's live entries if
@@ -450,6 +531,8 @@ impl Watcher {
         let mut changed = false;
         for ev in events {
             self.seen_epoch = self.seen_epoch.max(ev.epoch);
+            self.last_written = Some(ev.copy);
+            self.container_writes[usize::from(ev.copy)] = ev.writes;
             // A newer write to the header block supersedes what was pending there.
             self.pending.retain(|p| p.ev.copy != ev.copy);
             self.containers[usize::from(ev.copy)] = Container::Unknown;
@@ -497,9 +580,17 @@ impl Watcher {
         }
         if changed || std::mem::take(&mut self.need_sweep) || self.summary_at.elapsed() >= Duration::from_secs(10) {
             let allow = self.trims_allowed();
-            let (candidates, tails) = self.sweep(allow);
+            let Sweep { dead: candidates, early, tails } = self.sweep(allow);
             if allow && !candidates.is_empty() {
                 self.trim(candidates);
+            }
+            // Slots only the older container lists go once it can no longer be loaded.
+            if allow && !early.is_empty() && self.trims_allowed() {
+                if let Some(n) = self.early_eviction_basis() {
+                    if self.invalidate_container(1 - n as u8) {
+                        self.early_evictions += self.trim(early);
+                    }
+                }
             }
             if !tails.is_empty() {
                 self.trim_tails(tails);
@@ -659,13 +750,32 @@ impl Watcher {
         self.arm_alarm();
     }
 
-    /// Counts slots by state, relabels confirmed ones live/evicted, and returns the trim
-    /// candidates (confirmed and listed by neither container) when `allow`, and the slots
-    /// whose stale tail may go (confirmed, listed, tail not yet deallocated).
-    fn sweep(&mut self, allow: bool) -> (Vec<(u64, u64)>, Vec<(u64, u64)>) {
+    /// The container whose not listing a confirmed slot makes it an early eviction: the one
+    /// written last in this run, when it holds a valid checkpoint with a higher seq than the
+    /// other's (the one LMCache loads, and the newest snapshot of the process writing).
+    fn early_eviction_basis(&self) -> Option<usize> {
+        if !self.cfg.early_evictions {
+            return None;
+        }
+        let n = usize::from(self.last_written?);
+        let Container::Valid(v) = &self.containers[n] else { return None };
+        match &self.containers[1 - n] {
+            Container::Valid(o) if o.seq >= v.seq => None,
+            Container::Unknown => None,
+            _ => Some(n),
+        }
+    }
+
+    /// Counts slots by state, relabels confirmed ones live/evicted, and returns, when `allow`,
+    /// the trim candidates (confirmed and listed by neither container) and the early evictions
+    /// (confirmed, listed only by the older container), and the slots whose stale tail may go
+    /// (confirmed, listed, tail not yet deallocated).
+    fn sweep(&mut self, allow: bool) -> Sweep {
         let mut s = Summary::default();
         let mut out = Vec::new();
+        let mut early = Vec::new();
         let mut tails = Vec::new();
+        let basis = self.early_eviction_basis();
         let tails_on = self.cfg.trim_tails && self.conflict.is_none();
         let newest = self.containers.iter().enumerate().filter_map(|(i, c)| match c {
             Container::Valid(v) => Some((i, v.seq)),
@@ -694,6 +804,8 @@ impl Watcher {
                 }
                 if allow && !listed {
                     out.push((slot, l));
+                } else if allow && l & life::TRIMMING == 0 && basis.is_some_and(|n| !self.containers[n].lists(slot)) {
+                    early.push((slot, l));
                 } else if tails_on && listed && l & (life::TAIL_DONE | life::TRIMMING) == 0 && self.tail_of(slot).is_some() {
                     tails.push((slot, l));
                 }
@@ -705,7 +817,7 @@ impl Watcher {
         }
         self.summary = s;
         self.summary_at = Instant::now();
-        (out, tails)
+        Sweep { dead: out, early, tails }
     }
 
     /// The stale tail of `slot`'s current contents, as (offset in the slot, length): from the
@@ -878,7 +990,8 @@ impl Watcher {
     }
 
     /// Deallocates the candidates (conditions 2, 4 and 5 checked per slot; see the module doc).
-    fn trim(&mut self, candidates: Vec<(u64, u64)>) {
+    fn trim(&mut self, candidates: Vec<(u64, u64)>) -> u64 {
+        let mut done = 0;
         let g = self.geom;
         let mut hdr = vec![0u8; SLOT_HEADER_PREFIX];
         for (slot, l0) in candidates {
@@ -908,17 +1021,56 @@ impl Watcher {
                     self.summary.by_state[life::state(l) as usize] = self.summary.by_state[life::state(l) as usize].saturating_sub(1);
                     self.summary.by_state[SlotState::Trimmed as usize] += 1;
                     self.summary.confirmed = self.summary.confirmed.saturating_sub(1);
+                    done += 1;
                 }
                 Err(err) => {
                     if !self.trim_error {
                         tracing::warn!("device {}: deallocating slot {slot}: {err}; deallocation paused until the next checkpoint", self.cfg.device);
                         self.trim_error = true;
                     }
-                    return;
+                    return done;
                 }
             }
         }
         self.trim_error = false;
+        done
+    }
+
+    /// Makes the older container unloadable ("Early evictions" in the module doc): zeroes its
+    /// header block, unless a write to that block was planned since this thread's view of it,
+    /// with such writes held until the zeroes are durable. True when the container now holds
+    /// no loadable checkpoint.
+    fn invalidate_container(&mut self, copy: u8) -> bool {
+        let c = usize::from(copy);
+        if !self.slots.begin_container_zeroing(copy, self.container_writes[c]) {
+            return false; // LMCache is writing it: its event comes next
+        }
+        let g = self.geom;
+        let zeroes = vec![0u8; g.block_align as usize];
+        let res = self.dev.write_at(g.container_offset(copy), &zeroes, self.own_handle).and_then(|()| self.dev.flush());
+        match res {
+            Ok(()) => {
+                self.slots.end_container_zeroing(copy);
+                self.containers[c] = Container::Empty;
+                self.invalidations += 1;
+                true
+            }
+            Err(err) => {
+                // What the block holds now is not known: read it back before anything relies
+                // on it (LMCache's next write to it is still held).
+                let back = self.read_container(copy, None, None);
+                self.slots.end_container_zeroing(copy);
+                self.containers[c] = match back {
+                    Read::Done(k) => k,
+                    Read::NotYet => Container::Unknown,
+                };
+                if !self.trim_error {
+                    tracing::warn!("device {}: zeroing the older checkpoint container: {err}; early evictions wait for the next sweep", self.cfg.device);
+                    self.trim_error = true;
+                }
+                false
+            }
+        }
     }
 
     /// The estimated size of LMCache's next checkpoint: entries of the newest committed one
@@ -1053,6 +1205,7 @@ impl Watcher {
                 "evictions": self.counters.evictions,
                 "tails_enabled": self.cfg.trim_tails, "early_tails_enabled": self.cfg.early_tails,
                 "tail_trims": self.tail_trims, "early_tail_trims": self.early_tail_trims, "tail_trim_bytes": self.tail_trim_bytes,
+                "early_evictions_enabled": self.cfg.early_evictions, "early_evictions": self.early_evictions, "containers_invalidated": self.invalidations,
             },
             "own_state": {
                 "persisted": self.persist.is_some(), "seq": self.persist.as_ref().map(|p| p.seq()),

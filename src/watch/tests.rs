@@ -131,6 +131,14 @@ struct Rig {
     checked: u64,
     /// Of `tails`, those of contents no checkpoint had confirmed yet (earlier instances').
     early_tails: u64,
+    /// Of `trims`, early evictions (fdpblk's count, after each step).
+    early_evictions: u64,
+    /// Checkpoint containers fdpblk zeroed (each checked against the oracle).
+    invalidated: u64,
+    /// Early evictions and zeroed containers of earlier fdpblk instances.
+    earlier: (u64, u64),
+    /// Containers whose header block fdpblk zeroed since the last flush.
+    zeroed_unflushed: std::collections::HashSet<u8>,
     /// Slots whose last header write is not yet durable: written since the last flush (the
     /// drive's volatile write cache, as far as the tests model it).
     volatile: std::collections::HashSet<u64>,
@@ -156,6 +164,7 @@ impl Rig {
             trim,
             trim_tails: trim,
             early_tails: trim,
+            early_evictions: trim,
             early_tails_every: Duration::ZERO,
             retry_base: Duration::ZERO, persist_interval: Duration::from_secs(3600), device: 0, stall_min: STALL_MIN };
         let w = Watcher::new(g, slots.clone(), dev.clone(), cfg.clone(), Some(region), OWN);
@@ -175,10 +184,21 @@ impl Rig {
             tails: 0,
             checked: 0,
             early_tails: 0,
+            early_evictions: 0,
+            invalidated: 0,
+            earlier: (0, 0),
+            zeroed_unflushed: Default::default(),
             volatile: Default::default(),
             lmcache_torn: Default::default(),
             filler: Vec::new(),
         }
+    }
+
+    /// The same rig with only the two-container rule for evicted slots.
+    fn without_early_evictions(mut self) -> Rig {
+        self.cfg.early_evictions = false;
+        self.w = Watcher::new(self.g, self.slots.clone(), self.dev.clone(), self.cfg.clone(), Some(self.region), OWN);
+        self
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
@@ -196,15 +216,14 @@ impl Rig {
     fn step(&mut self) {
         self.w.step();
         self.check_trims();
+        self.early_evictions = self.earlier.0 + self.w.early_evictions();
+        assert_eq!(self.invalidated, self.earlier.1 + self.w.containers_invalidated(), "every zeroed container is counted");
     }
 
     /// The oracle: why `slot` must not be deallocated now, if it must not.
     fn protected(&self, slot: u64) -> Option<String> {
-        if let Some((k, ..)) = self.lmc.index.iter().find(|e| e.1 == slot) {
-            return Some(format!("live in LMCache's index ({k})"));
-        }
-        if let Some(p) = self.lmc.puts.iter().find(|p| p.slot == slot && (p.hdr || p.pay)) {
-            return Some(format!("a put in flight wrote it ({})", p.key));
+        if let Some(why) = self.held(slot) {
+            return Some(why);
         }
         if self.lmc.ckpt.as_ref().is_some_and(|c| c.slots.contains(&slot)) {
             return Some("listed by the checkpoint being written".into());
@@ -254,10 +273,32 @@ impl Rig {
         why
     }
 
+    /// Why no running LMCache process may lose `slot`'s contents now, if so.
+    fn held(&self, slot: u64) -> Option<String> {
+        if let Some((k, ..)) = self.lmc.index.iter().find(|e| e.1 == slot) {
+            return Some(format!("live in LMCache's index ({k})"));
+        }
+        if let Some(p) = self.lmc.puts.iter().find(|p| p.slot == slot && (p.hdr || p.pay)) {
+            return Some(format!("a put in flight wrote it ({})", p.key));
+        }
+        None
+    }
+
     fn check_trims(&mut self) {
         for op in self.dev.take_log() {
             if matches!(op, MemOp::Flush) {
                 self.volatile.clear();
+                self.zeroed_unflushed.clear();
+            }
+            if let MemOp::Write { off, len, data, .. } = &op {
+                if let Some(copy) = (0..2u8).find(|&c| *off >= self.g.container_offset(c) && *off < self.g.container_offset(c) + self.g.container_bytes) {
+                    // An early eviction's first step: the older container made unloadable.
+                    assert!(*off == self.g.container_offset(copy) && *len == BA && data.iter().all(|&b| b == 0), "fdpblk wrote {len} bytes into container {copy} at {off}");
+                    self.check_invalidation(copy);
+                    self.zeroed_unflushed.insert(copy);
+                    self.invalidated += 1;
+                }
+                assert!(self.g.slot_of(*off).is_none(), "fdpblk wrote into a slot at {off}");
             }
             if let MemOp::Discard { off, len } = op {
                 let (slot, rel) = self.g.slot_of(off).expect("only slots are deallocated");
@@ -273,12 +314,33 @@ impl Rig {
                     continue;
                 }
                 assert_eq!(len, self.g.slot_bytes, "whole slots");
+                assert!(self.zeroed_unflushed.is_empty(), "slot {slot} was deallocated before a zeroed container was flushed");
                 if let Some(why) = self.protected(slot) {
                     panic!("slot {slot} was deallocated but is {why}");
                 }
                 self.trims += 1;
                 self.checked += 1;
             }
+        }
+    }
+
+    /// The oracle for fdpblk's zeroing of container `copy` (just done): LMCache loses nothing
+    /// it could load or is writing. The other container holds the newest loadable checkpoint:
+    /// the current process's own (or the one it loaded), unless it loaded nothing; and no
+    /// checkpoint of the current process is half written into `copy`.
+    fn check_invalidation(&self, copy: u8) {
+        let dev = crate::persist::dev::DevReader(&*self.dev);
+        let copies = read_copies(&dev, &self.g).unwrap();
+        let newest = newest_valid(&copies).expect("a loadable checkpoint remains");
+        assert_eq!(newest.copy, 1 - copy, "the other container holds the newest checkpoint");
+        // (A checkpoint whose header went first is loadable early when its JSON is the same
+        // bytes as the container's earlier one.)
+        let writing = self.lmc.ckpt.as_ref().filter(|c| c.hdr).map(|c| c.seq);
+        if self.lmc.seq > 0 && newest.seq() != writing {
+            assert_eq!(newest.seq(), Some(self.lmc.seq), "LMCache's current checkpoint remains loadable");
+        }
+        if let Some(c) = &self.lmc.ckpt {
+            assert!(!(c.hdr && Geometry::copy_for_seq(c.seq) == copy), "zeroed the header of checkpoint seq {} being written", c.seq);
         }
     }
 
@@ -485,6 +547,8 @@ impl Rig {
         }
         self.check_trims();
         self.early_tails += self.w.early_tail_trims();
+        self.earlier.0 += self.w.early_evictions();
+        self.earlier.1 += self.w.containers_invalidated();
         let table = Arc::new(SlotTable::new(self.g.max_slots));
         self.w = Watcher::new(self.g, table.clone(), self.dev.clone(), self.cfg.clone(), Some(self.region), OWN);
         self.pipe = Pipeline::with_slots(self.g, Box::new(RegionPolicy), table.clone());
@@ -522,7 +586,7 @@ const META: u64 = 8192;
 
 #[test]
 fn evicted_slots_are_trimmed_after_two_checkpoints() {
-    let mut r = Rig::new(SLOTS, META, true);
+    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
     let keys: Vec<String> = (0..6).map(|i| r.new_key(i % 2 == 0)).collect();
     for k in &keys {
         r.put(k.clone()).unwrap();
@@ -559,6 +623,149 @@ fn evicted_slots_are_trimmed_after_two_checkpoints() {
     let e = r.slots.get(r.lmc.index.last().unwrap().1).unwrap();
     assert!(e.seen_before);
     assert_eq!(e.tag, tag);
+}
+
+#[test]
+fn evicted_slots_go_early_once_the_newest_checkpoint_lacks_them() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let keys: Vec<String> = (0..6).map(|_| r.new_key(false)).collect();
+    for k in &keys {
+        r.put(k.clone()).unwrap();
+    }
+    r.fillers(3);
+    r.checkpoint(); // seq 1 -> container 0
+    r.step();
+    r.checkpoint_dirty(); // seq 2 -> container 1: confirms the first six
+    r.step();
+    let (a, b) = (r.delete_key(&keys[0]), r.delete_key(&keys[1]));
+    r.checkpoint(); // seq 3 -> container 0 lacks them; container 1 (seq 2) still lists them
+    r.step();
+    assert_eq!((r.trims, r.early_evictions, r.w.early_evictions()), (2, 2, 2));
+    assert_eq!((r.state(a), r.state(b)), (SlotState::Trimmed, SlotState::Trimmed));
+    assert_eq!(r.w.published().lock().unwrap()["trim"]["early_evictions"], 2);
+    for s in [a, b] {
+        assert!(r.dev.peek(r.g.slot_offset(s), r.g.slot_bytes as usize).iter().all(|&x| x == 0));
+    }
+    // First the older container (seq 2) was made unloadable, and flushed.
+    assert_eq!(r.invalidated, 1);
+    assert!(r.dev.peek(r.g.container_offset(Geometry::copy_for_seq(2)), BA as usize).iter().all(|&x| x == 0));
+    assert_eq!(r.w.published().lock().unwrap()["trim"]["containers_invalidated"], 1);
+    // A new LMCache process loads seq 3.
+    let mut probe = r.lmc.clone();
+    std::mem::swap(&mut probe, &mut r.lmc);
+    r.restart_lmcache(true);
+    assert_eq!(r.lmc.seq, 3);
+    assert_eq!(r.lmc.index.len(), probe.index.len());
+    r.verify_all();
+    // Had seq 3 become unreadable, it would load nothing: no entry names a deallocated slot.
+    std::mem::swap(&mut probe, &mut r.lmc);
+    r.dev.zero(r.g.container_offset(Geometry::copy_for_seq(3)), BA);
+    r.restart_lmcache(true);
+    assert_eq!((r.lmc.seq, r.lmc.index.len()), (0, 0));
+    r.verify_all();
+}
+
+#[test]
+fn a_failed_zeroing_of_the_older_container_deallocates_nothing_early() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let keys: Vec<String> = (0..6).map(|_| r.new_key(false)).collect();
+    for k in &keys {
+        r.put(k.clone()).unwrap();
+    }
+    r.fillers(3);
+    r.checkpoint();
+    r.step();
+    r.checkpoint_dirty();
+    r.step();
+    let a = r.delete_key(&keys[0]);
+    r.dev.set_fail_writes(true);
+    r.checkpoint(); // seq 3 lacks slot a; seq 2 still lists it, and cannot be zeroed
+    r.step();
+    assert_eq!((r.trims, r.invalidated, r.early_evictions), (0, 0, 0));
+    assert_eq!(r.state(a), SlotState::Evicted);
+    assert!(r.w.trims_allowed(), "the older container was read back: still seq 2");
+    // The drive writes again: the next round zeroes it and the slot goes.
+    r.dev.set_fail_writes(false);
+    r.w.need_sweep = true; // (the daemon sweeps at least every 10 s)
+    r.step();
+    assert_eq!((r.trims, r.invalidated, r.early_evictions), (1, 1, 1));
+    r.verify_all();
+}
+
+/// Why an early eviction first makes the older container unloadable: a slot early-evicted
+/// while the older container still lists it; LMCache restarts with its index rejected (seq
+/// back to 1, written over the newer container), re-puts the same key into the same slot
+/// (bump allocation from 0), and dies between the header and the payload. Had the older
+/// copy survived, the next LMCache would load it (the higher seq), its entry would pass the
+/// header check, and LMCache would read the deallocated payload.
+#[test]
+fn early_eviction_then_same_key_reput_torn_by_a_crash_after_a_seq_restart() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let keys: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
+    for k in &keys {
+        r.put(k.clone()).unwrap();
+    }
+    r.fillers(5);
+    for _ in 0..4 {
+        r.checkpoint_dirty(); // seq 1..4; seq 4 (container 1) lists every key
+        r.step();
+    }
+    let s0 = r.delete_key(&keys[0]);
+    assert_eq!(s0, 0);
+    r.checkpoint(); // seq 5 -> container 0 lacks slot 0; seq 4 (container 1) lists it
+    r.step();
+    assert!(r.early_evictions >= 1 && r.state(s0) == SlotState::Trimmed);
+    // LMCache restarts with its index rejected: seq 1 goes to container 0, over seq 5.
+    r.restart_lmcache(false);
+    r.lmc.deleted.push(keys[0].clone());
+    assert!(r.start_put(keys[0].clone(), BA - 100)); // the same key into slot 0 (bump)
+    assert_eq!(r.lmc.puts[0].slot, s0);
+    r.put_header(0); // ... and it dies before the payload
+    let k = r.new_key(false);
+    r.put(k);
+    r.checkpoint(); // seq 1 -> container 0
+    r.step();
+    // The next LMCache finds no seq 4: it loads seq 1, which does not list the key.
+    r.restart_lmcache(true);
+    assert_eq!(r.lmc.seq, 1);
+    assert!(r.lmc.index.iter().all(|e| e.0 != keys[0]));
+    r.verify_all();
+}
+
+#[test]
+fn early_evictions_wait_for_the_checkpoint_written_last_to_hold_the_higher_seq() {
+    // The first fdpblk deallocates by the two-container rule only.
+    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
+    let keys: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
+    for k in &keys {
+        r.put(k.clone()).unwrap();
+    }
+    r.fillers(4);
+    for _ in 0..3 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    let a = r.delete_key(&keys[0]);
+    r.checkpoint(); // seq 4 lacks slot a; seq 3 lists it
+    r.step();
+    assert_eq!(r.state(a), SlotState::Evicted);
+    let before = r.trims;
+    // fdpblk restarts with early evictions: it has not seen which container LMCache wrote
+    // last (seq order is not write order after an LMCache seq restart), so slot a waits.
+    r.cfg.early_evictions = true;
+    r.restart_fdpblk(true);
+    r.step();
+    assert_eq!(r.trims, before, "the newest container's writer is unknown: slot {a} waits");
+    assert_eq!(r.state(a), SlotState::Evicted);
+    // A checkpoint written since: seq 5 is the newest and lacks both slot a and the filler
+    // deleted for it; the filler goes early (seq 4 still lists it), slot a by either rule.
+    let f = r.filler.pop().unwrap();
+    let fs = r.delete_key(&f);
+    r.checkpoint();
+    r.step();
+    assert_eq!((r.state(a), r.state(fs)), (SlotState::Trimmed, SlotState::Trimmed));
+    assert_eq!(r.early_evictions, 1);
+    r.verify_all();
 }
 
 #[test]
@@ -782,7 +989,7 @@ impl Rig {
 
 #[test]
 fn a_checkpoint_header_before_its_payload_is_read_back_when_complete() {
-    let mut r = Rig::new(SLOTS, META, true);
+    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
     let k = r.new_key(false);
     r.put(k.clone());
     r.fillers(3);
@@ -809,7 +1016,9 @@ fn a_checkpoint_header_before_its_payload_is_read_back_when_complete() {
 
 #[test]
 fn lmcache_restart_with_seq_restart_keeps_the_stale_copy_protected() {
-    let mut r = Rig::new(SLOTS, META, true);
+    // The two-container rule alone (with early evictions the older copy is zeroed once a
+    // slot only it lists goes: `early_eviction_then_same_key_reput_torn_by_a_crash_after_a_seq_restart`).
+    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
     let old: Vec<String> = (0..8).map(|_| r.new_key(false)).collect();
     for k in &old {
         r.put(k.clone());
@@ -828,9 +1037,10 @@ fn lmcache_restart_with_seq_restart_keeps_the_stale_copy_protected() {
         let k = r.new_key(false);
         r.put(k);
     }
+    let before = r.trims;
     r.checkpoint(); // seq 1 -> container 0; container 1 still holds seq 2 (higher: stale)
     r.step();
-    assert_eq!(r.trims, 0, "the stale copy 1 (seq 2) still lists the old slots");
+    assert_eq!(r.trims, before, "the stale copy 1 (seq 2) still lists the old slots");
     // A restart now would load the stale copy: LMCache's loader takes the highest seq.
     let mut probe = r.lmc.clone();
     std::mem::swap(&mut probe, &mut r.lmc);
@@ -843,14 +1053,14 @@ fn lmcache_restart_with_seq_restart_keeps_the_stale_copy_protected() {
     r.step();
     // Old slots 4.. (not overwritten by the new process's 4 puts) are dead now, but they
     // were confirmed only as the old process's contents: trimmed.
-    assert!(r.trims > 0);
+    assert!(r.trims > before);
     r.verify_all();
 }
 
 #[test]
 fn fdpblk_restart_clean_keeps_pending_trims_unclean_drops_them() {
     for clean in [true, false] {
-        let mut r = Rig::new(SLOTS, META, true);
+        let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
         let ks: Vec<String> = (0..5).map(|_| r.new_key(false)).collect();
         for k in &ks {
             r.put(k.clone());
@@ -906,7 +1116,7 @@ fn no_trim_keeps_everything_and_still_tracks_states() {
 
 #[test]
 fn foreign_write_behind_fdpblk_prevents_the_trim() {
-    let mut r = Rig::new(SLOTS, META, true);
+    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
     let k = r.new_key(false);
     let s = r.put(k.clone()).unwrap();
     r.fillers(3);
@@ -963,9 +1173,12 @@ fn overflow_alarm_comes_before_the_first_skipped_checkpoint() {
 
 /// One random schedule of LMCache and fdpblk events; returns (trims, checkpoints, tails,
 /// early tails).
-fn schedule(seed: u64, steps: usize) -> (u64, u64, u64, u64) {
+fn schedule(seed: u64, steps: usize) -> (u64, u64, u64, u64, u64) {
     let mut rng = Rng(seed);
     let mut r = Rig::new(SLOTS, META, true);
+    if rng.chance(50) {
+        r = r.without_early_evictions();
+    }
     let mut commits = 0;
     let posix = rng.chance(50);
     // Phases: filling (puts), churning, draining (deletes and checkpoints, so that evicted
@@ -1103,7 +1316,7 @@ fn schedule(seed: u64, steps: usize) -> (u64, u64, u64, u64) {
     }
     r.verify_all();
     assert_eq!(r.checked, r.trims);
-    (r.trims, commits, r.tails, r.early_tails + r.w.early_tail_trims())
+    (r.trims, commits, r.tails, r.early_tails + r.w.early_tail_trims(), r.early_evictions)
 }
 
 #[test]
@@ -1114,19 +1327,21 @@ fn randomized_interleavings_never_trim_a_live_slot() {
     // Another salt explores other schedules (CI runs the default).
     let salt: u64 = std::env::var("FDPBLK_SCHEDULE_SALT").ok().and_then(|v| v.parse().ok()).unwrap_or(0x1234);
     let t0 = std::time::Instant::now();
-    let (mut trims, mut commits, mut tails, mut early) = (0, 0, 0, 0);
+    let (mut trims, mut commits, mut tails, mut early, mut evictions) = (0, 0, 0, 0, 0);
     for seed in 0..n {
-        let (t, c, tl, e) = schedule(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ salt, 64);
+        let (t, c, tl, e, ev) = schedule(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ salt, 64);
         trims += t;
         commits += c;
         tails += tl;
         early += e;
+        evictions += ev;
     }
     eprintln!(
-        "{n} schedules: {trims} deallocations and {tails} stale tails ({early} early) checked, {commits} checkpoints, {:?}",
+        "{n} schedules: {trims} deallocations ({evictions} early evictions) and {tails} stale tails ({early} early) checked, {commits} checkpoints, {:?}",
         t0.elapsed()
     );
     assert!(trims > n / 4, "the schedules exercise deallocation ({trims} trims)");
+    assert!(evictions > n / 8 && evictions < trims, "the schedules exercise both eviction rules ({evictions} of {trims} early)");
     assert!(tails > n / 4, "the schedules exercise stale tails ({tails} tails)");
     assert!(early > n / 8 && early < tails, "the schedules exercise both tail rules ({early} of {tails} early)");
 }

@@ -11,7 +11,10 @@
 # (SIGKILL) and recovered, the writer restarts (reopens from the device): the slot table,
 # the identity history and the counters come back, and later evictions are deallocated
 # again. A clean del + add keeps them too. Stale tails behind partial payloads are
-# deallocated before any checkpoint once their headers are durable (early tails).
+# deallocated before any checkpoint once their headers are durable (early tails). With the
+# passthrough engine evicted slots go once the newest checkpoint lacks them (early evictions:
+# the older checkpoint container's header zeroed, then the slots deallocated); the streams
+# engine runs with --no-early-evictions and waits for both containers.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq nvme dd cmp blkdiscard blockdev
@@ -48,14 +51,17 @@ add_device() {
     check_fatal "$DEV or its stats did not appear"
 }
 
-# evictions ENGINE: puts, evictions and their deallocation on a freshly added device.
+# evictions ENGINE: puts, evictions and their deallocation on a freshly added device
+# (passthrough: early evictions, the default; streams: --no-early-evictions).
 evictions() {
     local e=$1 r0 r1 used3 own host inspect
     r0=$(ruamw) || check_fatal "nvme fdp status failed"
     if [[ $e == passthrough ]]; then
         add_device --backing "$NG_DEV" --engine passthrough "${GEOM[@]}"
+        expect_eq "$e: early evictions on by default" "$(dev_stat trim.early_evictions_enabled)" true
     else
-        add_device --backing "$NS_DEV" --engine streams "${GEOM[@]}"
+        add_device --backing "$NS_DEV" --engine streams --no-early-evictions "${GEOM[@]}"
+        expect_eq "$e: --no-early-evictions: off in the stats" "$(dev_stat trim.early_evictions_enabled)" false
     fi
     expect_eq "$e: deallocation on by default" "$(dev_stat trim.enabled)" true
     # 24 puts, then a second checkpoint: the 24 are confirmed (listed with their identity by a
@@ -71,15 +77,35 @@ evictions() {
     # (seq 2) still lists them; after seq 4 (container 1) neither does.
     writer "$e-evict" delete 8 checkpoint
     wait_stat checkpoint_seq 3
-    expect_eq "$e: nothing deallocated while one container still lists the slots" "$(dev_stat trim.trims)" 0
+    local gone=8
+    if [[ $e == passthrough ]]; then
+        # Early evictions: seq 3, the checkpoint written last, lacks them.
+        wait_stat trim.early_evictions 8
+        expect_eq "$e: early evictions once the newest checkpoint lacks the slots" "$(dev_stat trim.trims)" 8
+        gone=9
+    else
+        expect_eq "$e: nothing deallocated while one container still lists the slots" "$(dev_stat trim.trims)" 0
+    fi
     writer "$e-evict2" delete 1 checkpoint
     wait_stat checkpoint_seq 4
-    wait_stat trim.trims 8
-    wait_stat trim.handles '{"2":8}'
-    wait_stat slots.trimmed 8
-    wait_stat slots.evicted 1
-    expect_eq "$e: evicted slots read zeroes through $DEV (zeroed/free)" "$(free_zero "$DEV")" "8/9"
-    expect_eq "$e: and on $NS_DEV" "$(free_zero "$NS_DEV")" "8/9"
+    wait_stat trim.trims $gone
+    wait_stat trim.handles "{\"2\":$gone}"
+    wait_stat slots.trimmed $gone
+    wait_stat slots.evicted $((9 - gone))
+    expect_eq "$e: evicted slots read zeroes through $DEV (zeroed/free)" "$(free_zero "$DEV")" "$gone/9"
+    expect_eq "$e: and on $NS_DEV" "$(free_zero "$NS_DEV")" "$gone/9"
+    # Containers of 512 KiB at 0 and 512 KiB: seq 4 is in container 1, seq 3 in container 0.
+    local c0 c1
+    c0=$(dd if="$DEV" bs=4K count=1 iflag=direct status=none | head -c 8 | tr -d '\0')
+    c1=$(dd if="$DEV" bs=4K skip=128 count=1 iflag=direct status=none | head -c 8)
+    expect_eq "$e: container 1 holds the newest checkpoint" "$c1" LMCIDX01
+    if [[ $e == passthrough ]]; then
+        expect_eq "$e: the older container was zeroed (after seq 3 and after seq 4)" "$(dev_stat trim.containers_invalidated)" 2
+        expect_eq "$e: container 0 reads zeroes" "$c0" ""
+    else
+        expect_eq "$e: --no-early-evictions leaves the older container alone" "$(dev_stat trim.containers_invalidated)" 0
+        expect_eq "$e: container 0 holds seq 3" "$c0" LMCIDX01
+    fi
     writer "$e-verify" verify
     expect_eq "$e: every live entry verifies" "$(wfield "$e-verify" run.verified)" 17
     # Own state: written within a persist interval (5 s), on placement ID 3 (handle OwnState).
@@ -91,7 +117,7 @@ evictions() {
     host=$(dev_stat pipeline.ops.write.bytes)
     echo "    $e: own state: $own bytes written for $host host bytes"
     inspect=$("$FDPBLK" inspect "$NS_DEV" --json | jq -r '.fdpblk_state | "\(.slots.with_header) \(.slots.trimmed) \(.trims) \(.identity_history >= 9)"')
-    expect_eq "$e: fdpblk inspect $NS_DEV: slots, trimmed, trims, history >= 9" "$inspect" "26 8 8 true"
+    expect_eq "$e: fdpblk inspect $NS_DEV: slots, trimmed, trims, history >= 9" "$inspect" "26 $gone $gone true"
 }
 
 # The passthrough engine (NVMe commands on $NG_DEV) first, then the streams engine, which
