@@ -1205,7 +1205,7 @@ impl Watcher {
                 "evictions": self.counters.evictions,
                 "tails_enabled": self.cfg.trim_tails, "early_tails_enabled": self.cfg.early_tails,
                 "tail_trims": self.tail_trims, "early_tail_trims": self.early_tail_trims, "tail_trim_bytes": self.tail_trim_bytes,
-                "early_evictions_enabled": self.cfg.early_evictions, "early_evictions": self.early_evictions, "containers_invalidated": self.invalidations,
+                "early_evictions_enabled": self.cfg.early_evictions, "early_evictions": self.early_evictions, "containers_invalidated": self.invalidations, "containers_invalidated_bytes": self.invalidations * self.geom.block_align,
             },
             "own_state": {
                 "persisted": self.persist.is_some(), "seq": self.persist.as_ref().map(|p| p.seq()),

@@ -26,8 +26,10 @@ trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true' EXIT
 
 add_device() { # add_device ARGS...: fdpblk add on the namespace as /dev/ublkb0, policy region
     local out
-    # fdpblk's own state (placement ID 3) only at add and del, outside the measured phases.
-    out=$("$FDPBLK" add --backing "$NS_DEV" -n 0 --engine streams --policy region --persist-interval-ms 0 "$@" 2>&1) ||
+    # fdpblk's own state (placement ID 3) only at add and del, outside the measured phases; no
+    # early evictions, whose zeroing of the older checkpoint container (also on placement ID
+    # 3) follows a checkpoint by up to a second (ublk-trim and waf-compare account for it).
+    out=$("$FDPBLK" add --backing "$NS_DEV" -n 0 --engine streams --policy region --persist-interval-ms 0 --no-early-evictions "$@" 2>&1) ||
         { echo "$out"; cat /run/fdpblk/daemon.log 2>/dev/null; check_fatal "fdpblk add $*"; }
     expect_eq "fdpblk add $*: device" "$out" "$DEV"
     for _ in $(seq 100); do [[ -b $DEV && -e /run/fdpblk/0.stats.json ]] && return 0; sleep 0.1; done
