@@ -383,7 +383,8 @@ fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slo
         0 => Duration::MAX,
         ms => Duration::from_millis(ms),
     };
-    let wc = WatchConfig { trim: cfg.trim, trim_tails: cfg.trim, early_tails: cfg.trim && cfg.early_tails, early_evictions: cfg.trim && cfg.early_evictions, device: cfg.id, persist_interval, ..WatchConfig::default() };
+    let wc = WatchConfig { trim: cfg.trim, trim_tails: cfg.trim, early_tails: cfg.trim && cfg.early_tails, early_evictions: cfg.trim && cfg.early_evictions, device: cfg.id, persist_interval,
+        page_cache: (cfg.id >= 0).then(|| state::bdev_path(cfg.id).into()), ..WatchConfig::default() };
     let mut w = Watcher::new(g, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
     // A policy with history (key-aware's loads) takes back what the restored slot table holds;
     // one that learns tenants from LMCache's checkpoints (lmcache-fdp) gets each one.

@@ -341,11 +341,13 @@ struct MemInner {
     /// Log writes' data (crash tests need it; benchmarks do not).
     keep_data: bool,
     fail_writes: bool,
+    /// Flushes that succeed before the rest fail (`None`: all succeed).
+    fail_flushes_after: Option<u32>,
 }
 
 impl MemDev {
     pub fn new(size: u64) -> Self {
-        Self { inner: Mutex::new(MemInner { bytes: vec![0; size as usize], log: Vec::new(), keep_data: true, fail_writes: false }) }
+        Self { inner: Mutex::new(MemInner { bytes: vec![0; size as usize], log: Vec::new(), keep_data: true, fail_writes: false, fail_flushes_after: None }) }
     }
     fn lock(&self) -> std::sync::MutexGuard<'_, MemInner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
@@ -358,6 +360,11 @@ impl MemDev {
     /// Make state writes fail (I/O error injection).
     pub fn set_fail_writes(&self, fail: bool) {
         self.lock().fail_writes = fail;
+    }
+    /// Make flushes fail after `after` more successful ones (`None`: never). The writes
+    /// before a failed flush stay, neither lost nor known durable.
+    pub fn set_fail_flushes(&self, after: Option<u32>) {
+        self.lock().fail_flushes_after = after;
     }
     /// Writes bytes directly (what a queue's engine would do).
     pub fn poke(&self, off: u64, data: &[u8]) {
@@ -419,7 +426,13 @@ impl StateWriter for MemDev {
         Ok(())
     }
     fn flush(&self) -> io::Result<()> {
-        self.lock().log.push(MemOp::Flush);
+        let mut g = self.lock();
+        match &mut g.fail_flushes_after {
+            Some(0) => return Err(io::Error::from_raw_os_error(libc::EIO)),
+            Some(n) => *n -= 1,
+            None => {}
+        }
+        g.log.push(MemOp::Flush);
         Ok(())
     }
     fn size(&self) -> u64 {

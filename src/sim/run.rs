@@ -741,6 +741,7 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
             persist_interval: Duration::MAX,
             device: -1,
             stall_min: Duration::MAX,
+            page_cache: None,
         };
         Watcher::new(geom, slots.clone(), dev.clone(), wc, Some(region), own_handle)
     });

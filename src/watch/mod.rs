@@ -22,7 +22,9 @@
 //! 2. **not written since**: no write, discard or write-zeroes touched the slot since that
 //!    confirmation (every such request clears the confirmation; the CAS expects it set);
 //! 3. **listed by neither container**: both checkpoint containers' current contents are known
-//!    (read back and parsed, or known to hold no loadable checkpoint) and neither lists `s`;
+//!    (read back and parsed, or known to hold no loadable checkpoint), neither lists `s`, and
+//!    a flush made those contents durable (LMCache never flushes; after a power loss a
+//!    container back at older contents could list `s`);
 //! 4. **nothing pending**: no checkpoint header write has been seen that is not processed yet;
 //! 5. the slot header on the drive still carries the confirmed identity and length.
 //!
@@ -69,22 +71,32 @@
 //! container. When
 //!
 //! - the container of the newest checkpoint header write this run has seen (write order, not
-//!   seq order) holds a valid checkpoint whose seq is higher than the other container's, and
+//!   seq order) holds a valid checkpoint with seq `n`, the other container one with seq
+//!   `n - 1`, both read back, and
 //! - some confirmed slot (1, 2) is listed by the other container only,
 //!
-//! fdpblk makes the other container unloadable: it writes its header block with zeroes
-//! (LMCache's load skips a block without `LMCIDX01`) and flushes. Then condition 3 holds for
-//! those slots, and they go by the rule above, in the same round.
+//! fdpblk makes the other container unloadable: after the flush of condition 3 it writes
+//! that container's header block with zeroes (LMCache's load skips a block without
+//! `LMCIDX01`), flushes again, and drops the block from the page cache of `/dev/ublkbN` (a
+//! reader through the page cache would otherwise still see the old header). Then condition 3
+//! holds for those slots, and they go by the rule above, in the same round.
 //!
-//! That container holds nothing LMCache needs. Its next checkpoint overwrites it anyway (seq
-//! `n + 1` goes where `n - 1` was), and a load takes the valid copy with the highest seq, the
-//! other one. That copy was written by the process now using the device, or by one before
-//! it whose checkpoint the current process loaded or ignored (it started empty). The older
-//! copy is loaded only when the newer one fails its checks. fdpblk read the newer one back
-//! valid, and LMCache overwrites it only with seq `n + 2`, after seq `n + 1` is complete in
-//! the zeroed container, so a torn seq `n + 2` still falls back to `n + 1`. What is lost is
-//! the fallback when the newer copy is lost otherwise (a media error, or a torn seq 1 of a
-//! process that started empty): LMCache then starts empty instead of from the older copy.
+//! That container holds nothing LMCache needs while its current process runs. Its next
+//! checkpoint, `n + 1`, overwrites that container anyway, and a load takes the valid copy
+//! with the highest seq, `n`. That copy was written by the process now using the device, or by
+//! one before it whose checkpoint the current process loaded or ignored (it started empty).
+//! What the zeroing costs is the fallback to `n - 1`, which LMCache uses only when `n` is
+//! lost: a media error, a power loss that takes `n + 1` from the drive's volatile cache while
+//! `n + 2` is torn, or a process that started empty (another `device_path` string) writing its
+//! seq 1 over `n` before a later process with the right configuration starts. In those cases
+//! LMCache starts empty instead of from `n - 1`: KV data is lost from the cache, never served
+//! wrong.
+//!
+//! Why `n - 1` exactly: its header write has come through fdpblk and was read back, so no
+//! write of it is still on its way. With buffered I/O the page cache writes back the header
+//! pages of consecutive checkpoints in any order; with an older view (`n - 3`), the header of
+//! `n - 1` could reach the drive after the zeroes and bring back a copy that lists the
+//! deallocated slots (`an_older_checkpoint_header_written_back_late_is_waited_for`).
 //!
 //! Without the zeroing, deallocating while the older copy lists the slot is unsafe. A later
 //! process can load that copy: after an LMCache restart that rejected its index, seq 1 goes
@@ -99,9 +111,9 @@
 //! ([`SlotTable::checkpoint_header`]). fdpblk sets the guard's zeroing bit with a CAS that
 //! expects the count of its last event for that container. So either LMCache's write came
 //! first (the CAS fails, its event comes next), or the write sees the bit and its queue holds
-//! it until the zeroes are written and flushed. The write LMCache made before, seq `n - 1`,
-//! completed before it took the snapshot of seq `n` (one checkpoint at a time), so it cannot
-//! land after the zeroes.
+//! it until the zeroes are written and flushed. If the write or the flush of the zeroes
+//! fails, the container is unknown, which stops all deallocation until LMCache writes it
+//! again.
 //!
 //! In the terms of the issue: contents are evicted once they are "absent from two consecutive
 //! committed checkpoints" (the two containers; consecutive seqs alternate between them) "and
@@ -212,11 +224,15 @@ pub struct WatchConfig {
     pub device: i32,
     /// Checkpoints count as stalled after max(3 observed intervals, 180 s, this).
     pub stall_min: Duration,
+    /// The exported block device (`/dev/ublkbN`): where fdpblk writes the backing underneath
+    /// it (zeroing a checkpoint container), it drops the clean cached pages of that range, so
+    /// that a reader through the page cache sees the new bytes.
+    pub page_cache: Option<std::path::PathBuf>,
 }
 
 impl Default for WatchConfig {
     fn default() -> Self {
-        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN }
+        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None }
     }
 }
 
@@ -352,6 +368,10 @@ pub struct Watcher {
     summary: Summary,
     summary_at: Instant,
     trim_error: bool,
+    /// Per container: it holds no loadable checkpoint, and LMCache wrote its payload since
+    /// without a header write yet. That header may still come (buffered I/O writes back in
+    /// any order) and make the container list what it lists: no deallocation until it does.
+    awaiting_header: [bool; 2],
     /// Sweep (and deallocate) at the next step even without a checkpoint event.
     need_sweep: bool,
     /// Stale tails deallocated by this run, and their bytes (not persisted).
@@ -417,6 +437,7 @@ impl Watcher {
             summary: Summary::default(),
             summary_at: now,
             trim_error: false,
+            awaiting_header: [false; 2],
             need_sweep: true,
             tail_trims: 0,
             tail_trim_bytes: 0,
@@ -533,6 +554,7 @@ impl Watcher {
             self.seen_epoch = self.seen_epoch.max(ev.epoch);
             self.last_written = Some(ev.copy);
             self.container_writes[usize::from(ev.copy)] = ev.writes;
+            self.awaiting_header[usize::from(ev.copy)] = false;
             // A newer write to the header block supersedes what was pending there.
             self.pending.retain(|p| p.ev.copy != ev.copy);
             self.containers[usize::from(ev.copy)] = Container::Unknown;
@@ -577,15 +599,26 @@ impl Watcher {
                     changed = true;
                 }
             }
+            if matches!(self.containers[usize::from(copy)], Container::Empty)
+                && !self.pending.iter().any(|p| p.ev.copy == copy)
+                && self.slots.take_touched(copy)
+            {
+                self.awaiting_header[usize::from(copy)] = true;
+                changed = true;
+            }
         }
         if changed || std::mem::take(&mut self.need_sweep) || self.summary_at.elapsed() >= Duration::from_secs(10) {
             let allow = self.trims_allowed();
             let Sweep { dead: candidates, early, tails } = self.sweep(allow);
-            if allow && !candidates.is_empty() {
+            // The checkpoints read back must survive a power loss before a slot goes on their
+            // word (condition 3): LMCache never flushes, and a container back at older contents
+            // could list the slot.
+            let durable = allow && (!candidates.is_empty() || !early.is_empty()) && self.flush_checkpoints();
+            if durable && !candidates.is_empty() {
                 self.trim(candidates);
             }
             // Slots only the older container lists go once it can no longer be loaded.
-            if allow && !early.is_empty() && self.trims_allowed() {
+            if durable && !early.is_empty() && self.trims_allowed() {
                 if let Some(n) = self.early_eviction_basis() {
                     if self.invalidate_container(1 - n as u8) {
                         self.early_evictions += self.trim(early);
@@ -610,6 +643,7 @@ impl Watcher {
             && self.conflict.is_none()
             && self.pending.is_empty()
             && self.containers.iter().all(|c| !matches!(c, Container::Unknown))
+            && !self.awaiting_header.iter().any(|&a| a)
             && !self.slots.events_pending()
             && self.slots.epoch() == self.seen_epoch
     }
@@ -760,9 +794,12 @@ impl Watcher {
         let n = usize::from(self.last_written?);
         let Container::Valid(v) = &self.containers[n] else { return None };
         match &self.containers[1 - n] {
-            Container::Valid(o) if o.seq >= v.seq => None,
-            Container::Unknown => None,
-            _ => Some(n),
+            // Only the immediate predecessor: its header write has come and gone. With an
+            // older view, that header (buffered I/O writes back in any order) may still be on
+            // its way and would bring back a copy listing what was deallocated.
+            Container::Valid(o) if o.seq.checked_add(1) == Some(v.seq) => Some(n),
+            Container::Empty => Some(n),
+            _ => None,
         }
     }
 
@@ -1036,6 +1073,40 @@ impl Watcher {
         done
     }
 
+    /// Flushes the drive before deallocating on the word of the checkpoints read back.
+    fn flush_checkpoints(&mut self) -> bool {
+        match self.dev.flush() {
+            Ok(()) => true,
+            Err(err) => {
+                if !self.trim_error {
+                    tracing::warn!("device {}: flushing before deallocation: {err}; deallocation paused until the next checkpoint", self.cfg.device);
+                    self.trim_error = true;
+                }
+                false
+            }
+        }
+    }
+
+    /// Drops the clean cached pages of `[off, off + len)` of the exported device (see
+    /// [`WatchConfig::page_cache`]). Dirty pages stay: they hold LMCache's newer writes.
+    fn drop_cached(&mut self, off: u64, len: u64) {
+        use std::os::fd::AsRawFd;
+        let Some(path) = &self.cfg.page_cache else { return };
+        let res = std::fs::File::open(path).and_then(|f| {
+            // Whole pages: the kernel drops only pages entirely inside the range.
+            let (start, end) = (off & !4095, off.saturating_add(len).div_ceil(4096) * 4096);
+            let (off, len) = (i64::try_from(start).unwrap_or(i64::MAX), i64::try_from(end - start).unwrap_or(i64::MAX));
+            // SAFETY: a plain syscall on an open descriptor; it touches no memory of ours.
+            match unsafe { libc::posix_fadvise(f.as_raw_fd(), off, len, libc::POSIX_FADV_DONTNEED) } {
+                0 => Ok(()),
+                e => Err(std::io::Error::from_raw_os_error(e)),
+            }
+        });
+        if let Err(e) = res {
+            tracing::warn!("device {}: dropping {} from the page cache: {e}; a buffered reader may see the zeroed checkpoint header's old bytes until the device is closed by all", self.cfg.device, path.display());
+        }
+    }
+
     /// Makes the older container unloadable ("Early evictions" in the module doc): zeroes its
     /// header block, unless a write to that block was planned since this thread's view of it,
     /// with such writes held until the zeroes are durable. True when the container now holds
@@ -1053,19 +1124,16 @@ impl Watcher {
                 self.slots.end_container_zeroing(copy);
                 self.containers[c] = Container::Empty;
                 self.invalidations += 1;
+                self.drop_cached(g.container_offset(copy), g.block_align);
                 true
             }
             Err(err) => {
-                // What the block holds now is not known: read it back before anything relies
-                // on it (LMCache's next write to it is still held).
-                let back = self.read_container(copy, None, None);
+                // The zeroes may or may not be on the drive, durable or not: the container is
+                // unknown (no deallocation) until LMCache writes it again.
                 self.slots.end_container_zeroing(copy);
-                self.containers[c] = match back {
-                    Read::Done(k) => k,
-                    Read::NotYet => Container::Unknown,
-                };
+                self.containers[c] = Container::Unknown;
                 if !self.trim_error {
-                    tracing::warn!("device {}: zeroing the older checkpoint container: {err}; early evictions wait for the next sweep", self.cfg.device);
+                    tracing::warn!("device {}: zeroing the older checkpoint container: {err}; no deallocation until LMCache writes that container again", self.cfg.device);
                     self.trim_error = true;
                 }
                 false
