@@ -644,12 +644,7 @@ fn evicted_slots_are_trimmed_after_two_checkpoints() {
 
 #[test]
 fn evicted_slots_go_early_once_the_newest_checkpoint_lacks_them() {
-    let mut r = Rig::new(SLOTS, META, true);
-    let keys: Vec<String> = (0..6).map(|_| r.new_key(false)).collect();
-    for k in &keys {
-        r.put(k.clone()).unwrap();
-    }
-    r.fillers(3);
+    let (mut r, keys) = rig_with_keys(6, 3);
     r.checkpoint(); // seq 1 -> container 0
     r.step();
     r.checkpoint_dirty(); // seq 2 -> container 1: confirms the first six
@@ -682,29 +677,39 @@ fn evicted_slots_go_early_once_the_newest_checkpoint_lacks_them() {
     r.verify_all();
 }
 
-#[test]
-fn a_failed_zeroing_of_the_older_container_deallocates_nothing_early() {
+/// A rig with `keys` keys put, then `fillers` filler keys.
+fn rig_with_keys(keys: usize, fillers: usize) -> (Rig, Vec<String>) {
     let mut r = Rig::new(SLOTS, META, true);
-    let keys: Vec<String> = (0..6).map(|_| r.new_key(false)).collect();
+    let keys: Vec<String> = (0..keys).map(|_| r.new_key(false)).collect();
     for k in &keys {
         r.put(k.clone()).unwrap();
     }
-    r.fillers(3);
+    r.fillers(fillers);
+    (r, keys)
+}
+
+/// Six keys confirmed by seq 2, the first deleted, then seq 3 with `fault` in the drive: the
+/// older container cannot be zeroed durably, so nothing goes until LMCache writes it again.
+fn zeroing_fails(fault: impl Fn(&MemDev), heal: impl Fn(&MemDev)) {
+    let (mut r, keys) = rig_with_keys(6, 3);
+    r.faults = true;
     r.checkpoint();
     r.step();
     r.checkpoint_dirty();
     r.step();
     let a = r.delete_key(&keys[0]);
-    r.dev.set_fail_writes(true);
-    r.checkpoint(); // seq 3 lacks slot a; seq 2 still lists it, and cannot be zeroed
+    fault(&r.dev);
+    r.checkpoint(); // seq 3 lacks slot a; seq 2 still lists it
     r.step();
-    assert_eq!((r.trims, r.invalidated, r.early_evictions), (0, 0, 0));
-    assert_eq!(r.state(a), SlotState::Evicted);
-    assert!(!r.w.trims_allowed(), "the container is unknown until LMCache writes it again");
-    r.dev.set_fail_writes(false);
     r.w.need_sweep = true; // (the daemon sweeps at least every 10 s)
     r.step();
-    assert_eq!((r.trims, r.invalidated), (0, 0));
+    assert_eq!((r.trims, r.w.containers_invalidated(), r.early_evictions), (0, 0, 0));
+    assert_eq!(r.state(a), SlotState::Evicted);
+    assert!(!r.w.trims_allowed(), "the container is unknown until LMCache writes it again");
+    heal(&r.dev);
+    r.w.need_sweep = true;
+    r.step();
+    assert_eq!(r.trims, 0);
     // LMCache's next checkpoint goes into that container: known again, and slot a goes.
     r.checkpoint_dirty(); // seq 4
     r.step();
@@ -713,34 +718,14 @@ fn a_failed_zeroing_of_the_older_container_deallocates_nothing_early() {
 }
 
 #[test]
+fn a_failed_zeroing_of_the_older_container_deallocates_nothing_early() {
+    zeroing_fails(|d| d.set_fail_writes(true), |d| d.set_fail_writes(false));
+}
+
+#[test]
 fn a_failed_flush_after_zeroing_the_older_container_deallocates_nothing() {
-    let mut r = Rig::new(SLOTS, META, true);
-    r.faults = true;
-    let keys: Vec<String> = (0..6).map(|_| r.new_key(false)).collect();
-    for k in &keys {
-        r.put(k.clone()).unwrap();
-    }
-    r.fillers(3);
-    r.checkpoint();
-    r.step();
-    r.checkpoint_dirty();
-    r.step();
-    let a = r.delete_key(&keys[0]);
-    r.dev.set_fail_flushes(Some(1)); // the flush before deallocating passes, the next fails
-    r.checkpoint(); // seq 3 lacks slot a; seq 2's zeroes are written but not durable
-    r.step();
-    r.w.need_sweep = true; // the daemon sweeps again within 10 s
-    r.step();
-    assert_eq!((r.trims, r.w.containers_invalidated()), (0, 0));
-    assert_eq!(r.state(a), SlotState::Evicted);
-    assert!(!r.w.trims_allowed(), "the container is unknown until LMCache writes it again");
-    // LMCache's next checkpoint goes into that container: known again, and slot a goes.
-    r.dev.set_fail_flushes(None);
-    r.checkpoint_dirty(); // seq 4
-    r.step();
-    assert_eq!(r.state(a), SlotState::Trimmed);
-    assert!(r.w.trims_allowed());
-    r.verify_all();
+    // The flush before deallocating passes, the one after the zeroes fails.
+    zeroing_fails(|d| d.set_fail_flushes(Some(1)), |d| d.set_fail_flushes(None));
 }
 
 /// LMCache's seq 4: snapshot and payload written, its header held back (buffered I/O writes
@@ -751,6 +736,24 @@ fn checkpoint_with_late_header(r: &mut Rig) -> Vec<u8> {
     r.ckpt_payload();
     r.ckpt_done(|c| c.hdr = true); // written, as far as LMCache knows (page cache)
     CheckpointHeader::encode_for(c.seq, &c.json, BA as usize).to_vec()
+}
+
+/// Six keys and four fillers, then seq 1..3 (with a filler deleted before each when `dirty`),
+/// then seq 4 with its header held back; returns the rig, the keys and that header.
+fn rig_with_a_late_header(dirty: bool) -> (Rig, Vec<String>, Vec<u8>) {
+    let (mut r, keys) = rig_with_keys(6, 4);
+    for _ in 0..3 {
+        if dirty {
+            r.checkpoint_dirty();
+        } else {
+            r.checkpoint();
+        }
+        r.step();
+    }
+    assert_eq!(r.invalidated, u64::from(dirty), "container 1 (seq 2) zeroed for seq 3 when a filler went");
+    let late = checkpoint_with_late_header(&mut r);
+    r.step();
+    (r, keys, late)
 }
 
 /// After the late header: the next checkpoint, and no deallocated slot is listed by a
@@ -775,18 +778,7 @@ fn an_older_checkpoint_header_written_back_late_is_waited_for() {
     // Seq 4's header reaches the device after seq 5. Until it does, fdpblk's view of that
     // container is seq 2, which is no basis for zeroing it (only the immediate predecessor
     // of the newest seq is).
-    let mut r = Rig::new(SLOTS, META, true);
-    let keys: Vec<String> = (0..6).map(|_| r.new_key(false)).collect();
-    for k in &keys {
-        r.put(k.clone()).unwrap();
-    }
-    r.fillers(3);
-    for _ in 0..3 {
-        r.checkpoint(); // seq 1..3, nothing deleted
-        r.step();
-    }
-    let late = checkpoint_with_late_header(&mut r);
-    r.step();
+    let (mut r, keys, late) = rig_with_a_late_header(false);
     let a = r.delete_key(&keys[0]);
     r.checkpoint(); // seq 5 -> container 0 lacks slot a; container 1 still shows seq 2
     r.step();
@@ -799,19 +791,7 @@ fn an_older_checkpoint_header_written_back_late_is_waited_for() {
 fn a_zeroed_container_rewritten_without_its_header_yet_stops_deallocation() {
     // As above, but container 1 was zeroed (early eviction of a filler at seq 3): seq 4's
     // payload there, without a header, may still become a loadable copy listing slot a.
-    let mut r = Rig::new(SLOTS, META, true);
-    let keys: Vec<String> = (0..6).map(|_| r.new_key(false)).collect();
-    for k in &keys {
-        r.put(k.clone()).unwrap();
-    }
-    r.fillers(4);
-    for _ in 0..3 {
-        r.checkpoint_dirty(); // seq 1..3, a filler deleted before each
-        r.step();
-    }
-    assert_eq!(r.invalidated, 1, "container 1 (seq 2) was zeroed for seq 3");
-    let late = checkpoint_with_late_header(&mut r);
-    r.step();
+    let (mut r, keys, late) = rig_with_a_late_header(true);
     assert!(!r.w.trims_allowed(), "container 1 awaits its header");
     let a = r.delete_key(&keys[0]);
     let trims = r.trims;
@@ -830,12 +810,7 @@ fn a_zeroed_container_rewritten_without_its_header_yet_stops_deallocation() {
 /// header check, and LMCache would read the deallocated payload.
 #[test]
 fn early_eviction_then_same_key_reput_torn_by_a_crash_after_a_seq_restart() {
-    let mut r = Rig::new(SLOTS, META, true);
-    let keys: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
-    for k in &keys {
-        r.put(k.clone()).unwrap();
-    }
-    r.fillers(5);
+    let (mut r, keys) = rig_with_keys(4, 5);
     for _ in 0..4 {
         r.checkpoint_dirty(); // seq 1..4; seq 4 (container 1) lists every key
         r.step();
