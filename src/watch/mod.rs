@@ -258,6 +258,8 @@ struct Sweep {
     dead: Vec<(u64, u64)>,
     /// Confirmed and listed by the older container only (early evictions).
     early: Vec<(u64, u64)>,
+    /// The newer container `early` was found against ([`Watcher::early_eviction_basis`]).
+    basis: Option<usize>,
     /// Confirmed and listed, with a stale tail not yet deallocated.
     tails: Vec<(u64, u64)>,
 }
@@ -609,7 +611,7 @@ impl Watcher {
         }
         if changed || std::mem::take(&mut self.need_sweep) || self.summary_at.elapsed() >= Duration::from_secs(10) {
             let allow = self.trims_allowed();
-            let Sweep { dead: candidates, early, tails } = self.sweep(allow);
+            let Sweep { dead: candidates, early, basis, tails } = self.sweep(allow);
             // The checkpoints read back must survive a power loss before a slot goes on their
             // word (condition 3): LMCache never flushes, and a container back at older contents
             // could list the slot.
@@ -618,11 +620,9 @@ impl Watcher {
                 self.trim(candidates);
             }
             // Slots only the older container lists go once it can no longer be loaded.
-            if durable && !early.is_empty() && self.trims_allowed() {
-                if let Some(n) = self.early_eviction_basis() {
-                    if self.invalidate_container(1 - n as u8) {
-                        self.early_evictions += self.trim(early);
-                    }
+            if let (true, Some(n)) = (durable && !early.is_empty() && self.trims_allowed(), basis) {
+                if self.invalidate_container(1 - n as u8) {
+                    self.early_evictions += self.trim(early);
                 }
             }
             if !tails.is_empty() {
@@ -785,8 +785,8 @@ impl Watcher {
     }
 
     /// The container whose not listing a confirmed slot makes it an early eviction: the one
-    /// written last in this run, when it holds a valid checkpoint with a higher seq than the
-    /// other's (the one LMCache loads, and the newest snapshot of the process writing).
+    /// written last in this run, when it holds a valid checkpoint whose seq is one higher than
+    /// the other's (the one LMCache loads, and the newest snapshot of the process writing).
     fn early_eviction_basis(&self) -> Option<usize> {
         if !self.cfg.early_evictions {
             return None;
@@ -797,8 +797,8 @@ impl Watcher {
             // Only the immediate predecessor: its header write has come and gone. With an
             // older view, that header (buffered I/O writes back in any order) may still be on
             // its way and would bring back a copy listing what was deallocated.
+            // (An empty one lists nothing: no slot is an early eviction then.)
             Container::Valid(o) if o.seq.checked_add(1) == Some(v.seq) => Some(n),
-            Container::Empty => Some(n),
             _ => None,
         }
     }
@@ -854,7 +854,7 @@ impl Watcher {
         }
         self.summary = s;
         self.summary_at = Instant::now();
-        Sweep { dead: out, early, tails }
+        Sweep { dead: out, early, basis, tails }
     }
 
     /// The stale tail of `slot`'s current contents, as (offset in the slot, length): from the

@@ -139,10 +139,8 @@ struct Rig {
     earlier: (u64, u64),
     /// Flushes may fail: a zeroing written but not flushed is not one fdpblk counts.
     faults: bool,
-    /// Containers whose header block fdpblk zeroed since the last flush.
-    zeroed_unflushed: std::collections::HashSet<u8>,
-    /// Containers LMCache wrote since the last flush (LMCache never flushes: a power loss can
-    /// take them back to older contents).
+    /// Containers written since the last flush, by LMCache (which never flushes) or by
+    /// fdpblk's zeroing: a power loss can take them back to older contents.
     volatile_containers: std::collections::HashSet<u8>,
     /// Slots whose last header write is not yet durable: written since the last flush (the
     /// drive's volatile write cache, as far as the tests model it).
@@ -193,7 +191,6 @@ impl Rig {
             invalidated: 0,
             earlier: (0, 0),
             faults: false,
-            zeroed_unflushed: Default::default(),
             volatile_containers: Default::default(),
             volatile: Default::default(),
             lmcache_torn: Default::default(),
@@ -303,7 +300,6 @@ impl Rig {
         for op in self.dev.take_log() {
             if matches!(op, MemOp::Flush) {
                 self.volatile.clear();
-                self.zeroed_unflushed.clear();
                 self.volatile_containers.clear();
             }
             if let MemOp::Write { off, len, data, .. } = &op {
@@ -311,7 +307,7 @@ impl Rig {
                     // An early eviction's first step: the older container made unloadable.
                     assert!(*off == self.g.container_offset(copy) && *len == BA && data.iter().all(|&b| b == 0), "fdpblk wrote {len} bytes into container {copy} at {off}");
                     self.check_invalidation(copy);
-                    self.zeroed_unflushed.insert(copy);
+                    self.volatile_containers.insert(copy);
                     self.invalidated += 1;
                 }
                 assert!(self.g.slot_of(*off).is_none(), "fdpblk wrote into a slot at {off}");
@@ -330,7 +326,6 @@ impl Rig {
                     continue;
                 }
                 assert_eq!(len, self.g.slot_bytes, "whole slots");
-                assert!(self.zeroed_unflushed.is_empty(), "slot {slot} was deallocated before a zeroed container was flushed");
                 assert!(self.volatile_containers.is_empty(), "slot {slot} was deallocated on the word of checkpoints not yet durable");
                 if let Some(why) = self.protected(slot) {
                     panic!("slot {slot} was deallocated but is {why}");
