@@ -110,6 +110,34 @@ fn bad_input_is_one_clear_line() {
     let (code, _, err) = fdpblk(&["replay", "--slot-bytes", "64K", "--meta-total-bytes", "1M", trace.to_str().unwrap()]);
     assert_ne!(code, 0);
     assert!(err.contains("trace line 1: missing \"len\""), "{err}");
+    // One damaged line must not size the device or a buffer: each is refused, naming the fix.
+    let geo = ["--slot-bytes", "64K", "--meta-total-bytes", "1M"];
+    for (line, extra, want) in [
+        (r#"{"op":"write","offset":4611686018427387904,"len":4096}"#, None, "give --device-size"),
+        (r#"{"op":"write","offset":0,"len":2199023255552}"#, Some("4T"), "the trace is damaged"),
+        (r#"{"op":"write","offset":8388608,"len":4096}"#, Some("4M"), "past the 4194304-byte device"),
+        (r#"{"op":"write","offset":0,"len":4096}"#, Some("1024T"), "more than the 268435456 fdpblk tracks"),
+    ] {
+        std::fs::write(&trace, format!("{line}\n")).unwrap();
+        let mut args = vec!["replay"];
+        args.extend(geo);
+        if let Some(size) = extra {
+            args.extend(["--device-size", size]);
+        }
+        args.push(trace.to_str().unwrap());
+        let (code, _, err) = fdpblk(&args);
+        assert_ne!(code, 0, "{line}");
+        assert!(err.contains(want), "{line}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    // A read of 1 GiB is replayed in pieces.
+    std::fs::write(&trace, "{\"op\":\"read\",\"offset\":0,\"len\":1073741824}\n".repeat(4)).unwrap();
+    let mut args = vec!["replay", "--device-size", "2G"];
+    args.extend(geo);
+    args.push(trace.to_str().unwrap());
+    let (code, out, err) = fdpblk(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("4 requests, 0 engine errors"), "{out}");
     std::fs::remove_dir_all(dir).ok();
 }
 

@@ -81,6 +81,7 @@ fn errors_name_the_fix() {
     for (args, needle) in [
         (vec!["--policy", "fastest"], "choose from"),
         (vec!["--utilization", "150"], "--utilization"),
+        (vec!["--utilization", "0.5"], "percent of the device"),
         (vec!["--trim", "maybe"], "on, off or both"),
         (vec!["--handle-type", "xx"], "ii or pi"),
         (vec!["--policy", "lmcache-fdp", "--trim", "on"], "no trim"),
@@ -92,8 +93,28 @@ fn errors_name_the_fix() {
         let e = String::from_utf8_lossy(&out.stderr);
         assert!(e.contains(needle), "{args:?}: {e}");
     }
-    std::fs::write(&w, r#"{"tenants": [{"zipf": -1}]}"#).unwrap();
-    let out = fdpblk().args(["simulate", "--workload", w.to_str().unwrap()]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("zipf"));
+    // Out-of-range values are refused before the model sizes its tables by them.
+    for (workload, needle) in [
+        (r#"{"tenants": [{"zipf": -1}]}"#, "zipf"),
+        (r#"{"tenants": [{"universe": 1e12}]}"#, "universe"),
+        (r#"{"tenants": [{"doc_chunks": [1, 4000000000]}]}"#, "doc_chunks"),
+        (r#"{"write_rate_mb_s": 1e-300, "tenants": [{}]}"#, "write_rate_mb_s"),
+        (r#"{"checkpoint_interval_s": 1e-300, "tenants": [{}]}"#, "checkpoint_interval_s"),
+        (r#"{"chunk_hash_bytes": 4000000000, "tenants": [{}]}"#, "chunk_hash_bytes"),
+        (r#"{"slot_bytes": 1000, "tenants": [{}]}"#, "larger than \"header_bytes\""),
+    ] {
+        std::fs::write(&w, workload).unwrap();
+        let out = fdpblk().args(["simulate", "--workload", w.to_str().unwrap()]).output().unwrap();
+        assert!(!out.status.success());
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains(needle), "{workload}: {e}");
+    }
+    std::fs::write(&w, WORKLOAD).unwrap();
+    for (flag, value, needle) in [("--measure", "inf", "0.1 to 100"), ("--warmup", "NaN", "0 to 100"), ("--unit", "1000", "power of two")] {
+        let out = fdpblk().args(["simulate", "--workload", w.to_str().unwrap(), flag, value]).output().unwrap();
+        assert!(!out.status.success());
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains(needle), "{flag} {value}: {e}");
+    }
     std::fs::remove_dir_all(&d).ok();
 }

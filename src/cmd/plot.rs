@@ -62,7 +62,11 @@ pub fn parse_table(v: &Value) -> Result<BarTable, String> {
             .iter()
             .map(|x| match x {
                 Value::Null => Ok(None),
-                x => x.as_f64().filter(|f| f.is_finite()).map(Some).ok_or_else(|| format!("group {name}: {x} is not a number or null")),
+                x => x
+                    .as_f64()
+                    .filter(|f| f.abs() <= MAX_VALUE)
+                    .map(Some)
+                    .ok_or_else(|| format!("group {name}: {x} is not a number (at most {MAX_VALUE:e} in size) or null")),
             })
             .collect::<Result<Vec<_>, _>>()?;
         groups.push((name, vals));
@@ -70,14 +74,26 @@ pub fn parse_table(v: &Value) -> Result<BarTable, String> {
     if groups.is_empty() {
         return Err("\"groups\" is empty".into());
     }
+    if groups.len() * series.len() > MAX_BARS {
+        return Err(format!("{} bars: a chart holds at most {MAX_BARS}; split the table", groups.len() * series.len()));
+    }
+    let y_min = match v.get("y_min") {
+        None | Some(Value::Null) => 0.0,
+        Some(y) => y.as_f64().filter(|f| f.abs() <= MAX_VALUE).ok_or_else(|| format!("\"y_min\" {y} is not a number of at most {MAX_VALUE:e}"))?,
+    };
     Ok(BarTable {
         title: s("title"),
         y_label: s("y_label"),
-        y_min: v.get("y_min").and_then(Value::as_f64).unwrap_or(0.0),
+        y_min,
         series,
         groups,
     })
 }
+
+/// Bounds of a table: the canvas grows with the bars, and values far past any ratio or
+/// percentage would only break the axis arithmetic.
+const MAX_BARS: usize = 2000;
+const MAX_VALUE: f64 = 1e12;
 
 /// Draws the grouped bar chart, values printed above their bars.
 pub fn render(t: &BarTable) -> Canvas {
@@ -101,12 +117,13 @@ pub fn render(t: &BarTable) -> Canvas {
         .unwrap_or_else(|| 10f64.powf((span / 8.0).log10().ceil()));
     let ymax = t.y_min + ((span / step).ceil().max(1.0)) * step;
     let py = |y: f64| top + ph - (((y - t.y_min) / (ymax - t.y_min)).clamp(0.0, 1.0) * ph as f64).round() as i64;
-    let mut y = t.y_min;
-    while y <= ymax + 1e-9 {
+    // Counted, not accumulated: far from zero, y + step can round back to y.
+    let lines = ((ymax - t.y_min) / step).round().clamp(0.0, 64.0) as u32;
+    for k in 0..=lines {
+        let y = t.y_min + f64::from(k) * step;
         c.line(left, py(y), left + pw, py(y), 2, 1, 0);
         let l = if step < 1.0 { format!("{y:.2}") } else { format!("{y:.0}") };
         c.text(left - 10 - Canvas::text_width(&l, 2), py(y) - 7, &l, 1, 2);
-        y += step;
     }
     c.line(left, top, left, top + ph, 1, 2, 0);
     c.line(left, top + ph, left + pw, top + ph, 1, 2, 0);
@@ -172,9 +189,15 @@ mod tests {
             json!({"series": ["a"], "groups": [{"name": "x", "values": [1, 2]}]}),
             json!({"series": ["a"], "groups": [{"name": "x", "values": ["1"]}]}),
             json!({"series": ["a"], "groups": [{"values": [1]}]}),
+            json!({"series": ["a"], "groups": [{"name": "x", "values": [1e300]}]}),
+            json!({"series": ["a"], "y_min": -1e300, "groups": [{"name": "x", "values": [1]}]}),
+            json!({"series": ["a"], "groups": (0..3000).map(|i| json!({"name": i.to_string(), "values": [1]})).collect::<Vec<_>>()}),
         ] {
             assert!(parse_table(&bad).is_err(), "{bad}");
         }
+        // Far from zero a step of 0.1 is below the float's resolution: the grid still ends.
+        let far = json!({"series": ["a"], "y_min": 1e12, "groups": [{"name": "x", "values": [1e12]}]});
+        assert!(!render(&parse_table(&far).unwrap()).png().is_empty());
     }
 
     #[test]

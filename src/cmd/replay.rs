@@ -114,6 +114,12 @@ impl ReplayReport {
     }
 }
 
+/// The largest read or write a trace may hold: far above any block request (the kernel splits
+/// at max_sectors_kb, a few MiB), so only a damaged trace has larger ones.
+const MAX_IO_BYTES: u64 = 1 << 30;
+/// Reads are replayed in pieces of this size.
+const READ_PIECE: u64 = 1 << 20;
+
 /// Replays parsed requests through a pipeline with `policy` into a simulated drive.
 pub fn replay(geometry: Geometry, policy: &str, size: u64, trace: impl IntoIterator<Item = TraceRequest>) -> Result<ReplayReport, String> {
     replay_into(geometry, policy, size, trace, None)
@@ -135,8 +141,16 @@ pub fn replay_into(
     let mut identities = BTreeSet::new();
     let (mut requests, mut errors) = (0u64, 0u64);
     let mut segments: Vec<Segment> = Vec::new();
+    let mut read_buf = Vec::new();
     for t in trace {
         requests += 1;
+        if matches!(t.op, Op::Write | Op::Read) && t.len > MAX_IO_BYTES {
+            return Err(format!(
+                "request {requests}: a {} of {} bytes; no block request moves more than {MAX_IO_BYTES} bytes, so the trace is damaged",
+                t.op.name(),
+                t.len
+            ));
+        }
         let req = Request { op: t.op, offset: t.offset, len: t.len, data: Some(&t.data) };
         segments.clear();
         for e in pipeline.plan(&req, &mut segments, HeaderWait::Expired).unwrap_or(&[]) {
@@ -151,8 +165,12 @@ pub fn replay_into(
                 crate::engine::Engine::write(&mut engine, s.offset, s.len, bytes, s.handle)
             }),
             Op::Read => {
-                let mut buf = vec![0u8; t.len.min(1 << 30) as usize];
-                crate::engine::Engine::read(&mut engine, t.offset, &mut buf)
+                // In pieces through one buffer: a trace's reads are only counted and checked.
+                read_buf.resize(t.len.min(READ_PIECE) as usize, 0);
+                (0..t.len).step_by(READ_PIECE as usize).try_for_each(|at| {
+                    let n = (t.len - at).min(READ_PIECE) as usize;
+                    crate::engine::Engine::read(&mut engine, t.offset + at, &mut read_buf[..n])
+                })
             }
             Op::Flush => crate::engine::Engine::flush(&mut engine),
             Op::Discard => crate::engine::Engine::discard(&mut engine, t.offset, t.len),
@@ -435,6 +453,7 @@ fn read_trace(a: &ReplayArgs) -> Result<(Vec<TraceRequest>, TraceInfo), String> 
 pub fn run(a: &ReplayArgs) -> CmdResult {
     let (trace, info) = read_trace(a)?;
     let flags = a.geometry.flags();
+    let furthest = trace.iter().filter(|t| t.op != Op::Flush).map(|t| t.offset + t.len).max().unwrap_or(0);
     let (geometry, size) = match &a.device {
         Some(path) => {
             let dev = open_readonly(path)?;
@@ -442,8 +461,8 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
             (d.geometry, a.device_size.unwrap_or(crate::device::ReadAt::size(&dev)?))
         }
         None => {
-            let furthest = trace.iter().map(|t| t.offset + t.len).max().unwrap_or(0);
-            let size = a.device_size.or(flags.capacity_bytes).unwrap_or(furthest);
+            let given = a.device_size.or(flags.capacity_bytes);
+            let size = given.unwrap_or(furthest);
             let (Some(slot_bytes), Some(meta_total_bytes)) = (flags.slot_bytes, flags.meta_total_bytes) else {
                 return Err(DiscoverError::NoCheckpoint { missing: "--device IMAGE, or --slot-bytes and --meta-total-bytes" }.into());
             };
@@ -454,12 +473,27 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
                 meta_total_bytes,
                 capacity_bytes: flags.capacity_bytes.unwrap_or(0),
             }
-            .validate(size)?;
+            .validate(size)
+            .map_err(|e| match given {
+                Some(_) => e.to_string(),
+                None => format!(
+                    "without --device-size the device ends at the trace's furthest byte, {furthest}: {e}; give --device-size, the traced device's size"
+                ),
+            })?;
             (g, size)
         }
     };
+    if furthest > size {
+        return Err(format!(
+            "the trace reaches byte {furthest}, past the {size}-byte device; pass the traced device's size (--device-size, or --device IMAGE)"
+        )
+        .into());
+    }
     let ssd = if a.ssd {
         let handles = policy_by_name(&a.policy).map_or(1, |p| p.handles());
+        if !(0.0..0.9).contains(&a.ssd_op) {
+            return Err(format!("--ssd-op {}: give a fraction of physical space, e.g. 0.07", a.ssd_op).into());
+        }
         Some(crate::sim::dev::TraceSsd::new(size, &geometry, a.ssd_op, a.ssd_ru_size, handles)?)
     } else {
         None
@@ -481,6 +515,9 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
         if let Some(n) = &note {
             println!("note: {n}");
         }
+    }
+    if report.errors > 0 {
+        return Err(format!("{} of {} requests failed in the simulated engine (see the report above)", report.errors, report.requests).into());
     }
     Ok(())
 }

@@ -104,11 +104,12 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
         parse_list(&a.policy, "--policy", |p| sim_policy_names().contains(&p).then(|| p.to_string()))
             .map_err(|e| format!("{e}; choose from {} or all", sim_policy_names().join(", ")))?
     };
+    // Percent only: a fraction such as 0.5 would be ambiguous with 1 (1 % or 100 %?).
     let utils = parse_list(&a.utilization, "--utilization", |u| {
-        let v: f64 = u.trim_end_matches('%').parse().ok()?;
-        let f = if v > 1.0 { v / 100.0 } else { v };
-        (f > 0.0 && f <= 1.0).then_some(f)
-    })?;
+        let v: f64 = u.strip_suffix('%').unwrap_or(u).parse().ok()?;
+        (1.0..=100.0).contains(&v).then_some(v / 100.0)
+    })
+    .map_err(|e| format!("{e} (percent of the device, 1 to 100, e.g. 50,80,90,100)"))?;
     let trims: Vec<bool> = match a.trim.as_str() {
         "on" => vec![true],
         "off" => vec![false],
@@ -116,11 +117,15 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
         t => return Err(format!("--trim {t}: use on, off or both")),
     };
     let rules = parse_list(&a.trim_rules, "--trim-rules", |r| ["slots", "tails", "early-tails", "early-evictions"].contains(&r).then(|| r.to_string()))?;
+    // 0 stands for auto in the drive's spec: an explicit size must be a real one.
     let size = |s: &str, what: &str| -> Result<u64, String> {
         if s == "auto" {
-            Ok(0)
-        } else {
-            parse_size(s).map_err(|e| format!("{what}: {e}"))
+            return Ok(0);
+        }
+        match parse_size(s).map_err(|e| format!("{what}: {e}"))? {
+            n if what == "--unit" && (n < 4096 || !n.is_power_of_two()) => Err(format!("--unit {s}: give auto or a power of two of at least 4K")),
+            n if n < 64 << 10 => Err(format!("{what} {s}: give auto or at least 64K")),
+            n => Ok(n),
         }
     };
     let drive = DriveSpec {
@@ -143,6 +148,12 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
     };
     if policies.iter().any(|p| p == CLAIRVOYANT) && !(2..=a.handles).contains(&a.clairvoyant_handles) {
         return Err(format!("--clairvoyant-handles {}: use 2 to --handles ({})", a.clairvoyant_handles, a.handles));
+    }
+    if !(a.warmup.is_finite() && (0.0..=100.0).contains(&a.warmup)) {
+        return Err(format!("--warmup {}: give LMCache's capacities written before measuring, 0 to 100", a.warmup));
+    }
+    if !(a.measure.is_finite() && a.measure >= 0.1 && a.measure <= 100.0) {
+        return Err(format!("--measure {}: give device capacities of host writes to measure, 0.1 to 100", a.measure));
     }
     if !(0.0..0.9).contains(&a.op) {
         return Err(format!("--op {}: give a fraction of physical space, e.g. 0.07", a.op));

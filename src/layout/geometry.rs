@@ -42,7 +42,12 @@ pub enum GeometryError {
     MetaTotalBytes(u64, u64),
     ContainerTooSmall { container_bytes: u64, block_align: u64 },
     DeviceTooSmall { meta_total_bytes: u64, capacity: u64, slot_bytes: u64 },
+    TooManySlots { max_slots: u64, capacity: u64, slot_bytes: u64 },
 }
+
+/// The most slots fdpblk tracks: 256 TiB in LMCache's smallest (1 MiB) slots. The slot table
+/// takes memory per slot, so a capacity from a garbage value must not size it.
+pub const MAX_SLOTS: u64 = 1 << 28;
 
 impl fmt::Display for GeometryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -70,6 +75,10 @@ impl fmt::Display for GeometryError {
             Self::DeviceTooSmall { meta_total_bytes, capacity, slot_bytes } => write!(
                 f,
                 "capacity {capacity} bytes holds no slot of {slot_bytes} bytes after the {meta_total_bytes}-byte metadata region; use a larger device or a smaller --meta-total-bytes/--slot-bytes"
+            ),
+            Self::TooManySlots { max_slots, capacity, slot_bytes } => write!(
+                f,
+                "capacity {capacity} bytes makes {max_slots} slots of {slot_bytes} bytes, more than the {MAX_SLOTS} fdpblk tracks; check --slot-bytes and the capacity (--capacity-bytes, or replay's --device-size)"
             ),
         }
     }
@@ -117,6 +126,9 @@ impl GeometryConfig {
         let max_slots = (capacity - self.meta_total_bytes) / self.slot_bytes;
         if max_slots == 0 {
             return Err(too_small);
+        }
+        if max_slots > MAX_SLOTS {
+            return Err(GeometryError::TooManySlots { max_slots, capacity, slot_bytes: self.slot_bytes });
         }
         Ok(Geometry {
             block_align: a,
@@ -213,6 +225,15 @@ mod tests {
         let g = cfg(4096, 8192, 196608, 1 << 20, 0).validate(4718592).unwrap();
         assert_eq!(g.max_slots, 18);
         assert_eq!(g.data_end_offset(), (1 << 20) + 18 * 196608);
+    }
+
+    #[test]
+    fn slot_count_is_bounded() {
+        let one_mib = cfg(4096, 4096, 1 << 20, 1 << 20, 0);
+        assert_eq!(one_mib.validate((1 << 20) + (MAX_SLOTS << 20)).unwrap().max_slots, MAX_SLOTS);
+        let e = one_mib.validate((1 << 20) + ((MAX_SLOTS + 1) << 20)).unwrap_err();
+        assert!(matches!(e, GeometryError::TooManySlots { max_slots, .. } if max_slots == MAX_SLOTS + 1), "{e}");
+        assert!(e.to_string().contains("--device-size"), "{e}");
     }
 
     #[test]

@@ -186,6 +186,11 @@ fn check_keys(v: &Value, what: &str, allowed: &[&str]) -> Result<(), String> {
     }
 }
 
+/// Upper bounds of a workload's sizes: past them the model's tables would not fit in memory.
+const MAX_UNIVERSE: f64 = 100.0;
+const MAX_PROMPTS: u32 = 1_000_000;
+const MAX_REQUEST_CHUNKS: u32 = 65_536;
+
 impl WorkloadSpec {
     pub fn from_json_str(text: &str) -> Result<WorkloadSpec, String> {
         let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
@@ -233,6 +238,12 @@ impl WorkloadSpec {
         let header_bytes = get_size(v, "header_bytes", 4096)?;
         let slot_bytes = get_size(v, "slot_bytes", 16 << 20)?;
         let meta_total_bytes = get_size(v, "meta_total_bytes", if mode == Mode::Mp { 256 << 20 } else { 128 << 20 })?;
+        if block_align < 512 || !block_align.is_power_of_two() {
+            return err(format!("\"block_align\" {block_align} must be a power of two of at least 512"));
+        }
+        if slot_bytes <= header_bytes {
+            return err(format!("\"slot_bytes\" {slot_bytes} must be larger than \"header_bytes\" {header_bytes}"));
+        }
         let cap = slot_bytes.saturating_sub(header_bytes);
         let chunk_bytes = get_size(v, "chunk_bytes", cap)?;
         if chunk_bytes == 0 || chunk_bytes > cap {
@@ -328,8 +339,18 @@ impl WorkloadSpec {
                 unique_tail_chunks: get_u32(t, "unique_tail_chunks", 0)?,
                 partial_last: get_bool(t, "partial_last", true)?,
             };
-            if ts.share <= 0.0 || ts.zipf < 0.0 || ts.universe <= 0.0 {
-                return err(format!("{what}: share and universe must be > 0, zipf >= 0"));
+            if !(ts.share > 0.0 && ts.share.is_finite() && (0.0..=10.0).contains(&ts.zipf)) {
+                return err(format!("{what}: share must be > 0, zipf 0 to 10"));
+            }
+            // Bounds keep the model's tables (documents, prompts) within memory.
+            if !(ts.universe > 0.0 && ts.universe <= MAX_UNIVERSE) {
+                return err(format!("{what}: \"universe\" must be > 0 and at most {MAX_UNIVERSE} (times the cache's slots)"));
+            }
+            if ts.system_prompts > MAX_PROMPTS {
+                return err(format!("{what}: \"system_prompts\" must be at most {MAX_PROMPTS}"));
+            }
+            if [ts.prefix_chunks, ts.doc_chunks_max, ts.unique_tail_chunks].iter().any(|&n| n > MAX_REQUEST_CHUNKS) {
+                return err(format!("{what}: \"prefix_chunks\", \"doc_chunks\" and \"unique_tail_chunks\" must be at most {MAX_REQUEST_CHUNKS}"));
             }
             if ts.doc_chunks_max == 0 && ts.unique_tail_chunks == 0 && ts.prefix_chunks == 0 {
                 return err(format!("{what}: a request needs at least one chunk"));
@@ -366,8 +387,20 @@ impl WorkloadSpec {
         if spec.max_request_bytes < spec.block_align || spec.max_request_bytes % spec.block_align != 0 {
             return err("\"max_request_bytes\" must be a multiple of block_align");
         }
-        if spec.write_rate_mb_s <= 0.0 || spec.checkpoint_interval_s <= 0.0 {
-            return err("\"write_rate_mb_s\" and \"checkpoint_interval_s\" must be > 0");
+        if !(1.0..=1e6).contains(&spec.write_rate_mb_s) {
+            return err("\"write_rate_mb_s\" must be 1 to 1000000");
+        }
+        if !(0.1..=86400.0).contains(&spec.checkpoint_interval_s) {
+            return err("\"checkpoint_interval_s\" must be 0.1 to 86400");
+        }
+        if !(0.0..=1.0).contains(&spec.checkpoint_idle_probability) {
+            return err("\"checkpoint_idle_probability\" must be 0 to 1");
+        }
+        if !(1..=64).contains(&spec.chunk_hash_bytes) {
+            return err("\"chunk_hash_bytes\" must be 1 to 64");
+        }
+        if spec.max_request_bytes > 1 << 30 || spec.writeback_puts > 1 << 20 {
+            return err("\"max_request_bytes\" must be at most 1G and \"writeback_puts\" at most 1048576");
         }
         if spec.remove_after_read && mode == Mode::Mp {
             return err("\"remove_after_read\" is a non-MP option");
