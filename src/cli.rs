@@ -144,7 +144,7 @@ pub struct AddArgs {
     /// deploy/fdpblk.example.toml); flags given here override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// auto: passthrough for /dev/ng*, streams for a block device with write streams, else plain.
+    /// auto: passthrough for /dev/ng*, streams for a block device with write streams, else plain when the policy needs one handle (--policy none); other policies need --engine plain to run without placement.
     #[arg(long, default_value = "auto")]
     pub engine: String,
     /// Placement policy: key-aware (3 handles), region (4), none (1), lmcache-fdp (8).

@@ -110,7 +110,7 @@ impl ConfigFile {
                 "number" => c.number = Some(int(-1, i64::from(i32::MAX))? as i32),
                 "queues" => c.queues = Some(int(0, i64::from(u16::MAX))? as u16),
                 "depth" => c.depth = Some(int(0, i64::from(u16::MAX))? as u16),
-                "header_wait_us" => c.header_wait_us = Some(int(0, i64::MAX)? as u64),
+                "header_wait_us" => c.header_wait_us = Some(int(0, 1_000_000)? as u64),
                 "persist_interval_ms" => c.persist_interval_ms = Some(int(0, i64::MAX)? as u64),
                 "no_trim" => {
                     c.no_trim = Some(value.as_bool().ok_or_else(|| format!("{file}: `no_trim` must be true or false (no quotes)"))?)

@@ -39,6 +39,24 @@ fn sysfs_queue_attr(dev: &Path, attr: &str) -> Option<u64> {
     std::fs::read_to_string(format!("/sys/block/{name}/queue/{attr}")).ok()?.trim().parse().ok()
 }
 
+/// A geometry conflict is also what a changed LMCache configuration looks like (for instance
+/// a larger meta_total_bytes after fdpblk's overflow alarm): LMCache discards its old index
+/// then, so the way forward is to erase the old checkpoint, which the error spells out.
+fn with_erase_hint(e: DiscoverError, backing: &Path, is_bdev: bool, is_chardev: bool) -> String {
+    let DiscoverError::Conflict { meta_bytes, .. } = e else { return e.to_string() };
+    let block = if is_chardev {
+        crate::nvme::path::resolve(backing).ok().and_then(|p| p.block_name).map(|b| Path::new("/dev").join(b))
+    } else {
+        Some(backing.to_path_buf())
+    };
+    let erase = match block {
+        Some(b) if is_bdev || is_chardev => format!("blkdiscard -z -l {meta_bytes} {}", b.display()),
+        Some(b) => format!("dd if=/dev/zero of={} bs=4096 count={} conv=notrunc", b.display(), meta_bytes.div_ceil(4096)),
+        None => format!("zero the first {meta_bytes} bytes of the namespace behind {}", backing.display()),
+    };
+    format!("{e}. If LMCache's configuration changed to the new value (LMCache then starts with an empty cache), erase its old checkpoint first: {erase}")
+}
+
 /// Turns `fdpblk add` arguments into a device config, checking everything first.
 pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let policy = policy_by_name(&a.policy)
@@ -47,6 +65,9 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         .map_err(|e| format!("backing {}: {e}; pass an NVMe namespace (/dev/nvmeXnY, /dev/ngXnY) or a file", a.backing.display()))?;
     let is_bdev = meta.file_type().is_block_device();
     let is_chardev = meta.file_type().is_char_device();
+    if !is_bdev && !is_chardev && !meta.file_type().is_file() {
+        return Err(format!("backing {} is neither a block device nor a file; pass an NVMe namespace (/dev/nvmeXnY, /dev/ngXnY) or a file", a.backing.display()));
+    }
     let name = a.backing.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let engine = match a.engine.as_str() {
         "auto" if is_chardev && name.starts_with("ng") => EngineKind::Passthrough,
@@ -138,7 +159,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
                 );
                 None
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(with_erase_hint(e, &a.backing, is_bdev, is_chardev)),
         },
         "lmcache" => {
             let (Some(slot_bytes), Some(meta_total_bytes)) = (flags.slot_bytes, flags.meta_total_bytes) else {
@@ -146,7 +167,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             };
             // A checkpoint already on the device must agree with the flags.
             if let Err(e @ DiscoverError::Conflict { .. }) = discover(&*source, &flags) {
-                return Err(e.to_string());
+                return Err(with_erase_hint(e, &a.backing, is_bdev, is_chardev));
             }
             Some(GeometryConfig {
                 block_align: flags.block_align.unwrap_or(4096),
@@ -160,6 +181,13 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         }
         l => return Err(format!("unknown --layout {l}; use auto or lmcache")),
     };
+    if a.number < -1 {
+        return Err(format!("-n {}: give a device id (0, 1, ...) or -1 to let the driver choose", a.number));
+    }
+    // A payload waits this long for its header with its queue slot held: seconds would stall LMCache.
+    if a.header_wait_us > 1_000_000 {
+        return Err(format!("--header-wait-us {}: at most 1000000 (one second); the default is 5000", a.header_wait_us));
+    }
     if a.queues == 0 || a.queues > 32 {
         return Err("--queues must be 1..=32".into());
     }
@@ -219,9 +247,10 @@ fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, Stri
     if foreground {
         // SAFETY: unshare only changes this process's namespaces.
         unsafe { libc::unshare(libc::CLONE_NEWNS) };
+        // An error also comes back as `body`'s result, which main prints: only report success.
         return body(Box::new(move |r| {
-            report(&r);
             if let Ok(id) = r {
+                report(&r);
                 super::up::notify_ready(id); // systemd Type=notify; nothing outside systemd
             }
         }))
@@ -315,6 +344,23 @@ pub fn add(a: &AddArgs) -> CmdResult {
     if a.number >= 0 && ublk_exists(a.number) {
         return Err(format!("ublk device {} already exists; pick another -n or `fdpblk del -n {}`", a.number, a.number).into());
     }
+    if let Some(name) = &a.name {
+        // Two devices under one name would point LMCache's device_path at the wrong backing.
+        match super::up::find(name) {
+            super::up::Found::Running { id, .. } => {
+                return Err(format!("--name {name} is taken by {}; pick another name or `fdpblk del -n {id}` first", state::bdev_path(id)).into())
+            }
+            super::up::Found::Orphaned { id } => {
+                return Err(format!(
+                    "--name {name} is taken by {}, whose daemon died; `fdpblk recover -n {id}` (or `fdpblk up {name}`) brings it back, `fdpblk del -n {id}` deletes it",
+                    state::bdev_path(id)
+                )
+                .into())
+            }
+            super::up::Found::Stale { cfg } => state::remove_state(&cfg),
+            super::up::Found::None => {}
+        }
+    }
     let cfg = validate(a)?;
     daemonize(a.foreground, move |notify| target::run(cfg, false, notify))
 }
@@ -348,7 +394,7 @@ pub fn recover(a: &IdArgs) -> CmdResult {
     daemonize(a.foreground, move |notify| target::run(cfg, true, notify))
 }
 
-fn ublk_exists(id: i32) -> bool {
+pub(crate) fn ublk_exists(id: i32) -> bool {
     Path::new(&format!("/dev/ublkc{id}")).exists() || Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists()
 }
 
@@ -369,32 +415,51 @@ pub fn del(a: &DelArgs) -> CmdResult {
         (None, true) => state::state_ids(),
         _ => return Err("pass -n ID or --all".into()),
     };
+    // --all goes on past a device it cannot delete, and reports them all at the end.
+    let mut failed = Vec::new();
     for id in ids {
-        let saved = state::read_state(id).ok();
-        if !ublk_exists(id) {
-            match &saved {
-                Some((c, _)) => state::remove_state(c), // the device is gone already
-                None => return Err(format!("no ublk device {id}; see `fdpblk list`").into()),
+        if let Err(e) = del_one(id) {
+            if !a.all {
+                return Err(e.into());
             }
-            continue;
+            failed.push(e);
         }
-        let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {e}"))?;
-        // Stopping makes the daemon drain its queues, delete the device and exit.
-        let _ = ctrl.kill_dev();
-        let daemon = saved.as_ref().map(|(_, pid)| *pid).filter(|&p| state::pid_alive(p));
-        if let Some(pid) = daemon {
-            wait_for(10, || !state::pid_alive(pid));
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; ").into())
+    }
+}
+
+fn del_one(id: i32) -> Result<(), String> {
+    let read = state::read_state(id);
+    if !ublk_exists(id) {
+        match (&read, state::state_path(id).exists()) {
+            (Ok((c, _)), _) => state::remove_state(c), // the device is gone already
+            // A corrupt state file of a device that is gone: nothing else to clean.
+            (Err(_), true) => state::remove_state_files(id),
+            (Err(_), false) => return Err(format!("no ublk device {id}; see `fdpblk list`")),
         }
-        if ublk_exists(id) {
-            let _ = ctrl.del_dev();
-        }
-        drop(ctrl);
-        if !wait_for(10, || !ublk_exists(id)) {
-            return Err(format!("ublk device {id} did not go away; is its daemon stuck? (kill it, then `fdpblk del -n {id}`)").into());
-        }
-        if let Some((c, _)) = &saved {
-            state::remove_state(c);
-        }
+        return Ok(());
+    }
+    let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {e}"))?;
+    // Stopping makes the daemon drain its queues, delete the device and exit.
+    let _ = ctrl.kill_dev();
+    let daemon = read.as_ref().ok().map(|(_, pid)| *pid).filter(|&p| state::pid_alive(p));
+    if let Some(pid) = daemon {
+        wait_for(10, || !state::pid_alive(pid));
+    }
+    if ublk_exists(id) {
+        let _ = ctrl.del_dev();
+    }
+    drop(ctrl);
+    if !wait_for(10, || !ublk_exists(id)) {
+        return Err(format!("ublk device {id} did not go away; is its daemon stuck? (kill it, then `fdpblk del -n {id}`)"));
+    }
+    match &read {
+        Ok((c, _)) => state::remove_state(c),
+        Err(_) => state::remove_state_files(id),
     }
     Ok(())
 }
@@ -412,7 +477,14 @@ fn dev_state(id: i32) -> &'static str {
 pub fn list(a: &ListArgs) -> CmdResult {
     let mut out = Vec::new();
     for id in state::state_ids() {
-        let Ok((cfg, pid)) = state::read_state(id) else { continue };
+        let (cfg, pid) = match state::read_state(id) {
+            Ok(s) => s,
+            Err(e) => {
+                // Listed, not hidden: its device may still run (or be deleted with `del`).
+                out.push(json!({"id": id, "device": state::bdev_path(id), "state": dev_state(id), "error": e}));
+                continue;
+            }
+        };
         let mut v = cfg.to_json();
         v["state"] = json!(dev_state(id));
         v["pid"] = json!(pid);
@@ -425,6 +497,10 @@ pub fn list(a: &ListArgs) -> CmdResult {
         println!("no fdpblk devices");
     } else {
         for v in out {
+            if let Some(e) = v["error"].as_str() {
+                println!("{}  {}  ({e}; `fdpblk del -n {}` removes it)", v["device"].as_str().unwrap_or(""), v["state"].as_str().unwrap_or(""), v["id"]);
+                continue;
+            }
             println!(
                 "{}  name {}  backing {}  engine {}  policy {}  slot_bytes {}  meta_total_bytes {}  {}",
                 v["device"].as_str().unwrap_or(""),
@@ -444,7 +520,9 @@ pub fn list(a: &ListArgs) -> CmdResult {
 pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     let p = state::stats_path(a.number);
     let text = std::fs::read_to_string(&p).map_err(|e| format!("no stats for device {} ({}: {e}); is it running? see `fdpblk list`", a.number, p.display()))?;
-    let mut v: serde_json::Value = serde_json::from_str(&text)?;
+    // The daemon rewrites it every second (atomically): a corrupt one is not fdpblk's.
+    let mut v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{} is corrupt ({e}); the daemon rewrites it within a second if it runs, see `fdpblk list`", p.display()))?;
     // The drive's own counters since `add`: host vs media bytes (QEMU's drive has no GC).
     let fdp = state::read_state(a.number).ok().and_then(|(cfg, _)| state::fdp_deltas(&cfg));
     v["fdp"] = fdp.clone().unwrap_or(serde_json::Value::Null);
@@ -544,7 +622,8 @@ pub fn features(json_out: bool) -> CmdResult {
     if !Path::new("/dev/ublk-control").exists() {
         return Err("no ublk driver: /dev/ublk-control is missing; run `modprobe ublk_drv`".into());
     }
-    let f = UblkCtrl::get_features().unwrap_or(0);
+    // Linux < 6.1 has no GET_FEATURES: say so rather than print "no features".
+    let f = UblkCtrl::get_features().ok_or("the ublk driver does not report its features; Linux >= 6.1 does")?;
     let names: Vec<&str> = (0..NAMES.len()).filter(|b| f & (1u64 << b) != 0).map(|b| NAMES[b]).collect();
     let mut streams = serde_json::Map::new();
     for e in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {

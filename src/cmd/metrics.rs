@@ -17,7 +17,7 @@ use crate::frontend::state;
 use clap::Args;
 use serde_json::Value;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Args, Debug)]
@@ -344,6 +344,11 @@ pub fn run(a: &MetricsArgs) -> CmdResult {
     }
     if a.interval == 0 && !a.once {
         return Err("--interval must be at least 1 second (or pass --once)".into());
+    }
+    // The collector's directory exists where node_exporter runs: a missing one is a typo.
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(format!("--textfile {}: no directory {}; give node_exporter's --collector.textfile.directory", path.display(), dir.display()).into());
     }
     loop {
         // The temporary file is `fdpblk.tmp` beside `fdpblk.prom`: not a *.prom, so the

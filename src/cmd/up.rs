@@ -73,7 +73,7 @@ fn add_args(file: &Path, name: &str) -> Result<crate::cli::AddArgs, String> {
 
 /// What runs under a name now.
 #[derive(Debug)]
-enum Found {
+pub(crate) enum Found {
     None,
     /// The daemon (`pid`) serves the device.
     Running { id: i32, pid: u32 },
@@ -83,11 +83,7 @@ enum Found {
     Stale { cfg: Box<DeviceConfig> },
 }
 
-fn ublk_exists(id: i32) -> bool {
-    Path::new(&format!("/dev/ublkc{id}")).exists() || Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists()
-}
-
-fn find(name: &str) -> Found {
+pub(crate) fn find(name: &str) -> Found {
     for id in state::state_ids() {
         let Ok((cfg, pid)) = state::read_state(id) else { continue };
         if cfg.name.as_deref() != Some(name) {
@@ -95,7 +91,7 @@ fn find(name: &str) -> Found {
         }
         return if state::pid_alive(pid) {
             Found::Running { id, pid }
-        } else if ublk_exists(id) {
+        } else if device::ublk_exists(id) {
             Found::Orphaned { id }
         } else {
             Found::Stale { cfg: Box::new(cfg) }

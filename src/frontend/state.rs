@@ -95,10 +95,15 @@ pub fn fdp_deltas(cfg: &DeviceConfig) -> Option<Value> {
                 "media_host_ratio": ratio}))
 }
 
+/// Removes the run-time files of device `id` (not its name link, which needs its config).
+pub fn remove_state_files(id: i32) {
+    let _ = fs::remove_file(state_path(id));
+    let _ = fs::remove_file(stats_path(id));
+    let _ = fs::remove_file(fdp_baseline_path(id));
+}
+
 pub fn remove_state(cfg: &DeviceConfig) {
-    let _ = fs::remove_file(state_path(cfg.id));
-    let _ = fs::remove_file(stats_path(cfg.id));
-    let _ = fs::remove_file(fdp_baseline_path(cfg.id));
+    remove_state_files(cfg.id);
     if let Some(n) = &cfg.name {
         let link = name_path(n);
         // Only remove the link if it still points at this device.

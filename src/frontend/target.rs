@@ -1,5 +1,6 @@
 //! Creating (or recovering) the ublk device and running its queues until it stops.
 
+use std::path::Path;
 use super::config::DeviceConfig;
 use super::learn::{self, ExportedReader, Known, LayoutCell};
 use super::queue::{io_task, QueueCtx};
@@ -149,11 +150,27 @@ fn set_params(dev: &mut UblkDev, cfg: &DeviceConfig, backing_fd: i32) {
     dev.set_target_json(cfg.to_json());
 }
 
+/// The open backing device and, for a generic char device, the claim on its namespace.
+pub struct Backing {
+    pub file: std::fs::File,
+    /// `/dev/nvmeXnY` opened with O_EXCL for the daemon's lifetime: a char device cannot be
+    /// claimed, so this is what refuses a mounted namespace or a second fdpblk on the same one.
+    _claim: Option<std::fs::File>,
+}
+
+fn in_use(what: &Path) -> String {
+    format!("backing {} is in use (mounted, or claimed by another fdpblk or device mapper); free it first", what.display())
+}
+
 /// Opens the backing device: O_DIRECT (write streams need it; the page cache would only
-/// double-buffer) and, for a block device, O_EXCL so that a device in use is refused.
-pub fn open_backing(cfg: &DeviceConfig) -> Result<std::fs::File, String> {
+/// double-buffer) and, for a block device, O_EXCL so that a device in use is refused. A
+/// generic char device (`/dev/ngXnY`) is claimed through its namespace's block device.
+pub fn open_backing(cfg: &DeviceConfig) -> Result<Backing, String> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let is_bdev = std::fs::metadata(&cfg.backing).map(|m| m.file_type().is_block_device()).unwrap_or(false);
+    let ft = std::fs::metadata(&cfg.backing).map(|m| m.file_type());
+    let is_bdev = ft.as_ref().is_ok_and(|t| t.is_block_device());
+    let is_chardev = ft.as_ref().is_ok_and(|t| t.is_char_device());
+    let claim = if is_chardev { claim_namespace(&cfg.backing)? } else { None };
     let mut flags = libc::O_DIRECT;
     if is_bdev {
         flags |= libc::O_EXCL;
@@ -164,13 +181,36 @@ pub fn open_backing(cfg: &DeviceConfig) -> Result<std::fs::File, String> {
         Err(e) if !is_bdev && e.raw_os_error() == Some(libc::EINVAL) => open(0),
         r => r,
     };
-    file.map_err(|e| match e.raw_os_error() {
-        Some(libc::EBUSY) => format!(
-            "backing {} is in use (mounted, or claimed by another fdpblk or device mapper); free it first",
-            cfg.backing.display()
-        ),
+    let file = file.map_err(|e| match e.raw_os_error() {
+        Some(libc::EBUSY) => in_use(&cfg.backing),
         _ => format!("cannot open backing {}: {e}", cfg.backing.display()),
-    })
+    })?;
+    Ok(Backing { file, _claim: claim })
+}
+
+/// Claims the block device of the namespace behind a generic char device. A namespace the
+/// kernel gives no block device (an LBA format it cannot use) has nothing to mount or claim.
+fn claim_namespace(ng: &Path) -> Result<Option<std::fs::File>, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(block) = crate::nvme::path::resolve(ng).ok().and_then(|p| p.block_name) else {
+        return Ok(None);
+    };
+    let bdev = Path::new("/dev").join(block);
+    match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(&bdev) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            Err(format!(
+                "backing {} is in use: its namespace {} is mounted, or claimed by another fdpblk or device mapper; free it first",
+                ng.display(),
+                bdev.display()
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::warn!("{} has no {}: fdpblk cannot claim the namespace, so a mount of it is not refused", ng.display(), bdev.display());
+            Ok(None)
+        }
+        Err(e) => Err(format!("cannot claim the namespace of {} ({}): {e}", ng.display(), bdev.display())),
+    }
 }
 
 /// Runs the device until it is stopped. `notify` is called once with the device id after the
@@ -186,7 +226,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     if !std::path::Path::new("/dev/ublk-control").exists() {
         return Err(fail("no ublk driver: /dev/ublk-control is missing; run `modprobe ublk_drv` (Linux >= 6.0 with CONFIG_BLK_DEV_UBLK)".into()));
     }
-    let backing = open_backing(&cfg).map_err(fail)?;
+    let Backing { file: backing, _claim: claim } = open_backing(&cfg).map_err(fail)?;
     block_signals();
     let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
     let ctrl = UblkCtrlBuilder::default()
@@ -288,6 +328,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         let _ = t.join();
     }
     drop(backing);
+    drop(claim);
     match res {
         Ok(_) => {
             state::remove_state(&shared.cfg);

@@ -43,7 +43,8 @@ pub enum DiscoverError {
     Io(std::io::Error),
     /// No checkpoint on the device and not enough flags to build the layout.
     NoCheckpoint { missing: &'static str },
-    Conflict { field: &'static str, flag: u64, checkpoint: u64 },
+    /// `meta_bytes`: the bytes from the device's start that hold both checkpoint containers.
+    Conflict { field: &'static str, flag: u64, checkpoint: u64, meta_bytes: u64 },
     Geometry(GeometryError),
 }
 
@@ -55,7 +56,7 @@ impl fmt::Display for DiscoverError {
                 f,
                 "no valid LMCache checkpoint on the device to learn the layout from; pass {missing} with the values from LMCache's raw_block config"
             ),
-            Self::Conflict { field, flag, checkpoint } => write!(
+            Self::Conflict { field, flag, checkpoint, .. } => write!(
                 f,
                 "--{} {flag} conflicts with the checkpoint on the device ({field} {checkpoint}); LMCache would discard its index with that value: drop the flag or fix it to {checkpoint}",
                 field.replace('_', "-")
@@ -83,13 +84,15 @@ impl From<GeometryError> for DiscoverError {
 pub fn discover<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags) -> Result<Discovered, DiscoverError> {
     let size = dev.size()?;
     let found = find_checkpoint(dev, flags, size)?;
-    let (meta, copies) = match found {
-        Some((meta, copies)) => (Some(meta), Some(copies)),
-        None => (None, None),
+    let (meta, copies, found_in) = match found {
+        Some((meta, copies, geom)) => (Some(meta), Some(copies), geom.meta_total_bytes),
+        None => (None, None, 0),
     };
+    // Where the old checkpoint lies: its own meta_total_bytes, or the layout it was found with.
+    let meta_bytes = meta.as_ref().and_then(|m| m.meta_total_bytes).filter(|&b| b > 0 && b <= size).unwrap_or(found_in);
     let pick = |field: &'static str, flag: Option<u64>, ck: Option<u64>| -> Result<Option<u64>, DiscoverError> {
         match (flag, ck) {
-            (Some(f), Some(c)) if f != c => Err(DiscoverError::Conflict { field, flag: f, checkpoint: c }),
+            (Some(f), Some(c)) if f != c => Err(DiscoverError::Conflict { field, flag: f, checkpoint: c, meta_bytes }),
             (Some(f), _) => Ok(Some(f)),
             (None, c) => Ok(c),
         }
@@ -130,7 +133,7 @@ fn find_checkpoint<D: ReadAt + ?Sized>(
     dev: &D,
     flags: &GeometryFlags,
     size: u64,
-) -> Result<Option<(CheckpointMeta, [CopyStatus; 2])>, DiscoverError> {
+) -> Result<Option<(CheckpointMeta, [CopyStatus; 2], Geometry)>, DiscoverError> {
     // Step 1: a provisional layout, from the flags or from either copy's own JSON.
     let provisional = match provisional_from_flags(flags, size) {
         Some(g) => Some(g),
@@ -144,7 +147,7 @@ fn find_checkpoint<D: ReadAt + ?Sized>(
         Ok(m) => m,
         Err(_) => return Ok(None), // valid CRC but unusable JSON: LMCache starts empty too
     };
-    Ok(Some((meta, copies)))
+    Ok(Some((meta, copies, geom)))
 }
 
 fn provisional_from_flags(flags: &GeometryFlags, size: u64) -> Option<Geometry> {
@@ -285,8 +288,17 @@ mod tests {
         assert_eq!(discover(&img, &ok).unwrap().source, GeometrySource::Both);
         let bad = GeometryFlags { slot_bytes: Some(131072), ..Default::default() };
         let e = discover(&img, &bad).unwrap_err();
-        assert!(matches!(e, DiscoverError::Conflict { field: "slot_bytes", flag: 131072, checkpoint: 65536 }), "{e}");
+        assert!(matches!(e, DiscoverError::Conflict { field: "slot_bytes", flag: 131072, checkpoint: 65536, .. }), "{e}");
         assert!(e.to_string().contains("--slot-bytes"));
+        // A new meta_total_bytes: the old containers are where the checkpoint's own value says.
+        let bigger = GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(2 << 20), ..Default::default() };
+        let e = discover(&img, &bigger).unwrap_err();
+        assert!(matches!(e, DiscoverError::Conflict { field: "meta_total_bytes", meta_bytes: 1048576, .. }), "{e}");
+        // Erasing them (what LMCache's new configuration makes of them anyway) clears the way.
+        let mut erased = img.clone();
+        erased[..1 << 20].fill(0);
+        assert_eq!(discover(&erased, &bigger).unwrap().source, GeometrySource::Flags);
+        assert_eq!(discover(&erased, &bad).unwrap_err().to_string(), DiscoverError::NoCheckpoint { missing: "--meta-total-bytes" }.to_string());
     }
 
     #[test]

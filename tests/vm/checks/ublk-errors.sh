@@ -28,6 +28,9 @@ refuse "too small" "too small: fdpblk reserves" add --backing /var/tmp/small.img
 refuse "bad geometry" "slot_bytes 1000 .*--slot-bytes" add --backing "$NS_DEV" --slot-bytes 1000 --meta-total-bytes 1M
 refuse "unknown policy" "unknown --policy" add --backing "$NS_DEV" --policy nope "${GEO[@]}"
 refuse "unknown engine" "unknown --engine" add --backing "$NS_DEV" --engine nope "${GEO[@]}"
+refuse "a directory" "neither a block device nor a file" add --backing /var/tmp "${GEO[@]}"
+refuse "negative device id" "-n -5: give a device id" add --backing "$NS_DEV" -n -5 "${GEO[@]}"
+refuse "header wait of minutes" "--header-wait-us 100000000: at most" add --backing "$NS_DEV" --header-wait-us 100000000 "${GEO[@]}"
 refuse "streams on a file" "needs an NVMe block device" add --backing /var/tmp/small.img --engine streams "${GEO[@]}"
 refuse "del unknown id" "no ublk device 7" del -n 7
 refuse "recover unknown id" "no fdpblk device 7" recover -n 7
@@ -38,7 +41,27 @@ expect "LMCache image on the drive" dd if="$FIXTURES/object-evict/device.img" of
 refuse "conflicting geometry" "--slot-bytes 131072 conflicts with the checkpoint .*slot_bytes 65536" add --backing "$NS_DEV" --slot-bytes 128K
 expect "the checkpoint's own geometry is accepted" quiet fdpblk_add --backing "$NS_DEV" -n 0
 KEEP0=1 refuse "backing in use" "in use" add --backing "$NS_DEV" -n 1
+KEEP0=1 refuse "passthrough on a namespace in use" "$NG_DEV is in use: its namespace $NS_DEV" add --backing "$NG_DEV" -n 1 --engine passthrough
 KEEP0=1 refuse "device id taken" "already exists" add --backing /var/tmp/small.img -n 0 --engine plain --policy none "${GEO[@]}"
+expect "del" "$FDPBLK" del -n 0
+sleep 0.5
+# A passthrough device claims its namespace for its lifetime: neither the block device nor a
+# second passthrough daemon can take it.
+expect "passthrough device" quiet fdpblk_add --backing "$NG_DEV" -n 0 --engine passthrough
+KEEP0=1 refuse "namespace of a passthrough device" "in use" add --backing "$NS_DEV" -n 1
+KEEP0=1 refuse "second passthrough daemon" "in use: its namespace" add --backing "$NG_DEV" -n 1 --engine passthrough
+expect "del passthrough" "$FDPBLK" del -n 0
+sleep 0.5
+# LMCache reconfigured (fdpblk's overflow alarm asks for a larger meta_total_bytes): the
+# conflict names the command that erases the old checkpoint, after which add takes the new one.
+NEW=(--slot-bytes 64K --meta-total-bytes 2M)
+out=$("$FDPBLK" add --backing "$NS_DEV" -n 0 "${NEW[@]}" 2>&1) && rc=0 || rc=$?
+expect "new meta_total_bytes: refused while the old checkpoint is there" test "$rc" -ne 0
+erase=${out##*erase its old checkpoint first: }
+expect_eq "new meta_total_bytes: the erase command named" "$erase" "blkdiscard -z -l 1048576 $NS_DEV"
+expect "run it" $erase
+expect "add with the new geometry" quiet fdpblk_add --backing "$NS_DEV" -n 0 "${NEW[@]}"
+expect "served with meta_total_bytes 2 MiB" bash -c "$FDPBLK list --json | grep -q '\"meta_total_bytes\":2097152'"
 expect "del" "$FDPBLK" del -n 0
 sleep 0.5
 

@@ -2,7 +2,8 @@
 # vm-kernel: new
 # vm-fdp: on
 # --name gives a path that stays the same when the device number changes (LMCache discards
-# its checkpoint when device_path changes); list/stats/features answer; SIGTERM stops cleanly.
+# its checkpoint when device_path changes) and is never taken over by a second device;
+# list/stats/features answer; SIGTERM stops cleanly.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 GEO=(--slot-bytes 64K --meta-total-bytes 1M)
@@ -45,5 +46,12 @@ expect_eq "new number" "$dev" /dev/ublkb5
 expect_eq "same stable path" "$(readlink /dev/fdpblk/kv0)" /dev/ublkb5
 expect "data intact through the stable path (LBA identity)" \
     bash -c "dd if=/dev/fdpblk/kv0 bs=1M skip=8 count=1 iflag=direct status=none | cmp - /tmp/p"
+# A second device under a name in use is refused: the link keeps pointing at the first.
+truncate -s 64M /var/tmp/name.img
+out=$("$FDPBLK" add --backing /var/tmp/name.img --engine plain --policy none -n 6 --name kv0 "${GEO[@]}" 2>&1) && rc=0 || rc=$?
+expect "add under a name in use fails ($out)" test "$rc" -ne 0
+expect "the error names the device holding it" grep -q "kv0 is taken by /dev/ublkb5" <<<"$out"
+expect "no second device" test ! -e /dev/ublkb6
+expect_eq "link unchanged" "$(readlink /dev/fdpblk/kv0)" /dev/ublkb5
 expect "del" "$FDPBLK" del -n 5
 check_done
