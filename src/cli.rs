@@ -264,6 +264,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
+        _ if unit.starts_with(['.', ',']) => {
+            return Err(format!("'{s}': sizes are whole numbers; give the next smaller unit (e.g. 1536K for 1.5M)"))
+        }
         _ => return Err(format!("'{s}': unknown size unit '{unit}' (use K, M, G or T)")),
     };
     n.checked_mul(1u64 << shift).ok_or_else(|| format!("'{s}' does not fit in 64 bits"))
@@ -294,6 +297,7 @@ mod tests {
         assert_eq!(parse_size("1g"), Ok(1 << 30));
         assert!(parse_size("x").is_err());
         assert!(parse_size("1Q").is_err());
+        assert!(parse_size("1.5M").unwrap_err().contains("1536K"));
         assert!(parse_size("99999999999T").is_err());
     }
 }

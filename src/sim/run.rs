@@ -712,7 +712,13 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
     let fdpblk = fdpblk_runs(&spec.policy, spec.trim);
     // fdpblk exports the drive less its reserved tail (own state); every policy sees the same
     // LMCache geometry so that runs compare.
-    let lm_device = exported_bytes(drive.logical_bytes, 4096).ok_or("device too small")?;
+    let lm_device = exported_bytes(drive.logical_bytes, 4096).ok_or_else(|| {
+        format!(
+            "--device-size {} is smaller than fdpblk's reserved tail ({} bytes); give a device of gigabytes",
+            drive.logical_bytes,
+            crate::frontend::config::reserved_tail_bytes(drive.logical_bytes)
+        )
+    })?;
     let capacity = ((lm_device as f64 * spec.utilization) as u64).max(1);
     let fdp = (spec.policy == "lmcache-fdp").then(|| LmcacheFdpMode { data_pids: LmcacheFdpPolicy::data_handles() });
     let mut wl =
