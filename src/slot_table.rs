@@ -621,10 +621,12 @@ impl SlotTable {
         let Some(i) = self.index(slot) else { return };
         let done = life::with_state(began & !life::TRIMMING & !life::CONFIRMED, if trimmed { SlotState::Trimmed } else { life::state(began) });
         let done = if trimmed { done & !life::READS_MASK } else { done | (began & life::CONFIRMED) };
-        if self.life[i].compare_exchange(began, done, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        let unchanged = self.life[i].compare_exchange(began, done, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        if !unchanged {
             self.life[i].fetch_and(!life::TRIMMING, Ordering::AcqRel);
         }
-        if trimmed {
+        // A put that came in during the trim set its own payload count: keep it.
+        if trimmed && unchanged {
             self.remaining[i].store(0, Ordering::Relaxed);
         }
         self.mark_dirty(slot);
@@ -1126,6 +1128,12 @@ mod tests {
         assert!(!t.trimming(2));
         // The write came first: the slot is not reported trimmed.
         assert_eq!(t.get(2).unwrap().state, SlotState::Unknown);
+        // A new header held during a trim keeps its payload count once the trim ends.
+        let l = t.life(2);
+        assert!(t.cas_life(2, l, l | life::TRIMMING));
+        t.record_header(2, &SlotHeader { identity: 6, payload_len: 8192 }, 0);
+        t.end_trim(2, l | life::TRIMMING, true);
+        assert!(t.expects_payload(2), "the put's payload must not wait out the header wait");
         // A CAS expecting the old word fails after a write.
         let l = t.life(2);
         t.note_write(2);

@@ -325,11 +325,25 @@ impl PassthroughEngine {
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => continue,
                 Err(e) => {
                     tracing::error!("passthrough: io_uring submit: {e}");
-                    return;
+                    break;
                 }
             }
         }
-        // Left in the SQ: the reaper submits again after each completion.
+        // Left in the SQ (their buffers are the requests', so they cannot be failed back):
+        // wake the reaper, which submits them again until the kernel takes them.
+        self.kick();
+    }
+
+    /// Wakes the reaper as a completion would.
+    fn kick(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from `one` to the eventfd.
+        unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Commands pushed to the SQ that the kernel has not taken yet.
+    fn unsubmitted(&self) -> bool {
+        !self.ring.borrow_mut().submission().is_empty()
     }
 
     /// Turns a command's completion into 0 or a negative errno, logging NVMe statuses.
@@ -522,6 +536,15 @@ impl PassthroughEngine {
         let mut logged = false;
         loop {
             self.complete();
+            if self.unsubmitted() {
+                // Nothing in flight may complete to wake us: retry the submission by time.
+                let ts = types::Timespec::new().nsec(1_000_000);
+                let res = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
+                if res == -libc::ECANCELED && q.is_stopping() {
+                    break;
+                }
+                continue;
+            }
             let poll = opcode::PollAdd::new(types::Fd(self.efd.as_raw_fd()), libc::POLLIN as u32).build();
             let res = q.ublk_submit_sqe(poll).await;
             self.drain_eventfd();

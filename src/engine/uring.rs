@@ -20,15 +20,17 @@ const EAGAIN_RETRIES: usize = 8;
 pub struct UringEngine {
     /// Logical handle -> write stream (1-based); `None` = the plain engine, no placement.
     streams: Option<Vec<u8>>,
+    /// The backing fd (also fixed file 1), for the synchronous discard fallback.
+    fd: i32,
 }
 
 impl UringEngine {
-    pub fn plain() -> Self {
-        Self { streams: None }
+    pub fn plain(fd: i32) -> Self {
+        Self { streams: None, fd }
     }
     /// `streams[h]` is the write stream for logical handle `h`.
-    pub fn streams(streams: Vec<u8>) -> Self {
-        Self { streams: Some(streams) }
+    pub fn streams(streams: Vec<u8>, fd: i32) -> Self {
+        Self { streams: Some(streams), fd }
     }
     pub fn name(&self) -> &'static str {
         if self.streams.is_some() {
@@ -91,15 +93,34 @@ impl UringEngine {
     }
 
     /// Deallocates: `fallocate(PUNCH_HOLE)` is a TRIM on NVMe (write zeroes with deallocate)
-    /// and frees blocks of a file; reads return zeroes afterwards on both.
+    /// and frees blocks of a file; reads return zeroes afterwards on both. A drive without
+    /// Write Zeroes refuses PUNCH_HOLE (the kernel does not fall back): then BLKDISCARD.
     pub async fn discard(&self, q: &UblkQueue<'_>, off: u64, len: u64) -> i32 {
-        self.fallocate(q, off, len, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE).await
+        let res = self.fallocate(q, off, len, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE).await;
+        if res != -libc::EOPNOTSUPP {
+            return res;
+        }
+        const BLKDISCARD: libc::c_ulong = 0x1277;
+        let range = [off, len];
+        // SAFETY: BLKDISCARD reads two u64 through the pointer, which outlives the call; on a
+        // file it fails with ENOTTY, and the first error stands.
+        match unsafe { libc::ioctl(self.fd, BLKDISCARD as _, range.as_ptr()) } {
+            0 => 0,
+            _ => res,
+        }
     }
 
     /// Zeroes; `unmap` lets the device deallocate (the block layer's default), NOUNMAP not.
+    /// Without Write Zeroes on the drive, unmapping falls back to ZERO_RANGE, which the
+    /// kernel may carry out by writing zeroes.
     pub async fn write_zeroes(&self, q: &UblkQueue<'_>, off: u64, len: u64, unmap: bool) -> i32 {
-        let mode = if unmap { libc::FALLOC_FL_PUNCH_HOLE } else { libc::FALLOC_FL_ZERO_RANGE };
-        self.fallocate(q, off, len, mode | libc::FALLOC_FL_KEEP_SIZE).await
+        if unmap {
+            let res = self.fallocate(q, off, len, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE).await;
+            if res != -libc::EOPNOTSUPP {
+                return res;
+            }
+        }
+        self.fallocate(q, off, len, libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE).await
     }
 
     async fn fallocate(&self, q: &UblkQueue<'_>, off: u64, len: u64, mode: i32) -> i32 {

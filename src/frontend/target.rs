@@ -59,7 +59,7 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
     // None while the layout is being learned: the queue switches at its first request after.
     let pipeline = shared.layout.pipeline();
     let engine = match shared.cfg.engine {
-        super::config::EngineKind::Streams => QueueEngine::Uring(UringEngine::streams(shared.cfg.streams.clone())),
+        super::config::EngineKind::Streams => QueueEngine::Uring(UringEngine::streams(shared.cfg.streams.clone(), dev.tgt.fds[1])),
         super::config::EngineKind::Passthrough => match passthrough_engine(dev, &shared.cfg) {
             Ok(e) => QueueEngine::Passthrough(e),
             Err(e) => {
@@ -67,7 +67,7 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
                 return;
             }
         },
-        _ => QueueEngine::Uring(UringEngine::plain()),
+        _ => QueueEngine::Uring(UringEngine::plain(dev.tgt.fds[1])),
     };
     let ctx = Rc::new(QueueCtx {
         pipeline: RefCell::new(pipeline),
@@ -260,7 +260,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // The state thread: loads fdpblk's own state into the slot table before any I/O is served.
     let watcher = cfg.geometry.and_then(|g| {
         let slots = Arc::new(SlotTable::new(g.max_slots));
-        let w = state_dev.clone().map(|d| start_watcher(&cfg, g, d, &slots, layout.policy()));
+        let w = state_dev.clone().map(|d| start_watcher(&cfg, g, d, &slots, layout.policy(), false));
         layout.set(Known { geometry: g, slots });
         w
     });
@@ -396,7 +396,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
     let mut learned = cfg.clone();
     learned.geometry = Some(g);
     let slots = Arc::new(SlotTable::new(g.max_slots));
-    let w = start_watcher(&learned, g, dev, &slots, shared.layout.policy());
+    let w = start_watcher(&learned, g, dev, &slots, shared.layout.policy(), true);
     *shared.watch.lock().unwrap_or_else(|e| e.into_inner()) = Some(w.published());
     shared.learned.store(true, Ordering::Relaxed);
     shared.layout.set(Known { geometry: g, slots });
@@ -418,14 +418,15 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
 }
 
 /// The watcher (state loaded, both checkpoint containers read).
-fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slots: &Arc<SlotTable>, policy: &SharedPolicy) -> Watcher {
+/// `learned`: the layout was learned while serving, so writes went by unseen.
+fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slots: &Arc<SlotTable>, policy: &SharedPolicy, learned: bool) -> Watcher {
     let own = policy_by_name(&cfg.policy).map_or(0, |mut p| p.place(&Target::OwnState));
     let persist_interval = match cfg.persist_interval_ms {
         0 => Duration::MAX,
         ms => Duration::from_millis(ms),
     };
     let wc = WatchConfig { trim: cfg.trim, trim_tails: cfg.trim, early_tails: cfg.trim && cfg.early_tails, early_evictions: cfg.trim && cfg.early_evictions, device: cfg.id, persist_interval,
-        page_cache: (cfg.id >= 0).then(|| state::bdev_path(cfg.id).into()), ..WatchConfig::default() };
+        page_cache: (cfg.id >= 0).then(|| state::bdev_path(cfg.id).into()), trust_saved_confirmations: !learned, ..WatchConfig::default() };
     let mut w = Watcher::new(g, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
     // A policy with history (key-aware's loads) takes back what the restored slot table holds;
     // one that learns tenants from LMCache's checkpoints (lmcache-fdp) gets each one.

@@ -25,8 +25,13 @@ use std::sync::Mutex;
 pub trait StateWriter: Send + Sync {
     /// Reads exactly `buf.len()` bytes at `off` (any alignment).
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()>;
-    /// Writes `buf` at `off` on placement `handle` (`off` and the length in whole 4 KiB blocks).
+    /// Writes exactly `buf` at `off` on placement `handle`; `off` and the length must be whole
+    /// blocks of [`StateWriter::block_bytes`] (an unaligned write is an error, never padded).
     fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()>;
+    /// The smallest write the device takes (its logical block).
+    fn block_bytes(&self) -> u64 {
+        512
+    }
     /// Deallocates the whole logical blocks inside `[off, off + len)` (never a byte outside
     /// it): later reads of them return zeroes.
     fn discard(&self, off: u64, len: u64) -> io::Result<()>;
@@ -187,12 +192,23 @@ impl StateWriter for BlockDev {
 
     fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
         let stream = self.streams.as_ref().and_then(|s| s.get(usize::from(handle)).copied()).unwrap_or(0);
+        // Padding to a larger block would overwrite the bytes after `buf` (LMCache's data).
+        let block = self.block_bytes();
+        if off % block != 0 || buf.len() as u64 % block != 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("state write of {} bytes at {off} is not in whole {block}-byte blocks", buf.len())));
+        }
         if is_aligned(buf) {
             return self.pwrite_all(buf, off, stream);
         }
+        // O_DIRECT needs aligned memory: copy, and write exactly the caller's bytes.
         let mut b = AlignedBuf::zeroed(buf.len());
         b[..buf.len()].copy_from_slice(buf);
-        self.pwrite_all(&b[..buf.len().div_ceil(ALIGN) * ALIGN], off, stream)
+        self.pwrite_all(&b[..buf.len()], off, stream)
+    }
+
+    fn block_bytes(&self) -> u64 {
+        // A file takes O_DIRECT writes of whole sectors.
+        self.block.max(512)
     }
 
     fn discard(&self, off: u64, len: u64) -> io::Result<()> {
@@ -261,6 +277,10 @@ impl NvmeDev {
 }
 
 impl StateWriter for NvmeDev {
+    fn block_bytes(&self) -> u64 {
+        self.lba
+    }
+
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         use crate::nvme::{cmd, ioctl::Data};
         let mut done = 0usize;
@@ -343,11 +363,17 @@ struct MemInner {
     fail_writes: bool,
     /// Flushes that succeed before the rest fail (`None`: all succeed).
     fail_flushes_after: Option<u32>,
+    /// The logical block it reports (512 unless set).
+    block: u64,
 }
 
 impl MemDev {
     pub fn new(size: u64) -> Self {
-        Self { inner: Mutex::new(MemInner { bytes: vec![0; size as usize], log: Vec::new(), keep_data: true, fail_writes: false, fail_flushes_after: None }) }
+        Self { inner: Mutex::new(MemInner { bytes: vec![0; size as usize], log: Vec::new(), keep_data: true, fail_writes: false, fail_flushes_after: None, block: 512 }) }
+    }
+    /// Reports `bytes` as its logical block (a 4Kn drive, say).
+    pub fn set_block_bytes(&self, bytes: u64) {
+        self.lock().block = bytes;
     }
     fn lock(&self) -> std::sync::MutexGuard<'_, MemInner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
@@ -438,6 +464,9 @@ impl StateWriter for MemDev {
     fn size(&self) -> u64 {
         self.lock().bytes.len() as u64
     }
+    fn block_bytes(&self) -> u64 {
+        self.lock().block
+    }
 }
 
 #[cfg(test)]
@@ -458,6 +487,16 @@ mod tests {
         d.read_at(8190, &mut b).unwrap();
         assert_eq!(b, [0; 10]);
         assert!(d.read_at((64 << 10) - 2, &mut b).is_err());
+        // A write of one 512-byte block leaves the rest of its 4 KiB page alone (a zeroed
+        // checkpoint header block of block_align 512 must not reach into the JSON after it).
+        d.write_at(16384, &[9u8; 4096], 0).unwrap();
+        d.write_at(16384, &[0u8; 512], 0).unwrap();
+        let mut page = [0u8; 4096];
+        d.read_at(16384, &mut page).unwrap();
+        assert!(page[..512].iter().all(|&x| x == 0) && page[512..].iter().all(|&x| x == 9));
+        // Less than a block is refused, not padded.
+        assert_eq!(d.write_at(16384, &[0u8; 100], 0).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(d.write_at(16385, &[0u8; 512], 0).unwrap_err().kind(), io::ErrorKind::InvalidInput);
         let _ = std::fs::remove_file(&dir);
     }
 

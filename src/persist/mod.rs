@@ -316,6 +316,19 @@ impl Persist {
     /// an unreadable, foreign or mismatching state yields a fresh one (reported in `Loaded`).
     /// `None` when the region cannot hold the state (persistence off).
     pub fn load(dev: &dyn StateWriter, region: Region, geom: &Geometry, slots: &SlotTable, handle: Handle) -> (Option<Persist>, Loaded) {
+        Self::load_trusting(dev, region, geom, slots, handle, true)
+    }
+
+    /// [`Persist::load`]; with `trust_clean` false even a clean state's confirmations are
+    /// dropped (writes were served that the slot table did not see).
+    pub fn load_trusting(
+        dev: &dyn StateWriter,
+        region: Region,
+        geom: &Geometry,
+        slots: &SlotTable,
+        handle: Handle,
+        trust_clean: bool,
+    ) -> (Option<Persist>, Loaded) {
         let layout = Layout::of(slots);
         let mut loaded = Loaded::default();
         if layout.bytes() > region.len {
@@ -405,7 +418,8 @@ impl Persist {
         p.instance = s.instance;
         p.seq = s.seq;
         loaded.found = true;
-        loaded.clean = s.clean;
+        let trusted = s.clean && trust_clean;
+        loaded.clean = trusted;
         loaded.seq = s.seq;
         loaded.counters = s.counters.clone();
         let mut pg = AlignedBuf::zeroed(BLOCK as usize);
@@ -423,7 +437,7 @@ impl Persist {
                         break;
                     }
                     rec.copy_from_slice(&payload[r as usize * RECORD_BYTES..(r as usize + 1) * RECORD_BYTES]);
-                    slots.restore_record(slot, &rec, s.clean);
+                    slots.restore_record(slot, &rec, trusted);
                 }
             } else if idx < layout.record_pages + layout.history_pages {
                 let base = (idx - layout.record_pages) * HISTORY_PER_PAGE;

@@ -128,6 +128,15 @@ fn unclean_state_drops_confirmations_and_other_geometry_starts_fresh() {
     assert!(l.found && !l.clean);
     let e = u.get(3).unwrap();
     assert_eq!((e.identity, e.confirmed, e.state), (9, false, SlotState::Evicted));
+    // A clean state is trusted, unless writes were served the table never saw (a layout
+    // learned while serving).
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    let (c, _, l, _) = load(&g, dev.image(), region);
+    assert!(l.clean && c.get(3).unwrap().confirmed);
+    let c = SlotTable::new(g.max_slots);
+    let (_, l) = Persist::load_trusting(&dev, region, &g, &c, 3, false);
+    assert!(l.found && !l.clean);
+    assert_eq!((c.get(3).unwrap().identity, c.get(3).unwrap().confirmed), (9, false));
     // The same image under another slot size: not used.
     let g2 = GeometryConfig { slot_bytes: 131072, ..g.config() }.validate((1 << 20) + 250 * 131072).unwrap();
     let (u2, p2, l2, _) = load(&g2, dev.image(), Region { offset: 0, len: region.len * 2 });

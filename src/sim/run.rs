@@ -741,6 +741,7 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
             trim_tails: spec.trim && spec.trim_tails,
             early_tails: spec.trim && spec.early_tails,
             early_evictions: spec.trim && spec.trim_slots && spec.early_evictions,
+            trust_saved_confirmations: true,
             // The simulator runs the early-tail round itself, on simulated time.
             early_tails_every: Duration::MAX,
             retry_base: Duration::ZERO,

@@ -213,6 +213,10 @@ pub struct WatchConfig {
     /// zeroing the older container's header ("Early evictions" in the module doc), instead of
     /// waiting until LMCache overwrote the older container.
     pub early_evictions: bool,
+    /// Take the confirmations of a cleanly saved state. Off when writes were served before
+    /// the slot table existed (the layout was learned while serving): a same-key re-put among
+    /// them would leave a stale confirmation that the header check cannot tell apart.
+    pub trust_saved_confirmations: bool,
     /// How often `step` runs the early-tail round (each round with work flushes the drive);
     /// `Duration::MAX`: never (the simulator runs it on simulated time).
     pub early_tails_every: Duration,
@@ -232,7 +236,7 @@ pub struct WatchConfig {
 
 impl Default for WatchConfig {
     fn default() -> Self {
-        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None }
+        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, trust_saved_confirmations: true, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None }
     }
 }
 
@@ -410,11 +414,23 @@ impl Watcher {
     /// containers, and marks the persisted state unclean. Call before the device serves I/O.
     pub fn new(geom: Geometry, slots: Arc<SlotTable>, dev: Arc<dyn StateWriter>, cfg: WatchConfig, region: Option<Region>, own_handle: Handle) -> Self {
         let (persist, loaded) = match region {
-            Some(r) => Persist::load(&*dev, r, &geom, &slots, own_handle),
+            Some(r) => Persist::load_trusting(&*dev, r, &geom, &slots, own_handle, cfg.trust_saved_confirmations),
             None => (None, Loaded::default()),
         };
         if let Some(n) = &loaded.note {
             tracing::warn!("device {}: own state: {n}", cfg.device);
+        }
+        let mut cfg = cfg;
+        // Zeroing a header block of another size would need a read-modify-write racing
+        // LMCache's payload writes into the same block: keep the older copy instead.
+        if cfg.early_evictions && geom.block_align % dev.block_bytes() != 0 {
+            tracing::warn!(
+                "device {}: early evictions off: LMCache's block_align {} is not a whole number of the drive's {}-byte blocks",
+                cfg.device,
+                geom.block_align,
+                dev.block_bytes()
+            );
+            cfg.early_evictions = false;
         }
         let now = Instant::now();
         let mut w = Watcher {

@@ -168,6 +168,7 @@ impl Rig {
             trim_tails: trim,
             early_tails: trim,
             early_evictions: trim,
+            trust_saved_confirmations: true,
             early_tails_every: Duration::ZERO,
             retry_base: Duration::ZERO, persist_interval: Duration::from_secs(3600), device: 0, stall_min: STALL_MIN, page_cache: None };
         let w = Watcher::new(g, slots.clone(), dev.clone(), cfg.clone(), Some(region), OWN);
@@ -669,6 +670,35 @@ fn evicted_slots_go_early_once_the_newest_checkpoint_lacks_them() {
     r.dev.zero(r.g.container_offset(Geometry::copy_for_seq(3)), BA);
     r.restart_lmcache(true);
     assert_eq!((r.lmc.seq, r.lmc.index.len()), (0, 0));
+    r.verify_all();
+}
+
+#[test]
+fn no_early_evictions_when_a_header_block_is_smaller_than_the_drives_block() {
+    // block_align 512 on a drive of 4 KiB blocks: zeroing the header block would take the
+    // start of the container's JSON with it.
+    let mut r = Rig::new(SLOTS, META, true);
+    r.dev.set_block_bytes(4096);
+    r.w = Watcher::new(r.g, r.slots.clone(), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
+    let keys: Vec<String> = (0..6).map(|_| r.new_key(false)).collect();
+    for k in &keys {
+        r.put(k.clone()).unwrap();
+    }
+    r.fillers(3);
+    r.checkpoint();
+    r.step();
+    r.checkpoint_dirty();
+    r.step();
+    let a = r.delete_key(&keys[0]);
+    r.checkpoint(); // seq 3 lacks slot a; seq 2 still lists it
+    r.step();
+    assert_eq!((r.early_evictions, r.invalidated, r.w.early_evictions()), (0, 0, 0));
+    assert_ne!(r.state(a), SlotState::Trimmed);
+    assert_eq!(r.w.published().lock().unwrap()["trim"]["early_evictions_enabled"], false);
+    // The two-container rule still frees it once LMCache overwrites the older copy.
+    r.checkpoint();
+    r.step();
+    assert_eq!(r.state(a), SlotState::Trimmed);
     r.verify_all();
 }
 
