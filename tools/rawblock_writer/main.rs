@@ -380,7 +380,11 @@ fn run(a: Args) -> Result<(), String> {
         capacity_bytes: a.capacity_bytes,
     };
     // Check the geometry's own rules before opening anything (device size comes later).
-    cfg.validate(u64::MAX).map_err(|e| e.to_string())?;
+    match cfg.validate(u64::MAX) {
+        // Only the device's size bounds the slot count: checked against it below.
+        Ok(_) | Err(fdpblk::layout::GeometryError::TooManySlots { .. }) => {}
+        Err(e) => return Err(e.to_string()),
+    }
     let dev = Device::open(&a.device, engine, a.odirect, a.block_align as usize)?;
     let geom = cfg.validate(dev.size).map_err(|e| format!("{}: {e}", a.device.display()))?;
     let state_doc = match &a.state {
