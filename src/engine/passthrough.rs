@@ -243,6 +243,10 @@ pub struct PassthroughEngine {
     nsid: u32,
     lba_shift: u8,
     max_transfer: u32,
+    /// Bytes of one Write Zeroes command (besides the 65536-block field limit).
+    write_zeroes_max: u32,
+    /// Blocks of one deallocated range.
+    dsm_max_blocks: u32,
     /// Logical handle -> placement identifier; empty = no directive (policy `none`).
     pids: Vec<u16>,
     page: usize,
@@ -253,6 +257,20 @@ pub struct PassthroughEngine {
 impl PassthroughEngine {
     /// `depth` is the ublk queue depth; the ring holds two commands per tag, and more are
     /// queued by submitting early when it is full.
+    /// Caps Write Zeroes at `limits.write_zeroes_bytes` and each deallocated range at
+    /// `limits.discard_bytes` per command (the drive's WZSL and DMRSL, as the kernel reports
+    /// them for the namespace's block device).
+    pub fn with_limits(mut self, limits: CommandLimits) -> Self {
+        let block = 1u64 << self.lba_shift;
+        if let Some(b) = limits.write_zeroes_bytes.filter(|&b| b >= block) {
+            self.write_zeroes_max = b.min(u64::from(u32::MAX)) as u32;
+        }
+        if let Some(b) = limits.discard_bytes.filter(|&b| b >= block) {
+            self.dsm_max_blocks = (b >> self.lba_shift).min(u64::from(u32::MAX)) as u32;
+        }
+        self
+    }
+
     pub fn new(fd: RawFd, nsid: u32, lba_shift: u8, max_transfer: u32, pids: Vec<u16>, depth: u16) -> io::Result<Self> {
         let entries = (u32::from(depth.max(1)) * 2).next_power_of_two().clamp(8, 4096);
         let ring = IoUring::<squeue::Entry128, cqueue::Entry32>::builder().setup_cqsize(entries * 4).build(entries)?;
@@ -272,6 +290,8 @@ impl PassthroughEngine {
             nsid,
             lba_shift,
             max_transfer: max_transfer.max(1 << lba_shift),
+            write_zeroes_max: u32::MAX,
+            dsm_max_blocks: u32::MAX,
             pids,
             page: page_size(),
             last_log: Cell::new(None),
@@ -469,7 +489,7 @@ impl PassthroughEngine {
         if len == 0 {
             return 0;
         }
-        let ranges: Vec<DsmRange> = DsmRange::split(off >> self.lba_shift, len >> self.lba_shift).collect();
+        let ranges: Vec<DsmRange> = DsmRange::split_at(off >> self.lba_shift, len >> self.lba_shift, self.dsm_max_blocks).collect();
         // The encoded ranges stay here until every command completed.
         let mut bufs: Vec<Vec<u8>> = Vec::with_capacity(ranges.len().div_ceil(MAX_DSM_RANGES));
         for group in ranges.chunks(MAX_DSM_RANGES) {
@@ -489,7 +509,7 @@ impl PassthroughEngine {
 
     /// Write Zeroes; with `unmap` the drive may deallocate (DEAC), otherwise it writes zeroes.
     pub async fn write_zeroes(&self, _q: &UblkQueue<'_>, off: u64, len: u64, unmap: bool) -> i32 {
-        let chunks = match split(off, len, self.lba_shift, u32::MAX) {
+        let chunks = match split(off, len, self.lba_shift, self.write_zeroes_max) {
             Ok(c) => c,
             Err(e) => return e,
         };
@@ -576,6 +596,24 @@ pub struct NsProbe {
     pub max_transfer: u32,
     /// Logical handle -> placement identifier; empty for a single-handle policy.
     pub pids: Vec<u16>,
+}
+
+/// Per-command limits of the drive beyond the transfer size; `None` where unknown.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CommandLimits {
+    pub write_zeroes_bytes: Option<u64>,
+    pub discard_bytes: Option<u64>,
+}
+
+impl CommandLimits {
+    /// What the kernel derived from WZSL and DMRSL for the namespace behind `ng`
+    /// (`write_zeroes_max_bytes`, `discard_max_hw_bytes`); 0 there means "not supported",
+    /// which the drive then reports per command, so it is not a limit here.
+    pub fn of(ng: &Path) -> Self {
+        let block = crate::nvme::path::resolve(ng).ok().and_then(|p| p.block_name);
+        let get = |attr| sysfs_queue(block.as_deref(), attr).filter(|&b| b > 0);
+        CommandLimits { write_zeroes_bytes: get("write_zeroes_max_bytes"), discard_bytes: get("discard_max_hw_bytes") }
+    }
 }
 
 fn sysfs_queue(block: Option<&str>, attr: &str) -> Option<u64> {

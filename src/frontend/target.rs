@@ -113,7 +113,8 @@ fn passthrough_engine(dev: &UblkDev, cfg: &DeviceConfig) -> std::io::Result<Pass
     // SAFETY: the backing file outlives the queue threads (`run` drops it after them).
     let nsid = crate::nvme::ioctl::namespace_id(&unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })?;
     // io_buf_bytes was capped at the namespace's largest transfer by `fdpblk add`.
-    PassthroughEngine::new(fd, nsid, cfg.lba_shift, cfg.io_buf_bytes, cfg.pids.clone(), cfg.depth)
+    let limits = crate::engine::passthrough::CommandLimits::of(&cfg.backing);
+    Ok(PassthroughEngine::new(fd, nsid, cfg.lba_shift, cfg.io_buf_bytes, cfg.pids.clone(), cfg.depth)?.with_limits(limits))
 }
 
 fn set_params(dev: &mut UblkDev, cfg: &DeviceConfig, backing_fd: i32) {

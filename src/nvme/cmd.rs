@@ -285,13 +285,19 @@ impl DsmRange {
 
     /// Splits `nlb` blocks from `slba` into ranges of at most `u32::MAX` blocks.
     pub fn split(slba: u64, nlb: u64) -> impl Iterator<Item = DsmRange> {
+        Self::split_at(slba, nlb, u32::MAX)
+    }
+
+    /// [`DsmRange::split`] into ranges of at most `max` blocks (the drive's DMRSL).
+    pub fn split_at(slba: u64, nlb: u64, max: u32) -> impl Iterator<Item = DsmRange> {
+        let max = u64::from(max.max(1));
         let mut at = slba;
         let mut left = nlb;
         std::iter::from_fn(move || {
             if left == 0 {
                 return None;
             }
-            let n = left.min(u64::from(u32::MAX)) as u32;
+            let n = left.min(max) as u32;
             let r = DsmRange::new(at, n);
             at = at.wrapping_add(u64::from(n));
             left -= u64::from(n);
@@ -594,6 +600,8 @@ mod tests {
         let parts: Vec<_> = DsmRange::split(10, u64::from(u32::MAX) + 5).collect();
         assert_eq!(parts, vec![DsmRange::new(10, u32::MAX), DsmRange::new(10 + u64::from(u32::MAX), 5)]);
         assert_eq!(DsmRange::split(1, 0).count(), 0);
+        let small: Vec<_> = DsmRange::split_at(10, 2500, 1000).map(|r| (r.slba, r.nlb)).collect();
+        assert_eq!(small, vec![(10, 1000), (1010, 1000), (2010, 500)]);
     }
 
     #[test]
