@@ -39,11 +39,16 @@ pub fn check_entry<D: ReadAt + ?Sized>(dev: &D, g: &Geometry, key: &str, offset:
     let identity = keys::identity(key).ok();
     let mut r = EntryReport { key: key.to_string(), slot: None, offset, size, identity, header_ok: false, problem: None };
     let (Some(off), Some(sz)) = (offset, size) else {
-        r.problem = Some("offset or size missing");
+        r.problem = Some("offset or size missing or not a non-negative integer");
         return r;
     };
     let slot = match g.slot_of(off) {
         Some((s, 0)) => s,
+        // A slot LMCache's geometry has, past the end of this image or device.
+        None if off >= g.meta_total_bytes && (off - g.meta_total_bytes) % g.slot_bytes == 0 => {
+            r.problem = Some("offset is beyond the device (a truncated image?)");
+            return r;
+        }
         _ => {
             r.problem = Some("offset is not a slot start");
             return r;
@@ -289,5 +294,17 @@ mod tests {
         assert_eq!(s.header_mismatch, 1);
         assert_eq!(bad[0].slot, Some(0));
         assert_eq!(bad[0].problem, Some("slot header identity differs (slot reused)"));
+    }
+
+    #[test]
+    fn an_entry_past_a_truncated_image_says_so() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6/object-evict");
+        let img = std::fs::read(root.join("device.img")).unwrap();
+        let g = discover(&img, &GeometryFlags::default()).unwrap().geometry;
+        let key = "x";
+        let past = check_entry(&img, &g, key, Some(g.slot_offset(g.max_slots + 2)), Some(100));
+        assert_eq!(past.problem, Some("offset is beyond the device (a truncated image?)"));
+        let odd = check_entry(&img, &g, key, Some(g.slot_offset(1) + 4096), Some(100));
+        assert_eq!(odd.problem, Some("offset is not a slot start"));
     }
 }
