@@ -230,8 +230,12 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
             meta_total_bytes,
             capacity_bytes: 0,
         };
-        if let Ok(g) = cfg.validate(size) {
-            return Ok(Some(g));
+        match cfg.validate(size) {
+            Ok(g) => return Ok(Some(g)),
+            // A checkpoint that is LMCache's (its JSON begins where its block_align says) on
+            // a device too small for its layout: that is the error, not "no checkpoint".
+            Err(e @ GeometryError::DeviceTooSmall { .. }) if get("block_align") == Some(a) => return Err(e.into()),
+            Err(_) => {}
         }
     }
     Ok(None)
@@ -299,6 +303,16 @@ mod tests {
         erased[..1 << 20].fill(0);
         assert_eq!(discover(&erased, &bigger).unwrap().source, GeometrySource::Flags);
         assert_eq!(discover(&erased, &bad).unwrap_err().to_string(), DiscoverError::NoCheckpoint { missing: "--meta-total-bytes" }.to_string());
+    }
+
+    #[test]
+    fn a_checkpoint_on_a_device_too_small_for_its_layout_says_so() {
+        // object-evict's checkpoint (1 MiB of metadata, 64 KiB slots) on its first 1 MiB only.
+        let (img, _) = fixture("object-evict");
+        let small = img[..1 << 20].to_vec();
+        let e = discover(&small, &GeometryFlags::default()).unwrap_err();
+        assert!(matches!(e, DiscoverError::Geometry(GeometryError::DeviceTooSmall { .. })), "{e}");
+        assert!(e.to_string().contains("use a larger device"), "{e}");
     }
 
     #[test]
