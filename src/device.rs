@@ -63,6 +63,18 @@ impl ReadAt for Vec<u8> {
     }
 }
 
+/// `ioctl(BLKDISCARD)` of `[off, off + len)` on a block device: Dataset Management deallocate
+/// on NVMe (a TRIM). On anything but a block device it fails (ENOTTY).
+pub fn blkdiscard(fd: std::os::fd::RawFd, off: u64, len: u64) -> std::io::Result<()> {
+    const BLKDISCARD: libc::c_ulong = 0x1277;
+    let range = [off, len];
+    // SAFETY: BLKDISCARD reads two u64 through the pointer, which outlives the call.
+    match unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
 /// `ioctl(BLKGETSIZE64)`: the byte size of a block device.
 /// The logical block size of a block device (BLKSSZGET); 512 when it cannot be read.
 pub fn logical_block_bytes(f: &File) -> u64 {

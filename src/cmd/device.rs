@@ -45,7 +45,7 @@ fn sysfs_queue_attr(dev: &Path, attr: &str) -> Option<u64> {
 fn with_erase_hint(e: DiscoverError, backing: &Path, is_bdev: bool, is_chardev: bool) -> String {
     let DiscoverError::Conflict { meta_bytes, .. } = e else { return e.to_string() };
     let block = if is_chardev {
-        crate::nvme::path::resolve(backing).ok().and_then(|p| p.block_name).map(|b| Path::new("/dev").join(b))
+        crate::nvme::path::namespace_block_device(backing)
     } else {
         Some(backing.to_path_buf())
     };

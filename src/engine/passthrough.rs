@@ -610,8 +610,9 @@ impl CommandLimits {
     /// (`write_zeroes_max_bytes`, `discard_max_hw_bytes`); 0 there means "not supported",
     /// which the drive then reports per command, so it is not a limit here.
     pub fn of(ng: &Path) -> Self {
-        let block = crate::nvme::path::resolve(ng).ok().and_then(|p| p.block_name);
-        let get = |attr| sysfs_queue(block.as_deref(), attr).filter(|&b| b > 0);
+        let block = crate::nvme::path::namespace_block_device(ng);
+        let name = block.as_deref().and_then(Path::file_name).and_then(|n| n.to_str());
+        let get = |attr| sysfs_queue(name, attr).filter(|&b| b > 0);
         CommandLimits { write_zeroes_bytes: get("write_zeroes_max_bytes"), discard_bytes: get("discard_max_hw_bytes") }
     }
 }

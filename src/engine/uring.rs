@@ -100,14 +100,8 @@ impl UringEngine {
         if res != -libc::EOPNOTSUPP {
             return res;
         }
-        const BLKDISCARD: libc::c_ulong = 0x1277;
-        let range = [off, len];
-        // SAFETY: BLKDISCARD reads two u64 through the pointer, which outlives the call; on a
-        // file it fails with ENOTTY, and the first error stands.
-        match unsafe { libc::ioctl(self.fd, BLKDISCARD as _, range.as_ptr()) } {
-            0 => 0,
-            _ => res,
-        }
+        // On a file it fails (ENOTTY), and the first error stands.
+        crate::device::blkdiscard(self.fd, off, len).map_or(res, |()| 0)
     }
 
     /// Zeroes; `unmap` lets the device deallocate (the block layer's default), NOUNMAP not.

@@ -193,10 +193,7 @@ pub fn open_backing(cfg: &DeviceConfig) -> Result<Backing, String> {
 /// kernel gives no block device (an LBA format it cannot use) has nothing to mount or claim.
 fn claim_namespace(ng: &Path) -> Result<Option<std::fs::File>, String> {
     use std::os::unix::fs::OpenOptionsExt;
-    let Some(block) = crate::nvme::path::resolve(ng).ok().and_then(|p| p.block_name) else {
-        return Ok(None);
-    };
-    let bdev = Path::new("/dev").join(block);
+    let Some(bdev) = crate::nvme::path::namespace_block_device(ng) else { return Ok(None) };
     match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(&bdev) {
         Ok(f) => Ok(Some(f)),
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {

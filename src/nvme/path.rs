@@ -144,6 +144,12 @@ pub fn resolve_names(sys: &Path, given: &Path, kind: DevKind, name: &str) -> Res
     })
 }
 
+/// The block device (`/dev/nvmeXnY`) of the namespace `path` names, if the kernel made one
+/// (a namespace in an LBA format it cannot use has only its generic char device).
+pub fn namespace_block_device(path: &Path) -> Option<PathBuf> {
+    resolve(path).ok()?.block_name.map(|b| Path::new("/dev").join(b))
+}
+
 /// glibc's `gnu_dev_major` / `gnu_dev_minor`.
 fn major_minor(dev: u64) -> (u64, u64) {
     (((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff), (dev & 0xff) | ((dev >> 12) & !0xff))

@@ -214,18 +214,12 @@ impl StateWriter for BlockDev {
     fn discard(&self, off: u64, len: u64) -> io::Result<()> {
         let Some((off, len)) = crate::device::whole_blocks_within(off, len, self.block) else { return Ok(()) };
         if self.bdev {
-            // BLKDISCARD: Dataset Management deallocate on NVMe (a TRIM), the drive's own way
-            // to drop the data; QEMU's `discard=unmap` and most drives read zeroes after it.
-            const BLKDISCARD: libc::c_ulong = 0x1277;
-            let range = [off, len];
-            // SAFETY: BLKDISCARD reads two u64 through the pointer, which outlives the call.
-            let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), BLKDISCARD as _, range.as_ptr()) };
-            if rc == 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
-                return Err(e);
+            // The drive's own way to drop the data; QEMU's `discard=unmap` and most drives read
+            // zeroes after it.
+            match crate::device::blkdiscard(self.file.as_raw_fd(), off, len) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.raw_os_error() != Some(libc::EOPNOTSUPP) => return Err(e),
+                Err(_) => {}
             }
         }
         // Files (and devices without discard): punch a hole; reads return zeroes.
