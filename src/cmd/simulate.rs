@@ -4,7 +4,7 @@
 use super::CmdResult;
 use crate::cli::parse_size;
 use crate::place::POLICY_NAMES;
-use crate::sim::run::{run as run_one, sim_policy_names, DriveSpec, RunResult, RunSpec, CLAIRVOYANT};
+use crate::sim::run::{run as run_one, sim_policy_names, is_bound, DriveSpec, RunResult, RunSpec};
 use crate::sim::workload::WorkloadSpec;
 use crate::sim::{HandleType, Victim};
 use clap::Args;
@@ -17,7 +17,8 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub workload: PathBuf,
     /// Policy, a comma-separated list, or `all` (none, region, lmcache-fdp, key-aware);
-    /// `clairvoyant` is a bound that knows each write's future lifetime.
+    /// `clairvoyant` is a bound that knows each write's future lifetime, `popularity` one that
+    /// knows how often each chunk is asked for (more than any history can tell).
     #[arg(long, default_value = "all")]
     pub policy: String,
     /// Share of the device LMCache uses, in percent (comma-separated list).
@@ -67,8 +68,8 @@ pub struct SimulateArgs {
     /// Also measure data lifetimes by write class (first-time / returning, partial, read).
     #[arg(long)]
     pub explain: bool,
-    /// Handles of the `clairvoyant` bound, which splits the data by lifetime into equal
-    /// shares on them (3 = `key-aware`'s budget).
+    /// Handles of the `clairvoyant` and `popularity` bounds, which split the data by lifetime
+    /// or by popularity into equal shares on them (3 = `key-aware`'s budget).
     #[arg(long, default_value_t = 3)]
     pub clairvoyant_handles: u16,
     /// Runs in parallel (one thread each).
@@ -146,7 +147,7 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
             g => return Err(format!("--gc {g}: use greedy, cost-benefit or fifo")),
         },
     };
-    if policies.iter().any(|p| p == CLAIRVOYANT) && !(2..=a.handles).contains(&a.clairvoyant_handles) {
+    if policies.iter().any(|p| is_bound(p)) && !(2..=a.handles).contains(&a.clairvoyant_handles) {
         return Err(format!("--clairvoyant-handles {}: use 2 to --handles ({})", a.clairvoyant_handles, a.handles));
     }
     if !(a.warmup.is_finite() && (0.0..=100.0).contains(&a.warmup)) {

@@ -258,7 +258,7 @@ struct Sim {
     shaper: Option<IoShaper>,
     combiner: WriteCombiner,
     probe: Option<Probe>,
-    clair: Option<Clairvoyant>,
+    clair: Option<Bound>,
     segs: Vec<Segment>,
     geom: Geometry,
     chunk_bytes: u64,
@@ -349,12 +349,12 @@ impl Sim {
     fn on_op(&mut self, op: &LmOp<'_>) {
         self.lm_ops += 1;
         match *op {
-            LmOp::Put { slot, identity, payload_len, tenant, pid } => {
+            LmOp::Put { slot, identity, payload_len, tenant, pid, popularity } => {
                 if let Some(pid) = pid {
                     self.observer.observe(&Observation::WriterPlacement { slot, pid });
                 }
                 if let Some(c) = &mut self.clair {
-                    if let Some(h) = c.put(slot) {
+                    if let Some(h) = c.put(slot, popularity) {
                         self.observer.observe(&Observation::WriterPlacement { slot, pid: h });
                     }
                 }
@@ -473,6 +473,9 @@ pub struct RunResult {
     pub probe: Option<Value>,
     /// fdpblk (its pipeline's state thread) ran: own-state writes and, with trim, deallocation.
     pub fdpblk: bool,
+    /// The popularity bound's winning split: cumulative shares of the puts at which it changed
+    /// handle, least popular first (empty for other policies).
+    pub bound_shares: Vec<f64>,
 }
 
 impl RunResult {
@@ -525,6 +528,7 @@ impl RunResult {
                 "max_slots": self.max_slots, "slots_ever_used": self.slots_ever_used, "live_slots_end": self.live_slots_end,
             },
             "stalled": self.stalled,
+            "bound_shares": if self.bound_shares.is_empty() { Value::Null } else { json!(self.bound_shares.iter().map(|x| round4(*x)).collect::<Vec<_>>()) },
             "drive": {
                 "logical_bytes": self.drive.logical_bytes, "physical_bytes": self.physical_bytes, "op": self.drive.op,
                 "ru_bytes": self.drive.ru_bytes, "unit_bytes": self.drive.unit_bytes, "handles": self.drive.handles,
@@ -563,30 +567,60 @@ pub fn resolve_drive(d: &DriveSpec, w: &WorkloadSpec) -> DriveSpec {
 /// the same budget as `key-aware`), in equal shares, checkpoints and fdpblk's state with the
 /// shortest; the better of two runs, with data still alive at the end of the run counted as
 /// the longest-lived or given the last handle alone.
+///
+/// `popularity` is the bound of everything a block device could ever learn about a key: it
+/// knows the chance that a request asks for each put's chunk again (the workload's true Zipf
+/// mass; 0 for a request's unique tail), which under independent requests is all that the
+/// past says about a chunk's future. It places by that chance on the same handles, the least
+/// popular on the first, and reports the best of ten splits (`popularity_splits`).
 pub fn sim_policy_names() -> Vec<&'static str> {
     let mut v = POLICY_NAMES.to_vec();
     v.push(CLAIRVOYANT);
+    v.push(POPULARITY);
     v
 }
 
 pub const CLAIRVOYANT: &str = "clairvoyant";
+pub const POPULARITY: &str = "popularity";
 
-/// Lifetimes per put (pass 1) or placements per put (pass 2) of the clairvoyant bound.
-struct Clairvoyant {
+/// The popularity bound's shares of puts for its least popular handle (see `popularity_splits`).
+const POPULARITY_YOUNG_SHARES: [f64; 5] = [0.6, 0.75, 0.85, 0.9, 0.95];
+/// The ratios of one further handle's share to the one before's.
+const POPULARITY_RATIOS: [f64; 2] = [0.5, 0.2];
+
+/// Whether a policy is one of the simulator's bounds (placed by a first pass's knowledge).
+pub fn is_bound(policy: &str) -> bool {
+    policy == CLAIRVOYANT || policy == POPULARITY
+}
+
+/// Scores per put (pass 1) or placements per put (pass 2) of a bound: the clairvoyant bound's
+/// lifetimes or the popularity bound's request chances.
+struct Bound {
     puts: u64,
-    /// Pass 1: birth (put index) of each slot's data, u64::MAX when none.
+    /// Pass 1: birth (put index) of each slot's data, u64::MAX when none (lifetimes only).
     birth: Vec<u64>,
-    /// Pass 1: lifetime in puts of each put (u64::MAX: still alive at the end).
-    lifetimes: Vec<u64>,
+    /// Pass 1: the score of each put, larger for longer-lived data: its lifetime in puts
+    /// (u64::MAX: still alive at the end), or the bits of its popularity (non-negative f64
+    /// bits order as the numbers do).
+    scores: Vec<u64>,
+    /// Pass 1 of the popularity bound: record popularity, not lifetime.
+    popularity: bool,
     /// Pass 2: the handle of each put.
     handles: Vec<u16>,
-    /// Pass 1: puts before the measurement window (their lifetimes do not set the thresholds).
+    /// Pass 1: puts before the measurement window (their scores do not set the thresholds).
     warm_puts: u64,
 }
 
-impl Clairvoyant {
-    fn recorder(slots: u64) -> Self {
-        Clairvoyant { puts: 0, birth: vec![u64::MAX; slots as usize], lifetimes: Vec::new(), handles: Vec::new(), warm_puts: 0 }
+impl Bound {
+    fn recorder(slots: u64, popularity: bool) -> Self {
+        Bound {
+            puts: 0,
+            birth: vec![u64::MAX; slots as usize],
+            scores: Vec::new(),
+            popularity,
+            handles: Vec::new(),
+            warm_puts: 0,
+        }
     }
     /// Pass 2's placements: lifetimes split into equal shares on `handles` handles, at
     /// thresholds taken from the measured window's puts. With `alive_apart`, the data still
@@ -600,31 +634,84 @@ impl Clairvoyant {
         let classes = usize::from(if alive_apart { handles - 1 } else { handles });
         let th: Vec<u64> =
             (1..classes).map(|k| sorted.get((sorted.len() * k / classes).saturating_sub(1)).copied().unwrap_or(0)).collect();
-        let handles = lifetimes
+        Self::at_thresholds(lifetimes, handles, &th)
+    }
+
+    /// Pass 2's placements of the popularity bound: handle k holds the puts between the
+    /// cumulative shares `shares[k-1]` and `shares[k]` of the measured window's puts, least
+    /// popular first (a chance shared by many puts stays on one handle).
+    fn split_at_shares(scores: &[u64], warm_puts: u64, shares: &[f64]) -> Self {
+        let window = scores.get(warm_puts as usize..).unwrap_or(&[]);
+        let mut sorted = window.to_vec();
+        sorted.sort_unstable();
+        let th: Vec<u64> = shares
+            .iter()
+            .map(|&q| sorted.get(((sorted.len() as f64 * q) as usize).saturating_sub(1)).copied().unwrap_or(0))
+            .collect();
+        Self::at_thresholds(scores, shares.len() as u16 + 1, &th)
+    }
+
+    /// Each put's handle: the number of thresholds below its score (u64::MAX: the last).
+    fn at_thresholds(scores: &[u64], handles: u16, th: &[u64]) -> Self {
+        let handles = scores
             .iter()
             .map(|&l| if l == u64::MAX { handles - 1 } else { th.partition_point(|&t| t < l) as u16 })
             .collect();
-        Clairvoyant { puts: 0, birth: Vec::new(), lifetimes: Vec::new(), handles, warm_puts: 0 }
+        Bound { puts: 0, birth: Vec::new(), scores: Vec::new(), popularity: false, handles, warm_puts: 0 }
+    }
+
+    /// The splits the popularity bound tries on `handles` handles, as cumulative shares: the
+    /// least popular data (which dies in write order) takes a share `y` of the puts, and each
+    /// further handle `r` times the share of the one before. Which split is best depends on
+    /// the workload and the handles, so the bound tries every `y` with every `r`.
+    fn popularity_splits(handles: u16) -> Vec<Vec<f64>> {
+        let rest = usize::from(handles.max(2) - 1);
+        let mut out = Vec::new();
+        for r in POPULARITY_RATIOS {
+            let weights: Vec<f64> = (0..rest).map(|i| r.powi(i as i32)).collect();
+            let total: f64 = weights.iter().sum();
+            for y in POPULARITY_YOUNG_SHARES {
+                let mut acc = y;
+                let mut shares = vec![y];
+                for w in &weights[..rest - 1] {
+                    acc += (1.0 - y) * w / total;
+                    shares.push(acc);
+                }
+                // On two handles the ratio changes nothing: try each `y` once.
+                if !out.contains(&shares) {
+                    out.push(shares);
+                }
+            }
+        }
+        out
     }
 
     fn death(&mut self, slot: u64) {
+        if self.popularity {
+            return;
+        }
         if let Some(b) = self.birth.get_mut(slot as usize) {
             if *b != u64::MAX {
-                self.lifetimes[*b as usize] = self.puts - *b;
+                self.scores[*b as usize] = self.puts - *b;
                 *b = u64::MAX;
             }
         }
     }
-    /// A put into `slot`; in pass 2, the handle to place it on.
-    fn put(&mut self, slot: u64) -> Option<u16> {
+    /// A put into `slot` of a chunk that is asked for with chance `popularity`; in pass 2,
+    /// the handle to place it on.
+    fn put(&mut self, slot: u64, popularity: f64) -> Option<u16> {
         let i = self.puts;
         self.puts += 1;
         if self.birth.is_empty() {
             return Some(self.handles.get(i as usize).copied().unwrap_or(2));
         }
+        if self.popularity {
+            self.scores.push(popularity.max(0.0).to_bits());
+            return None;
+        }
         self.death(slot);
         self.birth[slot as usize] = i;
-        self.lifetimes.push(u64::MAX);
+        self.scores.push(u64::MAX);
         None
     }
 }
@@ -632,13 +719,14 @@ impl Clairvoyant {
 /// Places by the writer's hint only (the clairvoyant bound's second pass). The hint is kept
 /// per slot: buffered I/O writes a put back long after the next puts were made.
 struct HintPolicy {
+    name: &'static str,
     hints: HashMap<u64, u16>,
     handles: u16,
 }
 
 impl Policy for HintPolicy {
     fn name(&self) -> &'static str {
-        CLAIRVOYANT
+        self.name
     }
     fn handles(&self) -> u16 {
         self.handles
@@ -662,16 +750,28 @@ impl Policy for HintPolicy {
 
 /// Runs one simulation.
 pub fn run(spec: &RunSpec) -> Result<RunResult, String> {
-    if spec.policy == CLAIRVOYANT {
+    if is_bound(&spec.policy) {
+        let popularity = spec.policy == POPULARITY;
         let mut first = spec.clone();
         first.policy = "none".into();
         first.probe = false;
-        let (_, rec) = run_with(&first, Some(Clairvoyant::recorder(0)))?;
-        let (lifetimes, warm_puts) = rec.map(|c| (c.lifetimes, c.warm_puts)).unwrap_or_default();
+        let (_, rec) = run_with(&first, Some(Bound::recorder(0, popularity)))?;
+        let (scores, warm_puts) = rec.map(|c| (c.scores, c.warm_puts)).unwrap_or_default();
+        if popularity {
+            let mut best: Option<RunResult> = None;
+            for shares in Bound::popularity_splits(spec.clairvoyant_handles) {
+                let (mut r, _) = run_with(spec, Some(Bound::split_at_shares(&scores, warm_puts, &shares)))?;
+                if best.as_ref().map_or(true, |b| r.waf < b.waf) {
+                    r.bound_shares = shares;
+                    best = Some(r);
+                }
+            }
+            return best.ok_or_else(|| "no split to try".to_string());
+        }
         // Two ways to use the knowledge; neither wins everywhere (data alive at the end of
         // the run is a few percent under eviction, most of it on a full device without):
         // the bound is the better of the two.
-        let split = |alive_apart| Some(Clairvoyant::placer(&lifetimes, warm_puts, spec.clairvoyant_handles, alive_apart));
+        let split = |alive_apart| Some(Bound::placer(&scores, warm_puts, spec.clairvoyant_handles, alive_apart));
         let (shares, _) = run_with(spec, split(false))?;
         let (apart, _) = run_with(spec, split(true))?;
         return Ok(if apart.waf < shares.waf { apart } else { shares });
@@ -686,13 +786,14 @@ pub fn fdpblk_runs(policy: &str, trim: bool) -> bool {
     trim || !matches!(policy, "none" | "lmcache-fdp")
 }
 
-fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Option<Clairvoyant>), String> {
+fn run_with(spec: &RunSpec, clair: Option<Bound>) -> Result<(RunResult, Option<Bound>), String> {
     let start = Instant::now();
     let w = &spec.workload;
     let drive = resolve_drive(&spec.drive, w);
     let unit = drive.unit_bytes;
-    let policy: Box<dyn Policy> = if spec.policy == CLAIRVOYANT {
-        Box::new(HintPolicy { hints: HashMap::new(), handles: spec.clairvoyant_handles.max(2) })
+    let policy: Box<dyn Policy> = if is_bound(&spec.policy) {
+        let name = if spec.policy == POPULARITY { POPULARITY } else { CLAIRVOYANT };
+        Box::new(HintPolicy { name, hints: HashMap::new(), handles: spec.clairvoyant_handles.max(2) })
     } else {
         policy_by_name(&spec.policy).ok_or_else(|| {
             format!("unknown policy \"{}\"; choose one of {}", spec.policy, sim_policy_names().join(", "))
@@ -753,7 +854,7 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
         Watcher::new(geom, slots.clone(), dev.clone(), wc, Some(region), own_handle)
     });
     let pipeline = Pipeline::with_slots(geom, Box::new(shared), slots);
-    let clair = clair.map(|c| if c.handles.is_empty() { Clairvoyant::recorder(geom.max_slots) } else { c });
+    let clair = clair.map(|c| if c.handles.is_empty() { Bound::recorder(geom.max_slots, c.popularity) } else { c });
     let mut sim = Sim {
         pipeline,
         observer,
@@ -878,6 +979,7 @@ fn run_with(spec: &RunSpec, clair: Option<Clairvoyant>) -> Result<(RunResult, Op
         wall_s: start.elapsed().as_secs_f64(),
         probe: sim.probe.as_ref().map(|p| p.to_json(&tenant_names)),
         fdpblk,
+        bound_shares: Vec::new(),
     };
     Ok((result, sim.clair))
 }
@@ -986,15 +1088,49 @@ mod tests {
         let m = u64::MAX;
         let l = [80, 10, 70, 20, m, 30, 60, 40, 50];
         // Shares of all, three handles: thirds, the never-dying data with the longest-lived.
-        assert_eq!(Clairvoyant::placer(&l, 0, 3, false).handles, vec![2, 0, 2, 0, 2, 0, 1, 1, 1]);
+        assert_eq!(Bound::placer(&l, 0, 3, false).handles, vec![2, 0, 2, 0, 2, 0, 1, 1, 1]);
         // Apart: the data that died split at its median, the rest alone on handle 2.
-        assert_eq!(Clairvoyant::placer(&l, 0, 3, true).handles, vec![1, 0, 1, 0, 2, 0, 1, 0, 1]);
+        assert_eq!(Bound::placer(&l, 0, 3, true).handles, vec![1, 0, 1, 0, 2, 0, 1, 0, 1]);
         // Four handles apart: thirds; the warm-up's puts (the first two) set no threshold.
-        let c = Clairvoyant::placer(&[1000, 1, 10, 20, 30, 40, 50, 60, m], 2, 4, true);
+        let c = Bound::placer(&[1000, 1, 10, 20, 30, 40, 50, 60, m], 2, 4, true);
         assert_eq!(c.handles, vec![2, 0, 0, 0, 1, 1, 2, 2, 3]);
         // Nothing died: all on the last handle; nothing at all: no panic.
-        assert_eq!(Clairvoyant::placer(&[m, m], 0, 3, true).handles, vec![2, 2]);
-        assert!(Clairvoyant::placer(&[], 0, 3, false).handles.is_empty());
+        assert_eq!(Bound::placer(&[m, m], 0, 3, true).handles, vec![2, 2]);
+        assert!(Bound::placer(&[], 0, 3, false).handles.is_empty());
+    }
+
+    #[test]
+    fn the_popularity_bound_splits_at_shares_of_the_puts() {
+        // Four puts of chance 0, then rising chances; the first two puts are the warm-up's.
+        let f = |x: f64| x.to_bits();
+        let s: Vec<u64> = [9.0, 9.0, 0.0, 0.0, 0.0, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6].iter().map(|&x| f(x)).collect();
+        // Half of the window (the zeros and 0.1) on handle 0, the next 30 % on 1, the rest on 2.
+        let c = Bound::split_at_shares(&s, 2, &[0.5, 0.8]);
+        assert_eq!(c.handles, vec![2, 2, 0, 0, 0, 0, 0, 1, 1, 1, 2, 2]);
+        // Ties stay together: a 30 % share of a window that is 40 % zeros is the zeros.
+        assert_eq!(Bound::split_at_shares(&s, 2, &[0.3]).handles[2..6], [0, 0, 0, 0]);
+        assert!(Bound::split_at_shares(&[], 0, &[0.5]).handles.is_empty());
+        // The splits tried: rising shares below 1, one per handle boundary, no repeats.
+        for h in [2u16, 3, 8] {
+            let splits = Bound::popularity_splits(h);
+            assert_eq!(splits.len(), if h == 2 { 5 } else { 10 });
+            for sp in &splits {
+                assert_eq!(sp.len(), usize::from(h - 1));
+                assert!(sp.windows(2).all(|w| w[0] < w[1]) && sp[0] >= 0.5 && *sp.last().unwrap() < 1.0, "{sp:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn popularity_bound_is_at_most_none_and_names_its_split() {
+        let none = run(&spec(ZIPF, "none", 1.0, true)).unwrap();
+        let p = run(&spec(ZIPF, POPULARITY, 1.0, true)).unwrap();
+        assert!(p.waf <= none.waf + 0.01, "popularity {} vs none {}", p.waf, none.waf);
+        assert_eq!(p.lmcache.puts, none.lmcache.puts);
+        assert_eq!(p.policy, POPULARITY);
+        assert_eq!(p.bound_shares.len(), 2, "three handles: two boundaries");
+        assert_eq!(p.to_json()["bound_shares"].as_array().map(Vec::len), Some(2));
+        assert!(none.to_json()["bound_shares"].is_null());
     }
 
     #[test]

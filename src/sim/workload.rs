@@ -483,8 +483,11 @@ pub use crate::place::LiveEntry;
 #[derive(Debug)]
 pub enum LmOp<'a> {
     /// A put: header + payload written to `slot`. `pid` is the placement id LMCache's own FDP
-    /// mode would attach (only when that mode is emulated; 0 = no directive).
-    Put { slot: u64, identity: u64, payload_len: u64, tenant: u32, pid: Option<u16> },
+    /// mode would attach (only when that mode is emulated; 0 = no directive). `popularity` is
+    /// the chance that a request asks for this chunk again (its tenant's share × its
+    /// document's Zipf mass; 0 for a chunk no request repeats): only the `popularity` bound
+    /// reads it, since no block device can.
+    Put { slot: u64, identity: u64, payload_len: u64, tenant: u32, pid: Option<u16>, popularity: f64 },
     /// A load of a slot's payload (loads never read the header).
     Load { slot: u64, payload_len: u64 },
     /// A key left the index (eviction or remove): nothing is written.
@@ -543,10 +546,21 @@ impl Popularity {
         }
         Popularity { cdf }
     }
+    /// The chance of drawing rank index `r` (0-based, as `sample` returns).
+    fn mass(&self, r: u64) -> f64 {
+        let r = r as usize;
+        let below = if r == 0 { 0.0 } else { self.cdf.get(r - 1).copied().unwrap_or(1.0) };
+        self.cdf.get(r).copied().unwrap_or(1.0) - below
+    }
     fn sample(&self, rng: &mut SplitMix64) -> u64 {
         let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
         self.cdf.partition_point(|&c| c <= u).min(self.cdf.len() - 1) as u64
     }
+}
+
+/// A document's hash (its system prompt and length derive from it).
+fn doc_hash(tenant_seed: u64, doc: u64) -> u64 {
+    mix64(tenant_seed ^ mix64(doc.wrapping_add(0x5151)))
 }
 
 /// `urllib.parse.quote(s, safe="")`.
@@ -622,6 +636,8 @@ struct Tenant {
     spec: TenantSpec,
     seed: u64,
     pop: Popularity,
+    /// Per system prompt, the chance that a request uses it (the mass of its documents).
+    prompt_mass: Vec<f64>,
     key_len: u64,
     unique_counter: u64,
     /// Slots charged to this tenant (usage by cache_salt).
@@ -688,7 +704,7 @@ pub struct Workload {
     json: Vec<u8>,
     quoted_model: String,
     key_buf: String,
-    chunk_buf: Vec<(u64, u64)>,
+    chunk_buf: Vec<(u64, u64, f64)>,
     new_keys: Vec<u32>,
     ops: Vec<LmOpOwned>,
 }
@@ -696,7 +712,7 @@ pub struct Workload {
 /// `LmOp` without the borrowed checkpoint list (queued inside `step`).
 #[derive(Clone, Copy, Debug)]
 enum LmOpOwned {
-    Put { slot: u64, identity: u64, payload_len: u64, tenant: u32, pid: Option<u16> },
+    Put { slot: u64, identity: u64, payload_len: u64, tenant: u32, pid: Option<u16>, popularity: f64 },
     Load { slot: u64, payload_len: u64 },
     Delete { slot: u64 },
     Checkpoint { json_bytes: u64 },
@@ -736,11 +752,17 @@ impl Workload {
             } else {
                 ((t.universe * slots_n as f64) / mean_doc.max(1.0)).ceil().max(1.0) as u64
             };
+            let tseed = mix64(seed ^ mix64(i as u64 + 1));
+            let pop = Popularity::new(docs, t.zipf);
+            let mut prompt_mass = vec![0.0; t.system_prompts.max(1) as usize];
+            for doc in 0..docs {
+                prompt_mass[(doc_hash(tseed, doc) % u64::from(t.system_prompts.max(1))) as usize] += pop.mass(doc);
+            }
             tenants.push(Tenant {
                 spec: t.clone(),
-                seed: mix64(seed ^ mix64(i as u64 + 1)),
-
-                pop: Popularity::new(docs, t.zipf),
+                seed: tseed,
+                pop,
+                prompt_mass,
                 key_len: spec.key_len(i),
                 unique_counter: 0,
                 used: 0,
@@ -998,28 +1020,32 @@ impl Workload {
         }
     }
 
-    /// The chunk sequence of one request of tenant `t`: (identity, payload_len) in order.
-    fn request_chunks(&mut self, t: usize) -> Vec<(u64, u64)> {
+    /// The chunk sequence of one request of tenant `t`: (identity, payload_len, popularity)
+    /// in order (popularity as in `LmOp::Put`).
+    fn request_chunks(&mut self, t: usize) -> Vec<(u64, u64, f64)> {
         let mut out = std::mem::take(&mut self.chunk_buf);
         out.clear();
         let full = self.spec.chunk_bytes;
         let tn = &mut self.tenants[t];
         let sp = &tn.spec;
         let doc = if sp.doc_chunks_max > 0 { tn.pop.sample(&mut self.rng) } else { 0 };
-        let dh = mix64(tn.seed ^ mix64(doc.wrapping_add(0x5151)));
+        let dh = doc_hash(tn.seed, doc);
         let prompt = dh % u64::from(sp.system_prompts);
+        let share = self.tenant_cdf[t] - if t == 0 { 0.0 } else { self.tenant_cdf[t - 1] };
+        let prompt_pop = share * tn.prompt_mass.get(prompt as usize).copied().unwrap_or(0.0);
+        let doc_pop = share * tn.pop.mass(doc);
         for i in 0..sp.prefix_chunks {
-            out.push((ident(&[tn.seed, 1, prompt, u64::from(i)]), full));
+            out.push((ident(&[tn.seed, 1, prompt, u64::from(i)]), full, prompt_pop));
         }
         if sp.doc_chunks_max > 0 {
             let len = sp.doc_chunks_min + (mix64(dh ^ 7) % u64::from(sp.doc_chunks_max - sp.doc_chunks_min + 1)) as u32;
             for i in 0..len {
-                out.push((ident(&[tn.seed, 2, prompt, doc, u64::from(i)]), full));
+                out.push((ident(&[tn.seed, 2, prompt, doc, u64::from(i)]), full, doc_pop));
             }
         }
         for _ in 0..sp.unique_tail_chunks {
             tn.unique_counter += 1;
-            out.push((ident(&[tn.seed, 3, tn.unique_counter]), full));
+            out.push((ident(&[tn.seed, 3, tn.unique_counter]), full, 0.0));
         }
         if sp.partial_last {
             if let Some(last) = out.last_mut() {
@@ -1063,7 +1089,7 @@ impl Workload {
         let pid = self.pid_for(t);
         self.new_keys.clear();
         let mut written = 0;
-        for &(identity, payload_len) in &chunks[i..] {
+        for &(identity, payload_len, popularity) in &chunks[i..] {
             if let Some(&s) = self.index.get(&identity) {
                 self.stats.puts_noop += 1;
                 self.touch(s);
@@ -1093,6 +1119,7 @@ impl Workload {
                 payload_len,
                 tenant: t as u32,
                 pid: self.fdp.as_ref().map(|_| pid),
+                popularity,
             });
             written += self.spec.header_bytes + payload_len;
         }
@@ -1111,8 +1138,8 @@ impl Workload {
         let ops = std::mem::take(&mut self.ops);
         for op in &ops {
             match *op {
-                LmOpOwned::Put { slot, identity, payload_len, tenant, pid } => {
-                    sink(&LmOp::Put { slot, identity, payload_len, tenant, pid })
+                LmOpOwned::Put { slot, identity, payload_len, tenant, pid, popularity } => {
+                    sink(&LmOp::Put { slot, identity, payload_len, tenant, pid, popularity })
                 }
                 LmOpOwned::Load { slot, payload_len } => sink(&LmOp::Load { slot, payload_len }),
                 LmOpOwned::Delete { slot } => sink(&LmOp::Delete { slot }),
@@ -1449,6 +1476,57 @@ mod tests {
     }
 
     #[test]
+    fn zipf_masses_sum_to_one_and_fall_with_rank() {
+        let p = Popularity::new(1000, 0.9);
+        let sum: f64 = (0..1000).map(|r| p.mass(r)).sum();
+        assert!((sum - 1.0).abs() < 1e-9, "{sum}");
+        assert!(p.mass(0) > p.mass(1) && p.mass(1) > p.mass(999) && p.mass(999) > 0.0);
+        assert_eq!(p.mass(1000), 0.0);
+        // Rank 1 against rank 10 under Zipf 0.9: 10^0.9.
+        assert!((p.mass(0) / p.mass(9) - 10f64.powf(0.9)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn puts_carry_how_often_their_chunk_is_asked_for() {
+        let mut w = Workload::new(small(LRU, ONE), 64 << 20, 0, 3, None).unwrap();
+        // identity → (puts, popularity)
+        let mut seen: HashMap<u64, (u64, f64)> = HashMap::new();
+        let mut mismatched = 0;
+        for _ in 0..20_000 {
+            w.step(&mut |op| {
+                if let LmOp::Put { identity, popularity, .. } = *op {
+                    assert!((0.0..=1.0).contains(&popularity), "{popularity}");
+                    let e = seen.entry(identity).or_insert((0, popularity));
+                    e.0 += 1;
+                    if e.1 != popularity {
+                        mismatched += 1;
+                    }
+                }
+            });
+        }
+        assert_eq!(mismatched, 0, "a chunk's chance changed between its puts");
+        // A request's unique tail (chance 0) is never put again; chunks put again and again
+        // are the popular ones.
+        assert!(seen.values().any(|&(_, p)| p == 0.0));
+        assert!(seen.values().filter(|&&(_, p)| p == 0.0).all(|&(n, _)| n == 1));
+        // The chance is how often requests ask for the chunk: count it over many requests.
+        let n = 200_000;
+        let mut asked: HashMap<u64, (u64, f64)> = HashMap::new();
+        for _ in 0..n {
+            for (id, _, p) in w.request_chunks(0) {
+                asked.entry(id).or_insert((0, p)).0 += 1;
+            }
+        }
+        let mut checked = 0;
+        for (count, p) in asked.values().copied().filter(|&(_, p)| p > 0.01) {
+            let f = count as f64 / n as f64;
+            assert!((f - p).abs() < 0.1 * p, "asked for in {f} of the requests, chance {p}");
+            checked += 1;
+        }
+        assert!(checked >= 10, "{checked}");
+    }
+
+    #[test]
     fn deterministic_from_the_seed() {
         let s = small(LRU, ONE);
         let a = drive(Workload::new(s.clone(), 64 << 20, 0, 7, None).unwrap(), 3000).0;
@@ -1583,7 +1661,7 @@ mod tests {
         let g = s.geometry(64 << 20, 0).unwrap();
         let mut sh = IoShaper::new(&s, g);
         let mut out = Vec::new();
-        sh.shape(&LmOp::Put { slot: 3, identity: 9, payload_len: 600_000, tenant: 0, pid: None }, &mut |io| {
+        sh.shape(&LmOp::Put { slot: 3, identity: 9, payload_len: 600_000, tenant: 0, pid: None, popularity: 0.0 }, &mut |io| {
             out.push(*io)
         });
         let base = g.slot_offset(3);
@@ -1597,7 +1675,7 @@ mod tests {
         let mut sh = IoShaper::new(&b, g);
         let mut out = Vec::new();
         for (slot, len) in [(5, 1000u64), (4, g.slot_payload_capacity()), (9, 5000), (5, 2000)] {
-            sh.shape(&LmOp::Put { slot, identity: slot, payload_len: len, tenant: 0, pid: None }, &mut |io| {
+            sh.shape(&LmOp::Put { slot, identity: slot, payload_len: len, tenant: 0, pid: None, popularity: 0.0 }, &mut |io| {
                 out.push(*io)
             });
         }
