@@ -86,6 +86,7 @@ fn errors_name_the_fix() {
         (vec!["--handle-type", "xx"], "ii or pi"),
         (vec!["--policy", "lmcache-fdp", "--trim", "on"], "no trim"),
         (vec!["--policy", "clairvoyant", "--clairvoyant-handles", "9"], "use 2 to --handles"),
+        (vec!["--policy", "popularity", "--clairvoyant-handles", "1"], "use 2 to --handles"),
     ] {
         let out =
             fdpblk().args(["simulate", "--workload", w.to_str().unwrap()]).args(&args).args(SMALL).output().unwrap();
