@@ -161,10 +161,17 @@ pub mod life {
     pub fn with_tag(l: u64, t: u16) -> u64 {
         (l & !TAG_MASK) | (u64::from(t) << TAG_SHIFT)
     }
-    /// Checkpoint epochs between a write stamped `stamp` and epoch `epoch` (modulo 2^24: a
-    /// wrapped distance is only ever too small, which is the conservative direction).
+    /// Checkpoint epochs between a write stamped `stamp` and epoch `epoch`, modulo 2^24. A
+    /// stamp newer than `epoch` (a write after the caller read the epoch) reads as 0, not as a
+    /// distance wrapped to nearly 2^24; so does one 2^23 or more epochs old. Too small is the
+    /// conservative direction: a write counts as fresh only when it surely is.
     pub fn epochs_since(stamp: u32, epoch: u32) -> u32 {
-        epoch.wrapping_sub(stamp) & STAMP_MASK as u32
+        let d = epoch.wrapping_sub(stamp) & STAMP_MASK as u32;
+        if d >= 1 << 23 {
+            0
+        } else {
+            d
+        }
     }
 }
 
@@ -1010,6 +1017,23 @@ impl TagTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_stamped_after_the_epoch_was_read_is_never_old() {
+        // The state thread reads the epoch, then a slot's life word: a put in between carries a
+        // newer stamp. Wrapped, that distance would be 2^24 - 1 epochs: "fresh enough" to be
+        // confirmed as the content of a checkpoint that never saw it.
+        assert_eq!(life::epochs_since(101, 100), 0);
+        assert_eq!(life::epochs_since(100 + 5, 100), 0);
+        assert_eq!(life::epochs_since(95, 100), 5);
+        assert_eq!(life::epochs_since(100, 100), 0);
+        // Across the 2^24 wrap of the stamp field.
+        let top = life::STAMP_MASK as u32;
+        assert_eq!(life::epochs_since(top, 2), 3);
+        assert_eq!(life::epochs_since(top - 2, top + 1), 3);
+        assert_eq!(life::epochs_since(3, top + 1), 0, "stamp 3 is after epoch 2^24 (0 in 24 bits)");
+        assert_eq!(life::epochs_since(1, (1 << 23) + 1), 0, "2^23 epochs or more: unknown, so not old");
+    }
 
     #[test]
     fn completed_headers_are_queued_when_a_stale_tail_may_be_behind_them() {
