@@ -262,6 +262,15 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         layout.set(Known { geometry: g, slots });
         w
     });
+    // A saved state that cannot be marked in use would be trusted after a crash although
+    // LMCache's writes since made it stale: refuse to serve rather than risk deallocating
+    // live slots in the next run.
+    if let Some(e) = watcher.as_ref().and_then(|w| w.unclean_error()) {
+        return Err(fail(format!(
+            "device {id}: cannot write fdpblk's own state to the reserved tail of {} ({e}); check the drive (dmesg, `nvme error-log`) and add again",
+            cfg.backing.display()
+        )));
+    }
     *shared.watch.lock().unwrap_or_else(|e| e.into_inner()) = watcher.as_ref().map(|w| w.published());
     let stop = Arc::new(AtomicBool::new(false));
     let watch_stop = Arc::new(AtomicBool::new(false));
@@ -395,6 +404,13 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
     learned.geometry = Some(g);
     let slots = Arc::new(SlotTable::new(g.max_slots));
     let w = start_watcher(&learned, g, dev, &slots, shared.layout.policy(), true);
+    if let Some(e) = w.unclean_error() {
+        // The device already serves: keep retrying (the state thread does, every second).
+        tracing::error!(
+            "device {}: cannot write fdpblk's own state to the reserved tail ({e}); retrying every second. Until 'own state written' follows, a daemon crash would leave an older saved state that the next run trusts: check the drive (dmesg, `nvme error-log`)",
+            cfg.id
+        );
+    }
     *shared.watch.lock().unwrap_or_else(|e| e.into_inner()) = Some(w.published());
     shared.learned.store(true, Ordering::Relaxed);
     shared.layout.set(Known { geometry: g, slots });

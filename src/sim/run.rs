@@ -382,7 +382,7 @@ impl Sim {
                                 self.error.get_or_insert(e.to_string());
                             }
                         }
-                        w.persist_now(false, false);
+                        let _ = w.persist_now(false, false);
                     }
                 }
             }

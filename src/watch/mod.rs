@@ -365,6 +365,10 @@ pub struct Watcher {
     persist: Option<Persist>,
     loaded: Loaded,
     last_persist: Instant,
+    /// Why the cycle that marks the saved state unclean has not committed yet (it is retried).
+    /// Until it does, a crash leaves the previous run's clean state on the drive, and the next
+    /// run would trust confirmations that LMCache's writes since made stale.
+    unclean_error: Option<String>,
     commit: Option<Commit>,
     started: Instant,
     interval: Option<Duration>,
@@ -450,6 +454,7 @@ impl Watcher {
             started: now,
             interval: None,
             conflict: None,
+            unclean_error: None,
             risk: false,
             stalled: false,
             summary: Summary::default(),
@@ -483,7 +488,17 @@ impl Watcher {
         }
         w.arm_alarm();
         // From now on a crash leaves an unclean state: confirmations are not trusted then.
-        w.persist_now(false, true);
+        // A transient failure gets two more tries; after that the caller decides (`add`
+        // refuses to serve) and the cycle is retried while the device runs.
+        let mut marked = w.persist_now(false, true);
+        for _ in 0..2 {
+            if marked.is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            marked = w.persist_now(false, true);
+        }
+        w.unclean_error = marked.err();
         let _ = w.sweep(false);
         w.publish();
         w
@@ -543,12 +558,13 @@ impl Watcher {
             let wait = self.next_wakeup().min(EARLY_TAILS_INTERVAL);
             self.slots.wait_events(wait);
             self.step();
-            if self.last_persist.elapsed() >= self.cfg.persist_interval {
-                self.persist_now(false, false);
+            let retry = self.unclean_error.is_some() && self.last_persist.elapsed() >= Duration::from_secs(1);
+            if retry || self.last_persist.elapsed() >= self.cfg.persist_interval {
+                let _ = self.persist_now(false, false);
             }
         }
         self.step();
-        self.persist_now(true, true);
+        let _ = self.persist_now(true, true);
         self.publish();
     }
 
@@ -1234,20 +1250,37 @@ impl Watcher {
         self.stalled = stalled;
     }
 
-    /// Runs a persist cycle now (`clean` at shutdown; `force` even if nothing changed).
-    pub fn persist_now(&mut self, clean: bool, force: bool) {
+    /// Runs a persist cycle now (`clean` at shutdown; `force` even if nothing changed, as is
+    /// every cycle until the start-up one committed). The error, if it failed.
+    pub fn persist_now(&mut self, clean: bool, force: bool) -> Result<(), String> {
         self.last_persist = Instant::now();
-        let Some(p) = self.persist.as_mut() else { return };
+        let Some(p) = self.persist.as_mut() else { return Ok(()) };
         let clean = clean && self.conflict.is_none();
-        match p.cycle(&*self.dev, &self.slots, &self.counters, clean, force || self.counters_dirty) {
-            Ok(Some(r)) => {
-                self.counters.cycles += 1;
-                self.counters.own_bytes += r.bytes;
-                self.counters_dirty = false;
+        let force = force || self.counters_dirty || self.unclean_error.is_some();
+        match p.cycle(&*self.dev, &self.slots, &self.counters, clean, force) {
+            Ok(r) => {
+                if let Some(r) = r {
+                    self.counters.cycles += 1;
+                    self.counters.own_bytes += r.bytes;
+                    self.counters_dirty = false;
+                }
+                if self.unclean_error.take().is_some() {
+                    tracing::info!("device {}: own state written: the saved state is marked in use", self.cfg.device);
+                }
+                Ok(())
             }
-            Ok(None) => {}
-            Err(e) => tracing::warn!("device {}: writing own state: {e}", self.cfg.device),
+            Err(e) => {
+                let e = e.to_string();
+                tracing::warn!("device {}: writing own state: {e}", self.cfg.device);
+                Err(e)
+            }
         }
+    }
+
+    /// Why the saved state could not be marked in use at start (see `unclean_error`), while
+    /// that is so.
+    pub fn unclean_error(&self) -> Option<&str> {
+        self.unclean_error.as_deref()
     }
 
     /// Refreshes the JSON the stats thread shows.

@@ -556,7 +556,7 @@ impl Rig {
     fn restart_fdpblk(&mut self, clean: bool) {
         if clean {
             self.w.step();
-            self.w.persist_now(true, true);
+            let _ = self.w.persist_now(true, true);
         }
         self.check_trims();
         self.early_tails += self.w.early_tail_trims();
@@ -1200,11 +1200,11 @@ fn fdpblk_restart_clean_keeps_pending_trims_unclean_drops_them() {
         r.step();
         r.checkpoint_dirty();
         r.step();
-        r.w.persist_now(false, false);
+        let _ = r.w.persist_now(false, false);
         let s = r.delete_key(&ks[0]);
         r.checkpoint(); // evicted in one container
         r.step();
-        r.w.persist_now(false, false);
+        let _ = r.w.persist_now(false, false);
         r.restart_fdpblk(clean);
         assert_eq!(r.slots.get(s).unwrap().identity, keys::identity(&ks[0]).unwrap(), "the slot table came back");
         assert_eq!(r.slots.get(s).unwrap().confirmed, clean);
@@ -1397,7 +1397,9 @@ fn schedule(seed: u64, steps: usize) -> (u64, u64, u64, u64, u64) {
                 let i = rng.below(r.lmc.index.len());
                 r.verify(i);
             }
-            5 if rng.chance(30) => r.w.persist_now(false, false),
+            5 if rng.chance(30) => {
+                let _ = r.w.persist_now(false, false);
+            }
             6 if rng.chance(8) => {
                 let load = rng.chance(75);
                 r.restart_lmcache(load);
@@ -1511,7 +1513,7 @@ fn a_policy_with_history_resumes_from_the_restored_slot_table() {
     let at = |r: &Rig, k: &str| r.lmc.index.iter().position(|e| e.0 == k).unwrap();
     // The puts are saved first, so only the loads below can save the records again.
     r.w.step();
-    r.w.persist_now(false, true);
+    let _ = r.w.persist_now(false, true);
     assert!(r.slots.take_dirty_pages().is_empty());
     for _ in 0..KeyAwarePolicy::HOT_READS {
         r.verify(at(&r, &hot));
@@ -1519,7 +1521,7 @@ fn a_policy_with_history_resumes_from_the_restored_slot_table() {
     r.verify(at(&r, &once));
     // A periodic persist, then fdpblk is killed and restarts: a fresh policy instance, the
     // slot table from fdpblk's own state.
-    r.w.persist_now(false, false);
+    let _ = r.w.persist_now(false, false);
     r.restart_fdpblk(false);
     let mut p = SharedPolicy::new(Box::new(KeyAwarePolicy::new()));
     assert_eq!(r.w.attach(p.clone()), 3);
@@ -1531,4 +1533,30 @@ fn a_policy_with_history_resumes_from_the_restored_slot_table() {
     assert_eq!(place(&hot), KeyAwarePolicy::HOT);
     assert_eq!(place(&once), KeyAwarePolicy::READ);
     assert_eq!(place(&never), KeyAwarePolicy::YOUNG);
+}
+
+#[test]
+fn a_saved_state_that_cannot_be_marked_in_use_is_reported_and_retried() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let keys: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
+    for k in &keys {
+        r.put(k.clone()).unwrap();
+    }
+    r.checkpoint();
+    r.step();
+    // A clean stop: the drive holds a clean state, whose confirmations a start trusts.
+    r.w.persist_now(true, true).unwrap();
+    // The next start cannot write: it says so (`add` refuses to serve on it), and the drive
+    // still holds the clean state.
+    r.dev.set_fail_writes(true);
+    let mut w = Watcher::new(r.g, Arc::new(SlotTable::new(r.g.max_slots)), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
+    assert!(w.loaded().clean);
+    assert!(w.unclean_error().is_some());
+    // Once the drive takes writes, the next cycle marks the state in use though nothing else
+    // changed; a crash after it leaves an unclean state.
+    r.dev.set_fail_writes(false);
+    w.persist_now(false, false).unwrap();
+    assert!(w.unclean_error().is_none());
+    let after_crash = Watcher::new(r.g, Arc::new(SlotTable::new(r.g.max_slots)), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
+    assert!(after_crash.loaded().found && !after_crash.loaded().clean);
 }
