@@ -294,6 +294,7 @@ impl Pipeline {
                     let identity = self.slots.get(slot).map(|h| h.identity);
                     self.policy.observe(&Observation::Read { slot, identity, len: e.len });
                 }
+                (Op::Read, ExtentKind::CheckpointHeader { .. }) => self.slots.note_checkpoint_read(),
                 (Op::Discard | Op::WriteZeroes, kind) => match kind {
                     ExtentKind::CheckpointHeader { copy, .. } => {
                         if self.slots.checkpoint_header(copy, None) {

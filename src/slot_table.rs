@@ -255,6 +255,9 @@ pub struct SlotTable {
     returning: AtomicU64,
     /// `header_writes` value at which the overflow estimate reaches its threshold.
     alarm_at: AtomicU64,
+    /// Reads of a checkpoint container's header block through the device: LMCache reads both
+    /// when it opens the device (a restart, possibly with another geometry).
+    checkpoint_reads: AtomicU64,
     /// One bit per slot: a header with a stale tail behind it completed since the state
     /// thread last looked (early stale-tail deallocation; no lock on the data path).
     completed: Box<[AtomicU64]>,
@@ -287,6 +290,7 @@ impl SlotTable {
             header_writes: AtomicU64::new(0),
             returning: AtomicU64::new(0),
             alarm_at: AtomicU64::new(u64::MAX),
+            checkpoint_reads: AtomicU64::new(0),
             completed: zeroed_u64(n.div_ceil(64)),
         }
     }
@@ -321,6 +325,15 @@ impl SlotTable {
     /// The current checkpoint epoch (valid checkpoint header writes seen).
     pub fn epoch(&self) -> u32 {
         self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// A read of a checkpoint container's header block was served.
+    pub fn note_checkpoint_read(&self) {
+        self.checkpoint_reads.fetch_add(1, Ordering::SeqCst);
+    }
+    /// Reads of checkpoint header blocks served so far.
+    pub fn checkpoint_reads(&self) -> u64 {
+        self.checkpoint_reads.load(Ordering::SeqCst)
     }
 
     /// Every write to a slot (header, payload, padding, or a discard/write-zeroes over it):

@@ -54,7 +54,14 @@
 //! - the drive was flushed after that completion, so the header survives a power loss (the
 //!   confirmed path flushes too);
 //! - the header on the drive carries the identity and length of the slot's record (5), and
-//!   the trim CAS holds any later write to the slot until the deallocation returned.
+//!   the trim CAS holds any later write to the slot until the deallocation returned;
+//! - LMCache has committed a checkpoint through this run of fdpblk, with fdpblk's geometry.
+//!   The checkpoints already on the drive do not tell: a LMCache restarted with a smaller
+//!   slot size drops its old index and writes slots that start inside fdpblk's, so a header
+//!   at an fdpblk slot start would put LMCache's next slot in its "tail". A LMCache that
+//!   restarts while fdpblk keeps running first reads both containers' header blocks: any such
+//!   read through fdpblk holds early tails back until the next checkpoint, whose geometry
+//!   then either matches or conflicts (and a conflict stops all deallocation).
 //!
 //! Then no LMCache process reads the tail: the current put's entry (if it commits) reads its
 //! own `payload_len`; an entry for any earlier contents of the slot, in a checkpoint LMCache
@@ -365,6 +372,15 @@ pub struct Watcher {
     persist: Option<Persist>,
     loaded: Loaded,
     last_persist: Instant,
+    /// LMCache committed a checkpoint through fdpblk in this run, with fdpblk's geometry. Until
+    /// then a slot header may come from a LMCache that restarted with another slot size (it
+    /// drops its old index and starts over) while the checkpoints on the drive still match:
+    /// a tail computed with fdpblk's slot size could then be the start of LMCache's next slot,
+    /// so early tails wait.
+    geometry_seen: bool,
+    /// `SlotTable::checkpoint_reads` when `geometry_seen` was set: a read since then may be
+    /// LMCache opening the device again, so early tails wait for its next checkpoint.
+    checkpoint_reads_at: u64,
     /// Why the cycle that marks the saved state unclean has not committed yet (it is retried).
     /// Until it does, a crash leaves the previous run's clean state on the drive, and the next
     /// run would trust confirmations that LMCache's writes since made stale.
@@ -454,6 +470,8 @@ impl Watcher {
             started: now,
             interval: None,
             conflict: None,
+            geometry_seen: false,
+            checkpoint_reads_at: 0,
             unclean_error: None,
             risk: false,
             stalled: false,
@@ -609,6 +627,8 @@ impl Watcher {
                 Read::Done(c) => {
                     if let (Some(h), Container::Valid(v)) = (p.ev.header, &c) {
                         self.committed(h, v.entries, v.fixed_bytes);
+                        self.geometry_seen = true;
+                        self.checkpoint_reads_at = self.slots.checkpoint_reads();
                     }
                     self.containers[usize::from(p.ev.copy)] = c;
                     changed = true;
@@ -949,8 +969,11 @@ impl Watcher {
     /// flush makes those headers durable, then each slot whose header is still that one
     /// and whose on-drive header carries it has its tail deallocated under the trim CAS.
     pub fn trim_early_tails(&mut self) {
+        if self.slots.checkpoint_reads() != self.checkpoint_reads_at {
+            self.geometry_seen = false;
+        }
         let done = self.slots.take_completed_headers();
-        if done.is_empty() || !self.cfg.early_tails || self.conflict.is_some() {
+        if done.is_empty() || !self.cfg.early_tails || self.conflict.is_some() || !self.geometry_seen {
             return;
         }
         if self.tail_error_epoch == Some(self.seen_epoch) {

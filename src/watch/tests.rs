@@ -988,6 +988,9 @@ fn a_same_key_reput_written_during_a_checkpoint_is_not_confirmed_by_it() {
 #[test]
 fn early_tails_wait_for_the_header_write_to_complete_and_a_flush() {
     let mut r = Rig::new(SLOTS, META, true);
+    // Early tails start once LMCache checkpointed through fdpblk with its geometry.
+    r.checkpoint();
+    r.step();
     // Fresh slots: what they held before fdpblk is not known, so their tails go too.
     r.fillers(10);
     r.step();
@@ -1058,6 +1061,8 @@ fn an_early_tail_never_takes_the_next_puts_payload_written_ahead_of_its_header()
     // io_uring: put C's payload reaches the slot before C's header, while the slot's current
     // header is B's, completed and queued for its early tail. C's payload reaches past B's.
     let mut r = Rig::new(SLOTS, META, true);
+    r.checkpoint();
+    r.step();
     let b = r.new_key(false);
     assert!(r.put_sized(b.clone(), 100).is_some());
     let s = r.delete_key(&b);
@@ -1559,4 +1564,33 @@ fn a_saved_state_that_cannot_be_marked_in_use_is_reported_and_retried() {
     assert!(w.unclean_error().is_none());
     let after_crash = Watcher::new(r.g, Arc::new(SlotTable::new(r.g.max_slots)), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
     assert!(after_crash.loaded().found && !after_crash.loaded().clean);
+}
+
+#[test]
+fn early_tails_wait_for_lmcache_to_checkpoint_after_it_opened_the_device() {
+    // Until then a header may come from a LMCache restarted with a smaller slot size, whose
+    // next slot starts inside what fdpblk takes for this slot's tail.
+    let mut r = Rig::new(SLOTS, META, true);
+    r.fillers(4);
+    r.step();
+    assert_eq!(r.w.early_tail_trims(), 0);
+    r.checkpoint();
+    r.step();
+    r.fillers(3);
+    r.step();
+    assert_eq!(r.w.early_tail_trims(), 3);
+    // LMCache opening the device again (it reads both containers' header blocks): early tails
+    // wait for its next checkpoint.
+    let (c0, c1) = (r.g.container_offset(0), r.g.container_offset(1));
+    r.read(c0, BA);
+    r.read(c1, BA);
+    r.fillers(2);
+    r.step();
+    assert_eq!(r.w.early_tail_trims(), 3);
+    r.checkpoint();
+    r.step();
+    r.fillers(2);
+    r.step();
+    assert_eq!(r.w.early_tail_trims(), 5);
+    r.verify_all();
 }

@@ -11,7 +11,8 @@
 # (SIGKILL) and recovered, the writer restarts (reopens from the device): the slot table,
 # the identity history and the counters come back, and later evictions are deallocated
 # again. A clean del + add keeps them too. Stale tails behind partial payloads are
-# deallocated before any checkpoint once their headers are durable (early tails). With the
+# deallocated before any checkpoint lists them once their headers are durable (early tails),
+# after LMCache's first checkpoint through this fdpblk. With the
 # passthrough engine evicted slots go once the newest checkpoint lacks them (early evictions:
 # the older checkpoint container's header zeroed, then the slots deallocated); the streams
 # engine runs with --no-early-evictions and waits for both containers.
@@ -182,6 +183,10 @@ wait_stat trim.trims 12
 wait_stat slots.with_header 26
 writer clean reopen verify
 expect_eq "after del + add: entries verified" "$(wfield clean run.verified)" 10
+# Early tails start once LMCache has checkpointed through this fdpblk with its geometry (a
+# LMCache restarted with another slot size would otherwise have its headers read with the old).
+writer clean-ckpt checkpoint
+wait_stat checkpoint_seq 9
 
 # Early tails: with the index emptied (deletes do no I/O), 3 full chunks, deleted again and
 # replaced by 3 partial last chunks, which reuse their slots (LIFO) and leave the full
