@@ -939,6 +939,8 @@ pub struct TagTable {
 struct TagInner {
     ids: HashMap<(String, String), u16>,
     names: Vec<(String, String)>,
+    /// Bytes of the serialised form (`take_dirty`), kept within `MAX_BYTES`.
+    bytes: usize,
     dirty: bool,
 }
 
@@ -946,6 +948,10 @@ impl TagTable {
     pub const MAX_TAGS: usize = 4096;
     /// Longest model name or salt kept (longer ones are cut at a character boundary).
     pub const MAX_NAME: usize = 255;
+    /// Largest serialised form: what fdpblk's own state saves of it (`persist::TAG_PAGES`
+    /// pages). A tag past it would be lost at a restart and its number given to another pair,
+    /// so the table is full there.
+    pub const MAX_BYTES: usize = 4 * crate::persist::PAGE_PAYLOAD;
 
     fn cut(s: &str) -> String {
         let mut end = s.len().min(Self::MAX_NAME);
@@ -962,9 +968,11 @@ impl TagTable {
         if let Some(&id) = t.ids.get(&key) {
             return id;
         }
-        if t.names.len() >= Self::MAX_TAGS {
+        let bytes = t.bytes.max(2) + 2 + key.0.len() + key.1.len();
+        if t.names.len() >= Self::MAX_TAGS || bytes > Self::MAX_BYTES {
             return 0;
         }
+        t.bytes = bytes;
         t.names.push(key.clone());
         let id = t.names.len() as u16;
         t.ids.insert(key, id);
@@ -1018,8 +1026,10 @@ impl TagTable {
         };
         t.ids.clear();
         t.names.clear();
+        t.bytes = 2;
         for _ in 0..n.min(Self::MAX_TAGS) {
             let (Some(m), Some(s)) = (take(&mut pos), take(&mut pos)) else { break };
+            t.bytes += 2 + m.len() + s.len();
             t.names.push((m.clone(), s.clone()));
             let id = t.names.len() as u16;
             t.ids.insert((m, s), id);
@@ -1030,6 +1040,33 @@ impl TagTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tags_stop_where_the_saved_state_ends_and_all_of_them_come_back() {
+        let t = TagTable::default();
+        let long = "m".repeat(200);
+        let mut ids = Vec::new();
+        for i in 0..1000 {
+            match t.intern(&long, &format!("tenant-{i}:v1")) {
+                0 => break,
+                id => ids.push(id),
+            }
+        }
+        // Full well before MAX_TAGS: the names would not fit the saved pages.
+        assert!(ids.len() > 10 && ids.len() < 200, "{}", ids.len());
+        assert_eq!(t.intern(&long, "one-more"), 0);
+        assert_eq!(t.intern(&long, "tenant-0:v1"), 1, "a known pair keeps its tag");
+        let bytes = t.take_dirty().unwrap();
+        assert!(bytes.len() <= TagTable::MAX_BYTES);
+        let back = TagTable::default();
+        back.restore(&bytes);
+        assert_eq!(back.len(), ids.len());
+        for &id in &ids {
+            assert_eq!(back.name(id), t.name(id));
+        }
+        // After a restore the budget is the same: nothing more fits.
+        assert_eq!(back.intern(&long, "one-more"), 0);
+    }
 
     #[test]
     fn a_write_stamped_after_the_epoch_was_read_is_never_old() {

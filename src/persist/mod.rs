@@ -71,8 +71,9 @@ const PAGE_HEADER: usize = 32;
 const CRC_AT: usize = 4092;
 /// Payload bytes per page.
 pub const PAGE_PAYLOAD: usize = CRC_AT - PAGE_HEADER;
-/// Pages of tag names.
+/// Pages of tag names (`TagTable::MAX_BYTES` is what they hold).
 pub const TAG_PAGES: u64 = 4;
+const _: () = assert!(TAG_PAGES as usize * PAGE_PAYLOAD == crate::slot_table::TagTable::MAX_BYTES);
 /// Handles whose trim counts the superblock keeps.
 pub const MAX_HANDLES: usize = 64;
 /// Largest run of pages written in one request.
