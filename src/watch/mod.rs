@@ -1287,7 +1287,7 @@ impl Watcher {
                     self.counters.own_bytes += r.bytes;
                     self.counters_dirty = false;
                 }
-                if self.unclean_error.take().is_some() {
+                if self.unclean_error.take().is_some() && !clean {
                     tracing::info!("device {}: own state written: the saved state is marked in use", self.cfg.device);
                 }
                 Ok(())
