@@ -951,7 +951,7 @@ impl TagTable {
     /// Largest serialised form: what fdpblk's own state saves of it (`persist::TAG_PAGES`
     /// pages). A tag past it would be lost at a restart and its number given to another pair,
     /// so the table is full there.
-    pub const MAX_BYTES: usize = 4 * crate::persist::PAGE_PAYLOAD;
+    pub const MAX_BYTES: usize = crate::persist::TAG_PAGES as usize * crate::persist::PAGE_PAYLOAD;
 
     fn cut(s: &str) -> String {
         let mut end = s.len().min(Self::MAX_NAME);

@@ -73,7 +73,6 @@ const CRC_AT: usize = 4092;
 pub const PAGE_PAYLOAD: usize = CRC_AT - PAGE_HEADER;
 /// Pages of tag names (`TagTable::MAX_BYTES` is what they hold).
 pub const TAG_PAGES: u64 = 4;
-const _: () = assert!(TAG_PAGES as usize * PAGE_PAYLOAD == crate::slot_table::TagTable::MAX_BYTES);
 /// Handles whose trim counts the superblock keeps.
 pub const MAX_HANDLES: usize = 64;
 /// Largest run of pages written in one request.
