@@ -258,7 +258,7 @@ struct Sim {
     shaper: Option<IoShaper>,
     combiner: WriteCombiner,
     probe: Option<Probe>,
-    clair: Option<Bound>,
+    bound: Option<Bound>,
     segs: Vec<Segment>,
     geom: Geometry,
     chunk_bytes: u64,
@@ -340,7 +340,7 @@ impl Sim {
             if let Some(p) = &mut self.probe {
                 p.death(s);
             }
-            if let Some(c) = &mut self.clair {
+            if let Some(c) = &mut self.bound {
                 c.death(s);
             }
         }
@@ -353,7 +353,7 @@ impl Sim {
                 if let Some(pid) = pid {
                     self.observer.observe(&Observation::WriterPlacement { slot, pid });
                 }
-                if let Some(c) = &mut self.clair {
+                if let Some(c) = &mut self.bound {
                     if let Some(h) = c.put(slot, popularity) {
                         self.observer.observe(&Observation::WriterPlacement { slot, pid: h });
                     }
@@ -786,7 +786,7 @@ pub fn fdpblk_runs(policy: &str, trim: bool) -> bool {
     trim || !matches!(policy, "none" | "lmcache-fdp")
 }
 
-fn run_with(spec: &RunSpec, clair: Option<Bound>) -> Result<(RunResult, Option<Bound>), String> {
+fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<Bound>), String> {
     let start = Instant::now();
     let w = &spec.workload;
     let drive = resolve_drive(&spec.drive, w);
@@ -854,7 +854,7 @@ fn run_with(spec: &RunSpec, clair: Option<Bound>) -> Result<(RunResult, Option<B
         Watcher::new(geom, slots.clone(), dev.clone(), wc, Some(region), own_handle)
     });
     let pipeline = Pipeline::with_slots(geom, Box::new(shared), slots);
-    let clair = clair.map(|c| if c.handles.is_empty() { Bound::recorder(geom.max_slots, c.popularity) } else { c });
+    let bound = bound.map(|c| if c.handles.is_empty() { Bound::recorder(geom.max_slots, c.popularity) } else { c });
     let mut sim = Sim {
         pipeline,
         observer,
@@ -863,7 +863,7 @@ fn run_with(spec: &RunSpec, clair: Option<Bound>) -> Result<(RunResult, Option<B
         shaper: Some(IoShaper::new(w, geom)),
         combiner: WriteCombiner::default(),
         probe: spec.probe.then(|| Probe::new(geom.max_slots, w.tenants.len())),
-        clair,
+        bound,
         segs: Vec::new(),
         geom,
         chunk_bytes: w.chunk_bytes,
@@ -909,7 +909,7 @@ fn run_with(spec: &RunSpec, clair: Option<Bound>) -> Result<(RunResult, Option<B
                     }
                     let c = sim.counters();
                     warm = Some((c.clone(), sim.lm_write_bytes, sim.own_bytes(), sim.trims(), sim.tail_trims()));
-                    if let Some(cl) = &mut sim.clair {
+                    if let Some(cl) = &mut sim.bound {
                         cl.warm_puts = cl.puts;
                     }
                     marks.push(c);
@@ -981,7 +981,7 @@ fn run_with(spec: &RunSpec, clair: Option<Bound>) -> Result<(RunResult, Option<B
         fdpblk,
         bound_shares: Vec::new(),
     };
-    Ok((result, sim.clair))
+    Ok((result, sim.bound))
 }
 
 #[cfg(test)]

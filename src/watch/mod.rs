@@ -372,15 +372,13 @@ pub struct Watcher {
     persist: Option<Persist>,
     loaded: Loaded,
     last_persist: Instant,
-    /// LMCache committed a checkpoint through fdpblk in this run, with fdpblk's geometry. Until
-    /// then a slot header may come from a LMCache that restarted with another slot size (it
-    /// drops its old index and starts over) while the checkpoints on the drive still match:
-    /// a tail computed with fdpblk's slot size could then be the start of LMCache's next slot,
-    /// so early tails wait.
-    geometry_seen: bool,
-    /// `SlotTable::checkpoint_reads` when `geometry_seen` was set: a read since then may be
-    /// LMCache opening the device again, so early tails wait for its next checkpoint.
-    checkpoint_reads_at: u64,
+    /// `SlotTable::checkpoint_reads` when LMCache last committed a checkpoint through fdpblk,
+    /// with fdpblk's geometry (None: not in this run). Early tails run only while it is the
+    /// current count: before, a slot header may come from a LMCache that restarted with another
+    /// slot size (it drops its old index) while the checkpoints on the drive still match, and a
+    /// tail computed with fdpblk's slot size could be the start of LMCache's next slot; a read
+    /// of a checkpoint header block since may be LMCache opening the device again.
+    geometry_seen_at: Option<u64>,
     /// Why the cycle that marks the saved state unclean has not committed yet (it is retried).
     /// Until it does, a crash leaves the previous run's clean state on the drive, and the next
     /// run would trust confirmations that LMCache's writes since made stale.
@@ -470,8 +468,7 @@ impl Watcher {
             started: now,
             interval: None,
             conflict: None,
-            geometry_seen: false,
-            checkpoint_reads_at: 0,
+            geometry_seen_at: None,
             unclean_error: None,
             risk: false,
             stalled: false,
@@ -627,8 +624,7 @@ impl Watcher {
                 Read::Done(c) => {
                     if let (Some(h), Container::Valid(v)) = (p.ev.header, &c) {
                         self.committed(h, v.entries, v.fixed_bytes);
-                        self.geometry_seen = true;
-                        self.checkpoint_reads_at = self.slots.checkpoint_reads();
+                        self.geometry_seen_at = Some(self.slots.checkpoint_reads());
                     }
                     self.containers[usize::from(p.ev.copy)] = c;
                     changed = true;
@@ -969,11 +965,8 @@ impl Watcher {
     /// flush makes those headers durable, then each slot whose header is still that one
     /// and whose on-drive header carries it has its tail deallocated under the trim CAS.
     pub fn trim_early_tails(&mut self) {
-        if self.slots.checkpoint_reads() != self.checkpoint_reads_at {
-            self.geometry_seen = false;
-        }
         let done = self.slots.take_completed_headers();
-        if done.is_empty() || !self.cfg.early_tails || self.conflict.is_some() || !self.geometry_seen {
+        if done.is_empty() || !self.cfg.early_tails || self.conflict.is_some() || self.geometry_seen_at != Some(self.slots.checkpoint_reads()) {
             return;
         }
         if self.tail_error_epoch == Some(self.seen_epoch) {
