@@ -177,8 +177,8 @@ pub struct AddArgs {
     /// How long (µs) a payload write waits for its slot header before it is placed anyway.
     #[arg(long, default_value_t = 5000)]
     pub header_wait_us: u64,
-    /// Do not deallocate the slots LMCache evicted (by default fdpblk trims a slot once two
-    /// committed checkpoints no longer list it).
+    /// Do not deallocate the slots LMCache evicted (by default fdpblk trims a slot once
+    /// LMCache's committed checkpoints no longer list it).
     #[arg(long)]
     pub no_trim: bool,
     /// Deallocate a stale tail (bytes past a shorter new payload) only once a checkpoint

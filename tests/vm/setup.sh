@@ -134,7 +134,7 @@ qemu_version_ok() {
 
 install_packages() {
     local base=(busybox-static nvme-cli fio blktrace cpio kmod zstd xz-utils gcc libc6-dev libclang-dev
-        binutils debian-archive-keyring util-linux udev)
+        binutils debian-archive-keyring util-linux udev jq python3 procps systemd)
     local qemu=(qemu-system-x86 qemu-system-data qemu-utils)
     local missing=() p
     for p in "${base[@]}"; do pkg_installed "$p" || missing+=("$p"); done
