@@ -141,6 +141,28 @@ fn bad_input_is_one_clear_line() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// An image that holds only the start of the traced device (its checkpoint and first slots):
+/// with `--device-size` the slots past the image's end are slots, as LMCache laid them out on
+/// the whole device, and not bytes outside the layout.
+#[test]
+fn replay_of_an_image_prefix_takes_the_slot_count_from_the_device_size() {
+    let dir = std::env::temp_dir().join(format!("fdpblk-cli-prefix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let whole = std::fs::read(fixtures().join("object-evict/device.img")).unwrap();
+    let img = dir.join("prefix.img");
+    std::fs::write(&img, &whole[..2 << 20]).unwrap();
+    // A slot header write to slot 30 of the 48 on the 4 MiB device (the prefix holds 16).
+    let trace = dir.join("t.jsonl");
+    std::fs::write(&trace, format!("{{\"op\":\"write\",\"offset\":{},\"len\":4096,\"data_hex\":\"4c4d43424c4b3031\"}}\n", (1 << 20) + 30 * 65536)).unwrap();
+    let (code, out, err) = fdpblk(&["replay", "--json", "--device", img.to_str().unwrap(), "--device-size", "4M", trace.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["geometry"]["max_slots"], 48, "{out}");
+    assert_eq!(v["classes"]["slot_header"]["bytes"], 4096, "{out}");
+    assert_eq!(v["classes"]["outside"]["bytes"], 0, "{out}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// Writes LMCache's captured I/O of `scen` as blkparse would print a blktrace of the ublk
 /// device: each request queued, got, inserted, issued and completed, every third write as two
 /// bios that merge, plug/unplug lines, a flush after each checkpoint header, the summaries at

@@ -43,7 +43,7 @@ fn sysfs_queue_attr(dev: &Path, attr: &str) -> Option<u64> {
 /// a larger meta_total_bytes after fdpblk's overflow alarm): LMCache discards its old index
 /// then, so the way forward is to erase the old checkpoint, which the error spells out.
 fn with_erase_hint(e: DiscoverError, backing: &Path, is_bdev: bool, is_chardev: bool) -> String {
-    let DiscoverError::Conflict { meta_bytes, .. } = e else { return e.to_string() };
+    let (DiscoverError::Conflict { meta_bytes, .. } | DiscoverError::CheckpointTooBig { meta_bytes, .. }) = e else { return e.to_string() };
     let block = if is_chardev {
         crate::nvme::path::namespace_block_device(backing)
     } else {
@@ -54,7 +54,11 @@ fn with_erase_hint(e: DiscoverError, backing: &Path, is_bdev: bool, is_chardev: 
         Some(b) => format!("dd if=/dev/zero of={} bs=4096 count={} conv=notrunc", b.display(), meta_bytes.div_ceil(4096)),
         None => format!("zero the first {meta_bytes} bytes of the namespace behind {}", backing.display()),
     };
-    format!("{e}. If LMCache's configuration changed to the new value (LMCache then starts with an empty cache), erase its old checkpoint first: {erase}")
+    let change = match e {
+        DiscoverError::Conflict { .. } => "changed to the new value",
+        _ => "changed for this device",
+    };
+    format!("{e}. If LMCache's configuration {change} (LMCache then starts with an empty cache), erase its old checkpoint first: {erase}")
 }
 
 /// Turns `fdpblk add` arguments into a device config, checking everything first.

@@ -29,9 +29,16 @@ pub struct EntryReport {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InspectSummary {
+    /// Entries LMCache would load: those listed, or 0 when it would discard the checkpoint.
     pub live: u64,
+    /// Entries the newest valid checkpoint lists.
+    pub listed: u64,
     pub header_mismatch: u64,
     pub checkpoint_seq: Option<u64>,
+    /// Why LMCache would discard the whole checkpoint, if it would.
+    pub rejected: Option<String>,
+    /// The path LMCache must be configured with to load it (compared exactly).
+    pub device_path: Option<String>,
 }
 
 /// Checks one entry against the layout and its slot header (`_validate_loaded_entries`).
@@ -84,14 +91,17 @@ pub fn inspect_entries<D: ReadAt + ?Sized>(
     let mut s = InspectSummary::default();
     let Some(newest) = newest_valid(copies) else { return Ok(s) };
     s.checkpoint_seq = newest.seq();
-    read_entries(dev, g, newest, &JsonLimits::default(), &mut |e| {
+    let meta = read_entries(dev, g, newest, &JsonLimits::default(), &mut |e| {
         let r = check_entry(dev, g, e.key, e.offset, e.size);
-        s.live += 1;
+        s.listed += 1;
         if !r.header_ok {
             s.header_mismatch += 1;
         }
         on_entry(&r).map_err(|e| e.to_string())
     })?;
+    s.rejected = meta.loader_rejection(g.max_slots);
+    s.live = if s.rejected.is_some() { 0 } else { s.listed };
+    s.device_path = meta.device_path;
     Ok(s)
 }
 
@@ -146,7 +156,8 @@ pub fn run(a: &InspectArgs) -> CmdResult {
         writeln!(
             w,
             "],\"summary\":{},\"fdpblk_state\":{}}}",
-            json!({"live": s.live, "header_mismatch": s.header_mismatch, "checkpoint_seq": s.checkpoint_seq}),
+            json!({"live": s.live, "listed": s.listed, "header_mismatch": s.header_mismatch, "checkpoint_seq": s.checkpoint_seq,
+                   "loader_rejects": s.rejected, "device_path": s.device_path}),
             own_state(&dev).unwrap_or(serde_json::Value::Null)
         )?;
     } else {
@@ -193,9 +204,17 @@ pub fn run(a: &InspectArgs) -> CmdResult {
                 r.key
             )
         })?;
-        match s.checkpoint_seq {
-            Some(seq) => writeln!(w, "summary: {} live entries (checkpoint seq {seq}), {} with a mismatched slot header", s.live, s.header_mismatch)?,
-            None => writeln!(w, "summary: no valid checkpoint; LMCache would start with an empty index")?,
+        match (s.checkpoint_seq, &s.rejected) {
+            (Some(seq), None) => writeln!(w, "summary: {} live entries (checkpoint seq {seq}), {} with a mismatched slot header", s.live, s.header_mismatch)?,
+            (Some(seq), Some(why)) => writeln!(
+                w,
+                "summary: LMCache would discard checkpoint seq {seq} and start with an empty index: {why}; none of its {} entries would load",
+                s.listed
+            )?,
+            (None, _) => writeln!(w, "summary: no valid checkpoint; LMCache would start with an empty index")?,
+        }
+        if let Some(p) = &s.device_path {
+            writeln!(w, "  LMCache loads it only with device_path exactly {p:?}")?;
         }
         match own_state(&dev) {
             Some(o) => {
@@ -294,6 +313,44 @@ mod tests {
         assert_eq!(s.header_mismatch, 1);
         assert_eq!(bad[0].slot, Some(0));
         assert_eq!(bad[0].problem, Some("slot header identity differs (slot reused)"));
+    }
+
+    /// object-evict with each checkpoint copy's JSON edited by `edit` (same length), CRCs
+    /// recomputed: a checkpoint LMCache wrote, as a loader of another kind would find it.
+    fn object_evict_with_json(edit: impl Fn(&str) -> String) -> Vec<u8> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6/object-evict");
+        let mut img = std::fs::read(root.join("device.img")).unwrap();
+        for at in [0usize, 524288] {
+            let h = crate::layout::checkpoint_header::CheckpointHeader::parse(&img[at..at + 32], img.len() as u64).unwrap();
+            let range = at + 4096..at + 4096 + h.payload_len as usize;
+            let json = edit(std::str::from_utf8(&img[range.clone()]).unwrap());
+            assert_eq!(json.len(), range.len());
+            img[range].copy_from_slice(json.as_bytes());
+            img[at + 28..at + 32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
+        }
+        img
+    }
+
+    fn summary_of(img: &[u8]) -> InspectSummary {
+        let g = discover(img, &GeometryFlags::default()).unwrap().geometry;
+        let copies = read_copies(img, &g).unwrap();
+        inspect_entries(img, &g, &copies, &mut |_| Ok(())).unwrap()
+    }
+
+    #[test]
+    fn a_checkpoint_lmcache_would_discard_has_no_live_entries() {
+        let s = summary_of(&object_evict_with_json(|j| j.to_string()));
+        assert_eq!((s.live, s.listed, s.rejected.as_deref()), (14, 14, None));
+        assert_eq!(s.device_path.as_deref(), Some("/dev/ublkb0"));
+        let v2 = summary_of(&object_evict_with_json(|j| j.replacen(r#""version":1"#, r#""version":2"#, 1)));
+        assert_eq!((v2.live, v2.listed), (0, 14));
+        assert!(v2.rejected.unwrap().contains("version is 2"));
+        let past = summary_of(&object_evict_with_json(|j| j.replacen(r#""next_slot":16"#, r#""next_slot":49"#, 1)));
+        assert!(past.rejected.unwrap().contains("next_slot 49 is past the layout's 48 slots"));
+        let all = summary_of(&object_evict_with_json(|j| j.replacen(r#""next_slot":16"#, r#""next_slot":48"#, 1)));
+        assert_eq!(all.rejected, None);
+        let magic = summary_of(&object_evict_with_json(|j| j.replacen("LMCIDX01", "LMCIDX02", 1)));
+        assert!(magic.rejected.unwrap().contains("meta_magic"));
     }
 
     #[test]

@@ -458,7 +458,23 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
         Some(path) => {
             let dev = open_readonly(path)?;
             let d = discover(&dev, &flags)?;
-            (d.geometry, a.device_size.unwrap_or(crate::device::ReadAt::size(&dev)?))
+            match a.device_size {
+                // The image may be a prefix of the traced device: its slot count comes from
+                // the traced device's size, as LMCache derived it there.
+                Some(size) => {
+                    let g = &d.geometry;
+                    let capacity_bytes = flags.capacity_bytes.or(d.checkpoint.as_ref().and_then(|m| m.capacity_bytes)).unwrap_or(0);
+                    let cfg = GeometryConfig {
+                        block_align: g.block_align,
+                        header_bytes: g.header_bytes,
+                        slot_bytes: g.slot_bytes,
+                        meta_total_bytes: g.meta_total_bytes,
+                        capacity_bytes,
+                    };
+                    (cfg.validate(size)?, size)
+                }
+                None => (d.geometry, crate::device::ReadAt::size(&dev)?),
+            }
         }
         None => {
             let given = a.device_size.or(flags.capacity_bytes);

@@ -88,6 +88,31 @@ pub struct CheckpointMeta {
     pub bytes: u64,
 }
 
+impl CheckpointMeta {
+    /// Why LMCache 0.5.6's loader would discard this whole checkpoint and start empty, judged
+    /// against `max_slots` and LMCache's default `meta_magic`/`meta_version` (the geometry
+    /// fields are compared with the configuration where the layout is decided). `None` when it
+    /// would load it. `device_path` is compared by LMCache with its configured path, which a
+    /// device image does not tell: callers show it.
+    pub fn loader_rejection(&self, max_slots: u64) -> Option<String> {
+        match self.version {
+            Some(1) => {}
+            Some(v) => return Some(format!("its version is {v}; LMCache 0.5.6 loads only version 1")),
+            None => return Some("it has no integer version; LMCache 0.5.6 loads only version 1".into()),
+        }
+        if let Some(n) = self.next_slot.filter(|&n| n > max_slots) {
+            return Some(format!("its next_slot {n} is past the layout's {max_slots} slots"));
+        }
+        if let Some(m) = self.meta_magic.as_deref().filter(|&m| m != "LMCIDX01") {
+            return Some(format!("its meta_magic {m:?} is not LMCache's default \"LMCIDX01\" (it loads only under a configured meta_magic of that value)"));
+        }
+        if let Some(v) = self.meta_version.filter(|&v| v != 1) {
+            return Some(format!("its meta_version {v} is not LMCache's default 1 (it loads only under a configured meta_version of that value)"));
+        }
+        None
+    }
+}
+
 /// One index entry, borrowed for the duration of the callback (the key lives in the parser's
 /// reusable buffer, so no allocation per entry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -45,6 +45,8 @@ pub enum DiscoverError {
     NoCheckpoint { missing: &'static str },
     /// `meta_bytes`: the bytes from the device's start that hold both checkpoint containers.
     Conflict { field: &'static str, flag: u64, checkpoint: u64, meta_bytes: u64 },
+    /// LMCache's checkpoint on the device lays out more than the device holds.
+    CheckpointTooBig { meta_bytes: u64, slot_bytes: u64, capacity: u64 },
     Geometry(GeometryError),
 }
 
@@ -60,6 +62,10 @@ impl fmt::Display for DiscoverError {
                 f,
                 "--{} {flag} conflicts with the checkpoint on the device ({field} {checkpoint}); LMCache would discard its index with that value: drop the flag or fix it to {checkpoint}",
                 field.replace('_', "-")
+            ),
+            Self::CheckpointTooBig { meta_bytes, slot_bytes, capacity } => write!(
+                f,
+                "the LMCache checkpoint on the device lays out {meta_bytes} bytes of metadata and {slot_bytes}-byte slots, no slot of which fits in the device's {capacity} bytes; give the whole device LMCache wrote (is this a truncated image?)"
             ),
             Self::Geometry(e) => e.fmt(f),
         }
@@ -135,12 +141,27 @@ fn find_checkpoint<D: ReadAt + ?Sized>(
     size: u64,
 ) -> Result<Option<(CheckpointMeta, [CopyStatus; 2], Geometry)>, DiscoverError> {
     // Step 1: a provisional layout, from the flags or from either copy's own JSON.
-    let provisional = match provisional_from_flags(flags, size) {
-        Some(g) => Some(g),
-        None => provisional_from_copies(dev, flags, size)?,
-    };
-    let Some(geom) = provisional else { return Ok(None) };
-    // Step 2: the copy the loader would trust, and its fields.
+    if let Some(geom) = provisional_from_flags(flags, size) {
+        if let Some(found) = checkpoint_at(dev, geom)? {
+            return Ok(Some(found));
+        }
+        // The flags leave block_align to its default: a checkpoint written with another one
+        // has its JSON elsewhere, and only the copies' own fields can tell where.
+        if flags.block_align.is_some() {
+            return Ok(None);
+        }
+    }
+    match provisional_from_copies(dev, flags, size)? {
+        Some(geom) => checkpoint_at(dev, geom),
+        None => Ok(None),
+    }
+}
+
+/// Step 2: with a layout, the copy the loader would trust, and its fields.
+fn checkpoint_at<D: ReadAt + ?Sized>(
+    dev: &D,
+    geom: Geometry,
+) -> Result<Option<(CheckpointMeta, [CopyStatus; 2], Geometry)>, DiscoverError> {
     let copies = read_copies(dev, &geom)?;
     let Some(newest) = newest_valid(&copies) else { return Ok(None) };
     let meta = match read_entries(dev, &geom, newest, &JsonLimits::default(), &mut |_| Ok(())) {
@@ -156,7 +177,7 @@ fn provisional_from_flags(flags: &GeometryFlags, size: u64) -> Option<Geometry> 
         block_align: a,
         header_bytes: flags.header_bytes.unwrap_or(DEFAULT_HEADER_BYTES),
         // Only the metadata layout matters for reading checkpoints.
-        slot_bytes: flags.slot_bytes.unwrap_or(flags.header_bytes.unwrap_or(DEFAULT_HEADER_BYTES) + a),
+        slot_bytes: flags.slot_bytes.unwrap_or(flags.header_bytes.unwrap_or(DEFAULT_HEADER_BYTES).saturating_add(a)),
         meta_total_bytes: flags.meta_total_bytes?,
         capacity_bytes: 0,
     }
@@ -210,7 +231,7 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
         None => ALIGN_CANDIDATES.to_vec(),
     };
     for a in aligns {
-        let start = at + a;
+        let Some(start) = at.checked_add(a) else { continue };
         let n = h.payload_len.min(PREFIX).min(size.saturating_sub(start));
         if n < JSON_START.len() as u64 {
             continue;
@@ -234,7 +255,9 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
             Ok(g) => return Ok(Some(g)),
             // A checkpoint that is LMCache's (its JSON begins where its block_align says) on
             // a device too small for its layout: that is the error, not "no checkpoint".
-            Err(e @ GeometryError::DeviceTooSmall { .. }) if get("block_align") == Some(a) => return Err(e.into()),
+            Err(GeometryError::DeviceTooSmall { meta_total_bytes, capacity, slot_bytes }) if get("block_align") == Some(a) => {
+                return Err(DiscoverError::CheckpointTooBig { meta_bytes: meta_total_bytes, slot_bytes, capacity })
+            }
             Err(_) => {}
         }
     }
@@ -305,14 +328,59 @@ mod tests {
         assert_eq!(discover(&erased, &bad).unwrap_err().to_string(), DiscoverError::NoCheckpoint { missing: "--meta-total-bytes" }.to_string());
     }
 
+    /// object-evict's checkpoint as LMCache writes it with `block_align` (and `header_bytes`)
+    /// 8192: each copy's JSON one 8 KiB block after its header, CRC over the new JSON.
+    fn object_evict_aligned_8k() -> Vec<u8> {
+        let (img, _) = fixture("object-evict");
+        let mut out = img.clone();
+        for at in [0usize, 524288] {
+            let h = CheckpointHeader::parse(&img[at..at + 32], img.len() as u64).unwrap();
+            let json = String::from_utf8(img[at + 4096..at + 4096 + h.payload_len as usize].to_vec()).unwrap();
+            let json = json.replace(r#""block_align":4096,"header_bytes":4096"#, r#""block_align":8192,"header_bytes":8192"#);
+            out[at + 4096..at + 8192 + json.len()].fill(0);
+            out[at + 8192..at + 8192 + json.len()].copy_from_slice(json.as_bytes());
+            out[at + 28..at + 32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn metadata_flags_without_block_align_still_find_a_checkpoint_of_another_block_size() {
+        let img = object_evict_aligned_8k();
+        let d = discover(&img, &GeometryFlags::default()).unwrap();
+        assert_eq!((d.geometry.block_align, d.geometry.header_bytes), (8192, 8192));
+        // --meta-total-bytes alone (block_align left to its default 4096) used to read the JSON
+        // one 4 KiB block after the header, miss both copies and ask for --slot-bytes.
+        let f = GeometryFlags { meta_total_bytes: Some(1 << 20), ..Default::default() };
+        let d = discover(&img, &f).unwrap();
+        assert_eq!(d.source, GeometrySource::Both);
+        assert_eq!((d.geometry.block_align, d.geometry.slot_bytes), (8192, 65536));
+        assert_eq!(d.checkpoint.unwrap().next_slot, Some(16));
+        // ... and with --slot-bytes too, silently took a 4096-byte layout.
+        let f = GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(1 << 20), ..Default::default() };
+        assert_eq!(discover(&img, &f).unwrap().geometry.header_bytes, 8192);
+        // A block_align given by flag that disagrees: the checkpoint is not LMCache's for it.
+        let f = GeometryFlags { block_align: Some(4096), meta_total_bytes: Some(1 << 20), ..Default::default() };
+        assert!(discover(&img, &f).unwrap_err().to_string().contains("--slot-bytes"));
+    }
+
+    #[test]
+    fn an_absurd_block_align_flag_is_refused_not_overflowed() {
+        let (img, _) = fixture("object-evict");
+        let f = GeometryFlags { block_align: Some(u64::MAX), ..Default::default() };
+        assert!(discover(&img, &f).is_err());
+    }
+
     #[test]
     fn a_checkpoint_on_a_device_too_small_for_its_layout_says_so() {
         // object-evict's checkpoint (1 MiB of metadata, 64 KiB slots) on its first 1 MiB only.
         let (img, _) = fixture("object-evict");
         let small = img[..1 << 20].to_vec();
         let e = discover(&small, &GeometryFlags::default()).unwrap_err();
-        assert!(matches!(e, DiscoverError::Geometry(GeometryError::DeviceTooSmall { .. })), "{e}");
-        assert!(e.to_string().contains("use a larger device"), "{e}");
+        assert!(matches!(e, DiscoverError::CheckpointTooBig { meta_bytes: 1048576, slot_bytes: 65536, capacity: 1048576 }), "{e}");
+        // Not "a smaller --meta-total-bytes": that flag would conflict with the checkpoint.
+        assert!(e.to_string().contains("give the whole device LMCache wrote"), "{e}");
+        assert!(!e.to_string().contains("--meta-total-bytes"), "{e}");
     }
 
     #[test]

@@ -96,7 +96,7 @@ impl GeometryConfig {
         if self.header_bytes < 24 || self.header_bytes % a != 0 {
             return Err(GeometryError::HeaderBytes(self.header_bytes, a));
         }
-        if self.slot_bytes < self.header_bytes + 1 || self.slot_bytes % a != 0 {
+        if self.slot_bytes <= self.header_bytes || self.slot_bytes % a != 0 {
             return Err(GeometryError::SlotBytes {
                 slot_bytes: self.slot_bytes,
                 header_bytes: self.header_bytes,
@@ -257,6 +257,8 @@ mod tests {
         assert!(matches!(cfg(4096, 6000, 8192, 1 << 20, 0).validate(1 << 30), Err(HeaderBytes(..))));
         assert!(matches!(cfg(4096, 4096, 4096, 1 << 20, 0).validate(1 << 30), Err(SlotBytes { .. })));
         assert!(matches!(cfg(4096, 4096, 10000, 1 << 20, 0).validate(1 << 30), Err(SlotBytes { .. })));
+        // Values from a hostile checkpoint: refused, never an overflow.
+        assert!(matches!(cfg(1, u64::MAX, 4096, 1 << 20, 0).validate(1 << 30), Err(SlotBytes { .. })));
         assert!(matches!(cfg(4096, 4096, 8192, 4096, 0).validate(1 << 30), Err(MetaTotalBytes(..))));
         assert!(matches!(cfg(4096, 4096, 8192, 2 * 4096, 0).validate(1 << 30), Err(ContainerTooSmall { .. })));
         assert!(matches!(cfg(4096, 4096, 8192, 1 << 20, 0).validate(1 << 20), Err(DeviceTooSmall { .. })));
