@@ -626,7 +626,7 @@ fn sysfs_queue(block: Option<&str>, attr: &str) -> Option<u64> {
 /// FDP enabled and at least that many placement identifiers when `handles > 1`.
 pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String> {
     let page = page_size() as u64;
-    let (nsid, lba_size, ns_bytes, mut max_transfer, block, pids) = if handles > 1 {
+    let (nsid, lba_size, ns_bytes, mut max_transfer, block, pids, ms) = if handles > 1 {
         let info = FdpInfo::discover(path).map_err(|e| match e {
             NvmeError::NoFdp { ctrl, model } => format!(
                 "{} ({model}) does not support FDP (Identify Controller CTRATT bit 19 is clear): policy {policy} cannot place writes on {}; use --policy none",
@@ -643,7 +643,7 @@ pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String>
             ));
         }
         let pids = info.placement_ids[..usize::from(handles)].to_vec();
-        (info.nsid, info.lba_size, info.ns_bytes(), info.max_transfer_bytes, info.block_name.clone(), pids)
+        (info.nsid, info.lba_size, info.ns_bytes(), info.max_transfer_bytes, info.block_name.clone(), pids, info.lba_metadata)
     } else {
         let dev = NvmeDevice::open(path).map_err(|e| e.to_string())?;
         let nsid = dev.nsid().ok_or_else(|| format!("{} is not an NVMe namespace; give /dev/ngXnY", path.display()))?;
@@ -653,8 +653,10 @@ pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String>
         let block = dev.paths.block_name.clone();
         let mhs = sysfs_queue(block.as_deref(), "max_hw_sectors_kb").map(|v| v.min(u64::from(u32::MAX)) as u32);
         let max = crate::nvme::discover::max_transfer(lba, ctrl.mdts_bytes(), mhs);
-        (nsid, lba, ns.nsze.saturating_mul(u64::from(lba)), max, block, Vec::new())
+        let ms = ns.format().map_or(0, |f| f.ms);
+        (nsid, lba, ns.nsze.saturating_mul(u64::from(lba)), max, block, Vec::new(), ms)
     };
+    data_only(path, nsid, ms)?;
     // Every page of a user buffer may be its own segment.
     if let Some(segs) = sysfs_queue(block.as_deref(), "max_segments").filter(|&s| s > 0) {
         max_transfer = (u64::from(max_transfer)).min(segs.saturating_mul(page)).max(u64::from(lba_size)) as u32;
@@ -665,6 +667,20 @@ pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String>
     }
     check_uring(path, nsid)?;
     Ok(NsProbe { nsid, lba_size, ns_bytes, max_transfer, pids })
+}
+
+/// The engine's commands carry data buffers only: on a format with metadata per block (an
+/// extended LBA, a separate metadata buffer, protection information) the drive would move
+/// more bytes than the buffer holds, take metadata through a pointer that was never set, or
+/// fail every write.
+fn data_only(path: &Path, nsid: u32, metadata_bytes: u16) -> Result<(), String> {
+    if metadata_bytes == 0 {
+        return Ok(());
+    }
+    Err(format!(
+        "namespace {nsid} of {} is formatted with {metadata_bytes} bytes of metadata per block, which the passthrough engine does not send; reformat it to an LBA format without metadata (nvme id-ns -H lists them; nvme format erases the namespace), or use --engine streams or plain on its block device, where the kernel handles the metadata",
+        path.display()
+    ))
 }
 
 /// Sends one Flush through io_uring passthrough, as the engine will: proves that the kernel
@@ -754,6 +770,14 @@ mod tests {
 
     fn chunks(off: u64, len: u64, shift: u8, max: u32) -> Vec<(u64, u32, Range<usize>)> {
         split(off, len, shift, max).unwrap().map(|c| (c.slba, c.nlb, c.buf)).collect()
+    }
+
+    #[test]
+    fn a_format_with_metadata_is_refused_with_the_fix() {
+        let p = Path::new("/dev/ng0n1");
+        assert!(data_only(p, 1, 0).is_ok());
+        let e = data_only(p, 1, 8).unwrap_err();
+        assert!(e.contains("8 bytes of metadata per block") && e.contains("--engine streams or plain"), "{e}");
     }
 
     #[test]

@@ -347,6 +347,8 @@ pub struct FdpInfo {
     pub stats: FdpStats,
     /// Logical block size in bytes.
     pub lba_size: u32,
+    /// Metadata bytes per logical block of the format in use (0: data only).
+    pub lba_metadata: u16,
     /// Namespace size in logical blocks.
     pub nsze: u64,
     /// MDTS in bytes (4 KiB minimum page assumed); None = no limit reported.
@@ -436,6 +438,7 @@ impl FdpInfo {
             ruhs: status.descs,
             stats,
             lba_size,
+            lba_metadata: ns.format().map_or(0, |f| f.ms),
             nsze: ns.nsze,
             mdts_bytes,
             max_hw_sectors_kb: mhs,

@@ -23,6 +23,7 @@
 #   --disk FILE          keep the namespace image in FILE (created with
 #                        --disk-size if missing) instead of a temporary one
 #   --lba-size 512|4096  logical block size of the namespace [512]
+#   --lba-ms 0|8|16|64   metadata bytes per block, in a separate buffer [0]
 #   --mem SIZE           guest memory [2G]
 #   --cpus N             guest vCPUs [2]
 #   --timeout SECS       limit on the command's run time; 0 = none [600]
@@ -52,7 +53,7 @@ VM_DIE_RC=125
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 KERNEL=${FDPBLK_VM_KERNEL:-new}
-FDP=on NRUH=8 RU_SIZE=4M DISK_SIZE=1G DISK='' LBA=512 MEM=2G CPUS=2
+FDP=on NRUH=8 RU_SIZE=4M DISK_SIZE=1G DISK='' LBA=512 LBA_MS=0 MEM=2G CPUS=2
 TIMEOUT=600 BOOT_TIMEOUT=60 SHELL_MODE=0 CONSOLE_OUT='' VERBOSE=0 TIMING=0
 ACCEL=${FDPBLK_VM_ACCEL:-tcg}
 ENVS=() SHARES=()
@@ -67,6 +68,7 @@ while (($#)); do
         --disk-size) need "$@"; DISK_SIZE=$2; shift ;;
         --disk) need "$@"; DISK=$2; shift ;;
         --lba-size) need "$@"; LBA=$2; shift ;;
+        --lba-ms) need "$@"; LBA_MS=$2; shift ;;
         --mem) need "$@"; MEM=$2; shift ;;
         --cpus) need "$@"; CPUS=$2; shift ;;
         --timeout) need "$@"; TIMEOUT=$2; shift ;;
@@ -92,6 +94,7 @@ CMD=("$@")
 case $KERNEL in new | old) ;; *) vm_die "--kernel must be new or old, not '$KERNEL'" ;; esac
 case $FDP in on | off) ;; *) vm_die "--fdp must be on or off, not '$FDP'" ;; esac
 case $LBA in 512 | 4096) ;; *) vm_die "--lba-size must be 512 or 4096" ;; esac
+case $LBA_MS in 0 | 8 | 16 | 64) ;; *) vm_die "--lba-ms must be 0, 8, 16 or 64" ;; esac
 case $ACCEL in tcg | kvm) ;; *) vm_die "--accel must be tcg or kvm" ;; esac
 for v in NRUH CPUS TIMEOUT BOOT_TIMEOUT; do
     [[ ${!v} =~ ^[0-9]+$ ]] || vm_die "--$(tr 'A-Z_' 'a-z-' <<<"$v") must be a whole number, not '${!v}'"
@@ -193,6 +196,7 @@ q() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
     ex FDPBLK_VM_NRUH "$NRUH"
     ex FDPBLK_VM_RU_SIZE "$RU_BYTES"
     ex FDPBLK_VM_LBA_SIZE "$LBA"
+    ex FDPBLK_VM_LBA_MS "$LBA_MS"
     ex FDPBLK_VM_CACHE "$VM_CACHE"
     for e in "${ENVS[@]}"; do
         if [[ $e == *=* ]]; then ex "${e%%=*}" "${e#*=}"; else ex "$e" "${!e}"; fi
@@ -243,6 +247,7 @@ done
 # discard=unmap: deallocated ranges must read back as zeroes.
 QEMU+=(-drive "file=$IMG,if=none,id=nvm,format=raw,cache=unsafe,discard=unmap")
 NS="nvme-ns,drive=nvm,nsid=1,logical_block_size=$LBA,physical_block_size=$LBA"
+((LBA_MS)) && NS+=",ms=$LBA_MS"
 if [[ $FDP == on ]]; then
     QEMU+=(-device "nvme-subsys,id=subsys0,nqn=subsys0,fdp=on,fdp.runs=$RU_BYTES,fdp.nrg=1,fdp.nruh=$NRUH"
         -device nvme,id=nvme0,serial=fdp0,subsys=subsys0
