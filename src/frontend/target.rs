@@ -36,6 +36,9 @@ struct Shared {
     learned: AtomicBool,
     /// What the state thread publishes (checkpoint, slots, trims, own state), once it runs.
     watch: Mutex<Option<Arc<Mutex<serde_json::Value>>>>,
+    /// The passthrough engine of each queue, made before the queues start; each queue thread
+    /// takes its own.
+    engines: Mutex<Vec<Option<PassthroughEngine>>>,
 }
 
 impl Shared {
@@ -53,6 +56,9 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
         Ok(q) => Rc::new(q),
         Err(e) => {
             tracing::error!("queue {qid}: {e}");
+            // The device start waits until every queue registered its buffers: say this one
+            // never will, so the start fails instead of waiting forever.
+            dev.notify_buffer_registration_complete(true);
             return;
         }
     };
@@ -60,13 +66,17 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
     let pipeline = shared.layout.pipeline();
     let engine = match shared.cfg.engine {
         super::config::EngineKind::Streams => QueueEngine::Uring(UringEngine::streams(shared.cfg.streams.clone(), dev.tgt.fds[1])),
-        super::config::EngineKind::Passthrough => match passthrough_engine(dev, &shared.cfg) {
-            Ok(e) => QueueEngine::Passthrough(e),
-            Err(e) => {
-                tracing::error!("queue {qid}: passthrough engine: {e}");
-                return;
+        super::config::EngineKind::Passthrough => {
+            let mut engines = shared.engines.lock().unwrap_or_else(|e| e.into_inner());
+            match engines.get_mut(usize::from(qid)).and_then(Option::take) {
+                Some(e) => QueueEngine::Passthrough(e),
+                None => {
+                    tracing::error!("queue {qid}: no passthrough engine made for it");
+                    dev.notify_buffer_registration_complete(true);
+                    return;
+                }
             }
-        },
+        }
         _ => QueueEngine::Uring(UringEngine::plain(dev.tgt.fds[1])),
     };
     let ctx = Rc::new(QueueCtx {
@@ -106,10 +116,8 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
     }));
 }
 
-/// The passthrough engine of one queue thread, on the backing char device registered as
-/// fixed file 1 (`set_params`).
-fn passthrough_engine(dev: &UblkDev, cfg: &DeviceConfig) -> std::io::Result<PassthroughEngine> {
-    let fd = dev.tgt.fds[1];
+/// The passthrough engine of one queue thread, on the backing char device `fd`.
+fn passthrough_engine(fd: i32, cfg: &DeviceConfig) -> std::io::Result<PassthroughEngine> {
     // SAFETY: the backing file outlives the queue threads (`run` drops it after them).
     let nsid = crate::nvme::ioctl::namespace_id(&unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })?;
     // io_buf_bytes was capped at the namespace's largest transfer by `fdpblk add`.
@@ -254,7 +262,22 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     let mut policy = SharedPolicy::new(policy_by_name(&cfg.policy).expect("policy validated before the device was created"));
     let outside = policy.place(&Target::Outside);
     let layout = Arc::new(LayoutCell::new(policy, outside));
-    let shared = Arc::new(Shared { layout: layout.clone(), learned: AtomicBool::new(false), cfg: cfg.clone(), watch: Mutex::new(None) });
+    // Made here, before any queue runs: a failure (io_uring set-up, eventfd) is an error of
+    // `add`, where in a queue thread it would leave the device start waiting for that queue.
+    let engines = match cfg.engine {
+        super::config::EngineKind::Passthrough => (0..cfg.queues)
+            .map(|_| passthrough_engine(backing.as_raw_fd(), &cfg).map(Some))
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| fail(format!("device {id}: NVMe passthrough on {}: {e}", cfg.backing.display())))?,
+        _ => Vec::new(),
+    };
+    let shared = Arc::new(Shared {
+        layout: layout.clone(),
+        learned: AtomicBool::new(false),
+        cfg: cfg.clone(),
+        watch: Mutex::new(None),
+        engines: Mutex::new(engines),
+    });
     // The state thread: loads fdpblk's own state into the slot table before any I/O is served.
     let watcher = cfg.geometry.and_then(|g| {
         let slots = Arc::new(SlotTable::new(g.max_slots));
