@@ -37,6 +37,19 @@ use std::time::{Duration, Instant};
 
 /// Resubmissions of a command the kernel completed with -EAGAIN.
 const EAGAIN_RETRIES: usize = 8;
+/// Resubmissions of a command that failed in a way worth another try (as the kernel's own
+/// block path retries, `nvme_max_retries`): passthrough requests are never retried by it.
+const TRANSIENT_RETRIES: usize = 5;
+
+/// A completion worth resubmitting: the kernel had no room now (-EAGAIN), the command was
+/// cancelled by a controller reset (-EINTR), or the drive failed it without Do Not Retry.
+fn transient(res: i32) -> bool {
+    match res {
+        r if r < 0 => r == -libc::EAGAIN || r == -libc::EINTR,
+        0 => false,
+        r => !cmd::NvmeStatus(r as u16).dnr(),
+    }
+}
 /// At most one NVMe error line per this interval and queue.
 const LOG_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -247,6 +260,8 @@ pub struct PassthroughEngine {
     write_zeroes_max: u32,
     /// Blocks of one deallocated range.
     dsm_max_blocks: u32,
+    /// Ranges per Dataset Management command (the drive's DMRL, at most 256).
+    dsm_max_ranges: usize,
     /// Logical handle -> placement identifier; empty = no directive (policy `none`).
     pids: Vec<u16>,
     page: usize,
@@ -267,6 +282,9 @@ impl PassthroughEngine {
         }
         if let Some(b) = limits.discard_bytes.filter(|&b| b >= block) {
             self.dsm_max_blocks = (b >> self.lba_shift).min(u64::from(u32::MAX)) as u32;
+        }
+        if let Some(n) = limits.discard_segments {
+            self.dsm_max_ranges = (n as usize).clamp(1, MAX_DSM_RANGES);
         }
         self
     }
@@ -292,6 +310,7 @@ impl PassthroughEngine {
             max_transfer: max_transfer.max(1 << lba_shift),
             write_zeroes_max: u32::MAX,
             dsm_max_blocks: u32::MAX,
+            dsm_max_ranges: MAX_DSM_RANGES,
             pids,
             page: page_size(),
             last_log: Cell::new(None),
@@ -392,6 +411,9 @@ impl PassthroughEngine {
             self.unlogged.set(self.unlogged.get() + 1);
         }
         match res {
+            // Still no room after the retries: an I/O error, not a "try again" the block
+            // layer would hand to a caller that never asked for non-blocking I/O.
+            r if r == -libc::EAGAIN => -libc::EIO,
             r if r < 0 => r,
             r if cmd::NvmeStatus(r as u16).code() == 0x01 => -libc::EOPNOTSUPP,
             _ => -libc::EIO,
@@ -406,7 +428,7 @@ impl PassthroughEngine {
             match c.and_then(|c| self.push(&c).map(|op| (c, op))) {
                 Ok(p) => ops.push(p),
                 Err(e) => {
-                    err = e;
+                    err = if e == -libc::EAGAIN { -libc::EIO } else { e };
                     break;
                 }
             }
@@ -415,7 +437,7 @@ impl PassthroughEngine {
         for (c, op) in ops {
             let mut res = op.await;
             let mut tries = 0;
-            while res == -libc::EAGAIN && tries < EAGAIN_RETRIES {
+            while transient(res) && tries < if res == -libc::EAGAIN { EAGAIN_RETRIES } else { TRANSIENT_RETRIES } {
                 tries += 1;
                 res = match self.push(&c) {
                     Ok(op) => {
@@ -480,7 +502,7 @@ impl PassthroughEngine {
         self.run("flush", std::iter::once(Ok(cmd::flush(self.nsid)))).await
     }
 
-    /// Dataset Management with Deallocate over the range (up to 256 ranges per command).
+    /// Dataset Management with Deallocate over the range (up to the drive's ranges per command).
     pub async fn discard(&self, _q: &UblkQueue<'_>, off: u64, len: u64) -> i32 {
         let mask = (1u64 << self.lba_shift) - 1;
         if off & mask != 0 || len & mask != 0 {
@@ -489,15 +511,11 @@ impl PassthroughEngine {
         if len == 0 {
             return 0;
         }
-        let ranges: Vec<DsmRange> = DsmRange::split_at(off >> self.lba_shift, len >> self.lba_shift, self.dsm_max_blocks).collect();
         // The encoded ranges stay here until every command completed.
-        let mut bufs: Vec<Vec<u8>> = Vec::with_capacity(ranges.len().div_ceil(MAX_DSM_RANGES));
-        for group in ranges.chunks(MAX_DSM_RANGES) {
-            match cmd::encode_dsm_ranges(group) {
-                Ok(b) => bufs.push(b),
-                Err(_) => return -libc::EINVAL,
-            }
-        }
+        let bufs = match dsm_buffers(off >> self.lba_shift, len >> self.lba_shift, self.dsm_max_blocks, self.dsm_max_ranges) {
+            Ok(b) => b,
+            Err(e) => return e,
+        };
         let nsid = self.nsid;
         let cmds = bufs.iter().map(|b| {
             cmd::dsm_deallocate(nsid, b.len() / cmd::DSM_RANGE_BYTES)
@@ -603,6 +621,8 @@ pub struct NsProbe {
 pub struct CommandLimits {
     pub write_zeroes_bytes: Option<u64>,
     pub discard_bytes: Option<u64>,
+    /// Ranges per deallocate command (`max_discard_segments`, from the drive's DMRL).
+    pub discard_segments: Option<u64>,
 }
 
 impl CommandLimits {
@@ -613,7 +633,11 @@ impl CommandLimits {
         let block = crate::nvme::path::namespace_block_device(ng);
         let name = block.as_deref().and_then(Path::file_name).and_then(|n| n.to_str());
         let get = |attr| sysfs_queue(name, attr).filter(|&b| b > 0);
-        CommandLimits { write_zeroes_bytes: get("write_zeroes_max_bytes"), discard_bytes: get("discard_max_hw_bytes") }
+        CommandLimits {
+            write_zeroes_bytes: get("write_zeroes_max_bytes"),
+            discard_bytes: get("discard_max_hw_bytes"),
+            discard_segments: get("max_discard_segments"),
+        }
     }
 }
 
@@ -667,6 +691,14 @@ pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String>
     }
     check_uring(path, nsid)?;
     Ok(NsProbe { nsid, lba_size, ns_bytes, max_transfer, pids })
+}
+
+/// The range lists of the Dataset Management commands that deallocate `nlb` blocks from
+/// `slba`: ranges of at most `max_blocks`, at most `max_ranges` of them per command.
+fn dsm_buffers(slba: u64, nlb: u64, max_blocks: u32, max_ranges: usize) -> Result<Vec<Vec<u8>>, i32> {
+    let ranges: Vec<DsmRange> = DsmRange::split_at(slba, nlb, max_blocks).collect();
+    let per = max_ranges.clamp(1, MAX_DSM_RANGES);
+    ranges.chunks(per).map(|g| cmd::encode_dsm_ranges(g).map_err(|_| -libc::EINVAL)).collect()
 }
 
 /// The engine's commands carry data buffers only: on a format with metadata per block (an
@@ -770,6 +802,28 @@ mod tests {
 
     fn chunks(off: u64, len: u64, shift: u8, max: u32) -> Vec<(u64, u32, Range<usize>)> {
         split(off, len, shift, max).unwrap().map(|c| (c.slba, c.nlb, c.buf)).collect()
+    }
+
+    #[test]
+    fn deallocation_respects_the_ranges_per_command() {
+        let lens = |b: Vec<Vec<u8>>| b.iter().map(|b| b.len() / cmd::DSM_RANGE_BYTES).collect::<Vec<_>>();
+        // 1000 ranges of 8 blocks: 256 per command by default, 100 where the drive says so.
+        assert_eq!(lens(dsm_buffers(0, 8000, 8, MAX_DSM_RANGES).unwrap()), vec![256, 256, 256, 232]);
+        assert_eq!(lens(dsm_buffers(0, 8000, 8, 100).unwrap()), vec![100; 10]);
+        assert_eq!(lens(dsm_buffers(0, 8000, 8, 0).unwrap()).len(), 1000);
+        assert_eq!(lens(dsm_buffers(0, 8000, 8, 100_000).unwrap()), vec![256, 256, 256, 232]);
+    }
+
+    #[test]
+    fn transient_failures_are_the_ones_retried() {
+        assert!(!transient(0));
+        assert!(transient(-libc::EAGAIN) && transient(-libc::EINTR));
+        assert!(!transient(-libc::EIO) && !transient(-libc::EINVAL));
+        // Internal Error without DNR is retried; with DNR (bit 14) it is final.
+        assert!(transient(0x06));
+        assert!(!transient(0x06 | 1 << 14));
+        // Invalid Field with DNR, as drives report a bad placement handle.
+        assert!(!transient(0x02 | 1 << 14));
     }
 
     #[test]

@@ -41,14 +41,15 @@ impl UringEngine {
     }
 
     async fn submit(q: &UblkQueue<'_>, sqe: squeue::Entry) -> i32 {
-        let mut res = -libc::EAGAIN;
         for _ in 0..EAGAIN_RETRIES {
-            res = q.ublk_submit_sqe(sqe.clone()).await;
+            let res = q.ublk_submit_sqe(sqe.clone()).await;
             if res != -libc::EAGAIN {
-                break;
+                return res;
             }
         }
-        res
+        // Still no room: an I/O error, not a "try again" for a caller that never asked for
+        // non-blocking I/O.
+        -libc::EIO
     }
 
     /// Writes all of `buf` at `off`; short writes are continued.
