@@ -37,6 +37,29 @@ use std::time::{Duration, Instant};
 
 /// Resubmissions of a command the kernel completed with -EAGAIN.
 const EAGAIN_RETRIES: usize = 8;
+/// How long a command that failed while its controller was not live (a reset) waits for the
+/// controller to come back, in ticks of `RESET_TICK`: the kernel's default I/O timeout.
+const RESET_WAIT_TICKS: u32 = 3000;
+const RESET_TICK: Duration = Duration::from_millis(10);
+/// Ticks a command the kernel refused is sent again while the controller is live: after a
+/// reset the kernel refuses commands for a moment; one that is really invalid fails this
+/// much later.
+const LIVE_REFUSAL_TICKS: u32 = 100;
+
+/// The kernel refused the command before the drive saw it, in a way a reset causes (seen:
+/// EINVAL and EFAULT while the namespace is rebuilt), or cancelled it. The drive's own
+/// statuses (positive) are not refusals.
+fn kernel_refusal(res: i32) -> bool {
+    res < 0 && matches!(-res, libc::EINVAL | libc::EFAULT | libc::EINTR | libc::EAGAIN | libc::EBUSY)
+}
+
+/// Waits one `RESET_TICK` on the queue's ring; false when the queue is stopping.
+async fn sleep_tick(q: &UblkQueue<'_>) -> bool {
+    let ts = types::Timespec::new().nsec(RESET_TICK.as_nanos() as u32);
+    let res = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
+    !(res == -libc::ECANCELED || q.is_stopping())
+}
+
 /// Resubmissions of a command that failed in a way worth another try (as the kernel's own
 /// block path retries, `nvme_max_retries`): passthrough requests are never retried by it.
 const TRANSIENT_RETRIES: usize = 5;
@@ -267,14 +290,26 @@ pub struct PassthroughEngine {
     page: usize,
     last_log: Cell<Option<Instant>>,
     unlogged: Cell<u64>,
+    /// `/sys/class/nvme/nvmeX/state` of the namespace's controller.
+    ctrl_state: Option<std::path::PathBuf>,
+    last_reset_log: Cell<Option<Instant>>,
 }
 
 impl PassthroughEngine {
-    /// `depth` is the ublk queue depth; the ring holds two commands per tag, and more are
-    /// queued by submitting early when it is full.
-    /// Caps Write Zeroes at `limits.write_zeroes_bytes` and each deallocated range at
-    /// `limits.discard_bytes` per command (the drive's WZSL and DMRSL, as the kernel reports
-    /// them for the namespace's block device).
+    /// Watches the state of the controller behind `ng` (`/dev/ngXnY`), so that commands a
+    /// controller reset failed are sent again once it is live.
+    pub fn with_controller_of(mut self, ng: &Path) -> Self {
+        self.ctrl_state = crate::nvme::path::resolve(ng)
+            .ok()
+            .map(|p| Path::new("/sys/class/nvme").join(p.ctrl_name).join("state"))
+            .filter(|p| p.exists());
+        self
+    }
+
+    /// Caps Write Zeroes at `limits.write_zeroes_bytes`, each deallocated range at
+    /// `limits.discard_bytes` and the ranges per command at `limits.discard_segments` (the
+    /// drive's WZSL, DMRSL and DMRL, as the kernel reports them for the namespace's block
+    /// device).
     pub fn with_limits(mut self, limits: CommandLimits) -> Self {
         let block = 1u64 << self.lba_shift;
         if let Some(b) = limits.write_zeroes_bytes.filter(|&b| b >= block) {
@@ -289,6 +324,8 @@ impl PassthroughEngine {
         self
     }
 
+    /// `depth` is the ublk queue depth; the ring holds two commands per tag, and more are
+    /// queued by submitting early when it is full.
     pub fn new(fd: RawFd, nsid: u32, lba_shift: u8, max_transfer: u32, pids: Vec<u16>, depth: u16) -> io::Result<Self> {
         let entries = (u32::from(depth.max(1)) * 2).next_power_of_two().clamp(8, 4096);
         let ring = IoUring::<squeue::Entry128, cqueue::Entry32>::builder().setup_cqsize(entries * 4).build(entries)?;
@@ -315,6 +352,8 @@ impl PassthroughEngine {
             page: page_size(),
             last_log: Cell::new(None),
             unlogged: Cell::new(0),
+            ctrl_state: None,
+            last_reset_log: Cell::new(None),
         })
     }
 
@@ -420,8 +459,44 @@ impl PassthroughEngine {
         }
     }
 
+    /// `res`, or the result of sending `c` again while it failed in a transient way.
+    async fn retried(&self, c: &PassthruCmd, mut res: i32) -> i32 {
+        let mut tries = 0;
+        while transient(res) && tries < if res == -libc::EAGAIN { EAGAIN_RETRIES } else { TRANSIENT_RETRIES } {
+            tries += 1;
+            res = match self.push(c) {
+                Ok(op) => {
+                    self.submit();
+                    op.await
+                }
+                Err(e) => e,
+            };
+        }
+        res
+    }
+
+    /// Logs (at most once per `LOG_INTERVAL`) that failed commands wait for the controller.
+    fn note_reset_hold(&self) {
+        let now = Instant::now();
+        if self.last_reset_log.get().is_none_or(|t| now.duration_since(t) >= LOG_INTERVAL) {
+            self.last_reset_log.set(Some(now));
+            tracing::warn!(
+                "passthrough: the NVMe controller is not live (reset?): commands it failed are sent again once it is (up to {} s)",
+                u64::from(RESET_WAIT_TICKS) * RESET_TICK.as_millis() as u64 / 1000
+            );
+        }
+    }
+
+    /// Whether the NVMe controller is serving I/O (`live`); true when its state is unknown.
+    fn controller_live(&self) -> bool {
+        match &self.ctrl_state {
+            Some(p) => std::fs::read_to_string(p).map_or(true, |s| s.trim() == "live"),
+            None => true,
+        }
+    }
+
     /// Submits all commands, then awaits all of them: 0, or the first failure.
-    async fn run(&self, what: &str, cmds: impl Iterator<Item = Result<PassthruCmd, i32>>) -> i32 {
+    async fn run(&self, q: &UblkQueue<'_>, what: &str, cmds: impl Iterator<Item = Result<PassthruCmd, i32>>) -> i32 {
         let mut ops: Vec<(PassthruCmd, Op<'_>)> = Vec::with_capacity(cmds.size_hint().0.max(1));
         let mut err = 0;
         for c in cmds {
@@ -435,17 +510,35 @@ impl PassthroughEngine {
         }
         self.submit();
         for (c, op) in ops {
-            let mut res = op.await;
-            let mut tries = 0;
-            while transient(res) && tries < if res == -libc::EAGAIN { EAGAIN_RETRIES } else { TRANSIENT_RETRIES } {
-                tries += 1;
-                res = match self.push(&c) {
-                    Ok(op) => {
-                        self.submit();
-                        op.await
+            let mut res = self.retried(&c, op.await).await;
+            // A controller reset fails the passthrough commands in flight (cancelled, or
+            // refused with EINVAL or EFAULT while the kernel rebuilds the namespace, also for
+            // a moment after the controller is live again) where the block path would hold
+            // them back: wait until the controller is live, then send them again.
+            let (mut waited, mut live_refused) = (0, 0);
+            while res != 0 && waited < RESET_WAIT_TICKS {
+                if self.controller_live() {
+                    if !kernel_refusal(res) || live_refused == LIVE_REFUSAL_TICKS {
+                        break;
                     }
-                    Err(e) => e,
-                };
+                    live_refused += 1;
+                } else {
+                    self.note_reset_hold();
+                }
+                // A stopping queue ends the wait: the command fails as it is.
+                if !sleep_tick(q).await {
+                    break;
+                }
+                waited += 1;
+                if self.controller_live() {
+                    res = match self.push(&c) {
+                        Ok(op) => {
+                            self.submit();
+                            self.retried(&c, op.await).await
+                        }
+                        Err(e) => e,
+                    };
+                }
             }
             if err == 0 {
                 err = self.errno(what, &c, res);
@@ -459,7 +552,7 @@ impl PassthroughEngine {
     }
 
     /// Writes all of `buf` at `off` with the placement identifier of `handle`.
-    pub async fn write(&self, _q: &UblkQueue<'_>, off: u64, buf: &[u8], handle: Handle, fua: bool) -> i32 {
+    pub async fn write(&self, q: &UblkQueue<'_>, off: u64, buf: &[u8], handle: Handle, fua: bool) -> i32 {
         let Ok(len) = i32::try_from(buf.len()) else { return -libc::EINVAL };
         let chunks = match split(off, buf.len() as u64, self.lba_shift, self.max_for(buf.as_ptr())) {
             Ok(c) => c,
@@ -472,14 +565,14 @@ impl PassthroughEngine {
                 .map(|w| w.with_data(base + c.buf.start as u64, c.buf.len() as u32))
                 .map_err(|_| -libc::EINVAL)
         });
-        match self.run("write", cmds).await {
+        match self.run(q, "write", cmds).await {
             0 => len,
             e => e,
         }
     }
 
     /// Fills all of `buf` from `off`.
-    pub async fn read(&self, _q: &UblkQueue<'_>, off: u64, buf: &mut [u8]) -> i32 {
+    pub async fn read(&self, q: &UblkQueue<'_>, off: u64, buf: &mut [u8]) -> i32 {
         let Ok(len) = i32::try_from(buf.len()) else { return -libc::EINVAL };
         let chunks = match split(off, buf.len() as u64, self.lba_shift, self.max_for(buf.as_ptr())) {
             Ok(c) => c,
@@ -492,18 +585,18 @@ impl PassthroughEngine {
                 .map(|r| r.with_data(base + c.buf.start as u64, c.buf.len() as u32))
                 .map_err(|_| -libc::EINVAL)
         });
-        match self.run("read", cmds).await {
+        match self.run(q, "read", cmds).await {
             0 => len,
             e => e,
         }
     }
 
-    pub async fn flush(&self, _q: &UblkQueue<'_>) -> i32 {
-        self.run("flush", std::iter::once(Ok(cmd::flush(self.nsid)))).await
+    pub async fn flush(&self, q: &UblkQueue<'_>) -> i32 {
+        self.run(q, "flush", std::iter::once(Ok(cmd::flush(self.nsid)))).await
     }
 
     /// Dataset Management with Deallocate over the range (up to the drive's ranges per command).
-    pub async fn discard(&self, _q: &UblkQueue<'_>, off: u64, len: u64) -> i32 {
+    pub async fn discard(&self, q: &UblkQueue<'_>, off: u64, len: u64) -> i32 {
         let mask = (1u64 << self.lba_shift) - 1;
         if off & mask != 0 || len & mask != 0 {
             return -libc::EINVAL;
@@ -522,18 +615,18 @@ impl PassthroughEngine {
                 .map(|c| c.with_data(b.as_ptr() as u64, b.len() as u32))
                 .map_err(|_| -libc::EINVAL)
         });
-        self.run("deallocate", cmds).await
+        self.run(q, "deallocate", cmds).await
     }
 
     /// Write Zeroes; with `unmap` the drive may deallocate (DEAC), otherwise it writes zeroes.
-    pub async fn write_zeroes(&self, _q: &UblkQueue<'_>, off: u64, len: u64, unmap: bool) -> i32 {
+    pub async fn write_zeroes(&self, q: &UblkQueue<'_>, off: u64, len: u64, unmap: bool) -> i32 {
         let chunks = match split(off, len, self.lba_shift, self.write_zeroes_max) {
             Ok(c) => c,
             Err(e) => return e,
         };
         let nsid = self.nsid;
         let cmds = chunks.map(|c| cmd::write_zeroes(nsid, c.slba, c.nlb, !unmap).map_err(|_| -libc::EINVAL));
-        self.run("write zeroes", cmds).await
+        self.run(q, "write zeroes", cmds).await
     }
 
     fn drain_eventfd(&self) {
@@ -812,6 +905,15 @@ mod tests {
         assert_eq!(lens(dsm_buffers(0, 8000, 8, 100).unwrap()), vec![100; 10]);
         assert_eq!(lens(dsm_buffers(0, 8000, 8, 0).unwrap()).len(), 1000);
         assert_eq!(lens(dsm_buffers(0, 8000, 8, 100_000).unwrap()), vec![256, 256, 256, 232]);
+    }
+
+    #[test]
+    fn kernel_refusals_are_told_from_drive_errors() {
+        for e in [libc::EINVAL, libc::EFAULT, libc::EINTR, libc::EAGAIN, libc::EBUSY] {
+            assert!(kernel_refusal(-e), "{e}");
+        }
+        assert!(!kernel_refusal(0) && !kernel_refusal(-libc::EIO) && !kernel_refusal(-libc::EACCES));
+        assert!(!kernel_refusal(0x06 | 1 << 14));
     }
 
     #[test]

@@ -122,7 +122,7 @@ fn passthrough_engine(fd: i32, cfg: &DeviceConfig) -> std::io::Result<Passthroug
     let nsid = crate::nvme::ioctl::namespace_id(&unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })?;
     // io_buf_bytes was capped at the namespace's largest transfer by `fdpblk add`.
     let limits = crate::engine::passthrough::CommandLimits::of(&cfg.backing);
-    Ok(PassthroughEngine::new(fd, nsid, cfg.lba_shift, cfg.io_buf_bytes, cfg.pids.clone(), cfg.depth)?.with_limits(limits))
+    Ok(PassthroughEngine::new(fd, nsid, cfg.lba_shift, cfg.io_buf_bytes, cfg.pids.clone(), cfg.depth)?.with_limits(limits).with_controller_of(&cfg.backing))
 }
 
 fn set_params(dev: &mut UblkDev, cfg: &DeviceConfig, backing_fd: i32) {

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# vm-kernel: new
+# vm-fdp: on
+# vm-timeout: 300
+# NVMe controller resets under load: fio verify=crc32c through /dev/ublkb0 while the
+# controller behind it resets three times, on the passthrough engine (the kernel fails the
+# passthrough commands in flight, and refuses new ones with EINVAL while it rebuilds its
+# queues: fdpblk holds them until the controller is live and sends them again, and says so
+# in its log) and on the streams engine (the block layer holds them). No I/O error, and every
+# byte verifies.
+. "$(dirname "$0")/../lib/check-lib.sh"
+. "$(dirname "$0")/../lib/fdpblk-lib.sh"
+need_tool fio
+CTRL_STATE=/sys/class/nvme/nvme0/state
+[[ -e $CTRL_STATE ]] || check_fatal "no $CTRL_STATE"
+
+for eng in passthrough:"$NG_DEV" streams:"$NS_DEV"; do
+    engine=${eng%%:*} backing=${eng#*:}
+    [[ -e /run/fdpblk/daemon.log ]] && : >/run/fdpblk/daemon.log
+    dev=$(fdpblk_add --backing "$backing" -n 0 --engine "$engine" --policy region --slot-bytes 64K --meta-total-bytes 1M -q 2 -d 32)
+    expect_eq "$engine: device" "$dev" /dev/ublkb0
+    # Three resets while fio writes (it runs for several seconds under emulation).
+    (
+        for _ in 1 2 3; do
+            sleep 1
+            echo 1 >/sys/class/nvme/nvme0/reset_controller
+            for _ in $(seq 100); do [[ $(cat $CTRL_STATE) == live ]] && break; sleep 0.05; done
+        done
+    ) &
+    resets=$!
+    fio_verify "reset-$engine" "$dev" --rw=randwrite --bs=64k --size=256M --iodepth=32
+    wait "$resets"
+    expect_eq "$engine: controller live again" "$(cat $CTRL_STATE)" live
+    expect "$engine: three resets happened during the run" bash -c "[[ \$(dmesg | grep -c 'nvme nvme0: .* default/read/poll queues') -ge 4 ]]"
+    if [[ $engine == passthrough ]]; then
+        expect "passthrough: the log says commands were held for the reset" grep -q "controller is not live" /run/fdpblk/daemon.log
+    fi
+    expect "$engine: no I/O error logged by fdpblk" bash -c "! grep -q ERROR /run/fdpblk/daemon.log"
+    [[ $engine == passthrough ]] && grep -v "^$" /run/fdpblk/daemon.log | tail -5
+    expect "$engine: del" "$FDPBLK" del -n 0
+done
+check_done
