@@ -20,6 +20,7 @@
 use crate::device::ReadAt;
 use crate::nvme::cmd::{self, DsmRange, PassthruCmd, MAX_DSM_RANGES, MAX_NLB};
 use crate::nvme::ioctl::{self, Data, NVME_URING_CMD_IO};
+use crate::nvme::reset;
 use crate::nvme::{FdpInfo, NvmeDevice, NvmeError};
 use crate::place::Handle;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
@@ -37,25 +38,9 @@ use std::time::{Duration, Instant};
 
 /// Resubmissions of a command the kernel completed with -EAGAIN.
 const EAGAIN_RETRIES: usize = 8;
-/// How long a command that failed while its controller was not live (a reset) waits for the
-/// controller to come back, in ticks of `RESET_TICK`: the kernel's default I/O timeout.
-const RESET_WAIT_TICKS: u32 = 3000;
-const RESET_TICK: Duration = Duration::from_millis(10);
-/// Ticks a command the kernel refused is sent again while the controller is live: after a
-/// reset the kernel refuses commands for a moment; one that is really invalid fails this
-/// much later.
-const LIVE_REFUSAL_TICKS: u32 = 100;
-
-/// The kernel refused the command before the drive saw it, in a way a reset causes (seen:
-/// EINVAL and EFAULT while the namespace is rebuilt), or cancelled it. The drive's own
-/// statuses (positive) are not refusals.
-fn kernel_refusal(res: i32) -> bool {
-    res < 0 && matches!(-res, libc::EINVAL | libc::EFAULT | libc::EINTR | libc::EAGAIN | libc::EBUSY)
-}
-
-/// Waits one `RESET_TICK` on the queue's ring; false when the queue is stopping.
+/// Waits one [`reset::TICK`] on the queue's ring; false when the queue is stopping.
 async fn sleep_tick(q: &UblkQueue<'_>) -> bool {
-    let ts = types::Timespec::new().nsec(RESET_TICK.as_nanos() as u32);
+    let ts = types::Timespec::new().nsec(reset::TICK.as_nanos() as u32);
     let res = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
     !(res == -libc::ECANCELED || q.is_stopping())
 }
@@ -290,8 +275,8 @@ pub struct PassthroughEngine {
     page: usize,
     last_log: Cell<Option<Instant>>,
     unlogged: Cell<u64>,
-    /// `/sys/class/nvme/nvmeX/state` of the namespace's controller.
-    ctrl_state: Option<std::path::PathBuf>,
+    /// The state of the namespace's controller, for waiting out resets.
+    ctrl_state: Option<reset::ControllerState>,
     last_reset_log: Cell<Option<Instant>>,
 }
 
@@ -299,10 +284,7 @@ impl PassthroughEngine {
     /// Watches the state of the controller behind `ng` (`/dev/ngXnY`), so that commands a
     /// controller reset failed are sent again once it is live.
     pub fn with_controller_of(mut self, ng: &Path) -> Self {
-        self.ctrl_state = crate::nvme::path::resolve(ng)
-            .ok()
-            .map(|p| Path::new("/sys/class/nvme").join(p.ctrl_name).join("state"))
-            .filter(|p| p.exists());
+        self.ctrl_state = reset::ControllerState::of(ng);
         self
     }
 
@@ -482,17 +464,14 @@ impl PassthroughEngine {
             self.last_reset_log.set(Some(now));
             tracing::warn!(
                 "passthrough: the NVMe controller is not live (reset?): commands it failed are sent again once it is (up to {} s)",
-                u64::from(RESET_WAIT_TICKS) * RESET_TICK.as_millis() as u64 / 1000
+                u64::from(reset::WAIT_TICKS) * reset::TICK.as_millis() as u64 / 1000
             );
         }
     }
 
-    /// Whether the NVMe controller is serving I/O (`live`); true when its state is unknown.
+    /// Whether the NVMe controller is serving I/O; true when its state is unknown.
     fn controller_live(&self) -> bool {
-        match &self.ctrl_state {
-            Some(p) => std::fs::read_to_string(p).map_or(true, |s| s.trim() == "live"),
-            None => true,
-        }
+        self.ctrl_state.as_ref().is_none_or(reset::ControllerState::live)
     }
 
     /// Submits all commands, then awaits all of them: 0, or the first failure.
@@ -515,21 +494,19 @@ impl PassthroughEngine {
             // refused with EINVAL or EFAULT while the kernel rebuilds the namespace, also for
             // a moment after the controller is live again) where the block path would hold
             // them back: wait until the controller is live, then send them again.
-            let (mut waited, mut live_refused) = (0, 0);
-            while res != 0 && waited < RESET_WAIT_TICKS {
-                if self.controller_live() {
-                    if !kernel_refusal(res) || live_refused == LIVE_REFUSAL_TICKS {
-                        break;
-                    }
-                    live_refused += 1;
-                } else {
+            let mut hold = reset::Hold::default();
+            while res != 0 {
+                let live = self.controller_live();
+                if !hold.again(live, reset::kernel_refusal(res)) {
+                    break;
+                }
+                if !live {
                     self.note_reset_hold();
                 }
                 // A stopping queue ends the wait: the command fails as it is.
                 if !sleep_tick(q).await {
                     break;
                 }
-                waited += 1;
                 if self.controller_live() {
                     res = match self.push(&c) {
                         Ok(op) => {
@@ -905,15 +882,6 @@ mod tests {
         assert_eq!(lens(dsm_buffers(0, 8000, 8, 100).unwrap()), vec![100; 10]);
         assert_eq!(lens(dsm_buffers(0, 8000, 8, 0).unwrap()).len(), 1000);
         assert_eq!(lens(dsm_buffers(0, 8000, 8, 100_000).unwrap()), vec![256, 256, 256, 232]);
-    }
-
-    #[test]
-    fn kernel_refusals_are_told_from_drive_errors() {
-        for e in [libc::EINVAL, libc::EFAULT, libc::EINTR, libc::EAGAIN, libc::EBUSY] {
-            assert!(kernel_refusal(-e), "{e}");
-        }
-        assert!(!kernel_refusal(0) && !kernel_refusal(-libc::EIO) && !kernel_refusal(-libc::EACCES));
-        assert!(!kernel_refusal(0x06 | 1 << 14));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! - [`identify`]: the Identify Controller / Namespace fields fdpblk uses.
 //! - [`path`]: from `/dev/nvme0n1`, `/dev/ng0n1` or `/dev/nvme0` to the controller and names.
 //! - [`discover`]: [`NvmeDevice`] (single queries) and [`FdpInfo::discover`].
+//! - [`reset`]: waiting out controller resets on the passthrough paths.
 
 pub mod cmd;
 pub mod discover;
@@ -19,6 +20,7 @@ pub mod fdp;
 pub mod identify;
 pub mod ioctl;
 pub mod path;
+pub mod reset;
 
 #[cfg(test)]
 mod fixtures;

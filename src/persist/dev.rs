@@ -251,6 +251,8 @@ pub struct NvmeDev {
     max: usize,
     /// Logical handle -> placement identifier (empty: no directive).
     pids: Vec<u16>,
+    /// The state of the namespace's controller, for waiting out resets.
+    ctrl_state: Option<crate::nvme::reset::ControllerState>,
 }
 
 impl NvmeDev {
@@ -258,15 +260,41 @@ impl NvmeDev {
         let nsid = crate::nvme::ioctl::namespace_id(&file)?;
         let lba = lba_size.max(512);
         let max = (u64::from(max_transfer).max(lba).min(MAX_IO as u64) / lba * lba) as usize;
-        Ok(Self { file, nsid, lba, size, max, pids })
+        Ok(Self { file, nsid, lba, size, max, pids, ctrl_state: None })
     }
 
-    fn io(&self, cmd: Result<crate::nvme::cmd::PassthruCmd, crate::nvme::cmd::CmdError>, data: crate::nvme::ioctl::Data<'_>) -> io::Result<()> {
+    /// Waits out resets of the controller behind `ng` (see [`crate::nvme::reset`]).
+    pub fn with_controller_of(mut self, ng: &std::path::Path) -> Self {
+        self.ctrl_state = crate::nvme::reset::ControllerState::of(ng);
+        self
+    }
+
+    fn io(&self, cmd: Result<crate::nvme::cmd::PassthruCmd, crate::nvme::cmd::CmdError>, mut data: crate::nvme::ioctl::Data<'_>) -> io::Result<()> {
+        use crate::nvme::ioctl::{Data, PassthruError};
+        use crate::nvme::reset;
         let cmd = cmd.map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        crate::nvme::ioctl::io(&self.file, cmd, data).map(|_| ()).map_err(|e| match e {
-            crate::nvme::ioctl::PassthruError::Os(e) => e,
-            crate::nvme::ioctl::PassthruError::Status(s) => io::Error::other(s.to_string()),
-        })
+        let mut hold = reset::Hold::default();
+        loop {
+            let again = match &mut data {
+                Data::None => Data::None,
+                Data::FromDevice(b) => Data::FromDevice(b),
+                Data::ToDevice(b) => Data::ToDevice(b),
+            };
+            let err = match crate::nvme::ioctl::io(&self.file, cmd, again) {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+            // As the engine does: a reset's failures are sent again once it is over.
+            let refusal = matches!(&err, PassthruError::Os(e) if reset::kernel_refusal(-e.raw_os_error().unwrap_or(0)));
+            let live = self.ctrl_state.as_ref().is_none_or(reset::ControllerState::live);
+            if !hold.again(live, refusal) {
+                return Err(match err {
+                    PassthruError::Os(e) => e,
+                    PassthruError::Status(s) => io::Error::other(s.to_string()),
+                });
+            }
+            std::thread::sleep(reset::TICK);
+        }
     }
 }
 

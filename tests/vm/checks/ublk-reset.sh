@@ -6,11 +6,12 @@
 # controller behind it resets three times, on the passthrough engine (the kernel fails the
 # passthrough commands in flight, and refuses new ones with EINVAL while it rebuilds its
 # queues: fdpblk holds them until the controller is live and sends them again, and says so
-# in its log) and on the streams engine (the block layer holds them). No I/O error, and every
-# byte verifies.
+# in its log) and on the streams engine (the block layer holds them); then LMCache's I/O
+# (rawblock-writer) on the passthrough engine across three resets, with the state thread
+# busy. No I/O error, and every byte verifies.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
-need_tool fio
+need_tool fio jq
 CTRL_STATE=/sys/class/nvme/nvme0/state
 [[ -e $CTRL_STATE ]] || check_fatal "no $CTRL_STATE"
 
@@ -39,4 +40,33 @@ for eng in passthrough:"$NG_DEV" streams:"$NS_DEV"; do
     [[ $engine == passthrough ]] && grep -v "^$" /run/fdpblk/daemon.log | tail -5
     expect "$engine: del" "$FDPBLK" del -n 0
 done
+# LMCache's own I/O on the passthrough engine across resets, with the state thread busy:
+# checkpoints read back, evicted slots deallocated, own state written every 50 ms, all through
+# synchronous passthrough commands that wait out a reset the same way.
+[[ -x $RBW ]] || check_fatal "no $RBW: run 'cargo build --release' on the host first"
+: >/run/fdpblk/daemon.log
+dev=$(fdpblk_add --backing "$NG_DEV" -n 0 --engine passthrough --policy key-aware --slot-bytes 64K --meta-total-bytes 1M --persist-interval-ms 50)
+script=()
+for _ in $(seq 60); do script+=(put 40 checkpoint delete 20 checkpoint); done
+(
+    for _ in 1 2 3; do
+        sleep 1
+        echo 1 >/sys/class/nvme/nvme0/reset_controller
+        for _ in $(seq 100); do [[ $(cat $CTRL_STATE) == live ]] && break; sleep 0.05; done
+    done
+) &
+resets=$!
+t0=$(date +%s.%N)
+expect "rawblock-writer: puts, deletes and checkpoints across resets, then verify" \
+    "$RBW" --device "$dev" --slot-bytes 64K --meta-total-bytes 1M --engine io_uring --odirect -q "${script[@]}" verify
+echo "# rawblock-writer ran $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+wait "$resets"
+expect_eq "lmcache: controller live again" "$(cat $CTRL_STATE)" live
+for _ in $(seq 40); do [[ $(dev_stat trim.trims) -gt 0 ]] && break; sleep 0.25; done
+trims=$(dev_stat trim.trims)
+expect "lmcache: evicted slots were deallocated ($trims trims)" test "${trims:-0}" -gt 0
+expect "lmcache: the resets came during LMCache's I/O (commands held)" grep -q "controller is not live" /run/fdpblk/daemon.log
+expect "lmcache: no error logged by fdpblk" bash -c "! grep -q ERROR /run/fdpblk/daemon.log"
+grep -E "WARN|ERROR" /run/fdpblk/daemon.log | tail -5 || true
+expect "lmcache: del" "$FDPBLK" del -n 0
 check_done
