@@ -75,7 +75,6 @@ pub fn blkdiscard(fd: std::os::fd::RawFd, off: u64, len: u64) -> std::io::Result
     }
 }
 
-/// `ioctl(BLKGETSIZE64)`: the byte size of a block device.
 /// The logical block size of a block device (BLKSSZGET); 512 when it cannot be read.
 pub fn logical_block_bytes(f: &File) -> u64 {
     use std::os::fd::AsRawFd;
@@ -88,6 +87,21 @@ pub fn logical_block_bytes(f: &File) -> u64 {
     } else {
         512
     }
+}
+
+/// The alignment a regular file's O_DIRECT offsets and lengths need (statx `STATX_DIOALIGN`,
+/// Linux >= 6.1), at least 512; 512 when the file system does not say or has no O_DIRECT
+/// (fdpblk then opens the file without it).
+pub fn file_dio_block_bytes(f: &File) -> u64 {
+    use std::os::fd::AsRawFd;
+    const STATX_DIOALIGN: u32 = 0x2000;
+    // SAFETY: statx fills the zeroed struct; an empty path with AT_EMPTY_PATH names the fd.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statx(f.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, STATX_DIOALIGN, &mut st) };
+    if rc != 0 || st.stx_mask & STATX_DIOALIGN == 0 {
+        return 512;
+    }
+    u64::from(st.stx_dio_offset_align).max(512)
 }
 
 /// The whole blocks of `block` bytes inside `[off, off + len)`, as (offset, length): a
@@ -149,7 +163,23 @@ impl<D: ReadAt + ?Sized> io::Read for RegionReader<'_, D> {
 
 #[cfg(test)]
 mod tests {
-    use super::whole_blocks_within;
+    use super::{file_dio_block_bytes, whole_blocks_within};
+
+    #[test]
+    fn a_file_says_its_direct_io_alignment() {
+        let path = std::env::temp_dir().join(format!("fdpblk-dio-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 1 << 16]).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let b = file_dio_block_bytes(&f);
+        assert!(b >= 512 && b.is_power_of_two(), "{b}");
+        // Where the file system takes O_DIRECT, a read of one such block at that offset works.
+        use std::os::unix::fs::{FileExt, OpenOptionsExt};
+        if let Ok(d) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&path) {
+            let mut buf = crate::persist::dev::AlignedBuf::zeroed(8192);
+            assert_eq!(d.read_at(&mut buf[..b as usize], b).unwrap(), b as usize);
+        }
+        std::fs::remove_file(path).ok();
+    }
 
     #[test]
     fn deallocations_stay_inside_their_range() {

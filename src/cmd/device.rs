@@ -134,7 +134,17 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let lba = match &probe {
         Some(p) => u64::from(p.lba_size),
         None if is_bdev => lba_bytes(&file),
-        None => 512,
+        // A file is opened O_DIRECT where its file system allows: requests must then be
+        // aligned as that file system needs.
+        None => match crate::device::file_dio_block_bytes(&file) {
+            b if b <= 4096 && b.is_power_of_two() => b,
+            b => {
+                return Err(format!(
+                    "backing file {} needs O_DIRECT I/O aligned to {b} bytes, more than the 4096-byte blocks a ublk device can have; put it on another file system or use a block device",
+                    a.backing.display()
+                ))
+            }
+        },
     };
     let exported = exported_bytes(backing_bytes, lba).ok_or_else(|| {
         format!(
