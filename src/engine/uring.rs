@@ -15,12 +15,46 @@ const BACKING: types::Fixed = types::Fixed(1);
 /// Retries of a submission that the kernel answered with -EAGAIN.
 const EAGAIN_RETRIES: usize = 8;
 
+/// `BLKDISCARD` blocks until the drive is done, which for gigabytes can take long: it runs on
+/// a thread of its own, and the tag waits for it on the queue ring (an eventfd poll) while
+/// the queue's other tags go on.
+async fn blkdiscard_off_queue(q: &UblkQueue<'_>, fd: i32, off: u64, len: u64) -> std::io::Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: eventfd returns a new fd or -1.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a new fd owned here.
+    let efd = std::sync::Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let done = efd.clone();
+    // The backing fd outlives the queue threads, and this tag waits for the thread below.
+    std::thread::spawn(move || {
+        let _ = tx.send(crate::device::blkdiscard(fd, off, len));
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from `one` to the eventfd.
+        unsafe { libc::write(done.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    });
+    loop {
+        if let Ok(r) = rx.try_recv() {
+            return r;
+        }
+        let poll = opcode::PollAdd::new(types::Fd(efd.as_raw_fd()), libc::POLLIN as u32).build();
+        let res = q.ublk_submit_sqe(poll).await;
+        if res < 0 && res != -libc::EINTR {
+            // The ring cannot poll (the queue is stopping): wait for the thread here.
+            return rx.recv().unwrap_or_else(|_| Err(std::io::Error::other("discard thread ended")));
+        }
+    }
+}
+
 /// One instance per queue thread; it holds no lock and no shared state.
 #[derive(Clone, Debug)]
 pub struct UringEngine {
     /// Logical handle -> write stream (1-based); `None` = the plain engine, no placement.
     streams: Option<Vec<u8>>,
-    /// The backing fd (also fixed file 1), for the synchronous discard fallback.
+    /// The backing fd (also fixed file 1), for the discard fallback.
     fd: i32,
 }
 
@@ -102,7 +136,7 @@ impl UringEngine {
             return res;
         }
         // On a file it fails (ENOTTY), and the first error stands.
-        crate::device::blkdiscard(self.fd, off, len).map_or(res, |()| 0)
+        blkdiscard_off_queue(q, self.fd, off, len).await.map_or(res, |()| 0)
     }
 
     /// Zeroes; `unmap` lets the device deallocate (the block layer's default), NOUNMAP not.
