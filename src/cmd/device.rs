@@ -222,9 +222,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         _ => io_buf,
     };
     if let Some(n) = &a.name {
-        if n.is_empty() || n.contains('/') || n.starts_with('.') {
-            return Err(format!("--name {n:?} must be a plain file name"));
-        }
+        state::check_name(n).map_err(|e| format!("--name {e}"))?;
     }
     Ok(DeviceConfig {
         id: a.number,
@@ -384,12 +382,12 @@ pub fn recover(a: &IdArgs) -> CmdResult {
     let (cfg, pid) = state::read_state(a.number)?;
     // A killed daemon may still be tearing down its rings for a moment.
     for _ in 0..50 {
-        if !state::pid_alive(pid) {
+        if !pid.alive() {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    if state::pid_alive(pid) {
+    if pid.alive() {
         return Err(format!("device {} is still served by pid {pid}; nothing to recover", a.number).into());
     }
     // The driver quiesces the device once it notices the daemon's exit: give it a moment.
@@ -405,7 +403,21 @@ pub fn recover(a: &IdArgs) -> CmdResult {
     if st == sys::UBLK_S_DEV_LIVE {
         return Err(format!("device {} is live; nothing to recover", a.number).into());
     }
+    // Only a device the driver holds for a new daemon can be recovered; a stopped one (its
+    // daemon died while stopping it) serves nothing and can only be deleted.
+    if st != sys::UBLK_S_DEV_QUIESCED && st != sys::UBLK_S_DEV_FAIL_IO {
+        return Err(format!(
+            "device {} is stopped, not held for recovery (its daemon died while stopping it); delete it with `fdpblk del -n {}` and add it again (`fdpblk up NAME` does both)",
+            a.number, a.number
+        )
+        .into());
+    }
     daemonize(a.foreground, move |notify| target::run(cfg, true, notify))
+}
+
+/// Whether device `id` is stopped (neither live nor held for recovery).
+pub(crate) fn ublk_stopped(id: i32) -> bool {
+    UblkCtrl::new_simple(id).is_ok_and(|c| u32::from(c.dev_info().state) == sys::UBLK_S_DEV_DEAD)
 }
 
 pub(crate) fn ublk_exists(id: i32) -> bool {
@@ -460,9 +472,9 @@ fn del_one(id: i32) -> Result<(), String> {
     let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {e}"))?;
     // Stopping makes the daemon drain its queues, delete the device and exit.
     let _ = ctrl.kill_dev();
-    let daemon = read.as_ref().ok().map(|(_, pid)| *pid).filter(|&p| state::pid_alive(p));
+    let daemon = read.as_ref().ok().map(|(_, pid)| *pid).filter(state::Daemon::alive);
     if let Some(pid) = daemon {
-        wait_for(10, || !state::pid_alive(pid));
+        wait_for(10, || !pid.alive());
     }
     if ublk_exists(id) {
         let _ = ctrl.del_dev();
@@ -501,7 +513,7 @@ pub fn list(a: &ListArgs) -> CmdResult {
         };
         let mut v = cfg.to_json();
         v["state"] = json!(dev_state(id));
-        v["pid"] = json!(pid);
+        v["pid"] = json!(pid.pid);
         v["device"] = json!(state::bdev_path(id));
         out.push(v);
     }

@@ -306,8 +306,7 @@ fn collect(reg: &mut Registry, id: i32) -> Result<(), String> {
         format!("no fdpblk device {id} ({}: {e}); see `fdpblk list`", state::state_path(id).display())
     })?;
     let saved: Value = serde_json::from_str(&state_text).map_err(|e| format!("{} is corrupt: {e}", state::state_path(id).display()))?;
-    let pid = saved["pid"].as_u64().unwrap_or(0) as u32;
-    let up = state::pid_alive(pid);
+    let up = state::Daemon::from_state(&saved).alive();
     let stats: Option<Value> = std::fs::read_to_string(state::stats_path(id)).ok().and_then(|t| serde_json::from_str(&t).ok());
     let fdp = if up { state::read_state(id).ok().and_then(|(cfg, _)| state::fdp_deltas(&cfg)) } else { None };
     reg.add_device(id, Some(&saved["config"]), up, stats.as_ref(), fdp.as_ref());

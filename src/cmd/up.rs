@@ -35,9 +35,7 @@ fn resolve(u: &UpArgs, config_dir: &Path) -> Result<(PathBuf, String), String> {
     match (&u.name, &u.config) {
         (Some(n), Some(c)) => Ok((c.clone(), n.clone())),
         (Some(n), None) => {
-            if n.is_empty() || n.contains('/') || n.starts_with('.') {
-                return Err(format!("device name {n:?} must be a plain file name (the NAME of /dev/fdpblk/NAME)"));
-            }
+            state::check_name(n).map_err(|e| format!("device name {e} (the NAME of /dev/fdpblk/NAME)"))?;
             Ok((config_dir.join(format!("{n}.toml")), n.clone()))
         }
         (None, Some(c)) => {
@@ -89,8 +87,8 @@ pub(crate) fn find(name: &str) -> Found {
         if cfg.name.as_deref() != Some(name) {
             continue;
         }
-        return if state::pid_alive(pid) {
-            Found::Running { id, pid }
+        return if pid.alive() {
+            Found::Running { id, pid: pid.pid }
         } else if device::ublk_exists(id) {
             Found::Orphaned { id }
         } else {
@@ -109,6 +107,13 @@ pub fn up(u: &UpArgs) -> CmdResult {
             state::bdev_path(id)
         )
         .into()),
+        Found::Orphaned { id } if device::ublk_stopped(id) => {
+            // Its daemon died while stopping it: nothing to recover, start it afresh (the data
+            // and fdpblk's saved state are on the backing).
+            tracing::info!("device {name} ({}) was stopped when its daemon died: deleting it and adding it again", state::bdev_path(id));
+            device::del(&crate::cli::DelArgs { number: Some(id), all: false })?;
+            device::add(&a?)
+        }
         Found::Orphaned { id } => {
             // The device's saved config is what runs: the file applies at the next clean start,
             // and a broken file must not keep LMCache's device from coming back.
@@ -191,7 +196,13 @@ mod tests {
     fn name_and_file() {
         let dir = Path::new("/etc/fdpblk");
         assert_eq!(resolve(&args(Some("kv0"), None), dir).unwrap(), (PathBuf::from("/etc/fdpblk/kv0.toml"), "kv0".into()));
-        assert!(resolve(&args(Some("../x"), None), dir).unwrap_err().contains("plain file name"));
+        assert!(resolve(&args(Some("../x"), None), dir).unwrap_err().contains("must be 1 to 128 of the characters"));
+        for bad in ["", ".x", "a b", "kv0\n", "a/b", &"x".repeat(129)] {
+            assert!(resolve(&args(Some(bad), None), dir).is_err(), "{bad:?}");
+        }
+        for good in ["kv0", "llama.8b", "a_b-c"] {
+            assert!(resolve(&args(Some(good), None), dir).is_ok(), "{good:?}");
+        }
         assert!(resolve(&args(None, None), dir).unwrap_err().contains("--config FILE"));
         let p = temp_config("stem0", "backing = \"/dev/ng0n1\"\n");
         assert_eq!(resolve(&args(None, Some(&p)), dir).unwrap().1, "stem0", "no name key: the file's stem");

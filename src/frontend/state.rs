@@ -36,18 +36,44 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 }
 
 pub fn write_state(cfg: &DeviceConfig, pid: u32) -> io::Result<()> {
-    let v = json!({"config": cfg.to_json(), "pid": pid, "device": bdev_path(cfg.id),
+    let v = json!({"config": cfg.to_json(), "pid": pid, "pid_start": start_time(pid), "device": bdev_path(cfg.id),
                    "name_path": cfg.name.as_deref().map(name_path)});
     write_atomic(&state_path(cfg.id), v.to_string().as_bytes())
 }
 
-/// The saved config and daemon pid of device `id`.
-pub fn read_state(id: i32) -> Result<(DeviceConfig, u32), String> {
+/// The daemon a state file names: its pid and when that process started, so that another
+/// process that got the pid later is not taken for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Daemon {
+    pub pid: u32,
+    /// `/proc/PID/stat` start time (clock ticks after boot); `None` in older state files.
+    pub start: Option<u64>,
+}
+
+impl Daemon {
+    pub fn from_state(v: &Value) -> Self {
+        Daemon { pid: v["pid"].as_u64().and_then(|p| u32::try_from(p).ok()).unwrap_or(0), start: v["pid_start"].as_u64() }
+    }
+
+    /// The daemon still runs: its pid is alive and is the same process.
+    pub fn alive(&self) -> bool {
+        pid_alive(self.pid) && self.start.is_none_or(|s| start_time(self.pid) == Some(s))
+    }
+}
+
+impl std::fmt::Display for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.pid.fmt(f)
+    }
+}
+
+/// The saved config and daemon of device `id`.
+pub fn read_state(id: i32) -> Result<(DeviceConfig, Daemon), String> {
     let p = state_path(id);
     let text = fs::read_to_string(&p).map_err(|e| format!("no fdpblk device {id} ({}: {e}); see `fdpblk list`", p.display()))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| format!("{} is corrupt: {e}", p.display()))?;
     let cfg = DeviceConfig::from_json(&v["config"])?;
-    Ok((cfg, v["pid"].as_u64().unwrap_or(0) as u32))
+    Ok((cfg, Daemon::from_state(&v)))
 }
 
 pub fn state_ids() -> Vec<i32> {
@@ -113,14 +139,33 @@ pub fn remove_state(cfg: &DeviceConfig) {
     }
 }
 
+/// A device name is a file name under `/dev/fdpblk`, a word in the udev rule's `SYMLINK+=`
+/// (which splits on white space) and a systemd instance name: 1 to 128 of `A-Z a-z 0-9 _ - .`,
+/// not starting with '.' (the link temporaries' names do).
+pub fn check_name(n: &str) -> Result<(), String> {
+    let plain = n.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if n.is_empty() || n.len() > 128 || n.starts_with('.') || !plain {
+        return Err(format!("{n:?} must be 1 to 128 of the characters A-Z a-z 0-9 _ - . and not start with '.'"));
+    }
+    Ok(())
+}
+
 /// Points `/dev/fdpblk/<name>` at the device, replacing a stale link.
 pub fn link_name(name: &str, id: i32) -> io::Result<()> {
     fs::create_dir_all(NAME_DIR)?;
     let link = name_path(name);
-    let tmp = link.with_extension("new");
+    // A name cannot start with '.': no other device's link or temporary shares this one.
+    let tmp = Path::new(NAME_DIR).join(format!(".{name}.{}.tmp", std::process::id()));
     let _ = fs::remove_file(&tmp);
     std::os::unix::fs::symlink(bdev_path(id), &tmp)?;
     fs::rename(tmp, link)
+}
+
+/// When process `pid` started (`/proc/PID/stat` field 22, clock ticks after boot).
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name start at field 3 (the state letter).
+    stat.rsplit_once(')')?.1.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
 /// True if `pid` runs; a zombie (dead, not yet reaped) counts as dead.
@@ -132,5 +177,33 @@ pub fn pid_alive(pid: u32) -> bool {
         // The state letter follows the parenthesised command name.
         Ok(stat) => stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()).is_some_and(|c| c != 'Z' && c != 'X'),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_daemon_is_its_pid_and_start_time() {
+        let me = std::process::id();
+        let start = start_time(me).expect("own start time");
+        assert!(Daemon { pid: me, start: Some(start) }.alive());
+        assert!(Daemon { pid: me, start: None }.alive(), "older state files name only the pid");
+        // The same pid with another start time: a process that got the pid later.
+        assert!(!Daemon { pid: me, start: Some(start + 1) }.alive());
+        assert!(!Daemon { pid: 0, start: None }.alive());
+        let v = serde_json::json!({"pid": me, "pid_start": start});
+        assert_eq!(Daemon::from_state(&v), Daemon { pid: me, start: Some(start) });
+    }
+
+    #[test]
+    fn names_are_plain_words() {
+        for good in ["kv0", "llama.8b", "A_b-9"] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", ".kv0", "a b", "a/b", "a\tb", "ü"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -342,6 +342,11 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             if let Some(n) = notify2.lock().ok().and_then(|mut n| n.take()) {
                 n(Ok(c.id));
             }
+            // A stop signal that came while the device was starting.
+            if STOP_REQUESTED.load(Ordering::SeqCst) {
+                tracing::info!("device {}: a stop signal came while it started: stopping it", c.id);
+                let _ = _ctrl.kill_dev();
+            }
         },
     );
     // The queues are done: the state thread takes the last checkpoint events, then writes
@@ -361,6 +366,11 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     drop(claim);
     match res {
         Ok(_) => {
+            // An added device is deleted when `ctrl` goes; a recovered one must be deleted here,
+            // or a stopped daemon would leave it behind without its state files.
+            if recover {
+                let _ = ctrl.del_dev();
+            }
             state::remove_state(&shared.cfg);
             Ok(())
         }
@@ -500,32 +510,46 @@ fn stats_loop(shared: &Shared, stop: &AtomicBool) {
     }
 }
 
-/// SIGTERM and SIGINT are taken by one thread (all threads inherit the mask set here), which
-/// stops the device cleanly: queues drain, the device is deleted, state files removed.
-fn block_signals() {
+/// A stop signal came: the device is stopped as soon as it has started, if it had not yet.
+static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+fn stop_signals() -> libc::sigset_t {
     // SAFETY: plain sigset manipulation on a local set.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        set
     }
 }
 
+/// SIGTERM, SIGINT and SIGHUP are taken by one thread (all threads inherit the mask set
+/// here): the first two stop the device cleanly (queues drain, the device is deleted, state
+/// files removed); SIGHUP (a closed terminal) is ignored, so a foreground daemon outlives
+/// the session that started it.
+fn block_signals() {
+    let set = stop_signals();
+    // SAFETY: blocks the signals in this thread, and so in every thread spawned after.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
 fn spawn_signal_thread(id: i32) {
-    std::thread::spawn(move || {
+    std::thread::spawn(move || loop {
+        let set = stop_signals();
+        let mut sig = 0;
         // SAFETY: waits on the signals blocked by `block_signals`.
-        let sig = unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGTERM);
-            libc::sigaddset(&mut set, libc::SIGINT);
-            let mut sig = 0;
-            libc::sigwait(&set, &mut sig);
-            sig
-        };
+        if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+            continue;
+        }
+        if sig == libc::SIGHUP {
+            tracing::info!("SIGHUP ignored: stop device {id} with SIGTERM or `fdpblk del -n {id}`");
+            continue;
+        }
         tracing::info!("signal {sig}: stopping device {id}");
+        STOP_REQUESTED.store(true, Ordering::SeqCst);
+        // Before the device started this does nothing; the start then stops it.
         if let Ok(ctrl) = UblkCtrl::new_simple(id) {
             let _ = ctrl.kill_dev();
         }

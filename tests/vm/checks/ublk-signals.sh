@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# vm-kernel: new
+# vm-fdp: on
+# vm-timeout: 300
+# The daemon and its signals:
+# - SIGTERM at any moment of the start (sent 0 to 0.6 s after `fdpblk add --foreground`, in
+#   steps of 25 ms) ends with the daemon gone and no ublk device left behind, never a device that
+#   started anyway with the signal lost;
+# - SIGHUP (a closed terminal) is ignored: the device keeps serving;
+# - a recovered daemon stopped by SIGTERM deletes its device and state files, as an added
+#   one does.
+. "$(dirname "$0")/../lib/check-lib.sh"
+. "$(dirname "$0")/../lib/fdpblk-lib.sh"
+GEO=(--slot-bytes 64K --meta-total-bytes 1M --policy region)
+no_device() { ! compgen -G "/dev/ublkb*" >/dev/null && ! compgen -G "/sys/class/ublk-char/ublkc*" >/dev/null; }
+
+for delay in $(seq 0 0.025 0.6); do
+    "$FDPBLK" add --backing "$NS_DEV" -n 0 "${GEO[@]}" --foreground >/tmp/sig-$delay.log 2>&1 &
+    pid=$!
+    sleep "$delay"
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    expect "SIGTERM ${delay}s into the start: the daemon exits" bash -c "! kill -0 $pid 2>/dev/null"
+    wait "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do no_device && break; sleep 0.1; done
+    if no_device; then
+        ok "SIGTERM ${delay}s into the start: no device left"
+    else
+        cat /tmp/sig-$delay.log
+        not_ok "SIGTERM ${delay}s into the start: no device left"
+        "$FDPBLK" del --all >/dev/null 2>&1 || true
+    fi
+done
+
+dev=$(fdpblk_add --backing "$NS_DEV" -n 0 "${GEO[@]}")
+pid=$(daemon_pid 0)
+expect "SIGHUP to daemon $pid" kill -HUP "$pid"
+sleep 0.5
+expect "after SIGHUP: the daemon runs" kill -0 "$pid"
+expect "after SIGHUP: the device serves" dd if="$dev" of=/dev/null bs=4096 count=16 iflag=direct status=none
+
+expect "SIGKILL daemon $pid" kill -9 "$pid"
+expect "fdpblk recover" "$FDPBLK" recover -n 0
+new=$(daemon_pid 0)
+expect "a new daemon ($new) serves the device" test "$new" != "$pid"
+expect "SIGTERM to the recovered daemon" kill -TERM "$new"
+for _ in $(seq 100); do kill -0 "$new" 2>/dev/null || break; sleep 0.1; done
+expect "the recovered daemon exits" bash -c "! kill -0 $new 2>/dev/null"
+for _ in $(seq 50); do no_device && break; sleep 0.1; done
+expect "its device is deleted (no /dev/ublkb0, no ublkc0)" no_device
+expect "its state file is removed" test ! -e /run/fdpblk/0.json
+check_done
