@@ -202,6 +202,13 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     if a.header_wait_us > 1_000_000 {
         return Err(format!("--header-wait-us {}: at most 1000000 (one second); the default is 5000", a.header_wait_us));
     }
+    // Own state is written as it changes: every few ms would be a stream of small writes.
+    if a.persist_interval_ms != 0 && a.persist_interval_ms < 50 {
+        return Err(format!(
+            "--persist-interval-ms {}: 0 (only when the device starts and stops) or at least 50; the default is 5000",
+            a.persist_interval_ms
+        ));
+    }
     if a.queues == 0 || a.queues > 32 {
         return Err("--queues must be 1..=32".into());
     }

@@ -31,6 +31,7 @@ refuse "unknown engine" "unknown --engine" add --backing "$NS_DEV" --engine nope
 refuse "a directory" "neither a block device nor a file" add --backing /var/tmp "${GEO[@]}"
 refuse "negative device id" "-n -5: give a device id" add --backing "$NS_DEV" -n -5 "${GEO[@]}"
 refuse "header wait of minutes" "--header-wait-us 100000000: at most" add --backing "$NS_DEV" --header-wait-us 100000000 "${GEO[@]}"
+refuse "own state written every millisecond" "--persist-interval-ms 1: 0 .only when the device starts and stops. or at least 50" add --backing "$NS_DEV" --persist-interval-ms 1 "${GEO[@]}"
 refuse "streams on a file" "needs an NVMe block device" add --backing /var/tmp/small.img --engine streams "${GEO[@]}"
 refuse "del unknown id" "no ublk device 7" del -n 7
 refuse "recover unknown id" "no fdpblk device 7" recover -n 7
