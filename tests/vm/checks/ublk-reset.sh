@@ -15,19 +15,22 @@ need_tool fio jq
 CTRL_STATE=/sys/class/nvme/nvme0/state
 [[ -e $CTRL_STATE ]] || check_fatal "no $CTRL_STATE"
 
+# three_resets: one controller reset a second, each waited out, three times.
+three_resets() {
+    for _ in 1 2 3; do
+        sleep 1
+        echo 1 >/sys/class/nvme/nvme0/reset_controller
+        for _ in $(seq 100); do [[ $(cat $CTRL_STATE) == live ]] && break; sleep 0.05; done
+    done
+}
+
 for eng in passthrough:"$NG_DEV" streams:"$NS_DEV"; do
     engine=${eng%%:*} backing=${eng#*:}
     [[ -e /run/fdpblk/daemon.log ]] && : >/run/fdpblk/daemon.log
     dev=$(fdpblk_add --backing "$backing" -n 0 --engine "$engine" --policy region --slot-bytes 64K --meta-total-bytes 1M -q 2 -d 32)
     expect_eq "$engine: device" "$dev" /dev/ublkb0
     # Three resets while fio writes (it runs for several seconds under emulation).
-    (
-        for _ in 1 2 3; do
-            sleep 1
-            echo 1 >/sys/class/nvme/nvme0/reset_controller
-            for _ in $(seq 100); do [[ $(cat $CTRL_STATE) == live ]] && break; sleep 0.05; done
-        done
-    ) &
+    three_resets &
     resets=$!
     fio_verify "reset-$engine" "$dev" --rw=randwrite --bs=64k --size=256M --iodepth=32
     wait "$resets"
@@ -48,13 +51,7 @@ done
 dev=$(fdpblk_add --backing "$NG_DEV" -n 0 --engine passthrough --policy key-aware --slot-bytes 64K --meta-total-bytes 1M --persist-interval-ms 50)
 script=()
 for _ in $(seq 60); do script+=(put 40 checkpoint delete 20 checkpoint); done
-(
-    for _ in 1 2 3; do
-        sleep 1
-        echo 1 >/sys/class/nvme/nvme0/reset_controller
-        for _ in $(seq 100); do [[ $(cat $CTRL_STATE) == live ]] && break; sleep 0.05; done
-    done
-) &
+three_resets &
 resets=$!
 t0=$(date +%s.%N)
 expect "rawblock-writer: puts, deletes and checkpoints across resets, then verify" \
