@@ -195,7 +195,7 @@ pub struct AddArgs {
     #[arg(long)]
     pub no_early_evictions: bool,
     /// How often (ms) fdpblk writes its own state (what changed) to the reserved tail of the
-    /// backing; 0: only when the device starts and stops.
+    /// backing: 0 (only when the device starts and stops) or at least 50.
     #[arg(long, default_value_t = 5000)]
     pub persist_interval_ms: u64,
 }

@@ -110,9 +110,10 @@ pub fn up(u: &UpArgs) -> CmdResult {
         Found::Orphaned { id } if device::ublk_stopped(id) => {
             // Its daemon died while stopping it: nothing to recover, start it afresh (the data
             // and fdpblk's saved state are on the backing).
+            let a = a?;
             tracing::info!("device {name} ({}) was stopped when its daemon died: deleting it and adding it again", state::bdev_path(id));
             device::del(&crate::cli::DelArgs { number: Some(id), all: false })?;
-            device::add(&a?)
+            device::add(&a)
         }
         Found::Orphaned { id } => {
             // The device's saved config is what runs: the file applies at the next clean start,

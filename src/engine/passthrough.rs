@@ -488,13 +488,14 @@ impl PassthroughEngine {
             }
         }
         self.submit();
+        // One wait for the whole request: its commands wait out the same reset together.
+        let mut hold = reset::Hold::default();
         for (c, op) in ops {
             let mut res = self.retried(&c, op.await).await;
             // A controller reset fails the passthrough commands in flight (cancelled, or
             // refused with EINVAL or EFAULT while the kernel rebuilds the namespace, also for
             // a moment after the controller is live again) where the block path would hold
             // them back: wait until the controller is live, then send them again.
-            let mut hold = reset::Hold::default();
             while res != 0 {
                 let live = self.controller_live();
                 if !hold.again(live, reset::kernel_refusal(res)) {

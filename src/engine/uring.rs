@@ -30,12 +30,16 @@ async fn blkdiscard_off_queue(q: &UblkQueue<'_>, fd: i32, off: u64, len: u64) ->
     let (tx, rx) = std::sync::mpsc::channel();
     let done = efd.clone();
     // The backing fd outlives the queue threads, and this tag waits for the thread below.
-    std::thread::spawn(move || {
+    let spawned = std::thread::Builder::new().name("fdpblk-discard".into()).spawn(move || {
         let _ = tx.send(crate::device::blkdiscard(fd, off, len));
         let one = 1u64;
         // SAFETY: writes 8 bytes from `one` to the eventfd.
         unsafe { libc::write(done.as_raw_fd(), (&one as *const u64).cast(), 8) };
     });
+    if spawned.is_err() {
+        // No thread to be had: discard here, holding the queue.
+        return crate::device::blkdiscard(fd, off, len);
+    }
     loop {
         if let Ok(r) = rx.try_recv() {
             return r;

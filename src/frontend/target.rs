@@ -39,9 +39,19 @@ struct Shared {
     /// The passthrough engine of each queue, made before the queues start; each queue thread
     /// takes its own.
     engines: Mutex<Vec<Option<PassthroughEngine>>>,
+    /// Why a queue could not start (the device start then fails with a bare EPERM).
+    queue_failed: Mutex<Option<String>>,
 }
 
 impl Shared {
+    /// A queue cannot start: remember why, and tell the device start, which waits until every
+    /// queue registered its buffers, so that it fails instead of waiting forever.
+    fn queue_cannot_start(&self, dev: &UblkDev, why: String) {
+        tracing::error!("{why}");
+        self.queue_failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(why);
+        dev.notify_buffer_registration_complete(true);
+    }
+
     fn stats(&self) -> PipelineStats {
         let mut total = PipelineStats::default();
         for c in self.layout.counters().iter() {
@@ -55,10 +65,7 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
     let q = match UblkQueue::new(qid, dev) {
         Ok(q) => Rc::new(q),
         Err(e) => {
-            tracing::error!("queue {qid}: {e}");
-            // The device start waits until every queue registered its buffers: say this one
-            // never will, so the start fails instead of waiting forever.
-            dev.notify_buffer_registration_complete(true);
+            shared.queue_cannot_start(dev, format!("queue {qid}: {e}"));
             return;
         }
     };
@@ -71,8 +78,8 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
             match engines.get_mut(usize::from(qid)).and_then(Option::take) {
                 Some(e) => QueueEngine::Passthrough(e),
                 None => {
-                    tracing::error!("queue {qid}: no passthrough engine made for it");
-                    dev.notify_buffer_registration_complete(true);
+                    drop(engines);
+                    shared.queue_cannot_start(dev, format!("queue {qid}: no passthrough engine made for it"));
                     return;
                 }
             }
@@ -277,6 +284,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         cfg: cfg.clone(),
         watch: Mutex::new(None),
         engines: Mutex::new(engines),
+        queue_failed: Mutex::new(None),
     });
     // The state thread: loads fdpblk's own state into the slot table before any I/O is served.
     let watcher = cfg.geometry.and_then(|g| {
@@ -374,7 +382,19 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             state::remove_state(&shared.cfg);
             Ok(())
         }
-        Err(e) => Err(fail(format!("device {id}: {e}"))),
+        Err(e) => {
+            // A stop signal during a recovery's start leaves a stopped device that nothing
+            // else would delete (an added one goes with `ctrl`).
+            if recover && STOP_REQUESTED.load(Ordering::SeqCst) {
+                let _ = ctrl.del_dev();
+                state::remove_state(&shared.cfg);
+            }
+            let why = shared.queue_failed.lock().unwrap_or_else(|e| e.into_inner()).take();
+            Err(fail(match why {
+                Some(q) => format!("device {id}: {q}"),
+                None => format!("device {id}: {e}"),
+            }))
+        }
     }
 }
 

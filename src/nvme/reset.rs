@@ -63,11 +63,6 @@ impl Hold {
         self.waited += 1;
         true
     }
-
-    /// Stop waiting (the queue is stopping).
-    pub fn give_up(&mut self) {
-        self.waited = WAIT_TICKS;
-    }
 }
 
 #[cfg(test)]
@@ -88,13 +83,13 @@ mod tests {
         // Not live: any failure waits, up to the I/O timeout.
         let mut h = Hold::default();
         assert_eq!((0..WAIT_TICKS + 5).filter(|_| h.again(false, false)).count() as u32, WAIT_TICKS);
+        // The wait is spent: nothing more, not even a refusal.
+        assert!(!h.again(false, true) && !h.again(true, true));
         // Live: a drive error is final at once; a refusal is sent again for 1 s.
         let mut h = Hold::default();
         assert!(!h.again(true, false));
         assert_eq!((0..500).filter(|_| h.again(true, true)).count() as u32, LIVE_REFUSAL_TICKS);
-        // A stopping queue gives up.
-        let mut h = Hold::default();
-        h.give_up();
-        assert!(!h.again(false, true));
+        // ... while a controller that goes down again is still waited for.
+        assert!(h.again(false, true));
     }
 }

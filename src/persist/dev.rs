@@ -284,7 +284,9 @@ impl NvmeDev {
                 Ok(_) => return Ok(()),
                 Err(e) => e,
             };
-            // As the engine does: a reset's failures are sent again once it is over.
+            // The reset rules of `nvme::reset`: a reset's failures are sent again once it is
+            // over (the engine also retries the drive's retryable statuses; this path, for
+            // fdpblk's own state, leaves them to the next cycle).
             let refusal = matches!(&err, PassthruError::Os(e) if reset::kernel_refusal(-e.raw_os_error().unwrap_or(0)));
             let live = self.ctrl_state.as_ref().is_none_or(reset::ControllerState::live);
             if !hold.again(live, refusal) {

@@ -641,8 +641,10 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<se
     let [block_align, header_bytes, slot_bytes, meta_total_bytes, max_slots] = sb.geometry;
     // A superblock passes its CRC but may still be hostile: never size the table past what
     // fdpblk tracks, nor past what the region could hold (its record pages alone).
-    let record_bytes = 2 * BLOCK + 2 * max_slots.div_ceil(RECORDS_PER_PAGE).saturating_mul(BLOCK);
-    if max_slots > crate::layout::geometry::MAX_SLOTS || record_bytes > region.len || slot_bytes == 0 || block_align == 0 {
+    if max_slots > crate::layout::geometry::MAX_SLOTS || slot_bytes == 0 || block_align == 0 {
+        return None;
+    }
+    if 2 * BLOCK + 2 * max_slots.div_ceil(RECORDS_PER_PAGE) * BLOCK > region.len {
         return None;
     }
     let g = Geometry { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0, container_bytes: meta_total_bytes / 2, max_slots };

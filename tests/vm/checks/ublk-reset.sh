@@ -15,14 +15,17 @@ need_tool fio jq
 CTRL_STATE=/sys/class/nvme/nvme0/state
 [[ -e $CTRL_STATE ]] || check_fatal "no $CTRL_STATE"
 
-# three_resets: one controller reset a second, each waited out, three times.
+# three_resets: one controller reset a second, each waited out, three times (a reset that
+# cannot start shows in the count below, not as a silent exit).
 three_resets() {
     for _ in 1 2 3; do
         sleep 1
-        echo 1 >/sys/class/nvme/nvme0/reset_controller
-        for _ in $(seq 100); do [[ $(cat $CTRL_STATE) == live ]] && break; sleep 0.05; done
+        echo 1 >/sys/class/nvme/nvme0/reset_controller 2>/dev/null || true
+        for _ in $(seq 200); do [[ $(cat $CTRL_STATE) == live ]] && break; sleep 0.05; done
     done
 }
+# resets_so_far: controller (re)starts the kernel logged since boot.
+resets_so_far() { dmesg | grep -c 'nvme nvme0: .* default/read/poll queues' || true; }
 
 for eng in passthrough:"$NG_DEV" streams:"$NS_DEV"; do
     engine=${eng%%:*} backing=${eng#*:}
@@ -30,12 +33,15 @@ for eng in passthrough:"$NG_DEV" streams:"$NS_DEV"; do
     dev=$(fdpblk_add --backing "$backing" -n 0 --engine "$engine" --policy region --slot-bytes 64K --meta-total-bytes 1M -q 2 -d 32)
     expect_eq "$engine: device" "$dev" /dev/ublkb0
     # Three resets while fio writes (it runs for several seconds under emulation).
+    before=$(resets_so_far)
     three_resets &
     resets=$!
     fio_verify "reset-$engine" "$dev" --rw=randwrite --bs=64k --size=256M --iodepth=32
-    wait "$resets"
+    during=$(($(resets_so_far) - before))
+    wait "$resets" || true
     expect_eq "$engine: controller live again" "$(cat $CTRL_STATE)" live
-    expect "$engine: three resets happened during the run" bash -c "[[ \$(dmesg | grep -c 'nvme nvme0: .* default/read/poll queues') -ge 4 ]]"
+    expect "$engine: resets came while fio ran ($during)" test "$during" -ge 1
+    expect_eq "$engine: three resets in all" "$(($(resets_so_far) - before))" 3
     if [[ $engine == passthrough ]]; then
         expect "passthrough: the log says commands were held for the reset" grep -q "controller is not live" /run/fdpblk/daemon.log
     fi
@@ -57,7 +63,7 @@ t0=$(date +%s.%N)
 expect "rawblock-writer: puts, deletes and checkpoints across resets, then verify" \
     "$RBW" --device "$dev" --slot-bytes 64K --meta-total-bytes 1M --engine io_uring --odirect -q "${script[@]}" verify
 echo "# rawblock-writer ran $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
-wait "$resets"
+wait "$resets" || true
 expect_eq "lmcache: controller live again" "$(cat $CTRL_STATE)" live
 for _ in $(seq 40); do [[ $(dev_stat trim.trims) -gt 0 ]] && break; sleep 0.25; done
 trims=$(dev_stat trim.trims)

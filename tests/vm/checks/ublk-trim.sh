@@ -235,12 +235,18 @@ done < <(jq -r '.entries[-3:][] | "\(.slot) \(.size)"' "$STATE")
 expect "--no-early-tails: the partial puts have tails ($tails of 3)" test "$tails" -ge 1
 sleep 3
 expect_eq "--no-early-tails: no early tail" "$(dev_stat trim.early_tail_trims)" 0
-# Confirmed by the second checkpoint this fdpblk sees (the puts preceded the first).
-writer late-verify checkpoint put 1 checkpoint verify
+# Confirmed by the second checkpoint this fdpblk sees (the puts preceded the first). One
+# checkpoint at a time, as LMCache writes them (at least 1 s apart).
+writer late-ckpt checkpoint
+wait_stat checkpoint_seq $((seq0 + 2))
+writer late-verify put 1 checkpoint verify
 wait_stat checkpoint_seq $((seq0 + 3))
 for _ in $(seq 40); do [[ $(dev_stat trim.tail_trims) -ge $tails ]] && break; sleep 0.25; done
 expect "--no-early-tails: the $tails tails go once confirmed ($(dev_stat trim.tail_trims))" \
     test "$(dev_stat trim.tail_trims)" -ge "$tails"
 expect_eq "--no-early-tails: every live entry verifies" "$(wfield late-verify run.verified)" 4
+# The newest checkpoint on the drive is whole: a restarted LMCache loads all 4 entries.
+writer late-reopen reopen verify
+expect_eq "--no-early-tails: a reopen recovers every entry" "$(wfield late-reopen run.recovered)" 4
 expect "fdpblk del" "$FDPBLK" del -n 0
 check_done

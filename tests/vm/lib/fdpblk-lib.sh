@@ -78,6 +78,10 @@ poll_eq() {
         sleep 0.25
     done
     expect_eq "$name" "$got" "$want"
+    if [[ $got != "$want" && -e /run/fdpblk/daemon.log ]]; then
+        echo "# the daemon's last log lines:"
+        grep -v '^$' /run/fdpblk/daemon.log | tail -15 | sed 's/^/#   /'
+    fi
 }
 
 # written_bytes ID: the bytes written through ublk device ID, as its stats count them.
