@@ -446,15 +446,20 @@ impl PassthroughEngine {
         let mut tries = 0;
         while transient(res) && tries < if res == -libc::EAGAIN { EAGAIN_RETRIES } else { TRANSIENT_RETRIES } {
             tries += 1;
-            res = match self.push(c) {
-                Ok(op) => {
-                    self.submit();
-                    op.await
-                }
-                Err(e) => e,
-            };
+            res = self.send(c).await;
         }
         res
+    }
+
+    /// Sends `c` once more and awaits it.
+    async fn send(&self, c: &PassthruCmd) -> i32 {
+        match self.push(c) {
+            Ok(op) => {
+                self.submit();
+                op.await
+            }
+            Err(e) => e,
+        }
     }
 
     /// Logs (at most once per `LOG_INTERVAL`) that failed commands wait for the controller.
@@ -509,13 +514,7 @@ impl PassthroughEngine {
                     break;
                 }
                 if self.controller_live() {
-                    res = match self.push(&c) {
-                        Ok(op) => {
-                            self.submit();
-                            self.retried(&c, op.await).await
-                        }
-                        Err(e) => e,
-                    };
+                    res = self.retried(&c, self.send(&c).await).await;
                 }
             }
             if err == 0 {
