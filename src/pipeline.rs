@@ -316,12 +316,16 @@ impl Pipeline {
 
     /// The first slot whose payload this request carries while its header is not known:
     /// no header seen in this request, and the slot's current header expects no more payload.
+    /// Bytes past the current header's payload (padding by that header) count too: a longer
+    /// put's payload, come before its header.
     fn awaited_header(&self) -> Option<u64> {
         let mut header_here = None;
         for e in &self.extents {
             match e.kind {
                 ExtentKind::SlotHeader { slot, header } if header.valid().is_some() => header_here = Some(slot),
-                ExtentKind::SlotPayload { slot } if header_here != Some(slot) && !self.slots.expects_payload(slot) => {
+                ExtentKind::SlotPayload { slot } | ExtentKind::SlotPadding { slot }
+                    if header_here != Some(slot) && !self.slots.expects_payload(slot) =>
+                {
                     return Some(slot)
                 }
                 _ => {}
@@ -545,10 +549,20 @@ mod tests {
         q1.plan(&payload, &mut segs, HeaderWait::Allowed).unwrap(); // now the payload can go
         // The put is complete; a second payload write means a new put: wait again.
         assert!(q1.plan(&payload, &mut segs, HeaderWait::Allowed).is_err());
+        // So does a longer put's payload past the old one (padding by the old header), and
+        // once its header came it is payload, placed with that header.
+        let longer = Request { op: Op::Write, offset: g.slot_offset(2) + 4096 + 8192, len: 8192, data: None };
+        assert!(q1.plan(&longer, &mut segs, HeaderWait::Allowed).is_err());
+        let hdr16 = SlotHeader { identity: 9, payload_len: 16384 }.encode(4096);
+        q0.plan(&Request { op: Op::Write, offset: g.slot_offset(2), len: 4096, data: Some(&hdr16) }, &mut segs, HeaderWait::Allowed).unwrap();
+        let planned = q1.plan(&longer, &mut segs, HeaderWait::Allowed).unwrap();
+        assert!(matches!(planned, [Extent { kind: ExtentKind::SlotPayload { slot: 2 }, .. }]), "{planned:?}");
+        q1.plan(&payload, &mut segs, HeaderWait::Allowed).unwrap(); // its first half: the put is complete
+        assert!(!q1.slots().expects_payload(2));
         let mut s = q0.stats();
         s.add(&q1.stats());
         assert_eq!(s.payload_fallbacks, 1); // the fio-like write before any header
-        assert_eq!(s.handle_bytes[RegionPolicy::SLOTS as usize], 2 * 4096 + 2 * 8192);
+        assert_eq!(s.handle_bytes[RegionPolicy::SLOTS as usize], 3 * 4096 + 4 * 8192);
     }
 
     #[test]

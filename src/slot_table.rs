@@ -398,11 +398,13 @@ impl SlotTable {
             g => g,
         };
         self.identity[i].store(header.identity, Ordering::Release);
-        self.remaining[i].store(header.payload_len.min(u32::MAX as u64) as u32, Ordering::Relaxed);
         self.meta[i].store(pack(header.payload_len, handle, generation), Ordering::Release);
         // After the new identity is visible: a confirmation the state thread made from it
         // before this point is cleared here, and one made from the old identity is too.
         self.touch(i, Some((tag, seen, stale)), false);
+        // Last: a payload piece on another queue that sees the count also sees the new
+        // header's handle, and a trim that ended before the touch cannot zero the count.
+        self.remaining[i].store(header.payload_len.min(u32::MAX as u64) as u32, Ordering::Release);
         if !self.headers_seen.load(Ordering::Relaxed) {
             self.headers_seen.store(true, Ordering::Relaxed);
         }
@@ -500,7 +502,7 @@ impl SlotTable {
 
     /// True when the slot's current header still expects payload bytes.
     pub fn expects_payload(&self, slot: u64) -> bool {
-        usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)).is_some_and(|r| r.load(Ordering::Relaxed) > 0)
+        usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)).is_some_and(|r| r.load(Ordering::Acquire) > 0)
     }
 
     pub fn len(&self) -> usize {
@@ -639,15 +641,23 @@ impl SlotTable {
     /// `Trimmed` unless it was written meanwhile; `TRIMMING` is cleared either way.
     pub fn end_trim(&self, slot: u64, began: u64, trimmed: bool) {
         let Some(i) = self.index(slot) else { return };
+        // A payload count left by a put whose payload never all came (read before the CAS:
+        // a new header stores its count only after its touch, which fails the CAS).
+        let left = self.remaining[i].load(Ordering::Acquire);
         let done = life::with_state(began & !life::TRIMMING & !life::CONFIRMED, if trimmed { SlotState::Trimmed } else { life::state(began) });
         let done = if trimmed { done & !life::READS_MASK } else { done | (began & life::CONFIRMED) };
-        let unchanged = self.life[i].compare_exchange(began, done, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        // A load meanwhile (its read count) does not undo the trim; a write does.
+        let unchanged = self.life[i]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                ((cur ^ began) & !life::READS_MASK == 0).then_some(if trimmed { done } else { cur & !life::TRIMMING })
+            })
+            .is_ok();
         if !unchanged {
             self.life[i].fetch_and(!life::TRIMMING, Ordering::AcqRel);
         }
-        // A put that came in during the trim set its own payload count: keep it.
-        if trimmed && unchanged {
-            self.remaining[i].store(0, Ordering::Relaxed);
+        // Only that old count goes: a put that came in during the trim keeps its own.
+        if trimmed && unchanged && left != 0 {
+            let _ = self.remaining[i].compare_exchange(left, 0, Ordering::AcqRel, Ordering::Relaxed);
         }
         self.mark_dirty(slot);
     }
@@ -1213,6 +1223,34 @@ mod tests {
         t.note_write(2);
         assert!(t.cas_life(2, t.life(2), t.life(2)));
         assert!(!t.cas_life(2, l | life::CONFIRMED, l | life::TRIMMING));
+    }
+
+    #[test]
+    fn a_load_during_a_trim_does_not_undo_it_and_an_old_payload_count_goes() {
+        let t = SlotTable::new(4);
+        // A put whose payload never all came: 4096 of 8192 bytes written.
+        t.record_header(1, &SlotHeader { identity: 5, payload_len: 8192 }, 0);
+        t.payload_written(1, 4096);
+        let l = t.life(1);
+        assert!(t.cas_life(1, l, life::with_state(l | life::CONFIRMED, SlotState::Evicted)));
+        let l = t.life(1);
+        assert!(t.cas_life(1, l, l | life::TRIMMING));
+        t.note_read(1); // a load while the discard runs: not a write
+        assert!(!t.note_write(3), "another slot's write does not wait");
+        t.end_trim(1, l | life::TRIMMING, true);
+        let e = t.get(1).unwrap();
+        assert_eq!((e.state, e.confirmed, t.trimming(1)), (SlotState::Trimmed, false, false));
+        assert!(!t.expects_payload(1), "the old put's payload count went with the slot");
+        // A failed discard leaves the slot as it was, the load counted.
+        t.record_header(2, &SlotHeader { identity: 6, payload_len: 100 }, 0);
+        let l = t.life(2);
+        assert!(t.cas_life(2, l, life::with_state(l | life::CONFIRMED, SlotState::Evicted)));
+        let l = t.life(2);
+        assert!(t.cas_life(2, l, l | life::TRIMMING));
+        t.note_read(2);
+        t.end_trim(2, l | life::TRIMMING, false);
+        let e = t.get(2).unwrap();
+        assert_eq!((e.state, e.confirmed, e.reads, t.trimming(2)), (SlotState::Evicted, true, 1, false));
     }
 
     #[test]
