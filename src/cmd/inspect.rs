@@ -29,7 +29,8 @@ pub struct EntryReport {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InspectSummary {
-    /// Entries LMCache would load: those listed, or 0 when it would discard the checkpoint.
+    /// Entries LMCache would load: those listed whose slot header is their key's, or 0 when
+    /// it would discard the checkpoint.
     pub live: u64,
     /// Entries the newest valid checkpoint lists.
     pub listed: u64,
@@ -100,7 +101,9 @@ pub fn inspect_entries<D: ReadAt + ?Sized>(
         on_entry(&r).map_err(|e| e.to_string())
     })?;
     s.rejected = meta.loader_rejection(g.max_slots);
-    s.live = if s.rejected.is_some() { 0 } else { s.listed };
+    // LMCache's load (`meta_verify_on_load`, on by default) drops an entry whose slot header
+    // is not its key's.
+    s.live = if s.rejected.is_some() { 0 } else { s.listed - s.header_mismatch };
     s.device_path = meta.device_path;
     Ok(s)
 }
@@ -205,7 +208,11 @@ pub fn run(a: &InspectArgs) -> CmdResult {
             )
         })?;
         match (s.checkpoint_seq, &s.rejected) {
-            (Some(seq), None) => writeln!(w, "summary: {} live entries (checkpoint seq {seq}), {} with a mismatched slot header", s.live, s.header_mismatch)?,
+            (Some(seq), None) => writeln!(
+                w,
+                "summary: {} live entries (checkpoint seq {seq}); {} more listed with a mismatched slot header, which LMCache's load drops",
+                s.live, s.header_mismatch
+            )?,
             (Some(seq), Some(why)) => writeln!(
                 w,
                 "summary: LMCache would discard checkpoint seq {seq} and start with an empty index: {why}; none of its {} entries would load",
@@ -278,7 +285,8 @@ mod tests {
                 }
             }
             assert_eq!(got.len(), want.len(), "{}", dir.display());
-            assert_eq!(s.live as usize, want.len());
+            assert_eq!(s.listed as usize, want.len());
+            assert_eq!(s.live as usize, got.iter().filter(|r| r.header_ok).count(), "{}: what LMCache's load keeps", dir.display());
             for r in &got {
                 let k = want.get(&r.key).unwrap_or_else(|| panic!("{}: unexpected {}", dir.display(), r.key));
                 assert_eq!(r.identity, k["identity_u64"].as_u64());
@@ -311,6 +319,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(s.header_mismatch, 1);
+        assert_eq!(s.live, s.listed - 1, "LMCache's load drops it");
         assert_eq!(bad[0].slot, Some(0));
         assert_eq!(bad[0].problem, Some("slot header identity differs (slot reused)"));
     }
