@@ -198,6 +198,10 @@ pub struct AddArgs {
     /// backing: 0 (only when the device starts and stops) or at least 50.
     #[arg(long, default_value_t = 5000)]
     pub persist_interval_ms: u64,
+    /// The keys the --config file set that apply (not overridden on the command line): an
+    /// error about one of their flags also names the key and the file.
+    #[arg(skip)]
+    pub from_config: Vec<&'static str>,
 }
 
 #[derive(Args, Debug)]

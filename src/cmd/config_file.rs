@@ -6,7 +6,8 @@
 //! `--config` are not keys. Sizes are a number of bytes or a string with a K/M/G/T suffix, like
 //! the flags. A flag given on the command line overrides the file. An unknown key, a value of
 //! the wrong type or a TOML syntax error is a one-line error that names the key (or line) and
-//! the fix. Example: `deploy/fdpblk.example.toml`.
+//! the fix; so is a value `fdpblk add` refuses ([`name_config_keys`]). Example:
+//! `deploy/fdpblk.example.toml`.
 
 use crate::cli::{parse_size, AddArgs, GeometryArgs};
 use clap::parser::ValueSource;
@@ -146,6 +147,7 @@ impl ConfigFile {
                 if let Some(v) = &self.$field {
                     if !explicit(stringify!($field)) {
                         a.$field = v.clone();
+                        a.from_config.push(stringify!($field));
                     }
                 }
             )*};
@@ -154,6 +156,7 @@ impl ConfigFile {
             ($($field:ident),*) => {$(
                 if self.geometry.$field.is_some() && !explicit(stringify!($field)) {
                     a.geometry.$field = self.geometry.$field;
+                    a.from_config.push(stringify!($field));
                 }
             )*};
         }
@@ -161,8 +164,32 @@ impl ConfigFile {
         set_geometry!(block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes);
         if self.name.is_some() && !explicit("name") {
             a.name = self.name.clone();
+            a.from_config.push("name");
         }
     }
+}
+
+/// `e`, an error about `fdpblk add`'s arguments, with the config file's keys behind the flags
+/// it names: a flag the user never typed is found by its key in the file.
+pub fn name_config_keys(e: String, a: &AddArgs) -> String {
+    let Some(file) = &a.config else { return e };
+    let names_flag = |flag: &str| {
+        e.match_indices(flag).any(|(i, _)| !e[i + flag.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+    };
+    let keys: Vec<String> = a
+        .from_config
+        .iter()
+        .filter(|k| {
+            names_flag(&format!("--{}", k.replace('_', "-")))
+                || (**k == "number" && (e.starts_with("-n ") || e.contains("pick another -n")))
+                || (**k == "backing" && !a.backing.as_os_str().is_empty() && names_flag(&a.backing.display().to_string()))
+        })
+        .map(|k| format!("`{k}`"))
+        .collect();
+    if keys.is_empty() {
+        return e;
+    }
+    format!("{e} (from {} in {})", keys.join(", "), file.display())
 }
 
 fn example(key: &str) -> &'static str {
@@ -372,6 +399,31 @@ capacity_bytes = "1T"
         }
         let e = ConfigFile::load(Path::new("/nonexistent/fdpblk/kv0.toml")).unwrap_err();
         assert!(e.contains("cannot read config /nonexistent/fdpblk/kv0.toml") && e.contains("deploy/fdpblk.example.toml"), "{e}");
+    }
+
+    #[test]
+    fn errors_about_a_flag_name_the_key_in_the_file_behind_it() {
+        let (_d, p) = write("backing = \"/nonexistent/ng9n1\"\npolicy = \"nope\"\nqueues = 0\nnumber = 3\n");
+        let (mut a, explicit) = add_args(&["fdpblk", "add", "--config", p.to_str().unwrap(), "--depth", "0"]);
+        resolve_add(&mut a, &explicit).unwrap();
+        let from = |key: &str| format!(" (from `{key}` in {})", p.display());
+        let e = name_config_keys(crate::cmd::device::validate(&a).unwrap_err(), &a);
+        assert!(e.starts_with("unknown --policy nope; choose one of") && e.ends_with(&from("policy")), "{e}");
+        a.policy = "none".into();
+        let e = name_config_keys(crate::cmd::device::validate(&a).unwrap_err(), &a);
+        assert!(e.starts_with("backing /nonexistent/ng9n1: ") && e.ends_with(&from("backing")), "{e}");
+        assert_eq!(name_config_keys("--queues must be 1..=32".into(), &a), format!("--queues must be 1..=32{}", from("queues")));
+        assert_eq!(name_config_keys("-n 3: in use".into(), &a), format!("-n 3: in use{}", from("number")));
+        // Typed on the command line, not the file's: the error stays as it is.
+        assert_eq!(name_config_keys("--depth must be 1..=4096".into(), &a), "--depth must be 1..=4096");
+        // A longer flag that starts like a key's is not that key's; an error naming none is kept.
+        assert_eq!(name_config_keys("--queues-x is wrong".into(), &a), "--queues-x is wrong");
+        assert_eq!(name_config_keys("the drive is gone".into(), &a), "the drive is gone");
+        let e = name_config_keys("--queues and --policy disagree".into(), &a);
+        assert!(e.ends_with(&format!(" (from `policy`, `queues` in {})", p.display())), "{e}");
+        // Without a config file nothing is added.
+        let (b, _) = add_args(&["fdpblk", "add", "--backing", "/dev/ng0n1", "--queues", "0"]);
+        assert_eq!(name_config_keys("--queues must be 1..=32".into(), &b), "--queues must be 1..=32");
     }
 
     #[test]

@@ -359,6 +359,10 @@ fn need_ublk_driver() -> Result<(), String> {
 }
 
 pub fn add(a: &AddArgs) -> CmdResult {
+    add_device(a).map_err(|e| super::config_file::name_config_keys(e.to_string(), a).into())
+}
+
+fn add_device(a: &AddArgs) -> CmdResult {
     need_ublk_driver()?;
     if a.number >= 0 && ublk_exists(a.number) {
         return Err(format!("ublk device {} already exists; pick another -n or `fdpblk del -n {}`", a.number, a.number).into());
@@ -425,6 +429,18 @@ pub fn recover(a: &IdArgs) -> CmdResult {
 /// Whether device `id` is stopped (neither live nor held for recovery).
 pub(crate) fn ublk_stopped(id: i32) -> bool {
     UblkCtrl::new_simple(id).is_ok_and(|c| u32::from(c.dev_info().state) == sys::UBLK_S_DEV_DEAD)
+}
+
+/// The ids of every ublk device, from the driver's char devices in sysfs.
+fn ublk_ids() -> Vec<i32> {
+    let mut ids: Vec<i32> = std::fs::read_dir("/sys/class/ublk-char")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("ublkc")?.parse().ok())
+        .collect();
+    ids.sort_unstable();
+    ids
 }
 
 pub(crate) fn ublk_exists(id: i32) -> bool {
@@ -497,32 +513,65 @@ fn del_one(id: i32) -> Result<(), String> {
     Ok(())
 }
 
-fn dev_state(id: i32) -> &'static str {
+/// The driver's state of device `id` (one word) and what an operator can do about it.
+fn dev_state(id: i32, name: Option<&str>) -> (&'static str, Option<String>) {
     match UblkCtrl::new_simple(id).map(|c| u32::from(c.dev_info().state)) {
-        Ok(sys::UBLK_S_DEV_LIVE) => "live",
-        Ok(sys::UBLK_S_DEV_QUIESCED) => "quiesced (daemon died: fdpblk recover)",
-        Ok(sys::UBLK_S_DEV_FAIL_IO) => "fail-io",
-        Ok(_) => "dead",
-        Err(_) => "gone",
+        Ok(sys::UBLK_S_DEV_LIVE) => ("live", None),
+        Ok(s @ (sys::UBLK_S_DEV_QUIESCED | sys::UBLK_S_DEV_FAIL_IO)) => (
+            if s == sys::UBLK_S_DEV_QUIESCED { "quiesced" } else { "fail-io" },
+            Some(format!(
+                "its daemon died: `fdpblk recover -n {id}` brings it back (under systemd: `systemctl start fdpblk@{}`)",
+                name.unwrap_or("NAME")
+            )),
+        ),
+        Ok(_) => ("dead", Some(format!("stopped: `fdpblk del -n {id}` deletes it"))),
+        Err(_) if !ublk_exists(id) => ("gone", None),
+        Err(e) => ("unknown", Some(format!("the ublk driver does not answer ({e}); run as root"))),
+    }
+}
+
+/// Whose ublk device `id` is, for one that has no state file: its server's pid and name.
+fn ublk_owner(id: i32) -> String {
+    let pid = UblkCtrl::new_simple(id).map(|c| c.dev_info().ublksrv_pid).unwrap_or(-1);
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().filter(|_| pid > 0).map(|c| c.trim().to_string());
+    match comm.as_deref() {
+        Some("fdpblk") => format!("served by fdpblk (pid {pid}) but its state file is gone: `fdpblk del -n {id}` deletes it"),
+        Some(c) => format!("another ublk server's ({c}, pid {pid}): not fdpblk's to delete"),
+        None => format!("its server is gone and no state file says whose it was: if it was fdpblk's, `fdpblk del -n {id}` deletes it"),
     }
 }
 
 pub fn list(a: &ListArgs) -> CmdResult {
     let mut out = Vec::new();
     for id in state::state_ids() {
-        let (cfg, pid) = match state::read_state(id) {
+        let read = state::read_state(id);
+        let (st, hint) = dev_state(id, read.as_ref().ok().and_then(|(c, _)| c.name.as_deref()));
+        let (cfg, pid) = match read {
             Ok(s) => s,
             Err(e) => {
                 // Listed, not hidden: its device may still run (or be deleted with `del`).
-                out.push(json!({"id": id, "device": state::bdev_path(id), "state": dev_state(id), "error": e}));
+                out.push(json!({"id": id, "device": state::bdev_path(id), "state": st, "error": e, "hint": format!("`fdpblk del -n {id}` removes it")}));
                 continue;
             }
         };
         let mut v = cfg.to_json();
-        v["state"] = json!(dev_state(id));
+        v["state"] = json!(st);
+        v["hint"] = json!(hint);
         v["pid"] = json!(pid.pid);
         v["device"] = json!(state::bdev_path(id));
         out.push(v);
+    }
+    // A ublk device with no state file: another server's, or fdpblk's after its state went
+    // (a cleared /run). Listed so that it is not invisible while it holds a device number.
+    let known = state::state_ids();
+    for id in ublk_ids().into_iter().filter(|id| !known.contains(id)) {
+        out.push(json!({
+            "id": id,
+            "device": state::bdev_path(id),
+            "state": dev_state(id, None).0,
+            "error": format!("no state file in {}", state::RUN_DIR),
+            "hint": ublk_owner(id),
+        }));
     }
     if a.json {
         println!("{}", serde_json::Value::Array(out));
@@ -530,12 +579,13 @@ pub fn list(a: &ListArgs) -> CmdResult {
         println!("no fdpblk devices");
     } else {
         for v in out {
+            let hint = v["hint"].as_str().map(|h| format!("  ({h})")).unwrap_or_default();
             if let Some(e) = v["error"].as_str() {
-                println!("{}  {}  ({e}; `fdpblk del -n {}` removes it)", v["device"].as_str().unwrap_or(""), v["state"].as_str().unwrap_or(""), v["id"]);
+                println!("{}  {}  {e}{hint}", v["device"].as_str().unwrap_or(""), v["state"].as_str().unwrap_or(""));
                 continue;
             }
             println!(
-                "{}  name {}  backing {}  engine {}  policy {}  slot_bytes {}  meta_total_bytes {}  {}",
+                "{}  name {}  backing {}  engine {}  policy {}  slot_bytes {}  meta_total_bytes {}  {}{hint}",
                 v["device"].as_str().unwrap_or(""),
                 v["name"].as_str().unwrap_or("-"),
                 v["backing"].as_str().unwrap_or(""),
@@ -556,12 +606,24 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     // The daemon rewrites it every second (atomically): a corrupt one is not fdpblk's.
     let mut v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| format!("{} is corrupt ({e}); the daemon rewrites it within a second if it runs, see `fdpblk list`", p.display()))?;
+    let saved = state::read_state(a.number).ok();
+    // A daemon that died leaves its last figures behind (they stay for `recover`): say so.
+    let daemon_up = saved.as_ref().is_some_and(|(_, pid)| pid.alive());
+    v["daemon_up"] = json!(daemon_up);
+    let age_s = std::fs::metadata(&p).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).map(|d| d.as_secs());
+    v["stats_age_s"] = json!(age_s);
     // The drive's own counters since `add`: host vs media bytes (QEMU's drive has no GC).
-    let fdp = state::read_state(a.number).ok().and_then(|(cfg, _)| state::fdp_deltas(&cfg));
+    let fdp = saved.and_then(|(cfg, _)| state::fdp_deltas(&cfg));
     v["fdp"] = fdp.clone().unwrap_or(serde_json::Value::Null);
     if json_out {
         println!("{v}");
         return Ok(());
+    }
+    if !daemon_up {
+        println!(
+            "DAEMON NOT RUNNING: these are its last figures, {} s old; `fdpblk list` shows the device's state",
+            age_s.map_or_else(|| "-".to_string(), |a| a.to_string())
+        );
     }
     println!("device {}  engine {}  policy {}", state::bdev_path(a.number), v["engine"].as_str().unwrap_or(""), v["policy"].as_str().unwrap_or(""));
     let p = &v["pipeline"];
@@ -580,8 +642,12 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     println!("header waits {}  payload fallbacks {}", p["header_waits"], p["payload_fallbacks"]);
     if let Some(f) = fdp {
         println!(
-            "drive since add: host {} bytes, media {} bytes (ratio {:.3}), erased {} bytes",
-            f["host_bytes"], f["media_bytes"], f["media_host_ratio"].as_f64().unwrap_or(0.0), f["erased_bytes"]
+            "drive since add{}: host {} bytes, media {} bytes (ratio {}), erased {} bytes",
+            if f["drive_stats_reset"] == true { " (since its statistics were reset)" } else { "" },
+            f["host_bytes"],
+            f["media_bytes"],
+            f["media_host_ratio"].as_f64().map_or_else(|| "-".to_string(), |r| format!("{r:.3}")),
+            f["erased_bytes"]
         );
     }
     print_watch(&v);
@@ -625,11 +691,27 @@ fn print_watch(v: &serde_json::Value) {
     let t = &v["trim"];
     let per: Vec<String> = t["handles"].as_object().map(|h| h.iter().map(|(k, c)| format!("{k}:{c}")).collect()).unwrap_or_default();
     println!(
-        "deallocation {}: {} trims, {} bytes (per handle {})",
+        "deallocation {}: {} trims, {} bytes (per handle {}), {} evictions seen; stale tails {} ({} early), {} bytes",
         if t["enabled"] == true { "on" } else { "off" },
         n(&t["trims"]),
         n(&t["trim_bytes"]),
-        if per.is_empty() { "-".to_string() } else { per.join(" ") }
+        if per.is_empty() { "-".to_string() } else { per.join(" ") },
+        n(&t["evictions"]),
+        n(&t["tail_trims"]),
+        n(&t["early_tail_trims"]),
+        n(&t["tail_trim_bytes"])
+    );
+    let o = &v["own_state"];
+    println!(
+        "own state: {} ({} cycles, {} bytes written){}",
+        if o["persisted"] == true { "saved in the reserved tail" } else { "in memory only" },
+        n(&o["cycles"]),
+        n(&o["bytes_written"]),
+        match (o["loaded"] == true, o["loaded_clean"] == true) {
+            (true, true) => "; loaded from a clean stop",
+            (true, false) => "; loaded after an unclean stop",
+            _ => "",
+        }
     );
 }
 

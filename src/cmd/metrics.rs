@@ -243,30 +243,33 @@ impl Registry {
         if let Some(v) = flag(&t["enabled"]) {
             self.add("fdpblk_trim_enabled", "1 when fdpblk deallocates the slots LMCache evicted (0 with --no-trim).", Gauge, base(), v);
         }
-        if let Some(h) = t["handles"].as_object() {
+        // Counters restart at 0 with each daemon (also after a recovery), as Prometheus
+        // expects: the lifetime values `fdpblk stats` shows come back from the drive and can
+        // go back by what a crash lost.
+        let since = &st["since_start"];
+        if let Some(h) = since["trim_handles"].as_object() {
             for (handle, n) in h {
                 if let Some(v) = num(n) {
-                    self.add("fdpblk_trims_total", "Slot deallocations per placement handle.", Counter, with("handle", handle), v);
+                    self.add("fdpblk_trims_total", "Slot deallocations per placement handle, since the daemon started.", Counter, with("handle", handle), v);
                 }
             }
         }
         for (metric, key, help) in [
-            ("fdpblk_trim_bytes_total", "trim_bytes", "Bytes deallocated."),
-            ("fdpblk_evictions_total", "evictions", "Slots LMCache evicted, as its checkpoints show."),
+            ("fdpblk_trim_bytes_total", "trim_bytes", "Bytes of slots deallocated, since the daemon started."),
+            ("fdpblk_evictions_total", "evictions", "Slots LMCache evicted, as its checkpoints show, since the daemon started."),
+            ("fdpblk_own_state_written_bytes_total", "own_state_bytes", "Bytes fdpblk wrote for its own state in the reserved tail, since the daemon started."),
+            ("fdpblk_own_state_cycles_total", "own_state_cycles", "Own-state write cycles, since the daemon started."),
+        ] {
+            if let Some(v) = num(&since[key]) {
+                self.add(metric, help, Counter, base(), v);
+            }
+        }
+        for (metric, key, help) in [
             ("fdpblk_tail_trims_total", "tail_trims", "Stale tails deallocated: bytes past a slot's payload that earlier, longer contents left."),
             ("fdpblk_early_tail_trims_total", "early_tail_trims", "Stale tails deallocated before a checkpoint confirmed the slot (once the new header was durable)."),
             ("fdpblk_tail_trim_bytes_total", "tail_trim_bytes", "Bytes of stale tails deallocated."),
         ] {
             if let Some(v) = num(&t[key]) {
-                self.add(metric, help, Counter, base(), v);
-            }
-        }
-        let o = &st["own_state"];
-        for (metric, key, help) in [
-            ("fdpblk_own_state_written_bytes_total", "bytes_written", "Bytes fdpblk wrote for its own state in the reserved tail."),
-            ("fdpblk_own_state_cycles_total", "cycles", "Own-state write cycles."),
-        ] {
-            if let Some(v) = num(&o[key]) {
                 self.add(metric, help, Counter, base(), v);
             }
         }
@@ -571,6 +574,8 @@ mod tests {
                      "handles": {"2": 3}, "evictions": 4},
             "own_state": {"persisted": true, "seq": 9, "cycles": 9, "bytes_written": 40960, "loaded": true,
                           "loaded_clean": true, "region_offset": 1, "region_bytes": 2},
+            "since_start": {"trims": 1, "trim_bytes": 65536, "trim_handles": {"2": 1}, "evictions": 2,
+                            "own_state_cycles": 2, "own_state_bytes": 8192},
         })
     }
 
@@ -594,13 +599,17 @@ mod tests {
         assert_eq!(get(r#"fdpblk_io_bytes_total{id="0",name="kv0",op="write"}"#), 3145728.0);
         assert_eq!(get(r#"fdpblk_header_waits_total{id="0",name="kv0"}"#), 2.0);
         assert_eq!(get(r#"fdpblk_slots{id="0",name="kv0",state="live"}"#), 3.0);
-        assert_eq!(get(r#"fdpblk_trims_total{handle="2",id="0",name="kv0"}"#), 3.0);
+        // Counters are this daemon's (the stats' lifetime values came back from the drive).
+        assert_eq!(get(r#"fdpblk_trims_total{handle="2",id="0",name="kv0"}"#), 1.0);
+        assert_eq!(get(r#"fdpblk_trim_bytes_total{id="0",name="kv0"}"#), 65536.0);
+        assert_eq!(get(r#"fdpblk_evictions_total{id="0",name="kv0"}"#), 2.0);
+        assert_eq!(get(r#"fdpblk_own_state_cycles_total{id="0",name="kv0"}"#), 2.0);
         assert_eq!(get(r#"fdpblk_checkpoint_age_seconds{id="0",name="kv0"}"#), 3.5);
         assert_eq!(get(r#"fdpblk_checkpoint_cap_bytes{id="0",name="kv0"}"#), 520192.0);
         assert_eq!(get(r#"fdpblk_checkpoint_overflow_risk{id="0",name="kv0"}"#), 0.0);
         assert_eq!(get(r#"fdpblk_layout_slots{id="0",name="kv0"}"#), 1008.0);
         assert_eq!(get(r#"fdpblk_drive_media_written_bytes_total{id="0",name="kv0"}"#), 3145728.0);
-        assert_eq!(get(r#"fdpblk_own_state_written_bytes_total{id="0",name="kv0"}"#), 40960.0);
+        assert_eq!(get(r#"fdpblk_own_state_written_bytes_total{id="0",name="kv0"}"#), 8192.0);
         assert_eq!(
             get(r#"fdpblk_device_info{backing="/dev/ng0n1",device="/dev/ublkb0",engine="passthrough",id="0",name="kv0",policy="key-aware"}"#),
             1.0

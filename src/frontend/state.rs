@@ -112,13 +112,20 @@ pub fn fdp_deltas(cfg: &DeviceConfig) -> Option<Value> {
     let base: Value = serde_json::from_str(&text).ok()?;
     let b = |k: &str| base[k].as_str().and_then(|s| s.parse::<u128>().ok());
     let info = crate::nvme::FdpInfo::discover(&cfg.backing).ok()?;
+    // Another endurance group than at `add` (the namespace moved): no baseline to compare.
+    if base["endgid"].as_u64() != Some(u64::from(info.endgid)) {
+        return None;
+    }
     let now = info.stats;
-    let host = now.hbmw.saturating_sub(b("hbmw")?);
-    let media = now.mbmw.saturating_sub(b("mbmw")?);
-    let erased = now.mbe.saturating_sub(b("mbe")?);
-    let ratio = if host > 0 { media as f64 / host as f64 } else { 0.0 };
-    Some(json!({"host_bytes": host as u64, "media_bytes": media as u64, "erased_bytes": erased as u64,
-                "media_host_ratio": ratio}))
+    let (h0, m0, e0) = (b("hbmw")?, b("mbmw")?, b("mbe")?);
+    // Counters below the baseline: the drive reset its statistics (an FDP reconfiguration);
+    // count from that reset rather than pin at 0.
+    let reset = now.hbmw < h0 || now.mbmw < m0 || now.mbe < e0;
+    let (host, media, erased) = if reset { (now.hbmw, now.mbmw, now.mbe) } else { (now.hbmw - h0, now.mbmw - m0, now.mbe - e0) };
+    let clamp = |v: u128| u64::try_from(v).unwrap_or(u64::MAX);
+    let ratio = (host > 0).then(|| media as f64 / host as f64);
+    Some(json!({"host_bytes": clamp(host), "media_bytes": clamp(media), "erased_bytes": clamp(erased),
+                "media_host_ratio": ratio, "drive_stats_reset": reset}))
 }
 
 /// Removes the run-time files of device `id` (not its name link, which needs its config).

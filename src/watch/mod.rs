@@ -1315,6 +1315,19 @@ impl Watcher {
                 c => json!({"copy": i, "state": c.name()}),
             })
             .collect();
+        // What this daemon counted: the lifetime counters come back from the drive at every
+        // start, a crash loses up to one persist interval of them, so they can go backwards;
+        // monitoring takes these, which only restart at 0.
+        let was = &self.loaded.counters;
+        let since_handles: serde_json::Map<String, Value> = self
+            .counters
+            .trims_by_handle
+            .iter()
+            .enumerate()
+            .map(|(h, &n)| (h, n.saturating_sub(was.trims_by_handle.get(h).copied().unwrap_or(0))))
+            .filter(|&(_, n)| n > 0)
+            .map(|(h, n)| (h.to_string(), json!(n)))
+            .collect();
         let v = json!({
             "checkpoint_seq": c.map(|c| c.seq),
             "checkpoint_age_s": c.map(|c| (c.at.elapsed().as_secs_f64() * 10.0).round() / 10.0),
@@ -1345,6 +1358,11 @@ impl Watcher {
                 "cycles": self.counters.cycles, "bytes_written": self.counters.own_bytes,
                 "loaded": self.loaded.found, "loaded_clean": self.loaded.clean,
                 "region_offset": self.persist.as_ref().map(|p| p.region().offset), "region_bytes": self.persist.as_ref().map(|p| p.region().len),
+            },
+            "since_start": {
+                "trims": self.counters.trims.saturating_sub(was.trims), "trim_bytes": self.counters.trim_bytes.saturating_sub(was.trim_bytes),
+                "trim_handles": since_handles, "evictions": self.counters.evictions.saturating_sub(was.evictions),
+                "own_state_cycles": self.counters.cycles.saturating_sub(was.cycles), "own_state_bytes": self.counters.own_bytes.saturating_sub(was.own_bytes),
             },
         });
         *self.published.lock().unwrap_or_else(|e| e.into_inner()) = v;

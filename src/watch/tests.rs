@@ -628,6 +628,7 @@ fn evicted_slots_are_trimmed_after_two_checkpoints() {
     assert_eq!(r.w.counters().trims_by_handle, vec![0, 0, 2], "two trims on the slots handle");
     let v = r.w.published().lock().unwrap().clone();
     assert_eq!(v["trim"]["trims"], 2);
+    assert_eq!((v["since_start"]["trims"].as_u64(), v["since_start"]["trim_handles"]["2"].as_u64()), (Some(2), Some(2)));
     assert_eq!(v["slots"]["trimmed"], 2);
     assert_eq!(v["checkpoint_seq"], 4);
     // The identities of the evicted keys are in the history; a returning one is recognised
@@ -636,6 +637,14 @@ fn evicted_slots_are_trimmed_after_two_checkpoints() {
     let e = r.slots.get(r.lmc.index.last().unwrap().1).unwrap();
     assert!(e.seen_before);
     assert_eq!(e.tag, tag);
+    // A new daemon gets the lifetime counters back from the drive; what it counts itself
+    // (monitoring's counters) starts at 0.
+    r.restart_fdpblk(true);
+    r.w.publish();
+    let v = r.w.published().lock().unwrap().clone();
+    assert_eq!((v["trim"]["trims"].as_u64(), v["since_start"]["trims"].as_u64()), (Some(2), Some(0)));
+    assert_eq!(v["since_start"]["trim_handles"].as_object().map(|h| h.len()), Some(0));
+    assert_eq!(v["since_start"]["evictions"].as_u64(), Some(0));
 }
 
 #[test]

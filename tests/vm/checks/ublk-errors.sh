@@ -33,6 +33,11 @@ refuse "negative device id" "-n -5: give a device id" add --backing "$NS_DEV" -n
 refuse "header wait of minutes" "--header-wait-us 100000000: at most" add --backing "$NS_DEV" --header-wait-us 100000000 "${GEO[@]}"
 refuse "own state written every millisecond" "--persist-interval-ms 1: 0 .only when the device starts and stops. or at least 50" add --backing "$NS_DEV" --persist-interval-ms 1 "${GEO[@]}"
 refuse "streams on a file" "needs an NVMe block device" add --backing /var/tmp/small.img --engine streams "${GEO[@]}"
+# From a config file: the error also names the key in the file behind the flag.
+printf 'backing = "%s"\npolicy = "nope"\n' "$NS_DEV" >/var/tmp/bad-policy.toml
+refuse "policy from a config file" "unknown --policy nope; .* \\(from .policy. in /var/tmp/bad-policy.toml\\)$" add --config /var/tmp/bad-policy.toml "${GEO[@]}"
+printf 'backing = "%s"\nqueues = 0\n' "$NS_DEV" >/var/tmp/bad-queues.toml
+refuse "queues from up's config file" "^fdpblk: --queues must be 1..=32 \\(from .queues. in /var/tmp/bad-queues.toml\\)$" up bad --config /var/tmp/bad-queues.toml
 refuse "del unknown id" "no ublk device 7" del -n 7
 refuse "recover unknown id" "no fdpblk device 7" recover -n 7
 refuse "stats unknown id" "no stats for device 7" stats -n 7

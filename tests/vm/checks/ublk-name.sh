@@ -33,6 +33,7 @@ expect_written 3 1048576 "stats --json counts the write"
 host=$("$FDPBLK" stats -n 3 --json | sed -n 's/.*"fdp":{[^}]*"host_bytes":\([0-9]*\).*/\1/p')
 expect "stats: the drive's host bytes since add ($host) include the 1 MiB written" test "${host:-0}" -ge 1048576
 expect "stats text shows the drive's counters" bash -c "$FDPBLK stats -n 3 | grep -q 'drive since add: host'"
+expect "stats text shows fdpblk's own state" bash -c "$FDPBLK stats -n 3 | grep -q '^own state: saved in the reserved tail ([0-9]* cycles'"
 pid=$(daemon_pid 3)
 expect "SIGTERM the daemon" kill -TERM "$pid"
 expect "daemon exits" bash -c "for i in \$(seq 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
@@ -53,5 +54,14 @@ expect "add under a name in use fails ($out)" test "$rc" -ne 0
 expect "the error names the device holding it" grep -q "kv0 is taken by /dev/ublkb5" <<<"$out"
 expect "no second device" test ! -e /dev/ublkb6
 expect_eq "link unchanged" "$(readlink /dev/fdpblk/kv0)" /dev/ublkb5
-expect "del" "$FDPBLK" del -n 5
+# A device whose state file went (a cleared /run) is still listed, and `del` removes it.
+pid=$(daemon_pid 5)
+mv /run/fdpblk/5.json /var/tmp/5.json
+expect "list shows the device without a state file, served by fdpblk" bash -c "$FDPBLK list | grep -q '^/dev/ublkb5  live  no state file in /run/fdpblk  (served by fdpblk (pid $pid) but its state file is gone: .fdpblk del -n 5. deletes it)$'"
+expect_eq "list --json: its id, error and hint" "$("$FDPBLK" list --json | jq -c '[.[] | select(.id == 5) | (.state, (.error | test("no state file")), (.hint | test("served by fdpblk")))]')" '["live",true,true]'
+expect "del without a state file" "$FDPBLK" del -n 5
+expect "device gone" test ! -e /dev/ublkb5
+expect "its daemon exits" bash -c "for i in \$(seq 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
+expect "its daemon removed the name link" test ! -e /dev/fdpblk/kv0
+expect_eq "list: nothing left" "$("$FDPBLK" list)" "no fdpblk devices"
 check_done

@@ -18,6 +18,11 @@ for i in 1 2 3 4 5; do
     sleep 1
     old=$(daemon_pid 0)
     expect "round $i: SIGKILL daemon $old" kill -9 "$old"
+    if ((i == 1)); then
+        expect "list: quiesced, recover named" bash -c "for j in \$(seq 50); do $FDPBLK list --json | jq -e '.[0].state == \"quiesced\" and (.[0].hint | test(\"fdpblk recover -n 0\"))' >/dev/null && exit 0; sleep 0.1; done; exit 1"
+        expect "stats: the dead daemon's figures are marked" bash -c "$FDPBLK stats -n 0 | head -1 | grep -q '^DAEMON NOT RUNNING'"
+        expect_eq "stats --json: daemon_up while it is dead" "$("$FDPBLK" stats -n 0 --json | jq -c .daemon_up)" false
+    fi
     if "$FDPBLK" recover -n 0 >"/tmp/recover-$i.log" 2>&1; then
         ok "round $i: fdpblk recover"
     else
@@ -26,6 +31,9 @@ for i in 1 2 3 4 5; do
     fi
     new=$(daemon_pid 0)
     expect "round $i: a new daemon ($new) serves the device" test "$new" != "$old"
+    if ((i == 1)); then
+        expect_eq "stats --json: daemon_up once recovered" "$("$FDPBLK" stats -n 0 --json | jq -c .daemon_up)" true
+    fi
     # If recovery failed, fio would wait forever on the quiesced device.
     ( sleep 60; kill -9 "$fio_pid" 2>/dev/null ) &
     expect "round $i: fio write finished without error" wait "$fio_pid"
