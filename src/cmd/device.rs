@@ -278,11 +278,11 @@ fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, Stri
     let mut fds = [0i32; 2];
     // SAFETY: pipe writes two fds into the array.
     if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error().into());
+        return Err(format!("cannot make the pipe to the daemon: {}", std::io::Error::last_os_error()).into());
     }
     // SAFETY: no threads exist yet (validation is single-threaded), so fork is safe.
     match unsafe { libc::fork() } {
-        -1 => Err(std::io::Error::last_os_error().into()),
+        -1 => Err(format!("cannot start the daemon (fork): {}", std::io::Error::last_os_error()).into()),
         0 => {
             // SAFETY: child side; these calls only change this process.
             unsafe {
@@ -359,11 +359,42 @@ fn need_ublk_driver() -> Result<(), String> {
 }
 
 pub fn add(a: &AddArgs) -> CmdResult {
-    add_device(a).map_err(|e| super::config_file::name_config_keys(e.to_string(), a).into())
+    add_device(a).map_err(|e| super::config_file::name_config_keys(with_limit_fix(e.to_string()), a).into())
+}
+
+/// `e` with the fix for running out of file descriptors, which any step of the set-up can hit
+/// (the backing, the ublk char device, each queue's rings and eventfds).
+fn with_limit_fix(e: String) -> String {
+    if e.contains("(os error 24)") || e.contains("(os error 23)") {
+        format!("{e}; raise the open-files limit (ulimit -n; LimitNOFILE= in a systemd unit)")
+    } else {
+        e
+    }
+}
+
+/// Raises the open-files limit to what `queues` queues need, as far as it may: a daemon
+/// started with a low `ulimit -n` would otherwise fail somewhere in its set-up. Each queue
+/// holds its ublk ring, its engine's ring and eventfds; a few more are the device's own.
+fn raise_fd_limit(queues: u16) {
+    let want = 64 + 16 * u64::from(queues);
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit read and write the struct given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= want {
+            return;
+        }
+        // Above the hard limit only with CAP_SYS_RESOURCE (root has it); else up to it.
+        let raised = libc::rlimit { rlim_cur: want, rlim_max: lim.rlim_max.max(want) };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+            let capped = libc::rlimit { rlim_cur: want.min(lim.rlim_max), rlim_max: lim.rlim_max };
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &capped);
+        }
+    }
 }
 
 fn add_device(a: &AddArgs) -> CmdResult {
     need_ublk_driver()?;
+    raise_fd_limit(a.queues);
     if a.number >= 0 && ublk_exists(a.number) {
         return Err(format!("ublk device {} already exists; pick another -n or `fdpblk del -n {}`", a.number, a.number).into());
     }
@@ -389,8 +420,13 @@ fn add_device(a: &AddArgs) -> CmdResult {
 }
 
 pub fn recover(a: &IdArgs) -> CmdResult {
+    recover_device(a).map_err(|e| with_limit_fix(e.to_string()).into())
+}
+
+fn recover_device(a: &IdArgs) -> CmdResult {
     need_ublk_driver()?;
     let (cfg, pid) = state::read_state(a.number)?;
+    raise_fd_limit(cfg.queues);
     // A killed daemon may still be tearing down its rings for a moment.
     for _ in 0..50 {
         if !pid.alive() {

@@ -61,11 +61,25 @@ impl Shared {
     }
 }
 
+/// libublk's error with its cause: its own text ("other IO failure") drops the errno.
+pub(crate) fn ublk_error(e: &UblkError) -> String {
+    let errno = match e {
+        UblkError::IOError(io) => return io.to_string(),
+        UblkError::UringIOError(n) | UblkError::OtherError(n) => n.unsigned_abs() as i32,
+        _ => 0,
+    };
+    if errno == 0 {
+        e.to_string()
+    } else {
+        format!("{e}: {}", std::io::Error::from_raw_os_error(errno))
+    }
+}
+
 fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
     let q = match UblkQueue::new(qid, dev) {
         Ok(q) => Rc::new(q),
         Err(e) => {
-            shared.queue_cannot_start(dev, format!("queue {qid}: {e}"));
+            shared.queue_cannot_start(dev, format!("queue {qid}: {}", ublk_error(&e)));
             return;
         }
     };
@@ -99,7 +113,7 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
         tasks.push(exe.spawn(async move {
             match io_task(&q, tag, &ctx).await {
                 Err(UblkError::QueueIsDown) | Ok(()) => {}
-                Err(e) => tracing::error!("queue {qid} tag {tag}: {e}"),
+                Err(e) => tracing::error!("queue {qid} tag {tag}: {}", ublk_error(&e)),
             }
         }));
     }
@@ -117,7 +131,7 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
         let run_ops = || while exe2.try_tick() {};
         let done = || tasks.iter().all(|t| t.is_finished());
         if let Err(e) = libublk::wait_and_handle_io_events(&q, Some(20), run_ops, done).await {
-            tracing::error!("queue {qid}: {e}");
+            tracing::error!("queue {qid}: {}", ublk_error(&e));
         }
         drop(reaper);
     }));
@@ -251,9 +265,9 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         .ctrl_flags(u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE))
         .dev_flags(dev_flags)
         .build()
-        .map_err(|e| fail(format!("creating ublk device {}: {e}", cfg.id)))?;
+        .map_err(|e| fail(format!("creating ublk device {}: {}", cfg.id, ublk_error(&e))))?;
     if recover {
-        ctrl.start_user_recover().map_err(|e| fail(format!("starting recovery of device {}: {e}", cfg.id)))?;
+        ctrl.start_user_recover().map_err(|e| fail(format!("starting recovery of device {}: {}", cfg.id, ublk_error(&e))))?;
     }
     let id = ctrl.dev_info().dev_id as i32;
     let mut cfg = cfg;
@@ -392,7 +406,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             let why = shared.queue_failed.lock().unwrap_or_else(|e| e.into_inner()).take();
             Err(fail(match why {
                 Some(q) => format!("device {id}: {q}"),
-                None => format!("device {id}: {e}"),
+                None => format!("device {id}: {}", ublk_error(&e)),
             }))
         }
     }

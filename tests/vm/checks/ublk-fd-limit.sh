@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# vm-kernel: new
+# vm-fdp: on
+# A low open-files limit (ulimit -n 4 to 64; 4 queues; both NVMe engines). As root, fdpblk
+# raises its limit to what the queues need, so `add` serves at every limit. Without
+# CAP_SYS_RESOURCE it cannot pass the hard limit: then `add` either serves or fails with one
+# line (naming the limit when it ran out of descriptors); it never hangs, and a failure
+# leaves no device and no daemon behind.
+. "$(dirname "$0")/../lib/check-lib.sh"
+. "$(dirname "$0")/../lib/fdpblk-lib.sh"
+need_tool setpriv
+GEO=(--slot-bytes 64K --meta-total-bytes 1M)
+
+# try WRAP ENGINE N: `fdpblk add` under ulimit -n N (run through WRAP); prints "served",
+# "refused: ERROR" or "hung: ...", and leaves nothing behind.
+try() {
+    local wrap=$1 engine=$2 n=$3 backing=$NS_DEV out rc
+    [[ $engine == passthrough ]] && backing=$NG_DEV
+    out=$(timeout 30 $wrap bash -c "ulimit -n $n; exec $FDPBLK add --backing $backing --engine $engine -n 0 -q 4 ${GEO[*]}" 2>&1) && rc=0 || rc=$?
+    if ((rc == 124)); then
+        echo "hung: $out $(tail -3 /run/fdpblk/daemon.log | tr '\n' ' ')"
+        "$FDPBLK" del -n 0 >/dev/null 2>&1 || true
+        pkill -9 -x fdpblk || true
+    elif ((rc == 0)); then
+        if ! dd if=/dev/ublkb0 of=/dev/null bs=64k count=1 iflag=direct status=none; then
+            echo "served but a read failed"
+        elif ! "$FDPBLK" del -n 0 >/dev/null; then
+            echo "served but del failed"
+        else
+            echo served
+        fi
+    else
+        for i in $(seq 50); do [[ -e /dev/ublkc0 ]] || break; sleep 0.1; done
+        if [[ -e /dev/ublkc0 || -e /run/fdpblk/0.json ]]; then
+            echo "left a device or state file: $out"
+            "$FDPBLK" del -n 0 >/dev/null 2>&1 || true
+        elif pgrep -x fdpblk >/dev/null; then
+            echo "left a daemon: $out"
+            pkill -9 -x fdpblk || true
+        elif [[ $(wc -l <<<"$out") -ne 1 ]]; then
+            echo "not one line: $out"
+        else
+            echo "refused: $out"
+        fi
+    fi
+}
+
+for engine in passthrough streams; do
+    bad=()
+    for n in $(seq 4 4 64); do
+        r=$(try "" "$engine" "$n")
+        [[ $r == served ]] || bad+=("ulimit -n $n: $r")
+    done
+    expect_eq "$engine as root: serves at every limit (fdpblk raises it)" "${bad[*]:-}" ""
+done
+
+noraise="setpriv --inh-caps -sys_resource --bounding-set -sys_resource"
+# CAP_SYS_RESOURCE is capability 24.
+expect "setpriv drops CAP_SYS_RESOURCE" $noraise bash -c 'c=$(sed -n "s/^CapEff:\t//p" /proc/self/status); (( (0x$c >> 24 & 1) == 0 ))'
+served=0 hinted=0
+for engine in passthrough streams; do
+    for n in $(seq 4 2 64); do
+        r=$(try "$noraise" "$engine" "$n")
+        case $r in
+        served) served=$((served + 1)) ;;
+        "refused: "*"Too many open files (os error 24)"*)
+            if [[ $r == *"; raise the open-files limit (ulimit -n; LimitNOFILE= in a systemd unit)" ]]; then
+                hinted=$((hinted + 1))
+            else
+                not_ok "$engine, ulimit -n $n: out of descriptors, and the fix is not named: $r"
+            fi ;;
+        "refused: "*) echo "    $engine, ulimit -n $n: $r" ;;
+        *) not_ok "$engine without CAP_SYS_RESOURCE, ulimit -n $n: $r" ;;
+        esac
+    done
+done
+echo "    without CAP_SYS_RESOURCE: served $served times, $hinted refusals named the limit"
+expect "some refusals named the open-files limit" test "$hinted" -gt 0
+expect "the higher limits serve" test "$served" -gt 0
+check_done
