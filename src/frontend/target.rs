@@ -406,6 +406,12 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             let why = shared.queue_failed.lock().unwrap_or_else(|e| e.into_inner()).take();
             Err(fail(match why {
                 Some(q) => format!("device {id}: {q}"),
+                // libublk reports any failure to open the char device (after 3 s of tries) as
+                // EACCES; by now the descriptors it lacked may be free again.
+                None if matches!(e, UblkError::OtherError(n) if n == -libc::EACCES) => format!(
+                    "device {id}: the daemon could not open /dev/ublkc{id} (libublk says EACCES whatever the cause; \
+                     the usual one is running out of file descriptors): raise the open-files limit (ulimit -n; LimitNOFILE= in a systemd unit)"
+                ),
                 None => format!("device {id}: {}", ublk_error(&e)),
             }))
         }
