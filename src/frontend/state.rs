@@ -110,22 +110,36 @@ pub fn record_fdp_baseline(cfg: &DeviceConfig) {
 pub fn fdp_deltas(cfg: &DeviceConfig) -> Option<Value> {
     let text = fs::read_to_string(fdp_baseline_path(cfg.id)).ok()?;
     let base: Value = serde_json::from_str(&text).ok()?;
-    let b = |k: &str| base[k].as_str().and_then(|s| s.parse::<u128>().ok());
     let info = crate::nvme::FdpInfo::discover(&cfg.backing).ok()?;
-    // Another endurance group than at `add` (the namespace moved): no baseline to compare.
-    if base["endgid"].as_u64() != Some(u64::from(info.endgid)) {
+    let (deltas, rebased) = deltas_since(&base, info.endgid, &info.stats)?;
+    if let Some(b) = rebased {
+        let _ = write_atomic(&fdp_baseline_path(cfg.id), b.to_string().as_bytes());
+    }
+    Some(deltas)
+}
+
+/// The deltas of the drive's counters `now` over baseline `base`, and a new baseline when
+/// the drive reset its statistics (counters below the baseline, e.g. after an FDP
+/// reconfiguration): from then on they count from that reset rather than pin at 0. `None`
+/// for another endurance group than at `add` (the namespace moved) or a broken baseline.
+fn deltas_since(base: &Value, endgid: u16, now: &crate::nvme::fdp::FdpStats) -> Option<(Value, Option<Value>)> {
+    if base["endgid"].as_u64() != Some(u64::from(endgid)) {
         return None;
     }
-    let now = info.stats;
-    let (h0, m0, e0) = (b("hbmw")?, b("mbmw")?, b("mbe")?);
-    // Counters below the baseline: the drive reset its statistics (an FDP reconfiguration);
-    // count from that reset rather than pin at 0.
-    let reset = now.hbmw < h0 || now.mbmw < m0 || now.mbe < e0;
-    let (host, media, erased) = if reset { (now.hbmw, now.mbmw, now.mbe) } else { (now.hbmw - h0, now.mbmw - m0, now.mbe - e0) };
+    let b = |k: &str| base[k].as_str().and_then(|s| s.parse::<u128>().ok());
+    let (mut h0, mut m0, mut e0) = (b("hbmw")?, b("mbmw")?, b("mbe")?);
+    let mut reset = base["reset_seen"] == true;
+    let mut rebased = None;
+    if now.hbmw < h0 || now.mbmw < m0 || now.mbe < e0 {
+        (h0, m0, e0, reset) = (0, 0, 0, true);
+        rebased = Some(json!({"endgid": endgid, "hbmw": "0", "mbmw": "0", "mbe": "0", "reset_seen": true}));
+    }
+    let (host, media, erased) = (now.hbmw - h0, now.mbmw - m0, now.mbe - e0);
     let clamp = |v: u128| u64::try_from(v).unwrap_or(u64::MAX);
     let ratio = (host > 0).then(|| media as f64 / host as f64);
-    Some(json!({"host_bytes": clamp(host), "media_bytes": clamp(media), "erased_bytes": clamp(erased),
-                "media_host_ratio": ratio, "drive_stats_reset": reset}))
+    let v = json!({"host_bytes": clamp(host), "media_bytes": clamp(media), "erased_bytes": clamp(erased),
+                   "media_host_ratio": ratio, "drive_stats_reset": reset});
+    Some((v, rebased))
 }
 
 /// Removes the run-time files of device `id` (not its name link, which needs its config).
@@ -189,6 +203,26 @@ pub fn pid_alive(pid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn drive_deltas_count_from_add_and_from_a_reset_of_the_drive_statistics() {
+        use crate::nvme::fdp::FdpStats;
+        let base = serde_json::json!({"endgid": 1, "hbmw": "1000", "mbmw": "1500", "mbe": "0"});
+        let st = |h: u128, m: u128| FdpStats { hbmw: h, mbmw: m, mbe: 0 };
+        let (v, rebased) = super::deltas_since(&base, 1, &st(3000, 4500)).unwrap();
+        assert_eq!((v["host_bytes"].as_u64(), v["media_bytes"].as_u64(), v["media_host_ratio"].as_f64()), (Some(2000), Some(3000), Some(1.5)));
+        assert!(rebased.is_none() && v["drive_stats_reset"] == false);
+        assert!(super::deltas_since(&base, 2, &st(3000, 4500)).is_none(), "another endurance group");
+        let (v, _) = super::deltas_since(&base, 1, &st(1000, 1500)).unwrap();
+        assert!(v["media_host_ratio"].is_null(), "no ratio without host bytes");
+        // The drive's statistics were reset: count from the reset, and keep counting from it.
+        let (v, rebased) = super::deltas_since(&base, 1, &st(200, 300)).unwrap();
+        assert_eq!((v["host_bytes"].as_u64(), v["drive_stats_reset"].as_bool()), (Some(200), Some(true)));
+        let rebased = rebased.expect("a new baseline");
+        let (v, again) = super::deltas_since(&rebased, 1, &st(5000, 6000)).unwrap();
+        assert_eq!((v["host_bytes"].as_u64(), v["media_bytes"].as_u64(), v["drive_stats_reset"].as_bool()), (Some(5000), Some(6000), Some(true)));
+        assert!(again.is_none());
+    }
+
     use super::*;
 
     #[test]
