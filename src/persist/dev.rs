@@ -116,7 +116,9 @@ pub struct BlockDev {
     size: u64,
     /// Logical handle -> write stream (1-based; 0 = none); `None`: plain writes.
     streams: Option<Vec<u8>>,
-    ring: Option<Mutex<io_uring::IoUring>>,
+    /// The ring for stream writes; `None` inside once a write could not be submitted (plain
+    /// writes from then on: a queued entry must never go out after its buffer is gone).
+    ring: Option<Mutex<Option<io_uring::IoUring>>>,
     bdev: bool,
     /// Logical block size of a block device (1 for a file: holes are punched to the byte).
     block: u64,
@@ -127,7 +129,7 @@ impl BlockDev {
     /// handle -> write stream map for the streams engine.
     pub fn new(file: File, size: u64, streams: Option<Vec<u8>>) -> io::Result<Self> {
         let ring = match &streams {
-            Some(s) if s.iter().any(|&x| x != 0) => Some(Mutex::new(io_uring::IoUring::new(4)?)),
+            Some(s) if s.iter().any(|&x| x != 0) => Some(Mutex::new(Some(io_uring::IoUring::new(4)?))),
             _ => None,
         };
         use std::os::unix::fs::FileTypeExt;
@@ -146,19 +148,37 @@ impl BlockDev {
         let Some(ring) = self.ring.as_ref().filter(|_| stream != 0) else {
             return self.file.write_all_at(buf, off);
         };
-        let mut ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = ring.lock().unwrap_or_else(|e| e.into_inner());
         let mut done = 0usize;
         while done < buf.len() {
+            let Some(ring) = guard.as_mut() else { return self.file.write_all_at(&buf[done..], off + done as u64) };
             let rest = &buf[done..];
             let sqe = io_uring::opcode::Write::new(io_uring::types::Fd(self.file.as_raw_fd()), rest.as_ptr(), rest.len() as u32)
                 .offset(off + done as u64)
                 .write_stream(stream)
                 .build();
-            // SAFETY: the buffer outlives the submission (we wait for its completion below).
+            // SAFETY: the buffer outlives the write: this returns only once its completion came,
+            // or with the ring dropped before the kernel ever took the entry. One write at a
+            // time, so the completion is this write's.
             unsafe { ring.submission().push(&sqe).map_err(|_| io::Error::other("state ring full"))? };
-            ring.submit_and_wait(1)?;
-            let cqe = ring.completion().next().ok_or_else(|| io::Error::other("no completion"))?;
-            match cqe.result() {
+            let result = loop {
+                match ring.submit_and_wait(1) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY)) => std::thread::sleep(std::time::Duration::from_millis(1)),
+                    // Not submitted and cannot be: drop the ring so that it never is.
+                    Err(e) if !ring.submission().is_empty() => {
+                        *guard = None;
+                        tracing::warn!("own-state writes go without a write stream from now on: the stream ring failed ({e})");
+                        return Err(e);
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)), // submitted: its completion comes
+                }
+                if let Some(cqe) = ring.completion().next() {
+                    break cqe.result();
+                }
+            };
+            match result {
                 r if r > 0 => done += r as usize,
                 0 => return Err(io::Error::new(io::ErrorKind::WriteZero, "state write returned 0")),
                 r => return Err(io::Error::from_raw_os_error(-r)),
