@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# vm-kernel: new
+# vm-fdp: on
+# vm-timeout: 300
+# LMCache's non-MP default: buffered writes and no fsync. The kernel writes the page cache
+# back when it likes and in its own order (here: pages dirty for 0.2 s, the flusher every
+# 0.1 s), so slot headers, payloads, checkpoint JSON and checkpoint headers reach fdpblk
+# reordered and interleaved with its state thread's work. With deallocation on (early tails
+# and early evictions, the defaults), after LMCache's last checkpoint and a sync: fdpblk
+# follows that checkpoint and deallocated evicted slots, and a reopen recovers every entry
+# of LMCache's index and each one verifies (nothing live was deallocated).
+. "$(dirname "$0")/../lib/check-lib.sh"
+. "$(dirname "$0")/../lib/fdpblk-lib.sh"
+need_tool jq
+
+[[ -x $RBW ]] || check_fatal "no $RBW: run 'cargo build --release' on the host first"
+DEV=/dev/ublkb0
+STATE=/tmp/ublk-buffered.state
+WRITER_PREFIX=buffered
+OUT=${FDPBLK_CHECK_OUT:-/tmp}
+GEOM=(--slot-bytes 64K --meta-total-bytes 1M)
+rm -f "$STATE"
+fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
+VM=/proc/sys/vm
+expire=$(cat $VM/dirty_expire_centisecs) every=$(cat $VM/dirty_writeback_centisecs)
+trap 'echo "$expire" >$VM/dirty_expire_centisecs; echo "$every" >$VM/dirty_writeback_centisecs; "$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
+echo 20 >$VM/dirty_expire_centisecs
+echo 10 >$VM/dirty_writeback_centisecs
+
+dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough "${GEOM[@]}")
+expect_eq "fdpblk add" "$dev" "$DEV"
+
+# bwriter NAME ARGS...: one buffered rawblock-writer run (posix, page cache, no fsync).
+bwriter() {
+    local name=$1 base
+    shift
+    base="$OUT/$WRITER_PREFIX-$name"
+    if "$RBW" --device "$DEV" "${GEOM[@]}" --engine posix --state "$STATE" -q "$@" stats >"$base.json" 2>"$base.err"; then
+        ok "$name: rawblock-writer (buffered) $*"
+    else
+        sed 's/^/    /' "$base.err"
+        not_ok "$name: rawblock-writer (buffered) $*"
+    fi
+}
+
+# Eight rounds of puts (a third with partial last chunks), evictions, re-puts and a
+# checkpoint; the writeback of one round overlaps the next.
+for r in $(seq 8); do
+    bwriter "round-$r" put 10 --partial-every 3 delete 4 --random reput 2 checkpoint
+    sleep 0.15
+done
+seq=$(wfield round-8 index.seq) live=$(wfield round-8 index.live)
+expect "LMCache's index: $live entries, checkpoint seq $seq" test "$seq" -ge 8 -a "$live" -gt 0
+before=$(written_bytes 0)
+expect "the page cache was written back during the rounds ($before bytes before the sync)" test "${before:-0}" -gt 0
+sync
+wait_stat checkpoint_seq "$seq"
+wait_stat checkpoint_stalled false
+poll_eq "evicted slots deallocated" true bash -c "[[ \$($FDPBLK stats -n 0 --json | jq .trim.trims) -gt 0 ]] && echo true"
+echo "    fdpblk: $("$FDPBLK" stats -n 0 --json | jq -c '{header_waits: .pipeline.header_waits, payload_fallbacks: .pipeline.payload_fallbacks, trims: .trim.trims, early_evictions: .trim.early_evictions, tail_trims: .trim.tail_trims, early_tail_trims: .trim.early_tail_trims}')"
+expect_eq "no error in fdpblk's log" "$(grep -c ' ERROR ' /run/fdpblk/daemon.log || true)" 0
+
+# A new LMCache process (O_DIRECT reads: what is on the drive) loads and verifies the index.
+writer reopen reopen verify
+expect_eq "reopen: entries recovered" "$(wfield reopen run.recovered)" "$live"
+expect_eq "reopen: dropped by the slot header check" "$(wfield reopen run.recovery_dropped)" 0
+expect_eq "reopen: recovered index equals the writer's" "$(wfield reopen index.reopen_matches_previous)" true
+expect_eq "reopen: entries verified" "$(wfield reopen run.verified)" "$live"
+expect "del" "$FDPBLK" del -n 0
+check_done
