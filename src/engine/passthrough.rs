@@ -38,6 +38,8 @@ use std::time::{Duration, Instant};
 
 /// Resubmissions of a command the kernel completed with -EAGAIN.
 const EAGAIN_RETRIES: usize = 8;
+/// Most commands of one request in flight at once (a request of more goes in windows).
+const WINDOW: usize = 64;
 /// Waits one [`reset::TICK`] on the queue's ring; false when the queue is stopping.
 async fn sleep_tick(q: &UblkQueue<'_>) -> bool {
     let ts = types::Timespec::new().nsec(reset::TICK.as_nanos() as u32);
@@ -479,49 +481,71 @@ impl PassthroughEngine {
         self.ctrl_state.as_ref().is_none_or(reset::ControllerState::live)
     }
 
-    /// Submits all commands, then awaits all of them: 0, or the first failure.
+    /// Submits the commands, then awaits them: 0, or the first failure. They go out in
+    /// windows of at most [`WINDOW`] (fewer when the ring is full): a discard or Write Zeroes
+    /// of gigabytes is thousands of commands, more than the ring holds at once.
     async fn run(&self, q: &UblkQueue<'_>, what: &str, cmds: impl Iterator<Item = Result<PassthruCmd, i32>>) -> i32 {
-        let mut ops: Vec<(PassthruCmd, Op<'_>)> = Vec::with_capacity(cmds.size_hint().0.max(1));
+        let mut cmds = cmds.fuse();
         let mut err = 0;
-        for c in cmds {
-            match c.and_then(|c| self.push(&c).map(|op| (c, op))) {
-                Ok(p) => ops.push(p),
-                Err(e) => {
-                    err = if e == -libc::EAGAIN { -libc::EIO } else { e };
-                    break;
-                }
-            }
-        }
-        self.submit();
+        // A command the ring had no room for: the first of the next window.
+        let mut waiting: Option<PassthruCmd> = None;
         // One wait for the whole request: its commands wait out the same reset together.
         let mut hold = reset::Hold::default();
-        for (c, op) in ops {
-            let mut res = self.retried(&c, op.await).await;
-            // A controller reset fails the passthrough commands in flight (cancelled, or
-            // refused with EINVAL or EFAULT while the kernel rebuilds the namespace, also for
-            // a moment after the controller is live again) where the block path would hold
-            // them back: wait until the controller is live, then send them again.
-            while res != 0 {
-                let live = self.controller_live();
-                if !hold.again(live, reset::kernel_refusal(res)) {
-                    break;
-                }
-                if !live {
-                    self.note_reset_hold();
-                }
-                // A stopping queue ends the wait: the command fails as it is.
-                if !sleep_tick(q).await {
-                    break;
-                }
-                if self.controller_live() {
-                    res = self.retried(&c, self.send(&c).await).await;
+        loop {
+            let mut ops: Vec<(PassthruCmd, Op<'_>)> = Vec::new();
+            while err == 0 && ops.len() < WINDOW {
+                let c = match waiting.take().map(Ok).or_else(|| cmds.next()) {
+                    None => break,
+                    Some(Err(e)) => {
+                        err = e;
+                        break;
+                    }
+                    Some(Ok(c)) => c,
+                };
+                match self.push(&c) {
+                    Ok(op) => ops.push((c, op)),
+                    // Full: the commands already pushed complete first.
+                    Err(e) if e == -libc::EAGAIN && !ops.is_empty() => {
+                        waiting = Some(c);
+                        break;
+                    }
+                    Err(e) => err = if e == -libc::EAGAIN { -libc::EIO } else { e },
                 }
             }
-            if err == 0 {
-                err = self.errno(what, &c, res);
+            if ops.is_empty() {
+                return err;
+            }
+            self.submit();
+            for (c, op) in ops {
+                let mut res = self.retried(&c, op.await).await;
+                // A controller reset fails the passthrough commands in flight (cancelled, or
+                // refused with EINVAL or EFAULT while the kernel rebuilds the namespace, also
+                // for a moment after the controller is live again) where the block path would
+                // hold them back: wait until the controller is live, then send them again.
+                while res != 0 {
+                    let live = self.controller_live();
+                    if !hold.again(live, reset::kernel_refusal(res)) {
+                        break;
+                    }
+                    if !live {
+                        self.note_reset_hold();
+                    }
+                    // A stopping queue ends the wait: the command fails as it is.
+                    if !sleep_tick(q).await {
+                        break;
+                    }
+                    if self.controller_live() {
+                        res = self.retried(&c, self.send(&c).await).await;
+                    }
+                }
+                if err == 0 {
+                    err = self.errno(what, &c, res);
+                }
+            }
+            if err != 0 {
+                return err;
             }
         }
-        err
     }
 
     fn pid(&self, handle: Handle) -> Option<u16> {
