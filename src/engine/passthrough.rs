@@ -60,6 +60,28 @@ fn transient(res: i32) -> bool {
         r => !cmd::NvmeStatus(r as u16).dnr(),
     }
 }
+/// The errno a failed command's result becomes for ublk, which turns it into the block
+/// status the kernel's own NVMe driver gives the same NVMe status (`nvme_error_status`).
+fn errno_of(res: i32) -> i32 {
+    match res {
+        0 => 0,
+        // Still no room after the retries: an I/O error, not a "try again" the block
+        // layer would hand to a caller that never asked for non-blocking I/O.
+        // Likewise EBUSY, which the block layer would take for "device busy, retry".
+        r if r == -libc::EAGAIN || r == -libc::EBUSY => -libc::EIO,
+        r if r < 0 => r,
+        r => match cmd::NvmeStatus(r as u16).code() {
+            0x01 => -libc::EOPNOTSUPP, // Invalid Command Opcode
+            0x80 => -libc::EREMOTEIO,  // LBA Out of Range: BLK_STS_TARGET
+            0x81 => -libc::ENOSPC,     // Capacity Exceeded: BLK_STS_NOSPC
+            // Write fault, unrecovered read, compare failure, access denied, unwritten block.
+            0x280 | 0x281 | 0x285..=0x287 => -libc::ENODATA, // BLK_STS_MEDIUM
+            0x282..=0x284 => -libc::EILSEQ, // guard, application or reference tag check: BLK_STS_PROTECTION
+            _ => -libc::EIO,
+        },
+    }
+}
+
 /// At most one NVMe error line per this interval and queue.
 const LOG_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -433,14 +455,7 @@ impl PassthroughEngine {
         } else {
             self.unlogged.set(self.unlogged.get() + 1);
         }
-        match res {
-            // Still no room after the retries: an I/O error, not a "try again" the block
-            // layer would hand to a caller that never asked for non-blocking I/O.
-            r if r == -libc::EAGAIN => -libc::EIO,
-            r if r < 0 => r,
-            r if cmd::NvmeStatus(r as u16).code() == 0x01 => -libc::EOPNOTSUPP,
-            _ => -libc::EIO,
-        }
+        errno_of(res)
     }
 
     /// `res`, or the result of sending `c` again while it failed in a transient way.
@@ -893,6 +908,27 @@ impl ReadAt for NsReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvme_statuses_become_the_errnos_of_the_kernels_own_nvme_driver() {
+        let dnr = 1 << 14;
+        for (res, want) in [
+            (0, 0),
+            (-libc::EAGAIN, -libc::EIO),
+            (-libc::EBUSY, -libc::EIO),
+            (-libc::EINVAL, -libc::EINVAL),
+            (0x01, -libc::EOPNOTSUPP),
+            (0x81 | dnr, -libc::ENOSPC),
+            (0x80, -libc::EREMOTEIO),
+            (0x281 | dnr, -libc::ENODATA),
+            (0x286, -libc::ENODATA),
+            (0x282, -libc::EILSEQ),
+            (0x04, -libc::EIO), // Data Transfer Error
+            (0x302, -libc::EIO), // path-related
+        ] {
+            assert_eq!(errno_of(res), want, "result {res:#x}");
+        }
+    }
 
     fn chunks(off: u64, len: u64, shift: u8, max: u32) -> Vec<(u64, u32, Range<usize>)> {
         split(off, len, shift, max).unwrap().map(|c| (c.slba, c.nlb, c.buf)).collect()
