@@ -33,7 +33,8 @@ pub trait StateWriter: Send + Sync {
         512
     }
     /// Deallocates the whole logical blocks inside `[off, off + len)` (never a byte outside
-    /// it): later reads of them return zeroes.
+    /// it). What later reads return is the drive's choice (zeroes on most): nothing may rest
+    /// on it; what must read as zeroes is written as zeroes (`Watcher::invalidate_container`).
     fn discard(&self, off: u64, len: u64) -> io::Result<()>;
     /// Makes the writes before it durable.
     fn flush(&self) -> io::Result<()>;
