@@ -579,7 +579,8 @@ fn ublk_owner(id: i32) -> String {
 
 pub fn list(a: &ListArgs) -> CmdResult {
     let mut out = Vec::new();
-    for id in state::state_ids() {
+    let known = state::state_ids();
+    for &id in &known {
         let read = state::read_state(id);
         let (st, hint) = dev_state(id, read.as_ref().ok().and_then(|(c, _)| c.name.as_deref()));
         let (cfg, pid) = match read {
@@ -599,7 +600,6 @@ pub fn list(a: &ListArgs) -> CmdResult {
     }
     // A ublk device with no state file: another server's, or fdpblk's after its state went
     // (a cleared /run). Listed so that it is not invisible while it holds a device number.
-    let known = state::state_ids();
     for id in ublk_ids().into_iter().filter(|id| !known.contains(id)) {
         out.push(json!({
             "id": id,
