@@ -676,6 +676,10 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
         }
     }
     println!("header waits {}  payload fallbacks {}", p["header_waits"], p["payload_fallbacks"]);
+    if let Some(q) = v["queue_requests"].as_array() {
+        let per: Vec<String> = q.iter().map(|n| n.as_u64().unwrap_or(0).to_string()).collect();
+        println!("requests per queue {}", per.join(" / "));
+    }
     if let Some(f) = fdp {
         println!(
             "drive since add{}: host {} bytes, media {} bytes (ratio {}), erased {} bytes",

@@ -166,6 +166,13 @@ impl Registry {
                 }
             }
         }
+        if let Some(q) = st["queue_requests"].as_array() {
+            for (i, n) in q.iter().enumerate() {
+                if let Some(v) = num(n) {
+                    self.add("fdpblk_queue_requests_total", "Requests each ublk queue took (all operations).", Counter, with("queue", &i.to_string()), v);
+                }
+            }
+        }
         if let Some(h) = p["handles"].as_object() {
             for (handle, b) in h {
                 if let Some(v) = num(b) {
@@ -564,7 +571,7 @@ mod tests {
         p.header_waits = 2;
         json!({
             "id": 0, "name": "kv0", "engine": "passthrough", "policy": "key-aware",
-            "geometry": g.to_json(), "pipeline": p.to_json(),
+            "geometry": g.to_json(), "pipeline": p.to_json(), "queue_requests": [5, 4],
             "checkpoint_seq": 12, "checkpoint_age_s": 3.5, "checkpoint_bytes": 1000, "checkpoint_entries": 4,
             "checkpoint_cap_bytes": g.payload_cap(), "checkpoint_estimate_bytes": 1200, "overflow_risk": false,
             "checkpoint_stalled": false, "meta_total_bytes_needed": null, "containers": [],
@@ -598,6 +605,7 @@ mod tests {
         assert_eq!(get(r#"fdpblk_class_requests_total{class="slot_payload",id="0",name="kv0"}"#), 7.0);
         assert_eq!(get(r#"fdpblk_io_bytes_total{id="0",name="kv0",op="write"}"#), 3145728.0);
         assert_eq!(get(r#"fdpblk_header_waits_total{id="0",name="kv0"}"#), 2.0);
+        assert_eq!(get(r#"fdpblk_queue_requests_total{id="0",name="kv0",queue="1"}"#), 4.0);
         assert_eq!(get(r#"fdpblk_slots{id="0",name="kv0",state="live"}"#), 3.0);
         // Counters are this daemon's (the stats' lifetime values came back from the drive).
         assert_eq!(get(r#"fdpblk_trims_total{handle="2",id="0",name="kv0"}"#), 1.0);

@@ -11,6 +11,7 @@ use libublk::io::UblkQueue;
 use libublk::{sys, BufDesc, UblkError};
 use super::learn::LayoutCell;
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,8 @@ pub struct QueueCtx {
     pub layout: Arc<LayoutCell>,
     pub engine: QueueEngine,
     pub header_wait: Duration,
+    /// Requests this queue took (for stats).
+    pub requests: Arc<AtomicU64>,
 }
 
 /// Serves tag `tag` until the queue goes down.
@@ -44,6 +47,7 @@ async fn sleep(q: &UblkQueue<'_>, d: Duration) {
 }
 
 async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segments: &mut Vec<Segment>) -> i32 {
+    ctx.requests.fetch_add(1, Ordering::Relaxed);
     let iod = q.get_iod(tag);
     let (op_flags, offset, len) = (iod.op_flags, iod.start_sector << 9, u64::from(iod.nr_sectors) << 9);
     let op = match op_flags & 0xff {
