@@ -132,6 +132,39 @@ impl Device {
         Ok(Device { file, size, engine, odirect, align, ring, batches: 0, log: None })
     }
 
+    /// Another handle on the same open file (a dup, with the same flags) with a ring of its
+    /// own: what a second LMCache thread issuing I/O looks like to the device. It logs when
+    /// this one does; [`Device::absorb_log`] takes its log back.
+    pub fn worker(&self) -> Result<Device, String> {
+        let file = self.file.try_clone().map_err(|e| format!("cannot duplicate the device fd for a worker: {e}"))?;
+        let ring = match self.engine {
+            Engine::Posix => None,
+            Engine::IoUring => Some(
+                IoUring::new(RING_ENTRIES)
+                    .map_err(|e| format!("cannot set up a worker's io_uring ({RING_ENTRIES} entries): {e}"))?,
+            ),
+        };
+        Ok(Device {
+            file,
+            size: self.size,
+            engine: self.engine,
+            odirect: self.odirect,
+            align: self.align,
+            ring,
+            batches: 0,
+            log: self.log.as_ref().map(|_| Vec::new()),
+        })
+    }
+
+    /// Appends a worker's logged writes, its batches numbered after this device's.
+    pub fn absorb_log(&mut self, w: Device) {
+        if let (Some(l), Some(wl)) = (&mut self.log, w.log) {
+            let base = self.batches;
+            l.extend(wl.into_iter().map(|x| LoggedWrite { batch: x.batch.map(|(b, i)| (base + b, i)), ..x }));
+        }
+        self.batches += w.batches;
+    }
+
     /// Issues `reqs`: posix engine, one pwrite after another in order; io_uring engine, all in
     /// one submission with no ordering between them.
     pub fn write_group(&mut self, reqs: &[WriteReq<'_>]) -> Result<(), String> {

@@ -34,12 +34,17 @@ use std::path::{Path, PathBuf};
 
 const SCRIPT_HELP: &str = "\
 COMMANDS (any number, run in order):
-  put N [--salt S] [--payload-bytes B] [--partial-every K] [--batch B]
-        N new keys in put_many calls of B keys (default: one call of all N)
-  reput N [--live] [--payload-bytes B] [--partial-every K] [--batch B]
+  put N [--salt S] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W]
+        N new keys in put_many calls of B keys (default: one call of all N, or one per
+        worker); with --workers, the calls run at once on W threads, as LMCache MP's
+        store workers (2 by default) run store tasks
+  reput N [--live] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W]
         put again the N most recently deleted keys, with new content; with --live,
         N indexed keys (LMCache acknowledges those without I/O)
   delete N [--random]   delete the N oldest keys (index order), or N random ones
+  load N [--random] [--workers W]
+        LMCache loads of the N oldest keys (or N random ones): payload reads only, checked;
+        split over W threads, as MP's load workers (4 by default)
   checkpoint            LMCache checkpoint_now(): writes only if the index changed
   verify                read every live slot back and compare header and payload
   reopen                rebuild the index from the newest valid checkpoint on the device,
@@ -122,6 +127,13 @@ struct Args {
     commands: Vec<String>,
 }
 
+fn workers_opt(word: &str, w: u64) -> Result<u64, String> {
+    if w == 0 || w > MAX_WORKERS {
+        return Err(format!("{word} --workers must be 1..={MAX_WORKERS} (LMCache MP runs 2 store and 4 load workers)"));
+    }
+    Ok(w)
+}
+
 fn parse_u32(s: &str) -> Result<u32, String> {
     let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(h) => u32::from_str_radix(h, 16),
@@ -132,9 +144,17 @@ fn parse_u32(s: &str) -> Result<u32, String> {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Cmd {
-    Put { n: u64, salt: Option<String>, payload_bytes: Option<u64>, partial_every: Option<u64>, batch: Option<u64> },
-    Reput { n: u64, live: bool, payload_bytes: Option<u64>, partial_every: Option<u64>, batch: Option<u64> },
+    Put {
+        n: u64,
+        salt: Option<String>,
+        payload_bytes: Option<u64>,
+        partial_every: Option<u64>,
+        batch: Option<u64>,
+        workers: u64,
+    },
+    Reput { n: u64, live: bool, payload_bytes: Option<u64>, partial_every: Option<u64>, batch: Option<u64>, workers: u64 },
     Delete { n: u64, random: bool },
+    Load { n: u64, random: bool, workers: u64 },
     Checkpoint,
     Verify,
     Reopen,
@@ -142,9 +162,12 @@ pub enum Cmd {
     Stats,
 }
 
-const USAGE_PUT: &str = "put N [--salt S] [--payload-bytes B] [--partial-every K] [--batch B]";
-const USAGE_REPUT: &str = "reput N [--live] [--payload-bytes B] [--partial-every K] [--batch B]";
+const USAGE_PUT: &str = "put N [--salt S] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W]";
+const USAGE_REPUT: &str = "reput N [--live] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W]";
 const USAGE_DELETE: &str = "delete N [--random]";
+const USAGE_LOAD: &str = "load N [--random] [--workers W]";
+/// More threads than this is not what LMCache runs, and only costs memory.
+const MAX_WORKERS: u64 = 64;
 
 /// Parses the command script.
 pub fn parse_script(tokens: &[String]) -> Result<Vec<Cmd>, String> {
@@ -160,7 +183,7 @@ pub fn parse_script(tokens: &[String]) -> Result<Vec<Cmd>, String> {
         i += 1;
         // Options of the current command: every following `--x` token.
         let mut opts: Vec<(String, Option<String>)> = Vec::new();
-        let takes_value = |o: &str| matches!(o, "--salt" | "--payload-bytes" | "--partial-every" | "--batch");
+        let takes_value = |o: &str| matches!(o, "--salt" | "--payload-bytes" | "--partial-every" | "--batch" | "--workers");
         let parse_opts = |i: &mut usize, opts: &mut Vec<(String, Option<String>)>| -> Result<(), String> {
             while let Some(t) = tokens.get(*i).filter(|t| t.starts_with("--")) {
                 *i += 1;
@@ -200,7 +223,7 @@ pub fn parse_script(tokens: &[String]) -> Result<Vec<Cmd>, String> {
                 let usage = if word == "put" { USAGE_PUT } else { USAGE_REPUT };
                 let n = count(&mut i, word, usage)?;
                 parse_opts(&mut i, &mut opts)?;
-                let (mut salt, mut pb, mut pe, mut batch, mut live) = (None, None, None, None, false);
+                let (mut salt, mut pb, mut pe, mut batch, mut live, mut workers) = (None, None, None, None, false, 1);
                 for (name, v) in &opts {
                     match (word, name.as_str()) {
                         ("put", "--salt") => salt = v.clone(),
@@ -213,15 +236,29 @@ pub fn parse_script(tokens: &[String]) -> Result<Vec<Cmd>, String> {
                             }
                             batch = Some(b)
                         }
+                        (_, "--workers") => workers = workers_opt(word, num(word, name, v)?)?,
                         ("reput", "--live") => live = true,
                         _ => return Err(format!("unknown option {name} for {word}: {usage}")),
                     }
                 }
                 if word == "put" {
-                    Cmd::Put { n, salt, payload_bytes: pb, partial_every: pe, batch }
+                    Cmd::Put { n, salt, payload_bytes: pb, partial_every: pe, batch, workers }
                 } else {
-                    Cmd::Reput { n, live, payload_bytes: pb, partial_every: pe, batch }
+                    Cmd::Reput { n, live, payload_bytes: pb, partial_every: pe, batch, workers }
                 }
+            }
+            "load" => {
+                let n = count(&mut i, word, USAGE_LOAD)?;
+                parse_opts(&mut i, &mut opts)?;
+                let (mut random, mut workers) = (false, 1);
+                for (name, v) in &opts {
+                    match name.as_str() {
+                        "--random" => random = true,
+                        "--workers" => workers = workers_opt(word, num(word, name, v)?)?,
+                        _ => return Err(format!("unknown option {name} for load: {USAGE_LOAD}")),
+                    }
+                }
+                Cmd::Load { n, random, workers }
             }
             "delete" => {
                 let n = count(&mut i, word, USAGE_DELETE)?;
@@ -248,7 +285,7 @@ pub fn parse_script(tokens: &[String]) -> Result<Vec<Cmd>, String> {
                     _ => Cmd::Stats,
                 }
             }
-            w => return Err(format!("unknown command '{w}' (commands: put, reput, delete, checkpoint, verify, reopen, sync, stats; see --help)")),
+            w => return Err(format!("unknown command '{w}' (commands: put, reput, delete, load, checkpoint, verify, reopen, sync, stats; see --help)")),
         };
         out.push(cmd);
     }
@@ -268,11 +305,19 @@ impl Run {
         }
     }
 
-    fn put_in_calls(&mut self, items: Vec<model::PutItem>, batch: Option<u64>) -> Result<(), String> {
-        let per = batch.map_or(items.len().max(1), |b| b as usize);
+    /// The items in put_many calls of `batch` keys (default: all in one, or one call per
+    /// worker), one after another, or with `workers` > 1 on that many threads at once.
+    fn put_in_calls(&mut self, items: Vec<model::PutItem>, batch: Option<u64>, workers: u64) -> Result<(), String> {
+        let per = batch.map_or(items.len().div_ceil(workers as usize).max(1), |b| b as usize);
+        let mut calls = Vec::new();
         let mut it = items.into_iter().peekable();
         while it.peek().is_some() {
-            let call: Vec<_> = it.by_ref().take(per).collect();
+            calls.push(it.by_ref().take(per).collect::<Vec<_>>());
+        }
+        if workers > 1 {
+            return self.w.put_concurrent(&mut self.dev, calls, workers as usize);
+        }
+        for call in calls {
             self.w.put_many(&mut self.dev, call)?;
         }
         Ok(())
@@ -280,10 +325,10 @@ impl Run {
 
     fn exec(&mut self, c: &Cmd) -> Result<(), String> {
         match c {
-            Cmd::Put { n, salt, payload_bytes, partial_every, batch } => {
+            Cmd::Put { n, salt, payload_bytes, partial_every, batch, workers } => {
                 let (p0, s0) = (self.w.run.puts, self.w.next_slot);
                 let items = self.w.plan_new(*n, salt.as_deref(), *payload_bytes, *partial_every)?;
-                self.put_in_calls(items, *batch)?;
+                self.put_in_calls(items, *batch, *workers)?;
                 self.info(format!(
                     "put {n}: {} stored, next_slot {} (was {s0}), {} free",
                     self.w.run.puts - p0,
@@ -291,10 +336,10 @@ impl Run {
                     self.w.free_slots().len()
                 ));
             }
-            Cmd::Reput { n, live, payload_bytes, partial_every, batch } => {
+            Cmd::Reput { n, live, payload_bytes, partial_every, batch, workers } => {
                 let (p0, q0) = (self.w.run.puts, self.w.run.puts_noop);
                 let items = self.w.plan_reput(*n, *live, *payload_bytes, *partial_every)?;
-                self.put_in_calls(items, *batch)?;
+                self.put_in_calls(items, *batch, *workers)?;
                 self.info(format!(
                     "reput {n}: {} stored, {} already indexed (no I/O)",
                     self.w.run.puts - p0,
@@ -302,13 +347,18 @@ impl Run {
                 ));
             }
             Cmd::Delete { n, random } => {
-                let keys = self.w.pick_for_delete(*n, *random)?;
+                let keys = self.w.pick_keys(*n, *random).map_err(|e| format!("delete {n}: {e}"))?;
                 let d = self.w.delete_keys(&keys);
                 self.info(format!(
                     "delete {n}: {d} deleted, {} live, {} free",
                     self.w.live(),
                     self.w.free_slots().len()
                 ));
+            }
+            Cmd::Load { n, random, workers } => {
+                let keys = self.w.pick_keys(*n, *random).map_err(|e| format!("load {n}: {e}"))?;
+                let got = self.w.load(&mut self.dev, &keys, *workers as usize)?;
+                self.info(format!("load {n}: {got} payloads read and checked"));
             }
             Cmd::Checkpoint => match self.w.checkpoint(&mut self.dev)? {
                 CheckpointOutcome::Written { seq, copy, payload_len } => self.info(format!(

@@ -19,9 +19,14 @@ use fdpblk::layout::{Geometry, GeometryConfig};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// LMCache's `_MAX_PUT_MANY_IO_URING_BATCH_KEYS`: one io_uring batch per chunk of this many keys.
 pub const MAX_URING_BATCH_KEYS: usize = 64;
+
+/// The writes one `write_group` call issues, and how many keys they complete.
+type WriteGroup<'a> = (usize, Vec<(Class, WriteReq<'a>)>);
 
 /// What a write is, for the byte counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +54,8 @@ pub struct Counters {
     pub recovered: u64,
     pub recovery_dropped: u64,
     pub verified: u64,
+    /// Keys read back by `load` (payload only, as LMCache's loads) and found intact.
+    pub loads: u64,
     pub syncs: u64,
     /// Per class: write calls (pwrite or io_uring entries), bytes in them, and the bytes
     /// rounded out to whole `block_align` blocks (what a block device receives once buffered
@@ -72,7 +79,7 @@ impl Counters {
             "puts": self.puts, "puts_noop": self.puts_noop, "deletes": self.deletes,
             "checkpoints_written": self.checkpoints_written, "checkpoints_skipped": self.checkpoints_skipped,
             "checkpoints_clean": self.checkpoints_clean, "reopens": self.reopens, "recovered": self.recovered,
-            "recovery_dropped": self.recovery_dropped, "verified": self.verified, "syncs": self.syncs,
+            "recovery_dropped": self.recovery_dropped, "verified": self.verified, "loads": self.loads, "syncs": self.syncs,
             "writes": class_obj(&self.writes), "bytes": class_obj(&self.bytes), "device_bytes": class_obj(&self.device_bytes),
         })
     }
@@ -96,6 +103,7 @@ impl Counters {
             recovered: u("recovered"),
             recovery_dropped: u("recovery_dropped"),
             verified: u("verified"),
+            loads: u("loads"),
             syncs: u("syncs"),
             writes: arr("writes"),
             bytes: arr("bytes"),
@@ -644,18 +652,20 @@ impl Writer {
         self.run.puts_noop += 1;
     }
 
+    fn check_size(&self, it: &PutItem) -> Result<(), String> {
+        let cap = self.geom.slot_payload_capacity();
+        if it.size == 0 || it.size > cap {
+            return Err(format!("key {}: payload of {} bytes does not fit the slot payload capacity {cap}", it.key, it.size));
+        }
+        Ok(())
+    }
+
     /// One `put_many` call: keys already indexed are acknowledged without I/O; posix writes
     /// each key's header then payload in turn; io_uring writes each chunk of up to 64 keys as
     /// one batch `[hdr0, payload0, hdr1, payload1, ...]`.
     pub fn put_many(&mut self, dev: &mut Device, items: Vec<PutItem>) -> Result<(), String> {
-        let cap = self.geom.slot_payload_capacity();
         for it in &items {
-            if it.size == 0 || it.size > cap {
-                return Err(format!(
-                    "key {}: payload of {} bytes does not fit the slot payload capacity {cap}",
-                    it.key, it.size
-                ));
-            }
+            self.check_size(it)?;
         }
         match dev.engine {
             Engine::Posix => {
@@ -730,6 +740,141 @@ impl Writer {
         Ok(())
     }
 
+    /// `put_many` calls at once on `workers` threads, as LMCache MP's store workers
+    /// (`num_store_workers`, default 2) run store tasks. Each thread has its own fd on the
+    /// device (a dup) and, with io_uring, its own ring (LMCache has one native ring thread;
+    /// its batches from two tasks are in flight together too). The calls take their slots
+    /// from the allocator in turn, key by key, as allocations interleaved under LMCache's
+    /// lock hand them out. A call that fails keeps the keys it wrote before the failure
+    /// (posix: key by key; io_uring: whole chunks of up to 64 keys) and frees the others.
+    pub fn put_concurrent(&mut self, dev: &mut Device, calls: Vec<Vec<PutItem>>, workers: usize) -> Result<(), String> {
+        for it in calls.iter().flatten() {
+            self.check_size(it)?;
+        }
+        // Keys already indexed, or in an earlier call or key of this one, need no I/O.
+        let mut seen = HashSet::new();
+        let mut noops = 0;
+        let calls: Vec<Vec<PutItem>> = calls
+            .into_iter()
+            .map(|c| {
+                c.into_iter()
+                    .filter(|it| {
+                        let fresh = !self.by_key.contains_key(&it.key) && seen.insert(it.key.clone());
+                        noops += u64::from(!fresh);
+                        fresh
+                    })
+                    .collect()
+            })
+            .collect();
+        for _ in 0..noops {
+            self.noop();
+        }
+        let mut slots: Vec<Vec<u64>> = calls.iter().map(|c| Vec::with_capacity(c.len())).collect();
+        let longest = calls.iter().map(Vec::len).max().unwrap_or(0);
+        let mut order = Vec::new();
+        for k in 0..longest {
+            for (ci, c) in calls.iter().enumerate() {
+                if k < c.len() {
+                    match self.alloc_slot() {
+                        Some(s) => {
+                            slots[ci].push(s);
+                            order.push(s);
+                        }
+                        None => {
+                            for s in order.into_iter().rev() {
+                                self.free_slot(s);
+                            }
+                            return Err(self.full_error());
+                        }
+                    }
+                }
+            }
+        }
+        let mut gens: Vec<Vec<u32>> = Vec::with_capacity(calls.len());
+        let mut bufs: Vec<Vec<(AlignedBuf, AlignedBuf)>> = Vec::with_capacity(calls.len());
+        for c in &calls {
+            let g: Vec<u32> = c.iter().map(|it| self.history.get(&it.key).map_or(0, |g| g + 1)).collect();
+            bufs.push(c.iter().zip(&g).map(|(it, gen)| self.slot_bufs(it, *gen)).collect::<Result<_, _>>()?);
+            gens.push(g);
+        }
+        // Each call's write groups with the keys they hold: posix one key each, io_uring one
+        // chunk each.
+        let per_group = if dev.engine == Engine::Posix { 1 } else { MAX_URING_BATCH_KEYS };
+        let mut jobs: Vec<Vec<WriteGroup<'_>>> = Vec::with_capacity(calls.len());
+        for ((c, s), b) in calls.iter().zip(&slots).zip(&bufs) {
+            let mut groups = Vec::new();
+            for start in (0..c.len()).step_by(per_group) {
+                let end = (start + per_group).min(c.len());
+                let mut reqs = Vec::with_capacity(3 * (end - start));
+                for k in start..end {
+                    self.put_reqs(s[k], c[k].size, &b[k].0, &b[k].1, dev, &mut reqs);
+                }
+                groups.push((end - start, reqs));
+            }
+            jobs.push(groups);
+        }
+        let threads = workers.clamp(1, jobs.len().max(1));
+        let mut devs = (0..threads).map(|_| dev.worker()).collect::<Result<Vec<_>, _>>()?;
+        let next = AtomicUsize::new(0);
+        let results: Vec<Mutex<(usize, Option<String>)>> = jobs.iter().map(|_| Mutex::new((0, None))).collect();
+        std::thread::scope(|sc| {
+            for d in devs.iter_mut() {
+                let (jobs, next, results) = (&jobs, &next, &results);
+                sc.spawn(move || loop {
+                    let j = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(groups) = jobs.get(j) else { break };
+                    let mut done = 0;
+                    let mut err = None;
+                    for (keys, reqs) in groups {
+                        let plain: Vec<WriteReq<'_>> =
+                            reqs.iter().map(|(_, r)| WriteReq { offset: r.offset, data: r.data }).collect();
+                        if let Err(e) = d.write_group(&plain) {
+                            err = Some(e);
+                            break;
+                        }
+                        done += keys;
+                    }
+                    *results[j].lock().unwrap_or_else(|p| p.into_inner()) = (done, err);
+                });
+            }
+        });
+        for d in devs {
+            dev.absorb_log(d);
+        }
+        let mut first_err = None;
+        let counted: Vec<(Class, u64, u64)> = jobs
+            .iter()
+            .zip(&results)
+            .flat_map(|(groups, r)| {
+                let done = r.lock().unwrap_or_else(|p| p.into_inner()).0;
+                let mut keys = 0;
+                groups.iter().take_while(move |(k, _)| {
+                    keys += k;
+                    keys <= done
+                })
+            })
+            .flat_map(|(_, reqs)| reqs.iter().map(|(c, r)| (*c, r.offset, r.data.len() as u64)))
+            .collect();
+        drop(jobs);
+        for (c, off, len) in counted {
+            self.count_write(c, off, len);
+        }
+        for (j, ((c, s), g)) in calls.into_iter().zip(slots).zip(gens).enumerate() {
+            let (done, err) = std::mem::take(&mut *results[j].lock().unwrap_or_else(|p| p.into_inner()));
+            for (k, (item, (slot, gen))) in c.into_iter().zip(s.into_iter().zip(g)).enumerate() {
+                if k < done {
+                    self.commit(item, slot, gen);
+                } else {
+                    self.free_slot(slot);
+                }
+            }
+            if let (Some(e), None) = (err, &first_err) {
+                first_err = Some(format!("store task {} of {}: {e}", j + 1, results.len()));
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
     fn full_error(&self) -> String {
         format!(
             "no free slot available: all {} slots are in use (LMCache fails the put); delete keys first or use a larger device",
@@ -757,10 +902,10 @@ impl Writer {
     }
 
     /// The `n` oldest keys in index order, or `n` keys chosen at random.
-    pub fn pick_for_delete(&mut self, n: u64, random: bool) -> Result<Vec<String>, String> {
+    pub fn pick_keys(&mut self, n: u64, random: bool) -> Result<Vec<String>, String> {
         let live = self.live() as u64;
         if n > live {
-            return Err(format!("delete {n}: only {live} keys are indexed"));
+            return Err(format!("only {live} keys are indexed, {n} asked for"));
         }
         if !random {
             return Ok(self.entries.values().take(n as usize).map(|e| e.key.clone()).collect());
@@ -896,33 +1041,9 @@ impl Writer {
                         Ok(_) => "slot header has non-zero bytes after byte 24".to_string(),
                     })
                 } else {
-                    let mut want = vec![0u8; e.size as usize];
-                    let gens: Vec<u32> = match e.gen {
-                        Some(gn) => vec![gn],
-                        None => (0..16).collect(),
-                    };
-                    let mut hit = None;
-                    for gn in gens {
-                        fill_payload(self.opts.seed, &e.key, gn, &mut want);
-                        if want == pay {
-                            hit = Some(gn);
-                            break;
-                        }
-                    }
-                    match hit {
-                        Some(_) if e.gen.is_none() => {
-                            inferred += 1;
-                            None
-                        }
-                        Some(_) => None,
-                        None => {
-                            let at = want.iter().zip(pay).position(|(x, y)| x != y).unwrap_or(0);
-                            Some(match e.gen {
-                                Some(gn) => format!("payload byte {at} of {} differs from content generation {gn}", e.size),
-                                None => format!("payload matches none of content generations 0..15 (first difference at byte {at} for generation 15)"),
-                            })
-                        }
-                    }
+                    let (p, inf) = self.payload_problem(e, pay);
+                    inferred += u64::from(inf);
+                    p
                 };
                 if let Some(p) = problem {
                     nbad += 1;
@@ -939,6 +1060,88 @@ impl Writer {
             return Err(format!("verify: {nbad} of {n} entries differ: {}", bad.join("; ")));
         }
         Ok((n, inferred))
+    }
+
+    /// Whether `pay` is the payload put for `e`: None when it is (and whether its content
+    /// generation had to be inferred: a recovered entry the history does not know), else what
+    /// differs.
+    fn payload_problem(&self, e: &Entry, pay: &[u8]) -> (Option<String>, bool) {
+        let mut want = vec![0u8; e.size as usize];
+        let gens: Vec<u32> = match e.gen {
+            Some(gn) => vec![gn],
+            None => (0..16).collect(),
+        };
+        for gn in gens {
+            fill_payload(self.opts.seed, &e.key, gn, &mut want);
+            if want == pay {
+                return (None, e.gen.is_none());
+            }
+        }
+        let at = want.iter().zip(pay).position(|(x, y)| x != y).unwrap_or(0);
+        let p = match e.gen {
+            Some(gn) => format!("payload byte {at} of {} differs from content generation {gn}", e.size),
+            None => format!("payload matches none of content generations 0..15 (first difference at byte {at} for generation 15)"),
+        };
+        (Some(p), false)
+    }
+
+    /// LMCache's `load_many_into` of `keys`: one read per key of its payload only
+    /// (`payload_len` bytes at slot + header_bytes, rounded up to `block_align` with O_DIRECT;
+    /// loads never read the header), checked against what was put. posix reads key by key,
+    /// io_uring in one batch per call. The keys are split into `workers` calls that run at
+    /// once, as MP's load workers (`num_load_workers`, default 4) do. Returns the keys loaded.
+    pub fn load(&mut self, dev: &mut Device, keys: &[String], workers: usize) -> Result<u64, String> {
+        let g = self.geom;
+        let a = g.block_align;
+        let list: Vec<Entry> = keys
+            .iter()
+            .map(|k| self.entry(k).cloned().ok_or_else(|| format!("load: key {k} is not indexed")))
+            .collect::<Result<_, _>>()?;
+        let mut bufs: Vec<AlignedBuf> = list
+            .iter()
+            .map(|e| AlignedBuf::zeroed((if dev.odirect { round_up(e.size, a) } else { e.size }) as usize, a as usize))
+            .collect::<Result<_, _>>()?;
+        let threads = workers.clamp(1, list.len().max(1));
+        let per = list.len().div_ceil(threads).max(1);
+        let mut devs = (0..threads).map(|_| dev.worker()).collect::<Result<Vec<_>, _>>()?;
+        let results: Vec<Result<(), String>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = bufs
+                .chunks_mut(per)
+                .zip(list.chunks(per))
+                .zip(devs.iter_mut())
+                .map(|((bs, es), d)| {
+                    sc.spawn(move || {
+                        let mut reqs: Vec<(u64, &mut [u8])> = bs
+                            .iter_mut()
+                            .zip(es)
+                            .map(|(b, e)| (g.slot_offset(e.slot) + g.header_bytes, b.as_mut_slice()))
+                            .collect();
+                        d.read_group(&mut reqs)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a load worker panicked".into()))).collect()
+        });
+        for r in results {
+            r.map_err(|e| format!("load: {e}"))?;
+        }
+        let mut bad = Vec::new();
+        let mut nbad = 0u64;
+        for (e, b) in list.iter().zip(&bufs) {
+            if let (Some(p), _) = self.payload_problem(e, &b.as_slice()[..e.size as usize]) {
+                nbad += 1;
+                if bad.len() < 5 {
+                    bad.push(format!("slot {} key {}: {p}", e.slot, e.key));
+                }
+            }
+        }
+        let n = list.len() as u64;
+        self.total.loads += n - nbad;
+        self.run.loads += n - nbad;
+        if nbad > 0 {
+            return Err(format!("load: {nbad} of {n} payloads differ: {}", bad.join("; ")));
+        }
+        Ok(n)
     }
 
     // ---- recovery -----------------------------------------------------------------------

@@ -88,7 +88,7 @@ fn slots_of(w: &Writer) -> Vec<u64> {
 #[test]
 fn script_parsing() {
     let t = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-    let c = parse_script(&t("put 50 --salt tenantA:alice --payload-bytes 60K checkpoint delete 10 --random reput 2 --live put 3 --batch 2 --partial-every=2 verify reopen sync stats")).unwrap();
+    let c = parse_script(&t("put 50 --salt tenantA:alice --payload-bytes 60K checkpoint delete 10 --random reput 2 --live put 3 --batch 2 --partial-every=2 --workers 2 load 4 --random --workers=4 verify reopen sync stats")).unwrap();
     assert_eq!(
         c,
         vec![
@@ -97,12 +97,14 @@ fn script_parsing() {
                 salt: Some("tenantA:alice".into()),
                 payload_bytes: Some(61440),
                 partial_every: None,
-                batch: None
+                batch: None,
+                workers: 1
             },
             Cmd::Checkpoint,
             Cmd::Delete { n: 10, random: true },
-            Cmd::Reput { n: 2, live: true, payload_bytes: None, partial_every: None, batch: None },
-            Cmd::Put { n: 3, salt: None, payload_bytes: None, partial_every: Some(2), batch: Some(2) },
+            Cmd::Reput { n: 2, live: true, payload_bytes: None, partial_every: None, batch: None, workers: 1 },
+            Cmd::Put { n: 3, salt: None, payload_bytes: None, partial_every: Some(2), batch: Some(2), workers: 2 },
+            Cmd::Load { n: 4, random: true, workers: 4 },
             Cmd::Verify,
             Cmd::Reopen,
             Cmd::Sync,
@@ -119,6 +121,11 @@ fn script_parsing() {
         "verify --x",
         "put 2 --batch 0",
         "put 1 --payload-bytes 1Q",
+        "put 2 --workers 0",
+        "put 2 --workers 65",
+        "load",
+        "load 2 --salt a",
+        "load 2 --workers",
     ] {
         let e = parse_script(&t(bad)).unwrap_err();
         assert!(!e.is_empty() && !e.contains('\n'), "{bad}: {e}");
@@ -155,7 +162,7 @@ fn image_reads_back_in_fdpblk_inspect() {
         for dtype in [Dtype::Bf16, Dtype::U8] {
             let mut w = Writer::new(g, opts(dtype, "/dev/ublkb0"));
             put(&mut w, &mut d, 20);
-            let doomed = w.pick_for_delete(6, true).unwrap();
+            let doomed = w.pick_keys(6, true).unwrap();
             assert_eq!(w.delete_keys(&doomed), 6);
             put(&mut w, &mut d, 9);
             assert!(matches!(w.checkpoint(&mut d).unwrap(), CheckpointOutcome::Written { seq: 1, copy: 0, .. }));
@@ -361,6 +368,68 @@ fn put_batches_have_lmcache_shapes() {
 }
 
 #[test]
+fn store_and_load_workers_run_at_once_and_write_what_they_put() {
+    let size = 16 << 20;
+    for engine in [Engine::Posix, Engine::IoUring] {
+        let f = Scratch::new(&format!("workers-{}", engine.name()), size);
+        let Some(mut d) = open(&f.0, engine) else { continue };
+        let g = geom(65536, 1 << 20, size);
+        let mut w = Writer::new(g, opts(Dtype::U8, "/dev/ublkb0"));
+        d.log = Some(Vec::new());
+        // Three store tasks of 50 keys (one partial in three) on two threads; one key twice.
+        let mut items = w.plan_new(150, None, None, None).unwrap();
+        let twice = items[7].clone();
+        let calls: Vec<Vec<_>> = vec![items.drain(..50).collect(), items.drain(..50).chain([twice]).collect(), items];
+        let keys: Vec<Vec<String>> = calls.iter().map(|c| c.iter().map(|i| i.key.clone()).collect()).collect();
+        w.put_concurrent(&mut d, calls, 2).unwrap();
+        assert_eq!((w.run.puts, w.run.puts_noop, w.live()), (150, 1, 150));
+        // Slots go to the tasks in turn, key by key, as interleaved allocations would.
+        for (c, ks) in keys.iter().enumerate() {
+            for (k, key) in ks.iter().take(50).enumerate() {
+                assert_eq!(w.entry(key).unwrap().slot, 3 * k as u64 + c as u64, "task {c} key {k}");
+            }
+        }
+        let log = d.log.take().unwrap();
+        assert_eq!(w.run.writes[Class::SlotHeader as usize], 150);
+        assert_eq!(log.iter().filter(|l| (l.offset - g.slot_offset(0)) % 65536 == 0).count(), 150);
+        if engine == Engine::Posix {
+            // Each thread writes a key's header before its payload.
+            for s in 0..150 {
+                let h = log.iter().position(|l| l.offset == g.slot_offset(s)).unwrap();
+                let p = log.iter().position(|l| l.offset == g.slot_offset(s) + 4096).unwrap();
+                assert!(h < p, "slot {s}");
+            }
+        } else {
+            // A batch of at most 64 keys per chunk, per task: 50, 51 -> 50 (one no-op), 50.
+            let batches: std::collections::BTreeSet<u64> = log.iter().map(|l| l.batch.unwrap().0).collect();
+            assert_eq!(batches.len(), 3);
+        }
+        assert_eq!(w.verify(&mut d).unwrap().0, 150);
+        // Loads on four threads: payload reads only, checked.
+        let all = w.pick_keys(150, false).unwrap();
+        assert_eq!(w.load(&mut d, &all, 4).unwrap(), 150);
+        assert_eq!(w.run.loads, 150);
+        // A changed payload byte is found by a load, which names the slot.
+        let e = w.entry(&all[33]).unwrap().clone();
+        let fw = std::fs::OpenOptions::new().write(true).open(&f.0).unwrap();
+        std::os::unix::fs::FileExt::write_at(&fw, &[0xa5, 0x5a], g.slot_offset(e.slot) + 4096 + 10).unwrap();
+        let err = w.load(&mut d, &all, 3).unwrap_err();
+        assert!(err.contains(&format!("slot {}", e.slot)) && err.contains("1 of 150"), "{err}");
+        // No slot left for a task: nothing is written or indexed, and the slots taken are free again.
+        let avail = |w: &Writer| w.free_slots().len() as u64 + g.max_slots - w.next_slot;
+        let before = (w.live(), avail(&w));
+        let more = w.plan_new(g.max_slots, None, None, None).unwrap();
+        let half = more.len() / 2;
+        let mut more = more;
+        let rest = more.split_off(half);
+        let err = w.put_concurrent(&mut d, vec![more, rest], 2).unwrap_err();
+        assert!(err.contains("no free slot"), "{err}");
+        assert_eq!(w.live(), before.0);
+        assert_eq!(avail(&w), before.1);
+    }
+}
+
+#[test]
 fn oversized_checkpoint_is_skipped_every_time() {
     let size = 4 << 20;
     let f = Scratch::new("skip", size);
@@ -379,7 +448,7 @@ fn oversized_checkpoint_is_skipped_every_time() {
     assert!(f.bytes()[..16384].iter().all(|&b| b == 0), "nothing written to the metadata region");
     assert_eq!(w.run.writes[Class::CheckpointHeader as usize] + w.run.writes[Class::CheckpointPayload as usize], 0);
     // Small enough again: seq 1 goes to container 0.
-    let doomed = w.pick_for_delete(25, false).unwrap();
+    let doomed = w.pick_keys(25, false).unwrap();
     w.delete_keys(&doomed);
     assert!(matches!(w.checkpoint(&mut d).unwrap(), CheckpointOutcome::Written { seq: 1, copy: 0, .. }));
 }
@@ -392,7 +461,7 @@ fn state_round_trip_and_mismatches() {
     let g = geom(65536, 1 << 20, size);
     let mut w = Writer::new(g, opts(Dtype::U8, "/dev/ublkb0"));
     put(&mut w, &mut d, 12);
-    let doomed = w.pick_for_delete(4, true).unwrap();
+    let doomed = w.pick_keys(4, true).unwrap();
     w.delete_keys(&doomed);
     w.checkpoint(&mut d).unwrap();
     put(&mut w, &mut d, 1);
@@ -403,7 +472,7 @@ fn state_round_trip_and_mismatches() {
     assert!(w2.is_dirty());
     w2.verify(&mut d).unwrap();
     // The next random choices and keys continue the same sequence.
-    assert_eq!(w2.pick_for_delete(3, true).unwrap(), w.pick_for_delete(3, true).unwrap());
+    assert_eq!(w2.pick_keys(3, true).unwrap(), w.pick_keys(3, true).unwrap());
     assert_eq!(w2.new_key(None), w.new_key(None));
     let mut o = opts(Dtype::U8, "/dev/ublkb0");
     o.seed = 8;
