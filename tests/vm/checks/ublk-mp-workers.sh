@@ -3,8 +3,9 @@
 # vm-fdp: on
 # vm-timeout: 300
 # LMCache MP's threads at once: two store workers and four load workers (rawblock-writer
-# --workers; posix O_DIRECT, MP's default) on a device with 2 ublk queues and policy
-# key-aware, so one put's writes and another's reach fdpblk through both queues together.
+# --workers, O_DIRECT as MP's default, with io_engine posix and then io_uring) on a device
+# with 2 ublk queues and policy key-aware, so one put's writes and another's reach fdpblk
+# through both queues together.
 # Every put is placed by its key's load history as if it came alone: new keys on handle 0,
 # keys loaded once or twice before their eviction on handle 1, three times or more on
 # handle 2. fdpblk's bytes per handle equal what the writer put for each class, the drive's
@@ -17,21 +18,14 @@ need_tool jq nvme blkdiscard blockdev
 [[ -x $RBW ]] || check_fatal "no $RBW: run 'cargo build --release' on the host first"
 DEV=/dev/ublkb0
 STATE=/var/tmp/ublk-mp-workers.state
-WRITER_PREFIX=mp-workers
 OUT=${FDPBLK_CHECK_OUT:-/var/tmp}
 GEOM=(--slot-bytes 64K --meta-total-bytes 1M)
-rm -f "$STATE"
-fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
 trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
 
 # fdpblk's own state only at add and del, and no zeroing of LMCache's older checkpoint
 # container (early evictions): between checkpoints, every byte on a handle is a put's.
 ADD=(-n 0 --backing "$NG_DEV" --engine passthrough --policy key-aware -q 2 -d 64
     --persist-interval-ms 0 --no-early-evictions "${GEOM[@]}")
-expect_eq "fdpblk add (2 queues, key-aware)" "$(fdpblk_add "${ADD[@]}")" "$DEV"
-for _ in $(seq 100); do [[ -e /run/fdpblk/0.stats.json ]] && break; sleep 0.1; done
-mapfile -t PIDS < <("$FDPBLK" list --json | jq -r '.[0].pids[]')
-expect "placement IDs of handles 0..2: ${PIDS[*]:0:3}" test "${#PIDS[@]}" -ge 3
 
 # handle_bytes: "H0 H1 H2": fdpblk's bytes written per logical handle, once its stats (rewritten
 # twice a second) have caught up: two reads 0.6 s apart agree.
@@ -78,49 +72,65 @@ blocks_of() {
     echo "$((b[0] / LBA)) $((b[1] / LBA)) $((b[2] / LBA))"
 }
 
-# 1. 48 new keys (a third with partial last chunks) from two store tasks at once: all on
-#    handle 0.
-h0=$(handle_bytes) r0=$(ruamw) q0=$(queued)
-writer put put 48 --partial-every 3 --workers 2
-h1=$(handle_bytes) r1=$(ruamw) q1=$(queued)
-expect "new keys: both queues served the store workers (requests per queue: $q0 before, $q1 after)" both_queues "$q0" "$q1"
-all=$(jq -r '.entries[].key' "$STATE")
-head -n 16 <<<"$all" >"$OUT/mp-hot.keys"
-sed -n 17,32p <<<"$all" >"$OUT/mp-read.keys"
-sed -n 33,48p <<<"$all" >"$OUT/mp-new.keys"
-want=$(class_bytes "$OUT/mp-hot.keys" "$OUT/mp-read.keys" "$OUT/mp-new.keys")
-expect_eq "new keys: fdpblk's bytes on handles 0..2" "$(sub3 "$h0" "$h1")" "$want 0 0"
-expect_eq "new keys: blocks on the drive's PIDs of handles 0..2" "$(pid_blocks "$r0" "$r1")" "$(blocks_of "$want 0 0")"
+# round ENGINE: the whole sequence with LMCache's io_engine ENGINE (posix: each thread writes
+# a header, then its payload; io_uring: each thread's batch has no order inside).
+round() {
+    local e=$1 h0 h1 h2 h3 r0 r1 r2 r3 q0 q1 q2 q3 all want
+    WRITER_ENGINE=$e WRITER_PREFIX=mp-workers-$e
+    rm -f "$STATE"
+    fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
+    expect_eq "$e: fdpblk add (2 queues, key-aware)" "$(fdpblk_add "${ADD[@]}")" "$DEV"
+    for _ in $(seq 100); do [[ -e /run/fdpblk/0.stats.json ]] && break; sleep 0.1; done
+    mapfile -t PIDS < <("$FDPBLK" list --json | jq -r '.[0].pids[]')
+    expect "$e: placement IDs of handles 0..2: ${PIDS[*]:0:3}" test "${#PIDS[@]}" -ge 3
 
-# 2. Loads on four threads: the first 16 keys four times, the next 16 once, the last never.
-#    Then LMCache evicts all 48 and checkpoints; fdpblk follows the checkpoint.
-writer load load 16 --workers 4 load 16 --workers 4 load 16 --workers 4 load 32 --workers 4 \
-    checkpoint delete 48 checkpoint
-expect_eq "loads checked by the writer" "$(wfield load run.loads)" 80
-wait_stat checkpoint_seq "$(wfield load index.seq)"
+    # 1. 48 new keys (a third with partial last chunks) from two store tasks at once: all on
+    #    handle 0.
+    h0=$(handle_bytes) r0=$(ruamw) q0=$(queued)
+    writer put put 48 --partial-every 3 --workers 2
+    h1=$(handle_bytes) r1=$(ruamw) q1=$(queued)
+    expect "$e: new keys: both queues served the store workers (requests per queue: $q0 before, $q1 after)" both_queues "$q0" "$q1"
+    all=$(jq -r '.entries[].key' "$STATE")
+    head -n 16 <<<"$all" >"$OUT/mp-hot.keys"
+    sed -n 17,32p <<<"$all" >"$OUT/mp-read.keys"
+    sed -n 33,48p <<<"$all" >"$OUT/mp-new.keys"
+    want=$(class_bytes "$OUT/mp-hot.keys" "$OUT/mp-read.keys" "$OUT/mp-new.keys")
+    expect_eq "$e: new keys: fdpblk's bytes on handles 0..2" "$(sub3 "$h0" "$h1")" "$want 0 0"
+    expect_eq "$e: new keys: blocks on the drive's PIDs of handles 0..2" "$(pid_blocks "$r0" "$r1")" "$(blocks_of "$want 0 0")"
 
-# 3. The 48 keys put again by two store tasks at once, new content and sizes, classes mixed
-#    in both tasks: each key goes to its class's handle.
-h2=$(handle_bytes) r2=$(ruamw) q2=$(queued)
-writer reput reput 48 --partial-every 4 --workers 2
-h3=$(handle_bytes) r3=$(ruamw) q3=$(queued)
-expect "returning keys: both queues served the store workers (requests per queue: $q2 before, $q3 after)" both_queues "$q2" "$q3"
-want="$(class_bytes "$OUT/mp-new.keys") $(class_bytes "$OUT/mp-read.keys") $(class_bytes "$OUT/mp-hot.keys")"
-expect_eq "returning keys: fdpblk's bytes on handles 0..2 (never, 1x, 4x loaded)" "$(sub3 "$h2" "$h3")" "$want"
-expect_eq "returning keys: blocks on the drive's PIDs of handles 0..2" "$(pid_blocks "$r2" "$r3")" "$(blocks_of "$want")"
-expect_eq "no payload placed without its header" "$(dev_stat pipeline.payload_fallbacks)" 0
-echo "    fdpblk: $("$FDPBLK" stats -n 0 --json | jq -c '{header_waits: .pipeline.header_waits, trims: .trim.trims, tail_trims: .trim.tail_trims}')"
+    # 2. Loads on four threads: the first 16 keys four times, the next 16 once, the last never.
+    #    Then LMCache evicts all 48 and checkpoints; fdpblk follows the checkpoint.
+    writer load load 16 --workers 4 load 16 --workers 4 load 16 --workers 4 load 32 --workers 4 \
+        checkpoint delete 48 checkpoint
+    expect_eq "$e: loads checked by the writer" "$(wfield load run.loads)" 80
+    wait_stat checkpoint_seq "$(wfield load index.seq)"
 
-# 4. LMCache's index checks out: loads on four threads, then header and payload of each slot.
-writer check checkpoint load 48 --random --workers 4 verify
-expect_eq "every entry loads and verifies" "$(wfield check run.loads) $(wfield check run.verified)" "48 48"
-expect_eq "no error in fdpblk's log" "$(grep -c ' ERROR ' /run/fdpblk/daemon.log || true)" 0
+    # 3. The 48 keys put again by two store tasks at once, new content and sizes, classes mixed
+    #    in both tasks: each key goes to its class's handle.
+    h2=$(handle_bytes) r2=$(ruamw) q2=$(queued)
+    writer reput reput 48 --partial-every 4 --workers 2
+    h3=$(handle_bytes) r3=$(ruamw) q3=$(queued)
+    expect "$e: returning keys: both queues served the store workers (requests per queue: $q2 before, $q3 after)" both_queues "$q2" "$q3"
+    want="$(class_bytes "$OUT/mp-new.keys") $(class_bytes "$OUT/mp-read.keys") $(class_bytes "$OUT/mp-hot.keys")"
+    expect_eq "$e: returning keys: fdpblk's bytes on handles 0..2 (never, 1x, 4x loaded)" "$(sub3 "$h2" "$h3")" "$want"
+    expect_eq "$e: returning keys: blocks on the drive's PIDs of handles 0..2" "$(pid_blocks "$r2" "$r3")" "$(blocks_of "$want")"
+    expect_eq "$e: no payload placed without its header" "$(dev_stat pipeline.payload_fallbacks)" 0
+    echo "    fdpblk: $("$FDPBLK" stats -n 0 --json | jq -c '{header_waits: .pipeline.header_waits, trims: .trim.trims, tail_trims: .trim.tail_trims}')"
 
-# 5. A new daemon, and a new LMCache process that recovers its index from the drive.
-expect "fdpblk del" "$FDPBLK" del -n 0
-expect_eq "fdpblk add again" "$(fdpblk_add "${ADD[@]}")" "$DEV"
-writer reopen reopen verify
-expect_eq "reopen: entries recovered and verified" "$(wfield reopen run.recovered) $(wfield reopen run.verified)" "48 48"
-expect_eq "reopen: recovered index equals the writer's" "$(wfield reopen index.reopen_matches_previous)" true
-expect "fdpblk del" "$FDPBLK" del -n 0
+    # 4. LMCache's index checks out: loads on four threads, then header and payload of each slot.
+    writer check checkpoint load 48 --random --workers 4 verify
+    expect_eq "$e: every entry loads and verifies" "$(wfield check run.loads) $(wfield check run.verified)" "48 48"
+    expect_eq "$e: no error in fdpblk's log" "$(grep -c ' ERROR ' /run/fdpblk/daemon.log || true)" 0
+
+    # 5. A new daemon, and a new LMCache process that recovers its index from the drive.
+    expect "$e: fdpblk del" "$FDPBLK" del -n 0
+    expect_eq "$e: fdpblk add again" "$(fdpblk_add "${ADD[@]}")" "$DEV"
+    writer reopen reopen verify
+    expect_eq "$e: reopen: entries recovered and verified" "$(wfield reopen run.recovered) $(wfield reopen run.verified)" "48 48"
+    expect_eq "$e: reopen: recovered index equals the writer's" "$(wfield reopen index.reopen_matches_previous)" true
+    expect "$e: fdpblk del" "$FDPBLK" del -n 0
+}
+
+round posix
+round io_uring
 check_done

@@ -45,14 +45,15 @@ fdpblk_fresh_drive() {
     blkdiscard -o 0 -l $((1 << 20)) "$NS_DEV" && blkdiscard -o $((size - tail_bytes)) -l "$tail_bytes" "$NS_DEV"
 }
 
-# writer NAME ARGS...: one rawblock-writer run (one LMCache process, posix O_DIRECT) on $DEV
+# writer NAME ARGS...: one rawblock-writer run (one LMCache process, O_DIRECT, io_engine
+# $WRITER_ENGINE: posix unless set) on $DEV
 # with the check's ${GEOM[@]} and its index in $STATE; its stats JSON goes to
 # $OUT/$WRITER_PREFIX-NAME.json (WRITER_PREFIX: the check's name).
 writer() {
     local name=$1 base
     shift
     base="$OUT/${WRITER_PREFIX:-writer}-$name"
-    if "$RBW" --device "$DEV" "${GEOM[@]}" --engine posix --odirect --state "$STATE" -q "$@" stats \
+    if "$RBW" --device "$DEV" "${GEOM[@]}" --engine "${WRITER_ENGINE:-posix}" --odirect --state "$STATE" -q "$@" stats \
         >"$base.json" 2>"$base.err"; then
         ok "$name: rawblock-writer $*"
     else
