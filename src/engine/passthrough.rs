@@ -42,9 +42,31 @@ const EAGAIN_RETRIES: usize = 8;
 const WINDOW: usize = 64;
 /// Waits one [`reset::TICK`] on the queue's ring; false when the queue is stopping.
 async fn sleep_tick(q: &UblkQueue<'_>) -> bool {
-    let ts = types::Timespec::new().nsec(reset::TICK.as_nanos() as u32);
+    sleep_for(q, reset::TICK).await
+}
+
+/// Waits `d` on the queue's ring; false when the queue is stopping.
+async fn sleep_for(q: &UblkQueue<'_>, d: Duration) -> bool {
+    let ts = types::Timespec::new().sec(d.as_secs()).nsec(d.subsec_nanos());
     let res = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
     !(res == -libc::ECANCELED || q.is_stopping())
+}
+
+/// Longest wait before one retry that the drive asks to delay (its CRDT fields allow 109
+/// minutes; a request held that long looks hung to LMCache).
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+/// How long to wait before sending a command again after result `res`: the drive's Command
+/// Retry Delay when its status asks for one (CRD 1..3 picks CRDT1..3), as the kernel's NVMe
+/// driver waits (`nvme_retry_req`), at most [`MAX_RETRY_DELAY`]; otherwise none.
+fn retry_delay(res: i32, crdt: &[Duration; 3]) -> Duration {
+    match res {
+        r if r <= 0 => Duration::ZERO,
+        r => match cmd::NvmeStatus(r as u16).crd() {
+            0 => Duration::ZERO,
+            n => crdt[usize::from(n) - 1].min(MAX_RETRY_DELAY),
+        },
+    }
 }
 
 /// Resubmissions of a command that failed in a way worth another try (as the kernel's own
@@ -302,13 +324,21 @@ pub struct PassthroughEngine {
     /// The state of the namespace's controller, for waiting out resets.
     ctrl_state: Option<reset::ControllerState>,
     last_reset_log: Cell<Option<Instant>>,
+    /// The controller's Command Retry Delay Times (CRDT1..3).
+    crdt: [Duration; 3],
 }
 
 impl PassthroughEngine {
     /// Watches the state of the controller behind `ng` (`/dev/ngXnY`), so that commands a
     /// controller reset failed are sent again once it is live.
+    /// Also waits the controller's Command Retry Delay before retrying a command whose
+    /// status asks for it.
     pub fn with_controller_of(mut self, ng: &Path) -> Self {
         self.ctrl_state = reset::ControllerState::of(ng);
+        match crate::nvme::NvmeDevice::open(ng).and_then(|d| d.identify_ctrl()) {
+            Ok(id) => self.crdt = id.crdt.map(|t| Duration::from_millis(100 * u64::from(t))),
+            Err(e) => tracing::warn!("passthrough: no Command Retry Delay Times ({e}): failed commands are retried at once"),
+        }
         self
     }
 
@@ -360,6 +390,7 @@ impl PassthroughEngine {
             unlogged: Cell::new(0),
             ctrl_state: None,
             last_reset_log: Cell::new(None),
+            crdt: [Duration::ZERO; 3],
         })
     }
 
@@ -458,11 +489,16 @@ impl PassthroughEngine {
         errno_of(res)
     }
 
-    /// `res`, or the result of sending `c` again while it failed in a transient way.
-    async fn retried(&self, c: &PassthruCmd, mut res: i32) -> i32 {
+    /// `res`, or the result of sending `c` again while it failed in a transient way (after
+    /// the delay the drive asked for, if any).
+    async fn retried(&self, q: &UblkQueue<'_>, c: &PassthruCmd, mut res: i32) -> i32 {
         let mut tries = 0;
         while transient(res) && tries < if res == -libc::EAGAIN { EAGAIN_RETRIES } else { TRANSIENT_RETRIES } {
             tries += 1;
+            let d = retry_delay(res, &self.crdt);
+            if !d.is_zero() && !sleep_for(q, d).await {
+                break;
+            }
             res = self.send(c).await;
         }
         res
@@ -532,7 +568,7 @@ impl PassthroughEngine {
             }
             self.submit();
             for (c, op) in ops {
-                let mut res = self.retried(&c, op.await).await;
+                let mut res = self.retried(q, &c, op.await).await;
                 // A controller reset fails the passthrough commands in flight (cancelled, or
                 // refused with EINVAL or EFAULT while the kernel rebuilds the namespace, also
                 // for a moment after the controller is live again) where the block path would
@@ -550,7 +586,7 @@ impl PassthroughEngine {
                         break;
                     }
                     if self.controller_live() {
-                        res = self.retried(&c, self.send(&c).await).await;
+                        res = self.retried(q, &c, self.send(&c).await).await;
                     }
                 }
                 if err == 0 {
@@ -954,6 +990,22 @@ mod tests {
         assert!(!transient(0x06 | 1 << 14));
         // Invalid Field with DNR, as drives report a bad placement handle.
         assert!(!transient(0x02 | 1 << 14));
+    }
+
+    #[test]
+    fn a_retry_waits_the_delay_the_drive_asks_for() {
+        let crdt = [Duration::from_millis(100), Duration::from_millis(2500), Duration::from_secs(6000)];
+        // Namespace Not Ready without DNR: CRD 0 retries at once, CRD 1..3 pick CRDT1..3.
+        assert_eq!(retry_delay(0x82, &crdt), Duration::ZERO);
+        assert_eq!(retry_delay(0x82 | 1 << 11, &crdt), Duration::from_millis(100));
+        assert_eq!(retry_delay(0x82 | 2 << 11, &crdt), Duration::from_millis(2500));
+        // A drive's delay of 100 minutes is capped.
+        assert_eq!(retry_delay(0x82 | 3 << 11, &crdt), MAX_RETRY_DELAY);
+        // More and DNR bits do not change the delay field; errnos have none.
+        assert_eq!(retry_delay(0x82 | 1 << 11 | 1 << 13, &crdt), Duration::from_millis(100));
+        assert_eq!(retry_delay(-libc::EAGAIN, &crdt), Duration::ZERO);
+        assert_eq!(retry_delay(0, &crdt), Duration::ZERO);
+        assert_eq!(cmd::NvmeStatus(0x82 | 2 << 11 | 1 << 14).crd(), 2);
     }
 
     #[test]

@@ -437,6 +437,10 @@ impl NvmeStatus {
     pub fn dnr(self) -> bool {
         self.0 & (1 << 14) != 0
     }
+    /// Command Retry Delay: 0, or which of the controller's CRDT1..3 to wait before a retry.
+    pub fn crd(self) -> u8 {
+        ((self.0 >> 11) & 3) as u8
+    }
     /// Status code type and code without retry/more bits.
     pub fn code(self) -> u16 {
         self.0 & 0x7ff

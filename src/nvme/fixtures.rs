@@ -138,6 +138,7 @@ fn identify_matches_nvme_cli() {
         assert_eq!(u64::from(id.ctratt), txt_num(t, "ctratt"));
         assert_eq!(u64::from(id.endgidmax), txt_num(t, "endgidmax"));
         assert_eq!(u64::from(id.oncs), txt_num(t, "oncs"));
+        assert_eq!(id.crdt.map(u64::from), [txt_num(t, "crdt1"), txt_num(t, "crdt2"), txt_num(t, "crdt3")]);
         assert_eq!(id.ctratt, 0x88010);
         assert!(id.fdp_supported() && id.dsm_supported() && id.write_zeroes_supported());
         // MDTS 7 with 4 KiB pages = 512 KiB = the kernel's max_hw_sectors_kb.

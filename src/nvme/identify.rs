@@ -47,6 +47,10 @@ pub struct IdCtrl {
     pub ctratt: u32,
     pub endgidmax: u16,
     pub oncs: u16,
+    /// Command Retry Delay Times 1..3, in 100 ms units: how long a host waits before it
+    /// retries a command the controller failed with CRD 1..3 (the kernel enables this, ACRE,
+    /// when CRDT1 is set).
+    pub crdt: [u16; 3],
 }
 
 impl IdCtrl {
@@ -64,6 +68,7 @@ impl IdCtrl {
             ctratt: le32(b, 96),
             endgidmax: le16(b, 340),
             oncs: le16(b, 520),
+            crdt: [le16(b, 134), le16(b, 136), le16(b, 138)],
         })
     }
 
@@ -182,7 +187,9 @@ mod tests {
         b[96..100].copy_from_slice(&(CTRATT_FDPS | CTRATT_EGS).to_le_bytes());
         b[340..342].copy_from_slice(&4u16.to_le_bytes());
         b[520..522].copy_from_slice(&0x0cu16.to_le_bytes());
+        b[134..140].copy_from_slice(&[5, 0, 0x10, 0x27, 1, 0]);
         let c = IdCtrl::parse(&b).unwrap();
+        assert_eq!(c.crdt, [5, 10000, 1]);
         assert_eq!(
             (c.vid, c.serial.as_str(), c.model.as_str(), c.firmware.as_str()),
             (0x1b36, "SER123", "Ctrl", "1.0")
