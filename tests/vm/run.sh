@@ -22,6 +22,8 @@
 #   --disk-size SIZE     size of the sparse namespace image [1G]
 #   --disk FILE          keep the namespace image in FILE (created with
 #                        --disk-size if missing) instead of a temporary one
+#   --namespaces N       namespaces 1..N on the controller (2..N: temporary
+#                        images of --disk-size; with FDP they share all RUHs) [1]
 #   --lba-size 512|4096  logical block size of the namespace [512]
 #   --lba-ms 0|8|16|64   metadata bytes per block, in a separate buffer [0]
 #   --mem SIZE           guest memory [2G]
@@ -53,7 +55,7 @@ VM_DIE_RC=125
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 KERNEL=${FDPBLK_VM_KERNEL:-new}
-FDP=on NRUH=8 RU_SIZE=4M DISK_SIZE=1G DISK='' LBA=512 LBA_MS=0 MEM=2G CPUS=2
+FDP=on NRUH=8 RU_SIZE=4M DISK_SIZE=1G DISK='' NAMESPACES=1 LBA=512 LBA_MS=0 MEM=2G CPUS=2
 TIMEOUT=600 BOOT_TIMEOUT=60 SHELL_MODE=0 CONSOLE_OUT='' VERBOSE=0 TIMING=0
 ACCEL=${FDPBLK_VM_ACCEL:-tcg}
 ENVS=() SHARES=()
@@ -67,6 +69,7 @@ while (($#)); do
         --ru-size) need "$@"; RU_SIZE=$2; shift ;;
         --disk-size) need "$@"; DISK_SIZE=$2; shift ;;
         --disk) need "$@"; DISK=$2; shift ;;
+        --namespaces) need "$@"; NAMESPACES=$2; shift ;;
         --lba-size) need "$@"; LBA=$2; shift ;;
         --lba-ms) need "$@"; LBA_MS=$2; shift ;;
         --mem) need "$@"; MEM=$2; shift ;;
@@ -96,10 +99,11 @@ case $FDP in on | off) ;; *) vm_die "--fdp must be on or off, not '$FDP'" ;; esa
 case $LBA in 512 | 4096) ;; *) vm_die "--lba-size must be 512 or 4096" ;; esac
 case $LBA_MS in 0 | 8 | 16 | 64) ;; *) vm_die "--lba-ms must be 0, 8, 16 or 64" ;; esac
 case $ACCEL in tcg | kvm) ;; *) vm_die "--accel must be tcg or kvm" ;; esac
-for v in NRUH CPUS TIMEOUT BOOT_TIMEOUT; do
+for v in NRUH NAMESPACES CPUS TIMEOUT BOOT_TIMEOUT; do
     [[ ${!v} =~ ^[0-9]+$ ]] || vm_die "--$(tr 'A-Z_' 'a-z-' <<<"$v") must be a whole number, not '${!v}'"
 done
 ((NRUH >= 1 && NRUH <= 128)) || vm_die "--nruh must be 1..128"
+((NAMESPACES >= 1 && NAMESPACES <= 4)) || vm_die "--namespaces must be 1..4"
 ((BOOT_TIMEOUT >= 1)) || vm_die "--boot-timeout must be at least 1"
 bytes() { numfmt --from=iec "$1" 2>/dev/null || vm_die "bad size '$1' (use e.g. 4M, 1G)"; }
 RU_BYTES=$(bytes "$RU_SIZE")
@@ -169,6 +173,7 @@ else
     IMG=$R/nvm.img
     truncate -s "$DISK_BYTES" "$IMG"
 fi
+for ((n = 2; n <= NAMESPACES; n++)); do truncate -s "$DISK_BYTES" "$R/nvm$n.img"; done
 
 q() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
 {
@@ -255,6 +260,14 @@ if [[ $FDP == on ]]; then
 else
     QEMU+=(-device nvme,id=nvme0,serial=nvme0 -device "$NS")
 fi
+# Namespaces 2..N: the same format; with FDP, the same reclaim unit handles.
+for ((n = 2; n <= NAMESPACES; n++)); do
+    QEMU+=(-drive "file=$R/nvm$n.img,if=none,id=nvm$n,format=raw,cache=unsafe,discard=unmap")
+    ns="nvme-ns,drive=nvm$n,nsid=$n,logical_block_size=$LBA,physical_block_size=$LBA"
+    ((LBA_MS)) && ns+=",ms=$LBA_MS"
+    [[ $FDP == on ]] && ns+=",fdp.ruhs=0-$((NRUH - 1))"
+    QEMU+=(-device "$ns")
+done
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
