@@ -14,8 +14,9 @@ fn deploy_dir() -> PathBuf {
 
 /// The YAML that LMCache's example uses, and nothing more: `key: value` at indent 0, one
 /// level of mappings at indent 2, `#` comments, scalars (quoted or bare strings, integers,
-/// true/false) and flow lists of quoted strings. Anything else is an error, so an edit the
-/// checks cannot read fails instead of passing unread.
+/// true/false), flow lists of quoted strings and flow mappings of plain keys to such scalars
+/// (`{0: "a", 1: "b"}`). Anything else is an error, so an edit the checks cannot read fails
+/// instead of passing unread.
 fn parse_yaml_subset(text: &str) -> Result<Map<String, Value>, String> {
     fn scalar(raw: &str, line: usize) -> Result<Value, String> {
         let v = raw.trim();
@@ -25,6 +26,24 @@ fn parse_yaml_subset(text: &str) -> Result<Map<String, Value>, String> {
                 return Err(format!("line {line}: escapes are not supported"));
             }
             return Ok(Value::String(s.into()));
+        }
+        if let Some(items) = v.strip_prefix('{') {
+            let items = items.strip_suffix('}').ok_or(format!("line {line}: unterminated mapping"))?;
+            let mut m = Map::new();
+            for item in items.split(',') {
+                let (k, val) = item.split_once(':').ok_or(format!("line {line}: mapping item {item:?} is not `key: value`"))?;
+                let k = k.trim();
+                if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b)) {
+                    return Err(format!("line {line}: mapping key {k:?} is not plain"));
+                }
+                if val.trim_start().starts_with(['{', '[']) {
+                    return Err(format!("line {line}: nested collections are not supported"));
+                }
+                if m.insert(k.into(), scalar(val, line)?).is_some() {
+                    return Err(format!("line {line}: mapping key {k} twice"));
+                }
+            }
+            return Ok(Value::Object(m));
         }
         if let Some(items) = v.strip_prefix('[') {
             let items = items.strip_suffix(']').ok_or(format!("line {line}: unterminated list"))?;
@@ -183,7 +202,9 @@ fn lmcache_common(v: &Value, what: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn non_mp(path: &Path) -> Result<LmcacheSide, String> {
+/// The non-MP config's devices, by rank: `device_path` alone, or `per_tp_device_paths` (ranks
+/// 0..N, distinct paths), with the one geometry every rank uses.
+fn non_mp(path: &Path) -> Result<Vec<LmcacheSide>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let y = parse_yaml_subset(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let plugins = y.get("storage_plugins").and_then(Value::as_array).ok_or("non-MP: no storage_plugins list")?;
@@ -208,10 +229,26 @@ fn non_mp(path: &Path) -> Result<LmcacheSide, String> {
         }
     }
     let rb = Value::Object(rb);
-    if rb.get("per_tp_device_paths").is_some() {
-        return Err("non-MP: the example is for one device (device_path), not per_tp_device_paths".into());
-    }
-    let device_path = rb.get("device_path").and_then(Value::as_str).ok_or("non-MP: no rust_raw_block.device_path")?.to_string();
+    let paths: Vec<String> = match (rb.get("device_path"), rb.get("per_tp_device_paths")) {
+        (Some(p), None) => vec![p.as_str().ok_or("non-MP: rust_raw_block.device_path is not a string")?.to_string()],
+        (None, Some(m)) => {
+            let m = m.as_object().ok_or("non-MP: rust_raw_block.per_tp_device_paths is not a mapping of rank to path")?;
+            let mut v = Vec::new();
+            for r in 0..m.len() {
+                let p = m.get(&r.to_string()).and_then(Value::as_str).ok_or(format!(
+                    "non-MP: per_tp_device_paths has no path for rank {r} (ranks 0..{} each need one)",
+                    m.len() - 1
+                ))?;
+                if v.iter().any(|q| q == p) {
+                    return Err(format!("non-MP: per_tp_device_paths names {p} twice (LMCache refuses shared paths)"));
+                }
+                v.push(p.to_string());
+            }
+            v
+        }
+        (Some(_), Some(_)) => return Err("non-MP: set device_path (one GPU) or per_tp_device_paths (tensor parallel), not both".into()),
+        (None, None) => return Err("non-MP: no rust_raw_block.device_path".into()),
+    };
     if rb.get("slot_bytes").is_none() {
         return Err("non-MP: set rust_raw_block.slot_bytes (fdpblk needs the same value)".into());
     }
@@ -223,7 +260,7 @@ fn non_mp(path: &Path) -> Result<LmcacheSide, String> {
         meta_total_bytes: u(&rb, "meta_total_bytes", 128 << 20)?,
         capacity_bytes: u(&rb, "capacity_bytes", 0)?,
     };
-    Ok(LmcacheSide { device_path, geometry })
+    Ok(paths.into_iter().map(|device_path| LmcacheSide { device_path, geometry }).collect())
 }
 
 fn mp(path: &Path) -> Result<LmcacheSide, String> {
@@ -293,7 +330,11 @@ fn check_kit(dir: &Path) -> Result<(), String> {
     // LMCache's rules hold on any device that fits the metadata region and one slot.
     ours.validate(meta_total_bytes + slot_bytes).map_err(|e| format!("fdpblk.example.toml: {e}"))?;
     let path = format!("/dev/fdpblk/{name}");
-    for (what, side) in [("lmcache-nonmp.yaml", non_mp(&dir.join("lmcache/lmcache-nonmp.yaml"))?), ("mp-l2-adapter.json", mp(&dir.join("lmcache/mp-l2-adapter.json"))?)] {
+    let mut non_mp_sides = non_mp(&dir.join("lmcache/lmcache-nonmp.yaml"))?;
+    if non_mp_sides.len() != 1 {
+        return Err("lmcache-nonmp.yaml: the example is for one GPU (device_path); tp2/ has the tensor-parallel one".into());
+    }
+    for (what, side) in [("lmcache-nonmp.yaml", non_mp_sides.remove(0)), ("mp-l2-adapter.json", mp(&dir.join("lmcache/mp-l2-adapter.json"))?)] {
         if side.device_path != path {
             return Err(format!("{what}: device_path {} is not fdpblk's stable name {path}", side.device_path));
         }
@@ -345,9 +386,75 @@ fn check_kit(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The tensor-parallel example in `dir/tp2`: each rank's path is the stable name of a device
+/// configured there (NAME.toml), with LMCache's geometry, and each on its own backing.
+fn check_tp(dir: &Path) -> Result<(), String> {
+    let sides = non_mp(&dir.join("lmcache-nonmp-tp2.yaml"))?;
+    if sides.len() < 2 {
+        return Err("lmcache-nonmp-tp2.yaml: per_tp_device_paths should name a device per rank".into());
+    }
+    let mut backings = Vec::new();
+    for (rank, side) in sides.iter().enumerate() {
+        let name = side.device_path.strip_prefix("/dev/fdpblk/").ok_or(format!(
+            "lmcache-nonmp-tp2.yaml: rank {rank}'s path {} is not a stable name /dev/fdpblk/NAME",
+            side.device_path
+        ))?;
+        let file = format!("{name}.toml");
+        let c = ConfigFile::load(&dir.join(&file))?;
+        if c.name.as_deref() != Some(name) {
+            return Err(format!("{file}: name is {:?}, but rank {rank}'s path is {}", c.name, side.device_path));
+        }
+        let ours = GeometryConfig {
+            block_align: c.geometry.block_align.unwrap_or(4096),
+            header_bytes: c.geometry.header_bytes.unwrap_or(4096),
+            slot_bytes: c.geometry.slot_bytes.ok_or(format!("{file}: set slot_bytes"))?,
+            meta_total_bytes: c.geometry.meta_total_bytes.ok_or(format!("{file}: set meta_total_bytes"))?,
+            capacity_bytes: c.geometry.capacity_bytes.unwrap_or(0),
+        };
+        if side.geometry != ours {
+            return Err(format!("{file}: geometry {ours:?} differs from lmcache-nonmp-tp2.yaml's {:?}", side.geometry));
+        }
+        ours.validate(ours.meta_total_bytes + ours.slot_bytes).map_err(|e| format!("{file}: {e}"))?;
+        let b = c.backing.ok_or(format!("{file}: set backing"))?;
+        if backings.contains(&b) {
+            return Err(format!("{file}: backing {} is another rank's too; each rank needs its own namespace", b.display()));
+        }
+        backings.push(b);
+    }
+    Ok(())
+}
+
 #[test]
 fn deploy_kit_agrees_with_itself_and_with_lmcache() {
     check_kit(&deploy_dir()).unwrap();
+    check_tp(&deploy_dir().join("tp2")).unwrap();
+}
+
+#[test]
+fn tensor_parallel_drift_is_caught() {
+    let cases: [(&str, &str, &str, &str); 6] = [
+        ("kv1.toml", "backing = \"/dev/ng0n2\"", "backing = \"/dev/ng0n1\"", "each rank needs its own namespace"),
+        ("kv1.toml", "slot_bytes = 16781312", "slot_bytes = 33558528", "kv1.toml: geometry"),
+        ("kv1.toml", "name = \"kv1\"", "name = \"kv2\"", "kv1.toml: name"),
+        ("lmcache-nonmp-tp2.yaml", "1: \"/dev/fdpblk/kv1\"", "1: \"/dev/fdpblk/kv0\"", "names /dev/fdpblk/kv0 twice"),
+        ("lmcache-nonmp-tp2.yaml", "1: \"/dev/fdpblk/kv1\"", "2: \"/dev/fdpblk/kv1\"", "no path for rank 1"),
+        ("lmcache-nonmp-tp2.yaml", "\"/dev/fdpblk/kv1\"", "\"/dev/ublkb1\"", "not a stable name"),
+    ];
+    for (file, from, to, want) in cases {
+        let tmp = std::env::temp_dir().join(format!("fdpblk-deploy-tp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).unwrap();
+        for f in ["kv0.toml", "kv1.toml", "lmcache-nonmp-tp2.yaml"] {
+            std::fs::copy(deploy_dir().join("tp2").join(f), tmp.join(f)).unwrap();
+        }
+        let p = tmp.join(file);
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.contains(from), "{file} no longer contains {from:?}: update this test");
+        std::fs::write(&p, text.replacen(from, to, 1)).unwrap();
+        let e = check_tp(&tmp).expect_err(&format!("{file}: {from:?} -> {to:?} passed"));
+        assert!(e.contains(want), "{file}: {from:?} -> {to:?}: {e}");
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
 }
 
 /// Each kind of drift makes the check fail, with a message that says which file.
@@ -385,7 +492,9 @@ fn drift_is_caught() {
 #[test]
 fn yaml_subset_is_strict() {
     assert_eq!(parse_yaml_subset("a: 1\nb:\n  c.d: \"x\" # note\n  e: true\n").unwrap()["b"]["c.d"], "x");
-    for bad in ["a:\n  b:\n    c: 1\n", "a: {x: 1}\n", "  a: 1\n", "a: 1\na: 2\n", "a: 'x'\n", "- a\n", "a: \"x\\\"\"\n"] {
+    let m = parse_yaml_subset("a: {0: \"x\", 1: y}\n").unwrap();
+    assert_eq!((m["a"]["0"].as_str(), m["a"]["1"].as_str()), (Some("x"), Some("y")));
+    for bad in ["a:\n  b:\n    c: 1\n", "a: {x: {y: 1}}\n", "a: {x 1}\n", "a: {x: 1, x: 2}\n", "a: {x: 1\n", "  a: 1\n", "a: 1\na: 2\n", "a: 'x'\n", "- a\n", "a: \"x\\\"\"\n"] {
         assert!(parse_yaml_subset(bad).is_err(), "accepted {bad:?}");
     }
 }
