@@ -676,9 +676,9 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
         }
     }
     println!("header waits {}  payload fallbacks {}", p["header_waits"], p["payload_fallbacks"]);
-    if let Some(q) = v["queue_requests"].as_array() {
-        let per: Vec<String> = q.iter().map(|n| n.as_u64().unwrap_or(0).to_string()).collect();
-        println!("requests per queue {}", per.join(" / "));
+    if let Some(q) = v["queues"].as_array() {
+        let per = |k: &str| q.iter().map(|n| n[k].as_u64().unwrap_or(0).to_string()).collect::<Vec<_>>().join(" / ");
+        println!("requests per queue {}  most tags waiting for headers at once {}", per("requests"), per("header_wait_peak"));
     }
     if let Some(f) = fdp {
         println!(

@@ -10,7 +10,7 @@ use libublk::helpers::IoBuf;
 use libublk::io::UblkQueue;
 use libublk::{sys, BufDesc, UblkError};
 use super::learn::LayoutCell;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,8 +25,39 @@ pub struct QueueCtx {
     pub layout: Arc<LayoutCell>,
     pub engine: QueueEngine,
     pub header_wait: Duration,
-    /// Requests this queue took (for stats).
-    pub requests: Arc<AtomicU64>,
+    /// This queue's counters (for stats).
+    pub stats: Arc<QueueStats>,
+    /// Tags of this queue now holding a payload until its header arrives.
+    pub waiting: Cell<u16>,
+    /// The most tags that may do so at once: the others keep taking requests, among them
+    /// the headers the waiting payloads need.
+    pub max_waiting: u16,
+}
+
+/// How many of a queue's `depth` tags may hold payloads for their headers. When LMCache's
+/// io_uring batches exhaust the tags, the kernel hands later writes to worker threads in any
+/// order: a header can then queue behind payloads that wait for it on every tag, and each
+/// wait would run out. Half the tags keep requests flowing.
+pub fn max_waiting(depth: u16) -> u16 {
+    (depth / 2).max(1)
+}
+
+/// One queue's counters, read by the stats thread.
+#[derive(Debug, Default)]
+pub struct QueueStats {
+    /// Requests the queue took (all operations): how the kernel spread the load.
+    pub requests: AtomicU64,
+    /// The most tags that held payloads for their headers at once.
+    pub header_wait_peak: AtomicU64,
+}
+
+impl QueueStats {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "requests": self.requests.load(Ordering::Relaxed),
+            "header_wait_peak": self.header_wait_peak.load(Ordering::Relaxed),
+        })
+    }
 }
 
 /// Serves tag `tag` until the queue goes down.
@@ -47,7 +78,7 @@ async fn sleep(q: &UblkQueue<'_>, d: Duration) {
 }
 
 async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segments: &mut Vec<Segment>) -> i32 {
-    ctx.requests.fetch_add(1, Ordering::Relaxed);
+    ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
     let iod = q.get_iod(tag);
     let (op_flags, offset, len) = (iod.op_flags, iod.start_sector << 9, u64::from(iod.nr_sectors) << 9);
     let op = match op_flags & 0xff {
@@ -71,7 +102,8 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         let deadline = Instant::now() + ctx.header_wait;
         let mut waited = false;
         loop {
-            let wait = if Instant::now() < deadline { HeaderWait::Allowed } else { HeaderWait::Expired };
+            let may_wait = Instant::now() < deadline && (waited || ctx.waiting.get() < ctx.max_waiting);
+            let wait = if may_wait { HeaderWait::Allowed } else { HeaderWait::Expired };
             let planned = ctx.pipeline.borrow_mut().as_mut().is_some_and(|p| p.plan(&req, segments, wait).is_ok());
             if planned {
                 break;
@@ -81,8 +113,13 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
                     p.note_header_wait();
                 }
                 waited = true;
+                ctx.waiting.set(ctx.waiting.get() + 1);
+                ctx.stats.header_wait_peak.fetch_max(u64::from(ctx.waiting.get()), Ordering::Relaxed);
             }
             sleep(q, HEADER_POLL).await;
+        }
+        if waited {
+            ctx.waiting.set(ctx.waiting.get() - 1);
         }
         // A write to a slot fdpblk is deallocating goes out only after the deallocation;
         // the headers it carries are reported once it completed.

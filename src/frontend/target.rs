@@ -3,7 +3,7 @@
 use std::path::Path;
 use super::config::DeviceConfig;
 use super::learn::{self, ExportedReader, Known, LayoutCell};
-use super::queue::{io_task, QueueCtx};
+use super::queue::{io_task, QueueCtx, QueueStats};
 use super::state;
 use crate::engine::passthrough::PassthroughEngine;
 use crate::engine::queue::QueueEngine;
@@ -21,7 +21,7 @@ use libublk::{sys, UblkError, UblkFlags};
 use std::cell::RefCell;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,8 +41,8 @@ struct Shared {
     engines: Mutex<Vec<Option<PassthroughEngine>>>,
     /// Why a queue could not start (the device start then fails with a bare EPERM).
     queue_failed: Mutex<Option<String>>,
-    /// Requests each queue took (all operations): how the kernel spread the load.
-    queue_requests: Vec<Arc<AtomicU64>>,
+    /// Each queue's counters.
+    queues: Vec<Arc<QueueStats>>,
 }
 
 impl Shared {
@@ -107,7 +107,9 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
         layout: shared.layout.clone(),
         engine,
         header_wait: Duration::from_micros(shared.cfg.header_wait_us),
-        requests: shared.queue_requests.get(usize::from(qid)).cloned().unwrap_or_default(),
+        stats: shared.queues.get(usize::from(qid)).cloned().unwrap_or_default(),
+        waiting: std::cell::Cell::new(0),
+        max_waiting: super::queue::max_waiting(shared.cfg.depth),
     });
     let exe = Rc::new(smol::LocalExecutor::new());
     let mut tasks = Vec::new();
@@ -302,7 +304,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         watch: Mutex::new(None),
         engines: Mutex::new(engines),
         queue_failed: Mutex::new(None),
-        queue_requests: (0..cfg.queues).map(|_| Arc::new(AtomicU64::new(0))).collect(),
+        queues: (0..cfg.queues).map(|_| Arc::default()).collect(),
     });
     // The state thread: loads fdpblk's own state into the slot table before any I/O is served.
     let watcher = cfg.geometry.and_then(|g| {
@@ -544,7 +546,7 @@ fn stats_loop(shared: &Shared, stop: &AtomicBool) {
             "geometry": shared.layout.known().map(|k| k.geometry.to_json()),
             "layout": shared.layout.to_json(shared.learned.load(Ordering::Relaxed)),
             "pipeline": shared.stats().to_json(),
-            "queue_requests": shared.queue_requests.iter().map(|n| n.load(Ordering::Relaxed)).collect::<Vec<u64>>(),
+            "queues": shared.queues.iter().map(|q| q.to_json()).collect::<Vec<_>>(),
         });
         let watch = shared.watch.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|w| w.lock().unwrap_or_else(|e| e.into_inner()).clone());
         if let (Some(o), Some(serde_json::Value::Object(w))) = (v.as_object_mut(), watch) {

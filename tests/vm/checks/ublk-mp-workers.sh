@@ -31,23 +31,23 @@ ADD=(-n 0 --backing "$NG_DEV" --engine passthrough --policy key-aware -q 2 -d 64
 # twice a second) have caught up: two reads 0.6 s apart agree.
 handle_bytes() {
     local a b
-    b=$("$FDPBLK" stats -n 0 --json | jq -r '[.pipeline.handles["0", "1", "2"] // 0] | join(" ")')
+    b=$("$FDPBLK" stats -n 0 --json | jq -r '[.pipeline.handles["0", "1", "2"] | . // 0] | join(" ")')
     for _ in $(seq 40); do
         a=$b
         sleep 0.6
-        b=$("$FDPBLK" stats -n 0 --json | jq -r '[.pipeline.handles["0", "1", "2"] // 0] | join(" ")')
+        b=$("$FDPBLK" stats -n 0 --json | jq -r '[.pipeline.handles["0", "1", "2"] | . // 0] | join(" ")')
         [[ $a == "$b" ]] && break
     done
     echo "$b"
 }
 # queued: requests each ublk queue took, as fdpblk counts them.
-queued() { "$FDPBLK" stats -n 0 --json | jq -r '.queue_requests | join(" ")'; }
-# both_queues "A0 A1" "B0 B1": whether each queue took at least 8 requests in between.
+queued() { "$FDPBLK" stats -n 0 --json | jq -r '[.queues[].requests] | join(" ")'; }
+# both_queues "A0 A1" "B0 B1": whether each queue took at least 4 requests in between.
 both_queues() {
     local -a a b
     read -ra a <<<"$1"
     read -ra b <<<"$2"
-    ((b[0] - a[0] >= 8 && b[1] - a[1] >= 8))
+    ((b[0] - a[0] >= 4 && b[1] - a[1] >= 4))
 }
 
 # class_bytes KEYFILE...: the device bytes of the writer's entries whose keys are listed in
