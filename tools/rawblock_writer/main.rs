@@ -37,14 +37,14 @@ COMMANDS (any number, run in order):
   put N [--salt S] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W]
         N new keys in put_many calls of B keys (default: one call of all N, or one per
         worker); with --workers, the calls run at once on W threads, as LMCache MP's
-        store workers (2 by default) run store tasks
+        store workers run store tasks (MP runs 2)
   reput N [--live] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W]
         put again the N most recently deleted keys, with new content; with --live,
         N indexed keys (LMCache acknowledges those without I/O)
   delete N [--random]   delete the N oldest keys (index order), or N random ones
   load N [--random] [--workers W]
         LMCache loads of the N oldest keys (or N random ones): payload reads only, checked;
-        split over W threads, as MP's load workers (4 by default)
+        split over W threads, as MP's load workers (MP runs 4)
   checkpoint            LMCache checkpoint_now(): writes only if the index changed
   verify                read every live slot back and compare header and payload
   reopen                rebuild the index from the newest valid checkpoint on the device,

@@ -25,8 +25,14 @@ use std::sync::Mutex;
 /// LMCache's `_MAX_PUT_MANY_IO_URING_BATCH_KEYS`: one io_uring batch per chunk of this many keys.
 pub const MAX_URING_BATCH_KEYS: usize = 64;
 
-/// The writes one `write_group` call issues, and how many keys they complete.
-type WriteGroup<'a> = (usize, Vec<(Class, WriteReq<'a>)>);
+/// What one store task of [`Writer::put_concurrent`] got done: its first `done` keys were
+/// written (`written`: their writes' shapes), then `err`.
+#[derive(Default)]
+struct PutResult {
+    done: usize,
+    written: Vec<(Class, u64, u64)>,
+    err: Option<String>,
+}
 
 /// What a write is, for the byte counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -743,14 +749,18 @@ impl Writer {
     /// `put_many` calls at once on `workers` threads, as LMCache MP's store workers
     /// (`num_store_workers`, default 2) run store tasks. Each thread has its own fd on the
     /// device (a dup) and, with io_uring, its own ring (LMCache has one native ring thread;
-    /// its batches from two tasks are in flight together too). The calls take their slots
-    /// from the allocator in turn, key by key, as allocations interleaved under LMCache's
-    /// lock hand them out. A call that fails keeps the keys it wrote before the failure
-    /// (posix: key by key; io_uring: whole chunks of up to 64 keys) and frees the others.
+    /// its batches from two tasks are in flight together too), and makes the buffers of one
+    /// write group at a time. The calls take their slots from the allocator in turn, key by
+    /// key, as allocations interleaved under LMCache's lock hand them out. A call that fails
+    /// keeps the keys it wrote before the failure (posix: key by key; io_uring: whole chunks
+    /// of up to 64 keys) and frees the others' slots; its thread stops.
     pub fn put_concurrent(&mut self, dev: &mut Device, calls: Vec<Vec<PutItem>>, workers: usize) -> Result<(), String> {
         for it in calls.iter().flatten() {
             self.check_size(it)?;
         }
+        let threads = workers.clamp(1, calls.len().max(1));
+        // Before any slot is taken: a failure here leaves the allocator as it was.
+        let mut devs = (0..threads).map(|_| dev.worker()).collect::<Result<Vec<_>, _>>()?;
         // Keys already indexed, or in an earlier call or key of this one, need no I/O.
         let mut seen = HashSet::new();
         let mut noops = 0;
@@ -790,51 +800,38 @@ impl Writer {
                 }
             }
         }
-        let mut gens: Vec<Vec<u32>> = Vec::with_capacity(calls.len());
-        let mut bufs: Vec<Vec<(AlignedBuf, AlignedBuf)>> = Vec::with_capacity(calls.len());
-        for c in &calls {
-            let g: Vec<u32> = c.iter().map(|it| self.history.get(&it.key).map_or(0, |g| g + 1)).collect();
-            bufs.push(c.iter().zip(&g).map(|(it, gen)| self.slot_bufs(it, *gen)).collect::<Result<_, _>>()?);
-            gens.push(g);
-        }
-        // Each call's write groups with the keys they hold: posix one key each, io_uring one
-        // chunk each.
+        let gens: Vec<Vec<u32>> =
+            calls.iter().map(|c| c.iter().map(|it| self.history.get(&it.key).map_or(0, |g| g + 1)).collect()).collect();
+        // Each call's write groups: posix one key each, io_uring one chunk each.
         let per_group = if dev.engine == Engine::Posix { 1 } else { MAX_URING_BATCH_KEYS };
-        let mut jobs: Vec<Vec<WriteGroup<'_>>> = Vec::with_capacity(calls.len());
-        for ((c, s), b) in calls.iter().zip(&slots).zip(&bufs) {
-            let mut groups = Vec::new();
-            for start in (0..c.len()).step_by(per_group) {
-                let end = (start + per_group).min(c.len());
-                let mut reqs = Vec::with_capacity(3 * (end - start));
-                for k in start..end {
-                    self.put_reqs(s[k], c[k].size, &b[k].0, &b[k].1, dev, &mut reqs);
-                }
-                groups.push((end - start, reqs));
-            }
-            jobs.push(groups);
-        }
-        let threads = workers.clamp(1, jobs.len().max(1));
-        let mut devs = (0..threads).map(|_| dev.worker()).collect::<Result<Vec<_>, _>>()?;
         let next = AtomicUsize::new(0);
-        let results: Vec<Mutex<(usize, Option<String>)>> = jobs.iter().map(|_| Mutex::new((0, None))).collect();
+        let results: Vec<Mutex<PutResult>> = calls.iter().map(|_| Mutex::new(PutResult::default())).collect();
+        let this = &*self;
         std::thread::scope(|sc| {
             for d in devs.iter_mut() {
-                let (jobs, next, results) = (&jobs, &next, &results);
+                let (calls, slots, gens, next, results) = (&calls, &slots, &gens, &next, &results);
                 sc.spawn(move || loop {
                     let j = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(groups) = jobs.get(j) else { break };
-                    let mut done = 0;
-                    let mut err = None;
-                    for (keys, reqs) in groups {
-                        let plain: Vec<WriteReq<'_>> =
-                            reqs.iter().map(|(_, r)| WriteReq { offset: r.offset, data: r.data }).collect();
-                        if let Err(e) = d.write_group(&plain) {
-                            err = Some(e);
-                            break;
+                    let Some(c) = calls.get(j) else { break };
+                    let mut r = PutResult::default();
+                    for start in (0..c.len()).step_by(per_group) {
+                        let keys = start..(start + per_group).min(c.len());
+                        match this.write_group(d, &c[keys.clone()], &slots[j][keys.clone()], &gens[j][keys.clone()]) {
+                            Ok(shapes) => {
+                                r.done = keys.end;
+                                r.written.extend(shapes);
+                            }
+                            Err(e) => {
+                                r.err = Some(e);
+                                break;
+                            }
                         }
-                        done += keys;
                     }
-                    *results[j].lock().unwrap_or_else(|p| p.into_inner()) = (done, err);
+                    let failed = r.err.is_some();
+                    *results[j].lock().unwrap_or_else(|p| p.into_inner()) = r;
+                    if failed {
+                        break; // its ring may still hold entries of the failed group
+                    }
                 });
             }
         });
@@ -842,37 +839,47 @@ impl Writer {
             dev.absorb_log(d);
         }
         let mut first_err = None;
-        let counted: Vec<(Class, u64, u64)> = jobs
-            .iter()
-            .zip(&results)
-            .flat_map(|(groups, r)| {
-                let done = r.lock().unwrap_or_else(|p| p.into_inner()).0;
-                let mut keys = 0;
-                groups.iter().take_while(move |(k, _)| {
-                    keys += k;
-                    keys <= done
-                })
-            })
-            .flat_map(|(_, reqs)| reqs.iter().map(|(c, r)| (*c, r.offset, r.data.len() as u64)))
-            .collect();
-        drop(jobs);
-        for (c, off, len) in counted {
-            self.count_write(c, off, len);
-        }
+        let n = results.len();
         for (j, ((c, s), g)) in calls.into_iter().zip(slots).zip(gens).enumerate() {
-            let (done, err) = std::mem::take(&mut *results[j].lock().unwrap_or_else(|p| p.into_inner()));
+            let r = std::mem::take(&mut *results[j].lock().unwrap_or_else(|p| p.into_inner()));
+            for (class, off, len) in r.written {
+                self.count_write(class, off, len);
+            }
             for (k, (item, (slot, gen))) in c.into_iter().zip(s.into_iter().zip(g)).enumerate() {
-                if k < done {
+                if k < r.done {
                     self.commit(item, slot, gen);
                 } else {
                     self.free_slot(slot);
                 }
             }
-            if let (Some(e), None) = (err, &first_err) {
-                first_err = Some(format!("store task {} of {}: {e}", j + 1, results.len()));
+            if let (Some(e), None) = (r.err, &first_err) {
+                first_err = Some(format!("store task {} of {n}: {e}", j + 1));
             }
         }
+        // A call no thread reached (every thread stopped at a failure) is freed above.
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Writes one group of keys (their headers and payloads) with one `write_group` call on
+    /// `d`; the shapes written, for the byte counters. On a failed submission the group's
+    /// buffers are leaked, not freed: the kernel may still read them.
+    fn write_group(&self, d: &mut Device, items: &[PutItem], slots: &[u64], gens: &[u32]) -> Result<Vec<(Class, u64, u64)>, String> {
+        let bufs = items.iter().zip(gens).map(|(it, g)| self.slot_bufs(it, *g)).collect::<Result<Vec<_>, _>>()?;
+        let mut reqs = Vec::with_capacity(3 * items.len());
+        for ((it, slot), (hdr, pay)) in items.iter().zip(slots).zip(&bufs) {
+            self.put_reqs(*slot, it.size, hdr, pay, d, &mut reqs);
+        }
+        let shapes = reqs.iter().map(|(c, r)| (*c, r.offset, r.data.len() as u64)).collect();
+        let plain: Vec<WriteReq<'_>> = reqs.iter().map(|(_, r)| WriteReq { offset: r.offset, data: r.data }).collect();
+        let res = d.write_group(&plain);
+        drop((plain, reqs));
+        match res {
+            Ok(()) => Ok(shapes),
+            Err(e) => {
+                std::mem::forget(bufs);
+                Err(e)
+            }
+        }
     }
 
     fn full_error(&self) -> String {
@@ -1088,53 +1095,35 @@ impl Writer {
     /// LMCache's `load_many_into` of `keys`: one read per key of its payload only
     /// (`payload_len` bytes at slot + header_bytes, rounded up to `block_align` with O_DIRECT;
     /// loads never read the header), checked against what was put. posix reads key by key,
-    /// io_uring in one batch per call. The keys are split into `workers` calls that run at
-    /// once, as MP's load workers (`num_load_workers`, default 4) do. Returns the keys loaded.
+    /// io_uring in batches of up to 64 keys. The keys are split into `workers` calls that run
+    /// at once, as MP's load workers (`num_load_workers`, default 4) do. Returns the keys
+    /// loaded.
     pub fn load(&mut self, dev: &mut Device, keys: &[String], workers: usize) -> Result<u64, String> {
-        let g = self.geom;
-        let a = g.block_align;
         let list: Vec<Entry> = keys
             .iter()
             .map(|k| self.entry(k).cloned().ok_or_else(|| format!("load: key {k} is not indexed")))
             .collect::<Result<_, _>>()?;
-        let mut bufs: Vec<AlignedBuf> = list
-            .iter()
-            .map(|e| AlignedBuf::zeroed((if dev.odirect { round_up(e.size, a) } else { e.size }) as usize, a as usize))
-            .collect::<Result<_, _>>()?;
         let threads = workers.clamp(1, list.len().max(1));
         let per = list.len().div_ceil(threads).max(1);
         let mut devs = (0..threads).map(|_| dev.worker()).collect::<Result<Vec<_>, _>>()?;
-        let results: Vec<Result<(), String>> = std::thread::scope(|sc| {
-            let handles: Vec<_> = bufs
-                .chunks_mut(per)
-                .zip(list.chunks(per))
+        let this = &*self;
+        // Per thread: the problems found (at most 5 described), or the read error.
+        let results: Vec<Result<(u64, Vec<String>), String>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = list
+                .chunks(per)
                 .zip(devs.iter_mut())
-                .map(|((bs, es), d)| {
-                    sc.spawn(move || {
-                        let mut reqs: Vec<(u64, &mut [u8])> = bs
-                            .iter_mut()
-                            .zip(es)
-                            .map(|(b, e)| (g.slot_offset(e.slot) + g.header_bytes, b.as_mut_slice()))
-                            .collect();
-                        d.read_group(&mut reqs)
-                    })
-                })
+                .map(|(es, d)| sc.spawn(move || this.load_some(d, es)))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a load worker panicked".into()))).collect()
         });
-        for r in results {
-            r.map_err(|e| format!("load: {e}"))?;
-        }
-        let mut bad = Vec::new();
         let mut nbad = 0u64;
-        for (e, b) in list.iter().zip(&bufs) {
-            if let (Some(p), _) = self.payload_problem(e, &b.as_slice()[..e.size as usize]) {
-                nbad += 1;
-                if bad.len() < 5 {
-                    bad.push(format!("slot {} key {}: {p}", e.slot, e.key));
-                }
-            }
+        let mut bad = Vec::new();
+        for r in results {
+            let (n, b) = r.map_err(|e| format!("load: {e}"))?;
+            nbad += n;
+            bad.extend(b);
         }
+        bad.truncate(5);
         let n = list.len() as u64;
         self.total.loads += n - nbad;
         self.run.loads += n - nbad;
@@ -1142,6 +1131,36 @@ impl Writer {
             return Err(format!("load: {nbad} of {n} payloads differ: {}", bad.join("; ")));
         }
         Ok(n)
+    }
+
+    /// One load worker: reads and checks `list` on `d`, 64 keys at a time; the number of
+    /// payloads that differ, and the first few described.
+    fn load_some(&self, d: &mut Device, list: &[Entry]) -> Result<(u64, Vec<String>), String> {
+        let g = self.geom;
+        let a = g.block_align;
+        let (mut nbad, mut bad) = (0u64, Vec::new());
+        for chunk in list.chunks(MAX_URING_BATCH_KEYS) {
+            let mut bufs: Vec<AlignedBuf> = chunk
+                .iter()
+                .map(|e| AlignedBuf::zeroed((if d.odirect { round_up(e.size, a) } else { e.size }) as usize, a as usize))
+                .collect::<Result<_, _>>()?;
+            let mut reqs: Vec<(u64, &mut [u8])> = bufs
+                .iter_mut()
+                .zip(chunk)
+                .map(|(b, e)| (g.slot_offset(e.slot) + g.header_bytes, b.as_mut_slice()))
+                .collect();
+            d.read_group(&mut reqs)?;
+            drop(reqs);
+            for (e, b) in chunk.iter().zip(&bufs) {
+                if let (Some(p), _) = self.payload_problem(e, &b.as_slice()[..e.size as usize]) {
+                    nbad += 1;
+                    if bad.len() < 5 {
+                        bad.push(format!("slot {} key {}: {p}", e.slot, e.key));
+                    }
+                }
+            }
+        }
+        Ok((nbad, bad))
     }
 
     // ---- recovery -----------------------------------------------------------------------
