@@ -31,7 +31,8 @@ fn parse_yaml_subset(text: &str) -> Result<Map<String, Value>, String> {
             let items = items.strip_suffix('}').ok_or(format!("line {line}: unterminated mapping"))?;
             let mut m = Map::new();
             for item in items.split(',') {
-                let (k, val) = item.split_once(':').ok_or(format!("line {line}: mapping item {item:?} is not `key: value`"))?;
+                // YAML reads `a:b` as one plain scalar, so the colon needs its space.
+                let (k, val) = item.split_once(": ").ok_or(format!("line {line}: mapping item {item:?} is not `key: value`"))?;
                 let k = k.trim();
                 if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b)) {
                     return Err(format!("line {line}: mapping key {k:?} is not plain"));
@@ -415,9 +416,10 @@ fn check_tp(dir: &Path) -> Result<(), String> {
             return Err(format!("{file}: geometry {ours:?} differs from lmcache-nonmp-tp2.yaml's {:?}", side.geometry));
         }
         ours.validate(ours.meta_total_bytes + ours.slot_bytes).map_err(|e| format!("{file}: {e}"))?;
-        let b = c.backing.ok_or(format!("{file}: set backing"))?;
+        // /dev/ngXnY and /dev/nvmeXnY are the same namespace.
+        let b = c.backing.ok_or(format!("{file}: set backing"))?.to_string_lossy().replacen("/dev/ng", "/dev/nvme", 1);
         if backings.contains(&b) {
-            return Err(format!("{file}: backing {} is another rank's too; each rank needs its own namespace", b.display()));
+            return Err(format!("{file}: backing {b} is another rank's too; each rank needs its own namespace"));
         }
         backings.push(b);
     }
@@ -433,7 +435,7 @@ fn deploy_kit_agrees_with_itself_and_with_lmcache() {
 #[test]
 fn tensor_parallel_drift_is_caught() {
     let cases: [(&str, &str, &str, &str); 6] = [
-        ("kv1.toml", "backing = \"/dev/ng0n2\"", "backing = \"/dev/ng0n1\"", "each rank needs its own namespace"),
+        ("kv1.toml", "backing = \"/dev/ng0n2\"", "backing = \"/dev/nvme0n1\"", "each rank needs its own namespace"),
         ("kv1.toml", "slot_bytes = 16781312", "slot_bytes = 33558528", "kv1.toml: geometry"),
         ("kv1.toml", "name = \"kv1\"", "name = \"kv2\"", "kv1.toml: name"),
         ("lmcache-nonmp-tp2.yaml", "1: \"/dev/fdpblk/kv1\"", "1: \"/dev/fdpblk/kv0\"", "names /dev/fdpblk/kv0 twice"),
@@ -494,7 +496,7 @@ fn yaml_subset_is_strict() {
     assert_eq!(parse_yaml_subset("a: 1\nb:\n  c.d: \"x\" # note\n  e: true\n").unwrap()["b"]["c.d"], "x");
     let m = parse_yaml_subset("a: {0: \"x\", 1: y}\n").unwrap();
     assert_eq!((m["a"]["0"].as_str(), m["a"]["1"].as_str()), (Some("x"), Some("y")));
-    for bad in ["a:\n  b:\n    c: 1\n", "a: {x: {y: 1}}\n", "a: {x 1}\n", "a: {x: 1, x: 2}\n", "a: {x: 1\n", "  a: 1\n", "a: 1\na: 2\n", "a: 'x'\n", "- a\n", "a: \"x\\\"\"\n"] {
+    for bad in ["a:\n  b:\n    c: 1\n", "a: {x: {y: 1}}\n", "a: {x 1}\n", "a: {0:\"x\"}\n", "a: {x: 1, x: 2}\n", "a: {x: 1\n", "  a: 1\n", "a: 1\na: 2\n", "a: 'x'\n", "- a\n", "a: \"x\\\"\"\n"] {
         assert!(parse_yaml_subset(bad).is_err(), "accepted {bad:?}");
     }
 }
