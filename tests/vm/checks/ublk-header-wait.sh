@@ -36,7 +36,7 @@ echo "    fdpblk: $("$FDPBLK" stats -n 0 --json | jq -c '{queues, header_waits: 
 read -r p0 p1 <<<"$peaks"
 expect "at most 4 of a queue's 8 tags waited for headers at once (peaks: $peaks)" test "$p0" -le 4 -a "$p1" -le 4
 expect "payloads did wait for their headers, up to the bound (peaks: $peaks)" test "$p0" -eq 4 -o "$p1" -eq 4
-expect_eq "no error in fdpblk's log" "$(grep -c ' ERROR ' /run/fdpblk/daemon.log || true)" 0
+expect_eq "no error in fdpblk's log since the check began" "$(daemon_errors)" 0
 expect "fdpblk del" "$FDPBLK" del -n 0
 expect_eq "fdpblk add again" "$(fdpblk_add "${ADD[@]}")" "$DEV"
 writer reopen reopen verify

@@ -14,6 +14,11 @@ fdpblk_add() {
     echo "$out"
 }
 
+# daemon_errors: the ERROR lines fdpblk's daemons logged since this check began (the log is
+# shared by the checks of one boot; its length is noted when this file is sourced).
+LOG_START=$(wc -l 2>/dev/null </run/fdpblk/daemon.log || echo 0)
+daemon_errors() { tail -n +$((LOG_START + 1)) /run/fdpblk/daemon.log 2>/dev/null | grep -c ' ERROR ' || true; }
+
 # daemon_pid ID: the pid serving device ID.
 daemon_pid() { sed -n 's/.*"pid":\([0-9]*\).*/\1/p' "/run/fdpblk/$1.json"; }
 
