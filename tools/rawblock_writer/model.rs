@@ -159,6 +159,15 @@ pub struct Entry {
     pub gen: Option<u32>,
 }
 
+impl Entry {
+    /// An entry whose metadata (`shape`, `dtype`, `fmt`, `cached_positions`) is taken as it is
+    /// from a JSON object (a checkpoint entry or a saved state entry); absent fields are null.
+    fn with_fields(key: String, slot: u64, size: u64, fields: Option<&Value>, gen: Option<u32>) -> Entry {
+        let f = |n: &str| fields.and_then(|x| x.get(n)).cloned().unwrap_or(Value::Null);
+        Entry { key, slot, size, shape: f("shape"), dtype: f("dtype"), fmt: f("fmt"), cached_positions: f("cached_positions"), gen }
+    }
+}
+
 /// A key to put, with its payload length and metadata.
 #[derive(Clone, Debug)]
 pub struct PutItem {
@@ -1308,19 +1317,9 @@ impl Writer {
             self.free_slot(s);
         }
         for (key, slot, size) in good {
-            let o = objs.and_then(|m| m.get(&key));
-            let f = |n: &str| o.and_then(|x| x.get(n)).cloned().unwrap_or(Value::Null);
+            let fields = objs.and_then(|m| m.get(&key));
             let gen = self.history.get(&key).copied();
-            self.insert_entry(Entry {
-                key,
-                slot,
-                size,
-                shape: f("shape"),
-                dtype: f("dtype"),
-                fmt: f("fmt"),
-                cached_positions: f("cached_positions"),
-                gen,
-            });
+            self.insert_entry(Entry::with_fields(key, slot, size, fields, gen));
         }
         // Deleted-key bookkeeping follows the recovered index.
         let live: HashSet<String> = self.entries.values().map(|e| e.key.clone()).collect();
@@ -1451,18 +1450,8 @@ impl Writer {
                 .and_then(Value::as_u64)
                 .filter(|&s| s > 0 && s <= geom.slot_payload_capacity())
                 .ok_or("state entry with a bad size")?;
-            let f = |n: &str| e.get(n).cloned().unwrap_or(Value::Null);
             let gen = e.get("gen").and_then(Value::as_u64).map(|g| g as u32);
-            w.insert_entry(Entry {
-                key,
-                slot,
-                size,
-                shape: f("shape"),
-                dtype: f("dtype"),
-                fmt: f("fmt"),
-                cached_positions: f("cached_positions"),
-                gen,
-            });
+            w.insert_entry(Entry::with_fields(key, slot, size, Some(e), gen));
         }
         if let Some(h) = v.get("history").and_then(Value::as_object) {
             for (k, g) in h {

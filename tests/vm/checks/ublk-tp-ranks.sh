@@ -43,6 +43,15 @@ rank() {
         echo "failed: $*"
     fi
 }
+# both_ranks NAME ARGS...: `rank 0` and `rank 1` at once (like two LMCache processes, one per
+# GPU); each one's result goes to $OUT/tp-rR.result.
+both_ranks() {
+    rank 0 "$@" >"$OUT/tp-r0.result" &
+    local p0=$!
+    rank 1 "$@" >"$OUT/tp-r1.result" &
+    local p1=$!
+    wait "$p0" "$p1" || true
+}
 # rfield R NAME PATH: a field of the stats of rank R's run NAME.
 rfield() { jq -c ".$3" "$OUT/tp-r$1-$2.json"; }
 
@@ -58,11 +67,7 @@ done
 # their writes); 8 random evictions (each rank its own: seeds differ) and a checkpoint that
 # lacks them, so fdpblk deallocates those 8 (the first eviction was never confirmed).
 script=(put 40 --partial-every 3 checkpoint delete 1 checkpoint delete 8 --random checkpoint)
-rank 0 evict "${script[@]}" >"$OUT/tp-r0.result" &
-p0=$!
-rank 1 evict "${script[@]}" >"$OUT/tp-r1.result" &
-p1=$!
-wait "$p0" "$p1" || true
+both_ranks evict "${script[@]}"
 for r in 0 1; do
     expect_eq "rank $r: puts, evictions and checkpoints" "$(cat "$OUT/tp-r$r.result")" ok
     poll_eq "rank $r: kv$r follows its rank's checkpoint" "$(rfield "$r" evict index.seq)" kv_stat "$r" checkpoint_seq
@@ -83,11 +88,7 @@ done
 
 # Again at once: re-puts into the freed slots, new puts, a checkpoint, then each verifies.
 script=(reput 4 put 12 checkpoint verify)
-rank 0 again "${script[@]}" >"$OUT/tp-r0.result" &
-p0=$!
-rank 1 again "${script[@]}" >"$OUT/tp-r1.result" &
-p1=$!
-wait "$p0" "$p1" || true
+both_ranks again "${script[@]}"
 for r in 0 1; do
     expect_eq "rank $r: re-puts, puts and verify" "$(cat "$OUT/tp-r$r.result")" ok
     expect_eq "rank $r: every entry verifies" "$(rfield "$r" again run.verified)" 47
