@@ -746,8 +746,9 @@ impl SlotTable {
         let mut confirmed = flags & 4 != 0;
         if !trust_confirmed {
             confirmed = false;
-            // Without a trustworthy confirmation, live contents are only "once seen".
-            if state == SlotState::Live {
+            // Without a trustworthy confirmation, live contents are only "once seen", and a
+            // trimmed slot may have been written since (its stale tail must not be skipped).
+            if matches!(state, SlotState::Live | SlotState::Trimmed) {
                 state = SlotState::Unknown;
             }
         }
@@ -1009,6 +1010,15 @@ impl TagTable {
         if !std::mem::take(&mut t.dirty) {
             return None;
         }
+        Some(Self::serialize(&t))
+    }
+
+    /// The serialised form, changed or not.
+    pub fn serialized(&self) -> Vec<u8> {
+        Self::serialize(&self.inner.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn serialize(t: &TagInner) -> Vec<u8> {
         let mut out = (t.names.len() as u16).to_le_bytes().to_vec();
         for (m, s) in &t.names {
             out.push(m.len() as u8);
@@ -1016,7 +1026,7 @@ impl TagTable {
             out.push(s.len() as u8);
             out.extend_from_slice(s.as_bytes());
         }
-        Some(out)
+        out
     }
 
     pub fn redirty(&self) {

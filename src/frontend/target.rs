@@ -9,7 +9,7 @@ use crate::engine::passthrough::PassthroughEngine;
 use crate::engine::queue::QueueEngine;
 use crate::engine::uring::UringEngine;
 use crate::persist::dev::{BlockDev, NvmeDev, StateWriter};
-use crate::persist::Region;
+use crate::persist::{Persist, Region};
 use crate::layout::Geometry;
 use crate::pipeline::PipelineStats;
 use crate::place::{policy_by_name, Policy, SharedPolicy, Target};
@@ -321,6 +321,22 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             "device {id}: cannot write fdpblk's own state to the reserved tail of {} ({e}); check the drive (dmesg, `nvme error-log`) and add again",
             cfg.backing.display()
         )));
+    }
+    // Learning: the device serves writes that no state thread follows until LMCache's first
+    // checkpoint. A clean saved state from an earlier run would be trusted after a crash in
+    // that time although those writes made it stale: mark it in use first, or refuse.
+    if let (None, None, Some(d)) = (&watcher, cfg.geometry, &state_dev) {
+        let own = policy_by_name(&cfg.policy).map_or(0, |mut p| p.place(&Target::OwnState));
+        match Persist::mark_in_use(&**d, Region::tail(cfg.backing_bytes), own) {
+            Ok(true) => tracing::info!("device {id}: the saved own state is marked in use until the layout is learned"),
+            Ok(false) => {}
+            Err(e) => {
+                return Err(fail(format!(
+                    "device {id}: cannot mark fdpblk's saved state in the reserved tail of {} in use ({e}); check the drive (dmesg, `nvme error-log`) and add again",
+                    cfg.backing.display()
+                )))
+            }
+        }
     }
     *shared.watch.lock().unwrap_or_else(|e| e.into_inner()) = watcher.as_ref().map(|w| w.published());
     let stop = Arc::new(AtomicBool::new(false));

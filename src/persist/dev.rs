@@ -406,6 +406,8 @@ struct MemInner {
     /// Log writes' data (crash tests need it; benchmarks do not).
     keep_data: bool,
     fail_writes: bool,
+    /// Reads that touch this byte range fail (a media error).
+    fail_reads: Option<std::ops::Range<u64>>,
     /// Flushes that succeed before the rest fail (`None`: all succeed).
     fail_flushes_after: Option<u32>,
     /// The logical block it reports (512 unless set).
@@ -414,7 +416,7 @@ struct MemInner {
 
 impl MemDev {
     pub fn new(size: u64) -> Self {
-        Self { inner: Mutex::new(MemInner { bytes: vec![0; size as usize], log: Vec::new(), keep_data: true, fail_writes: false, fail_flushes_after: None, block: 512 }) }
+        Self { inner: Mutex::new(MemInner { bytes: vec![0; size as usize], log: Vec::new(), keep_data: true, fail_writes: false, fail_reads: None, fail_flushes_after: None, block: 512 }) }
     }
     /// Reports `bytes` as its logical block (a 4Kn drive, say).
     pub fn set_block_bytes(&self, bytes: u64) {
@@ -429,6 +431,10 @@ impl MemDev {
         self
     }
     /// Make state writes fail (I/O error injection).
+    /// Reads that touch `range` fail with EIO (`None`: none do).
+    pub fn set_fail_reads(&self, range: Option<std::ops::Range<u64>>) {
+        self.lock().fail_reads = range;
+    }
     pub fn set_fail_writes(&self, fail: bool) {
         self.lock().fail_writes = fail;
     }
@@ -472,6 +478,9 @@ impl StateWriter for MemDev {
         let Some(end) = end else {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"));
         };
+        if g.fail_reads.as_ref().is_some_and(|r| r.start < end && off < r.end) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         buf.copy_from_slice(&g.bytes[off as usize..end as usize]);
         Ok(())
     }

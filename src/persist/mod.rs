@@ -75,6 +75,9 @@ pub const PAGE_PAYLOAD: usize = CRC_AT - PAGE_HEADER;
 pub const TAG_PAGES: u64 = 4;
 /// Handles whose trim counts the superblock keeps.
 pub const MAX_HANDLES: usize = 64;
+/// Seqs above this are refused as corrupt: one cycle a millisecond would take 292 million
+/// years to get there, and the bound keeps `seq + 1` from overflowing.
+const MAX_SEQ: u64 = 1 << 63;
 /// Largest run of pages written in one request.
 const MAX_RUN: usize = 256;
 
@@ -111,13 +114,14 @@ pub struct Counters {
 
 impl Counters {
     pub fn count_trim(&mut self, handle: Handle, bytes: u64) {
-        self.trims += 1;
-        self.trim_bytes += bytes;
+        // Saturating: the counters come back from the device, where any value passes a CRC.
+        self.trims = self.trims.saturating_add(1);
+        self.trim_bytes = self.trim_bytes.saturating_add(bytes);
         let h = usize::from(handle).min(MAX_HANDLES - 1);
         if self.trims_by_handle.len() <= h {
             self.trims_by_handle.resize(h + 1, 0);
         }
-        self.trims_by_handle[h] += 1;
+        self.trims_by_handle[h] = self.trims_by_handle[h].saturating_add(1);
     }
 }
 
@@ -203,7 +207,7 @@ impl Superblock {
         if b.len() < BLOCK as usize || &b[0..8] != SB_MAGIC || u32at(b, 8) != VERSION {
             return None;
         }
-        if crc32fast::hash(&b[..CRC_AT]) != u32at(b, CRC_AT) {
+        if crc32fast::hash(&b[..CRC_AT]) != u32at(b, CRC_AT) || u64at(b, 16) > MAX_SEQ {
             return None;
         }
         let n = usize::from(u16::from_le_bytes([b[128], b[129]])).min(MAX_HANDLES);
@@ -232,7 +236,7 @@ impl Superblock {
 
 /// A decoded page header, if the page is intact.
 fn page_header(b: &[u8]) -> Option<(u64, u64, u32, u32)> {
-    if b.len() < BLOCK as usize || &b[0..8] != PG_MAGIC || crc32fast::hash(&b[..CRC_AT]) != u32at(b, CRC_AT) {
+    if b.len() < BLOCK as usize || &b[0..8] != PG_MAGIC || crc32fast::hash(&b[..CRC_AT]) != u32at(b, CRC_AT) || u64at(b, 16) > MAX_SEQ {
         return None;
     }
     Some((u64at(b, 8), u64at(b, 16), u32at(b, 24), u32at(b, 28)))
@@ -283,6 +287,10 @@ pub struct Persist {
     current: Vec<u8>,
     /// Pages to rewrite in the next cycle regardless of changes (leftovers of a torn cycle).
     forced: Vec<u64>,
+    /// The superblock copy holding the newest committed superblock: the next one goes to the
+    /// other. (Not `seq % 2`: a failed cycle skips its seq, and the next superblock would then
+    /// overwrite the newest committed one.)
+    sb_copy: u8,
     handle: Handle,
 }
 
@@ -306,6 +314,30 @@ impl Persist {
         let a = Superblock::decode(&b[..BLOCK as usize]);
         let c = Superblock::decode(&b[BLOCK as usize..]);
         [a, c].into_iter().flatten().max_by_key(|s| s.seq)
+    }
+
+    /// Marks a clean saved state in `region` as in use before a device serves writes that no
+    /// state thread follows yet (a layout still to be learned): its superblock again, not
+    /// clean, with the next seq, in the other copy, then a flush. Whatever layout it is for,
+    /// a later load will not trust its confirmations. `Ok(false)`: no clean state there.
+    pub fn mark_in_use(dev: &dyn StateWriter, region: Region, handle: Handle) -> io::Result<bool> {
+        if region.len < 2 * BLOCK {
+            return Ok(false);
+        }
+        let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
+        dev.read_at(region.offset, &mut b[..2 * BLOCK as usize])?;
+        let newest = [0u8, 1]
+            .into_iter()
+            .filter_map(|c| Some((c, Superblock::decode(&b[c as usize * BLOCK as usize..(c as usize + 1) * BLOCK as usize])?)))
+            .max_by_key(|(_, s)| s.seq);
+        let Some((copy, mut sb)) = newest.filter(|(_, s)| s.clean) else { return Ok(false) };
+        sb.clean = false;
+        sb.seq += 1;
+        let other = 1 - usize::from(copy);
+        sb.encode(&mut b[other * BLOCK as usize..(other + 1) * BLOCK as usize]);
+        dev.write_at(region.offset + other as u64 * BLOCK, &b[other * BLOCK as usize..(other + 1) * BLOCK as usize], handle)?;
+        dev.flush()?;
+        Ok(true)
     }
 
     fn page_off(&self, index: u64, copy: u8) -> u64 {
@@ -344,6 +376,7 @@ impl Persist {
             next_seq: 1,
             current: vec![0; layout.pages() as usize],
             forced: Vec::new(),
+            sb_copy: 1,
             handle,
         };
         let mut max_seq = 0u64;
@@ -356,7 +389,11 @@ impl Persist {
                     for s in [&a, &c].into_iter().flatten() {
                         max_seq = max_seq.max(s.seq);
                     }
-                    [a, c].into_iter().flatten().max_by_key(|s| s.seq)
+                    let newest = [(0u8, a), (1, c)].into_iter().filter_map(|(i, s)| Some((i, s?))).max_by_key(|(_, s)| s.seq);
+                    newest.map(|(copy, s)| {
+                        p.sb_copy = copy;
+                        s
+                    })
                 }
                 Err(e) => {
                     loaded.note = Some(format!("cannot read the state superblocks: {e}"));
@@ -381,12 +418,14 @@ impl Persist {
         let mut rec = [0u8; RECORD_BYTES];
         let mut buf = AlignedBuf::zeroed(pages.min(MAX_RUN as u64) as usize * BLOCK as usize);
         let mut chosen: Vec<Option<(u8, u64)>> = vec![None; pages as usize];
+        let mut unreadable = None;
         for copy in 0..2u8 {
             let mut i = 0;
             while i < pages {
                 let n = (pages - i).min(MAX_RUN as u64);
                 let b = &mut buf[..(n * BLOCK) as usize];
-                if dev.read_at(p.page_off(i, copy), b).is_err() {
+                if let Err(e) = dev.read_at(p.page_off(i, copy), b) {
+                    unreadable.get_or_insert(e);
                     i += n;
                     continue;
                 }
@@ -411,6 +450,16 @@ impl Persist {
             }
         }
         p.next_seq = max_seq + 1;
+        // Copies that cannot be read may hold the newest version of a page, or an unfinished
+        // cycle's seq that a later superblock would pass: start fresh, under a new instance
+        // that no page on the device carries.
+        let usable = match (usable, unreadable) {
+            (Some(_), Some(e)) => {
+                loaded.note = Some(format!("cannot read part of the saved state ({e}); starting fresh"));
+                None
+            }
+            (u, _) => u,
+        };
         let Some(s) = usable else {
             p.seq = max_seq;
             return (Some(p), loaded);
@@ -505,7 +554,14 @@ impl Persist {
             return Ok(None);
         }
         let seq = self.next_seq;
-        let tag_bytes = tags.clone().unwrap_or_default();
+        // Tag pages forced by a leftover of an unfinished cycle are written with the table's
+        // names too, changed or not (never as zeros).
+        let tag_first = l.record_pages + l.history_pages;
+        let tag_bytes = match &tags {
+            Some(t) => t.clone(),
+            None if pages.iter().any(|&p| p >= tag_first) => slots.tags().serialized(),
+            None => Vec::new(),
+        };
         let res = match self.write_cycle(dev, slots, counters, &pages, &tag_bytes, seq, clean) {
             Ok(w) => Ok(w),
             // The superblock went out but its flush failed: it may be durable. Trust what the
@@ -522,6 +578,7 @@ impl Persist {
                 for &p in &pages {
                     self.current[p as usize] = 1 - self.current[p as usize];
                 }
+                self.sb_copy = 1 - self.sb_copy;
                 self.seq = seq;
                 self.next_seq = seq + 1;
                 Ok(Some(CycleReport { seq, pages: pages.len() as u64, bytes: written }))
@@ -570,12 +627,13 @@ impl Persist {
             dev.flush().map_err(|e| (e, false))?;
         }
         let mut c = counters.clone();
-        c.cycles += 1;
-        c.own_bytes += written + BLOCK;
+        c.cycles = c.cycles.saturating_add(1);
+        c.own_bytes = c.own_bytes.saturating_add(written + BLOCK);
         let sb = Superblock { seq, instance: self.instance, clean, geometry: self.geometry, layout: l, counters: c };
         let mut b = AlignedBuf::zeroed(BLOCK as usize);
         sb.encode(&mut b);
-        dev.write_at(self.region.offset + (seq % 2) * BLOCK, &b[..BLOCK as usize], self.handle).map_err(|e| (e, true))?;
+        let copy = u64::from(1 - self.sb_copy);
+        dev.write_at(self.region.offset + copy * BLOCK, &b[..BLOCK as usize], self.handle).map_err(|e| (e, true))?;
         dev.flush().map_err(|e| (e, true))?;
         Ok(written + BLOCK)
     }

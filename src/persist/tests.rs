@@ -331,3 +331,136 @@ fn summary_reads_the_state_at_the_tail_of_an_image() {
     assert!(rewritten > 0);
     assert!(summary(&img, size).is_none());
 }
+
+/// A cycle that wrote the tag pages and died before its superblock leaves them forced for the
+/// next run, whose tags did not change: they are written with the table's names, not zeros.
+#[test]
+fn tag_pages_of_an_unfinished_cycle_are_rewritten_with_the_names() {
+    let g = geom(300);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    t.tags().intern("m", "a");
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    let committed = dev.image();
+    dev.take_log();
+    // The next cycle writes the tag pages (a new tag) and crashes before its superblock.
+    t.tags().intern("m", "b");
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    let ops = dev.take_log();
+    let sb = ops.iter().rposition(|o| matches!(o, MemOp::Write { .. })).unwrap();
+    let mut img = committed;
+    apply(&mut img, &ops[..sb], None, &[]);
+    let (u, p2, l, dev2) = load(&g, img, region);
+    assert!(l.found);
+    assert_eq!(u.tags().name(1), Some(("m".into(), "a".into())));
+    assert_eq!(u.tags().len(), 1, "the unfinished cycle's tag is not committed");
+    // The start-up cycle (nothing changed but the forced pages), then a reload.
+    let mut p2 = p2.unwrap();
+    p2.cycle(&*dev2, &u, &Counters::default(), false, true).unwrap().unwrap();
+    let (v, _, _, _) = load(&g, dev2.image(), region);
+    assert_eq!(v.tags().name(1), Some(("m".into(), "a".into())), "tag names survive the forced rewrite");
+}
+
+/// A failed cycle skips its seq; the next superblock still goes to the copy that does not
+/// hold the newest committed one (by seq parity it would overwrite it).
+#[test]
+fn a_skipped_seq_never_overwrites_the_newest_superblock() {
+    let g = geom(300);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let sbs = |dev: &MemDev| -> [Option<u64>; 2] {
+        let img = dev.image();
+        [0usize, 1].map(|c| Superblock::decode(&img[c * 4096..(c + 1) * 4096]).map(|s| s.seq))
+    };
+    for i in 0..2 {
+        t.record_header(i, &SlotHeader { identity: 10 + i, payload_len: 1 }, 1);
+        p.cycle(&dev, &t, &Counters::default(), true, false).unwrap().unwrap();
+    }
+    let newest = p.seq();
+    t.record_header(5, &SlotHeader { identity: 50, payload_len: 1 }, 1);
+    dev.set_fail_writes(true);
+    assert!(p.cycle(&dev, &t, &Counters::default(), true, false).is_err());
+    dev.set_fail_writes(false);
+    p.cycle(&dev, &t, &Counters::default(), true, false).unwrap().unwrap();
+    let s = sbs(&dev);
+    assert!(s.contains(&Some(newest)), "superblocks {s:?}: the newest committed before ({newest}) was overwritten");
+    assert!(s.contains(&Some(p.seq())) && p.seq() == newest + 2);
+    // After a reload the copy is known again: one more cycle keeps the last one.
+    let (u, p2, _, dev2) = load(&g, dev.image(), region);
+    let mut p2 = p2.unwrap();
+    u.record_header(6, &SlotHeader { identity: 60, payload_len: 1 }, 1);
+    let before = p2.seq();
+    p2.cycle(&*dev2, &u, &Counters::default(), true, false).unwrap().unwrap();
+    assert!(sbs(&dev2).contains(&Some(before)));
+}
+
+/// A clean state marked in use before serving (a layout still to be learned) loads unclean,
+/// with the same records; a state that is not clean is left alone.
+#[test]
+fn marking_a_clean_state_in_use_makes_it_untrusted() {
+    let g = geom(300);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    t.record_header(3, &SlotHeader { identity: 9, payload_len: 9 }, 1);
+    let l = t.life(3);
+    assert!(t.cas_life(3, l, life::with_state(l | life::CONFIRMED, SlotState::Evicted)));
+    t.record_header(4, &SlotHeader { identity: 8, payload_len: 9 }, 1);
+    let l = t.life(4);
+    assert!(t.cas_life(4, l, life::with_state(l, SlotState::Trimmed)));
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    assert_eq!(load(&g, dev.image(), region).0.get(4).unwrap().state, SlotState::Trimmed, "trusted: kept");
+    assert!(Persist::mark_in_use(&dev, region, 3).unwrap());
+    let (u, _, l, _) = load(&g, dev.image(), region);
+    assert!(l.found && !l.clean);
+    assert_eq!((u.get(3).unwrap().identity, u.get(3).unwrap().confirmed), (9, false));
+    // Untrusted, a trimmed slot may have been written since: its stale tail is not skipped.
+    assert_eq!(u.get(4).unwrap().state, SlotState::Unknown);
+    assert!(!Persist::mark_in_use(&dev, region, 3).unwrap(), "already not clean");
+    assert!(!Persist::mark_in_use(&MemDev::new(region.len), region, 3).unwrap(), "no state");
+}
+
+/// A page copy that cannot be read may hold a page's newest version: the state is not used,
+/// and the next cycles (a new instance) never pick up the old pages.
+#[test]
+fn an_unreadable_page_starts_a_fresh_state() {
+    let g = geom(300);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    t.record_header(3, &SlotHeader { identity: 9, payload_len: 9 }, 1);
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    dev.set_fail_reads(Some(3 * 4096..4 * 4096));
+    let u = SlotTable::new(g.max_slots);
+    let (p2, l) = Persist::load(&dev, region, &g, &u, 3);
+    assert!(!l.found && l.note.as_deref().is_some_and(|n| n.contains("cannot read")), "{l:?}");
+    assert!(u.get(3).is_none());
+    dev.set_fail_reads(None);
+    p2.unwrap().cycle(&dev, &u, &Counters::default(), true, true).unwrap();
+    let (v, _, l, _) = load(&g, dev.image(), region);
+    assert!(l.found && v.get(3).is_none(), "the old instance's pages stay ignored");
+}
+
+/// A superblock or page whose seq is past the bound is corrupt, whatever its CRC says.
+#[test]
+fn seqs_past_the_bound_are_refused() {
+    let g = geom(300);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    let mut img = dev.image();
+    let mut sb = [0, 1].iter().find_map(|&c| Superblock::decode(&img[c * 4096..(c + 1) * 4096])).unwrap();
+    sb.seq = u64::MAX;
+    sb.encode(&mut img[..4096]);
+    assert!(Superblock::decode(&img[..4096]).is_none());
+    let (_, p2, _, _) = load(&g, img, region);
+    assert!(p2.unwrap().next_seq < 1 << 62);
+}

@@ -881,7 +881,7 @@ impl Watcher {
                             if let Some(e) = self.slots.entry(slot) {
                                 self.slots.history().insert(e.identity, e.tag);
                             }
-                            self.counters.evictions += 1;
+                            self.counters.evictions = self.counters.evictions.saturating_add(1);
                             self.counters_dirty = true;
                         }
                         l = new;
