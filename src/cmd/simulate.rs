@@ -5,7 +5,7 @@ use super::CmdResult;
 use crate::cli::parse_size;
 use crate::place::POLICY_NAMES;
 use crate::sim::run::{run as run_one, sim_policy_names, is_bound, DriveSpec, RunResult, RunSpec};
-use crate::sim::workload::WorkloadSpec;
+use crate::sim::workload::{IoMode, WorkloadSpec};
 use crate::sim::{HandleType, Victim};
 use clap::Args;
 use serde_json::json;
@@ -72,6 +72,14 @@ pub struct SimulateArgs {
     /// or by popularity into equal shares on them (3 = `key-aware`'s budget).
     #[arg(long, default_value_t = 3)]
     pub clairvoyant_handles: u16,
+    /// LMCache's I/O, overriding the workload's `io`: odirect (posix, O_DIRECT), buffered
+    /// (posix, page cache) or io_uring (O_DIRECT batches of 64 keys, delivered out of order).
+    #[arg(long)]
+    pub io: Option<String>,
+    /// io_uring: how many places back the kernel may deliver a request of a batch, overriding
+    /// the workload's `uring_reorder_window` (default 64; 0 or 1: in order).
+    #[arg(long)]
+    pub uring_reorder_window: Option<u64>,
     /// Runs in parallel (one thread each).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
@@ -99,6 +107,23 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
     if workload.name.is_empty() {
         workload.name = a.workload.file_stem().and_then(|s| s.to_str()).unwrap_or("workload").to_string();
     }
+    if let Some(io) = &a.io {
+        workload.io = match io.as_str() {
+            "odirect" => IoMode::ODirect,
+            "buffered" => IoMode::Buffered,
+            "io_uring" => IoMode::IoUring,
+            m => return Err(format!("--io {m}: use odirect, buffered or io_uring")),
+        };
+    }
+    if let Some(w) = a.uring_reorder_window {
+        if workload.io != IoMode::IoUring {
+            return Err("--uring-reorder-window needs io_uring (--io io_uring or \"io\": \"io_uring\" in the workload)".into());
+        }
+        if w > 1 << 20 {
+            return Err(format!("--uring-reorder-window {w}: at most 1048576 requests"));
+        }
+        workload.uring_reorder_window = w;
+    }
     let policies: Vec<String> = if a.policy == "all" {
         POLICY_NAMES.iter().map(|s| s.to_string()).collect()
     } else {
@@ -125,7 +150,7 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
         }
         match parse_size(s).map_err(|e| format!("{what}: {e}"))? {
             n if what == "--unit" && (n < 4096 || !n.is_power_of_two()) => Err(format!("--unit {s}: give auto or a power of two of at least 4K")),
-            n if n < 64 << 10 => Err(format!("{what} {s}: give auto or at least 64K")),
+            n if what != "--unit" && n < 64 << 10 => Err(format!("{what} {s}: give auto or at least 64K")),
             n => Ok(n),
         }
     };
@@ -308,6 +333,27 @@ fn print_text(rs: &[RunResult]) {
             r.wall_s,
             handles.join(" ")
         );
+    }
+    if rs.iter().any(|r| r.header_order.hold_cap > 0) {
+        println!();
+        println!(
+            "io_uring (reorder window {} requests): slot payload requests that came before their header, in the window",
+            rs.iter().map(|r| r.header_order.reorder_window).max().unwrap_or(0)
+        );
+        println!("{:<w$} {:>5} {:>12} {:>10} {:>10} {:>10}", "run", "util", "payload reqs", "waited", "fallbacks", "held peak");
+        for r in rs {
+            let o = &r.header_order;
+            let cap = if o.hold_cap == u64::MAX { "-".to_string() } else { o.hold_cap.to_string() };
+            println!(
+                "{:<w$} {:>4.0}% {:>12} {:>10} {:>10} {:>10}",
+                label(r),
+                r.utilization * 100.0,
+                o.payload_requests,
+                o.header_waits,
+                o.payload_fallbacks,
+                format!("{}/{cap}", o.held_peak)
+            );
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use crate::persist::dev::StateWriter;
 use crate::persist::Region;
 use crate::pipeline::Segment;
 use crate::place::Handle;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::{Mutex, MutexGuard};
 
@@ -33,6 +33,9 @@ pub struct DevInner {
     own_units: std::collections::BTreeMap<u64, Handle>,
     /// The first error of the SSD model (reported by the simulator).
     pub error: Option<String>,
+    /// LMCache's writes on their way to the drive (the simulator pushes them); a deallocation
+    /// writes out those it overlaps first.
+    pub combiner: WriteCombiner,
 }
 
 impl DevInner {
@@ -53,7 +56,7 @@ impl DevInner {
     }
     /// Deallocates without touching what the state thread reads (a stale tail past a header).
     pub fn deallocate(&mut self, off: u64, len: u64) {
-        if let Err(e) = self.ssd.deallocate(off, len) {
+        if let Err(e) = self.combiner.flush_overlapping(off, len, &mut self.ssd).and_then(|()| self.ssd.deallocate(off, len)) {
             self.error.get_or_insert(e.to_string());
         }
     }
@@ -131,6 +134,7 @@ impl SimDev {
                 own_bytes: 0,
                 own_units: Default::default(),
                 error: None,
+                combiner: WriteCombiner::default(),
             }),
         }
     }
@@ -183,7 +187,8 @@ impl StateWriter for SimDev {
                 d.trimmed.push(s);
             }
         }
-        d.ssd.deallocate(off, len).map_err(|e| io::Error::other(e.to_string()))
+        let DevInner { combiner, ssd, .. } = &mut *d;
+        combiner.flush_overlapping(off, len, ssd).and_then(|()| ssd.deallocate(off, len)).map_err(|e| io::Error::other(e.to_string()))
     }
     fn flush(&self) -> io::Result<()> {
         let mut d = self.lock();
@@ -203,33 +208,91 @@ impl StateWriter for SimDev {
 /// Merges adjacent segments on the same handle into one drive write, as a page-mapped FTL
 /// programs them back to back into the same open RU. (With mapping units larger than a 4 KiB
 /// slot header, writing the header and its payload separately would count the unit they
-/// share twice.)
-#[derive(Debug, Default)]
+/// share twice.) Up to `cap` runs wait to be joined: 1 for writes that come in order; more
+/// where the pieces of one write arrive apart (io_uring), which a drive mapping 4 KiB pages
+/// would place as they come without rounding each to the model's unit.
+#[derive(Debug)]
 pub struct WriteCombiner {
-    pending: Option<Segment>,
+    /// Pending runs by start offset, each with its arrival stamp; disjoint.
+    runs: BTreeMap<u64, (Segment, u64)>,
+    /// Arrival stamp → start offset: the oldest run is written first when there are too many.
+    order: BTreeMap<u64, u64>,
+    stamp: u64,
+    cap: usize,
+}
+
+impl Default for WriteCombiner {
+    fn default() -> Self {
+        WriteCombiner::with_cap(1)
+    }
 }
 
 impl WriteCombiner {
+    /// A combiner holding at most `cap` (at least 1) runs.
+    pub fn with_cap(cap: usize) -> Self {
+        WriteCombiner { runs: BTreeMap::new(), order: BTreeMap::new(), stamp: 0, cap: cap.max(1) }
+    }
+
     pub fn push(&mut self, s: Segment, ssd: &mut Ssd) -> Result<(), SimError> {
-        if let Some(p) = &mut self.pending {
-            if p.handle == s.handle && p.offset + p.len == s.offset {
-                p.len += s.len;
-                return Ok(());
-            }
-            if p.handle == s.handle && s.offset + s.len == p.offset {
-                p.offset = s.offset;
-                p.len += s.len;
-                return Ok(());
-            }
+        if s.len == 0 {
+            return Ok(());
         }
-        self.flush(ssd)?;
-        self.pending = Some(s);
+        let end = s.offset + s.len;
+        let before = self.runs.range(..=s.offset).next_back().map(|(_, &(p, st))| (p, st));
+        let after = self.runs.range(s.offset..).next().map(|(_, &(q, st))| (q, st));
+        // Bytes written again while an earlier write of them waits: write out everything
+        // first, so the drive sees the two in order.
+        if before.is_some_and(|(p, _)| p.offset + p.len > s.offset) || after.is_some_and(|(q, _)| q.offset < end) {
+            self.flush(ssd)?;
+            return self.push(s, ssd);
+        }
+        let joins_before = before.filter(|(p, _)| p.handle == s.handle && p.offset + p.len == s.offset);
+        let joins_after = after.filter(|(q, _)| q.handle == s.handle && q.offset == end);
+        let (mut run, stamp) = match joins_before {
+            Some((p, st)) => (Segment { len: p.len + s.len, ..p }, st),
+            None => {
+                self.stamp += 1;
+                (s, self.stamp)
+            }
+        };
+        if let Some((q, qst)) = joins_after {
+            self.runs.remove(&q.offset);
+            self.order.remove(&qst);
+            run.len += q.len;
+        }
+        if joins_before.is_none() {
+            self.order.insert(stamp, run.offset);
+        }
+        self.runs.insert(run.offset, (run, stamp));
+        while self.runs.len() > self.cap {
+            let (_, start) = self.order.pop_first().expect("one stamp per run");
+            let (oldest, _) = self.runs.remove(&start).expect("a run per stamp");
+            ssd.write(oldest.offset, oldest.len, oldest.handle)?;
+        }
         Ok(())
     }
-    /// Writes what is pending; call before anything that must see it (a deallocation).
+
+    /// Writes the pending runs that overlap `[off, off + len)`, oldest first (before a
+    /// deallocation of those bytes).
+    pub fn flush_overlapping(&mut self, off: u64, len: u64, ssd: &mut Ssd) -> Result<(), SimError> {
+        let end = off.saturating_add(len);
+        let first = self.runs.range(..=off).next_back().filter(|(_, (r, _))| r.offset + r.len > off).map_or(off, |(&s, _)| s);
+        let mut hit: Vec<u64> = self.runs.range(first..end).map(|(_, &(_, st))| st).collect();
+        hit.sort_unstable();
+        for st in hit {
+            let start = self.order.remove(&st).expect("a start per stamp");
+            let (run, _) = self.runs.remove(&start).expect("a run per stamp");
+            ssd.write(run.offset, run.len, run.handle)?;
+        }
+        Ok(())
+    }
+
+    /// Writes what is pending, oldest first; call before anything that must see it (a
+    /// deallocation).
     pub fn flush(&mut self, ssd: &mut Ssd) -> Result<(), SimError> {
-        if let Some(p) = self.pending.take() {
-            ssd.write(p.offset, p.len, p.handle)?;
+        while let Some((_, start)) = self.order.pop_first() {
+            let (run, _) = self.runs.remove(&start).expect("a run per stamp");
+            ssd.write(run.offset, run.len, run.handle)?;
         }
         Ok(())
     }
@@ -279,5 +342,65 @@ impl TraceSsd {
             "logical_bytes": cfg.logical_bytes, "physical_bytes": cfg.physical_bytes, "ru_bytes": cfg.ru_bytes,
             "unit_bytes": cfg.unit_bytes, "handles": cfg.handles.len(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{HandleType, SsdConfig};
+
+    /// A 64 MiB drive mapping 1 MiB units in 1 MiB RUs: a write of part of a unit counts the whole unit.
+    fn ssd() -> Ssd {
+        let logical = 64 << 20;
+        let cfg = SsdConfig::new(logical, SsdConfig::physical_for_op(logical, 0.2), 1 << 20, 1 << 20, 4, HandleType::InitiallyIsolated);
+        Ssd::new(cfg).unwrap()
+    }
+
+    fn seg(offset: u64, len: u64, handle: Handle) -> Segment {
+        Segment { offset, len, handle }
+    }
+
+    #[test]
+    fn combiner_joins_pieces_that_arrive_apart_and_keeps_rewrites_in_order() {
+        const K: u64 = 1024;
+        // Two 1 MiB units written in four pieces, out of order: with room for a few runs they
+        // join and count two units; with one run, each piece is a unit of its own.
+        let pieces = [seg(1536 * K, 512 * K, 1), seg(0, 512 * K, 1), seg(1024 * K, 512 * K, 1), seg(512 * K, 512 * K, 1)];
+        for (cap, units) in [(4, 2), (1, 4)] {
+            let mut d = ssd();
+            let mut c = WriteCombiner::with_cap(cap);
+            for p in pieces {
+                c.push(p, &mut d).unwrap();
+            }
+            c.flush(&mut d).unwrap();
+            assert_eq!(d.counters().host_bytes, units << 20, "cap {cap}");
+        }
+        // Adjacent pieces on two handles stay apart.
+        let mut d = ssd();
+        let mut c = WriteCombiner::with_cap(8);
+        c.push(seg(0, 1 << 20, 1), &mut d).unwrap();
+        c.push(seg(1 << 20, 1 << 20, 2), &mut d).unwrap();
+        c.flush(&mut d).unwrap();
+        assert_eq!(d.counters().host_bytes_by_handle[1..3], [1 << 20, 1 << 20]);
+        // A rewrite of pending bytes writes the earlier write out first: both count.
+        let mut d = ssd();
+        let mut c = WriteCombiner::with_cap(8);
+        c.push(seg(0, 1 << 20, 1), &mut d).unwrap();
+        c.push(seg(4 << 20, 1 << 20, 1), &mut d).unwrap();
+        c.push(seg(512 * K, 1 << 20, 2), &mut d).unwrap();
+        assert_eq!(d.counters().host_bytes, 2 << 20, "the two pending runs went out");
+        c.flush(&mut d).unwrap();
+        assert_eq!(d.counters().host_bytes, 4 << 20);
+        // Before a deallocation only the runs it overlaps go out.
+        let mut d = ssd();
+        let mut c = WriteCombiner::with_cap(8);
+        for o in [0, 2, 4, 6] {
+            c.push(seg(o << 20, 1 << 20, 1), &mut d).unwrap();
+        }
+        c.flush_overlapping((1 << 20) + 4096, (4 << 20) - 8192, &mut d).unwrap();
+        assert_eq!(d.counters().host_bytes, 2 << 20, "the runs at 2 and 4 MiB");
+        c.flush(&mut d).unwrap();
+        assert_eq!(d.counters().host_bytes, 4 << 20);
     }
 }

@@ -10,11 +10,12 @@
 //! `measure` × the device's logical capacity of host writes; the steady-state WAF is
 //! Δmedia / Δhost over that window (reference `fdp-waf.md` §8).
 
-use super::dev::{SimDev, WriteCombiner};
-use super::workload::{BlockIo, IoShaper, LmOp, LmcacheFdpMode, Workload, WorkloadSpec, WorkloadStats};
+use super::dev::{DevInner, SimDev, WriteCombiner};
+use super::workload::{BlockIo, IoMode, IoShaper, LmOp, LmcacheFdpMode, Workload, WorkloadSpec, WorkloadStats};
 use super::{HandleType, Ssd, SsdConfig, SsdCounters, Victim};
 use crate::classify::Op;
 use crate::frontend::config::exported_bytes;
+use crate::frontend::queue::max_waiting;
 use crate::layout::Geometry;
 use crate::persist::Region;
 use crate::pipeline::{HeaderWait, Pipeline, Request, Segment};
@@ -256,7 +257,6 @@ struct Sim {
     dev: Arc<SimDev>,
     watcher: Option<Watcher>,
     shaper: Option<IoShaper>,
-    combiner: WriteCombiner,
     probe: Option<Probe>,
     bound: Option<Bound>,
     segs: Vec<Segment>,
@@ -269,12 +269,32 @@ struct Sim {
     /// LMCache bytes per interval of the state thread's early-tail round, and the next one.
     early_tails_every: u64,
     next_early_tails: u64,
+    /// io_uring: payload requests held for their headers (slot, request), at most
+    /// `hold_cap` at once (0: the workload's writes are ordered and nothing is held), and the
+    /// most held at once.
+    held: Vec<(u64, BlockIo)>,
+    hold_cap: usize,
+    held_peak: usize,
+    /// Slot payload write requests LMCache sent (for the share that waited or fell back).
+    payload_requests: u64,
+    reorder_window: u64,
     error: Option<String>,
 }
 
 impl Sim {
+    /// A block request as the ublk queue takes it. With io_uring a payload that comes before
+    /// its header is held, as `fdpblk add` holds its tag, while fewer than `hold_cap` are (the
+    /// wait's timeout never fires here: the header is in the same batch); past that it is
+    /// placed at once, a fallback.
     fn io(&mut self, io: &BlockIo) {
         self.block_requests += 1;
+        if io.write && io.header.is_none() && io.checkpoint.is_none() && io.offset >= self.geom.meta_total_bytes {
+            self.payload_requests += 1;
+        }
+        self.serve(io, self.hold_cap > 0);
+    }
+
+    fn serve(&mut self, io: &BlockIo, may_hold: bool) {
         let hb = io.header.map(|h| IoShaper::header_bytes(&h));
         let data: Option<&[u8]> = match (&hb, &io.checkpoint) {
             (Some(h), _) => Some(&h[..]),
@@ -286,7 +306,17 @@ impl Sim {
         // The slot a header write starts.
         let header_slot = io.header.and_then(|_| self.geom.slot_of(io.offset).map(|(slot, _)| slot));
         self.segs.clear();
-        let _ = self.pipeline.plan(&req, &mut self.segs, HeaderWait::Expired);
+        let wait = if may_hold && io.write { HeaderWait::Allowed } else { HeaderWait::Expired };
+        if let Err(slot) = self.pipeline.plan(&req, &mut self.segs, wait) {
+            if self.held.len() < self.hold_cap {
+                self.pipeline.note_header_wait();
+                self.held.push((slot, *io));
+                self.held_peak = self.held_peak.max(self.held.len());
+                return;
+            }
+            self.segs.clear();
+            let _ = self.pipeline.plan(&req, &mut self.segs, HeaderWait::Expired);
+        }
         if !io.write {
             return;
         }
@@ -302,37 +332,69 @@ impl Sim {
             }
         }
         for i in 0..self.segs.len() {
-            if let Err(e) = self.combiner.push(self.segs[i], &mut d.ssd) {
+            let DevInner { combiner, ssd, .. } = &mut *d;
+            if let Err(e) = combiner.push(self.segs[i], ssd) {
                 self.error.get_or_insert(e.to_string());
             }
         }
         drop(d);
         // The model completes a write as it takes it.
         self.pipeline.completed();
+        if let Some(slot) = header_slot {
+            self.release_held(Some(slot));
+        }
         if self.lm_write_bytes >= self.next_early_tails {
             // The state thread's round for early stale tails, every EARLY_TAILS_INTERVAL.
             self.next_early_tails = self.lm_write_bytes.saturating_add(self.early_tails_every);
             if let Some(w) = &mut self.watcher {
-                {
-                    let mut d = self.dev.lock();
-                    if let Err(e) = self.combiner.flush(&mut d.ssd) {
-                        self.error.get_or_insert(e.to_string());
-                    }
-                }
+                Self::flush_before_state_thread(&self.dev, self.hold_cap, &mut self.error);
                 w.trim_early_tails();
             }
+        }
+    }
+
+    /// Serves the held payloads of `slot` (whose header was just placed), or all of them.
+    fn release_held(&mut self, slot: Option<u64>) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut held = std::mem::take(&mut self.held);
+        held.retain(|&(s, io)| {
+            if slot.is_some_and(|x| x != s) {
+                return true;
+            }
+            self.serve(&io, false);
+            false
+        });
+        self.held.append(&mut held);
+    }
+
+    /// The end of one store: every request of its batches has arrived.
+    fn end_store(&mut self) {
+        let mut shaper = self.shaper.take().expect("shaper");
+        shaper.end_store(&mut |io| self.io(io));
+        self.shaper = Some(shaper);
+        self.release_held(None);
+    }
+
+    /// Before the state thread acts: ordered writes go to the drive first, as they always did
+    /// (the model's numbers for them stay as published). io_uring's runs stay to be joined:
+    /// the drive writes out any that a deallocation overlaps first (`SimDev::discard`).
+    fn flush_before_state_thread(dev: &SimDev, hold_cap: usize, error: &mut Option<String>) {
+        if hold_cap > 0 {
+            return;
+        }
+        let mut d = dev.lock();
+        let DevInner { combiner, ssd, .. } = &mut *d;
+        if let Err(e) = combiner.flush(ssd) {
+            error.get_or_insert(e.to_string());
         }
     }
 
     /// Runs the state thread's round (after a checkpoint) and collects its deallocations.
     fn watch_step(&mut self) {
         let Some(w) = &mut self.watcher else { return };
-        {
-            let mut d = self.dev.lock();
-            if let Err(e) = self.combiner.flush(&mut d.ssd) {
-                self.error.get_or_insert(e.to_string());
-            }
-        }
+        Self::flush_before_state_thread(&self.dev, self.hold_cap, &mut self.error);
         w.step();
         w.trim_early_tails();
         let trimmed = self.dev.lock().take_trimmed();
@@ -376,12 +438,7 @@ impl Sim {
                 if now_s >= self.next_persist_s {
                     self.next_persist_s = now_s + PERSIST_INTERVAL_S;
                     if let Some(w) = &mut self.watcher {
-                        {
-                            let mut d = self.dev.lock();
-                            if let Err(e) = self.combiner.flush(&mut d.ssd) {
-                                self.error.get_or_insert(e.to_string());
-                            }
-                        }
+                        Self::flush_before_state_thread(&self.dev, self.hold_cap, &mut self.error);
                         let _ = w.persist_now(false, false);
                     }
                 }
@@ -408,8 +465,10 @@ impl Sim {
         let mut shaper = self.shaper.take().expect("shaper");
         shaper.flush(&mut |io| self.io(io));
         self.shaper = Some(shaper);
+        self.release_held(None);
         let mut d = self.dev.lock();
-        if let Err(e) = self.combiner.flush(&mut d.ssd) {
+        let DevInner { combiner, ssd, .. } = &mut *d;
+        if let Err(e) = combiner.flush(ssd) {
             self.error.get_or_insert(e.to_string());
         }
         if let Some(e) = d.error.take() {
@@ -428,6 +487,43 @@ impl Sim {
     }
     fn own_bytes(&self) -> u64 {
         self.dev.lock().own_bytes
+    }
+    fn header_order(&self) -> HeaderOrder {
+        let p = self.pipeline.stats();
+        HeaderOrder {
+            payload_requests: self.payload_requests,
+            header_waits: p.header_waits,
+            payload_fallbacks: p.payload_fallbacks,
+            held_peak: self.held_peak as u64,
+            hold_cap: self.hold_cap as u64,
+            reorder_window: self.reorder_window,
+        }
+    }
+}
+
+/// How slot payloads met their headers: requests that waited for theirs, that were placed
+/// without it (fallbacks: the handle of the slot's previous header), the most held at once
+/// and the cap on that (half the ublk queue's tags; 0 when writes are ordered).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeaderOrder {
+    pub payload_requests: u64,
+    pub header_waits: u64,
+    pub payload_fallbacks: u64,
+    pub held_peak: u64,
+    pub hold_cap: u64,
+    /// io_uring's modelled disorder (`uring_reorder_window`; 0 for ordered writes).
+    pub reorder_window: u64,
+}
+
+impl HeaderOrder {
+    /// Counts since `before` (the peak and cap stay).
+    fn since(self, before: HeaderOrder) -> HeaderOrder {
+        HeaderOrder {
+            payload_requests: self.payload_requests - before.payload_requests,
+            header_waits: self.header_waits - before.header_waits,
+            payload_fallbacks: self.payload_fallbacks - before.payload_fallbacks,
+            ..self
+        }
     }
 }
 
@@ -450,6 +546,8 @@ pub struct RunResult {
     pub trimmed_slots: u64,
     /// Stale tails deallocated in the window.
     pub tail_trims: u64,
+    /// Payloads and their headers in the window (io_uring's disorder; see `IoMode::IoUring`).
+    pub header_order: HeaderOrder,
     pub trim_slots: bool,
     pub trim_tails: bool,
     pub early_tails: bool,
@@ -514,7 +612,11 @@ impl RunResult {
             "gc_events": w.gc_events, "deallocated_bytes": w.deallocated_bytes,
             "lmcache_bytes": self.lmcache_bytes, "own_state_bytes": self.own_state_bytes,
             "own_state_ratio": self.own_state_ratio(), "trimmed_slots": self.trimmed_slots,
-            "tail_trims": self.tail_trims, "trim_rules": {"slots": self.trim_slots, "tails": self.trim_tails, "early_tails": self.early_tails, "early_evictions": self.early_evictions},
+            "tail_trims": self.tail_trims,
+            "header_order": {"payload_requests": self.header_order.payload_requests, "header_waits": self.header_order.header_waits,
+                             "payload_fallbacks": self.header_order.payload_fallbacks, "held_peak": self.header_order.held_peak,
+                             "hold_cap": self.header_order.hold_cap, "reorder_window": self.header_order.reorder_window},
+            "trim_rules": {"slots": self.trim_slots, "tails": self.trim_tails, "early_tails": self.early_tails, "early_evictions": self.early_evictions},
             "handles": self.handle_bytes.iter().enumerate().filter(|(_, b)| **b > 0)
                 .map(|(h, b)| json!({"handle": h, "host_bytes": b, "rus_in_use": self.handle_rus[h].0, "gc_rus_in_use": self.handle_rus[h].1}))
                 .collect::<Vec<_>>(),
@@ -832,6 +934,11 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
     let ssd = Ssd::new(cfg).map_err(|e| e.to_string())?;
     let region = Region::tail(drive.logical_bytes);
     let dev = Arc::new(SimDev::new(ssd, geom, region));
+    // io_uring's pieces of one write arrive up to a window apart: join them as a drive
+    // mapping 4 KiB pages would place them, instead of rounding each to the model's unit.
+    if w.io == IoMode::IoUring {
+        dev.lock().combiner = WriteCombiner::with_cap(usize::try_from(2 * w.uring_reorder_window + 16).unwrap_or(usize::MAX));
+    }
     let slots = Arc::new(crate::slot_table::SlotTable::new(geom.max_slots));
     let shared = SharedPolicy::new(policy);
     let mut observer = shared.clone();
@@ -860,8 +967,7 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
         observer,
         dev,
         watcher,
-        shaper: Some(IoShaper::new(w, geom)),
-        combiner: WriteCombiner::default(),
+        shaper: Some(IoShaper::new(w, geom, spec.seed)),
         probe: spec.probe.then(|| Probe::new(geom.max_slots, w.tenants.len())),
         bound,
         segs: Vec::new(),
@@ -874,12 +980,24 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
         early_tails_every: (EARLY_TAILS_INTERVAL.as_secs_f64() * w.write_rate_mb_s * 1e6) as u64,
         // Without early tails the round never runs (its flush would only split merged writes).
         next_early_tails: if spec.trim && spec.early_tails { 0 } else { u64::MAX },
+        held: Vec::new(),
+        // LMCache's FDP mode tags each of its writes itself, and the bounds stand for ideal
+        // placements: their payloads always find their headers.
+        hold_cap: match w.io {
+            IoMode::IoUring if spec.policy == "lmcache-fdp" || is_bound(&spec.policy) => usize::MAX,
+            IoMode::IoUring => usize::from(max_waiting(w.ublk_queue_depth)),
+            _ => 0,
+        },
+        held_peak: 0,
+        payload_requests: 0,
+        reorder_window: if w.io == IoMode::IoUring { w.uring_reorder_window } else { 0 },
         error: None,
     };
     let cap_bytes = geom.max_slots * geom.slot_bytes;
     let warm_target = (spec.warmup * cap_bytes as f64) as u64;
     let measure_target = (spec.measure * drive.logical_bytes as f64).max(1.0) as u64;
     let mut warm: Option<(SsdCounters, u64, u64, u64, u64)> = None;
+    let mut order0 = HeaderOrder::default();
     let mut marks: Vec<SsdCounters> = Vec::new();
     let mut last_puts = 0;
     let mut idle_requests = 0u64;
@@ -887,6 +1005,7 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
     let mut stalled = false;
     loop {
         wl.step(&mut |op| sim.on_op(op));
+        sim.end_store();
         if let Some(e) = sim.error.take().or_else(|| sim.dev.lock().error.take()) {
             return Err(format!("simulated drive: {e}"));
         }
@@ -909,6 +1028,7 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
                     }
                     let c = sim.counters();
                     warm = Some((c.clone(), sim.lm_write_bytes, sim.own_bytes(), sim.trims(), sim.tail_trims()));
+                    order0 = sim.header_order();
                     if let Some(cl) = &mut sim.bound {
                         cl.warm_puts = cl.puts;
                     }
@@ -962,6 +1082,7 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
         own_state_bytes: sim.own_bytes() - own0,
         trimmed_slots: sim.trims() - trim0,
         tail_trims: sim.tail_trims() - tails0,
+        header_order: sim.header_order().since(order0),
         window,
         handle_bytes,
         handle_rus,
@@ -1063,6 +1184,40 @@ mod tests {
         slots_only.early_tails = false;
         let s = run(&slots_only).unwrap();
         assert!(s.trimmed_slots > 0 && s.tail_trims == 0);
+    }
+
+    /// io_uring: payloads that come before their header wait for it (up to half the queue's
+    /// tags), past that they fall back; the pieces of one write that arrive apart are joined
+    /// on the drive as they would be in 4 KiB pages (no unit counted twice).
+    #[test]
+    fn io_uring_payloads_wait_for_their_headers_up_to_half_the_tags() {
+        let uring = |policy: &str, window: u64, depth: u16| {
+            let mut s = spec(ZIPF, policy, 1.0, policy != "lmcache-fdp");
+            s.workload.io = IoMode::IoUring;
+            s.workload.uring_reorder_window = window;
+            s.workload.ublk_queue_depth = depth;
+            run(&s).unwrap()
+        };
+        // Host bytes per byte written: the units partial chunks leave part-written count whole
+        // in either mode; pieces written apart would add more.
+        let per_byte = |r: &RunResult| r.window.host_bytes as f64 / (r.lmcache_bytes + r.own_state_bytes) as f64;
+        let odirect = per_byte(&run(&spec(ZIPF, "key-aware", 1.0, true)).unwrap());
+        let joined = |r: &RunResult| assert!(per_byte(r) < odirect * 1.01, "{} host bytes per byte written, {odirect} with O_DIRECT", per_byte(r));
+        let ordered = uring("key-aware", 0, 128);
+        assert_eq!((ordered.header_order.header_waits, ordered.header_order.payload_fallbacks), (0, 0));
+        joined(&ordered);
+        let r = uring("key-aware", 64, 128);
+        let o = r.header_order;
+        assert!(o.header_waits > 0 && o.payload_fallbacks == 0, "{o:?}");
+        assert!(o.held_peak > 0 && o.held_peak <= 64 && o.hold_cap == 64, "{o:?}");
+        joined(&r);
+        // One tag may wait (depth 2): the rest fall back, on the handle of the slot's old header.
+        let r = uring("key-aware", 64, 2);
+        assert!(r.header_order.payload_fallbacks > 0 && r.header_order.held_peak == 1, "{:?}", r.header_order);
+        joined(&r);
+        // LMCache's own FDP mode tags its writes itself: nothing falls back.
+        let r = uring("lmcache-fdp", 64, 2);
+        assert_eq!(r.header_order.payload_fallbacks, 0);
     }
 
     #[test]
@@ -1169,7 +1324,7 @@ mod tests {
         let s = spec(ZIPF, "none", 1.0, false);
         let mut w = Workload::new(s.workload.clone(), GIB, 0, 1, None).unwrap();
         let g = w.geometry;
-        let mut shaper = IoShaper::new(&s.workload, g);
+        let mut shaper = IoShaper::new(&s.workload, g, 1);
         let mut trace = Vec::new();
         for _ in 0..4000 {
             w.step(&mut |op| {

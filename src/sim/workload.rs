@@ -48,7 +48,21 @@ pub enum IoMode {
     ODirect,
     /// posix `pwrite` into the page cache; the device sees writeback.
     Buffered,
+    /// LMCache's `io_uring` engine with O_DIRECT: a store's keys go in batches of
+    /// [`URING_BATCH_KEYS`], each one `batched_write` whose header and payload requests are all
+    /// in flight at once, with no order among them (reference §8.2). How the kernel delivers
+    /// them to the ublk queue is modelled: in submission order, each request moved back by a
+    /// seeded random 0 to `uring_reorder_window - 1` places (when a batch outruns the queue's
+    /// tags, the rest is issued by io-uring's worker threads, which race).
+    IoUring,
 }
+
+/// Keys per `batched_write` of LMCache's io_uring engine (`_MAX_PUT_MANY_IO_URING_BATCH_KEYS`).
+pub const URING_BATCH_KEYS: usize = 64;
+
+/// Default of `uring_reorder_window`, in requests: an assumption (half of a default ublk queue's
+/// tags), not a measurement; docs/waf.md gives the WAF for several windows.
+pub const DEFAULT_URING_REORDER_WINDOW: u32 = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EvictionPolicy {
@@ -111,6 +125,11 @@ pub struct WorkloadSpec {
     pub max_request_bytes: u64,
     /// Buffered I/O: puts whose dirty pages are written back together.
     pub writeback_puts: usize,
+    /// io_uring: how far back (in requests) the kernel may deliver a request of a batch.
+    pub uring_reorder_window: u64,
+    /// io_uring: the ublk queue's depth (fdpblk's `-d`); half its tags may hold payloads
+    /// waiting for their headers, as under `fdpblk add`.
+    pub ublk_queue_depth: u16,
     pub eviction: Option<EvictionSpec>,
     /// Order new keys of one store enter the LRU list: reversed puts the request's last chunk
     /// nearest the LRU end (LMCache's prefix-match rationale), forward the other way round.
@@ -213,6 +232,8 @@ impl WorkloadSpec {
                 "meta_total_bytes",
                 "max_request_bytes",
                 "writeback_puts",
+                "uring_reorder_window",
+                "ublk_queue_depth",
                 "eviction",
                 "lru_insert",
                 "checkpoint_interval_s",
@@ -232,7 +253,8 @@ impl WorkloadSpec {
         let io = match get_str(v, "io", if mode == Mode::Mp { "odirect" } else { "buffered" })? {
             "odirect" => IoMode::ODirect,
             "buffered" => IoMode::Buffered,
-            m => return err(format!("\"io\": \"{m}\" is not odirect or buffered")),
+            "io_uring" => IoMode::IoUring,
+            m => return err(format!("\"io\": \"{m}\" is not odirect, buffered or io_uring")),
         };
         let block_align = get_size(v, "block_align", 4096)?;
         let header_bytes = get_size(v, "header_bytes", 4096)?;
@@ -374,6 +396,11 @@ impl WorkloadSpec {
             meta_total_bytes,
             max_request_bytes: get_size(v, "max_request_bytes", 512 << 10)?,
             writeback_puts: get_u32(v, "writeback_puts", 64)?.max(1) as usize,
+            uring_reorder_window: u64::from(get_u32(v, "uring_reorder_window", DEFAULT_URING_REORDER_WINDOW)?),
+            ublk_queue_depth: match get_u32(v, "ublk_queue_depth", 128)? {
+                d @ 1..=4096 => d as u16,
+                d => return err(format!("\"ublk_queue_depth\" {d} must be 1 to 4096 (ublk's limit)")),
+            },
             eviction,
             lru_insert_reversed,
             checkpoint_interval_s: get_f64(v, "checkpoint_interval_s", 60.0)?,
@@ -401,6 +428,9 @@ impl WorkloadSpec {
         }
         if spec.max_request_bytes > 1 << 30 || spec.writeback_puts > 1 << 20 {
             return err("\"max_request_bytes\" must be at most 1G and \"writeback_puts\" at most 1048576");
+        }
+        if spec.uring_reorder_window > 1 << 20 {
+            return err("\"uring_reorder_window\" must be at most 1048576 requests");
         }
         if spec.remove_after_read && mode == Mode::Mp {
             return err("\"remove_after_read\" is a non-MP option");
@@ -1266,10 +1296,17 @@ pub struct IoShaper {
     dirty: Vec<(u64, SlotHeader)>,
     dirty_pos: HashMap<u64, usize>,
     runs: Vec<(u64, u64)>,
+    /// io_uring: the puts of the batch being gathered, the batch's requests with their
+    /// delivery rank, the reorder window and its generator.
+    pending: Vec<(u64, SlotHeader)>,
+    batch: Vec<(u64, BlockIo)>,
+    reorder: u64,
+    rng: SplitMix64,
 }
 
 impl IoShaper {
-    pub fn new(spec: &WorkloadSpec, geom: Geometry) -> Self {
+    /// `seed` drives io_uring's delivery order only (the other modes are deterministic).
+    pub fn new(spec: &WorkloadSpec, geom: Geometry, seed: u64) -> Self {
         IoShaper {
             geom,
             io: spec.io,
@@ -1278,6 +1315,10 @@ impl IoShaper {
             dirty: Vec::new(),
             dirty_pos: HashMap::new(),
             runs: Vec::new(),
+            pending: Vec::new(),
+            batch: Vec::new(),
+            reorder: spec.uring_reorder_window,
+            rng: SplitMix64(mix64(seed ^ 0x1e0_0d1e_c7ed)),
         }
     }
 
@@ -1328,6 +1369,12 @@ impl IoShaper {
                             self.flush(out);
                         }
                     }
+                    IoMode::IoUring => {
+                        self.pending.push((slot, h));
+                        if self.pending.len() >= URING_BATCH_KEYS {
+                            self.submit_batch(out);
+                        }
+                    }
                 }
             }
             LmOp::Load { slot, payload_len } => {
@@ -1351,8 +1398,50 @@ impl IoShaper {
         }
     }
 
-    /// Buffered: writes back every dirty page, sorted by offset, merged and split.
+    /// The end of one store (LMCache's `put_many` of a request's keys): io_uring submits the
+    /// keys gathered for the last batch.
+    pub fn end_store(&mut self, out: &mut dyn FnMut(&BlockIo)) {
+        if !self.pending.is_empty() {
+            self.submit_batch(out);
+        }
+    }
+
+    /// io_uring: one `batched_write` of the gathered puts (header, then payload rounded to
+    /// `block_align`, per key), delivered in the modelled order: each request ranks at its
+    /// submission index plus a random delay below the reorder window; ties keep their order.
+    fn submit_batch(&mut self, out: &mut dyn FnMut(&BlockIo)) {
+        let g = self.geom;
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
+        let mut n = 0u64;
+        let mut push = |io: BlockIo, rng: &mut SplitMix64| {
+            let delay = if self.reorder > 1 { rng.below(self.reorder) } else { 0 };
+            batch.push((n + delay, io));
+            n += 1;
+        };
+        for &(slot, h) in &self.pending {
+            let off = g.slot_offset(slot);
+            push(BlockIo { write: true, offset: off, len: g.header_bytes, header: Some(h), checkpoint: None }, &mut self.rng);
+            let end = off + g.header_bytes + h.payload_len.div_ceil(g.block_align) * g.block_align;
+            let mut pos = off + g.header_bytes;
+            while pos < end {
+                let len = (end - pos).min(self.max_req);
+                push(BlockIo { write: true, offset: pos, len, header: None, checkpoint: None }, &mut self.rng);
+                pos += len;
+            }
+        }
+        self.pending.clear();
+        batch.sort_by_key(|&(rank, _)| rank);
+        for (_, io) in &batch {
+            out(io);
+        }
+        self.batch = batch;
+    }
+
+    /// Writes out whatever is held: io_uring's gathered batch; buffered, every dirty page,
+    /// sorted by offset, merged and split.
     pub fn flush(&mut self, out: &mut dyn FnMut(&BlockIo)) {
+        self.end_store(out);
         if self.dirty.is_empty() {
             return;
         }
@@ -1469,6 +1558,8 @@ mod tests {
             (r#"{"mode": "non_mp", "eviction": {}, "tenants": [{}]}"#, "non_mp"),
             (r#"{"tenants": [{"doc_chunks": [3, 1]}]}"#, "doc_chunks"),
             (r#"{"chunk_bytes": "32M", "tenants": [{}]}"#, "chunk_bytes"),
+            (r#"{"io": "aio", "tenants": [{}]}"#, "io_uring"),
+            (r#"{"ublk_queue_depth": 5000, "tenants": [{}]}"#, "ublk_queue_depth"),
         ] {
             let e = WorkloadSpec::from_json_str(text).unwrap_err();
             assert!(e.contains(needle), "{text}: {e}");
@@ -1659,7 +1750,7 @@ mod tests {
     fn odirect_and_buffered_shapes() {
         let s = small(LRU, ONE);
         let g = s.geometry(64 << 20, 0).unwrap();
-        let mut sh = IoShaper::new(&s, g);
+        let mut sh = IoShaper::new(&s, g, 1);
         let mut out = Vec::new();
         sh.shape(&LmOp::Put { slot: 3, identity: 9, payload_len: 600_000, tenant: 0, pid: None, popularity: 0.0 }, &mut |io| {
             out.push(*io)
@@ -1672,7 +1763,7 @@ mod tests {
         let mut b = s.clone();
         b.io = IoMode::Buffered;
         b.writeback_puts = 4;
-        let mut sh = IoShaper::new(&b, g);
+        let mut sh = IoShaper::new(&b, g, 1);
         let mut out = Vec::new();
         for (slot, len) in [(5, 1000u64), (4, g.slot_payload_capacity()), (9, 5000), (5, 2000)] {
             sh.shape(&LmOp::Put { slot, identity: slot, payload_len: len, tenant: 0, pid: None, popularity: 0.0 }, &mut |io| {
@@ -1690,6 +1781,69 @@ mod tests {
         assert!(starts.windows(2).all(|w| w[0].0 < w[1].0), "{starts:?}");
         let total: u64 = out.iter().map(|io| io.len).sum();
         assert_eq!(total, 3 * 4096 + g.slot_payload_capacity() + 4096 + 8192);
+    }
+
+    /// io_uring: a store's keys go out in batches of 64, every request once; with a window
+    /// of 0 in submission order, with a larger one some payloads before their header but no
+    /// request further back than the window.
+    #[test]
+    fn io_uring_batches_keys_and_reorders_within_the_window() {
+        let mut s = small(LRU, ONE);
+        s.io = IoMode::IoUring;
+        let g = s.geometry(256 << 20, 0).unwrap();
+        let put = |slot: u64| LmOp::Put { slot, identity: slot + 1, payload_len: 600_000, tenant: 0, pid: None, popularity: 0.0 };
+        // Submission order: per key the header, then two payload pieces.
+        let submitted = |keys: std::ops::Range<u64>| -> Vec<(u64, u64)> {
+            keys.flat_map(|k| {
+                let o = g.slot_offset(k);
+                [(o, 4096), (o + 4096, 524288), (o + 4096 + 524288, 602112 - 524288)]
+            })
+            .collect()
+        };
+        for window in [0u64, 8] {
+            s.uring_reorder_window = window;
+            let mut sh = IoShaper::new(&s, g, 3);
+            let mut out = Vec::new();
+            for k in 0..70 {
+                sh.shape(&put(k), &mut |io| out.push(*io));
+            }
+            // The first 64 keys went as one batch; the other 6 wait for the end of the store.
+            assert_eq!(out.len(), 64 * 3);
+            sh.end_store(&mut |io| out.push(*io));
+            assert_eq!(out.len(), 70 * 3);
+            let got: Vec<(u64, u64)> = out.iter().map(|io| (io.offset, io.len)).collect();
+            let want = submitted(0..70);
+            assert!(out.iter().all(|io| io.header.is_some() == (io.len == 4096)));
+            if window == 0 {
+                assert_eq!(got, want);
+                continue;
+            }
+            let mut sorted = got.clone();
+            sorted.sort_unstable();
+            let mut w2 = want.clone();
+            w2.sort_unstable();
+            assert_eq!(sorted, w2, "every request exactly once");
+            // Within its batch a request is delivered less than a window from where it was
+            // submitted (it ranks at its index plus less than the window).
+            let (first, second) = (&got[..64 * 3], &got[64 * 3..]);
+            let pos = |r: &(u64, u64), v: &[(u64, u64)]| v.iter().position(|x| x == r).unwrap();
+            for (i, r) in want[..64 * 3].iter().enumerate() {
+                assert!(pos(r, first).abs_diff(i) < window as usize, "{r:?} submitted {i}, delivered {}", pos(r, first));
+            }
+            assert!(second.iter().all(|r| want[64 * 3..].contains(r)), "batches do not mix");
+            let early = (0..70u64)
+                .filter(|&k| pos(&(g.slot_offset(k) + 4096, 524288), &got) < pos(&(g.slot_offset(k), 4096), &got))
+                .count();
+            assert!(early > 0, "some payload came before its header");
+        }
+        // A checkpoint writes the gathered keys first.
+        let mut sh = IoShaper::new(&s, g, 3);
+        let mut out = Vec::new();
+        sh.shape(&put(1), &mut |io| out.push(*io));
+        assert!(out.is_empty());
+        sh.shape(&LmOp::Checkpoint { seq: 1, json_bytes: 100, entries: &[], json: None }, &mut |io| out.push(*io));
+        assert_eq!(out.len(), 3 + 2);
+        assert!(out[3].offset < g.meta_total_bytes && out[4].checkpoint.is_some());
     }
 
     #[test]
