@@ -285,7 +285,7 @@ fn ratio(with_loads: bool) {
             w.step();
         }
         if s % 5 == 0 {
-            w.persist_now(false, false);
+            let _ = w.persist_now(false, false);
         }
     }
     w.step();

@@ -183,8 +183,9 @@ pub struct AddArgs {
     pub no_trim: bool,
     /// Deallocate a stale tail (bytes past a shorter new payload) only once a checkpoint
     /// confirmed the slot, not as soon as the new header is durable. Early tails rely on
-    /// LMCache's header check at load (`meta_verify_on_load`, on by default): use this flag
-    /// where it is turned off.
+    /// LMCache's header check at load (`meta_verify_on_load`, on by default), and on LMCache
+    /// reading its checkpoint when it starts (`load_checkpoint_on_init`, on by default): use
+    /// this flag where either is turned off.
     #[arg(long)]
     pub no_early_tails: bool,
     /// Deallocate an evicted slot only once both checkpoint containers no longer list it (one

@@ -343,6 +343,11 @@ impl Pipeline {
                 ExtentKind::SlotPayload { .. } | ExtentKind::SlotPadding { .. } if self.within_payload(slot, e) => {
                     self.slots.note_payload_write(slot)
                 }
+                ExtentKind::SlotPayload { .. } | ExtentKind::SlotPadding { .. } => {
+                    // Past the current payload: a longer put's bytes ahead of its header.
+                    self.slots.note_orphan(slot);
+                    self.slots.note_write(slot)
+                }
                 _ => self.slots.note_write(slot),
             };
             if waits {
@@ -364,6 +369,11 @@ impl Pipeline {
             ExtentKind::Outside => self.policy.place(&Target::Outside),
             ExtentKind::SlotHeader { slot, header } => match header.valid() {
                 Some(h) => {
+                    // A payload that fills the slot covers whatever bytes came before it.
+                    let g = &self.geom;
+                    if g.header_bytes.saturating_add(h.payload_len.div_ceil(g.block_align).saturating_mul(g.block_align)) >= g.slot_bytes {
+                        self.slots.clear_orphan(slot);
+                    }
                     let previous = self.slots.get(slot);
                     let handle =
                         self.policy.place(&Target::Slot { slot, header: Some(h), previous: previous.as_ref() });
@@ -382,6 +392,8 @@ impl Pipeline {
                 if known {
                     self.slots.payload_written(slot, e.len);
                 } else {
+                    // Placed without its header: maybe a later put's payload.
+                    self.slots.note_orphan(slot);
                     self.counters.payload_fallbacks.fetch_add(1, Relaxed);
                 }
                 h

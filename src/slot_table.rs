@@ -214,6 +214,10 @@ pub struct CheckpointEvent {
     /// Writes to this container's header block planned in this run, this one included
     /// (what [`SlotTable::begin_container_zeroing`] expects).
     pub writes: u64,
+    /// [`SlotTable::checkpoint_reads`] when the write was planned: a read of a header block
+    /// after it (a LMCache opening the device, perhaps with another geometry) is one the
+    /// state thread cannot rule out, however soon it reads the checkpoint back.
+    pub reads: u64,
 }
 
 #[derive(Debug, Default)]
@@ -261,6 +265,11 @@ pub struct SlotTable {
     /// One bit per slot: a header with a stale tail behind it completed since the state
     /// thread last looked (early stale-tail deallocation; no lock on the data path).
     completed: Box<[AtomicU64]>,
+    /// One bit per slot: payload bytes were written to it that no known header expected (a
+    /// put's payload placed before its header arrived, the header wait over). They may be a
+    /// later put's data, so no stale tail of the slot goes until a header covering the whole
+    /// slot, or a whole-slot deallocation, settles it. Not persisted.
+    orphans: Box<[AtomicU64]>,
 }
 
 impl Default for SlotTable {
@@ -292,6 +301,7 @@ impl SlotTable {
             alarm_at: AtomicU64::new(u64::MAX),
             checkpoint_reads: AtomicU64::new(0),
             completed: zeroed_u64(n.div_ceil(64)),
+            orphans: zeroed_u64(n.div_ceil(64)),
         }
     }
 
@@ -301,6 +311,7 @@ impl SlotTable {
             + self.history.heap_bytes()
             + self.dirty.len() * 8
             + self.completed.len() * 8
+            + self.orphans.len() * 8
     }
 
     pub fn get(&self, slot: u64) -> Option<SlotEntry> {
@@ -343,7 +354,7 @@ impl SlotTable {
     /// count, sets state, tag and the returning flag, and sets `STALE_TAIL` or `TAIL_DONE`.
     /// Returns true when a trim of the slot is in progress: the caller must not submit its
     /// write before [`trimming`](Self::trimming) turns false.
-    fn touch(&self, i: usize, put: Option<(u16, bool, bool)>, payload_only: bool) -> bool {
+    fn touch(&self, i: usize, put: Option<(u16, bool, u64)>, payload_only: bool) -> bool {
         let epoch = self.epoch.load(Ordering::SeqCst);
         let keep = if payload_only { !0 } else { !(life::TAIL_DONE | life::STALE_TAIL | life::HEADER_DONE) };
         let old = self.life[i]
@@ -352,12 +363,12 @@ impl SlotTable {
                 if life::state(n) != SlotState::Unknown {
                     n = life::with_state(n, SlotState::Unknown);
                 }
-                if let Some((tag, seen, stale)) = put {
+                if let Some((tag, seen, tail_bits)) = put {
                     let writes = ((l >> life::WRITES_SHIFT) as u8).saturating_add(1);
                     n = (n & !(0xff << life::WRITES_SHIFT) & !life::READS_MASK) | (u64::from(writes) << life::WRITES_SHIFT);
                     n = life::with_tag(n, tag);
                     n = if seen { n | life::SEEN_BEFORE } else { n & !life::SEEN_BEFORE };
-                    n |= if stale { life::STALE_TAIL } else { life::TAIL_DONE };
+                    n |= tail_bits;
                 }
                 Some(n)
             })
@@ -379,6 +390,14 @@ impl SlotTable {
         // its last contents were no longer and had their own tail deallocated.
         let stale = old.state != SlotState::Trimmed
             && (!old.has_header() || old_life & life::TAIL_DONE == 0 || old.payload_len > header.payload_len);
+        // Bytes no header expected lie in the slot: its tail is neither stale nor done.
+        let tail_bits = if self.is_orphan(slot) {
+            0
+        } else if stale {
+            life::STALE_TAIL
+        } else {
+            life::TAIL_DONE
+        };
         if old.has_header() && !same && old.identity != 0 {
             self.history.insert(old.identity, old.tag);
         }
@@ -401,7 +420,7 @@ impl SlotTable {
         self.meta[i].store(pack(header.payload_len, handle, generation), Ordering::Release);
         // After the new identity is visible: a confirmation the state thread made from it
         // before this point is cleared here, and one made from the old identity is too.
-        self.touch(i, Some((tag, seen, stale)), false);
+        self.touch(i, Some((tag, seen, tail_bits)), false);
         // Last: a payload piece on another queue that sees the count also sees the new
         // header's handle, and a trim that ended before the touch cannot zero the count.
         self.remaining[i].store(header.payload_len.min(u32::MAX as u64) as u32, Ordering::Release);
@@ -435,10 +454,15 @@ impl SlotTable {
     pub fn header_completed(&self, slot: u64, generation: u16) {
         let Some(i) = self.index(slot) else { return };
         let current = |t: &Self| meta_generation(t.meta[i].load(Ordering::Acquire)) == generation;
-        if !current(self) || self.life[i].load(Ordering::Acquire) & life::STALE_TAIL == 0 {
+        if !current(self) {
             return;
         }
-        self.life[i].fetch_or(life::HEADER_DONE, Ordering::AcqRel);
+        // Set only while STALE_TAIL is: a write past the payload in between clears it, and
+        // must not be followed by a HEADER_DONE that would let the round cut that write.
+        let set = self.life[i].fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| (l & life::STALE_TAIL != 0).then_some(l | life::HEADER_DONE));
+        if set.is_err() {
+            return;
+        }
         // A newer header clears the bit after storing its generation; if that store came
         // first, the bit set here belongs to the old header: take it back.
         if !current(self) {
@@ -446,6 +470,25 @@ impl SlotTable {
             return;
         }
         self.completed[i / 64].fetch_or(1 << (i % 64), Ordering::AcqRel);
+    }
+
+    /// Payload bytes no known header expected were placed in `slot` (see `orphans`).
+    pub fn note_orphan(&self, slot: u64) {
+        if let Some(w) = usize::try_from(slot / 64).ok().and_then(|w| self.orphans.get(w)) {
+            w.fetch_or(1 << (slot % 64), Ordering::AcqRel);
+        }
+    }
+    /// A header covering the whole slot, or a whole-slot deallocation: the orphan bytes are
+    /// its payload, or gone.
+    pub fn clear_orphan(&self, slot: u64) {
+        if let Some(w) = usize::try_from(slot / 64).ok().and_then(|w| self.orphans.get(w)) {
+            if w.load(Ordering::Acquire) & (1 << (slot % 64)) != 0 {
+                w.fetch_and(!(1 << (slot % 64)), Ordering::AcqRel);
+            }
+        }
+    }
+    pub fn is_orphan(&self, slot: u64) -> bool {
+        usize::try_from(slot / 64).ok().and_then(|w| self.orphans.get(w)).is_some_and(|w| w.load(Ordering::Acquire) & (1 << (slot % 64)) != 0)
     }
 
     /// The slots flagged by [`header_completed`](Self::header_completed) since the last
@@ -542,7 +585,8 @@ impl SlotTable {
         // thread would drop it too), so the mailbox holds at most one event per container
         // even when nothing drains it (trace replay).
         m.events.retain(|e| e.copy != copy & 1);
-        m.events.push(CheckpointEvent { copy: copy & 1, header, epoch, writes });
+        let reads = self.checkpoint_reads();
+        m.events.push(CheckpointEvent { copy: copy & 1, header, epoch, writes, reads });
         drop(m);
         self.wake.notify_all();
         guard & 1 != 0
@@ -654,6 +698,9 @@ impl SlotTable {
             .is_ok();
         if !unchanged {
             self.life[i].fetch_and(!life::TRIMMING, Ordering::AcqRel);
+        }
+        if trimmed && unchanged {
+            self.clear_orphan(slot);
         }
         // Only that old count goes: a put that came in during the trim keeps its own.
         if trimmed && unchanged && left != 0 {

@@ -464,3 +464,14 @@ fn seqs_past_the_bound_are_refused() {
     let (_, p2, _, _) = load(&g, img, region);
     assert!(p2.unwrap().next_seq < 1 << 62);
 }
+
+/// What the docs say of the reserved tail: 1/4096 of a 2 TB drive holds the state down to
+/// slots of about 220 KiB.
+#[test]
+fn the_reserved_tail_holds_the_state_down_to_about_220_kib_slots() {
+    let size = 2_000_000_000_000u64;
+    let region = Region::tail(size);
+    let fits = |slot_bytes: u64| Layout::of(&SlotTable::new(size / slot_bytes)).bytes() <= region.len;
+    assert!(fits(232 << 10));
+    assert!(!fits(208 << 10));
+}

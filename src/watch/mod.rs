@@ -39,6 +39,15 @@
 //! needed: a container listing the slot names either these contents or contents whose header
 //! is gone, which LMCache's load drops.
 //!
+//! No tail of a slot goes, on this path or the early one, while the slot holds **orphan**
+//! bytes ([`SlotTable::note_orphan`]): payload bytes that no known header expected when they
+//! were placed (a payload ahead of its header after the header wait, or bytes past the
+//! current payload). With io_uring, and with buffered writeback, which reorders pages, they
+//! may be a later put's payload whose header is still to come, while an older header arrives
+//! first and would put them in its "tail". They stay until a header whose payload covers the
+//! whole slot (the orphan bytes are then its own, or it overwrites them) or a deallocation of
+//! the whole slot.
+//!
 //! ## Early tails
 //!
 //! A tail can go before any checkpoint confirmed the slot, as soon as its new header is
@@ -60,8 +69,12 @@
 //!   slot size drops its old index and writes slots that start inside fdpblk's, so a header
 //!   at an fdpblk slot start would put LMCache's next slot in its "tail". A LMCache that
 //!   restarts while fdpblk keeps running first reads both containers' header blocks: any such
-//!   read through fdpblk holds early tails back until the next checkpoint, whose geometry
-//!   then either matches or conflicts (and a conflict stops all deallocation).
+//!   read through fdpblk after a checkpoint's header write was planned (not after the state
+//!   thread read it back) holds early tails back until the next checkpoint, whose geometry
+//!   then either matches or conflicts (and a conflict stops all deallocation). A LMCache
+//!   that reads no checkpoint when it starts (`load_checkpoint_on_init` off) gives no such
+//!   sign: run fdpblk with `--no-early-tails` there, or add it again after changing
+//!   LMCache's geometry.
 //!
 //! Then no LMCache process reads the tail: the current put's entry (if it commits) reads its
 //! own `payload_len`; an entry for any earlier contents of the slot, in a checkpoint LMCache
@@ -372,8 +385,8 @@ pub struct Watcher {
     persist: Option<Persist>,
     loaded: Loaded,
     last_persist: Instant,
-    /// `SlotTable::checkpoint_reads` when LMCache last committed a checkpoint through fdpblk,
-    /// with fdpblk's geometry (None: not in this run). Early tails run only while it is the
+    /// `SlotTable::checkpoint_reads` when LMCache last committed a checkpoint through fdpblk
+    /// (as its header write was planned), with fdpblk's geometry (None: not in this run). Early tails run only while it is the
     /// current count: before, a slot header may come from a LMCache that restarted with another
     /// slot size (it drops its old index) while the checkpoints on the drive still match, and a
     /// tail computed with fdpblk's slot size could be the start of LMCache's next slot; a read
@@ -624,7 +637,7 @@ impl Watcher {
                 Read::Done(c) => {
                     if let (Some(h), Container::Valid(v)) = (p.ev.header, &c) {
                         self.committed(h, v.entries, v.fixed_bytes);
-                        self.geometry_seen_at = Some(self.slots.checkpoint_reads());
+                        self.geometry_seen_at = Some(p.ev.reads);
                     }
                     self.containers[usize::from(p.ev.copy)] = c;
                     changed = true;
@@ -891,7 +904,12 @@ impl Watcher {
                     out.push((slot, l));
                 } else if allow && l & life::TRIMMING == 0 && basis.is_some_and(|n| !self.containers[n].lists(slot)) {
                     early.push((slot, l));
-                } else if tails_on && listed && l & (life::TAIL_DONE | life::TRIMMING) == 0 && self.tail_of(slot).is_some() {
+                } else if tails_on
+                    && listed
+                    && l & (life::TAIL_DONE | life::TRIMMING) == 0
+                    && !self.slots.is_orphan(slot)
+                    && self.tail_of(slot).is_some()
+                {
                     tails.push((slot, l));
                 }
             }
@@ -984,7 +1002,9 @@ impl Watcher {
                 let l = self.slots.life(slot);
                 let e = current(self, slot, before.generation)?;
                 (l & life::HEADER_DONE != 0
+                    && l & life::STALE_TAIL != 0
                     && l & (life::TAIL_DONE | life::TRIMMING) == 0
+                    && !self.slots.is_orphan(slot)
                     && self.tail_after(e.payload_len).is_some())
                 .then_some((slot, e.generation))
             })
@@ -1009,7 +1029,7 @@ impl Watcher {
             let mut began = None;
             for _ in 0..8 {
                 let l = self.slots.life(slot);
-                if l & life::HEADER_DONE == 0 || l & (life::TAIL_DONE | life::TRIMMING) != 0 {
+                if l & life::HEADER_DONE == 0 || l & life::STALE_TAIL == 0 || l & (life::TAIL_DONE | life::TRIMMING) != 0 {
                     break;
                 }
                 if self.slots.cas_life(slot, l, l | life::TRIMMING) {
