@@ -213,6 +213,8 @@ impl StateWriter for SimDev {
 /// would place as they come without rounding each to the model's unit.
 #[derive(Debug)]
 pub struct WriteCombiner {
+    /// With `cap` 1 (ordered writes, the simulator's hot path): the one pending run.
+    single: Option<Segment>,
     /// Pending runs by start offset, each with its arrival stamp; disjoint.
     runs: BTreeMap<u64, (Segment, u64)>,
     /// Arrival stamp → start offset: the oldest run is written first when there are too many.
@@ -230,11 +232,28 @@ impl Default for WriteCombiner {
 impl WriteCombiner {
     /// A combiner holding at most `cap` (at least 1) runs.
     pub fn with_cap(cap: usize) -> Self {
-        WriteCombiner { runs: BTreeMap::new(), order: BTreeMap::new(), stamp: 0, cap: cap.max(1) }
+        WriteCombiner { single: None, runs: BTreeMap::new(), order: BTreeMap::new(), stamp: 0, cap: cap.max(1) }
     }
 
     pub fn push(&mut self, s: Segment, ssd: &mut Ssd) -> Result<(), SimError> {
         if s.len == 0 {
+            return Ok(());
+        }
+        if self.cap == 1 {
+            if let Some(p) = &mut self.single {
+                if p.handle == s.handle && p.offset + p.len == s.offset {
+                    p.len += s.len;
+                    return Ok(());
+                }
+                if p.handle == s.handle && s.offset + s.len == p.offset {
+                    p.offset = s.offset;
+                    p.len += s.len;
+                    return Ok(());
+                }
+            }
+            if let Some(p) = self.single.replace(s) {
+                ssd.write(p.offset, p.len, p.handle)?;
+            }
             return Ok(());
         }
         let end = s.offset + s.len;
@@ -276,6 +295,9 @@ impl WriteCombiner {
     /// deallocation of those bytes).
     pub fn flush_overlapping(&mut self, off: u64, len: u64, ssd: &mut Ssd) -> Result<(), SimError> {
         let end = off.saturating_add(len);
+        if self.single.is_some_and(|p| p.offset < end && off < p.offset + p.len) {
+            return self.flush(ssd);
+        }
         let first = self.runs.range(..=off).next_back().filter(|(_, (r, _))| r.offset + r.len > off).map_or(off, |(&s, _)| s);
         let mut hit: Vec<u64> = self.runs.range(first..end).map(|(_, &(_, st))| st).collect();
         hit.sort_unstable();
@@ -290,6 +312,9 @@ impl WriteCombiner {
     /// Writes what is pending, oldest first; call before anything that must see it (a
     /// deallocation).
     pub fn flush(&mut self, ssd: &mut Ssd) -> Result<(), SimError> {
+        if let Some(p) = self.single.take() {
+            ssd.write(p.offset, p.len, p.handle)?;
+        }
         while let Some((_, start)) = self.order.pop_first() {
             let (run, _) = self.runs.remove(&start).expect("a run per stamp");
             ssd.write(run.offset, run.len, run.handle)?;

@@ -202,6 +202,17 @@
 //!
 //! Not proved, assumed: a single LMCache process per device, writing one checkpoint at a
 //! time (true for 0.5.6: the periodic thread, and `close()` after joining it).
+//!
+//! Claims A and B read "planned before" as "issued before": true for O_DIRECT (posix and
+//! io_uring: a put commits after its writes completed). Buffered writeback (the non-MP
+//! default) hands fdpblk the page cache's writes in its own order and time. While a dirty page
+//! waits, LMCache reads it from the page cache, and fdpblk's later view of it is newer, so a
+//! deallocation that races it is followed by its writeback. What the argument then assumes is
+//! that writeback does not hold a checkpoint's header page back for a checkpoint interval
+//! while slot pages dirtied after the next snapshot go out first: that checkpoint, arriving
+//! late, could confirm a slot's old contents under a later put's payload. The kernel writes
+//! a dirty page back within `vm.dirty_expire_centisecs` (30 s by default) of dirtying it,
+//! against LMCache's 60 s interval; keep it below the interval.
 
 use crate::layout::checkpoint::payload_crc;
 use crate::layout::checkpoint_header::CheckpointHeader;

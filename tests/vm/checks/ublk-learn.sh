@@ -7,6 +7,7 @@
 # (tools/rawblock_writer) tells the layout, and from then on checkpoint bytes land on PID 1
 # and slot bytes on PID 2 (RUAMW) while every entry verifies; fdpblk list shows the learned
 # geometry. The same with the passthrough engine after a SIGKILL + recover while learning.
+# Then: a clean state saved by an earlier run is marked in use before a learning daemon serves.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq nvme blkdiscard blockdev
@@ -66,5 +67,24 @@ learn() {
 
 learn streams "$NS_DEV" 0
 learn passthrough "$NG_DEV" 1
+
+# A clean saved state from an earlier run, and no checkpoint on the drive (LMCache's metadata
+# region erased): the learning daemon serves writes its state thread does not follow yet, so
+# it marks that state in use before it serves (a crash while learning must not leave it
+# trusted).
+fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
+rm -f "$STATE"
+expect_eq "add with layout flags" "$(fdpblk_add -n 0 --backing "$NS_DEV" --engine streams "${GEOM[@]}")" "$DEV"
+writer saved put 4
+wait_stat own_state.persisted true
+"$FDPBLK" del -n 0 >/dev/null 2>&1 || not_ok "fdpblk del"
+expect_eq "a clean state saved at del" "$("$FDPBLK" inspect "$NS_DEV" "${GEOM[@]}" --json | jq -c .fdpblk_state.clean)" true
+blkdiscard -o 0 -l $((1 << 20)) "$NS_DEV" || check_fatal "blkdiscard of the metadata region"
+rm -f "$STATE"
+expect_eq "add without layout flags: learning" "$(fdpblk_add -n 0 --backing "$NS_DEV" --engine streams)" "$DEV"
+wait_stat layout.state '"learning"'
+expect_eq "the saved state is marked in use while learning" "$("$FDPBLK" inspect "$NS_DEV" "${GEOM[@]}" --json | jq -c .fdpblk_state.clean)" false
+expect "the daemon says so" grep -q "marked in use until the layout is learned" /run/fdpblk/daemon.log
+"$FDPBLK" del -n 0 >/dev/null 2>&1 || not_ok "fdpblk del"
 
 check_done
