@@ -793,9 +793,10 @@ impl SlotTable {
         let mut confirmed = flags & 4 != 0;
         if !trust_confirmed {
             confirmed = false;
-            // Without a trustworthy confirmation, live contents are only "once seen", and a
-            // trimmed slot may have been written since (its stale tail must not be skipped).
-            if matches!(state, SlotState::Live | SlotState::Trimmed) {
+            // Without a trustworthy confirmation, live contents are only "once seen". (A slot
+            // saved trimmed stays so: if it was written after that persist, the next shorter
+            // put's tail is missed, which costs only the drive's copying of those bytes.)
+            if state == SlotState::Live {
                 state = SlotState::Unknown;
             }
         }

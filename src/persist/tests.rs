@@ -419,8 +419,8 @@ fn marking_a_clean_state_in_use_makes_it_untrusted() {
     let (u, _, l, _) = load(&g, dev.image(), region);
     assert!(l.found && !l.clean);
     assert_eq!((u.get(3).unwrap().identity, u.get(3).unwrap().confirmed), (9, false));
-    // Untrusted, a trimmed slot may have been written since: its stale tail is not skipped.
-    assert_eq!(u.get(4).unwrap().state, SlotState::Unknown);
+    // A trimmed slot stays trimmed (what `inspect` and `stats` report after a crash).
+    assert_eq!(u.get(4).unwrap().state, SlotState::Trimmed);
     assert!(!Persist::mark_in_use(&dev, region, 3).unwrap(), "already not clean");
     assert!(!Persist::mark_in_use(&MemDev::new(region.len), region, 3).unwrap(), "no state");
 }
