@@ -345,7 +345,7 @@ impl Pipeline {
                 }
                 ExtentKind::SlotPayload { .. } | ExtentKind::SlotPadding { .. } => {
                     // Past the current payload: a longer put's bytes ahead of its header.
-                    self.slots.note_orphan(slot);
+                    self.slots.note_orphan(slot, self.orphan_end(slot, e));
                     self.slots.note_write(slot)
                 }
                 _ => self.slots.note_write(slot),
@@ -369,11 +369,11 @@ impl Pipeline {
             ExtentKind::Outside => self.policy.place(&Target::Outside),
             ExtentKind::SlotHeader { slot, header } => match header.valid() {
                 Some(h) => {
-                    // A payload that fills the slot covers whatever bytes came before it.
+                    // Bytes that came before this header within its payload are its own (or
+                    // it overwrites them).
                     let g = &self.geom;
-                    if g.header_bytes.saturating_add(h.payload_len.div_ceil(g.block_align).saturating_mul(g.block_align)) >= g.slot_bytes {
-                        self.slots.clear_orphan(slot);
-                    }
+                    let end = g.header_bytes.saturating_add(h.payload_len.div_ceil(g.block_align).saturating_mul(g.block_align));
+                    self.slots.settle_orphans(slot, self.slot_fraction(end, false));
                     let previous = self.slots.get(slot);
                     let handle =
                         self.policy.place(&Target::Slot { slot, header: Some(h), previous: previous.as_ref() });
@@ -393,7 +393,7 @@ impl Pipeline {
                     self.slots.payload_written(slot, e.len);
                 } else {
                     // Placed without its header: maybe a later put's payload.
-                    self.slots.note_orphan(slot);
+                    self.slots.note_orphan(slot, self.orphan_end(slot, e));
                     self.counters.payload_fallbacks.fetch_add(1, Relaxed);
                 }
                 h
@@ -413,6 +413,22 @@ impl Pipeline {
         }
         let end = g.header_bytes + cur.payload_len.div_ceil(g.block_align) * g.block_align;
         e.offset >= g.slot_offset(slot) + g.header_bytes && e.offset + e.len <= g.slot_offset(slot) + end
+    }
+
+    /// How far into `slot` extent `e` reaches, in orphan units rounded up.
+    fn orphan_end(&self, slot: u64, e: &Extent) -> u16 {
+        self.slot_fraction((e.offset + e.len).saturating_sub(self.geom.slot_offset(slot)), true)
+    }
+
+    /// `bytes` into a slot in orphan units (rounded up or down): `block_align` blocks, or as
+    /// many blocks each as keep a slot within 16 bits. A header's payload end is a whole
+    /// number of blocks, so it settles the bytes that came before it exactly.
+    fn slot_fraction(&self, bytes: u64, up: bool) -> u16 {
+        let g = &self.geom;
+        let blocks = g.slot_bytes.div_ceil(g.block_align.max(1));
+        let unit = g.block_align.max(1).saturating_mul(blocks.div_ceil(u64::from(u16::MAX)).max(1));
+        let f = if up { bytes.div_ceil(unit) } else { bytes / unit };
+        f.min(u64::from(u16::MAX)) as u16
     }
 
     /// The handle of the slot's current header, or the policy's guess when none was seen.

@@ -29,7 +29,7 @@ use crate::layout::slot_header::SlotHeader;
 use crate::layout::checkpoint_header::CheckpointHeader;
 use crate::place::Handle;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -202,6 +202,13 @@ fn zeroed_u32(n: usize) -> Box<[AtomicU32]> {
     unsafe { Box::from_raw(Box::into_raw(b) as *mut [AtomicU32]) }
 }
 
+fn zeroed_u16(n: usize) -> Box<[AtomicU16]> {
+    const _: () = assert!(std::mem::align_of::<AtomicU16>() == std::mem::align_of::<u16>());
+    let b = vec![0u16; n].into_boxed_slice();
+    // SAFETY: AtomicU16 has the size, alignment and bit validity of u16 (asserted above).
+    unsafe { Box::from_raw(Box::into_raw(b) as *mut [AtomicU16]) }
+}
+
 /// A checkpoint container header block written through fdpblk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CheckpointEvent {
@@ -265,11 +272,14 @@ pub struct SlotTable {
     /// One bit per slot: a header with a stale tail behind it completed since the state
     /// thread last looked (early stale-tail deallocation; no lock on the data path).
     completed: Box<[AtomicU64]>,
-    /// One bit per slot: payload bytes were written to it that no known header expected (a
-    /// put's payload placed before its header arrived, the header wait over). They may be a
-    /// later put's data, so no stale tail of the slot goes until a header covering the whole
-    /// slot, or a whole-slot deallocation, settles it. Not persisted.
-    orphans: Box<[AtomicU64]>,
+    /// Per slot: how far into the slot payload bytes reach that no known header expected (a
+    /// put's payload placed before its header arrived, the header wait over, or bytes past the
+    /// current payload), in the pipeline's orphan units (blocks, rounded up); 0 when there are
+    /// none. They may be
+    /// a later put's data, so no stale tail of the slot goes until a header whose payload
+    /// reaches as far (they are its own, or it overwrites them), or a whole-slot
+    /// deallocation, settles them. Not persisted.
+    orphans: Box<[AtomicU16]>,
 }
 
 impl Default for SlotTable {
@@ -301,7 +311,7 @@ impl SlotTable {
             alarm_at: AtomicU64::new(u64::MAX),
             checkpoint_reads: AtomicU64::new(0),
             completed: zeroed_u64(n.div_ceil(64)),
-            orphans: zeroed_u64(n.div_ceil(64)),
+            orphans: zeroed_u16(n),
         }
     }
 
@@ -311,7 +321,7 @@ impl SlotTable {
             + self.history.heap_bytes()
             + self.dirty.len() * 8
             + self.completed.len() * 8
-            + self.orphans.len() * 8
+            + self.orphans.len() * 2
     }
 
     pub fn get(&self, slot: u64) -> Option<SlotEntry> {
@@ -472,23 +482,30 @@ impl SlotTable {
         self.completed[i / 64].fetch_or(1 << (i % 64), Ordering::AcqRel);
     }
 
-    /// Payload bytes no known header expected were placed in `slot` (see `orphans`).
-    pub fn note_orphan(&self, slot: u64) {
-        if let Some(w) = usize::try_from(slot / 64).ok().and_then(|w| self.orphans.get(w)) {
-            w.fetch_or(1 << (slot % 64), Ordering::AcqRel);
+    /// Payload bytes no known header expected were placed in `slot`, up to `end` (orphan
+    /// units into the slot, rounded up, at least 1; see `orphans`).
+    pub fn note_orphan(&self, slot: u64, end: u16) {
+        if let Some(o) = self.index(slot).map(|i| &self.orphans[i]) {
+            o.fetch_max(end.max(1), Ordering::AcqRel);
         }
     }
-    /// A header covering the whole slot, or a whole-slot deallocation: the orphan bytes are
-    /// its payload, or gone.
+    /// A header whose payload reaches `covered` (orphan units, rounded down): the orphan bytes
+    /// up to there are its own, or it overwrites them.
+    pub fn settle_orphans(&self, slot: u64, covered: u16) {
+        if let Some(o) = self.index(slot).map(|i| &self.orphans[i]) {
+            let _ = o.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| (v != 0 && v <= covered).then_some(0));
+        }
+    }
+    /// A whole-slot deallocation: the orphan bytes are gone.
     pub fn clear_orphan(&self, slot: u64) {
-        if let Some(w) = usize::try_from(slot / 64).ok().and_then(|w| self.orphans.get(w)) {
-            if w.load(Ordering::Acquire) & (1 << (slot % 64)) != 0 {
-                w.fetch_and(!(1 << (slot % 64)), Ordering::AcqRel);
+        if let Some(o) = self.index(slot).map(|i| &self.orphans[i]) {
+            if o.load(Ordering::Acquire) != 0 {
+                o.store(0, Ordering::Release);
             }
         }
     }
     pub fn is_orphan(&self, slot: u64) -> bool {
-        usize::try_from(slot / 64).ok().and_then(|w| self.orphans.get(w)).is_some_and(|w| w.load(Ordering::Acquire) & (1 << (slot % 64)) != 0)
+        self.index(slot).is_some_and(|i| self.orphans[i].load(Ordering::Acquire) != 0)
     }
 
     /// The slots flagged by [`header_completed`](Self::header_completed) since the last

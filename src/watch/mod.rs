@@ -44,9 +44,9 @@
 //! were placed (a payload ahead of its header after the header wait, or bytes past the
 //! current payload). With io_uring, and with buffered writeback, which reorders pages, they
 //! may be a later put's payload whose header is still to come, while an older header arrives
-//! first and would put them in its "tail". They stay until a header whose payload covers the
-//! whole slot (the orphan bytes are then its own, or it overwrites them) or a deallocation of
-//! the whole slot.
+//! first and would put them in its "tail". They stay until a header whose payload reaches as
+//! far (the orphan bytes are then its own, or it overwrites them) or a deallocation of the
+//! whole slot.
 //!
 //! ## Early tails
 //!
