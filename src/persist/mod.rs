@@ -294,6 +294,13 @@ pub struct Persist {
     handle: Handle,
 }
 
+/// The superblock that counts of the two copies, with its copy: the highest seq; of two with
+/// one seq, the one not clean (a state marked in use, [`Persist::mark_in_use`]).
+fn newest(copies: [Option<Superblock>; 2]) -> Option<(u8, Superblock)> {
+    let [a, c] = copies;
+    [(0u8, a), (1, c)].into_iter().filter_map(|(i, s)| Some((i, s?))).max_by_key(|(_, s)| (s.seq, !s.clean))
+}
+
 fn new_instance() -> u64 {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     let x = t ^ (u64::from(std::process::id()) << 32) ^ 0x5eed_f00d_dead_beef;
@@ -313,26 +320,24 @@ impl Persist {
         dev.read_at(region.offset, &mut b[..2 * BLOCK as usize]).ok()?;
         let a = Superblock::decode(&b[..BLOCK as usize]);
         let c = Superblock::decode(&b[BLOCK as usize..]);
-        [a, c].into_iter().flatten().max_by_key(|s| s.seq)
+        newest([a, c]).map(|(_, s)| s)
     }
 
     /// Marks a clean saved state in `region` as in use before a device serves writes that no
     /// state thread follows yet (a layout still to be learned): its superblock again, not
-    /// clean, with the next seq, in the other copy, then a flush. Whatever layout it is for,
-    /// a later load will not trust its confirmations. `Ok(false)`: no clean state there.
+    /// clean, with the *same* seq, in the other copy, then a flush. Loading prefers the
+    /// unclean one of two superblocks with one seq ([`newest`]), so a later load will not
+    /// trust its confirmations, whatever layout it is for. A higher seq would vouch for page
+    /// copies that an unfinished cycle left with that seq. `Ok(false)`: no clean state there.
     pub fn mark_in_use(dev: &dyn StateWriter, region: Region, handle: Handle) -> io::Result<bool> {
         if region.len < 2 * BLOCK {
             return Ok(false);
         }
         let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
         dev.read_at(region.offset, &mut b[..2 * BLOCK as usize])?;
-        let newest = [0u8, 1]
-            .into_iter()
-            .filter_map(|c| Some((c, Superblock::decode(&b[c as usize * BLOCK as usize..(c as usize + 1) * BLOCK as usize])?)))
-            .max_by_key(|(_, s)| s.seq);
+        let newest = newest([0u8, 1].map(|c| Superblock::decode(&b[c as usize * BLOCK as usize..(c as usize + 1) * BLOCK as usize])));
         let Some((copy, mut sb)) = newest.filter(|(_, s)| s.clean) else { return Ok(false) };
         sb.clean = false;
-        sb.seq += 1;
         let other = 1 - usize::from(copy);
         sb.encode(&mut b[other * BLOCK as usize..(other + 1) * BLOCK as usize]);
         dev.write_at(region.offset + other as u64 * BLOCK, &b[other * BLOCK as usize..(other + 1) * BLOCK as usize], handle)?;
@@ -389,8 +394,7 @@ impl Persist {
                     for s in [&a, &c].into_iter().flatten() {
                         max_seq = max_seq.max(s.seq);
                     }
-                    let newest = [(0u8, a), (1, c)].into_iter().filter_map(|(i, s)| Some((i, s?))).max_by_key(|(_, s)| s.seq);
-                    newest.map(|(copy, s)| {
+                    newest([a, c]).map(|(copy, s)| {
                         p.sb_copy = copy;
                         s
                     })

@@ -475,3 +475,42 @@ fn the_reserved_tail_holds_the_state_down_to_about_220_kib_slots() {
     assert!(fits(232 << 10));
     assert!(!fits(208 << 10));
 }
+
+/// A clean state, then an unfinished cycle (pages written with the next seq, no superblock),
+/// then the mark: the pages of the unfinished cycle must not pass as committed.
+#[test]
+fn marking_in_use_never_vouches_for_an_unfinished_cycles_pages() {
+    let g = geom(300);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let mut rng = Rng(5);
+    mutate(&t, &mut rng, 40);
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    let img = dev.image();
+    // The committed state as an untrusted load sees it (confirmations dropped).
+    let committed = {
+        let r = SlotTable::new(g.max_slots);
+        let (_, l) = Persist::load_trusting(&dev, region, &g, &r, 3, false);
+        assert!(l.found);
+        snapshot(&r)
+    };
+    dev.take_log();
+    mutate(&t, &mut rng, 40);
+    p.cycle(&dev, &t, &Counters::default(), true, false).unwrap();
+    let ops = dev.take_log();
+    let sb = ops.iter().rposition(|o| matches!(o, MemOp::Write { .. })).unwrap();
+    let mut crashed = img;
+    apply(&mut crashed, &ops[..sb], None, &[]);
+    let dev2 = MemDev::new(region.len);
+    dev2.set_image(crashed);
+    assert!(Persist::mark_in_use(&dev2, region, 3).unwrap());
+    let (u, p2, l, dev3) = load(&g, dev2.image(), region);
+    assert!(l.found && !l.clean, "{l:?}");
+    assert!(snapshot(&u) == committed, "the unfinished cycle's pages were taken");
+    // The next cycle commits above both, and a reload keeps the marked state's records.
+    p2.unwrap().cycle(&*dev3, &u, &Counters::default(), false, true).unwrap().unwrap();
+    let (v, _, l, _) = load(&g, dev3.image(), region);
+    assert!(l.found && !l.clean && snapshot(&v) == committed);
+}
