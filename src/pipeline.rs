@@ -345,8 +345,9 @@ impl Pipeline {
                 }
                 ExtentKind::SlotPayload { .. } | ExtentKind::SlotPadding { .. } => {
                     // Past the current payload: a longer put's bytes ahead of its header.
+                    let waits = self.slots.note_write(slot);
                     self.slots.note_orphan(slot, self.orphan_end(slot, e));
-                    self.slots.note_write(slot)
+                    waits
                 }
                 _ => self.slots.note_write(slot),
             };
@@ -421,8 +422,9 @@ impl Pipeline {
     }
 
     /// `bytes` into a slot in orphan units (rounded up or down): `block_align` blocks, or as
-    /// many blocks each as keep a slot within 16 bits. A header's payload end is a whole
-    /// number of blocks, so it settles the bytes that came before it exactly.
+    /// many blocks each as keep a slot within 16 bits. With one block a unit (slots of up to
+    /// 65535 blocks), a header settles exactly the bytes its payload reaches; with more, a
+    /// payload ending inside a unit leaves the last one to a later header (tails wait).
     fn slot_fraction(&self, bytes: u64, up: bool) -> u16 {
         let g = &self.geom;
         let blocks = g.slot_bytes.div_ceil(g.block_align.max(1));

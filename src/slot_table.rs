@@ -277,8 +277,8 @@ pub struct SlotTable {
     /// current payload), in the pipeline's orphan units (blocks, rounded up); 0 when there are
     /// none. They may be
     /// a later put's data, so no stale tail of the slot goes until a header whose payload
-    /// reaches as far (they are its own, or it overwrites them), or a whole-slot
-    /// deallocation, settles them. Not persisted.
+    /// reaches as far settles them (they are its own, or it overwrites them). A whole-slot
+    /// deallocation does not: a write racing its end could lose its mark. Not persisted.
     orphans: Box<[AtomicU16]>,
 }
 
@@ -496,14 +496,6 @@ impl SlotTable {
             let _ = o.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| (v != 0 && v <= covered).then_some(0));
         }
     }
-    /// A whole-slot deallocation: the orphan bytes are gone.
-    pub fn clear_orphan(&self, slot: u64) {
-        if let Some(o) = self.index(slot).map(|i| &self.orphans[i]) {
-            if o.load(Ordering::Acquire) != 0 {
-                o.store(0, Ordering::Release);
-            }
-        }
-    }
     pub fn is_orphan(&self, slot: u64) -> bool {
         self.index(slot).is_some_and(|i| self.orphans[i].load(Ordering::Acquire) != 0)
     }
@@ -715,9 +707,6 @@ impl SlotTable {
             .is_ok();
         if !unchanged {
             self.life[i].fetch_and(!life::TRIMMING, Ordering::AcqRel);
-        }
-        if trimmed && unchanged {
-            self.clear_orphan(slot);
         }
         // Only that old count goes: a put that came in during the trim keeps its own.
         if trimmed && unchanged && left != 0 {

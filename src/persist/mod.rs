@@ -291,6 +291,9 @@ pub struct Persist {
     /// other. (Not `seq % 2`: a failed cycle skips its seq, and the next superblock would then
     /// overwrite the newest committed one.)
     sb_copy: u8,
+    /// The superblocks could not be read at load: the next superblock goes into both copies,
+    /// so that no older one (another instance's, maybe clean) outranks this state.
+    sb_both: bool,
     handle: Handle,
 }
 
@@ -382,6 +385,7 @@ impl Persist {
             current: vec![0; layout.pages() as usize],
             forced: Vec::new(),
             sb_copy: 1,
+            sb_both: false,
             handle,
         };
         let mut max_seq = 0u64;
@@ -401,6 +405,7 @@ impl Persist {
                 }
                 Err(e) => {
                     loaded.note = Some(format!("cannot read the state superblocks: {e}"));
+                    p.sb_both = true;
                     None
                 }
             }
@@ -583,6 +588,7 @@ impl Persist {
                     self.current[p as usize] = 1 - self.current[p as usize];
                 }
                 self.sb_copy = 1 - self.sb_copy;
+                self.sb_both = false;
                 self.seq = seq;
                 self.next_seq = seq + 1;
                 Ok(Some(CycleReport { seq, pages: pages.len() as u64, bytes: written }))
@@ -638,6 +644,9 @@ impl Persist {
         sb.encode(&mut b);
         let copy = u64::from(1 - self.sb_copy);
         dev.write_at(self.region.offset + copy * BLOCK, &b[..BLOCK as usize], self.handle).map_err(|e| (e, true))?;
+        if self.sb_both {
+            dev.write_at(self.region.offset + (1 - copy) * BLOCK, &b[..BLOCK as usize], self.handle).map_err(|e| (e, true))?;
+        }
         dev.flush().map_err(|e| (e, true))?;
         Ok(written + BLOCK)
     }

@@ -514,3 +514,29 @@ fn marking_in_use_never_vouches_for_an_unfinished_cycles_pages() {
     let (v, _, l, _) = load(&g, dev3.image(), region);
     assert!(l.found && !l.clean && snapshot(&v) == committed);
 }
+
+/// Superblocks that cannot be read at load: the fresh state's first superblock goes into both
+/// copies, so an older clean one with a higher seq cannot outrank it later.
+#[test]
+fn unreadable_superblocks_are_both_replaced() {
+    let g = geom(300);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    for i in 0..3 {
+        t.record_header(i, &SlotHeader { identity: 10 + i, payload_len: 1 }, 1);
+        p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    }
+    dev.set_fail_reads(Some(0..8192));
+    let u = SlotTable::new(g.max_slots);
+    let (p2, l) = Persist::load(&dev, region, &g, &u, 3);
+    assert!(!l.found && l.note.as_deref().is_some_and(|n| n.contains("superblocks")));
+    dev.set_fail_reads(None);
+    p2.unwrap().cycle(&dev, &u, &Counters::default(), false, true).unwrap().unwrap();
+    let img = dev.image();
+    let sbs: Vec<_> = [0usize, 1].iter().map(|&c| Superblock::decode(&img[c * 4096..(c + 1) * 4096]).map(|s| (s.instance, s.clean))).collect();
+    assert!(sbs[0].is_some() && sbs[0] == sbs[1], "{sbs:?}");
+    let (v, _, l, _) = load(&g, img, region);
+    assert!(l.found && !l.clean && v.get(1).is_none());
+}

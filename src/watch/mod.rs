@@ -45,8 +45,9 @@
 //! current payload). With io_uring, and with buffered writeback, which reorders pages, they
 //! may be a later put's payload whose header is still to come, while an older header arrives
 //! first and would put them in its "tail". They stay until a header whose payload reaches as
-//! far (the orphan bytes are then its own, or it overwrites them) or a deallocation of the
-//! whole slot.
+//! far: the orphan bytes are then its own, or it overwrites them. (That header is taken to be
+//! newer than the bytes: writeback that delivered a put's payload, then an older put's long
+//! header, then a still older short one, all before the first put's header, is not covered.)
 //!
 //! ## Early tails
 //!
@@ -1307,8 +1308,8 @@ impl Watcher {
         match p.cycle(&*self.dev, &self.slots, &self.counters, clean, force) {
             Ok(r) => {
                 if let Some(r) = r {
-                    self.counters.cycles += 1;
-                    self.counters.own_bytes += r.bytes;
+                    self.counters.cycles = self.counters.cycles.saturating_add(1);
+                    self.counters.own_bytes = self.counters.own_bytes.saturating_add(r.bytes);
                     self.counters_dirty = false;
                 }
                 if self.unclean_error.take().is_some() && !clean {
