@@ -372,9 +372,7 @@ impl Pipeline {
                 Some(h) => {
                     // Bytes that came before this header within its payload are its own (or
                     // it overwrites them).
-                    let g = &self.geom;
-                    let end = g.header_bytes.saturating_add(h.payload_len.div_ceil(g.block_align).saturating_mul(g.block_align));
-                    self.slots.settle_orphans(slot, self.slot_fraction(end, false));
+                    self.slots.settle_orphans(slot, self.slot_fraction(self.geom.payload_end(h.payload_len), false));
                     let previous = self.slots.get(slot);
                     let handle =
                         self.policy.place(&Target::Slot { slot, header: Some(h), previous: previous.as_ref() });
@@ -412,7 +410,7 @@ impl Pipeline {
         if cur.payload_len >= u64::from(u32::MAX) {
             return false; // the table keeps 32 bits of length
         }
-        let end = g.header_bytes + cur.payload_len.div_ceil(g.block_align) * g.block_align;
+        let end = g.payload_end(cur.payload_len);
         e.offset >= g.slot_offset(slot) + g.header_bytes && e.offset + e.len <= g.slot_offset(slot) + end
     }
 

@@ -158,6 +158,11 @@ impl Geometry {
     pub fn data_end_offset(&self) -> u64 {
         self.meta_total_bytes + self.max_slots * self.slot_bytes
     }
+    /// Where a payload of `payload_len` bytes ends within its slot, rounded up to
+    /// `block_align` (what LMCache's O_DIRECT writes and loads cover); saturating.
+    pub fn payload_end(&self, payload_len: u64) -> u64 {
+        self.header_bytes.saturating_add(payload_len.div_ceil(self.block_align.max(1)).saturating_mul(self.block_align))
+    }
     pub fn slot_payload_capacity(&self) -> u64 {
         self.slot_bytes - self.header_bytes
     }

@@ -1422,7 +1422,7 @@ impl IoShaper {
         for &(slot, h) in &self.pending {
             let off = g.slot_offset(slot);
             push(BlockIo { write: true, offset: off, len: g.header_bytes, header: Some(h), checkpoint: None }, &mut self.rng);
-            let end = off + g.header_bytes + h.payload_len.div_ceil(g.block_align) * g.block_align;
+            let end = off + g.payload_end(h.payload_len);
             let mut pos = off + g.header_bytes;
             while pos < end {
                 let len = (end - pos).min(self.max_req);

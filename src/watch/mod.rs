@@ -947,7 +947,7 @@ impl Watcher {
     /// The tail of a slot whose payload is `payload_len` bytes (see [`Self::tail_of`]).
     fn tail_after(&self, payload_len: u64) -> Option<(u64, u64)> {
         let g = &self.geom;
-        let start = g.header_bytes.checked_add(payload_len.div_ceil(g.block_align).checked_mul(g.block_align)?)?;
+        let start = g.payload_end(payload_len);
         (start < g.slot_bytes).then(|| (start, g.slot_bytes - start))
     }
 
