@@ -372,7 +372,7 @@ impl Pipeline {
                 Some(h) => {
                     // Bytes that came before this header within its payload are its own (or
                     // it overwrites them).
-                    self.slots.settle_orphans(slot, self.slot_fraction(self.geom.payload_end(h.payload_len), false));
+                    self.slots.settle_orphans(slot, self.covered_units(h.payload_len));
                     let previous = self.slots.get(slot);
                     let handle =
                         self.policy.place(&Target::Slot { slot, header: Some(h), previous: previous.as_ref() });
@@ -417,6 +417,18 @@ impl Pipeline {
     /// How far into `slot` extent `e` reaches, in orphan units rounded up.
     fn orphan_end(&self, slot: u64, e: &Extent) -> u16 {
         self.slot_fraction((e.offset + e.len).saturating_sub(self.geom.slot_offset(slot)), true)
+    }
+
+    /// How far a header with `payload_len` settles orphan bytes, in orphan units: `u16::MAX`
+    /// when its payload reaches the slot's end (a last unit that is only partly the slot's
+    /// is then covered too).
+    fn covered_units(&self, payload_len: u64) -> u16 {
+        let end = self.geom.payload_end(payload_len);
+        if end >= self.geom.slot_bytes {
+            u16::MAX
+        } else {
+            self.slot_fraction(end, false)
+        }
     }
 
     /// `bytes` into a slot in orphan units (rounded up or down): `block_align` blocks, or as
@@ -508,6 +520,32 @@ mod tests {
         assert_eq!(segs[1].handle, RegionPolicy::SLOTS);
         assert_eq!(p.stats().payload_fallbacks, 1);
         assert_eq!(eng.counters.bytes_by_handle[&RegionPolicy::SLOTS], 61440);
+    }
+
+    #[test]
+    fn orphans_marked_everywhere_are_settled_only_by_a_payload_to_the_slot_end() {
+        use crate::layout::GeometryConfig;
+        // 80 MiB slots of 512-byte blocks: an orphan unit is 3 blocks, and the slot's end
+        // falls inside its last unit.
+        let big = GeometryConfig { block_align: 512, header_bytes: 4096, slot_bytes: 80 << 20, meta_total_bytes: 1 << 20, capacity_bytes: 0 }
+            .validate((1 << 20) + (160 << 20))
+            .unwrap();
+        for g in [geom(), big] {
+            let slots = Arc::new(SlotTable::new(g.max_slots));
+            let mut p = Pipeline::with_slots(g, Box::new(NonePolicy), slots.clone());
+            slots.orphans_everywhere();
+            let mut segs = Vec::new();
+            let mut put = |payload_len: u64| {
+                let hdr = SlotHeader { identity: 9, payload_len }.encode(g.header_bytes as usize);
+                let req = Request { op: Op::Write, offset: g.slot_offset(0), len: g.header_bytes, data: Some(&hdr) };
+                p.plan(&req, &mut segs, HeaderWait::Expired).unwrap();
+                slots.is_orphan(0)
+            };
+            let full = g.slot_bytes - g.header_bytes;
+            assert!(put(full - g.block_align), "a payload one block short of the end settles nothing");
+            assert!(!put(full - 1), "a payload that reaches the end (rounded up) settles all");
+            assert!(slots.is_orphan(1), "other slots keep theirs");
+        }
     }
 
     #[test]

@@ -277,8 +277,11 @@ pub struct SlotTable {
     /// current payload), in the pipeline's orphan units (blocks, rounded up); 0 when there are
     /// none. They may be
     /// a later put's data, so no stale tail of the slot goes until a header whose payload
-    /// reaches as far settles them (they are its own, or it overwrites them). A whole-slot
-    /// deallocation does not: a write racing its end could lose its mark. Not persisted.
+    /// reaches as far settles them (they are its own, or it overwrites them); `u16::MAX`: to
+    /// the slot's end. A whole-slot deallocation does not: a write racing its end could lose
+    /// its mark. Not persisted: they matter only while the LMCache process that wrote them
+    /// can still send the header, i.e. across a ublk recovery, and a recovered daemon marks
+    /// every slot instead (its predecessor served writes after its last persist).
     orphans: Box<[AtomicU16]>,
 }
 
@@ -494,6 +497,13 @@ impl SlotTable {
     pub fn settle_orphans(&self, slot: u64, covered: u16) {
         if let Some(o) = self.index(slot).map(|i| &self.orphans[i]) {
             let _ = o.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| (v != 0 && v <= covered).then_some(0));
+        }
+    }
+    /// Every slot may hold orphan bytes to its end (writes were served that this table never
+    /// saw); each is settled by the first header whose payload reaches the slot's end.
+    pub fn orphans_everywhere(&self) {
+        for o in self.orphans.iter() {
+            o.store(u16::MAX, Ordering::Release);
         }
     }
     pub fn is_orphan(&self, slot: u64) -> bool {

@@ -309,7 +309,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // The state thread: loads fdpblk's own state into the slot table before any I/O is served.
     let watcher = cfg.geometry.and_then(|g| {
         let slots = Arc::new(SlotTable::new(g.max_slots));
-        let w = state_dev.clone().map(|d| start_watcher(&cfg, g, d, &slots, layout.policy(), false));
+        let w = state_dev.clone().map(|d| start_watcher(&cfg, g, d, &slots, layout.policy(), false, recover));
         layout.set(Known { geometry: g, slots });
         w
     });
@@ -499,7 +499,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
     let mut learned = cfg.clone();
     learned.geometry = Some(g);
     let slots = Arc::new(SlotTable::new(g.max_slots));
-    let w = start_watcher(&learned, g, dev, &slots, shared.layout.policy(), true);
+    let w = start_watcher(&learned, g, dev, &slots, shared.layout.policy(), true, false);
     if let Some(e) = w.unclean_error() {
         // The device already serves: keep retrying (the state thread does, every second).
         tracing::error!(
@@ -528,15 +528,17 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
 }
 
 /// The watcher (state loaded, both checkpoint containers read).
-/// `learned`: the layout was learned while serving, so writes went by unseen.
-fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slots: &Arc<SlotTable>, policy: &SharedPolicy, learned: bool) -> Watcher {
+/// `learned`: the layout was learned while serving, so writes went by unseen. `recovered`:
+/// the device's earlier daemon died while LMCache kept it open, and served writes after its
+/// last persist (and LMCache's page cache may still hold pages written before them).
+fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slots: &Arc<SlotTable>, policy: &SharedPolicy, learned: bool, recovered: bool) -> Watcher {
     let own = policy_by_name(&cfg.policy).map_or(0, |mut p| p.place(&Target::OwnState));
     let persist_interval = match cfg.persist_interval_ms {
         0 => Duration::MAX,
         ms => Duration::from_millis(ms),
     };
     let wc = WatchConfig { trim: cfg.trim, trim_tails: cfg.trim, early_tails: cfg.trim && cfg.early_tails, early_evictions: cfg.trim && cfg.early_evictions, device: cfg.id, persist_interval,
-        page_cache: (cfg.id >= 0).then(|| state::bdev_path(cfg.id).into()), trust_saved_confirmations: !learned, ..WatchConfig::default() };
+        page_cache: (cfg.id >= 0).then(|| state::bdev_path(cfg.id).into()), trust_saved_confirmations: !learned, writes_unseen: learned || recovered, ..WatchConfig::default() };
     let mut w = Watcher::new(g, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
     // A policy with history (key-aware's loads) takes back what the restored slot table holds;
     // one that learns tenants from LMCache's checkpoints (lmcache-fdp) gets each one.

@@ -950,6 +950,7 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
             early_tails: spec.trim && spec.early_tails,
             early_evictions: spec.trim && spec.trim_slots && spec.early_evictions,
             trust_saved_confirmations: true,
+            writes_unseen: false,
             // The simulator runs the early-tail round itself, on simulated time.
             early_tails_every: Duration::MAX,
             retry_base: Duration::ZERO,

@@ -48,6 +48,10 @@
 //! far: the orphan bytes are then its own, or it overwrites them. (That header is taken to be
 //! newer than the bytes: writeback that delivered a put's payload, then an older put's long
 //! header, then a still older short one, all before the first put's header, is not covered.)
+//! The marks are not persisted. A daemon that recovers a device LMCache kept open
+//! (`fdpblk recover`), or that learned the layout while serving, cannot know what was written
+//! unseen: it starts with every slot marked to its end, so a slot's tails wait for a header
+//! whose payload reaches the slot's end (WAF only: those tails stay valid on the drive).
 //!
 //! ## Early tails
 //!
@@ -249,6 +253,11 @@ pub struct WatchConfig {
     /// the slot table existed (the layout was learned while serving): a same-key re-put among
     /// them would leave a stale confirmation that the header check cannot tell apart.
     pub trust_saved_confirmations: bool,
+    /// LMCache may have written slots that this table never saw: a recovered device (its
+    /// earlier daemon served writes after its last persist) or a layout learned while
+    /// serving. Any slot may then hold a later put's payload ahead of its header, so every
+    /// slot starts with orphan bytes to its end ([`SlotTable::orphans_everywhere`]).
+    pub writes_unseen: bool,
     /// How often `step` runs the early-tail round (each round with work flushes the drive);
     /// `Duration::MAX`: never (the simulator runs it on simulated time).
     pub early_tails_every: Duration,
@@ -268,7 +277,7 @@ pub struct WatchConfig {
 
 impl Default for WatchConfig {
     fn default() -> Self {
-        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, trust_saved_confirmations: true, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None }
+        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, trust_saved_confirmations: true, writes_unseen: false, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None }
     }
 }
 
@@ -462,6 +471,9 @@ impl Watcher {
         };
         if let Some(n) = &loaded.note {
             tracing::warn!("device {}: own state: {n}", cfg.device);
+        }
+        if cfg.writes_unseen {
+            slots.orphans_everywhere();
         }
         let mut cfg = cfg;
         // Zeroing a header block of another size would need a read-modify-write racing
