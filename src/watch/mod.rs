@@ -1354,9 +1354,20 @@ impl Watcher {
             .containers
             .iter()
             .enumerate()
-            .map(|(i, c)| match c {
-                Container::Valid(v) => json!({"copy": i, "state": "valid", "seq": v.seq, "payload_len": v.payload_len, "entries": v.entries}),
-                c => json!({"copy": i, "state": c.name()}),
+            .map(|(i, c)| {
+                let mut v = match c {
+                    Container::Valid(v) => json!({"copy": i, "state": "valid", "seq": v.seq, "payload_len": v.payload_len, "entries": v.entries}),
+                    c => json!({"copy": i, "state": c.name()}),
+                };
+                // A checkpoint header write whose read-back is not complete yet: what an
+                // operator (or a test) needs when a checkpoint seems not to be followed.
+                if let (Some(p), Some(o)) = (self.pending.iter().find(|p| usize::from(p.ev.copy) == i), v.as_object_mut()) {
+                    o.insert("reading".into(), json!({
+                        "seq": p.ev.header.map(|h| h.seq), "tries": p.tries,
+                        "for_s": (p.since.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+                    }));
+                }
+                v
             })
             .collect();
         // What this daemon counted: the lifetime counters come back from the drive at every

@@ -1143,6 +1143,30 @@ fn an_older_short_header_written_back_after_a_later_puts_payload_cuts_nothing() 
     r.verify_all();
 }
 
+#[test]
+fn stats_show_a_checkpoint_read_back_waiting_for_its_payload() {
+    // io_uring order: the header reaches fdpblk before the payload.
+    let mut r = Rig::new(SLOTS, META, true);
+    r.checkpoint();
+    r.step();
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    assert!(r.snapshot());
+    let copy = Geometry::copy_for_seq(r.lmc.seq + 1);
+    r.ckpt_header();
+    r.step();
+    let v = r.w.published().lock().unwrap().clone();
+    let c = &v["containers"][usize::from(copy)];
+    assert_eq!(c["state"], "unknown");
+    assert_eq!(c["reading"]["seq"], r.lmc.seq + 1);
+    assert_eq!(v["checkpoint_seq"], r.lmc.seq);
+    r.ckpt_payload();
+    r.step();
+    let v = r.w.published().lock().unwrap().clone();
+    assert_eq!(v["checkpoint_seq"], r.lmc.seq);
+    assert!(v["containers"][usize::from(copy)].get("reading").is_none());
+}
+
 /// The orphan case above across a daemon crash and recovery: C's payload reached the
 /// earlier daemon, whose orphan mark died with it; B's old header reaches the recovered one.
 /// The oracle (`check_trims`) fails the test if B's tail goes.

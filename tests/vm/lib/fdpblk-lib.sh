@@ -84,6 +84,9 @@ poll_eq() {
         sleep 0.25
     done
     expect_eq "$name" "$got" "$want"
+    if [[ $got != "$want" ]]; then
+        echo "# checkpoint containers as fdpblk sees them: $("$FDPBLK" stats -n 0 --json 2>/dev/null | jq -c '.containers')"
+    fi
     if [[ $got != "$want" && -e /run/fdpblk/daemon.log ]]; then
         echo "# the daemon's last log lines:"
         grep -v '^$' /run/fdpblk/daemon.log | tail -15 | sed 's/^/#   /'
