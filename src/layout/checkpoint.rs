@@ -52,9 +52,10 @@ pub fn read_copies<D: ReadAt + ?Sized>(dev: &D, geom: &Geometry) -> io::Result<[
     Ok([read_copy(dev, geom, 0)?, read_copy(dev, geom, 1)?])
 }
 
-/// The copy LMCache's loader would take: the valid one with the highest seq.
+/// The copy LMCache's loader would take: the valid one with the highest seq, the first of
+/// two with one seq (its `>` keeps the first; `max_by_key` keeps the last, hence `rev`).
 pub fn newest_valid(copies: &[CopyStatus]) -> Option<&CopyStatus> {
-    copies.iter().filter(|c| c.is_valid()).max_by_key(|c| c.seq())
+    copies.iter().rev().filter(|c| c.is_valid()).max_by_key(|c| c.seq())
 }
 
 /// CRC-32 (zlib) of `len` bytes at `offset`, read 1 MiB at a time.
@@ -81,7 +82,9 @@ pub fn read_entries<D: ReadAt + ?Sized>(
 ) -> Result<CheckpointMeta, JsonError> {
     let len = copy.payload_len().ok_or(JsonError::NotAnObject)?;
     let reader = RegionReader::new(dev, copy.payload_offset(geom), len);
-    parse_checkpoint_json(io::BufReader::with_capacity(1 << 16, reader), limits, on_entry)
+    // The header check bounds `len` by the container: any payload LMCache could load is read.
+    let limits = JsonLimits { max_payload_bytes: limits.max_payload_bytes.max(len), ..limits.clone() };
+    parse_checkpoint_json(io::BufReader::with_capacity(1 << 16, reader), &limits, on_entry)
 }
 
 #[cfg(test)]
@@ -141,6 +144,32 @@ mod tests {
             assert_eq!(got, want, "{scen}");
             assert_eq!(meta.slot_bytes, Some(geom.slot_bytes));
         }
+    }
+
+    #[test]
+    fn two_copies_with_one_seq_load_the_first_and_a_small_bound_reads_the_whole_payload() {
+        use crate::layout::checkpoint_header::CheckpointHeader;
+        let (mut img, m) = fixture("object-evict");
+        let geom = geom_of(&m, img.len() as u64);
+        let ba = geom.block_align as usize;
+        // Copy 0 (seq 1) rewritten as seq 2, copy 1's seq: LMCache's `>` keeps copy 0.
+        let copies = read_copies(&img, &geom).unwrap();
+        let len = copies[0].payload_len().unwrap() as usize;
+        let payload = img[ba..ba + len].to_vec();
+        img[..ba].copy_from_slice(&CheckpointHeader::encode_for(2, &payload, ba));
+        let copies = read_copies(&img, &geom).unwrap();
+        assert_eq!((copies[0].seq(), copies[1].seq()), (Some(2), Some(2)));
+        let newest = newest_valid(&copies).unwrap();
+        assert_eq!(newest.copy, 0);
+        // A payload the header check let through is read whole, whatever the caller's bound.
+        let tight = JsonLimits { max_payload_bytes: 16, ..JsonLimits::default() };
+        let mut n = 0;
+        read_entries(&img, &geom, newest, &tight, &mut |_| {
+            n += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert!(n > 0);
     }
 
     #[test]

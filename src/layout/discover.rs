@@ -4,7 +4,7 @@
 
 use super::checkpoint::{newest_valid, read_copies, read_entries, CopyStatus};
 use super::checkpoint_header::CheckpointHeader;
-use super::checkpoint_json::{CheckpointMeta, JsonLimits};
+use super::checkpoint_json::{CheckpointMeta, JsonError, JsonLimits};
 use super::geometry::{DEFAULT_BLOCK_ALIGN, DEFAULT_HEADER_BYTES};
 use super::{Geometry, GeometryConfig, GeometryError};
 use crate::device::ReadAt;
@@ -48,6 +48,8 @@ pub enum DiscoverError {
     /// LMCache's checkpoint on the device lays out more than the device holds.
     CheckpointTooBig { meta_bytes: u64, slot_bytes: u64, capacity: u64 },
     Geometry(GeometryError),
+    /// LMCache's newest checkpoint is valid JSON beyond the parser's bounds.
+    Unparsable(JsonError),
 }
 
 impl fmt::Display for DiscoverError {
@@ -68,6 +70,10 @@ impl fmt::Display for DiscoverError {
                 "the LMCache checkpoint on the device lays out {meta_bytes} bytes of metadata and {slot_bytes}-byte slots, no slot of which fits in the device's {capacity} bytes; give the whole device LMCache wrote (is this a truncated image?)"
             ),
             Self::Geometry(e) => e.fmt(f),
+            Self::Unparsable(e) => write!(
+                f,
+                "LMCache's checkpoint on the device is beyond what fdpblk parses ({e}); give the layout instead: --layout lmcache --slot-bytes B --meta-total-bytes B (and --block-align/--header-bytes if not 4096)"
+            ),
         }
     }
 }
@@ -166,7 +172,11 @@ fn checkpoint_at<D: ReadAt + ?Sized>(
     let Some(newest) = newest_valid(&copies) else { return Ok(None) };
     let meta = match read_entries(dev, &geom, newest, &JsonLimits::default(), &mut |_| Ok(())) {
         Ok(m) => m,
-        Err(_) => return Ok(None), // valid CRC but unusable JSON: LMCache starts empty too
+        // Past fdpblk's bounds, not malformed: LMCache would load it.
+        Err(e @ (JsonError::TooDeep { .. } | JsonError::StringTooLong { .. } | JsonError::TooLarge { .. })) => {
+            return Err(DiscoverError::Unparsable(e))
+        }
+        Err(_) => return Ok(None), // valid CRC but malformed JSON: LMCache starts empty too
     };
     Ok(Some((meta, copies, geom)))
 }
@@ -369,6 +379,29 @@ mod tests {
         let (img, _) = fixture("object-evict");
         let f = GeometryFlags { block_align: Some(u64::MAX), ..Default::default() };
         assert!(discover(&img, &f).is_err());
+    }
+
+    #[test]
+    fn a_checkpoint_beyond_the_parsers_bounds_is_an_error_naming_the_flags() {
+        use crate::layout::checkpoint::{newest_valid, read_copies};
+        use crate::layout::checkpoint_header::CheckpointHeader;
+        // object-evict's newest checkpoint with a 70 KiB key first among its entries: valid
+        // JSON that LMCache loads, past fdpblk's 64 KiB string bound. Not "no checkpoint".
+        let (mut img, _) = fixture("object-evict");
+        let g = discover(&img, &GeometryFlags::default()).unwrap().geometry;
+        let copies = read_copies(&img, &g).unwrap();
+        let newest = newest_valid(&copies).unwrap();
+        let (seq, at, len) = (newest.seq().unwrap(), newest.offset as usize, newest.payload_len().unwrap() as usize);
+        let ba = g.block_align as usize;
+        let json = String::from_utf8(img[at + ba..at + ba + len].to_vec()).unwrap();
+        let long = format!("\"entries\":{{\"{}\":{{\"offset\":0,\"size\":1}},", "k".repeat(70 * 1024));
+        let json = json.replacen("\"entries\":{", &long, 1);
+        assert!(json.len() as u64 <= g.payload_cap());
+        img[at + ba..at + ba + json.len()].copy_from_slice(json.as_bytes());
+        img[at..at + ba].copy_from_slice(&CheckpointHeader::encode_for(seq, json.as_bytes(), ba));
+        let e = discover(&img, &GeometryFlags::default()).unwrap_err();
+        assert!(matches!(e, DiscoverError::Unparsable(JsonError::StringTooLong { .. })), "{e}");
+        assert!(e.to_string().contains("--layout lmcache --slot-bytes"), "{e}");
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub struct Geometry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GeometryError {
     BlockAlignNotPowerOfTwo(u64),
+    BlockAlignTooLarge(u64),
     HeaderBytes(u64, u64),
     SlotBytes { slot_bytes: u64, header_bytes: u64, block_align: u64 },
     MetaTotalBytes(u64, u64),
@@ -44,6 +45,10 @@ pub enum GeometryError {
     DeviceTooSmall { meta_total_bytes: u64, capacity: u64, slot_bytes: u64 },
     TooManySlots { max_slots: u64, capacity: u64, slot_bytes: u64 },
 }
+
+/// The largest `block_align` fdpblk takes (buffers of that size are read per checkpoint
+/// event; LMCache's own default is 4096, O_DIRECT needs at most the drive's block size).
+pub const MAX_BLOCK_ALIGN: u64 = 1 << 20;
 
 /// The most slots fdpblk tracks: 256 TiB in LMCache's smallest (1 MiB) slots. The slot table
 /// takes memory per slot, so a capacity from a garbage value must not size it.
@@ -55,6 +60,10 @@ impl fmt::Display for GeometryError {
             Self::BlockAlignNotPowerOfTwo(a) => write!(
                 f,
                 "block_align {a} is not a power of two; set --block-align to LMCache's block_align (default 4096)"
+            ),
+            Self::BlockAlignTooLarge(a) => write!(
+                f,
+                "block_align {a} is above the {MAX_BLOCK_ALIGN} bytes fdpblk supports; set LMCache's block_align (and --block-align) to the drive's block size, e.g. 4096"
             ),
             Self::HeaderBytes(h, a) => write!(
                 f,
@@ -92,6 +101,9 @@ impl GeometryConfig {
         let a = self.block_align;
         if a == 0 || !a.is_power_of_two() {
             return Err(GeometryError::BlockAlignNotPowerOfTwo(a));
+        }
+        if a > MAX_BLOCK_ALIGN {
+            return Err(GeometryError::BlockAlignTooLarge(a));
         }
         if self.header_bytes < 24 || self.header_bytes % a != 0 {
             return Err(GeometryError::HeaderBytes(self.header_bytes, a));
@@ -207,6 +219,15 @@ impl Geometry {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_block_align_past_a_mebibyte_is_refused_with_the_fix() {
+        let c = |a: u64| super::GeometryConfig { block_align: a, header_bytes: a, slot_bytes: 4 * a, meta_total_bytes: 4 * a, capacity_bytes: 0 };
+        assert!(c(1 << 20).validate(64 << 20).is_ok());
+        let e = c(2 << 20).validate(64 << 20).unwrap_err();
+        assert!(matches!(e, super::GeometryError::BlockAlignTooLarge(2097152)), "{e}");
+        assert!(e.to_string().contains("e.g. 4096"), "{e}");
+    }
+
     use super::*;
 
     fn cfg(a: u64, h: u64, s: u64, m: u64, c: u64) -> GeometryConfig {

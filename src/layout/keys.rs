@@ -172,7 +172,7 @@ pub fn legacy_identity(hex: &str) -> u64 {
         None => (false, hex),
     };
     // Only the last 16 digits matter modulo 2^64.
-    let low = &digits[digits.len().saturating_sub(16)..];
+    let low = digits.get(digits.len().saturating_sub(16)..).unwrap_or("");
     let mag = u64::from_str_radix(low, 16).unwrap_or(0);
     if neg {
         mag.wrapping_neg()
@@ -205,6 +205,13 @@ pub fn percent_decode(s: &str) -> String {
 mod tests {
     use super::*;
     use crate::test_fixtures::fixtures_dir as fixtures;
+
+    #[test]
+    fn legacy_identity_never_panics_on_text_it_was_not_meant_for() {
+        // Multi-byte characters where the last 16 bytes start: no slice inside a character.
+        assert_eq!(legacy_identity("ééééééééé"), 0);
+        assert_eq!(legacy_identity("-"), 0);
+    }
 
     #[test]
     fn reference_vector() {

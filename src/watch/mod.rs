@@ -594,9 +594,12 @@ impl Watcher {
         self.published.clone()
     }
 
+    /// The valid copy LMCache loads: the highest seq, the first of two with one seq (as
+    /// [`crate::layout::checkpoint::newest_valid`]).
     fn newest(&self) -> Option<&ValidCopy> {
         self.containers
             .iter()
+            .rev()
             .filter_map(|c| match c {
                 Container::Valid(v) => Some(&**v),
                 _ => None,
@@ -899,7 +902,7 @@ impl Watcher {
         let mut tails = Vec::new();
         let basis = self.early_eviction_basis();
         let tails_on = self.cfg.trim_tails && self.conflict.is_none();
-        let newest = self.containers.iter().enumerate().filter_map(|(i, c)| match c {
+        let newest = self.containers.iter().enumerate().rev().filter_map(|(i, c)| match c {
             Container::Valid(v) => Some((i, v.seq)),
             _ => None,
         }).max_by_key(|&(_, seq)| seq).map(|(i, _)| i);
