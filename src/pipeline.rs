@@ -243,12 +243,12 @@ impl Pipeline {
             for i in 0..self.extents.len() {
                 let e = self.extents[i];
                 let handle = self.place(&e);
-                if let Some(b) = self.counters.handle_bytes.get(usize::from(handle)) {
-                    b.fetch_add(e.len, Relaxed);
-                }
-                match segments.last_mut() {
-                    Some(s) if s.handle == handle && s.offset + s.len == e.offset => s.len += e.len,
-                    _ => segments.push(Segment { offset: e.offset, len: e.len, handle }),
+                let prev = segments.last().map(|s| s.handle);
+                let kept = push_segment(segments, e.offset, e.len, handle, self.geom.block_align);
+                for (h, n) in [(prev.unwrap_or(handle), kept), (handle, e.len - kept)] {
+                    if let Some(b) = self.counters.handle_bytes.get(usize::from(h)).filter(|_| n > 0) {
+                        b.fetch_add(n, Relaxed);
+                    }
                 }
             }
         } else {
@@ -487,6 +487,35 @@ pub fn class_report(stats: &PipelineStats) -> Vec<(Class, Counter)> {
     Class::ALL.iter().map(|&c| (c, stats.classes[c.index()])).collect()
 }
 
+/// Appends `len` bytes at `offset` on `handle` to the segments, merging with the last one
+/// when it ends there on the same handle. A change of handle inside a `block_align` block
+/// (a payload's end and its padding, when another queue's new header for the slot changed
+/// its handle between the two look-ups) is not split there: the engines write whole logical
+/// blocks (an O_DIRECT or NVMe command at an unaligned offset fails), so the bytes up to the
+/// next block boundary stay with the segment before. Returns how many bytes did (0 when
+/// the handles agree).
+fn push_segment(segments: &mut Vec<Segment>, offset: u64, len: u64, handle: Handle, block_align: u64) -> u64 {
+    let block_align = block_align.max(1);
+    match segments.last_mut() {
+        Some(s) if s.offset + s.len == offset && s.handle == handle => {
+            s.len += len;
+            0
+        }
+        Some(s) if s.offset + s.len == offset && offset % block_align != 0 => {
+            let head = (block_align - offset % block_align).min(len);
+            s.len += head;
+            if len > head {
+                segments.push(Segment { offset: offset + head, len: len - head, handle });
+            }
+            head
+        }
+        _ => {
+            segments.push(Segment { offset, len, handle });
+            0
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -520,6 +549,27 @@ mod tests {
         assert_eq!(segs[1].handle, RegionPolicy::SLOTS);
         assert_eq!(p.stats().payload_fallbacks, 1);
         assert_eq!(eng.counters.bytes_by_handle[&RegionPolicy::SLOTS], 61440);
+    }
+
+    #[test]
+    fn segments_change_handle_only_at_block_boundaries() {
+        let seg = |offset, len, handle| Segment { offset, len, handle };
+        let mut s = Vec::new();
+        assert_eq!(push_segment(&mut s, 0, 5000, 1, 4096), 0);
+        assert_eq!(push_segment(&mut s, 5000, 100, 1, 4096), 0);
+        assert_eq!(s, vec![seg(0, 5100, 1)]);
+        // Another handle from inside a block: the block's rest stays on handle 1.
+        assert_eq!(push_segment(&mut s, 5100, 5000, 2, 4096), 3092);
+        assert_eq!(s, vec![seg(0, 8192, 1), seg(8192, 1908, 2)]);
+        // Ending inside that block: all of it stays.
+        let mut t = vec![seg(0, 5000, 1)];
+        assert_eq!(push_segment(&mut t, 5000, 100, 2, 4096), 100);
+        assert_eq!(t, vec![seg(0, 5100, 1)]);
+        // At a boundary, a new segment; a gap, too.
+        push_segment(&mut s, 10100, 100, 2, 4096);
+        push_segment(&mut s, 12288, 4096, 3, 4096);
+        push_segment(&mut s, 20480, 10, 3, 4096);
+        assert_eq!(s, vec![seg(0, 8192, 1), seg(8192, 2008, 2), seg(12288, 4096, 3), seg(20480, 10, 3)]);
     }
 
     #[test]

@@ -131,9 +131,12 @@ impl UringEngine {
         Self::submit(q, opcode::Fsync::new(BACKING).build().flags(squeue::Flags::FIXED_FILE)).await
     }
 
-    /// Deallocates: `fallocate(PUNCH_HOLE)` is a TRIM on NVMe (write zeroes with deallocate)
-    /// and frees blocks of a file; reads return zeroes afterwards on both. A drive without
-    /// Write Zeroes refuses PUNCH_HOLE (the kernel does not fall back): then BLKDISCARD.
+    /// Deallocates (a discard from the ublk device; LMCache issues none, fdpblk's own
+    /// deallocation uses BLKDISCARD): `fallocate(PUNCH_HOLE)` on an NVMe namespace is Write
+    /// Zeroes, with the deallocate bit where the namespace reports it supported (DLFEAT),
+    /// else the drive writes the zeroes; on a file it frees blocks. Reads return zeroes
+    /// afterwards either way. A drive without Write Zeroes refuses PUNCH_HOLE (the kernel
+    /// does not fall back): then BLKDISCARD.
     pub async fn discard(&self, q: &UblkQueue<'_>, off: u64, len: u64) -> i32 {
         let res = self.fallocate(q, off, len, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE).await;
         if res != -libc::EOPNOTSUPP {

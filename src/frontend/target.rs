@@ -499,7 +499,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
     let mut learned = cfg.clone();
     learned.geometry = Some(g);
     let slots = Arc::new(SlotTable::new(g.max_slots));
-    let w = start_watcher(&learned, g, dev, &slots, shared.layout.policy(), true, false);
+    let mut w = start_watcher(&learned, g, dev, &slots, shared.layout.policy(), true, false);
     if let Some(e) = w.unclean_error() {
         // The device already serves: keep retrying (the state thread does, every second).
         tracing::error!(
@@ -510,6 +510,12 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
     *shared.watch.lock().unwrap_or_else(|e| e.into_inner()) = Some(w.published());
     shared.learned.store(true, Ordering::Relaxed);
     shared.layout.set(Known { geometry: g, slots });
+    // A checkpoint written between the watcher's first read and the switch came with no
+    // event: read both containers again once the writes planned before the switch are done
+    // (queue latency; one still later is covered by confirmation's two-epoch rule, which
+    // waits for both containers to be written through the classifying queues).
+    std::thread::sleep(Duration::from_millis(200));
+    w.reread_containers();
     let c = g.config();
     tracing::info!(
         "device {}: layout learned from LMCache's checkpoint: slot_bytes {} meta_total_bytes {} block_align {} header_bytes {} ({} writes before it went unclassified)",

@@ -556,6 +556,22 @@ impl Watcher {
         w
     }
 
+    /// Reads both checkpoint containers again (those with no read-back pending). For a layout
+    /// learned while serving: `new` read them before the queues classified writes, so a
+    /// checkpoint LMCache wrote in between (while the state loaded) came with no event.
+    pub fn reread_containers(&mut self) {
+        for copy in 0..2u8 {
+            if self.pending.iter().any(|p| p.ev.copy == copy) {
+                continue;
+            }
+            self.containers[usize::from(copy)] = match self.read_container(copy, None, None) {
+                Read::Done(c) => c,
+                Read::NotYet => Container::Unknown,
+            };
+        }
+        self.need_sweep = true;
+    }
+
     pub fn loaded(&self) -> &Loaded {
         &self.loaded
     }
