@@ -1144,6 +1144,31 @@ fn an_older_short_header_written_back_after_a_later_puts_payload_cuts_nothing() 
 }
 
 #[test]
+fn a_checkpoint_written_with_no_event_is_seen_by_a_reread() {
+    // A layout learned while serving: LMCache's checkpoint reached the drive before the queues
+    // classified writes (here: straight onto the device), after the watcher read the containers.
+    let mut r = Rig::new(SLOTS, META, true);
+    r.checkpoint();
+    r.step();
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    assert!(r.snapshot());
+    let c = r.lmc.ckpt.clone().unwrap();
+    let copy = Geometry::copy_for_seq(c.seq);
+    let at = r.g.container_offset(copy);
+    let mut b = c.json.clone();
+    b.resize(b.len().div_ceil(BA as usize) * BA as usize, 0);
+    r.dev.poke(at + BA, &b);
+    r.dev.poke(at, &CheckpointHeader::encode_for(c.seq, &c.json, BA as usize));
+    r.step();
+    let seq_of = |r: &Rig| r.w.published().lock().unwrap()["containers"][usize::from(copy)]["seq"].clone();
+    assert_ne!(seq_of(&r), c.seq, "no event, no read");
+    r.w.reread_containers();
+    r.step();
+    assert_eq!(seq_of(&r), c.seq);
+}
+
+#[test]
 fn stats_show_a_checkpoint_read_back_waiting_for_its_payload() {
     // io_uring order: the header reaches fdpblk before the payload.
     let mut r = Rig::new(SLOTS, META, true);
