@@ -524,6 +524,19 @@ impl SlotTable {
         out
     }
 
+    /// Clears every slot's `TRIMMING` and both containers' zeroing bits: the state thread
+    /// that set them is gone (a panic), and the writes they hold must go on.
+    pub fn release_holds(&self) {
+        for l in self.life.iter() {
+            if l.load(Ordering::Acquire) & life::TRIMMING != 0 {
+                l.fetch_and(!life::TRIMMING, Ordering::AcqRel);
+            }
+        }
+        for copy in 0..2 {
+            self.end_container_zeroing(copy);
+        }
+    }
+
     /// True while the state thread deallocates `slot`.
     pub fn trimming(&self, slot: u64) -> bool {
         self.index(slot).is_some_and(|i| self.life[i].load(Ordering::Acquire) & life::TRIMMING != 0)
@@ -1150,6 +1163,18 @@ mod tests {
         }
         // After a restore the budget is the same: nothing more fits.
         assert_eq!(back.intern(&long, "one-more"), 0);
+    }
+
+    #[test]
+    fn releasing_the_holds_frees_every_write_a_dead_state_thread_held() {
+        let t = SlotTable::new(4);
+        let l = t.life(2);
+        assert!(t.cas_life(2, l, l | life::TRIMMING));
+        assert!(t.begin_container_zeroing(1, 0));
+        assert!(t.trimming(2) && t.container_zeroing(1));
+        t.release_holds();
+        assert!(!t.trimming(2) && !t.container_zeroing(1));
+        assert_eq!(t.life(2), l, "nothing else changes");
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// State shared by the queue threads and the stats writer (touched only at set-up and by the
 /// once-a-second stats snapshot, never per request).
@@ -220,7 +220,47 @@ pub fn open_backing(cfg: &DeviceConfig) -> Result<Backing, String> {
         Some(libc::EBUSY) => in_use(&cfg.backing),
         _ => format!("cannot open backing {}: {e}", cfg.backing.display()),
     })?;
+    if is_chardev {
+        lock_backing(&file, &cfg.backing, EARLIER_COMMANDS_WAIT)?;
+    }
     Ok(Backing { file, _claim: claim })
+}
+
+/// How long a new daemon waits for an earlier one's NVMe commands to leave the drive (the
+/// kernel's NVMe I/O timeout is 30 s, then the command is aborted).
+const EARLIER_COMMANDS_WAIT: Duration = Duration::from_secs(60);
+
+/// Locks a passthrough backing (`flock`, exclusive) for the daemon's life, on the open file
+/// its engines submit on. Every NVMe command in flight holds a reference to that file, and
+/// uring commands cannot be cancelled: a killed daemon's lock goes only when its last command
+/// has completed at the drive, though the process is gone and its namespace claim with it.
+/// Waiting for it keeps such a command (a write LMCache already re-sent through the new
+/// daemon, and maybe overwrote since) from landing on the drive after newer data.
+fn lock_backing(file: &std::fs::File, path: &Path, wait: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + wait;
+    let mut said = false;
+    loop {
+        // SAFETY: flock on a descriptor owned by `file`.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(format!("cannot lock backing {}: {e}", path.display()));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "backing {}: commands of an earlier fdpblk daemon are still in flight at the drive after {} s (a hung controller?); check `dmesg` and `nvme list`, then try again",
+                path.display(),
+                wait.as_secs()
+            ));
+        }
+        if !said {
+            tracing::info!("backing {}: waiting for an earlier daemon's commands to complete at the drive", path.display());
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Claims the block device of the namespace behind a generic char device. A namespace the
@@ -343,15 +383,15 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     let watch_stop = Arc::new(AtomicBool::new(false));
     let state_thread = match (watcher, cfg.geometry, state_dev) {
         (Some(w), _, _) => {
-            let stop = watch_stop.clone();
-            Some(std::thread::spawn(move || w.run(&stop)))
+            let (stop, s) = (watch_stop.clone(), shared.clone());
+            Some(std::thread::spawn(move || state_thread_guarded(&s, || w.run(&stop))))
         }
         (None, None, Some(d)) => {
             tracing::info!(
                 "device {id}: no LMCache checkpoint yet: writes go unclassified to handle {outside} until LMCache's first checkpoint tells the layout"
             );
-            let (stop, s) = (watch_stop.clone(), shared.clone());
-            Some(std::thread::spawn(move || learn_then_watch(&s, d, &stop)))
+            let (stop, s, g) = (watch_stop.clone(), shared.clone(), shared.clone());
+            Some(std::thread::spawn(move || state_thread_guarded(&g, || learn_then_watch(&s, d, &stop))))
         }
         (None, None, None) => {
             tracing::error!("device {id}: cannot learn the layout without device access: writes stay unclassified; re-add with --slot-bytes and --meta-total-bytes");
@@ -463,6 +503,23 @@ fn open_state_dev(cfg: &DeviceConfig, backing: &std::fs::File) -> Option<Arc<dyn
         Err(e) => {
             tracing::error!("device {}: no state thread ({e}): no checkpoint awareness, deallocation or saved state", cfg.id);
             None
+        }
+    }
+}
+
+/// Runs the state thread's body. Should it panic, the queues must not wait on it for ever:
+/// the slots it was deallocating and the container it was zeroing are released (its I/O
+/// calls are synchronous, so none is still in flight), and data I/O goes on without
+/// deallocation or saved state.
+fn state_thread_guarded(shared: &Shared, body: impl FnOnce()) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        let why = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
+        tracing::error!(
+            "device {}: the state thread failed ({why}); data I/O goes on, without deallocation, checkpoint awareness or saved state: restart the daemon (`fdpblk del`, then `add`) to bring them back",
+            shared.cfg.id
+        );
+        if let Some(k) = shared.layout.known() {
+            k.slots.release_holds();
         }
     }
 }
@@ -625,4 +682,27 @@ fn spawn_signal_thread(id: i32) {
             let _ = ctrl.kill_dev();
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backing_stays_locked_while_anything_holds_the_earlier_daemons_file() {
+        let path = std::env::temp_dir().join(format!("fdpblk-lock-{}", std::process::id()));
+        std::fs::write(&path, b"").unwrap();
+        let open = || std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let earlier = open();
+        lock_backing(&earlier, &path, Duration::ZERO).unwrap();
+        // What an NVMe command in flight keeps: a reference to the same open file.
+        let in_flight = earlier.try_clone().unwrap();
+        drop(earlier);
+        let new = open();
+        let e = lock_backing(&new, &path, Duration::from_millis(300)).unwrap_err();
+        assert!(e.contains("still in flight") && e.contains("try again"), "{e}");
+        drop(in_flight);
+        lock_backing(&new, &path, Duration::ZERO).unwrap();
+        let _ = std::fs::remove_file(&path);
+    }
 }
