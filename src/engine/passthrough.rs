@@ -768,6 +768,10 @@ pub struct CommandLimits {
     pub discard_bytes: Option<u64>,
     /// Ranges per deallocate command (`max_discard_segments`, from the drive's DMRL).
     pub discard_segments: Option<u64>,
+    /// The namespace's block device reports no Write Zeroes: the drive lacks it (ONCS), or
+    /// the kernel turned it off for a drive known to mishandle it (a quirk). Passthrough
+    /// would bypass that, so the ublk device does not offer it either.
+    pub write_zeroes_off: bool,
 }
 
 impl CommandLimits {
@@ -782,6 +786,18 @@ impl CommandLimits {
             write_zeroes_bytes: get("write_zeroes_max_bytes"),
             discard_bytes: get("discard_max_hw_bytes"),
             discard_segments: get("max_discard_segments"),
+            write_zeroes_off: sysfs_queue(name, "write_zeroes_max_bytes") == Some(0),
+        }
+    }
+
+    /// The ublk device's `max_write_zeroes_sectors`: none where the kernel offers none for
+    /// the namespace, else as much as a request can say (the engine splits at the drive's
+    /// limit).
+    pub fn ublk_write_zeroes_sectors(&self) -> u32 {
+        if self.write_zeroes_off {
+            0
+        } else {
+            u32::MAX >> 9
         }
     }
 }
@@ -944,6 +960,14 @@ impl ReadAt for NsReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn write_zeroes_is_offered_only_where_the_kernel_offers_it_for_the_namespace() {
+        assert_eq!(CommandLimits { write_zeroes_off: true, ..Default::default() }.ublk_write_zeroes_sectors(), 0);
+        // Unknown (no block device for the namespace): offered, the drive answers per command.
+        assert_eq!(CommandLimits::default().ublk_write_zeroes_sectors(), u32::MAX >> 9);
+        assert!(!CommandLimits::of(Path::new("/dev/ng-none")).write_zeroes_off);
+    }
 
     #[test]
     fn nvme_statuses_become_the_errnos_of_the_kernels_own_nvme_driver() {

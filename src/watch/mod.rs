@@ -366,6 +366,11 @@ struct Commit {
     /// `SlotTable::header_writes` when it was committed.
     puts_at: u64,
     fixed_bytes: u64,
+    /// The epoch its header write started (write order): read-backs complete out of order
+    /// (an io_uring checkpoint's payload can land after the next checkpoint was read back),
+    /// and only a later header write makes a newer commit. Seqs do not tell: they restart
+    /// with LMCache's index.
+    epoch: u32,
 }
 
 /// The overflow estimate.
@@ -536,7 +541,7 @@ impl Watcher {
         }
         // Baseline for the overflow estimate: the newest valid checkpoint on the device.
         if let Some(v) = w.newest() {
-            w.commit = Some(Commit { seq: v.seq, payload_len: v.payload_len, entries: v.entries, at: now, puts_at: 0, fixed_bytes: v.fixed_bytes });
+            w.commit = Some(Commit { seq: v.seq, payload_len: v.payload_len, entries: v.entries, at: now, puts_at: 0, fixed_bytes: v.fixed_bytes, epoch: w.seen_epoch });
         }
         w.arm_alarm();
         // From now on a crash leaves an unclean state: confirmations are not trusted then.
@@ -678,8 +683,9 @@ impl Watcher {
             }
             match self.read_container(p.ev.copy, p.ev.header, p.ev.header.map(|_| p.ev.epoch)) {
                 Read::Done(c) => {
-                    if let (Some(h), Container::Valid(v)) = (p.ev.header, &c) {
-                        self.committed(h, v.entries, v.fixed_bytes);
+                    let newer = self.commit.as_ref().is_none_or(|c| (p.ev.epoch.wrapping_sub(c.epoch) as i32) > 0);
+                    if let (Some(h), Container::Valid(v), true) = (p.ev.header, &c, newer) {
+                        self.committed(h, v.entries, v.fixed_bytes, p.ev.epoch);
                         self.geometry_seen_at = Some(p.ev.reads);
                     }
                     self.containers[usize::from(p.ev.copy)] = c;
@@ -866,7 +872,7 @@ impl Watcher {
     }
 
     /// A checkpoint LMCache committed through fdpblk (read back and verified).
-    fn committed(&mut self, h: CheckpointHeader, entries: u64, fixed_bytes: u64) {
+    fn committed(&mut self, h: CheckpointHeader, entries: u64, fixed_bytes: u64, epoch: u32) {
         let now = Instant::now();
         let prev = self.commit.as_ref().map(|c| c.at);
         if let Some(p) = prev {
@@ -883,6 +889,7 @@ impl Watcher {
             at: now,
             puts_at: self.slots.header_writes(),
             fixed_bytes,
+            epoch,
         });
         self.stalled = false;
         self.arm_alarm();
@@ -1265,7 +1272,7 @@ impl Watcher {
 
     /// The newest committed checkpoint, or an empty one when fdpblk started.
     fn baseline(&self) -> Commit {
-        self.commit.clone().unwrap_or(Commit { seq: 0, payload_len: 0, entries: 0, at: self.started, puts_at: 0, fixed_bytes: FIXED_JSON_BYTES })
+        self.commit.clone().unwrap_or(Commit { seq: 0, payload_len: 0, entries: 0, at: self.started, puts_at: 0, fixed_bytes: FIXED_JSON_BYTES, epoch: 0 })
     }
 
     /// Tells the data path after how many more puts the estimate reaches the risk threshold.

@@ -1169,6 +1169,35 @@ fn a_checkpoint_written_with_no_event_is_seen_by_a_reread() {
 }
 
 #[test]
+fn a_late_read_back_of_an_older_checkpoint_does_not_become_the_newest() {
+    // io_uring order under load: checkpoint n's header reaches fdpblk, its payload lands only
+    // after checkpoint n + 1 was written and read back whole.
+    let mut r = Rig::new(SLOTS, META, true);
+    r.checkpoint();
+    r.step();
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    assert!(r.snapshot());
+    r.ckpt_header();
+    r.step();
+    let late = r.lmc.ckpt.take().unwrap();
+    r.lmc.seq = late.seq;
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    r.checkpoint();
+    r.step();
+    let seq = |r: &Rig| r.w.published().lock().unwrap()["checkpoint_seq"].clone();
+    assert_eq!(seq(&r), late.seq + 1);
+    let mut b = late.json.clone();
+    b.resize(b.len().div_ceil(BA as usize) * BA as usize, 0);
+    r.write(r.g.container_offset(Geometry::copy_for_seq(late.seq)) + BA, &b);
+    r.step();
+    let v = r.w.published().lock().unwrap().clone();
+    assert_eq!(v["containers"][usize::from(Geometry::copy_for_seq(late.seq))]["seq"], late.seq, "read back");
+    assert_eq!(seq(&r), late.seq + 1, "the newest stays the newest");
+}
+
+#[test]
 fn stats_show_a_checkpoint_read_back_waiting_for_its_payload() {
     // io_uring order: the header reaches fdpblk before the payload.
     let mut r = Rig::new(SLOTS, META, true);
