@@ -277,12 +277,18 @@ pub struct SlotTable {
     /// current payload), in the pipeline's orphan units (blocks, rounded up); 0 when there are
     /// none. They may be
     /// a later put's data, so no stale tail of the slot goes until a header whose payload
-    /// reaches as far settles them (they are its own, or it overwrites them); `u16::MAX`: to
-    /// the slot's end. A whole-slot deallocation does not: a write racing its end could lose
-    /// its mark. Not persisted: they matter only while the LMCache process that wrote them
-    /// can still send the header, i.e. across a ublk recovery, and a recovered daemon marks
-    /// every slot instead (its predecessor served writes after its last persist).
+    /// reaches as far settles them (they are its own, or it overwrites them). A whole-slot
+    /// deallocation does not: a write racing its end could lose its mark. Not persisted: they
+    /// matter only while the LMCache process that wrote them can still send the header, i.e.
+    /// across a ublk recovery, where `unseen` stands in for them.
     orphans: Box<[AtomicU16]>,
+    /// One bit per slot: it may hold bytes written where this table did not see them (a
+    /// recovered daemon's predecessor served writes after its last persist; a learned layout
+    /// served writes unclassified), so a later put's payload may be there ahead of its
+    /// header. Counts as orphan bytes to the slot's end, until a header whose payload reaches
+    /// the slot's end, or a confirmation of the slot's contents by a checkpoint LMCache
+    /// snapshotted after this run began ([`SlotTable::settle_unseen`]).
+    unseen: Box<[AtomicU64]>,
 }
 
 impl Default for SlotTable {
@@ -315,6 +321,7 @@ impl SlotTable {
             checkpoint_reads: AtomicU64::new(0),
             completed: zeroed_u64(n.div_ceil(64)),
             orphans: zeroed_u16(n),
+            unseen: zeroed_u64(n.div_ceil(64)),
         }
     }
 
@@ -325,6 +332,7 @@ impl SlotTable {
             + self.dirty.len() * 8
             + self.completed.len() * 8
             + self.orphans.len() * 2
+            + self.unseen.len() * 8
     }
 
     pub fn get(&self, slot: u64) -> Option<SlotEntry> {
@@ -494,20 +502,36 @@ impl SlotTable {
     }
     /// A header whose payload reaches `covered` (orphan units, rounded down): the orphan bytes
     /// up to there are its own, or it overwrites them.
+    /// `u16::MAX`: the payload reaches the slot's end, which settles unseen bytes too.
     pub fn settle_orphans(&self, slot: u64, covered: u16) {
         if let Some(o) = self.index(slot).map(|i| &self.orphans[i]) {
             let _ = o.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| (v != 0 && v <= covered).then_some(0));
         }
+        if covered == u16::MAX {
+            self.settle_unseen(slot);
+        }
     }
-    /// Every slot may hold orphan bytes to its end (writes were served that this table never
-    /// saw); each is settled by the first header whose payload reaches the slot's end.
+    /// Every slot may hold bytes written unseen (see `unseen`).
     pub fn orphans_everywhere(&self) {
-        for o in self.orphans.iter() {
-            o.store(u16::MAX, Ordering::Release);
+        for w in self.unseen.iter() {
+            w.store(u64::MAX, Ordering::Release);
+        }
+    }
+    /// The contents of `slot` were confirmed by a checkpoint that LMCache snapshotted after
+    /// this run began: any put to the slot after those contents came after that snapshot,
+    /// so its bytes came through this table. The unseen mark goes.
+    pub fn settle_unseen(&self, slot: u64) {
+        if let Some(i) = self.index(slot) {
+            let w = &self.unseen[i / 64];
+            if w.load(Ordering::Relaxed) & (1 << (i % 64)) != 0 {
+                w.fetch_and(!(1 << (i % 64)), Ordering::AcqRel);
+            }
         }
     }
     pub fn is_orphan(&self, slot: u64) -> bool {
-        self.index(slot).is_some_and(|i| self.orphans[i].load(Ordering::Acquire) != 0)
+        self.index(slot).is_some_and(|i| {
+            self.orphans[i].load(Ordering::Acquire) != 0 || self.unseen[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+        })
     }
 
     /// The slots flagged by [`header_completed`](Self::header_completed) since the last

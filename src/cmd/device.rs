@@ -231,6 +231,9 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     if let Some(n) = &a.name {
         state::check_name(n).map_err(|e| format!("--name {e}"))?;
     }
+    if let Some(e) = geometry.and_then(|g| crate::frontend::target::block_align_error(&g, lba, &a.backing)) {
+        return Err(e);
+    }
     Ok(DeviceConfig {
         id: a.number,
         name: a.name.clone(),

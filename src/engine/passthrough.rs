@@ -776,8 +776,9 @@ pub struct CommandLimits {
 
 impl CommandLimits {
     /// What the kernel derived from WZSL and DMRSL for the namespace behind `ng`
-    /// (`write_zeroes_max_bytes`, `discard_max_hw_bytes`); 0 there means "not supported",
-    /// which the drive then reports per command, so it is not a limit here.
+    /// (`write_zeroes_max_bytes`, `discard_max_hw_bytes`). 0 there means "not supported":
+    /// not a limit (a discard the drive lacks fails per command), but for Write Zeroes the
+    /// ublk device then offers none (`write_zeroes_off`).
     pub fn of(ng: &Path) -> Self {
         let block = crate::nvme::path::namespace_block_device(ng);
         let name = block.as_deref().and_then(Path::file_name).and_then(|n| n.to_str());

@@ -200,15 +200,46 @@ fn in_use(what: &Path) -> String {
     format!("backing {} is in use (mounted, or claimed by another fdpblk or device mapper); free it first", what.display())
 }
 
+/// Why LMCache's layout `g` cannot be served on a backing of `lba`-byte logical blocks: the
+/// ublk device has the drive's block size, so a `block_align` below it puts slot and
+/// payload boundaries inside a block, which no engine can split (and LMCache's own O_DIRECT
+/// I/O would fail on it).
+pub fn block_align_error(g: &Geometry, lba: u64, backing: &Path) -> Option<String> {
+    (g.block_align < lba).then(|| {
+        format!(
+            "LMCache's block_align {} is smaller than the {lba}-byte logical blocks of {}: set LMCache's block_align (and --block-align) to {lba} or a multiple",
+            g.block_align,
+            backing.display()
+        )
+    })
+}
+
 /// Opens the backing device: O_DIRECT (write streams need it; the page cache would only
 /// double-buffer) and, for a block device, O_EXCL so that a device in use is refused. A
 /// generic char device (`/dev/ngXnY`) is claimed through its namespace's block device.
-pub fn open_backing(cfg: &DeviceConfig) -> Result<Backing, String> {
+/// Recovering, a claim still held is waited for (up to 60 s): a killed daemon's writes
+/// still in flight at the drive keep its open file, and with it the claim.
+pub fn open_backing(cfg: &DeviceConfig, recover: bool) -> Result<Backing, String> {
+    let deadline = Instant::now() + EARLIER_COMMANDS_WAIT;
+    loop {
+        match open_backing_once(cfg) {
+            Err((e, true)) if recover && Instant::now() < deadline => {
+                tracing::debug!("{e}: waiting for the earlier daemon's writes to complete");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r => return r.map_err(|(e, _)| e),
+        }
+    }
+}
+
+/// One try of [`open_backing`]: the error, and whether it was a claim held elsewhere.
+fn open_backing_once(cfg: &DeviceConfig) -> Result<Backing, (String, bool)> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let ft = std::fs::metadata(&cfg.backing).map(|m| m.file_type());
     let is_bdev = ft.as_ref().is_ok_and(|t| t.is_block_device());
     let is_chardev = ft.as_ref().is_ok_and(|t| t.is_char_device());
     let claim = if is_chardev { claim_namespace(&cfg.backing)? } else { None };
+    let not_busy = |e: String| (e, false);
     let mut flags = libc::O_DIRECT;
     if is_bdev {
         flags |= libc::O_EXCL;
@@ -220,11 +251,11 @@ pub fn open_backing(cfg: &DeviceConfig) -> Result<Backing, String> {
         r => r,
     };
     let file = file.map_err(|e| match e.raw_os_error() {
-        Some(libc::EBUSY) => in_use(&cfg.backing),
-        _ => format!("cannot open backing {}: {e}", cfg.backing.display()),
+        Some(libc::EBUSY) => (in_use(&cfg.backing), true),
+        _ => (format!("cannot open backing {}: {e}", cfg.backing.display()), false),
     })?;
     if is_chardev {
-        lock_backing(&file, &cfg.backing, EARLIER_COMMANDS_WAIT)?;
+        lock_backing(&file, &cfg.backing, EARLIER_COMMANDS_WAIT).map_err(not_busy)?;
     }
     Ok(Backing { file, _claim: claim })
 }
@@ -268,23 +299,24 @@ fn lock_backing(file: &std::fs::File, path: &Path, wait: Duration) -> Result<(),
 
 /// Claims the block device of the namespace behind a generic char device. A namespace the
 /// kernel gives no block device (an LBA format it cannot use) has nothing to mount or claim.
-fn claim_namespace(ng: &Path) -> Result<Option<std::fs::File>, String> {
+fn claim_namespace(ng: &Path) -> Result<Option<std::fs::File>, (String, bool)> {
     use std::os::unix::fs::OpenOptionsExt;
     let Some(bdev) = crate::nvme::path::namespace_block_device(ng) else { return Ok(None) };
     match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(&bdev) {
         Ok(f) => Ok(Some(f)),
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-            Err(format!(
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Err((
+            format!(
                 "backing {} is in use: its namespace {} is mounted, or claimed by another fdpblk or device mapper; free it first",
                 ng.display(),
                 bdev.display()
-            ))
-        }
+            ),
+            true,
+        )),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             tracing::warn!("{} has no {}: fdpblk cannot claim the namespace, so a mount of it is not refused", ng.display(), bdev.display());
             Ok(None)
         }
-        Err(e) => Err(format!("cannot claim the namespace of {} ({}): {e}", ng.display(), bdev.display())),
+        Err(e) => Err((format!("cannot claim the namespace of {} ({}): {e}", ng.display(), bdev.display()), false)),
     }
 }
 
@@ -301,7 +333,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     if !std::path::Path::new("/dev/ublk-control").exists() {
         return Err(fail("no ublk driver: /dev/ublk-control is missing; run `modprobe ublk_drv` (Linux >= 6.0 with CONFIG_BLK_DEV_UBLK)".into()));
     }
-    let Backing { file: backing, _claim: claim } = open_backing(&cfg).map_err(fail)?;
+    let Backing { file: backing, _claim: claim } = open_backing(&cfg, recover).map_err(fail)?;
     block_signals();
     let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
     let ctrl = UblkCtrlBuilder::default()
@@ -325,7 +357,10 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // A device that was learning when its daemon died may have a checkpoint by now.
     if let (None, Some(d)) = (cfg.geometry, &state_dev) {
         if let Ok(Some(g)) = learn::look(&ExportedReader { dev: &**d, size: cfg.exported_bytes }, &cfg.layout_flags) {
-            cfg.geometry = Some(g);
+            // One the drive cannot serve is left to the learner, which refuses it.
+            if block_align_error(&g, 1u64 << cfg.lba_shift, &cfg.backing).is_none() {
+                cfg.geometry = Some(g);
+            }
         }
     }
     let mut policy = SharedPolicy::new(policy_by_name(&cfg.policy).expect("policy validated before the device was created"));
@@ -537,7 +572,11 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
         if stop.load(Ordering::Relaxed) {
             return;
         }
-        match learn::look(&ExportedReader { dev: &*dev, size: cfg.exported_bytes }, &cfg.layout_flags) {
+        let look = learn::look(&ExportedReader { dev: &*dev, size: cfg.exported_bytes }, &cfg.layout_flags).and_then(|g| match g {
+            Some(g) => block_align_error(&g, 1u64 << cfg.lba_shift, &cfg.backing).map_or(Ok(Some(g)), Err),
+            None => Ok(None),
+        });
+        match look {
             Ok(Some(g)) => break g,
             Ok(None) => {}
             Err(e) => {

@@ -50,8 +50,12 @@
 //! header, then a still older short one, all before the first put's header, is not covered.)
 //! The marks are not persisted. A daemon that recovers a device LMCache kept open
 //! (`fdpblk recover`), or that learned the layout while serving, cannot know what was written
-//! unseen: it starts with every slot marked to its end, so a slot's tails wait for a header
-//! whose payload reaches the slot's end (WAF only: those tails stay valid on the drive).
+//! unseen: it starts with every slot marked *unseen*, which counts as orphan bytes to the
+//! slot's end, until a header whose payload reaches the slot's end, or until a checkpoint
+//! whose snapshot LMCache took after this run began confirms the slot's contents (the
+//! confirmation rule's epochs say so: the snapshot followed a write this run saw). Then any
+//! put to the slot after those contents came after that snapshot, so through this run. Until
+//! then its tails stay on the drive (WAF only).
 //!
 //! ## Early tails
 //!
@@ -574,6 +578,14 @@ impl Watcher {
                 Read::NotYet => Container::Unknown,
             };
         }
+        // The baseline for the overflow estimate and the stats, as `new` sets it: under the
+        // epoch of the last event taken (none yet when the learner calls this), so every
+        // checkpoint header written since still counts as newer.
+        let baseline = self.newest().map(|v| (v.seq, v.payload_len, v.entries, v.fixed_bytes));
+        if let Some((seq, payload_len, entries, fixed_bytes)) = baseline.filter(|b| self.commit.as_ref().is_none_or(|c| c.seq != b.0)) {
+            self.commit = Some(Commit { seq, payload_len, entries, at: Instant::now(), puts_at: 0, fixed_bytes, epoch: self.seen_epoch });
+            self.arm_alarm();
+        }
         self.need_sweep = true;
     }
 
@@ -683,8 +695,7 @@ impl Watcher {
             }
             match self.read_container(p.ev.copy, p.ev.header, p.ev.header.map(|_| p.ev.epoch)) {
                 Read::Done(c) => {
-                    let newer = self.commit.as_ref().is_none_or(|c| (p.ev.epoch.wrapping_sub(c.epoch) as i32) > 0);
-                    if let (Some(h), Container::Valid(v), true) = (p.ev.header, &c, newer) {
+                    if let (Some(h), Container::Valid(v), true) = (p.ev.header, &c, self.is_newer(p.ev.header, p.ev.epoch)) {
                         self.committed(h, v.entries, v.fixed_bytes, p.ev.epoch);
                         self.geometry_seen_at = Some(p.ev.reads);
                     }
@@ -834,6 +845,11 @@ impl Watcher {
                 return Ok(());
             }
             let fresh = life::epochs_since(life::stamp(l), epoch_now) >= need + 2;
+            if fresh {
+                // Snapshotted after the write, which came through this run (or, for a
+                // record from before it, after this run's first checkpoint header).
+                slots.settle_unseen(slot);
+            }
             if l & life::CONFIRMED == 0 && !fresh {
                 return Ok(());
             }
@@ -872,6 +888,16 @@ impl Watcher {
     }
 
     /// A checkpoint LMCache committed through fdpblk (read back and verified).
+    /// Whether a checkpoint read back whole (header `h`, its write's `epoch`) is newer than
+    /// the commit on record: its header write came later (read-backs complete out of order),
+    /// and its seq is higher or 1 (LMCache starting a new index). Buffered writeback can
+    /// deliver checkpoint `n`'s header after `n + 1`'s (pages go back in offset order, and
+    /// `n + 1` may be in the lower container): the seq tells those apart.
+    fn is_newer(&self, h: Option<CheckpointHeader>, epoch: u32) -> bool {
+        let (Some(h), Some(c)) = (h, self.commit.as_ref()) else { return true };
+        (epoch.wrapping_sub(c.epoch) as i32) > 0 && (h.seq > c.seq || h.seq == 1)
+    }
+
     fn committed(&mut self, h: CheckpointHeader, entries: u64, fixed_bytes: u64, epoch: u32) {
         let now = Instant::now();
         let prev = self.commit.as_ref().map(|c| c.at);

@@ -557,7 +557,8 @@ impl Rig {
     }
 
     /// fdpblk stops (cleanly: a final persist) or crashes (state as of its last persist), and
-    /// a new instance starts on the same device; LMCache's I/O continues (ublk recovery).
+    /// a new instance starts on the same device; LMCache's I/O continues (ublk recovery; the
+    /// recovered daemon marks every slot unseen, unless `recovery_marks_orphans` is off).
     fn restart_fdpblk(&mut self, clean: bool) {
         if clean {
             self.w.step();
@@ -568,7 +569,9 @@ impl Rig {
         self.earlier.0 += self.w.early_evictions();
         self.earlier.1 += self.w.containers_invalidated();
         let table = Arc::new(SlotTable::new(self.g.max_slots));
-        let cfg = WatchConfig { writes_unseen: self.recovery_marks_orphans, ..self.cfg.clone() };
+        // After a crash the new daemon recovers the device (`fdpblk recover`); a clean stop
+        // deletes it, and the next `add` serves a LMCache that reopened it.
+        let cfg = WatchConfig { writes_unseen: self.recovery_marks_orphans && !clean, ..self.cfg.clone() };
         self.w = Watcher::new(self.g, table.clone(), self.dev.clone(), cfg, Some(self.region), OWN);
         self.pipe = Pipeline::with_slots(self.g, Box::new(RegionPolicy), table.clone());
         self.slots = table;
@@ -1166,6 +1169,7 @@ fn a_checkpoint_written_with_no_event_is_seen_by_a_reread() {
     r.w.reread_containers();
     r.step();
     assert_eq!(seq_of(&r), c.seq);
+    assert_eq!(r.w.published().lock().unwrap()["checkpoint_seq"], c.seq, "the baseline follows");
 }
 
 #[test]
@@ -1195,6 +1199,32 @@ fn a_late_read_back_of_an_older_checkpoint_does_not_become_the_newest() {
     let v = r.w.published().lock().unwrap().clone();
     assert_eq!(v["containers"][usize::from(Geometry::copy_for_seq(late.seq))]["seq"], late.seq, "read back");
     assert_eq!(seq(&r), late.seq + 1, "the newest stays the newest");
+}
+
+#[test]
+fn an_older_checkpoint_header_written_back_after_a_newer_one_stays_older() {
+    // Buffered writeback goes in offset order: checkpoint n + 1 in container 0 reaches the
+    // drive before n's header in container 1.
+    let mut r = Rig::new(SLOTS, META, true);
+    r.checkpoint();
+    r.step();
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    assert!(r.snapshot());
+    r.ckpt_payload();
+    let late = r.lmc.ckpt.take().unwrap();
+    r.lmc.seq = late.seq;
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    r.checkpoint();
+    r.step();
+    let seq = |r: &Rig| r.w.published().lock().unwrap()["checkpoint_seq"].clone();
+    assert_eq!(seq(&r), late.seq + 1);
+    let copy = Geometry::copy_for_seq(late.seq);
+    r.write(r.g.container_offset(copy), &CheckpointHeader::encode_for(late.seq, &late.json, BA as usize));
+    r.step();
+    assert_eq!(r.w.published().lock().unwrap()["containers"][usize::from(copy)]["seq"], late.seq);
+    assert_eq!(seq(&r), late.seq + 1, "seq n came last but is older");
 }
 
 #[test]
@@ -1263,6 +1293,30 @@ fn orphans_across_a_recovery(marks: bool) {
     r.put_header(0);
     r.put_commit(0);
     r.step();
+    r.verify_all();
+}
+
+#[test]
+fn unseen_marks_go_once_a_checkpoint_snapshotted_after_the_recovery_confirms_the_slot() {
+    let mut r = Rig::new(SLOTS, META, true);
+    r.checkpoint();
+    r.step();
+    r.fillers(4);
+    r.restart_fdpblk(false);
+    let a = r.new_key(false);
+    let s = r.put_sized(a, 100).unwrap();
+    for _ in 0..2 {
+        r.step();
+    }
+    let base = r.tails;
+    assert!(r.slots.is_orphan(s), "every slot may hold what the dead daemon took");
+    assert_eq!(r.w.early_tail_trims(), 0);
+    for _ in 0..3 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    assert!(!r.slots.is_orphan(s));
+    assert!(r.tails > base, "the partial put's tail goes once a checkpoint confirmed it");
     r.verify_all();
 }
 
