@@ -731,6 +731,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_block_align_below_the_drives_block_is_refused_with_the_fix() {
+        let g = crate::layout::GeometryConfig { block_align: 512, header_bytes: 4096, slot_bytes: 1 << 20, meta_total_bytes: 1 << 20, capacity_bytes: 0 }
+            .validate(64 << 20)
+            .unwrap();
+        let e = block_align_error(&g, 4096, Path::new("/dev/ng0n1")).unwrap();
+        assert!(e.contains("block_align 512") && e.contains("to 4096 or a multiple"), "{e}");
+        assert!(block_align_error(&g, 512, Path::new("/dev/ng0n1")).is_none());
+    }
+
+    #[test]
     fn a_backing_stays_locked_while_anything_holds_the_earlier_daemons_file() {
         let path = std::env::temp_dir().join(format!("fdpblk-lock-{}", std::process::id()));
         std::fs::write(&path, b"").unwrap();
