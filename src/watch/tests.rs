@@ -1172,17 +1172,17 @@ fn a_checkpoint_written_with_no_event_is_seen_by_a_reread() {
     assert_eq!(r.w.published().lock().unwrap()["checkpoint_seq"], c.seq, "the baseline follows");
 }
 
-#[test]
-fn a_late_read_back_of_an_older_checkpoint_does_not_become_the_newest() {
-    // io_uring order under load: checkpoint n's header reaches fdpblk, its payload lands only
-    // after checkpoint n + 1 was written and read back whole.
+/// Checkpoint n goes out only in part (`first`: its header or its payload), then n + 1
+/// whole and read back; the rest of n is left to the test (returned). Also checks that
+/// n + 1 is the newest so far, and gives the published stats' `checkpoint_seq`.
+fn checkpoint_left_behind(first: fn(&mut Rig)) -> (Rig, Ckpt) {
     let mut r = Rig::new(SLOTS, META, true);
     r.checkpoint();
     r.step();
     let k = r.new_key(false);
     r.put(k).unwrap();
     assert!(r.snapshot());
-    r.ckpt_header();
+    first(&mut r);
     r.step();
     let late = r.lmc.ckpt.take().unwrap();
     r.lmc.seq = late.seq;
@@ -1190,41 +1190,38 @@ fn a_late_read_back_of_an_older_checkpoint_does_not_become_the_newest() {
     r.put(k).unwrap();
     r.checkpoint();
     r.step();
-    let seq = |r: &Rig| r.w.published().lock().unwrap()["checkpoint_seq"].clone();
-    assert_eq!(seq(&r), late.seq + 1);
+    assert_eq!(published_seq(&r), late.seq + 1);
+    (r, late)
+}
+
+fn published_seq(r: &Rig) -> serde_json::Value {
+    r.w.published().lock().unwrap()["checkpoint_seq"].clone()
+}
+
+#[test]
+fn a_late_read_back_of_an_older_checkpoint_does_not_become_the_newest() {
+    // io_uring order under load: checkpoint n's header reaches fdpblk, its payload lands only
+    // after checkpoint n + 1 was written and read back whole.
+    let (mut r, late) = checkpoint_left_behind(Rig::ckpt_header);
     let mut b = late.json.clone();
     b.resize(b.len().div_ceil(BA as usize) * BA as usize, 0);
-    r.write(r.g.container_offset(Geometry::copy_for_seq(late.seq)) + BA, &b);
+    let copy = Geometry::copy_for_seq(late.seq);
+    r.write(r.g.container_offset(copy) + BA, &b);
     r.step();
-    let v = r.w.published().lock().unwrap().clone();
-    assert_eq!(v["containers"][usize::from(Geometry::copy_for_seq(late.seq))]["seq"], late.seq, "read back");
-    assert_eq!(seq(&r), late.seq + 1, "the newest stays the newest");
+    assert_eq!(r.w.published().lock().unwrap()["containers"][usize::from(copy)]["seq"], late.seq, "read back");
+    assert_eq!(published_seq(&r), late.seq + 1, "the newest stays the newest");
 }
 
 #[test]
 fn an_older_checkpoint_header_written_back_after_a_newer_one_stays_older() {
     // Buffered writeback goes in offset order: checkpoint n + 1 in container 0 reaches the
     // drive before n's header in container 1.
-    let mut r = Rig::new(SLOTS, META, true);
-    r.checkpoint();
-    r.step();
-    let k = r.new_key(false);
-    r.put(k).unwrap();
-    assert!(r.snapshot());
-    r.ckpt_payload();
-    let late = r.lmc.ckpt.take().unwrap();
-    r.lmc.seq = late.seq;
-    let k = r.new_key(false);
-    r.put(k).unwrap();
-    r.checkpoint();
-    r.step();
-    let seq = |r: &Rig| r.w.published().lock().unwrap()["checkpoint_seq"].clone();
-    assert_eq!(seq(&r), late.seq + 1);
+    let (mut r, late) = checkpoint_left_behind(Rig::ckpt_payload);
     let copy = Geometry::copy_for_seq(late.seq);
     r.write(r.g.container_offset(copy), &CheckpointHeader::encode_for(late.seq, &late.json, BA as usize));
     r.step();
     assert_eq!(r.w.published().lock().unwrap()["containers"][usize::from(copy)]["seq"], late.seq);
-    assert_eq!(seq(&r), late.seq + 1, "seq n came last but is older");
+    assert_eq!(published_seq(&r), late.seq + 1, "seq n came last but is older");
 }
 
 #[test]
