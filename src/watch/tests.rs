@@ -1114,25 +1114,9 @@ fn an_older_short_header_written_back_after_a_later_puts_payload_cuts_nothing() 
     r.checkpoint();
     r.step();
     r.fillers(2);
-    let a = r.new_key(false);
-    assert!(r.put_sized(a.clone(), 3 * BA - 10).is_some());
-    r.step();
+    let (s, hb, c_payload) = r.short_put_held_back_then_long_payload();
     let base = r.tails;
-    let s = r.delete_key(&a);
-    let b = r.new_key(false);
-    assert!(r.start_put(b.clone(), 100));
-    assert_eq!(r.lmc.puts[0].slot, s);
-    let hb = SlotHeader { identity: keys::identity(&b).unwrap(), payload_len: 100 }.encode(BA as usize);
-    r.lmc.puts[0].hdr = true; // in the page cache, not yet written back
-    r.put_payload(0);
-    r.put_commit(0);
-    r.delete_key(&b);
-    let c = r.new_key(false);
-    assert!(r.start_put(c.clone(), 3 * BA - 10));
-    assert_eq!(r.lmc.puts[0].slot, s);
-    r.put_payload(0);
     let off = r.g.slot_offset(s);
-    let c_payload = r.dev.peek(off + BA, 3 * BA as usize);
     r.write(off, &hb);
     r.volatile.insert(s);
     for _ in 0..2 {
@@ -1257,24 +1241,8 @@ fn orphans_across_a_recovery(marks: bool) {
     r.checkpoint();
     r.step();
     r.fillers(3);
-    let a = r.new_key(false);
-    assert!(r.put_sized(a.clone(), 3 * BA - 10).is_some());
-    r.step();
-    let s = r.delete_key(&a);
-    let b = r.new_key(false);
-    assert!(r.start_put(b.clone(), 100));
-    assert_eq!(r.lmc.puts[0].slot, s);
-    let hb = SlotHeader { identity: keys::identity(&b).unwrap(), payload_len: 100 }.encode(BA as usize);
-    r.lmc.puts[0].hdr = true; // in the page cache, not yet written back
-    r.put_payload(0);
-    r.put_commit(0);
-    r.delete_key(&b);
-    let c = r.new_key(false);
-    assert!(r.start_put(c.clone(), 3 * BA - 10));
-    assert_eq!(r.lmc.puts[0].slot, s);
-    r.put_payload(0);
+    let (s, hb, c_payload) = r.short_put_held_back_then_long_payload();
     let off = r.g.slot_offset(s);
-    let c_payload = r.dev.peek(off + BA, 3 * BA as usize);
     r.restart_fdpblk(false);
     // A checkpoint through the recovered daemon: early tails may go from now on.
     r.checkpoint_dirty();
@@ -1353,6 +1321,31 @@ fn a_write_past_the_payload_while_the_header_is_in_flight_cancels_the_early_tail
 }
 
 impl Rig {
+    /// Buffered writeback's reordering: LMCache puts A (long) into slot s and deletes it, puts
+    /// B (short) whose header stays in the page cache, deletes B and puts C (long) into s,
+    /// whose payload reaches fdpblk. Returns s, B's header block (still to be written back)
+    /// and C's payload blocks as on the drive; C's header is `puts[0]`'s, still to come.
+    fn short_put_held_back_then_long_payload(&mut self) -> (u64, Vec<u8>, Vec<u8>) {
+        let a = self.new_key(false);
+        assert!(self.put_sized(a.clone(), 3 * BA - 10).is_some());
+        self.step();
+        let s = self.delete_key(&a);
+        let b = self.new_key(false);
+        assert!(self.start_put(b.clone(), 100));
+        assert_eq!(self.lmc.puts[0].slot, s);
+        let hb = SlotHeader { identity: keys::identity(&b).unwrap(), payload_len: 100 }.encode(BA as usize);
+        self.lmc.puts[0].hdr = true; // in the page cache, not yet written back
+        self.put_payload(0);
+        self.put_commit(0);
+        self.delete_key(&b);
+        let c = self.new_key(false);
+        assert!(self.start_put(c, 3 * BA - 10));
+        assert_eq!(self.lmc.puts[0].slot, s);
+        self.put_payload(0);
+        let c_payload = self.dev.peek(self.g.slot_offset(s) + BA, 3 * BA as usize);
+        (s, hb, c_payload)
+    }
+
     /// Puts `n` keys whose later deletion makes LMCache's index dirty without freeing a slot
     /// that a test watches (LMCache writes a checkpoint only when something changed).
     fn fillers(&mut self, n: usize) {
