@@ -1134,12 +1134,7 @@ fn an_older_short_header_written_back_after_a_later_puts_payload_cuts_nothing() 
 fn a_checkpoint_written_with_no_event_is_seen_by_a_reread() {
     // A layout learned while serving: LMCache's checkpoint reached the drive before the queues
     // classified writes (here: straight onto the device), after the watcher read the containers.
-    let mut r = Rig::new(SLOTS, META, true);
-    r.checkpoint();
-    r.step();
-    let k = r.new_key(false);
-    r.put(k).unwrap();
-    assert!(r.snapshot());
+    let mut r = rig_snapshotting_a_checkpoint();
     let c = r.lmc.ckpt.clone().unwrap();
     let copy = Geometry::copy_for_seq(c.seq);
     let at = r.g.container_offset(copy);
@@ -1156,16 +1151,23 @@ fn a_checkpoint_written_with_no_event_is_seen_by_a_reread() {
     assert_eq!(r.w.published().lock().unwrap()["checkpoint_seq"], c.seq, "the baseline follows");
 }
 
-/// Checkpoint n goes out only in part (`first`: its header or its payload), then n + 1
-/// whole and read back; the rest of n is left to the test (returned). Also checks that
-/// n + 1 is the newest so far, and gives the published stats' `checkpoint_seq`.
-fn checkpoint_left_behind(first: fn(&mut Rig)) -> (Rig, Ckpt) {
+/// A rig past its first checkpoint, with one more put, whose next checkpoint LMCache has
+/// snapshotted (`lmc.ckpt`) but not written.
+fn rig_snapshotting_a_checkpoint() -> Rig {
     let mut r = Rig::new(SLOTS, META, true);
     r.checkpoint();
     r.step();
     let k = r.new_key(false);
     r.put(k).unwrap();
     assert!(r.snapshot());
+    r
+}
+
+/// Checkpoint n goes out only in part (`first`: its header or its payload), then n + 1
+/// whole and read back; the rest of n is left to the test (returned). Also checks that
+/// n + 1 is the newest so far, and gives the published stats' `checkpoint_seq`.
+fn checkpoint_left_behind(first: fn(&mut Rig)) -> (Rig, Ckpt) {
+    let mut r = rig_snapshotting_a_checkpoint();
     first(&mut r);
     r.step();
     let late = r.lmc.ckpt.take().unwrap();
@@ -1211,12 +1213,7 @@ fn an_older_checkpoint_header_written_back_after_a_newer_one_stays_older() {
 #[test]
 fn stats_show_a_checkpoint_read_back_waiting_for_its_payload() {
     // io_uring order: the header reaches fdpblk before the payload.
-    let mut r = Rig::new(SLOTS, META, true);
-    r.checkpoint();
-    r.step();
-    let k = r.new_key(false);
-    r.put(k).unwrap();
-    assert!(r.snapshot());
+    let mut r = rig_snapshotting_a_checkpoint();
     let copy = Geometry::copy_for_seq(r.lmc.seq + 1);
     r.ckpt_header();
     r.step();
