@@ -1115,19 +1115,7 @@ fn an_older_short_header_written_back_after_a_later_puts_payload_cuts_nothing() 
     r.step();
     r.fillers(2);
     let (s, hb, c_payload) = r.short_put_held_back_then_long_payload();
-    let base = r.tails;
-    let off = r.g.slot_offset(s);
-    r.write(off, &hb);
-    r.volatile.insert(s);
-    for _ in 0..2 {
-        r.step();
-    }
-    assert_eq!(r.tails, base, "B's tail holds C's payload");
-    assert_eq!(r.dev.peek(off + BA, 3 * BA as usize), c_payload);
-    r.put_header(0);
-    r.put_commit(0);
-    r.step();
-    r.verify_all();
+    r.old_header_written_back_cuts_nothing(s, &hb, &c_payload);
 }
 
 #[test]
@@ -1239,23 +1227,11 @@ fn orphans_across_a_recovery(marks: bool) {
     r.step();
     r.fillers(3);
     let (s, hb, c_payload) = r.short_put_held_back_then_long_payload();
-    let off = r.g.slot_offset(s);
     r.restart_fdpblk(false);
     // A checkpoint through the recovered daemon: early tails may go from now on.
     r.checkpoint_dirty();
     r.step();
-    let base = r.tails;
-    r.write(off, &hb);
-    r.volatile.insert(s);
-    for _ in 0..2 {
-        r.step();
-    }
-    assert_eq!(r.tails, base, "B's tail holds C's payload");
-    assert_eq!(r.dev.peek(off + BA, 3 * BA as usize), c_payload);
-    r.put_header(0);
-    r.put_commit(0);
-    r.step();
-    r.verify_all();
+    r.old_header_written_back_cuts_nothing(s, &hb, &c_payload);
 }
 
 #[test]
@@ -1341,6 +1317,25 @@ impl Rig {
         self.put_payload(0);
         let c_payload = self.dev.peek(self.g.slot_offset(s) + BA, 3 * BA as usize);
         (s, hb, c_payload)
+    }
+
+    /// The rest of [`Self::short_put_held_back_then_long_payload`]: B's header is written back
+    /// and completes; fdpblk must deallocate none of C's payload. Then C's header comes and
+    /// every entry verifies.
+    fn old_header_written_back_cuts_nothing(&mut self, s: u64, hb: &[u8], c_payload: &[u8]) {
+        let base = self.tails;
+        let off = self.g.slot_offset(s);
+        self.write(off, hb);
+        self.volatile.insert(s);
+        for _ in 0..2 {
+            self.step();
+        }
+        assert_eq!(self.tails, base, "B's tail holds C's payload");
+        assert_eq!(self.dev.peek(off + BA, 3 * BA as usize), c_payload);
+        self.put_header(0);
+        self.put_commit(0);
+        self.step();
+        self.verify_all();
     }
 
     /// Puts `n` keys whose later deletion makes LMCache's index dirty without freeing a slot
