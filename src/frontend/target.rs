@@ -194,6 +194,10 @@ pub struct Backing {
     /// `/dev/nvmeXnY` opened with O_EXCL for the daemon's lifetime: a char device cannot be
     /// claimed, so this is what refuses a mounted namespace or a second fdpblk on the same one.
     _claim: Option<std::fs::File>,
+    /// For a char device, a second open of it holding a lock that goes when this process
+    /// does (nothing in flight references it): it tells a live daemon, which a new one must
+    /// not wait for, from a dead one whose commands are still draining.
+    _alive: Option<std::fs::File>,
 }
 
 fn in_use(what: &Path) -> String {
@@ -239,6 +243,7 @@ fn open_backing_once(cfg: &DeviceConfig) -> Result<Backing, (String, bool)> {
     let is_bdev = ft.as_ref().is_ok_and(|t| t.is_block_device());
     let is_chardev = ft.as_ref().is_ok_and(|t| t.is_char_device());
     let claim = if is_chardev { claim_namespace(&cfg.backing)? } else { None };
+    let alive = if is_chardev { Some(hold_alive_lock(&cfg.backing)?) } else { None };
     let not_busy = |e: String| (e, false);
     let mut flags = libc::O_DIRECT;
     if is_bdev {
@@ -257,7 +262,38 @@ fn open_backing_once(cfg: &DeviceConfig) -> Result<Backing, (String, bool)> {
     if is_chardev {
         lock_backing(&file, &cfg.backing, EARLIER_COMMANDS_WAIT).map_err(not_busy)?;
     }
-    Ok(Backing { file, _claim: claim })
+    Ok(Backing { file, _claim: claim, _alive: alive })
+}
+
+/// Takes the liveness lock of a char-device backing: an open file description lock on its
+/// first byte, on a descriptor no I/O is ever submitted on, so that it is released the moment
+/// its daemon exits. Held already, another daemon is running on the backing (the error is
+/// marked "claimed elsewhere", so a recovering daemon waits for a dying one to go). Linux
+/// keeps these locks apart from the `flock` of [`lock_backing`].
+fn hold_alive_lock(path: &Path) -> Result<std::fs::File, (String, bool)> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| (format!("cannot open backing {}: {e}", path.display()), false))?;
+    // SAFETY: an all-zero flock is a valid value; the fields that matter are set below.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as _;
+    lock.l_whence = libc::SEEK_SET as _;
+    lock.l_start = 0;
+    lock.l_len = 1;
+    // SAFETY: F_OFD_SETLK with a pointer to a live flock on a descriptor owned by `file`.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) } == 0 {
+        return Ok(file);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Err((
+            format!("backing {} is served by another running fdpblk daemon; `fdpblk list` shows it, `fdpblk del` stops it", path.display()),
+            true,
+        )),
+        _ => Err((format!("cannot lock backing {}: {e}", path.display()), false)),
+    }
 }
 
 /// How long a new daemon waits for an earlier one's NVMe commands to leave the drive (the
@@ -333,7 +369,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     if !std::path::Path::new("/dev/ublk-control").exists() {
         return Err(fail("no ublk driver: /dev/ublk-control is missing; run `modprobe ublk_drv` (Linux >= 6.0 with CONFIG_BLK_DEV_UBLK)".into()));
     }
-    let Backing { file: backing, _claim: claim } = open_backing(&cfg, recover).map_err(fail)?;
+    let Backing { file: backing, _claim: claim, _alive: alive } = open_backing(&cfg, recover).map_err(fail)?;
     block_signals();
     let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
     let ctrl = UblkCtrlBuilder::default()
@@ -486,6 +522,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     }
     drop(backing);
     drop(claim);
+    drop(alive);
     match res {
         Ok(_) => {
             // An added device is deleted when `ctrl` goes; a recovered one must be deleted here,
@@ -753,6 +790,28 @@ mod tests {
         let new = open();
         let e = lock_backing(&new, &path, Duration::from_millis(300)).unwrap_err();
         assert!(e.contains("still in flight") && e.contains("try again"), "{e}");
+        drop(in_flight);
+        lock_backing(&new, &path, Duration::ZERO).unwrap();
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_running_daemon_is_told_apart_from_a_dead_one_still_draining() {
+        let path = std::env::temp_dir().join(format!("fdpblk-alive-{}", std::process::id()));
+        std::fs::write(&path, b"").unwrap();
+        let open = || std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        // A running daemon: its liveness lock and its I/O file's lock, both held.
+        let alive = hold_alive_lock(&path).unwrap();
+        let io = open();
+        lock_backing(&io, &path, Duration::ZERO).unwrap();
+        let (e, claimed) = hold_alive_lock(&path).unwrap_err();
+        assert!(claimed && e.contains("another running fdpblk daemon") && e.contains("fdpblk del"), "{e}");
+        // It dies with a command in flight: the liveness lock goes at once, the I/O lock stays.
+        let in_flight = io.try_clone().unwrap();
+        drop((alive, io));
+        let _new_alive = hold_alive_lock(&path).unwrap();
+        let new = open();
+        assert!(lock_backing(&new, &path, Duration::ZERO).unwrap_err().contains("still in flight"));
         drop(in_flight);
         lock_backing(&new, &path, Duration::ZERO).unwrap();
         let _ = std::fs::remove_file(&path);
