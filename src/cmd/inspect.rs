@@ -360,6 +360,15 @@ mod tests {
         assert_eq!(all.rejected, None);
         let magic = summary_of(&object_evict_with_json(|j| j.replacen("LMCIDX01", "LMCIDX02", 1)));
         assert!(magic.rejected.unwrap().contains("meta_magic"));
+        // Present but of the wrong type is not absent: LMCache compares it and discards.
+        let negative = summary_of(&object_evict_with_json(|j| j.replacen(r#""next_slot":16"#, r#""next_slot":-1"#, 1)));
+        assert_eq!(negative.live, 0);
+        assert!(negative.rejected.unwrap().contains("its next_slot is not a non-negative integer"));
+        let null = summary_of(&object_evict_with_json(|j| j.replacen(r#""header_bytes":4096"#, r#""header_bytes":null"#, 1)));
+        assert!(null.rejected.unwrap().contains("its header_bytes is not"));
+        // capacity_bytes LMCache does not check.
+        let cap = summary_of(&object_evict_with_json(|j| j.replacen(r#""capacity_bytes":4194304"#, r#""capacity_bytes":"4 MiB""#, 1)));
+        assert_eq!(cap.rejected, None);
     }
 
     #[test]

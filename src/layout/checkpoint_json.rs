@@ -67,8 +67,8 @@ impl Default for JsonLimits {
 /// Top-level fields of a version-1 checkpoint (all optional: LMCache defaults missing ones).
 ///
 /// A field that is present but of the wrong type (e.g. a string, a negative or fractional
-/// number, or an integer beyond `u64`) is `None`, the same as absent: the caller decides
-/// whether that rejects the checkpoint, as LMCache's loader does for most of them.
+/// number, or an integer beyond `u64`) is `None` and has its bit set in `wrong_type`: absent
+/// means LMCache's configured value, wrong type a mismatch that discards the checkpoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckpointMeta {
     pub version: Option<u64>,
@@ -82,13 +82,48 @@ pub struct CheckpointMeta {
     pub meta_version: Option<u64>,
     pub data_base_offset: Option<u64>,
     pub next_slot: Option<u64>,
+    /// The top-level fields above that are present with a value of the wrong type: a bit per
+    /// name of [`META_FIELDS`]; the last occurrence of a name decides, as in Python.
+    pub wrong_type: u16,
     /// Number of entries seen (callback invocations).
     pub entries: u64,
     /// Payload bytes consumed: everything read up to end of input, trailing padding included.
     pub bytes: u64,
 }
 
+/// The top-level fields [`CheckpointMeta`] keeps, in the order of its `wrong_type` bits.
+pub const META_FIELDS: [&str; 11] = [
+    "version",
+    "device_path",
+    "capacity_bytes",
+    "block_align",
+    "header_bytes",
+    "slot_bytes",
+    "meta_total_bytes",
+    "meta_magic",
+    "meta_version",
+    "data_base_offset",
+    "next_slot",
+];
+
+/// Records in `wrong_type` whether the field `name` of [`META_FIELDS`] had a usable value, and
+/// passes the value on.
+fn typed<T>(wrong_type: &mut u16, name: &str, v: Option<T>) -> Option<T> {
+    let bit = 1 << META_FIELDS.iter().position(|&f| f == name).unwrap_or(15);
+    if v.is_some() {
+        *wrong_type &= !bit;
+    } else {
+        *wrong_type |= bit;
+    }
+    v
+}
+
 impl CheckpointMeta {
+    /// Names of the fields present with a value of the wrong type, in [`META_FIELDS`] order.
+    pub fn wrong_type_fields(&self) -> impl Iterator<Item = &'static str> + '_ {
+        META_FIELDS.iter().enumerate().filter(move |(i, _)| self.wrong_type & (1 << i) != 0).map(|(_, &f)| f)
+    }
+
     /// Why LMCache 0.5.6's loader would discard this whole checkpoint and start empty, judged
     /// against `max_slots` and LMCache's default `meta_magic`/`meta_version` (the geometry
     /// fields are compared with the configuration where the layout is decided). `None` when it
@@ -99,6 +134,14 @@ impl CheckpointMeta {
             Some(1) => {}
             Some(v) => return Some(format!("its version is {v}; LMCache 0.5.6 loads only version 1")),
             None => return Some("it has no integer version; LMCache 0.5.6 loads only version 1".into()),
+        }
+        // Present but unusable: LMCache compares each with its configured value (or, for
+        // next_slot, requires an int in range), and a string or a negative number never equals.
+        // capacity_bytes and data_base_offset it does not check.
+        let mut checked = self.wrong_type_fields().filter(|f| !matches!(*f, "version" | "capacity_bytes" | "data_base_offset"));
+        if let Some(f) = checked.next() {
+            let what = if matches!(f, "device_path" | "meta_magic") { "a string" } else { "a non-negative integer" };
+            return Some(format!("its {f} is not {what}, so it cannot match LMCache's configuration"));
         }
         if let Some(n) = self.next_slot.filter(|&n| n > max_slots) {
             return Some(format!("its next_slot {n} is past the layout's {max_slots} slots"));
@@ -677,17 +720,17 @@ impl<'l, R: Read> Parser<'l, R> {
         while self.next_member(&mut first)? {
             read_name(&mut self.inp, &mut self.field, max_str)?;
             match self.field.as_slice() {
-                b"version" => meta.version = self.u64_value(1)?,
-                b"device_path" => meta.device_path = self.string_value(1)?,
-                b"capacity_bytes" => meta.capacity_bytes = self.u64_value(1)?,
-                b"block_align" => meta.block_align = self.u64_value(1)?,
-                b"header_bytes" => meta.header_bytes = self.u64_value(1)?,
-                b"slot_bytes" => meta.slot_bytes = self.u64_value(1)?,
-                b"meta_total_bytes" => meta.meta_total_bytes = self.u64_value(1)?,
-                b"meta_magic" => meta.meta_magic = self.string_value(1)?,
-                b"meta_version" => meta.meta_version = self.u64_value(1)?,
-                b"data_base_offset" => meta.data_base_offset = self.u64_value(1)?,
-                b"next_slot" => meta.next_slot = self.u64_value(1)?,
+                b"version" => meta.version = typed(&mut meta.wrong_type, "version", self.u64_value(1)?),
+                b"device_path" => meta.device_path = typed(&mut meta.wrong_type, "device_path", self.string_value(1)?),
+                b"capacity_bytes" => meta.capacity_bytes = typed(&mut meta.wrong_type, "capacity_bytes", self.u64_value(1)?),
+                b"block_align" => meta.block_align = typed(&mut meta.wrong_type, "block_align", self.u64_value(1)?),
+                b"header_bytes" => meta.header_bytes = typed(&mut meta.wrong_type, "header_bytes", self.u64_value(1)?),
+                b"slot_bytes" => meta.slot_bytes = typed(&mut meta.wrong_type, "slot_bytes", self.u64_value(1)?),
+                b"meta_total_bytes" => meta.meta_total_bytes = typed(&mut meta.wrong_type, "meta_total_bytes", self.u64_value(1)?),
+                b"meta_magic" => meta.meta_magic = typed(&mut meta.wrong_type, "meta_magic", self.string_value(1)?),
+                b"meta_version" => meta.meta_version = typed(&mut meta.wrong_type, "meta_version", self.u64_value(1)?),
+                b"data_base_offset" => meta.data_base_offset = typed(&mut meta.wrong_type, "data_base_offset", self.u64_value(1)?),
+                b"next_slot" => meta.next_slot = typed(&mut meta.wrong_type, "next_slot", self.u64_value(1)?),
                 b"entries" => self.entries(&mut meta, on_entry)?,
                 _ => self.skip_value(1)?,
             }
@@ -971,6 +1014,15 @@ mod tests {
             meta_version: u("meta_version"),
             data_base_offset: u("data_base_offset"),
             next_slot: u("next_slot"),
+            wrong_type: META_FIELDS
+                .iter()
+                .enumerate()
+                .filter(|(_, &f)| {
+                    let v = doc.get(f);
+                    let usable = if matches!(f, "device_path" | "meta_magic") { v.and_then(Value::as_str).is_some() } else { v.and_then(Value::as_u64).is_some() };
+                    v.is_some() && !usable
+                })
+                .fold(0, |m, (i, _)| m | 1 << i),
             entries: doc
                 .get("entries")
                 .and_then(Value::as_object)
