@@ -72,9 +72,9 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     if !is_bdev && !is_chardev && !meta.file_type().is_file() {
         return Err(format!("backing {} is neither a block device nor a file; pass an NVMe namespace (/dev/nvmeXnY, /dev/ngXnY) or a file", a.backing.display()));
     }
-    let name = a.backing.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let engine = match a.engine.as_str() {
-        "auto" if is_chardev && name.starts_with("ng") => EngineKind::Passthrough,
+        // A char device can only be driven by passthrough (which refuses one that is not NVMe).
+        "auto" if is_chardev => EngineKind::Passthrough,
         "auto" if is_bdev && sysfs_queue_attr(&a.backing, "max_write_streams").unwrap_or(0) > 0 => EngineKind::Streams,
         "auto" => {
             if policy.handles() > 1 {
@@ -87,6 +87,16 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         }
         e => EngineKind::parse(e).ok_or_else(|| format!("unknown --engine {e}; choose auto, passthrough, streams or plain"))?,
     };
+    if is_chardev && engine != EngineKind::Passthrough {
+        let block = crate::nvme::path::namespace_block_device(&a.backing)
+            .map_or_else(|| "the namespace's block device (/dev/nvmeXnY)".to_string(), |b| b.display().to_string());
+        return Err(format!(
+            "--engine {} needs a block device, and {} is a char device: use {block} as --backing, or --engine passthrough on {}",
+            a.engine,
+            a.backing.display(),
+            a.backing.display()
+        ));
+    }
     let mut probe = None;
     if engine == EngineKind::Passthrough {
         if !is_chardev {

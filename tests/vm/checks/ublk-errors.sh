@@ -33,6 +33,7 @@ refuse "negative device id" "-n -5: give a device id" add --backing "$NS_DEV" -n
 refuse "header wait of minutes" "--header-wait-us 100000000: at most" add --backing "$NS_DEV" --header-wait-us 100000000 "${GEO[@]}"
 refuse "own state written every millisecond" "--persist-interval-ms 1: 0 .only when the device starts and stops. or at least 50" add --backing "$NS_DEV" --persist-interval-ms 1 "${GEO[@]}"
 refuse "streams on a file" "needs an NVMe block device" add --backing /var/tmp/small.img --engine streams "${GEO[@]}"
+refuse "plain on the char device names its block device" "--engine plain needs a block device, and $NG_DEV is a char device: use $NS_DEV as --backing" add --backing "$NG_DEV" --engine plain --policy none "${GEO[@]}"
 # From a config file: the error also names the key in the file behind the flag.
 printf 'backing = "%s"\npolicy = "nope"\n' "$NS_DEV" >/var/tmp/bad-policy.toml
 refuse "policy from a config file" "unknown --policy nope; .* \\(from .policy. in /var/tmp/bad-policy.toml\\)$" add --config /var/tmp/bad-policy.toml "${GEO[@]}"
