@@ -389,10 +389,10 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     let mut cfg = cfg;
     cfg.id = id;
     spawn_signal_thread(id);
-    let state_dev = open_state_dev(&cfg, &backing);
+    let state_dev = open_state_dev(&cfg, &backing).map_err(fail)?;
     // A device that was learning when its daemon died may have a checkpoint by now.
-    if let (None, Some(d)) = (cfg.geometry, &state_dev) {
-        if let Ok(Some(g)) = learn::look(&ExportedReader { dev: &**d, size: cfg.exported_bytes }, &cfg.layout_flags) {
+    if cfg.geometry.is_none() {
+        if let Ok(Some(g)) = learn::look(&ExportedReader { dev: &*state_dev, size: cfg.exported_bytes }, &cfg.layout_flags) {
             // One the drive cannot serve is left to the learner, which refuses it.
             if block_align_error(&g, 1u64 << cfg.lba_shift, &cfg.backing).is_none() {
                 cfg.geometry = Some(g);
@@ -421,9 +421,9 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         queues: (0..cfg.queues).map(|_| Arc::default()).collect(),
     });
     // The state thread: loads fdpblk's own state into the slot table before any I/O is served.
-    let watcher = cfg.geometry.and_then(|g| {
+    let watcher = cfg.geometry.map(|g| {
         let slots = Arc::new(SlotTable::new(g.max_slots));
-        let w = state_dev.clone().map(|d| start_watcher(&cfg, g, d, &slots, layout.policy(), false, recover));
+        let w = start_watcher(&cfg, g, state_dev.clone(), &slots, layout.policy(), false, recover);
         layout.set(Known { geometry: g, slots });
         w
     });
@@ -439,9 +439,9 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // Learning: the device serves writes that no state thread follows until LMCache's first
     // checkpoint. A clean saved state from an earlier run would be trusted after a crash in
     // that time although those writes made it stale: mark it in use first, or refuse.
-    if let (None, None, Some(d)) = (&watcher, cfg.geometry, &state_dev) {
+    if watcher.is_none() {
         let own = policy_by_name(&cfg.policy).map_or(0, |mut p| p.place(&Target::OwnState));
-        match Persist::mark_in_use(&**d, Region::tail(cfg.backing_bytes), own) {
+        match Persist::mark_in_use(&*state_dev, Region::tail(cfg.backing_bytes), own) {
             Ok(true) => tracing::info!("device {id}: the saved own state is marked in use until the layout is learned"),
             Ok(false) => {}
             Err(e) => {
@@ -455,23 +455,19 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     *shared.watch.lock().unwrap_or_else(|e| e.into_inner()) = watcher.as_ref().map(|w| w.published());
     let stop = Arc::new(AtomicBool::new(false));
     let watch_stop = Arc::new(AtomicBool::new(false));
-    let state_thread = match (watcher, cfg.geometry, state_dev) {
-        (Some(w), _, _) => {
+    let state_thread = match watcher {
+        Some(w) => {
             let (stop, s) = (watch_stop.clone(), shared.clone());
             Some(std::thread::spawn(move || state_thread_guarded(&s, || w.run(&stop))))
         }
-        (None, None, Some(d)) => {
+        None => {
+            let d = state_dev;
             tracing::info!(
                 "device {id}: no LMCache checkpoint yet: writes go unclassified to handle {outside} until LMCache's first checkpoint tells the layout"
             );
             let (stop, s, g) = (watch_stop.clone(), shared.clone(), shared.clone());
             Some(std::thread::spawn(move || state_thread_guarded(&g, || learn_then_watch(&s, d, &stop))))
         }
-        (None, None, None) => {
-            tracing::error!("device {id}: cannot learn the layout without device access: writes stay unclassified; re-add with --slot-bytes and --meta-total-bytes");
-            None
-        }
-        (None, Some(_), _) => None,
     };
     let (q_shared, d_shared, d_stop) = (shared.clone(), shared.clone(), stop.clone());
     let stats_thread: Arc<Mutex<Option<std::thread::JoinHandle<()>>>> = Arc::new(Mutex::new(None));
@@ -555,9 +551,8 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     }
 }
 
-/// The state thread's device access for the engine. `None` (logged) when the backing cannot
-/// be opened again.
-fn open_state_dev(cfg: &DeviceConfig, backing: &std::fs::File) -> Option<Arc<dyn StateWriter>> {
+/// The state thread's device access for the engine.
+fn open_state_dev(cfg: &DeviceConfig, backing: &std::fs::File) -> Result<Arc<dyn StateWriter>, String> {
     use super::config::EngineKind;
     let dev: std::io::Result<Arc<dyn StateWriter>> = match cfg.engine {
         EngineKind::Passthrough => std::fs::OpenOptions::new()
@@ -573,13 +568,15 @@ fn open_state_dev(cfg: &DeviceConfig, backing: &std::fs::File) -> Option<Arc<dyn
             .map(|d| Arc::new(d) as Arc<dyn StateWriter>),
         EngineKind::Plain => backing.try_clone().and_then(|f| BlockDev::new(f, cfg.backing_bytes, None)).map(|d| Arc::new(d) as Arc<dyn StateWriter>),
     };
-    match dev {
-        Ok(d) => Some(d),
-        Err(e) => {
-            tracing::error!("device {}: no state thread ({e}): no checkpoint awareness, deallocation or saved state", cfg.id);
-            None
-        }
-    }
+    // Fatal: serving without a state thread would leave a clean state saved by an earlier run
+    // unmarked, to be trusted after a crash although LMCache's writes since made it stale.
+    dev.map_err(|e| {
+        format!(
+            "device {}: cannot open {} for fdpblk's state thread ({e}); free file descriptors or memory (`ulimit -n`, dmesg) and add again",
+            cfg.id,
+            cfg.backing.display()
+        )
+    })
 }
 
 /// Runs the state thread's body. Should it panic, the queues must not wait on it for ever:
