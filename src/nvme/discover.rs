@@ -94,7 +94,7 @@ impl fmt::Display for NvmeError {
             NvmeError::Encode(e) => write!(f, "{e}"),
             NvmeError::NoFdp { ctrl, model } => write!(
                 f,
-                "{} ({model}) does not support FDP (Identify Controller CTRATT bit 19 is clear): this drive does not support FDP; use --policy none or --engine plain with `fdpblk add`",
+                "{} ({model}) does not support FDP (Identify Controller CTRATT bit 19 is clear): this drive does not support FDP; use --policy none or --engine plain (on the block device /dev/nvmeXnY) with `fdpblk add`",
                 ctrl.display()
             ),
             NvmeError::FdpDisabled { ctrl, endgid } => write!(
@@ -103,7 +103,7 @@ impl fmt::Display for NvmeError {
                  nvme set-feature {c} -f 0x1D --value={endgid} --cdw12=1 -s \
                  (or `nvme fdp feature {c} -e {endgid} -c 0` with nvme-cli 2.13+; drives usually want all namespaces \
                  deleted first, then re-created with placement handles, e.g. nvme create-ns {c} ... -p 0,1,2,3 -n 4), \
-                 or run `fdpblk add` without placement (--policy none or --engine plain)",
+                 or run `fdpblk add` without placement (--policy none, or --engine plain on the block device /dev/nvmeXnY)",
                 c = ctrl.display()
             ),
             NvmeError::NeedNamespace { path } => write!(
