@@ -21,6 +21,20 @@ if command -v udevadm >/dev/null; then
     links=$(udevadm test --action=add /sys/class/block/ublkb3 2>&1 | sed -n 's/^DEVLINKS=//p')
     expect "udevadm test: deploy/99-fdpblk.rules links /dev/fdpblk/kv0 (DEVLINKS=$links)" \
         grep -qw /dev/fdpblk/kv0 <<<"$links"
+    # A partition of a ublk device (ublkb1p1) is not named: udev's %n would be its partition
+    # number, 1, and so name it after device 1 (kv1).
+    truncate -s 64M /var/tmp/kv1.img
+    expect "device 1 named kv1" quiet fdpblk_add --backing /var/tmp/kv1.img --engine plain --policy none -n 1 --name kv1 "${GEO[@]}"
+    lbs=$(blockdev --getss /dev/ublkb1)
+    # An MBR with one partition at block 2048, 2048 blocks long.
+    printf '\x00\x00\x00\x00\x83\x00\x00\x00\x00\x08\x00\x00\x00\x08\x00\x00' >/tmp/part
+    { head -c 446 /dev/zero; cat /tmp/part; head -c 48 /dev/zero; printf '\x55\xaa'; head -c $((lbs - 512)) /dev/zero; } >/tmp/mbr
+    expect "an MBR on ublkb1" dd if=/tmp/mbr of=/dev/ublkb1 bs="$lbs" count=1 oflag=direct status=none
+    expect "the kernel reads its partition" blockdev --rereadpt /dev/ublkb1
+    expect "ublkb1p1 exists" test -e /sys/class/block/ublkb1p1
+    plinks=$(udevadm test --action=add /sys/class/block/ublkb1p1 2>&1 | sed -n 's/^DEVLINKS=//p')
+    expect "udevadm test: no fdpblk link for the partition ublkb1p1 (DEVLINKS=$plinks)" bash -c "! grep -q /dev/fdpblk/ <<<'$plinks'"
+    expect "del device 1" "$FDPBLK" del -n 1
 else
     not_ok "udevadm missing in the guest (tests/vm/setup.sh installs udev)"
 fi
@@ -64,4 +78,17 @@ expect "device gone" test ! -e /dev/ublkb5
 expect "its daemon exits" bash -c "for i in \$(seq 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
 expect "its daemon removed the name link" test ! -e /dev/fdpblk/kv0
 expect_eq "list: nothing left" "$("$FDPBLK" list)" "no fdpblk devices"
+# A ublk device of another server (here fdpblk's binary under another name) without a state
+# file: `del` refuses it, as `list` calls it not fdpblk's to delete.
+install -m 0755 "$FDPBLK" /var/tmp/otherublk
+truncate -s 64M /var/tmp/other.img
+expect "another server's device 7" quiet /var/tmp/otherublk add --backing /var/tmp/other.img --engine plain --policy none -n 7 "${GEO[@]}"
+mv /run/fdpblk/7.json /var/tmp/7.json
+out=$("$FDPBLK" del -n 7 2>&1) && rc=0 || rc=$?
+expect "del refuses it ($out)" test "$rc" -ne 0
+expect "the error names its server" grep -q "ublk device 7 is served by otherublk (pid [0-9]*), not by fdpblk" <<<"$out"
+expect "device 7 still there" test -e /dev/ublkb7
+mv /var/tmp/7.json /run/fdpblk/7.json
+expect "del with its state file back" "$FDPBLK" del -n 7
+expect "device 7 gone" test ! -e /dev/ublkb7
 check_done
