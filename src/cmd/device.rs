@@ -541,6 +541,12 @@ fn del_one(id: i32) -> Result<(), String> {
         }
         return Ok(());
     }
+    // Without a state file, the device may be another ublk server's: never fdpblk's to stop.
+    if !state::state_path(id).exists() {
+        if let Some((pid, comm)) = ublk_server(id).filter(|(_, c)| !c.starts_with("fdpblk")) {
+            return Err(format!("ublk device {id} is served by {comm} (pid {pid}), not by fdpblk: stop it with its own server"));
+        }
+    }
     let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {e}"))?;
     // Stopping makes the daemon drain its queues, delete the device and exit.
     let _ = ctrl.kill_dev();
@@ -581,13 +587,20 @@ fn dev_state(id: i32, name: Option<&str>) -> (&'static str, Option<String>) {
 
 /// Whose ublk device `id` is, for one that has no state file: its server's pid and name.
 fn ublk_owner(id: i32) -> String {
-    let pid = UblkCtrl::new_simple(id).map(|c| c.dev_info().ublksrv_pid).unwrap_or(-1);
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().filter(|_| pid > 0).map(|c| c.trim().to_string());
-    match comm.as_deref() {
-        Some("fdpblk") => format!("served by fdpblk (pid {pid}) but its state file is gone: `fdpblk del -n {id}` deletes it"),
-        Some(c) => format!("another ublk server's ({c}, pid {pid}): not fdpblk's to delete"),
+    match ublk_server(id) {
+        Some((pid, c)) if c.starts_with("fdpblk") => format!("served by fdpblk (pid {pid}) but its state file is gone: `fdpblk del -n {id}` deletes it"),
+        Some((pid, c)) => format!("another ublk server's ({c}, pid {pid}): not fdpblk's to delete"),
         None => format!("its server is gone and no state file says whose it was: if it was fdpblk's, `fdpblk del -n {id}` deletes it"),
     }
+}
+
+/// The server of live ublk device `id`: its pid and process name (of a device that is not
+/// live, the pid may be reused by now).
+fn ublk_server(id: i32) -> Option<(i32, String)> {
+    let info = UblkCtrl::new_simple(id).ok()?.dev_info().clone();
+    let pid = Some(info.ublksrv_pid).filter(|&p| p > 0 && u32::from(info.state) == sys::UBLK_S_DEV_LIVE)?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    Some((pid, comm.trim().to_string()))
 }
 
 pub fn list(a: &ListArgs) -> CmdResult {
