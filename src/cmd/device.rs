@@ -175,6 +175,14 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         "auto" => match discover(&*source, &flags) {
             Ok(d) => Some(d.geometry),
             // Learned from LMCache's first checkpoint while serving (`frontend::learn`).
+            // Half a layout is a typo or a line left out of a config file, not a wish to learn.
+            Err(DiscoverError::NoCheckpoint { missing }) if flags.slot_bytes.is_some() || flags.meta_total_bytes.is_some() => {
+                let given = if flags.slot_bytes.is_some() { "--slot-bytes" } else { "--meta-total-bytes" };
+                return Err(format!(
+                    "{given} is given but {missing} is not, and {} has no LMCache checkpoint to take it from: pass {missing} (LMCache's value), or neither flag to learn the layout from LMCache's first checkpoint",
+                    a.backing.display()
+                ));
+            }
             Err(DiscoverError::NoCheckpoint { missing }) => {
                 // `list` and `stats` say `learning`; the daemon's log says it too.
                 tracing::debug!(

@@ -26,6 +26,8 @@ refuse "missing backing" "backing /dev/nope: .*pass an NVMe namespace" add --bac
 truncate -s 4M /var/tmp/small.img
 refuse "too small" "too small: fdpblk reserves" add --backing /var/tmp/small.img --engine plain --policy none "${GEO[@]}"
 refuse "bad geometry" "slot_bytes 1000 .*--slot-bytes" add --backing "$NS_DEV" --slot-bytes 1000 --meta-total-bytes 1M
+expect "a blank drive" dd if=/dev/zero of="$NS_DEV" bs=1M count=2 oflag=direct status=none
+refuse "half a layout on a blank drive" "--slot-bytes is given but --meta-total-bytes is not, and $NS_DEV has no LMCache checkpoint" add --backing "$NS_DEV" --slot-bytes 64K
 refuse "unknown policy" "unknown --policy" add --backing "$NS_DEV" --policy nope "${GEO[@]}"
 refuse "unknown engine" "unknown --engine" add --backing "$NS_DEV" --engine nope "${GEO[@]}"
 refuse "a directory" "neither a block device nor a file" add --backing /var/tmp "${GEO[@]}"
