@@ -583,7 +583,7 @@ fn dev_state(id: i32, name: Option<&str>) -> (&'static str, Option<String>) {
         Ok(s @ (sys::UBLK_S_DEV_QUIESCED | sys::UBLK_S_DEV_FAIL_IO)) => (
             if s == sys::UBLK_S_DEV_QUIESCED { "quiesced" } else { "fail-io" },
             Some(format!(
-                "its daemon died: `fdpblk recover -n {id}` brings it back (under systemd: `systemctl start fdpblk@{}`)",
+                "its daemon died: `fdpblk recover -n {id}` brings it back (under systemd: `systemctl reset-failed fdpblk@{0}; systemctl start fdpblk@{0}`)",
                 name.unwrap_or("NAME")
             )),
         ),
