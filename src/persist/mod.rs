@@ -35,9 +35,13 @@
 //!
 //! Cycle `n` writes only the pages that changed since cycle `n-1`, each into the copy that
 //! does *not* hold the page's newest committed version, stamped with seq `n`; then a flush;
-//! then superblock `n` into copy `n % 2`; then a flush. The superblock is the commit record.
+//! then superblock `n` into the superblock copy that does not hold the newest committed one
+//! (not `n % 2`: a failed cycle skips its seq); then a flush. The superblock is the commit
+//! record. A superblock whose flush failed but that reads back is taken as committed, and the
+//! next cycle first flushes again before it writes anything.
 //!
-//! Loading takes the valid superblock (magic, version, CRC) with the highest seq `S`, and per
+//! Loading takes the valid superblock (magic, version, CRC, seq below 2^63) with the highest
+//! seq `S` (of two with the same seq, the one not clean: see `mark_in_use`), and per
 //! logical page the valid copy (magic, CRC, instance, index, kind) with the highest seq `<= S`;
 //! a page without one is empty. Why that is the state of cycle `S` after a crash at any point:
 //! the page copy holding a page's newest version committed at or before `S` is never written
@@ -51,7 +55,8 @@
 //! while anything changed.
 //!
 //! Clean flag: the first cycle after loading (written before the device serves I/O) clears
-//! it; the last cycle at shutdown sets it. Confirmations (that a slot's contents were seen
+//! it, or, while fdpblk still learns the layout, `mark_in_use` does before it serves; the last
+//! cycle at shutdown sets it. Confirmations (that a slot's contents were seen
 //! committed by LMCache) are trusted only from a clean state: after a crash the slot may have
 //! been written after the last cycle. See [`crate::watch`].
 
@@ -294,6 +299,10 @@ pub struct Persist {
     /// The superblocks could not be read at load: the next superblock goes into both copies,
     /// so that no older one (another instance's, maybe clean) outranks this state.
     sb_both: bool,
+    /// The last superblock was taken as committed because it read back, though its flush
+    /// failed: it may sit only in the drive's volatile cache. The next cycle overwrites the
+    /// copies the superblock before it vouches for, so it first needs a flush to succeed.
+    flush_owed: bool,
     handle: Handle,
 }
 
@@ -386,6 +395,7 @@ impl Persist {
             forced: Vec::new(),
             sb_copy: 1,
             sb_both: false,
+            flush_owed: false,
             handle,
         };
         let mut max_seq = 0u64;
@@ -547,6 +557,10 @@ impl Persist {
     /// One persist cycle: the changed pages, then the superblock. With nothing changed and
     /// not `force`, writes nothing (`Ok(None)`). On an error the changes stay pending.
     pub fn cycle(&mut self, dev: &dyn StateWriter, slots: &SlotTable, counters: &Counters, clean: bool, force: bool) -> io::Result<Option<CycleReport>> {
+        if self.flush_owed {
+            dev.flush()?;
+            self.flush_owed = false;
+        }
         let l = self.layout;
         let recs = slots.take_dirty_pages();
         let hist = slots.history().take_dirty_pages();
@@ -577,7 +591,8 @@ impl Persist {
             // device reads back, so that the copies of a committed cycle are never overwritten
             // as if they were free.
             Err((e, true)) if Self::read_superblock(dev, self.region).is_some_and(|s| s.seq == seq && s.instance == self.instance) => {
-                tracing::warn!("own state: flush after superblock {seq} failed ({e}); the superblock reads back, taking it as committed");
+                tracing::warn!("own state: flush after superblock {seq} failed ({e}); the superblock reads back, taking it as committed once a flush succeeds");
+                self.flush_owed = true;
                 Ok(0)
             }
             Err((e, _)) => Err(e),
