@@ -43,9 +43,24 @@ struct Shared {
     queue_failed: Mutex<Option<String>>,
     /// Each queue's counters.
     queues: Vec<Arc<QueueStats>>,
+    /// Held while the state file is written: the device start and the learner both write it.
+    state_file: Mutex<()>,
 }
 
 impl Shared {
+    /// Writes the device's state file (for `list`, `recover`) with the layout as known now,
+    /// learned or not.
+    fn write_state_file(&self) {
+        let _one_writer = self.state_file.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = self.cfg.clone();
+        if c.geometry.is_none() {
+            c.geometry = self.layout.known().map(|k| k.geometry);
+        }
+        if let Err(e) = state::write_state(&c, std::process::id()) {
+            tracing::warn!("cannot write {}: {e}", state::state_path(c.id).display());
+        }
+    }
+
     /// A queue cannot start: remember why, and tell the device start, which waits until every
     /// queue registered its buffers, so that it fails instead of waiting forever.
     fn queue_cannot_start(&self, dev: &UblkDev, why: String) {
@@ -419,6 +434,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         engines: Mutex::new(engines),
         queue_failed: Mutex::new(None),
         queues: (0..cfg.queues).map(|_| Arc::default()).collect(),
+        state_file: Mutex::new(()),
     });
     // The state thread: loads fdpblk's own state into the slot table before any I/O is served.
     let watcher = cfg.geometry.map(|g| {
@@ -482,9 +498,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         move |qid, dev: &UblkDev| queue_main(qid, dev, &q_shared),
         move |_ctrl: &UblkCtrl| {
             let c = &d_shared.cfg;
-            if let Err(e) = state::write_state(c, std::process::id()) {
-                tracing::warn!("cannot write {}: {e}", state::state_path(c.id).display());
-            }
+            d_shared.write_state_file();
             state::record_fdp_baseline(c);
             if let Some(name) = &c.name {
                 if let Err(e) = state::link_name(name, c.id) {
@@ -660,9 +674,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
         shared.layout.learning_writes.load(Ordering::Relaxed)
     );
     // `list` and `recover` see the layout from now on.
-    if let Err(e) = state::write_state(&learned, std::process::id()) {
-        tracing::warn!("cannot write {}: {e}", state::state_path(cfg.id).display());
-    }
+    shared.write_state_file();
     w.run(stop);
 }
 
