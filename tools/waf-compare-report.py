@@ -27,12 +27,12 @@ SIM_POLICY = {"raw": "none", "fio-static": "region"}
 CLASSES = ["checkpoint_header", "checkpoint_payload", "slot_header", "slot_payload", "slot_padding", "outside"]
 
 
-def blk_events(trace_dir):
+def blk_events(trace_dir, text=None):
     """Completed, error-free data events of the device in DIR/device, from DIR/trace.txt
-    (blkparse's default text): (time, op, offset, len), op write/read/discard."""
+    (blkparse's default text) or from `text`: (time, op, offset, len), op write/read/discard."""
     majmin = open(os.path.join(trace_dir, "device")).read().split()[1]
     out = []
-    with open(os.path.join(trace_dir, "trace.txt"), errors="replace") as f:
+    with open(text or os.path.join(trace_dir, "trace.txt"), errors="replace") as f:
         for line in f:
             p = line.split()
             # maj,min cpu seq sec.nsec pid action RWBS sector + blocks [error]
@@ -50,6 +50,49 @@ def blk_events(trace_dir):
                 continue
             out.append((t, op, sector * 512, blocks * 512))
     return out
+
+
+def shared_clock(d):
+    """The workload device's and the drive's events of configuration dir `d` on one clock.
+    Each capture's text counts time from its own first event, and the drive's capture starts
+    earlier (before `fdpblk add`), so merging the two texts would put every drive event late:
+    a deallocation after the write that followed it. One blkparse over both captures' binary
+    files (kept where trace-*/bin-dir says) counts from the first event of either."""
+    wl, dr = os.path.join(d, "trace-workload"), os.path.join(d, "trace-drive")
+    bins = [open(os.path.join(t, "bin-dir")).read().strip() for t in (wl, dr)]
+    merged = os.path.join(os.path.dirname(bins[0]), "shared-clock")
+    os.makedirs(merged, exist_ok=True)
+    names = []
+    for t, b in zip((wl, dr), bins):
+        name = open(os.path.join(t, "device")).read().split()[0]
+        names.append(name)
+        for f in os.listdir(b):
+            if f.startswith(name + ".blktrace."):
+                dst = os.path.join(merged, f)
+                if not os.path.lexists(dst):
+                    os.symlink(os.path.join(b, f), dst)
+    text = os.path.join(merged, "trace.txt")
+    cmd = ["blkparse", "-D", merged, "-o", text] + [x for n in names for x in ("-i", n)]
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        sys.exit(f"waf-compare: {' '.join(cmd)} failed: {r.stderr.strip()}")
+    return blk_events(wl, text), blk_events(dr, text)
+
+
+def reads_of_deallocated(events, block=4096):
+    """Bytes the workload read from blocks the drive had deallocated and nobody wrote since:
+    never any, as fdpblk deallocates only what LMCache no longer references; in the merged
+    event order a count above 0 means the two clocks were not one."""
+    gone, bad = set(), 0
+    for _, o, off, n in events:
+        blocks = range(off // block, (off + n + block - 1) // block)
+        if o == "discard":
+            gone.update(b for b in range(-(-off // block), (off + n) // block))
+        elif o == "write":
+            gone.difference_update(blocks)
+        elif o == "read":
+            bad += block * sum(1 for b in blocks if b in gone)
+    return bad
 
 
 def total(events, op, lo=0, hi=None):
@@ -158,10 +201,23 @@ def main():
         row["classified_bytes"] = sum(row["classes"].values())
         # The simulated drive: the workload's writes and reads, and the drive's deallocations
         # inside the exported range (fdpblk's trims of evicted slots), in time order.
-        sim = [(t, o, off, n) for t, o, off, n in wl_ev if o in ("write", "read")]
+        sim_wl, sim_dr = shared_clock(d) if own_lo is not None else (wl_ev, nvme_ev)
+        sim = [(t, o, off, n) for t, o, off, n in sim_wl if o in ("write", "read")]
         if own_lo is not None:
-            sim += [(t, o, off, n) for t, o, off, n in nvme_ev if o == "discard" and off + n <= own_lo]
-        sim.sort(key=lambda e: e[0])
+            sim += [(t, o, off, n) for t, o, off, n in sim_dr if o == "discard" and off + n <= own_lo]
+        # Stable: at one time stamp a deallocation goes after the writes (never before).
+        sim.sort(key=lambda e: (e[0], e[1] == "discard"))
+        row["sim_reads_of_deallocated_bytes"] = reads_of_deallocated(sim)
+        if own_lo is not None:
+            # How far the workload capture's own clock is behind the shared one: the time
+            # between the two captures' first events.
+            row["sim_clock_offset_s"] = round(sim_wl[0][0] - wl_ev[0][0], 6) if sim_wl and wl_ev else None
+            # The same merge on each capture's own clock, as this report once did: evidence
+            # of what the shared clock changes.
+            apart = [(t, o, off, n) for t, o, off, n in wl_ev if o in ("write", "read")]
+            apart += [(t, o, off, n) for t, o, off, n in nvme_ev if o == "discard" and off + n <= own_lo]
+            apart.sort(key=lambda e: (e[0], e[1] == "discard"))
+            row["sim_reads_of_deallocated_bytes_clocks_apart"] = reads_of_deallocated(apart)
         ssd = ["--ssd-op", a.ssd_op] + (["--ssd-ru-size", a.ssd_ru_size] if a.ssd_ru_size else [])
         srep = replay(a.fdpblk, [{"op": o, "offset": off, "len": n} for _, o, off, n in sim], os.path.join(d, "sim.jsonl"), policy, a.geom, ssd)
         row["sim"] = srep["ssd"]

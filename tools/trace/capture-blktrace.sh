@@ -163,6 +163,10 @@ wait "$BT_PID" 2>/dev/null || true
 BT_PID=
 trap - INT TERM
 
+# blktrace keeps running when it cannot map its output files, and records nothing.
+if grep -qE 'setup_mmap|failed read' "$DIR/blktrace.log"; then
+    die "blktrace could not write its files in $DIR ($(grep -m1 -E 'setup_mmap|failed read' "$DIR/blktrace.log")): it needs a file system with writable mmap; give --keep a local directory"
+fi
 parse=(-i "$NAME" -D "$DIR" -o "$OUT")
 [[ -n $IOLOG ]] && parse+=(-d "$IOLOG")
 blkparse "${parse[@]}" >/dev/null 2>"$DIR/blkparse.log" || die "blkparse failed: $(tr '\n' ' ' <"$DIR/blkparse.log")"
