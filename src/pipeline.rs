@@ -286,10 +286,13 @@ impl Pipeline {
 
     /// What reads, discards and write-zeroes tell the slot table: loads of slot contents,
     /// and (for the two that change data) writes to slots and containers.
+    /// A load is a read that begins at a payload's start (LMCache reads from there, never
+    /// the header): a read that only runs into a payload from before it (readahead across a
+    /// slot boundary, a header read enlarged by the page cache) is not one.
     fn observe_other(&mut self, op: Op) {
-        for e in &self.extents {
+        for (i, e) in self.extents.iter().enumerate() {
             match (op, e.kind) {
-                (Op::Read, ExtentKind::SlotPayload { slot }) if e.offset == self.geom.slot_offset(slot) + self.geom.header_bytes => {
+                (Op::Read, ExtentKind::SlotPayload { slot }) if i == 0 && e.offset == self.geom.slot_offset(slot) + self.geom.header_bytes => {
                     self.slots.note_read(slot);
                     let identity = self.slots.get(slot).map(|h| h.identity);
                     self.policy.observe(&Observation::Read { slot, identity, len: e.len });
@@ -625,7 +628,7 @@ mod tests {
         let slots = Arc::new(SlotTable::new(g.max_slots));
         let shared = SharedPolicy::new(Box::new(KeyAwarePolicy::new()));
         let mut q0 = Pipeline::with_slots(g, Box::new(shared.clone()), slots.clone());
-        let mut q1 = Pipeline::with_slots(g, Box::new(shared), slots);
+        let mut q1 = Pipeline::with_slots(g, Box::new(shared), slots.clone());
         let mut segs = Vec::new();
         let put = |q: &mut Pipeline, slot: u64, identity: u64, segs: &mut Vec<Segment>| {
             let hdr = SlotHeader { identity, payload_len: 8192 }.encode(4096);
@@ -641,9 +644,17 @@ mod tests {
         let other = Request { op: Op::Read, offset: g.slot_offset(1) + 8192, len: 4096, data: None };
         q1.plan(&load, &mut segs, HeaderWait::Expired).unwrap();
         q1.plan(&other, &mut segs, HeaderWait::Expired).unwrap();
+        // Nor is readahead that runs from slot 0's payload, or from slot 1's header, into
+        // slot 1's payload start.
+        let over_boundary = Request { op: Op::Read, offset: g.slot_offset(1) - 4096, len: 12288, data: None };
+        let header_read = Request { op: Op::Read, offset: g.slot_offset(1), len: 16384, data: None };
+        q1.plan(&over_boundary, &mut segs, HeaderWait::Expired).unwrap();
+        q1.plan(&header_read, &mut segs, HeaderWait::Expired).unwrap();
         // Identity 42 comes back into another slot, written through queue 0: read once before.
         assert_eq!(put(&mut q0, 3, 42, &mut segs), KeyAwarePolicy::READ);
         assert_eq!(put(&mut q0, 4, 43, &mut segs), KeyAwarePolicy::YOUNG);
+        let reads = (slots.life(1) & crate::slot_table::life::READS_MASK) >> crate::slot_table::life::READS_SHIFT;
+        assert_eq!(reads, 1, "one load of slot 1");
     }
 
     #[test]

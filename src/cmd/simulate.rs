@@ -80,6 +80,10 @@ pub struct SimulateArgs {
     /// the workload's `uring_reorder_window` (default 64; 0 or 1: in order).
     #[arg(long)]
     pub uring_reorder_window: Option<u64>,
+    /// Chance that a checkpoint tick finds LMCache idle (it skips busy ticks), overriding the
+    /// workload's `checkpoint_idle_probability` (default 1: every tick checkpoints).
+    #[arg(long)]
+    pub checkpoint_idle: Option<f64>,
     /// Runs in parallel (one thread each).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
@@ -123,6 +127,12 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
             return Err(format!("--uring-reorder-window {w}: at most 1048576 requests"));
         }
         workload.uring_reorder_window = w;
+    }
+    if let Some(p) = a.checkpoint_idle {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(format!("--checkpoint-idle {p}: a probability, 0 to 1"));
+        }
+        workload.checkpoint_idle_probability = p;
     }
     let policies: Vec<String> = if a.policy == "all" {
         POLICY_NAMES.iter().map(|s| s.to_string()).collect()
