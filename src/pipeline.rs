@@ -449,8 +449,9 @@ impl Pipeline {
     /// The handle of the slot's current header, or the policy's guess when none was seen.
     fn slot_handle(&mut self, slot: u64) -> Handle {
         match self.slots.get(slot) {
-            Some(entry) => entry.handle,
-            None => self.policy.place(&Target::Slot { slot, header: None, previous: None }),
+            // A handle restored from state another policy saved may be past this one's.
+            Some(entry) if entry.handle < self.policy.handles() => entry.handle,
+            _ => self.policy.place(&Target::Slot { slot, header: None, previous: None }),
         }
     }
 
@@ -655,6 +656,20 @@ mod tests {
         assert_eq!(put(&mut q0, 4, 43, &mut segs), KeyAwarePolicy::YOUNG);
         let reads = (slots.life(1) & crate::slot_table::life::READS_MASK) >> crate::slot_table::life::READS_SHIFT;
         assert_eq!(reads, 1, "one load of slot 1");
+    }
+
+    #[test]
+    fn a_handle_saved_under_another_policy_is_not_used_past_this_ones_handles() {
+        use crate::place::KeyAwarePolicy;
+        let g = geom();
+        let slots = Arc::new(SlotTable::new(g.max_slots));
+        // Saved by `region`, whose own-state handle is 3; `key-aware` has 3 handles.
+        slots.record_header(2, &SlotHeader { identity: 7, payload_len: 8192 }, 3);
+        let mut q = Pipeline::with_slots(g, Box::new(KeyAwarePolicy::new()), slots);
+        let mut segs = Vec::new();
+        let payload = Request { op: Op::Write, offset: g.slot_offset(2) + 4096, len: 8192, data: None };
+        q.plan(&payload, &mut segs, HeaderWait::Expired).unwrap();
+        assert!(!segs.is_empty() && segs.iter().all(|s| s.handle < 3), "{segs:?}");
     }
 
     #[test]
