@@ -13,6 +13,15 @@ tests/vm/setup.sh
 step "cargo test"
 cargo test --release --locked
 
+step "the demo (the README's main command)"
+tools/demo.sh >target/demo.log 2>&1 || { tail -n 30 target/demo.log; echo "tools/demo.sh failed" >&2; exit 1; }
+# Its last table: the drive without fdpblk, and with key-aware placement and deallocation.
+none=$(awk '$1 == "none" && NF == 2 { print $2 }' target/demo.log)
+ka=$(awk '$1 == "key-aware" && $2 == "+" && $3 == "trim" && NF == 4 { print $4 }' target/demo.log)
+awk -v n="$none" -v k="$ka" 'BEGIN { exit !(n > 1 && k > 0 && k < n) }' ||
+    { tail -n 30 target/demo.log; echo "demo: WAF none '$none', key-aware + trim '$ka': want key-aware + trim below none" >&2; exit 1; }
+echo "demo: WAF $none without fdpblk, $ka with key-aware + trim"
+
 step "VM tests (QEMU guest)"
 cargo build --release --locked --bins
 tests/vm/suite.sh
