@@ -7,7 +7,7 @@ use fdpblk::classify::{classify, Op};
 use fdpblk::layout::slot_header::SlotHeader;
 use fdpblk::layout::GeometryConfig;
 use fdpblk::pipeline::{HeaderWait, Pipeline, Request};
-use fdpblk::place::RegionPolicy;
+use fdpblk::place::{KeyAwarePolicy, RegionPolicy};
 use std::hint::black_box;
 
 fn bench(c: &mut Criterion) {
@@ -44,25 +44,31 @@ fn bench(c: &mut Criterion) {
     });
     group.finish();
 
-    let mut group = c.benchmark_group("pipeline_plan");
-    group.throughput(Throughput::Elements(1));
-    let mut p = Pipeline::new(g, Box::new(RegionPolicy));
-    let mut segs = Vec::with_capacity(8);
-    group.bench_function("header_4k", |b| {
-        b.iter(|| {
-            segs.clear();
-            let r = Request { op: Op::Write, offset: g.slot_offset(slot), len: 4096, data: Some(&hdr) };
-            black_box(p.plan(black_box(&r), &mut segs, HeaderWait::Expired).map(|e| e.len()))
-        })
-    });
-    group.bench_function("payload_1m", |b| {
-        b.iter(|| {
-            segs.clear();
-            let r = Request { op: Op::Write, offset: g.slot_offset(slot) + 4096 + (4 << 20), len: 1 << 20, data: Some(&payload) };
-            black_box(p.plan(black_box(&r), &mut segs, HeaderWait::Expired).map(|e| e.len()))
-        })
-    });
-    group.finish();
+    // Pipeline::plan with `region` and with the default `key-aware` (which looks the header's
+    // identity up in its history).
+    let policies: [(&str, fn() -> Box<dyn fdpblk::place::Policy>); 2] =
+        [("pipeline_plan", || Box::new(RegionPolicy)), ("pipeline_plan_key_aware", || Box::new(KeyAwarePolicy::new()))];
+    for (name, policy) in policies {
+        let mut group = c.benchmark_group(name);
+        group.throughput(Throughput::Elements(1));
+        let mut p = Pipeline::new(g, policy());
+        let mut segs = Vec::with_capacity(8);
+        group.bench_function("header_4k", |b| {
+            b.iter(|| {
+                segs.clear();
+                let r = Request { op: Op::Write, offset: g.slot_offset(slot), len: 4096, data: Some(&hdr) };
+                black_box(p.plan(black_box(&r), &mut segs, HeaderWait::Expired).map(|e| e.len()))
+            })
+        });
+        group.bench_function("payload_1m", |b| {
+            b.iter(|| {
+                segs.clear();
+                let r = Request { op: Op::Write, offset: g.slot_offset(slot) + 4096 + (4 << 20), len: 1 << 20, data: Some(&payload) };
+                black_box(p.plan(black_box(&r), &mut segs, HeaderWait::Expired).map(|e| e.len()))
+            })
+        });
+        group.finish();
+    }
 
     // The peer: one copy of the request's bytes, which any block server pays at least once.
     let mut group = c.benchmark_group("memcpy_baseline");

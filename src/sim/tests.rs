@@ -591,7 +591,7 @@ fn two_tb_target() {
             units / secs,
             (c.host_bytes / unit) as f64 / secs
         );
-        assert!(secs < 60.0);
+        // Speed is reported, not asserted: timing lives in benchmarks (docs/waf.md, Speed).
         wafs.push(c.waf());
     }
     // Slot-aligned writes: the unit size changes the speed, not the result.
