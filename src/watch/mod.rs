@@ -18,7 +18,9 @@
 //!
 //! 1. **confirmed**: its current contents (the writes since its last put) were listed, with
 //!    the same identity and payload length, by a committed checkpoint of epoch `K` while the
-//!    slot's last write was stamped with an epoch `<= K - 2`;
+//!    slot's last write was stamped with an epoch `<= K - 2`; that checkpoint was the newest
+//!    when read back (`Watcher::is_newer`: an older one whose header writeback held back past
+//!    later snapshots may list a key deleted and put again into the slot since);
 //! 2. **not written since**: no write, discard or write-zeroes touched the slot since that
 //!    confirmation (every such request clears the confirmation; the CAS expects it set);
 //! 3. **listed by neither container**: both checkpoint containers' current contents are known
@@ -42,7 +44,8 @@
 //! No tail of a slot goes, on this path or the early one, while the slot holds **orphan**
 //! bytes ([`SlotTable::note_orphan`]): payload bytes that no known header expected when they
 //! were placed (a payload ahead of its header after the header wait, or bytes past the
-//! current payload). With io_uring, and with buffered writeback, which reorders pages, they
+//! current payload), and, when a shorter header replaces one whose payload fdpblk never saw
+//! written in full, the rest of that older payload (what lies there may be anyone's). With io_uring, and with buffered writeback, which reorders pages, they
 //! may be a later put's payload whose header is still to come, while an older header arrives
 //! first and would put them in its "tail". They stay until a header whose payload reaches as
 //! far: the orphan bytes are then its own, or it overwrites them. (That header is taken to be
@@ -693,7 +696,12 @@ impl Watcher {
                 still.push(p);
                 continue;
             }
-            match self.read_container(p.ev.copy, p.ev.header, p.ev.header.map(|_| p.ev.epoch)) {
+            // Only the newest checkpoint confirms: an older one read back late (its header
+            // held back by writeback past later snapshots) may list a key deleted and put
+            // again into the same slot since, which the newest, snapshotted before that
+            // put, lacks.
+            let confirm = p.ev.header.filter(|_| self.is_newer(p.ev.header, p.ev.epoch)).map(|_| p.ev.epoch);
+            match self.read_container(p.ev.copy, p.ev.header, confirm) {
                 Read::Done(c) => {
                     if let (Some(h), Container::Valid(v), true) = (p.ev.header, &c, self.is_newer(p.ev.header, p.ev.epoch)) {
                         self.committed(h, v.entries, v.fixed_bytes, p.ev.epoch);
@@ -1233,9 +1241,9 @@ impl Watcher {
 
     /// Drops the clean cached pages of `[off, off + len)` of the exported device (see
     /// [`WatchConfig::page_cache`]). Dirty pages stay: they hold LMCache's newer writes.
-    fn drop_cached(&mut self, off: u64, len: u64) {
+    fn drop_cached(&mut self, off: u64, len: u64) -> bool {
         use std::os::fd::AsRawFd;
-        let Some(path) = &self.cfg.page_cache else { return };
+        let Some(path) = &self.cfg.page_cache else { return true };
         let res = std::fs::File::open(path).and_then(|f| {
             // Whole pages: the kernel drops only pages entirely inside the range.
             let (start, end) = (off & !4095, off.saturating_add(len).div_ceil(4096) * 4096);
@@ -1246,9 +1254,10 @@ impl Watcher {
                 e => Err(std::io::Error::from_raw_os_error(e)),
             }
         });
-        if let Err(e) = res {
-            tracing::warn!("device {}: dropping {} from the page cache: {e}; a buffered reader may see the zeroed checkpoint header's old bytes until the device is closed by all", self.cfg.device, path.display());
+        if let Err(e) = &res {
+            tracing::warn!("device {}: dropping {} from the page cache: {e}; a buffered reader may see the zeroed checkpoint header's old bytes, so no early deallocation rests on it", self.cfg.device, path.display());
         }
+        res.is_ok()
     }
 
     /// Makes the older container unloadable ("Early evictions" in the module doc): zeroes its
@@ -1266,9 +1275,15 @@ impl Watcher {
         match res {
             Ok(()) => {
                 self.slots.end_container_zeroing(copy);
+                // A reader through the page cache (a LMCache starting) must see the zeroes
+                // too: if the cached block cannot be dropped, the container counts as
+                // unknown, as after a failed write.
+                if !self.drop_cached(g.container_offset(copy), g.block_align) {
+                    self.containers[c] = Container::Unknown;
+                    return false;
+                }
                 self.containers[c] = Container::Empty;
                 self.invalidations += 1;
-                self.drop_cached(g.container_offset(copy), g.block_align);
                 true
             }
             Err(err) => {
