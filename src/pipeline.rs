@@ -377,6 +377,14 @@ impl Pipeline {
                     // it overwrites them).
                     self.slots.settle_orphans(slot, self.covered_units(h.payload_len));
                     let previous = self.slots.get(slot);
+                    // The old header still expected payload: some bytes inside its payload
+                    // came without being counted (ahead of it past the header wait, a failed
+                    // batch, another LMCache's slot after a geometry change), so what lies
+                    // there past this shorter payload is not known to be a stale tail.
+                    if let Some(old) = previous.filter(|o| o.payload_len > h.payload_len && self.slots.expects_payload(slot)) {
+                        let old_end = self.geom.payload_end(old.payload_len).min(self.geom.slot_bytes);
+                        self.slots.note_orphan(slot, self.slot_fraction(old_end, true));
+                    }
                     let handle =
                         self.policy.place(&Target::Slot { slot, header: Some(h), previous: previous.as_ref() });
                     let generation = self.slots.record_header(slot, h, handle);
@@ -670,6 +678,35 @@ mod tests {
         let payload = Request { op: Op::Write, offset: g.slot_offset(2) + 4096, len: 8192, data: None };
         q.plan(&payload, &mut segs, HeaderWait::Expired).unwrap();
         assert!(!segs.is_empty() && segs.iter().all(|s| s.handle < 3), "{segs:?}");
+    }
+
+    #[test]
+    fn a_shorter_header_after_an_incomplete_payload_leaves_the_rest_unknown() {
+        let g = geom();
+        let slots = Arc::new(SlotTable::new(g.max_slots));
+        let mut p = Pipeline::with_slots(g, Box::new(RegionPolicy), slots.clone());
+        let mut segs = Vec::new();
+        let mut put = |slot: u64, identity: u64, payload_len: u64, written: u64| {
+            let hdr = SlotHeader { identity, payload_len }.encode(4096);
+            p.plan(&Request { op: Op::Write, offset: g.slot_offset(slot), len: 4096, data: Some(&hdr) }, &mut segs, HeaderWait::Expired)
+                .unwrap();
+            if written > 0 {
+                p.plan(&Request { op: Op::Write, offset: g.slot_offset(slot) + 4096, len: written, data: None }, &mut segs, HeaderWait::Expired)
+                    .unwrap();
+            }
+        };
+        // A long payload written whole, then a shorter one: its tail is a stale one.
+        put(1, 1, 61440, 61440);
+        put(1, 2, 8192, 8192);
+        assert!(!slots.is_orphan(1));
+        // A long payload of which fdpblk counted only part: past the shorter payload that
+        // follows, bytes may be anyone's (another LMCache's slot, a later put's payload).
+        put(2, 1, 61440, 8192);
+        put(2, 2, 8192, 8192);
+        assert!(slots.is_orphan(2), "the rest of the old payload is not a stale tail");
+        // A header whose payload reaches as far settles it.
+        put(2, 3, 61440, 61440);
+        assert!(!slots.is_orphan(2));
     }
 
     #[test]
