@@ -404,6 +404,9 @@ impl Pipeline {
                 } else {
                     // Placed without its header: maybe a later put's payload.
                     self.slots.note_orphan(slot, self.orphan_end(slot, e));
+                    if self.slots.headers_seen() {
+                        self.slots.payload_ahead(slot, e.len);
+                    }
                     self.counters.payload_fallbacks.fetch_add(1, Relaxed);
                 }
                 h
@@ -707,6 +710,19 @@ mod tests {
         // A header whose payload reaches as far settles it.
         put(2, 3, 61440, 61440);
         assert!(!slots.is_orphan(2));
+        // io_uring: part of a payload ahead of its header (past the header wait) counts as
+        // written when the header comes, so the put completes and the next, shorter one
+        // leaves a stale tail as usual.
+        let ahead = Request { op: Op::Write, offset: g.slot_offset(3) + 4096 + 8192, len: 53248, data: None };
+        p.plan(&ahead, &mut segs, HeaderWait::Expired).unwrap();
+        assert!(slots.is_orphan(3));
+        let hdr = SlotHeader { identity: 4, payload_len: 61440 }.encode(4096);
+        p.plan(&Request { op: Op::Write, offset: g.slot_offset(3), len: 4096, data: Some(&hdr) }, &mut segs, HeaderWait::Expired).unwrap();
+        p.plan(&Request { op: Op::Write, offset: g.slot_offset(3) + 4096, len: 8192, data: None }, &mut segs, HeaderWait::Expired).unwrap();
+        assert!(!slots.expects_payload(3), "the whole payload came");
+        let hdr = SlotHeader { identity: 5, payload_len: 8192 }.encode(4096);
+        p.plan(&Request { op: Op::Write, offset: g.slot_offset(3), len: 4096, data: Some(&hdr) }, &mut segs, HeaderWait::Expired).unwrap();
+        assert!(!slots.is_orphan(3));
     }
 
     #[test]

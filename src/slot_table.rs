@@ -10,7 +10,9 @@
 //!   by one of LMCache's checkpoints, whether a trim is in progress, whether the identity was
 //!   seen before, puts into the slot (8 bits, saturating), loads of the current contents
 //!   (8 bits, saturating) and the (model, cache_salt) tag of the contents (16 bits);
-//! - `remaining`: payload bytes of the current header not yet written.
+//! - `remaining`: payload bytes of the current header not yet written; or, with its top bit
+//!   (`CREDIT`), payload bytes placed while no header expected any (ahead of their header,
+//!   past the header wait), which the next header counts as written.
 //!
 //! Beside the slots: a bounded history of identities that left their slot (overwritten or
 //! evicted), with their tags, so that a key that returns after eviction is recognised
@@ -184,6 +186,9 @@ pub const RECORD_BYTES: usize = 24;
 fn reads_worth_saving(n: u8) -> bool {
     n <= 4 || n.is_power_of_two() || n == u8::MAX
 }
+
+/// The top bit of a slot's `remaining`: the rest counts payload bytes ahead of a header.
+const CREDIT: u32 = 1 << 31;
 
 fn zeroed_u64(n: usize) -> Box<[AtomicU64]> {
     const _: () = assert!(std::mem::align_of::<AtomicU64>() == std::mem::align_of::<u64>());
@@ -444,7 +449,13 @@ impl SlotTable {
         self.touch(i, Some((tag, seen, tail_bits)), false);
         // Last: a payload piece on another queue that sees the count also sees the new
         // header's handle, and a trim that ended before the touch cannot zero the count.
-        self.remaining[i].store(header.payload_len.min(u32::MAX as u64) as u32, Ordering::Release);
+        // Bytes that came ahead of the header count as its own (if they were a later put's,
+        // its count only ends early: the rest is placed as orphan bytes, which is safe).
+        let prev = self.remaining[i].swap(header.payload_len.min(u64::from(CREDIT - 1)) as u32, Ordering::AcqRel);
+        if prev & CREDIT != 0 {
+            let ahead = prev & !CREDIT;
+            let _ = self.remaining[i].fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| (v & CREDIT == 0).then(|| v.saturating_sub(ahead)));
+        }
         if !self.headers_seen.load(Ordering::Relaxed) {
             self.headers_seen.store(true, Ordering::Relaxed);
         }
@@ -595,13 +606,27 @@ impl SlotTable {
     pub fn payload_written(&self, slot: u64, bytes: u64) {
         if let Some(r) = usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)) {
             let b = bytes.min(u32::MAX as u64) as u32;
-            let _ = r.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(b)));
+            let _ = r.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| (v & CREDIT == 0).then(|| v.saturating_sub(b)));
         }
     }
 
     /// True when the slot's current header still expects payload bytes.
     pub fn expects_payload(&self, slot: u64) -> bool {
-        usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)).is_some_and(|r| r.load(Ordering::Acquire) > 0)
+        usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)).is_some_and(|r| {
+            let v = r.load(Ordering::Acquire);
+            v > 0 && v & CREDIT == 0
+        })
+    }
+
+    /// Counts `bytes` of payload placed in `slot` while no header expected any: the next
+    /// header takes them as written (the usual case: its own payload, ahead of it).
+    pub fn payload_ahead(&self, slot: u64, bytes: u64) {
+        if let Some(r) = usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)) {
+            let b = bytes.min(u64::from(CREDIT - 1)) as u32;
+            let _ = r.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                (v == 0 || v & CREDIT != 0).then(|| CREDIT | (v & !CREDIT).saturating_add(b).min(CREDIT - 1))
+            });
+        }
     }
 
     pub fn len(&self) -> usize {
