@@ -255,15 +255,21 @@ fn crash_at_every_write_boundary_loads_a_committed_state() {
     assert!(checked > 1500, "{checked}");
 }
 
-#[test]
-fn failed_writes_keep_changes_pending() {
+/// A table of 400 slots with its state loaded from a blank region, then 50 changes (`seed`).
+fn changed_table(seed: u64) -> (Geometry, SlotTable, Region, MemDev, Persist, Rng) {
     let g = geom(400);
     let t = SlotTable::new(g.max_slots);
     let region = region_for(&t);
     let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
-    let mut rng = Rng(3);
+    let p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let mut rng = Rng(seed);
     mutate(&t, &mut rng, 50);
+    (g, t, region, dev, p, rng)
+}
+
+#[test]
+fn failed_writes_keep_changes_pending() {
+    let (g, t, region, dev, mut p, mut rng) = changed_table(3);
     dev.set_fail_writes(true);
     assert!(p.cycle(&dev, &t, &Counters::default(), true, false).is_err());
     dev.set_fail_writes(false);
@@ -277,13 +283,7 @@ fn failed_writes_keep_changes_pending() {
 /// a flush to succeed.
 #[test]
 fn a_superblock_whose_flush_failed_is_flushed_before_the_next_cycle_writes() {
-    let g = geom(400);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
-    let mut rng = Rng(5);
-    mutate(&t, &mut rng, 50);
+    let (g, t, region, dev, mut p, mut rng) = changed_table(5);
     p.cycle(&dev, &t, &Counters::default(), false, false).unwrap().unwrap();
     mutate(&t, &mut rng, 50);
     // The flush after the pages succeeds, the one after the superblock fails.

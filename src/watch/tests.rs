@@ -703,13 +703,7 @@ fn no_early_evictions_when_a_header_block_is_smaller_than_the_drives_block() {
         r.put(k.clone()).unwrap();
     }
     r.fillers(3);
-    r.checkpoint();
-    r.step();
-    r.checkpoint_dirty();
-    r.step();
-    let a = r.delete_key(&keys[0]);
-    r.checkpoint(); // seq 3 lacks slot a; seq 2 still lists it
-    r.step();
+    let a = r.evict_first_behind_two_checkpoints(&keys);
     assert_eq!((r.early_evictions, r.invalidated, r.w.early_evictions()), (0, 0, 0));
     assert_ne!(r.state(a), SlotState::Trimmed);
     assert_eq!(r.w.published().lock().unwrap()["trim"]["early_evictions_enabled"], false);
@@ -778,13 +772,7 @@ fn a_zeroed_header_block_left_in_the_page_cache_deallocates_nothing_early() {
     // The ublk device's cached pages cannot be dropped (here: no such device node).
     r.cfg.page_cache = Some(std::path::PathBuf::from("/nonexistent/ublkb0"));
     r.w = Watcher::new(r.g, r.slots.clone(), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
-    r.checkpoint();
-    r.step();
-    r.checkpoint_dirty();
-    r.step();
-    let a = r.delete_key(&keys[0]);
-    r.checkpoint(); // seq 3 lacks slot a; seq 2 still lists it
-    r.step();
+    let a = r.evict_first_behind_two_checkpoints(&keys);
     assert_eq!((r.trims, r.w.containers_invalidated(), r.w.early_evictions()), (0, 0, 0));
     assert!(!r.w.trims_allowed(), "the container is unknown until LMCache writes it again");
     // LMCache's next checkpoint goes into that container: both lack slot a, which goes.
@@ -1417,6 +1405,20 @@ impl Rig {
     }
 
     /// A checkpoint after a change: deletes a filler (no put, so no freed slot is reused).
+    /// Checkpoints 1 and 2 (the second confirms what the first listed), then `keys[0]`
+    /// deleted and checkpoint 3, which lacks its slot while checkpoint 2 still lists it.
+    /// Returns that slot.
+    fn evict_first_behind_two_checkpoints(&mut self, keys: &[String]) -> u64 {
+        self.checkpoint();
+        self.step();
+        self.checkpoint_dirty();
+        self.step();
+        let a = self.delete_key(&keys[0]);
+        self.checkpoint();
+        self.step();
+        a
+    }
+
     fn checkpoint_dirty(&mut self) {
         let k = self.filler.pop().expect("a filler key");
         self.delete_key(&k);
