@@ -269,7 +269,7 @@ fn changed_table(seed: u64) -> (Geometry, SlotTable, Region, MemDev, Persist, Rn
 
 #[test]
 fn failed_writes_keep_changes_pending() {
-    let (g, t, region, dev, mut p, mut rng) = changed_table(3);
+    let (g, t, region, dev, mut p, _) = changed_table(3);
     dev.set_fail_writes(true);
     assert!(p.cycle(&dev, &t, &Counters::default(), true, false).is_err());
     dev.set_fail_writes(false);
