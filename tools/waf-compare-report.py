@@ -79,6 +79,17 @@ def shared_clock(d):
     return blk_events(wl, text), blk_events(dr, text)
 
 
+def sim_events(workload, drive, own_lo):
+    """The simulated drive's events: the workload's writes and reads and, with fdpblk
+    (`own_lo`: where its own state begins), the drive's deallocations inside the exported
+    range (its trims), in time order; at one time stamp a deallocation goes after the writes."""
+    sim = [(t, o, off, n) for t, o, off, n in workload if o in ("write", "read")]
+    if own_lo is not None:
+        sim += [(t, o, off, n) for t, o, off, n in drive if o == "discard" and off + n <= own_lo]
+    sim.sort(key=lambda e: (e[0], e[1] == "discard"))
+    return sim
+
+
 def reads_of_deallocated(events, block=4096):
     """Bytes the workload read from blocks the drive had deallocated and nobody wrote since:
     never any, as fdpblk deallocates only what LMCache no longer references; in the merged
@@ -202,11 +213,7 @@ def main():
         # The simulated drive: the workload's writes and reads, and the drive's deallocations
         # inside the exported range (fdpblk's trims of evicted slots), in time order.
         sim_wl, sim_dr = shared_clock(d) if own_lo is not None else (wl_ev, nvme_ev)
-        sim = [(t, o, off, n) for t, o, off, n in sim_wl if o in ("write", "read")]
-        if own_lo is not None:
-            sim += [(t, o, off, n) for t, o, off, n in sim_dr if o == "discard" and off + n <= own_lo]
-        # Stable: at one time stamp a deallocation goes after the writes (never before).
-        sim.sort(key=lambda e: (e[0], e[1] == "discard"))
+        sim = sim_events(sim_wl, sim_dr, own_lo)
         row["sim_reads_of_deallocated_bytes"] = reads_of_deallocated(sim)
         if own_lo is not None:
             # How far the workload capture's own clock is behind the shared one: the time
@@ -214,10 +221,7 @@ def main():
             row["sim_clock_offset_s"] = round(sim_wl[0][0] - wl_ev[0][0], 6) if sim_wl and wl_ev else None
             # The same merge on each capture's own clock, as this report once did: evidence
             # of what the shared clock changes.
-            apart = [(t, o, off, n) for t, o, off, n in wl_ev if o in ("write", "read")]
-            apart += [(t, o, off, n) for t, o, off, n in nvme_ev if o == "discard" and off + n <= own_lo]
-            apart.sort(key=lambda e: (e[0], e[1] == "discard"))
-            row["sim_reads_of_deallocated_bytes_clocks_apart"] = reads_of_deallocated(apart)
+            row["sim_reads_of_deallocated_bytes_clocks_apart"] = reads_of_deallocated(sim_events(wl_ev, nvme_ev, own_lo))
         ssd = ["--ssd-op", a.ssd_op] + (["--ssd-ru-size", a.ssd_ru_size] if a.ssd_ru_size else [])
         srep = replay(a.fdpblk, [{"op": o, "offset": off, "len": n} for _, o, off, n in sim], os.path.join(d, "sim.jsonl"), policy, a.geom, ssd)
         row["sim"] = srep["ssd"]

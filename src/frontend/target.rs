@@ -477,12 +477,11 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             Some(std::thread::spawn(move || state_thread_guarded(&s, || w.run(&stop))))
         }
         None => {
-            let d = state_dev;
             tracing::info!(
                 "device {id}: no LMCache checkpoint yet: writes go unclassified to handle {outside} until LMCache's first checkpoint tells the layout"
             );
             let (stop, s, g) = (watch_stop.clone(), shared.clone(), shared.clone());
-            Some(std::thread::spawn(move || state_thread_guarded(&g, || learn_then_watch(&s, d, &stop))))
+            Some(std::thread::spawn(move || state_thread_guarded(&g, || learn_then_watch(&s, state_dev, &stop))))
         }
     };
     let (q_shared, d_shared, d_stop) = (shared.clone(), shared.clone(), stop.clone());
