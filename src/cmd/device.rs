@@ -750,6 +750,13 @@ fn print_watch(v: &serde_json::Value) {
             n(&v["meta_total_bytes_needed"])
         );
     }
+    if v["writeback_risk"] == true {
+        println!(
+            "WRITEBACK RISK: LMCache checkpoints about every {}s, but the kernel may hold a dirty page back {}; with buffered writes keep vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs well below LMCache's checkpoint interval",
+            v["checkpoint_interval_s"].as_f64().map_or_else(|| "-".to_string(), |a| format!("{a:.1}")),
+            v["writeback_delay_s"].as_f64().map_or_else(|| "indefinitely".to_string(), |d| format!("{d:.1}s"))
+        );
+    }
     let s = &v["slots"];
     println!(
         "slots {} with a header: {} live, {} evicted, {} trimmed, {} unknown; identity history {} of {}, {} returning",

@@ -228,6 +228,15 @@ impl Registry {
         if let Some(v) = flag(&st["checkpoint_stalled"]) {
             self.add("fdpblk_checkpoint_stalled", "1 when slot writes go on but LMCache's checkpoints stopped.", Gauge, base(), v);
         }
+        if let Some(v) = flag(&st["writeback_risk"]) {
+            self.add(
+                "fdpblk_writeback_risk",
+                "1 when the kernel may hold a dirty page back as long as LMCache's checkpoint interval (a concern for buffered writes).",
+                Gauge,
+                base(),
+                v,
+            );
+        }
         let sl = &st["slots"];
         for state in ["unknown", "live", "evicted", "trimmed"] {
             if let Some(v) = num(&sl[state]) {
@@ -580,6 +589,7 @@ mod tests {
             "checkpoint_seq": 12, "checkpoint_age_s": 3.5, "checkpoint_bytes": 1000, "checkpoint_entries": 4,
             "checkpoint_cap_bytes": g.payload_cap(), "checkpoint_estimate_bytes": 1200, "overflow_risk": false,
             "checkpoint_stalled": false, "meta_total_bytes_needed": null, "containers": [],
+            "checkpoint_interval_s": 20.0, "writeback_delay_s": 35.0, "writeback_risk": true,
             "slots": {"max_slots": g.max_slots, "with_header": 5, "confirmed": 4, "unknown": 1, "live": 3, "evicted": 1,
                       "trimmed": 0, "identity_history": 2, "identity_history_capacity": 6, "returning": 1, "tags": 1},
             "trim": {"enabled": true, "allowed_now": true, "blocked_by": null, "trims": 3, "trim_bytes": 196608,
@@ -621,6 +631,7 @@ mod tests {
         assert_eq!(get(r#"fdpblk_checkpoint_age_seconds{id="0",name="kv0"}"#), 3.5);
         assert_eq!(get(r#"fdpblk_checkpoint_cap_bytes{id="0",name="kv0"}"#), 520192.0);
         assert_eq!(get(r#"fdpblk_checkpoint_overflow_risk{id="0",name="kv0"}"#), 0.0);
+        assert_eq!(get(r#"fdpblk_writeback_risk{id="0",name="kv0"}"#), 1.0);
         assert_eq!(get(r#"fdpblk_layout_slots{id="0",name="kv0"}"#), 1008.0);
         assert_eq!(get(r#"fdpblk_drive_media_written_bytes_total{id="0",name="kv0"}"#), 3145728.0);
         assert_eq!(get(r#"fdpblk_own_state_written_bytes_total{id="0",name="kv0"}"#), 8192.0);

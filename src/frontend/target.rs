@@ -14,7 +14,7 @@ use crate::layout::Geometry;
 use crate::pipeline::PipelineStats;
 use crate::place::{policy_by_name, Policy, SharedPolicy, Target};
 use crate::slot_table::SlotTable;
-use crate::watch::{WatchConfig, Watcher};
+use crate::watch::{WatchConfig, Watcher, WritebackDelay};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::{sys, UblkError, UblkFlags};
@@ -688,7 +688,7 @@ fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slo
         ms => Duration::from_millis(ms),
     };
     let wc = WatchConfig { trim: cfg.trim, trim_tails: cfg.trim, early_tails: cfg.trim && cfg.early_tails, early_evictions: cfg.trim && cfg.early_evictions, device: cfg.id, persist_interval,
-        page_cache: (cfg.id >= 0).then(|| state::bdev_path(cfg.id).into()), trust_saved_confirmations: !learned, writes_unseen: learned || recovered, ..WatchConfig::default() };
+        page_cache: (cfg.id >= 0).then(|| state::bdev_path(cfg.id).into()), trust_saved_confirmations: !learned, writes_unseen: learned || recovered, writeback: WritebackDelay::Kernel, ..WatchConfig::default() };
     let mut w = Watcher::new(g, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
     // A policy with history (key-aware's loads) takes back what the restored slot table holds;
     // one that learns tenants from LMCache's checkpoints (lmcache-fdp) gets each one.

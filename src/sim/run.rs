@@ -20,7 +20,7 @@ use crate::layout::Geometry;
 use crate::persist::Region;
 use crate::pipeline::{HeaderWait, Pipeline, Request, Segment};
 use crate::place::{policy_by_name, LmcacheFdpPolicy, Observation, Policy, SharedPolicy, Target, POLICY_NAMES};
-use crate::watch::{WatchConfig, Watcher, EARLY_TAILS_INTERVAL};
+use crate::watch::{WatchConfig, Watcher, WritebackDelay, EARLY_TAILS_INTERVAL};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -958,6 +958,7 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
             device: -1,
             stall_min: Duration::MAX,
             page_cache: None,
+            writeback: WritebackDelay::Unchecked,
         };
         Watcher::new(geom, slots.clone(), dev.clone(), wc, Some(region), own_handle)
     });

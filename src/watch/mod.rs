@@ -224,7 +224,9 @@
 //! while slot pages dirtied after the next snapshot go out first: that checkpoint, arriving
 //! late, could confirm a slot's old contents under a later put's payload. The kernel writes
 //! a dirty page back within `vm.dirty_expire_centisecs` (30 s by default) of dirtying it,
-//! against LMCache's 60 s interval; keep it below the interval.
+//! plus one flusher period (`vm.dirty_writeback_centisecs`, 5 s), against LMCache's 60 s
+//! interval; keep it below the interval. `WatchConfig::writeback` checks this against the
+//! observed interval and warns (`writeback_risk`).
 
 use crate::layout::checkpoint::payload_crc;
 use crate::layout::checkpoint_header::CheckpointHeader;
@@ -280,11 +282,52 @@ pub struct WatchConfig {
     /// it (zeroing a checkpoint container), it drops the clean cached pages of that range, so
     /// that a reader through the page cache sees the new bytes.
     pub page_cache: Option<std::path::PathBuf>,
+    /// The longest the kernel holds a dirty page back, checked against LMCache's observed
+    /// checkpoint interval (the writeback assumption in the module doc).
+    pub writeback: WritebackDelay,
+}
+
+/// How long a buffered write may wait in the page cache before it reaches fdpblk.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WritebackDelay {
+    /// Not checked (the simulator: its writeback window is counted in puts, not time).
+    Unchecked,
+    /// A fixed delay (`None`: unbounded).
+    Fixed(Option<Duration>),
+    /// This kernel's `vm.dirty_expire_centisecs` + `vm.dirty_writeback_centisecs`, read at each check.
+    Kernel,
+}
+
+impl WritebackDelay {
+    /// The delay now: `Some(None)` when unbounded (periodic writeback is off), `None` when
+    /// not checked or unreadable.
+    fn now(&self) -> Option<Option<Duration>> {
+        match self {
+            Self::Unchecked => None,
+            Self::Fixed(d) => Some(*d),
+            Self::Kernel => {
+                let read = |name: &str| std::fs::read_to_string(format!("/proc/sys/vm/{name}")).ok()?.trim().parse::<u64>().ok();
+                Some(kernel_writeback_delay(read("dirty_expire_centisecs")?, read("dirty_writeback_centisecs")?))
+            }
+        }
+    }
+}
+
+/// The longest a dirty page waits for writeback without memory pressure or a sync: it expires
+/// after `expire` centiseconds and the flusher looks every `every` (0: never, unbounded).
+pub fn kernel_writeback_delay(expire: u64, every: u64) -> Option<Duration> {
+    (every > 0).then(|| Duration::from_millis(expire.saturating_add(every).saturating_mul(10)))
+}
+
+/// Whether LMCache's checkpoint `interval` leaves the writeback assumption in doubt: a page may
+/// be held back (`delay`, `None` unbounded) for as long as the interval.
+pub fn writeback_outlasts_interval(interval: Duration, delay: Option<Duration>) -> bool {
+    delay.is_none_or(|d| d >= interval)
 }
 
 impl Default for WatchConfig {
     fn default() -> Self {
-        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, trust_saved_confirmations: true, writes_unseen: false, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None }
+        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, trust_saved_confirmations: true, writes_unseen: false, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked }
     }
 }
 
@@ -432,6 +475,11 @@ pub struct Watcher {
     commit: Option<Commit>,
     started: Instant,
     interval: Option<Duration>,
+    /// Intervals seen between commits (the check waits for a few).
+    gaps: u32,
+    /// The writeback delay at the last check, and whether it reached the interval.
+    writeback: Option<Option<Duration>>,
+    writeback_risk: bool,
     conflict: Option<String>,
     risk: bool,
     stalled: bool,
@@ -516,6 +564,9 @@ impl Watcher {
             commit: None,
             started: now,
             interval: None,
+            gaps: 0,
+            writeback: None,
+            writeback_risk: false,
             conflict: None,
             geometry_seen_at: None,
             unclean_error: None,
@@ -915,6 +966,8 @@ impl Watcher {
                 Some(i) => (i * 3 + d) / 4,
                 None => d,
             });
+            self.gaps = self.gaps.saturating_add(1);
+            self.check_writeback();
         }
         self.commit = Some(Commit {
             seq: h.seq,
@@ -927,6 +980,28 @@ impl Watcher {
         });
         self.stalled = false;
         self.arm_alarm();
+    }
+
+    /// Warns (once per episode) when the kernel may hold a dirty page back as long as LMCache's
+    /// checkpoint interval: with buffered writes a checkpoint's header could then reach the
+    /// drive after slot writes of a later snapshot, which the deallocation rules assume it
+    /// does not. O_DIRECT writes (MP mode) do not wait in the page cache.
+    fn check_writeback(&mut self) {
+        const GAPS: u32 = 3;
+        let (Some(interval), Some(delay)) = (self.interval, self.cfg.writeback.now()) else { return };
+        self.writeback = Some(delay);
+        let risk = self.gaps >= GAPS && writeback_outlasts_interval(interval, delay);
+        if risk && !self.writeback_risk {
+            let held = delay.map_or_else(|| "indefinitely (vm.dirty_writeback_centisecs is 0)".to_string(), |d| format!("{:.1}s (vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs)", d.as_secs_f64()));
+            tracing::warn!(
+                "device {}: LMCache checkpoints about every {:.1}s, and the kernel may hold a dirty page back {held}: with buffered writes (LMCache's non-MP default) a checkpoint header could reach the drive after later slot writes, which fdpblk's deallocation assumes it does not; fix: keep vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs well below LMCache's meta_checkpoint_interval_sec (in centiseconds), or raise that interval. O_DIRECT writes (MP mode) are not affected",
+                self.cfg.device,
+                interval.as_secs_f64()
+            );
+        } else if !risk && self.writeback_risk {
+            tracing::info!("device {}: LMCache's checkpoint interval is again above the kernel's writeback delay", self.cfg.device);
+        }
+        self.writeback_risk = risk;
     }
 
     /// The container whose not listing a confirmed slot makes it an early eviction: the one
@@ -1459,6 +1534,9 @@ impl Watcher {
             "checkpoint_estimate_bytes": est.map(|e| e.bytes),
             "overflow_risk": self.risk,
             "checkpoint_stalled": self.stalled,
+            "checkpoint_interval_s": self.interval.map(|i| (i.as_secs_f64() * 10.0).round() / 10.0),
+            "writeback_delay_s": self.writeback.map(|d| d.map(|d| d.as_secs_f64())),
+            "writeback_risk": self.writeback_risk,
             "meta_total_bytes_needed": (self.risk || self.stalled).then(|| est.map(|e| self.meta_total_needed(e.bytes))).flatten(),
             "containers": containers,
             "slots": {

@@ -174,7 +174,7 @@ impl Rig {
             trust_saved_confirmations: true,
             writes_unseen: false,
             early_tails_every: Duration::ZERO,
-            retry_base: Duration::ZERO, persist_interval: Duration::from_secs(3600), device: 0, stall_min: STALL_MIN, page_cache: None };
+            retry_base: Duration::ZERO, persist_interval: Duration::from_secs(3600), device: 0, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked };
         let w = Watcher::new(g, slots.clone(), dev.clone(), cfg.clone(), Some(region), OWN);
         let pipe = Pipeline::with_slots(g, Box::new(RegionPolicy), slots.clone());
         let eng = MemEngine(dev.clone());
@@ -1911,4 +1911,34 @@ fn early_tails_wait_for_lmcache_to_checkpoint_after_it_opened_the_device() {
     r.step();
     assert_eq!(r.w.early_tail_trims(), 6);
     r.verify_all();
+}
+
+/// LMCache's checkpoint interval against the kernel's writeback delay: flagged once a few
+/// intervals were seen and a dirty page may wait that long (or forever), not otherwise.
+#[test]
+fn a_checkpoint_interval_the_writeback_delay_reaches_is_flagged() {
+    let hour = Some(Duration::from_secs(3600));
+    for (delay, flagged) in [(hour, true), (None, true), (Some(Duration::ZERO), false)] {
+        let mut r = Rig::new(SLOTS, META, true);
+        r.w.cfg.writeback = WritebackDelay::Fixed(delay);
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let k = r.new_key(false);
+            r.put(k).unwrap();
+            r.checkpoint();
+            r.step();
+            r.w.publish();
+            seen.push(r.w.published().lock().unwrap()["writeback_risk"].as_bool().unwrap());
+        }
+        // Four intervals after five checkpoints; the check waits for three.
+        let want: Vec<bool> = (0..5).map(|i| flagged && i >= 3).collect();
+        assert_eq!(seen, want, "delay {delay:?}");
+        let v = r.w.published().lock().unwrap().clone();
+        assert!(v["checkpoint_interval_s"].is_number());
+        assert_eq!(v["writeback_delay_s"].as_f64(), delay.map(|d| d.as_secs_f64()));
+    }
+    assert_eq!(kernel_writeback_delay(3000, 500), Some(Duration::from_secs(35)));
+    assert_eq!(kernel_writeback_delay(3000, 0), None);
+    assert!(!writeback_outlasts_interval(Duration::from_secs(60), kernel_writeback_delay(3000, 500)));
+    assert!(writeback_outlasts_interval(Duration::from_secs(30), kernel_writeback_delay(3000, 500)));
 }
