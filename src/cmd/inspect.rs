@@ -43,8 +43,13 @@ pub struct InspectSummary {
 }
 
 /// Checks one entry against the layout and its slot header (`_validate_loaded_entries`).
-pub fn check_entry<D: ReadAt + ?Sized>(dev: &D, g: &Geometry, key: &str, offset: Option<u64>, size: Option<u64>) -> EntryReport {
-    let identity = keys::identity(key).ok();
+/// `lossy`: the key held a lone surrogate (`EntryRef::key_lossy`).
+pub fn check_entry<D: ReadAt + ?Sized>(dev: &D, g: &Geometry, key: &str, lossy: bool, offset: Option<u64>, size: Option<u64>) -> EntryReport {
+    // An object key's identity hashes its UTF-8, which a lone surrogate does not have.
+    let identity = match keys::Key::parse(key) {
+        Ok(keys::Key::Object(_)) if lossy => None,
+        _ => keys::identity(key).ok(),
+    };
     let mut r = EntryReport { key: key.to_string(), slot: None, offset, size, identity, header_ok: false, problem: None };
     let (Some(off), Some(sz)) = (offset, size) else {
         r.problem = Some("offset or size missing or not a non-negative integer");
@@ -68,7 +73,11 @@ pub fn check_entry<D: ReadAt + ?Sized>(dev: &D, g: &Geometry, key: &str, offset:
         return r;
     }
     let Some(id) = identity else {
-        r.problem = Some("key is not an LMCache key string");
+        r.problem = Some(if lossy && keys::Key::parse(key).is_ok() {
+            "key has a lone surrogate escape, so no UTF-8 form: LMCache drops the entry"
+        } else {
+            "key is not an LMCache key string"
+        });
         return r;
     };
     let mut b = [0u8; SLOT_HEADER_PREFIX];
@@ -93,7 +102,7 @@ pub fn inspect_entries<D: ReadAt + ?Sized>(
     let Some(newest) = newest_valid(copies) else { return Ok(s) };
     s.checkpoint_seq = newest.seq();
     let meta = read_entries(dev, g, newest, &JsonLimits::default(), &mut |e| {
-        let r = check_entry(dev, g, e.key, e.offset, e.size);
+        let r = check_entry(dev, g, e.key, e.key_lossy, e.offset, e.size);
         s.listed += 1;
         if !r.header_ok {
             s.header_mismatch += 1;
@@ -327,10 +336,16 @@ mod tests {
     /// object-evict with each checkpoint copy's JSON edited by `edit` (same length), CRCs
     /// recomputed: a checkpoint LMCache wrote, as a loader of another kind would find it.
     fn object_evict_with_json(edit: impl Fn(&str) -> String) -> Vec<u8> {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6/object-evict");
+        fixture_with_json("object-evict", edit)
+    }
+
+    /// A fixture (1 MiB metadata) with each checkpoint copy's JSON edited by `edit`.
+    fn fixture_with_json(name: &str, edit: impl Fn(&str) -> String) -> Vec<u8> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6").join(name);
         let mut img = std::fs::read(root.join("device.img")).unwrap();
         for at in [0usize, 524288] {
-            let h = crate::layout::checkpoint_header::CheckpointHeader::parse(&img[at..at + 32], img.len() as u64).unwrap();
+            // A copy LMCache has not written yet stays as it is.
+            let Ok(h) = crate::layout::checkpoint_header::CheckpointHeader::parse(&img[at..at + 32], img.len() as u64) else { continue };
             let range = at + 4096..at + 4096 + h.payload_len as usize;
             let json = edit(std::str::from_utf8(&img[range.clone()]).unwrap());
             assert_eq!(json.len(), range.len());
@@ -371,15 +386,48 @@ mod tests {
         assert_eq!(cap.rejected, None);
     }
 
+    /// A lone surrogate escape in a key: Python's json.loads keeps it. A legacy key's identity
+    /// is its chunk hash, so the entry loads; an object key's is a hash of its UTF-8, which
+    /// LMCache cannot encode, so that entry alone is dropped. The document stays valid.
+    #[test]
+    fn a_lone_surrogate_in_a_key_drops_only_an_object_entry() {
+        let model = "meta-llama/Llama-3.1-8B-Instruct@";
+        let legacy = fixture_with_json("legacy-basic", |j| j.replacen(model, "meta-llama/Llama-3.1-8B-\\udcffct@", 1));
+        let s = summary_of(&legacy);
+        assert_eq!((s.live, s.listed, s.header_mismatch, s.rejected.as_deref()), (20, 20, 0, None));
+        let plain = summary_of(&object_evict_with_json(|j| j.to_string()));
+        let first_key = |img: &[u8]| {
+            let g = discover(img, &GeometryFlags::default()).unwrap().geometry;
+            let copies = read_copies(img, &g).unwrap();
+            let mut first = None;
+            inspect_entries(img, &g, &copies, &mut |r| {
+                first.get_or_insert((r.key.clone(), r.problem));
+                Ok(())
+            })
+            .unwrap();
+            first.unwrap()
+        };
+        let (key, problem) = first_key(&object_evict_with_json(|j| j.to_string()));
+        assert_eq!(problem, None);
+        // Six characters of the first key's model name become one escape (same length).
+        let at = key.find('%').unwrap() + 3;
+        let lossy_key = format!("{}\\udc00{}", &key[..at], &key[at + 6..]);
+        let img = object_evict_with_json(|j| j.replacen(&key, &lossy_key, 1));
+        let s = summary_of(&img);
+        assert_eq!((s.listed, s.rejected.as_deref()), (plain.listed, None));
+        assert_eq!(s.live, plain.live - 1);
+        assert_eq!(first_key(&img).1, Some("key has a lone surrogate escape, so no UTF-8 form: LMCache drops the entry"));
+    }
+
     #[test]
     fn an_entry_past_a_truncated_image_says_so() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6/object-evict");
         let img = std::fs::read(root.join("device.img")).unwrap();
         let g = discover(&img, &GeometryFlags::default()).unwrap().geometry;
         let key = "x";
-        let past = check_entry(&img, &g, key, Some(g.slot_offset(g.max_slots + 2)), Some(100));
+        let past = check_entry(&img, &g, key, false, Some(g.slot_offset(g.max_slots + 2)), Some(100));
         assert_eq!(past.problem, Some("offset is beyond the device (a truncated image?)"));
-        let odd = check_entry(&img, &g, key, Some(g.slot_offset(1) + 4096), Some(100));
+        let odd = check_entry(&img, &g, key, false, Some(g.slot_offset(1) + 4096), Some(100));
         assert_eq!(odd.problem, Some("offset is not a slot start"));
     }
 }

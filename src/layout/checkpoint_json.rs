@@ -17,11 +17,12 @@
 //! Decisions a caller should know:
 //! * Trailing whitespace and NUL bytes after the top-level object are accepted, because the
 //!   container pads the payload with zeros to the block size. Any other trailing byte is an error.
-//! * Strings that are decoded (member names, entry keys, `device_path`, `meta_magic`) must be
-//!   valid Unicode: a lone surrogate escape (`\ud800`) is a syntax error, since the key could not
-//!   be represented as `&str` and its slot identity is a hash of its UTF-8 bytes. Strings that are
-//!   only skipped are checked for grammar (four hex digits) like serde_json's `IgnoredAny`, which
-//!   is as lenient as Python's `json.loads` that LMCache itself uses.
+//! * A lone surrogate escape (`\ud800`) is accepted, as Python's `json.loads` (LMCache's)
+//!   accepts it: LMCache writes one for a model name that was not valid UTF-8 (decoded with
+//!   `surrogateescape`). Decoded strings (member names, entry keys, `device_path`, `meta_magic`)
+//!   get U+FFFD in its place, and an entry key that had one is marked (`EntryRef::key_lossy`):
+//!   its slot identity, if it is an object key, cannot be computed. Strings that are only
+//!   skipped are checked for grammar (four hex digits) like serde_json's `IgnoredAny`.
 //! * Duplicate member names are not merged: for top-level fields and for `offset`/`size` the last
 //!   one wins (as in Python), but every member of `entries` is reported, duplicates included,
 //!   and two `entries` members are both streamed. Deduplication is the caller's business.
@@ -160,8 +161,13 @@ impl CheckpointMeta {
 /// reusable buffer, so no allocation per entry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EntryRef<'a> {
-    /// The decoded key string LMCache indexed (escapes resolved).
+    /// The decoded key string LMCache indexed (escapes resolved; a lone surrogate as U+FFFD).
     pub key: &'a str,
+    /// The key held a lone surrogate escape (`\ud800`): Python's `json.loads` keeps it, but the
+    /// string has no UTF-8 form, so `key` is not exactly LMCache's. A legacy key's identity is
+    /// its (ASCII) chunk hash and still holds; an object key's identity is a hash of the whole
+    /// string's UTF-8, which LMCache fails to compute, dropping the entry when it loads.
+    pub key_lossy: bool,
     /// Absolute byte offset of the slot; `None` if missing or not a non-negative integer in u64.
     pub offset: Option<u64>,
     /// Payload length; `None` if missing or not a non-negative integer in u64.
@@ -274,6 +280,8 @@ struct Input<R> {
     /// The reader had a byte beyond `limit`; the next refill fails with TooLarge.
     over: bool,
     eof: bool,
+    /// A decoded string held a lone surrogate escape (set by the decoder, cleared by callers).
+    lossy: bool,
 }
 
 impl<R: Read> Input<R> {
@@ -288,6 +296,7 @@ impl<R: Read> Input<R> {
             limit,
             over: false,
             eof: false,
+            lossy: false,
         }
     }
 
@@ -465,62 +474,57 @@ impl<R: Read> Input<R> {
         start: u64,
     ) -> Result<(), JsonError> {
         let at = self.offset();
-        let simple = match self.next_byte()? {
-            None => return Err(self.err("unterminated string")),
-            Some(b'"') => b'"',
-            Some(b'\\') => b'\\',
-            Some(b'/') => b'/',
-            Some(b'b') => 0x08,
-            Some(b'f') => 0x0c,
-            Some(b'n') => b'\n',
-            Some(b'r') => b'\r',
-            Some(b't') => b'\t',
-            Some(b'u') => {
-                let hi = self.hex4()?;
-                let Some(out) = out else { return Ok(()) };
-                let cp = match hi {
-                    0xD800..=0xDBFF => {
-                        if self.next_byte()? != Some(b'\\') || self.next_byte()? != Some(b'u') {
-                            return Err(JsonError::Syntax {
-                                at,
-                                what: "lone surrogate in \\u escape",
-                            });
-                        }
-                        let lo = self.hex4()?;
-                        if !(0xDC00..=0xDFFF).contains(&lo) {
-                            return Err(JsonError::Syntax {
-                                at,
-                                what: "lone surrogate in \\u escape",
-                            });
-                        }
-                        0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
-                    }
-                    0xDC00..=0xDFFF => {
-                        return Err(JsonError::Syntax {
-                            at,
-                            what: "lone surrogate in \\u escape",
-                        })
-                    }
-                    _ => hi,
-                };
-                let ch = char::from_u32(cp).ok_or(JsonError::Syntax {
-                    at,
-                    what: "invalid \\u escape",
-                })?;
-                let mut tmp = [0u8; 4];
-                return push(out, ch.encode_utf8(&mut tmp).as_bytes(), max, start);
-            }
-            Some(_) => {
-                return Err(JsonError::Syntax {
-                    at,
-                    what: "invalid escape",
-                })
-            }
-        };
-        match out {
-            Some(o) => push(o, &[simple], max, start),
-            None => Ok(()),
+        let b = self.next_byte()?;
+        if b != Some(b'u') {
+            let simple = simple_escape(b).ok_or_else(|| match b {
+                None => self.err("unterminated string"),
+                Some(_) => JsonError::Syntax { at, what: "invalid escape" },
+            })?;
+            return out.map_or(Ok(()), |o| push(o, &[simple], max, start));
         }
+        let mut unit = self.hex4()?;
+        // A skipped string is checked for grammar only; the string loop sees what follows.
+        let Some(out) = out else { return Ok(()) };
+        let mut tmp = [0u8; 4];
+        loop {
+            let cp = match unit {
+                0xD800..=0xDBFF => {
+                    if self.peek()? != Some(b'\\') {
+                        return self.lone_surrogate(out, max, start);
+                    }
+                    self.pos += 1;
+                    let at = self.offset();
+                    let b = self.next_byte()?;
+                    if b != Some(b'u') {
+                        self.lone_surrogate(out, max, start)?;
+                        let simple = simple_escape(b).ok_or_else(|| match b {
+                            None => self.err("unterminated string"),
+                            Some(_) => JsonError::Syntax { at, what: "invalid escape" },
+                        })?;
+                        return push(out, &[simple], max, start);
+                    }
+                    let lo = self.hex4()?;
+                    if !(0xDC00..=0xDFFF).contains(&lo) {
+                        // Python keeps the lone high surrogate and decodes `lo` on its own.
+                        self.lone_surrogate(out, max, start)?;
+                        unit = lo;
+                        continue;
+                    }
+                    0x10000 + ((unit - 0xD800) << 10) + (lo - 0xDC00)
+                }
+                0xDC00..=0xDFFF => return self.lone_surrogate(out, max, start),
+                _ => unit,
+            };
+            let ch = char::from_u32(cp).ok_or(JsonError::Syntax { at, what: "invalid \\u escape" })?;
+            return push(out, ch.encode_utf8(&mut tmp).as_bytes(), max, start);
+        }
+    }
+
+    /// A surrogate escape with no partner: Python's `json.loads` (LMCache's) keeps it in the
+    /// string, which then cannot be UTF-8. It is decoded as U+FFFD and the string marked lossy.
+    fn lone_surrogate(&mut self, out: &mut Vec<u8>, max: usize, start: u64) -> Result<(), JsonError> {
+        self.lossy = true;
+        push(out, "\u{FFFD}".as_bytes(), max, start)
     }
 
     /// Four hex digits of a `\u` escape.
@@ -656,6 +660,21 @@ impl<R: Read> Input<R> {
 
 /// Appends decoded bytes, enforcing the string limit before the buffer grows.
 #[inline]
+/// The byte a one-letter escape stands for.
+fn simple_escape(b: Option<u8>) -> Option<u8> {
+    Some(match b? {
+        b'"' => b'"',
+        b'\\' => b'\\',
+        b'/' => b'/',
+        b'b' => 0x08,
+        b'f' => 0x0c,
+        b'n' => b'\n',
+        b'r' => b'\r',
+        b't' => b'\t',
+        _ => return None,
+    })
+}
+
 fn push(out: &mut Vec<u8>, bytes: &[u8], max: usize, start: u64) -> Result<(), JsonError> {
     if out.len().saturating_add(bytes.len()) > max {
         return Err(JsonError::StringTooLong { at: start });
@@ -812,7 +831,9 @@ impl<'l, R: Read> Parser<'l, R> {
         let mut first = true;
         while self.next_member(&mut first)? {
             let key_at = self.inp.offset();
+            self.inp.lossy = false;
             read_name(&mut self.inp, &mut self.key, max_str)?;
+            let key_lossy = self.inp.lossy;
             let (mut offset, mut size) = (None, None);
             if self.inp.skip_ws()? == Some(b'{') {
                 self.check_depth(3)?;
@@ -833,7 +854,7 @@ impl<'l, R: Read> Parser<'l, R> {
                 at: key_at,
                 what: "invalid UTF-8",
             })?;
-            on_entry(EntryRef { key, offset, size }).map_err(JsonError::Aborted)?;
+            on_entry(EntryRef { key, key_lossy, offset, size }).map_err(JsonError::Aborted)?;
             meta.entries += 1;
         }
         Ok(())
@@ -1589,14 +1610,40 @@ mod tests {
     }
 
     #[test]
+    fn lone_surrogates_are_kept_like_pythons_json_loads() {
+        // Python: json.loads('"\\ud83dx"') == '\ud83dx'; ours has U+FFFD there, marked lossy.
+        let cases: &[(&str, &str)] = &[
+            (r"\ud83d", "\u{FFFD}"),
+            (r"\ud83dx", "\u{FFFD}x"),
+            (r"\ude00", "\u{FFFD}"),
+            (r"\ud83d\u0041", "\u{FFFD}A"),
+            (r"\ud83d\n", "\u{FFFD}\n"),
+            (r"\ud83d\ud83d\ude00", "\u{FFFD}\u{1F600}"),
+            (r"\ud83d\ude00\udc80", "\u{1F600}\u{FFFD}"),
+            (r"m\udcff@1@0@-1a27c0e6eb031a37@bfloat16", "m\u{FFFD}@1@0@-1a27c0e6eb031a37@bfloat16"),
+        ];
+        for (raw, want) in cases {
+            let doc = format!("{{\"entries\":{{\"{raw}\":{{\"offset\":1048576,\"size\":7}},\"plain\":{{}}}}}}");
+            for chunk in [doc.len(), 1] {
+                let mut got = Vec::new();
+                let reader = Chunked { data: doc.as_bytes(), sizes: vec![chunk], i: 0 };
+                let meta = parse_checkpoint_json(reader, &JsonLimits::default(), &mut |e| {
+                    got.push((e.key.to_string(), e.key_lossy, e.offset));
+                    Ok(())
+                })
+                .unwrap();
+                assert_eq!(meta.entries, 2);
+                // The mark is the key's own: the next entry's is clear.
+                assert_eq!(got, vec![(want.to_string(), true, Some(1_048_576)), ("plain".to_string(), false, None)], "{raw}");
+            }
+        }
+    }
+
+    #[test]
     fn invalid_strings_are_syntax_errors_like_serde_json() {
         let bad: &[&[u8]] = &[
-            br"\ud83d",          // lone high surrogate
-            br"\ud83dx",         // high surrogate followed by text
-            br"\ude00",          // lone low surrogate
-            br"\ud83d\u0041",    // high surrogate + non-low
-            br"\ud83d\n",        // high surrogate + other escape
             br"\x",              // unknown escape
+            br"\ud83d\x",        // high surrogate + unknown escape
             br"\u12",            // short \u
             br"\u12G4",          // bad hex
             b"\x01",             // raw control character

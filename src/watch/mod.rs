@@ -879,9 +879,12 @@ impl Watcher {
             let (Some(off), Some(size)) = (e.offset, e.size) else { return Ok(()) };
             let Some((slot, 0)) = g.slot_of(off) else { return Ok(()) };
             listed[(slot / 64) as usize] |= 1 << (slot % 64);
+            // An object key with a lone surrogate has no identity (its UTF-8 is LMCache's hash
+            // input): listed, so protected, but never confirmed. A legacy key's is its hash's.
+            let key = Key::parse(e.key).ok().filter(|k| !e.key_lossy || matches!(k, Key::Legacy(_)));
             if let Some(live) = live.as_mut() {
-                if let Ok(key) = Key::parse(e.key) {
-                    let (identity, salt) = match &key {
+                if let Some(key) = &key {
+                    let (identity, salt) = match key {
                         Key::Legacy(k) => (legacy_identity(k.chunk_hash_hex), ""),
                         Key::Object(k) => (object_identity(e.key), k.cache_salt.unwrap_or("")),
                     };
@@ -895,7 +898,7 @@ impl Watcher {
             if !cur.has_header() || cur.payload_len != size.min(u64::from(u32::MAX)) || l & life::TRIMMING != 0 {
                 return Ok(());
             }
-            let Ok(key) = Key::parse(e.key) else { return Ok(()) };
+            let Some(key) = key else { return Ok(()) };
             let (id, model, salt) = match &key {
                 Key::Legacy(k) => (legacy_identity(k.chunk_hash_hex), k.model_name, ""),
                 Key::Object(k) => (object_identity(e.key), k.model_quoted, k.cache_salt.unwrap_or("")),
