@@ -74,7 +74,7 @@ pub fn check_entry<D: ReadAt + ?Sized>(dev: &D, g: &Geometry, key: &str, lossy: 
     }
     let Some(id) = identity else {
         r.problem = Some(if lossy && keys::Key::parse(key).is_ok() {
-            "key has a lone surrogate escape, so no UTF-8 form: LMCache drops the entry"
+            "key has a lone surrogate escape, so no UTF-8 form: LMCache cannot load the entry"
         } else {
             "key is not an LMCache key string"
         });
@@ -416,7 +416,7 @@ mod tests {
         let s = summary_of(&img);
         assert_eq!((s.listed, s.rejected.as_deref()), (plain.listed, None));
         assert_eq!(s.live, plain.live - 1);
-        assert_eq!(first_key(&img).1, Some("key has a lone surrogate escape, so no UTF-8 form: LMCache drops the entry"));
+        assert_eq!(first_key(&img).1, Some("key has a lone surrogate escape, so no UTF-8 form: LMCache cannot load the entry"));
     }
 
     #[test]

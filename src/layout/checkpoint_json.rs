@@ -658,8 +658,6 @@ impl<R: Read> Input<R> {
     }
 }
 
-/// Appends decoded bytes, enforcing the string limit before the buffer grows.
-#[inline]
 /// The byte a one-letter escape stands for.
 fn simple_escape(b: Option<u8>) -> Option<u8> {
     Some(match b? {
@@ -675,6 +673,8 @@ fn simple_escape(b: Option<u8>) -> Option<u8> {
     })
 }
 
+/// Appends decoded bytes, enforcing the string limit before the buffer grows.
+#[inline]
 fn push(out: &mut Vec<u8>, bytes: &[u8], max: usize, start: u64) -> Result<(), JsonError> {
     if out.len().saturating_add(bytes.len()) > max {
         return Err(JsonError::StringTooLong { at: start });
