@@ -421,6 +421,9 @@ struct Commit {
     /// and only a later header write makes a newer commit. Seqs do not tell: they restart
     /// with LMCache's index.
     epoch: u32,
+    /// Seen written (not a baseline found on the device at start): only the time between
+    /// two such is an interval of LMCache's.
+    observed: bool,
 }
 
 /// The overflow estimate.
@@ -599,7 +602,7 @@ impl Watcher {
         }
         // Baseline for the overflow estimate: the newest valid checkpoint on the device.
         if let Some(v) = w.newest() {
-            w.commit = Some(Commit { seq: v.seq, payload_len: v.payload_len, entries: v.entries, at: now, puts_at: 0, fixed_bytes: v.fixed_bytes, epoch: w.seen_epoch });
+            w.commit = Some(Commit { seq: v.seq, payload_len: v.payload_len, entries: v.entries, at: now, puts_at: 0, fixed_bytes: v.fixed_bytes, epoch: w.seen_epoch, observed: false });
         }
         w.arm_alarm();
         // From now on a crash leaves an unclean state: confirmations are not trusted then.
@@ -637,7 +640,7 @@ impl Watcher {
         // checkpoint header written since still counts as newer.
         let baseline = self.newest().map(|v| (v.seq, v.payload_len, v.entries, v.fixed_bytes));
         if let Some((seq, payload_len, entries, fixed_bytes)) = baseline.filter(|b| self.commit.as_ref().is_none_or(|c| c.seq != b.0)) {
-            self.commit = Some(Commit { seq, payload_len, entries, at: Instant::now(), puts_at: 0, fixed_bytes, epoch: self.seen_epoch });
+            self.commit = Some(Commit { seq, payload_len, entries, at: Instant::now(), puts_at: 0, fixed_bytes, epoch: self.seen_epoch, observed: false });
             self.arm_alarm();
         }
         self.need_sweep = true;
@@ -876,7 +879,12 @@ impl Watcher {
         let reader = RegionReader::new(&dev, g.container_offset(copy) + g.block_align, h.payload_len);
         let limits = JsonLimits { max_payload_bytes: g.payload_cap().max(h.payload_len), ..JsonLimits::default() };
         let meta = parse_checkpoint_json(reader, &limits, &mut |e| {
-            let (Some(off), Some(size)) = (e.offset, e.size) else { return Ok(()) };
+            // LMCache writes both as plain integers, and its loader takes anything `int()`
+            // takes ("65536", 65536.0): an entry whose slot fdpblk cannot tell may list any
+            // slot, so the whole copy is unknown and no deallocation rests on it.
+            let (Some(off), Some(size)) = (e.offset, e.size) else {
+                return Err(format!("entry {:?} has no plain integer offset and size", e.key.chars().take(200).collect::<String>()));
+            };
             let Some((slot, 0)) = g.slot_of(off) else { return Ok(()) };
             listed[(slot / 64) as usize] |= 1 << (slot % 64);
             // An object key with a lone surrogate has no identity (its UTF-8 is LMCache's hash
@@ -962,7 +970,8 @@ impl Watcher {
 
     fn committed(&mut self, h: CheckpointHeader, entries: u64, fixed_bytes: u64, epoch: u32) {
         let now = Instant::now();
-        let prev = self.commit.as_ref().map(|c| c.at);
+        // The first checkpoint after a baseline found at start comes any time after the start.
+        let prev = self.commit.as_ref().filter(|c| c.observed).map(|c| c.at);
         if let Some(p) = prev {
             let d = now.duration_since(p);
             self.interval = Some(match self.interval {
@@ -980,6 +989,7 @@ impl Watcher {
             puts_at: self.slots.header_writes(),
             fixed_bytes,
             epoch,
+            observed: true,
         });
         self.stalled = false;
         self.arm_alarm();
@@ -1391,7 +1401,7 @@ impl Watcher {
 
     /// The newest committed checkpoint, or an empty one when fdpblk started.
     fn baseline(&self) -> Commit {
-        self.commit.clone().unwrap_or(Commit { seq: 0, payload_len: 0, entries: 0, at: self.started, puts_at: 0, fixed_bytes: FIXED_JSON_BYTES, epoch: 0 })
+        self.commit.clone().unwrap_or(Commit { seq: 0, payload_len: 0, entries: 0, at: self.started, puts_at: 0, fixed_bytes: FIXED_JSON_BYTES, epoch: 0, observed: false })
     }
 
     /// Tells the data path after how many more puts the estimate reaches the risk threshold.
