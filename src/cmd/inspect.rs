@@ -6,7 +6,7 @@ use super::CmdResult;
 use crate::cli::InspectArgs;
 use crate::device::{open_readonly, ReadAt};
 use crate::layout::checkpoint::{newest_valid, read_entries, CopyStatus};
-use crate::layout::checkpoint_json::JsonLimits;
+use crate::layout::checkpoint_json::{JsonError, JsonLimits};
 use crate::layout::discover::{discover, GeometryFlags};
 use crate::layout::keys;
 use crate::layout::slot_header::{SlotHeader, SLOT_HEADER_PREFIX};
@@ -101,14 +101,25 @@ pub fn inspect_entries<D: ReadAt + ?Sized>(
     let mut s = InspectSummary::default();
     let Some(newest) = newest_valid(copies) else { return Ok(s) };
     s.checkpoint_seq = newest.seq();
-    let meta = read_entries(dev, g, newest, &JsonLimits::default(), &mut |e| {
+    let read = read_entries(dev, g, newest, &JsonLimits::default(), &mut |e| {
         let r = check_entry(dev, g, e.key, e.key_lossy, e.offset, e.size);
         s.listed += 1;
         if !r.header_ok {
             s.header_mismatch += 1;
         }
         on_entry(&r).map_err(|e| e.to_string())
-    })?;
+    });
+    let meta = match read {
+        Ok(meta) => meta,
+        // LMCache's json.loads fails on the same bytes: it starts empty (reference §12), and
+        // does not fall back to the other copy.
+        Err(e @ (JsonError::Syntax { .. } | JsonError::NotAnObject)) => {
+            s.rejected = Some(format!("its JSON does not decode ({e})"));
+            s.live = 0;
+            return Ok(s);
+        }
+        Err(e) => return Err(e.into()),
+    };
     s.rejected = meta.loader_rejection(g.max_slots);
     // LMCache's load (`meta_verify_on_load`, on by default) drops an entry whose slot header
     // is not its key's.
@@ -229,8 +240,11 @@ pub fn run(a: &InspectArgs) -> CmdResult {
             )?,
             (None, _) => writeln!(w, "summary: no valid checkpoint; LMCache would start with an empty index")?,
         }
-        if let Some(p) = &s.device_path {
-            writeln!(w, "  LMCache loads it only with device_path exactly {p:?}")?;
+        match s.device_path.as_deref() {
+            // LMCache compares the path only when it is not empty (`if cp and cp != ...`).
+            Some("") => writeln!(w, "  its device_path is empty: LMCache loads it under any device_path")?,
+            Some(p) => writeln!(w, "  LMCache loads it only with device_path exactly {p:?}")?,
+            None => {}
         }
         match own_state(&dev) {
             Some(o) => {
@@ -417,6 +431,20 @@ mod tests {
         assert_eq!((s.listed, s.rejected.as_deref()), (plain.listed, None));
         assert_eq!(s.live, plain.live - 1);
         assert_eq!(first_key(&img).1, Some("key has a lone surrogate escape, so no UTF-8 form: LMCache cannot load the entry"));
+    }
+
+    /// A CRC-valid copy whose JSON does not decode: LMCache starts empty (it does not try the
+    /// other copy), and inspect says so instead of failing.
+    #[test]
+    fn a_checkpoint_whose_json_does_not_decode_loads_nothing() {
+        let img = object_evict_with_json(|j| j.replacen("\"entries\":{", "\"entries\":[", 1));
+        let flags = GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(1 << 20), ..GeometryFlags::default() };
+        let g = discover(&img, &flags).unwrap().geometry;
+        let copies = read_copies(&img[..], &g).unwrap();
+        let s = inspect_entries(&img[..], &g, &copies, &mut |_| Ok(())).unwrap();
+        assert_eq!(s.live, 0);
+        assert!(s.rejected.as_deref().is_some_and(|r| r.starts_with("its JSON does not decode")), "{:?}", s.rejected);
+        assert!(s.checkpoint_seq.is_some());
     }
 
     #[test]

@@ -3,7 +3,9 @@
 # target when it is installed), all measured in one boot of the QEMU guest:
 #   tests/vm/run.sh --timeout 900 -- tools/bench/ublk-bench.sh
 # Prints a markdown table: sequential 1 MiB writes (MiB/s) and 4 KiB random reads (IOPS).
-# Absolute numbers mean little under TCG emulation; the ratios are the result.
+# Absolute numbers mean little under TCG emulation; the ratios are the result. The raw device
+# is measured first and last: the ratios are to the mean of the two, and their spread is the
+# drift of the run (what a ratio closer than that does not tell apart).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 FDPBLK=${FDPBLK:-target/release/fdpblk}
@@ -32,7 +34,7 @@ measure() { # LABEL DEV
     R[$1]=$(randr "$2")
 }
 
-measure "raw $NS" "$NS"
+measure "raw $NS (first)" "$NS"
 NG=${NG:-/dev/ng0n1}
 for engine in streams passthrough plain; do
     policy=region backing=$NS
@@ -49,11 +51,22 @@ if [[ -n $RUBLK ]]; then
     measure "rublk loop" /dev/ublkb1
     "$RUBLK" del -n 1
 fi
+measure "raw $NS (last)" "$NS"
 
-base="raw $NS"
+first="raw $NS (first)" last="raw $NS (last)"
+rw=$(python3 -c "print((${W[$first]} + ${W[$last]}) / 2)")
+rr=$(python3 -c "print((${R[$first]} + ${R[$last]}) / 2)")
 echo "| device | seq 1 MiB write MiB/s | ratio to raw | 4 KiB rand read IOPS | ratio to raw |"
 echo "|---|---|---|---|---|"
 for k in "${order[@]}"; do
     printf '| %s | %s | %.2f | %s | %.2f |\n' "$k" "${W[$k]}" \
-        "$(python3 -c "print(${W[$k]}/${W[$base]})")" "${R[$k]}" "$(python3 -c "print(${R[$k]}/${R[$base]})")"
+        "$(python3 -c "print(${W[$k]}/$rw)")" "${R[$k]}" "$(python3 -c "print(${R[$k]}/$rr)")"
 done
+python3 -c "print('raw drift over the run: writes %+.0f %%, reads %+.0f %% (last against first)' % (100 * (${W[$last]} / ${W[$first]} - 1), 100 * (${R[$last]} / ${R[$first]} - 1)))"
+peer="rublk loop"
+if [[ -n ${W[$peer]:-} ]]; then
+    for engine in streams passthrough plain; do
+        k="fdpblk $engine"
+        python3 -c "print('$k against rublk loop: writes %.2fx, reads %.2fx' % (${W[$k]} / ${W[$peer]}, ${R[$k]} / ${R[$peer]}))"
+    done
+fi
