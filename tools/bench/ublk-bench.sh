@@ -3,9 +3,8 @@
 # target when it is installed), all measured in one boot of the QEMU guest:
 #   tests/vm/run.sh --timeout 900 -- tools/bench/ublk-bench.sh
 # Prints a markdown table: sequential 1 MiB writes (MiB/s) and 4 KiB random reads (IOPS).
-# Absolute numbers mean little under TCG emulation; the ratios are the result. The raw device
-# is measured first and last: the ratios are to the mean of the two, and their spread is the
-# drift of the run (what a ratio closer than that does not tell apart).
+# Absolute numbers mean little under TCG emulation; the ratios are the result, taken within
+# each of ROUNDS rounds (default 3) and given as medians, next to the raw device's own spread.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 FDPBLK=${FDPBLK:-target/release/fdpblk}
@@ -26,47 +25,63 @@ randr() { # DEV -> IOPS
         python3 -c 'import json,sys; print(round(json.load(sys.stdin)["jobs"][0]["read"]["iops"]))'
 }
 
-declare -A W R
-order=()
-measure() { # LABEL DEV
-    order+=("$1")
-    W[$1]=$(seqw "$2")
-    R[$1]=$(randr "$2")
+# Rounds: every device is measured once per round, in the same order; a ratio is taken
+# inside each round (the devices of one round ran minutes apart, the rounds further) and the
+# table gives the median over the rounds, with the spread of the raw device's own figures.
+ROUNDS=${ROUNDS:-3}
+RES=$(mktemp)
+measure() { # ROUND LABEL DEV
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$(seqw "$3")" "$(randr "$3")" >>"$RES"
 }
 
-measure "raw $NS (first)" "$NS"
 NG=${NG:-/dev/ng0n1}
-for engine in streams passthrough plain; do
-    policy=region backing=$NS
-    [[ $engine == plain ]] && policy=none
-    [[ $engine == passthrough ]] && backing=$NG
-    dev=$("$FDPBLK" add --backing "$backing" -n 0 --engine "$engine" --policy "$policy" \
-        --slot-bytes 64K --meta-total-bytes 1M -q 2 -d 128)
-    measure "fdpblk $engine" "$dev"
-    "$FDPBLK" del -n 0
-done
-if [[ -n $RUBLK ]]; then
-    "$RUBLK" add loop -n 1 -f "$NS" -q 2 -d 128 >/dev/null
-    for _ in $(seq 50); do [[ -b /dev/ublkb1 ]] && break; sleep 0.1; done
-    measure "rublk loop" /dev/ublkb1
-    "$RUBLK" del -n 1
-fi
-measure "raw $NS (last)" "$NS"
-
-first="raw $NS (first)" last="raw $NS (last)"
-rw=$(python3 -c "print((${W[$first]} + ${W[$last]}) / 2)")
-rr=$(python3 -c "print((${R[$first]} + ${R[$last]}) / 2)")
-echo "| device | seq 1 MiB write MiB/s | ratio to raw | 4 KiB rand read IOPS | ratio to raw |"
-echo "|---|---|---|---|---|"
-for k in "${order[@]}"; do
-    printf '| %s | %s | %.2f | %s | %.2f |\n' "$k" "${W[$k]}" \
-        "$(python3 -c "print(${W[$k]}/$rw)")" "${R[$k]}" "$(python3 -c "print(${R[$k]}/$rr)")"
-done
-python3 -c "print('raw drift over the run: writes %+.0f %%, reads %+.0f %% (last against first)' % (100 * (${W[$last]} / ${W[$first]} - 1), 100 * (${R[$last]} / ${R[$first]} - 1)))"
-peer="rublk loop"
-if [[ -n ${W[$peer]:-} ]]; then
+for round in $(seq "$ROUNDS"); do
+    measure "$round" "raw $NS" "$NS"
     for engine in streams passthrough plain; do
-        k="fdpblk $engine"
-        python3 -c "print('$k against rublk loop: writes %.2fx, reads %.2fx' % (${W[$k]} / ${W[$peer]}, ${R[$k]} / ${R[$peer]}))"
+        policy=region backing=$NS
+        [[ $engine == plain ]] && policy=none
+        [[ $engine == passthrough ]] && backing=$NG
+        dev=$("$FDPBLK" add --backing "$backing" -n 0 --engine "$engine" --policy "$policy" \
+            --slot-bytes 64K --meta-total-bytes 1M -q 2 -d 128)
+        measure "$round" "fdpblk $engine" "$dev"
+        "$FDPBLK" del -n 0
     done
-fi
+    if [[ -n $RUBLK ]]; then
+        "$RUBLK" add loop -n 1 -f "$NS" -q 2 -d 128 >/dev/null
+        for _ in $(seq 50); do [[ -b /dev/ublkb1 ]] && break; sleep 0.1; done
+        measure "$round" "rublk loop" /dev/ublkb1
+        "$RUBLK" del -n 1
+    fi
+done
+
+python3 - "$RES" "raw $NS" <<'PY'
+import statistics as st, sys
+from collections import defaultdict
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+raw, peer = sys.argv[2], "rublk loop"
+w, r, order = defaultdict(dict), defaultdict(dict), []
+for rnd, label, mw, ri in rows:
+    w[label][rnd], r[label][rnd] = float(mw), float(ri)
+    if label not in order:
+        order.append(label)
+def ratio(m, a, b):  # median over the rounds of m[a] / m[b] within each round
+    common = [k for k in m[a] if k in m[b]]
+    return st.median(m[a][k] / m[b][k] for k in common)
+def spread(v, d):
+    v = list(v.values())
+    return f"{st.median(v):.{d}f} ({min(v):.{d}f}-{max(v):.{d}f})"
+n = len(w[raw])
+print(f"{n} rounds; medians, with the range over the rounds")
+print()
+print("| device | seq 1 MiB write MiB/s | ratio to raw | 4 KiB rand read IOPS | ratio to raw |" + (" ratio to rublk (writes, reads) |" if peer in w else ""))
+print("|---|---|---|---|---|" + ("---|" if peer in w else ""))
+for k in order:
+    line = f"| {k} | {spread(w[k], 1)} | {ratio(w, k, raw):.2f} | {spread(r[k], 0)} | {ratio(r, k, raw):.2f} |"
+    if peer in w:
+        line += f" {ratio(w, k, peer):.2f}, {ratio(r, k, peer):.2f} |"
+    print(line)
+rw, rr = list(w[raw].values()), list(r[raw].values())
+print()
+print(f"noise: the raw device's slowest round was {min(rw) / max(rw):.2f}x its fastest for writes, {min(rr) / max(rr):.2f}x for reads")
+PY
+rm -f "$RES"
