@@ -239,7 +239,10 @@ impl TenantBook {
 /// handle 0.
 #[derive(Debug)]
 pub struct LmcacheFdpPolicy {
-    pending: Option<(u64, Handle)>,
+    /// Per slot, the id LMCache's last put into it was written with (the simulator's
+    /// `WriterPlacement`): a batch (io_uring, page-cache writeback) delivers several puts'
+    /// writes after all of their ids were chosen. At most one word pair per slot.
+    writer_pid: HashMap<u64, Handle>,
     tenants: TenantBook,
     bucket_handle: HashMap<u32, Handle>,
 }
@@ -251,7 +254,7 @@ impl LmcacheFdpPolicy {
     pub const HANDLES: u16 = 8;
 
     pub fn new() -> Self {
-        LmcacheFdpPolicy { pending: None, tenants: TenantBook::default(), bucket_handle: HashMap::new() }
+        LmcacheFdpPolicy { writer_pid: HashMap::new(), tenants: TenantBook::default(), bucket_handle: HashMap::new() }
     }
 
     /// The data placement ids LMCache's default list gives buckets, in order.
@@ -277,10 +280,8 @@ impl Policy for LmcacheFdpPolicy {
         match target {
             Target::Checkpoint { .. } => Self::CHECKPOINT,
             Target::Slot { slot, header, previous } => {
-                if let Some((s, pid)) = self.pending {
-                    if s == *slot {
-                        return pid;
-                    }
+                if let Some(&pid) = self.writer_pid.get(slot) {
+                    return pid;
                 }
                 if let Some(h) = header {
                     if let Some(t) = self.tenants.tenant(h.identity) {
@@ -300,7 +301,9 @@ impl Policy for LmcacheFdpPolicy {
     }
     fn observe(&mut self, event: &Observation<'_>) {
         match *event {
-            Observation::WriterPlacement { slot, pid } => self.pending = Some((slot, pid)),
+            Observation::WriterPlacement { slot, pid } => {
+                self.writer_pid.insert(slot, pid);
+            }
             Observation::Checkpoint { entries, .. } => self.tenants.learn(entries),
             _ => {}
         }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Throughput of fdpblk's ublk device as ratios to the raw NVMe device (and to rublk's loop
 # target when it is installed), all measured in one boot of the QEMU guest:
-#   tests/vm/run.sh --timeout 900 -- tools/bench/ublk-bench.sh
+#   tests/vm/run.sh --timeout 1800 -- tools/bench/ublk-bench.sh
 # Prints a markdown table: sequential 1 MiB writes (MiB/s) and 4 KiB random reads (IOPS).
 # Absolute numbers mean little under TCG emulation; the ratios are the result, taken within
 # each of ROUNDS rounds (default 3) and given as medians, next to the raw device's own spread.
