@@ -743,6 +743,11 @@ mod tests {
         assert_eq!(put(&mut p, 7, 99), LmcacheFdpPolicy::FIRST_DATA);
         assert_eq!(put(&mut p, 8, 88), LmcacheFdpPolicy::FIRST_DATA + 1);
         assert_eq!(put(&mut p, 9, 99), LmcacheFdpPolicy::FIRST_DATA);
+        // A batch (io_uring, page-cache writeback): both ids were chosen before either put's
+        // writes arrive; each write takes its own slot's.
+        p.observe(&Observation::WriterPlacement { slot: 10, pid: 5 });
+        p.observe(&Observation::WriterPlacement { slot: 11, pid: LmcacheFdpPolicy::NO_DIRECTIVE });
+        assert_eq!((put(&mut p, 10, 99), put(&mut p, 11, 99)), (5, LmcacheFdpPolicy::NO_DIRECTIVE));
     }
 
     #[test]
