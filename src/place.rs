@@ -30,13 +30,14 @@ pub enum Target<'a> {
 }
 
 /// A live entry of a committed checkpoint, as fdpblk learns it from the checkpoint JSON: the
-/// slot (from `offset`), the identity (recomputed from the key string) and the tenant tag (the
-/// key's cache_salt, interned; 0 when the key has none).
+/// slot (from `offset`), the identity (recomputed from the key string) and the bucket LMCache's
+/// FDP mode files the key's cache_salt under ([`crate::layout::keys::salt_bucket_id`]; 0 for
+/// none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveEntry {
     pub slot: u64,
     pub identity: u64,
-    pub tenant_tag: u32,
+    pub salt_bucket: u64,
 }
 
 /// What a policy may learn besides the placement questions. The pipeline asks `place`; the
@@ -198,16 +199,16 @@ impl Policy for SharedPolicy {
     }
 }
 
-/// Tenant tags of the identities in the newest committed checkpoints (what fdpblk can know of
-/// a key's tenant: only once a checkpoint listed it). Bounded by the live entries of the last
-/// `keep` checkpoints' worth of identities; older ones are forgotten in bulk.
+/// The cache_salt buckets of the identities in the newest committed checkpoints (what fdpblk
+/// can know of a key's tenant: only once a checkpoint listed it). Bounded by the live entries
+/// of the last two checkpoints' worth of identities; older ones are forgotten in bulk.
 #[derive(Debug, Default)]
-pub struct TenantBook {
-    current: HashMap<u64, u32>,
-    previous: HashMap<u64, u32>,
+pub struct BucketBook {
+    current: HashMap<u64, u64>,
+    previous: HashMap<u64, u64>,
 }
 
-impl TenantBook {
+impl BucketBook {
     pub fn learn(&mut self, entries: &[LiveEntry]) {
         // Two generations: identities of the last two checkpoints are remembered, so a key
         // evicted after one checkpoint is still known when it returns.
@@ -215,12 +216,12 @@ impl TenantBook {
             self.previous = std::mem::take(&mut self.current);
         }
         for e in entries {
-            if e.tenant_tag != 0 {
-                self.current.insert(e.identity, e.tenant_tag);
+            if e.salt_bucket != 0 {
+                self.current.insert(e.identity, e.salt_bucket);
             }
         }
     }
-    pub fn tenant(&self, identity: u64) -> Option<u32> {
+    pub fn bucket(&self, identity: u64) -> Option<u64> {
         self.current.get(&identity).or_else(|| self.previous.get(&identity)).copied()
     }
 }
@@ -243,8 +244,8 @@ pub struct LmcacheFdpPolicy {
     /// `WriterPlacement`): a batch (io_uring, page-cache writeback) delivers several puts'
     /// writes after all of their ids were chosen. At most one word pair per slot.
     writer_pid: HashMap<u64, Handle>,
-    tenants: TenantBook,
-    bucket_handle: HashMap<u32, Handle>,
+    buckets: BucketBook,
+    bucket_handle: HashMap<u64, Handle>,
 }
 
 impl LmcacheFdpPolicy {
@@ -254,7 +255,7 @@ impl LmcacheFdpPolicy {
     pub const HANDLES: u16 = 8;
 
     pub fn new() -> Self {
-        LmcacheFdpPolicy { writer_pid: HashMap::new(), tenants: TenantBook::default(), bucket_handle: HashMap::new() }
+        LmcacheFdpPolicy { writer_pid: HashMap::new(), buckets: BucketBook::default(), bucket_handle: HashMap::new() }
     }
 
     /// The data placement ids LMCache's default list gives buckets, in order.
@@ -284,7 +285,7 @@ impl Policy for LmcacheFdpPolicy {
                     return pid;
                 }
                 if let Some(h) = header {
-                    if let Some(t) = self.tenants.tenant(h.identity) {
+                    if let Some(t) = self.buckets.bucket(h.identity) {
                         let next = Self::FIRST_DATA + self.bucket_handle.len() as Handle;
                         let h = *self.bucket_handle.entry(t).or_insert(next);
                         return if h < Self::HANDLES { h } else { Self::NO_DIRECTIVE };
@@ -304,7 +305,7 @@ impl Policy for LmcacheFdpPolicy {
             Observation::WriterPlacement { slot, pid } => {
                 self.writer_pid.insert(slot, pid);
             }
-            Observation::Checkpoint { entries, .. } => self.tenants.learn(entries),
+            Observation::Checkpoint { entries, .. } => self.buckets.learn(entries),
             _ => {}
         }
     }
@@ -738,7 +739,7 @@ mod tests {
         // first come first served; unknown identities get no directive.
         assert_eq!(put(&mut p, 5, 88), LmcacheFdpPolicy::NO_DIRECTIVE);
         let entries =
-            [LiveEntry { slot: 5, identity: 88, tenant_tag: 9 }, LiveEntry { slot: 6, identity: 99, tenant_tag: 4 }];
+            [LiveEntry { slot: 5, identity: 88, salt_bucket: 9 }, LiveEntry { slot: 6, identity: 99, salt_bucket: 4 }];
         p.observe(&Observation::Checkpoint { seq: 1, entries: &entries });
         assert_eq!(put(&mut p, 7, 99), LmcacheFdpPolicy::FIRST_DATA);
         assert_eq!(put(&mut p, 8, 88), LmcacheFdpPolicy::FIRST_DATA + 1);

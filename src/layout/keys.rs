@@ -146,6 +146,20 @@ impl<'a> Key<'a> {
     }
 }
 
+/// The bucket LMCache's FDP mode (`cache_salt_prefix`, reference §14) files a cache_salt
+/// under: the part before the first `:`, case-folded; `None` (no directive) for a salt without
+/// `:` or with an empty prefix. Case folding is Unicode lowercasing here, which differs from
+/// Python's `casefold()` only for a few letters such as `ß`.
+pub fn salt_bucket(salt: &str) -> Option<String> {
+    let (prefix, _) = salt.split_once(':')?;
+    (!prefix.is_empty()).then(|| prefix.to_lowercase())
+}
+
+/// [`salt_bucket`] as a non-zero number (a hash of its name), 0 for no directive.
+pub fn salt_bucket_id(salt: &str) -> u64 {
+    salt_bucket(salt).map_or(0, |b| object_identity(&b) | 1)
+}
+
 /// The slot identity LMCache writes for `key` (`slot_identity` in `key_codec.py`).
 pub fn identity(key: &str) -> Result<u64, KeyError> {
     match Key::parse(key)? {
@@ -302,5 +316,12 @@ mod tests {
             assert!(identity(k).is_err(), "{k}");
         }
         assert_eq!(percent_decode("a%2Fb%zz%4"), "a/b%zz%4");
+        // LMCache's FDP buckets: the salt's prefix, case-folded; none without a prefix.
+        assert_eq!(salt_bucket("TenantA:alice").as_deref(), Some("tenanta"));
+        assert_eq!(salt_bucket_id("TenantA:alice"), salt_bucket_id("tenanta:bob"));
+        assert_ne!(salt_bucket_id("tenantA:x"), salt_bucket_id("tenantB:x"));
+        for none in ["alice", ":alice", ""] {
+            assert_eq!((salt_bucket(none), salt_bucket_id(none)), (None, 0), "{none:?}");
+        }
     }
 }

@@ -25,6 +25,7 @@
 
 use super::SplitMix64;
 use crate::cli::parse_size;
+use crate::layout::keys::{salt_bucket, salt_bucket_id};
 use crate::layout::slot_header::{SlotHeader, SLOT_HEADER_PREFIX};
 use crate::layout::{Geometry, GeometryConfig};
 use serde_json::Value;
@@ -505,8 +506,7 @@ fn quoted_len(s: &str) -> u64 {
     s.bytes().map(|b| if b.is_ascii_alphanumeric() || b"_.-~".contains(&b) { 1 } else { 3 }).sum()
 }
 
-/// A live index entry of a committed checkpoint; the workload's tenant tag is the tenant's
-/// index plus 1, or 0 when its keys have no cache_salt.
+/// A live index entry of a committed checkpoint.
 pub use crate::place::LiveEntry;
 
 /// What LMCache does, in order.
@@ -669,6 +669,8 @@ struct Tenant {
     /// Per system prompt, the chance that a request uses it (the mass of its documents).
     prompt_mass: Vec<f64>,
     key_len: u64,
+    /// [`salt_bucket_id`] of the tenant's cache_salt, for the checkpoints' live entries.
+    salt_bucket: u64,
     unique_counter: u64,
     /// Slots charged to this tenant (usage by cache_salt).
     used: u64,
@@ -794,6 +796,7 @@ impl Workload {
                 pop,
                 prompt_mass,
                 key_len: spec.key_len(i),
+                salt_bucket: salt_bucket_id(&t.salt),
                 unique_counter: 0,
                 used: 0,
                 lru: Lru::new(),
@@ -856,11 +859,7 @@ impl Workload {
     fn pid_for(&mut self, t: usize) -> u16 {
         let Some(fdp) = &self.fdp else { return 0 };
         let salt = &self.tenants[t].spec.salt;
-        let Some((prefix, _)) = salt.split_once(':') else { return 0 };
-        if prefix.is_empty() {
-            return 0;
-        }
-        let bucket = prefix.to_lowercase();
+        let Some(bucket) = salt_bucket(salt) else { return 0 };
         if let Some(&p) = self.bucket_pid.get(&bucket) {
             return p;
         }
@@ -1211,8 +1210,7 @@ impl Workload {
             let off = g.slot_offset(s as u64);
             bytes += self.spec.entry_json_bytes(self.tenants[t].key_len, off, r.payload_len);
             let salt = &self.tenants[t].spec.salt;
-            let tag = if salt.is_empty() { 0 } else { r.tenant + 1 };
-            self.entries.push(LiveEntry { slot: s as u64, identity: r.identity, tenant_tag: tag });
+            self.entries.push(LiveEntry { slot: s as u64, identity: r.identity, salt_bucket: self.tenants[t].salt_bucket });
             if self.emit_json {
                 key_string(self.spec.mode, &self.quoted_model, self.spec.chunk_hash_bytes, salt, r.id, &mut key);
                 if !first {

@@ -231,7 +231,7 @@
 use crate::layout::checkpoint::payload_crc;
 use crate::layout::checkpoint_header::CheckpointHeader;
 use crate::layout::checkpoint_json::{parse_checkpoint_json, JsonLimits};
-use crate::layout::keys::{legacy_identity, object_identity, Key};
+use crate::layout::keys::{legacy_identity, object_identity, salt_bucket_id, Key};
 use crate::layout::slot_header::{SlotHeader, SLOT_HEADER_PREFIX};
 use crate::layout::Geometry;
 use crate::persist::dev::{DevReader, StateWriter};
@@ -873,6 +873,7 @@ impl Watcher {
         // Epochs since commit `K`: the slot's stamp must be at least this + 2 epochs old.
         let need = confirm_epoch.map(|k| epoch_now.wrapping_sub(k)).filter(|&d| u64::from(d) + 2 < life::STAMP_MASK);
         let mut last_tag: (String, String, u16) = (String::new(), String::new(), 0);
+        let mut last_bucket: (String, u64) = (String::new(), 0);
         // Every live entry, for a policy that learns tenants from committed checkpoints.
         let mut live: Option<Vec<LiveEntry>> = (self.observer.is_some() && confirm_epoch.is_some()).then(Vec::new);
         let dev = DevReader(&*self.dev);
@@ -896,8 +897,11 @@ impl Watcher {
                         Key::Legacy(k) => (legacy_identity(k.chunk_hash_hex), ""),
                         Key::Object(k) => (object_identity(e.key), k.cache_salt.unwrap_or("")),
                     };
-                    let tenant_tag = if salt.is_empty() { 0 } else { u32::from(slots.tags().intern(&key.model_name(), salt)) };
-                    live.push(LiveEntry { slot, identity, tenant_tag });
+                    // Consecutive entries mostly share a salt: hash its bucket once per run.
+                    if last_bucket.0 != salt {
+                        last_bucket = (salt.to_string(), salt_bucket_id(salt));
+                    }
+                    live.push(LiveEntry { slot, identity, salt_bucket: last_bucket.1 });
                 }
             }
             let Some(need) = need else { return Ok(()) };

@@ -1798,14 +1798,24 @@ fn a_policy_that_observes_checkpoints_learns_tenants_from_them() {
         let h = SlotHeader { identity: keys::identity(key).unwrap(), payload_len: 100 };
         p.place(&Target::Slot { slot: 9, header: Some(&h), previous: None })
     };
-    r.put(salted.clone()).unwrap();
-    r.put(plain.clone()).unwrap();
+    // LMCache's buckets: the salt's part before ':', case-folded; none without one.
+    let with_salt = |r: &mut Rig, salt: &str| {
+        r.lmc.keys += 1;
+        format!("meta-llama%2FLlama-3.1-8B@0x01000100@0@{:032x}@{salt}", r.lmc.keys.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    };
+    let (same_bucket, other_bucket, no_bucket) = (with_salt(&mut r, "TENANTA:bob"), with_salt(&mut r, "tenantB:x"), with_salt(&mut r, "alice"));
+    for k in [&salted, &plain, &same_bucket, &other_bucket, &no_bucket] {
+        r.put(k.clone()).unwrap();
+    }
     assert_eq!(place(&mut p, &salted), LmcacheFdpPolicy::NO_DIRECTIVE, "nothing committed yet");
     r.checkpoint();
     r.step();
     // The committed checkpoint listed the salted key with its tenant: a bucket of its own.
     assert_eq!(place(&mut p, &salted), LmcacheFdpPolicy::FIRST_DATA);
     assert_eq!(place(&mut p, &plain), LmcacheFdpPolicy::NO_DIRECTIVE, "no cache_salt, no bucket");
+    assert_eq!(place(&mut p, &same_bucket), LmcacheFdpPolicy::FIRST_DATA, "tenantA, case-folded");
+    assert_eq!(place(&mut p, &other_bucket), LmcacheFdpPolicy::FIRST_DATA + 1);
+    assert_eq!(place(&mut p, &no_bucket), LmcacheFdpPolicy::NO_DIRECTIVE, "a salt without ':' gets no directive");
     // A policy that does not learn from checkpoints is not handed them.
     r.w.attach(SharedPolicy::new(Box::new(KeyAwarePolicy::new())));
     assert!(r.w.observer.is_none());
