@@ -235,9 +235,9 @@ impl BucketBook {
 /// LMCache knows each key's salt when it writes. In the simulator the workload model plays
 /// LMCache in FDP mode (it also reuses slots with pid affinity) and passes each write's id as
 /// `Observation::WriterPlacement`. Under `fdpblk add` no such id reaches the block device: the
-/// emulation then places a returning identity by the tenant (model and cache_salt) a committed
-/// checkpoint taught it (fdpblk's state thread passes each one on), and anything else on
-/// handle 0.
+/// emulation then places a returning identity by the cache_salt bucket (the salt's part
+/// before `:`, case-folded) a committed checkpoint listed it with (fdpblk's state thread
+/// passes each one on), and anything else on handle 0.
 #[derive(Debug)]
 pub struct LmcacheFdpPolicy {
     /// Per slot, the id LMCache's last put into it was written with (the simulator's
@@ -286,9 +286,16 @@ impl Policy for LmcacheFdpPolicy {
                 }
                 if let Some(h) = header {
                     if let Some(t) = self.buckets.bucket(h.identity) {
+                        if let Some(&h) = self.bucket_handle.get(&t) {
+                            return h;
+                        }
+                        // First come, first served while ids last (at most 6 buckets kept);
+                        // later buckets get no directive, as in LMCache.
                         let next = Self::FIRST_DATA + self.bucket_handle.len() as Handle;
-                        let h = *self.bucket_handle.entry(t).or_insert(next);
-                        return if h < Self::HANDLES { h } else { Self::NO_DIRECTIVE };
+                        if next < Self::HANDLES {
+                            self.bucket_handle.insert(t, next);
+                            return next;
+                        }
                     }
                     return Self::NO_DIRECTIVE;
                 }
@@ -749,6 +756,13 @@ mod tests {
         p.observe(&Observation::WriterPlacement { slot: 10, pid: 5 });
         p.observe(&Observation::WriterPlacement { slot: 11, pid: LmcacheFdpPolicy::NO_DIRECTIVE });
         assert_eq!((put(&mut p, 10, 99), put(&mut p, 11, 99)), (5, LmcacheFdpPolicy::NO_DIRECTIVE));
+        // Ids run out after six buckets: later ones get no directive, and are not kept.
+        let many: Vec<LiveEntry> = (0..100_000u64).map(|i| LiveEntry { slot: i, identity: 1000 + i, salt_bucket: 50 + i }).collect();
+        p.observe(&Observation::Checkpoint { seq: 2, entries: &many });
+        let got: Vec<Handle> = (0..100_000u64).map(|i| put(&mut p, 20, 1000 + i)).collect();
+        assert_eq!(&got[..4], &[4, 5, 6, 7], "buckets 9 and 4 took ids 2 and 3");
+        assert!(got[4..].iter().all(|&h| h == LmcacheFdpPolicy::NO_DIRECTIVE));
+        assert_eq!(p.bucket_handle.len(), 6);
     }
 
     #[test]
