@@ -38,6 +38,8 @@ pub struct InspectSummary {
     pub checkpoint_seq: Option<u64>,
     /// Why LMCache would discard the whole checkpoint, if it would.
     pub rejected: Option<String>,
+    /// The JSON stopped decoding: `listed` counts the entries read before the error.
+    pub undecodable: bool,
     /// The path LMCache must be configured with to load it (compared exactly).
     pub device_path: Option<String>,
 }
@@ -112,9 +114,17 @@ pub fn inspect_entries<D: ReadAt + ?Sized>(
     let meta = match read {
         Ok(meta) => meta,
         // LMCache's json.loads fails on the same bytes: it starts empty (reference §12), and
-        // does not fall back to the other copy.
-        Err(e @ (JsonError::Syntax { .. } | JsonError::NotAnObject)) => {
+        // does not fall back to the other copy. Python also takes NaN and Infinity, which
+        // strict JSON has not: there the verdict is not known.
+        Err(e @ JsonError::Syntax { at, .. }) => {
+            let mut b = [0u8; 9];
+            let n = b.len().min(newest.payload_len().unwrap_or(0).saturating_sub(at) as usize);
+            dev.read_exact_at(&mut b[..n], newest.payload_offset(g) + at)?;
+            if [&b"NaN"[..], b"Infinity", b"-Infinity"].iter().any(|w| b[..n].starts_with(w)) {
+                return Err(format!("checkpoint JSON {e}: a NaN or Infinity literal, which Python's json.loads (LMCache's) accepts; what LMCache would load is not known").into());
+            }
             s.rejected = Some(format!("its JSON does not decode ({e})"));
+            s.undecodable = true;
             s.live = 0;
             return Ok(s);
         }
@@ -233,6 +243,11 @@ pub fn run(a: &InspectArgs) -> CmdResult {
                 "summary: {} live entries (checkpoint seq {seq}); {} more listed with a mismatched slot header, which LMCache's load drops",
                 s.live, s.header_mismatch
             )?,
+            (Some(seq), Some(why)) if s.undecodable => writeln!(
+                w,
+                "summary: LMCache would start with an empty index: checkpoint seq {seq} is CRC-valid but {why}; the {} entries above were read before the error",
+                s.listed
+            )?,
             (Some(seq), Some(why)) => writeln!(
                 w,
                 "summary: LMCache would discard checkpoint seq {seq} and start with an empty index: {why}; none of its {} entries would load",
@@ -240,11 +255,8 @@ pub fn run(a: &InspectArgs) -> CmdResult {
             )?,
             (None, _) => writeln!(w, "summary: no valid checkpoint; LMCache would start with an empty index")?,
         }
-        match s.device_path.as_deref() {
-            // LMCache compares the path only when it is not empty (`if cp and cp != ...`).
-            Some("") => writeln!(w, "  its device_path is empty: LMCache loads it under any device_path")?,
-            Some(p) => writeln!(w, "  LMCache loads it only with device_path exactly {p:?}")?,
-            None => {}
+        if let Some(p) = &s.device_path {
+            writeln!(w, "  LMCache loads it only with device_path exactly {p:?}")?;
         }
         match own_state(&dev) {
             Some(o) => {
@@ -442,9 +454,14 @@ mod tests {
         let g = discover(&img, &flags).unwrap().geometry;
         let copies = read_copies(&img[..], &g).unwrap();
         let s = inspect_entries(&img[..], &g, &copies, &mut |_| Ok(())).unwrap();
-        assert_eq!(s.live, 0);
+        assert_eq!((s.live, s.undecodable), (0, true));
         assert!(s.rejected.as_deref().is_some_and(|r| r.starts_with("its JSON does not decode")), "{:?}", s.rejected);
         assert!(s.checkpoint_seq.is_some());
+        // NaN and Infinity Python decodes: no verdict, an error that says so.
+        let nan = object_evict_with_json(|j| j.replacen("\"capacity_bytes\":4194304", "\"capacity_bytes\":NaN    ", 1));
+        let copies = read_copies(&nan[..], &g).unwrap();
+        let e = inspect_entries(&nan[..], &g, &copies, &mut |_| Ok(())).unwrap_err().to_string();
+        assert!(e.contains("NaN or Infinity"), "{e}");
     }
 
     #[test]
