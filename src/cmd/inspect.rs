@@ -48,10 +48,8 @@ pub struct InspectSummary {
 /// `lossy`: the key held a lone surrogate (`EntryRef::key_lossy`).
 pub fn check_entry<D: ReadAt + ?Sized>(dev: &D, g: &Geometry, key: &str, lossy: bool, offset: Option<u64>, size: Option<u64>) -> EntryReport {
     // An object key's identity hashes its UTF-8, which a lone surrogate does not have.
-    let identity = match keys::Key::parse(key) {
-        Ok(keys::Key::Object(_)) if lossy => None,
-        _ => keys::identity(key).ok(),
-    };
+    let lossy_object = lossy && matches!(keys::Key::parse(key), Ok(keys::Key::Object(_)));
+    let identity = keys::identity(key).ok().filter(|_| !lossy_object);
     let mut r = EntryReport { key: key.to_string(), slot: None, offset, size, identity, header_ok: false, problem: None };
     let (Some(off), Some(sz)) = (offset, size) else {
         r.problem = Some("offset or size missing or not a non-negative integer");
@@ -75,7 +73,7 @@ pub fn check_entry<D: ReadAt + ?Sized>(dev: &D, g: &Geometry, key: &str, lossy: 
         return r;
     }
     let Some(id) = identity else {
-        r.problem = Some(if lossy && keys::Key::parse(key).is_ok() {
+        r.problem = Some(if lossy_object {
             "key has a lone surrogate escape, so no UTF-8 form: LMCache cannot load the entry"
         } else {
             "key is not an LMCache key string"

@@ -476,10 +476,7 @@ impl<R: Read> Input<R> {
         let at = self.offset();
         let b = self.next_byte()?;
         if b != Some(b'u') {
-            let simple = simple_escape(b).ok_or_else(|| match b {
-                None => self.err("unterminated string"),
-                Some(_) => JsonError::Syntax { at, what: "invalid escape" },
-            })?;
+            let simple = self.simple_escape(b, at)?;
             return out.map_or(Ok(()), |o| push(o, &[simple], max, start));
         }
         let mut unit = self.hex4()?;
@@ -497,10 +494,7 @@ impl<R: Read> Input<R> {
                     let b = self.next_byte()?;
                     if b != Some(b'u') {
                         self.lone_surrogate(out, max, start)?;
-                        let simple = simple_escape(b).ok_or_else(|| match b {
-                            None => self.err("unterminated string"),
-                            Some(_) => JsonError::Syntax { at, what: "invalid escape" },
-                        })?;
+                        let simple = self.simple_escape(b, at)?;
                         return push(out, &[simple], max, start);
                     }
                     let lo = self.hex4()?;
@@ -518,6 +512,14 @@ impl<R: Read> Input<R> {
             let ch = char::from_u32(cp).ok_or(JsonError::Syntax { at, what: "invalid \\u escape" })?;
             return push(out, ch.encode_utf8(&mut tmp).as_bytes(), max, start);
         }
+    }
+
+    /// The byte of the one-letter escape `b` (read at `at`), or why it is not one.
+    fn simple_escape(&self, b: Option<u8>, at: u64) -> Result<u8, JsonError> {
+        simple_escape(b).ok_or_else(|| match b {
+            None => self.err("unterminated string"),
+            Some(_) => JsonError::Syntax { at, what: "invalid escape" },
+        })
     }
 
     /// A surrogate escape with no partner: Python's `json.loads` (LMCache's) keeps it in the
