@@ -362,8 +362,8 @@ mod tests {
         let f = parse_line("8,0 0 5 0.5 0 C FN [0]").unwrap();
         assert_eq!((f.rwbs.preflush, f.rwbs.kind, f.range, f.error), (true, RwKind::None, None, Some(0)));
         assert_eq!(Rwbs::parse("DE").unwrap().kind, RwKind::Discard);
-        assert_eq!(Rwbs::parse("RA").unwrap().readahead, true);
-        assert_eq!(Rwbs::parse("WSM").unwrap().meta, true);
+        assert!(Rwbs::parse("RA").unwrap().readahead);
+        assert!(Rwbs::parse("WSM").unwrap().meta);
         let lone = Rwbs::parse("F").unwrap();
         assert_eq!((lone.preflush, lone.kind), (true, RwKind::None));
     }

@@ -516,7 +516,7 @@ fn push_segment(segments: &mut Vec<Segment>, offset: u64, len: u64, handle: Hand
             s.len += len;
             0
         }
-        Some(s) if s.offset + s.len == offset && offset % block_align != 0 => {
+        Some(s) if s.offset + s.len == offset && !offset.is_multiple_of(block_align) => {
             let head = (block_align - offset % block_align).min(len);
             s.len += head;
             if len > head {

@@ -605,7 +605,7 @@ fn ublk_owner(id: i32) -> String {
 /// The server of live ublk device `id`: its pid and process name (of a device that is not
 /// live, the pid may be reused by now).
 fn ublk_server(id: i32) -> Option<(i32, String)> {
-    let info = UblkCtrl::new_simple(id).ok()?.dev_info().clone();
+    let info = UblkCtrl::new_simple(id).ok()?.dev_info();
     let pid = Some(info.ublksrv_pid).filter(|&p| p > 0 && u32::from(info.state) == sys::UBLK_S_DEV_LIVE)?;
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
     Some((pid, comm.trim().to_string()))

@@ -58,7 +58,7 @@ pub fn check_entry<D: ReadAt + ?Sized>(dev: &D, g: &Geometry, key: &str, lossy: 
     let slot = match g.slot_of(off) {
         Some((s, 0)) => s,
         // A slot LMCache's geometry has, past the end of this image or device.
-        None if off >= g.meta_total_bytes && (off - g.meta_total_bytes) % g.slot_bytes == 0 => {
+        None if off >= g.meta_total_bytes && (off - g.meta_total_bytes).is_multiple_of(g.slot_bytes) => {
             r.problem = Some("offset is beyond the device (a truncated image?)");
             return r;
         }

@@ -402,7 +402,7 @@ impl PassthroughEngine {
     /// one page more, so it gets a page less (the driver's segment limit counts pages).
     fn max_for(&self, ptr: *const u8) -> u32 {
         let m = self.max_transfer;
-        if (ptr as usize) % self.page == 0 || (m as usize) <= self.page {
+        if (ptr as usize).is_multiple_of(self.page) || (m as usize) <= self.page {
             return m;
         }
         m - self.page as u32

@@ -105,17 +105,17 @@ impl GeometryConfig {
         if a > MAX_BLOCK_ALIGN {
             return Err(GeometryError::BlockAlignTooLarge(a));
         }
-        if self.header_bytes < 24 || self.header_bytes % a != 0 {
+        if self.header_bytes < 24 || !self.header_bytes.is_multiple_of(a) {
             return Err(GeometryError::HeaderBytes(self.header_bytes, a));
         }
-        if self.slot_bytes <= self.header_bytes || self.slot_bytes % a != 0 {
+        if self.slot_bytes <= self.header_bytes || !self.slot_bytes.is_multiple_of(a) {
             return Err(GeometryError::SlotBytes {
                 slot_bytes: self.slot_bytes,
                 header_bytes: self.header_bytes,
                 block_align: a,
             });
         }
-        if self.meta_total_bytes <= a || self.meta_total_bytes % a != 0 {
+        if self.meta_total_bytes <= a || !self.meta_total_bytes.is_multiple_of(a) {
             return Err(GeometryError::MetaTotalBytes(self.meta_total_bytes, a));
         }
         let container_bytes = (self.meta_total_bytes / 2) / a * a;

@@ -352,7 +352,7 @@ pub fn dsm_deallocate(nsid: u32, nr: usize) -> Result<PassthruCmd, CmdError> {
 
 /// Dwords − 1 for a transfer of `len` bytes (a positive multiple of 4).
 fn numd(len: u32) -> Result<u32, CmdError> {
-    if len == 0 || len % 4 != 0 {
+    if len == 0 || !len.is_multiple_of(4) {
         return Err(CmdError::Length(u64::from(len)));
     }
     Ok(len / 4 - 1)
@@ -392,7 +392,7 @@ pub fn encode_pids(pids: &[u16]) -> Vec<u8> {
 /// `nsid` is 0 for the FDP logs (they are scoped by LSI = endurance group).
 pub fn get_log_page(nsid: u32, lid: u8, lsp: u8, lsi: u16, offset: u64, len: u32) -> Result<PassthruCmd, CmdError> {
     let nd = numd(len)?;
-    if offset % 4 != 0 {
+    if !offset.is_multiple_of(4) {
         return Err(CmdError::Length(offset));
     }
     let mut c = PassthruCmd::new(admin_opc::GET_LOG_PAGE, nsid);

@@ -105,7 +105,7 @@ impl Drop for AlignedBuf {
 }
 
 fn is_aligned(b: &[u8]) -> bool {
-    b.as_ptr() as usize % ALIGN == 0 && b.len() % ALIGN == 0
+    (b.as_ptr() as usize).is_multiple_of(ALIGN) && b.len().is_multiple_of(ALIGN)
 }
 
 /// Largest single transfer of the block implementation.
@@ -215,7 +215,7 @@ impl StateWriter for BlockDev {
         let stream = self.streams.as_ref().and_then(|s| s.get(usize::from(handle)).copied()).unwrap_or(0);
         // Padding to a larger block would overwrite the bytes after `buf` (LMCache's data).
         let block = self.block_bytes();
-        if off % block != 0 || buf.len() as u64 % block != 0 {
+        if !off.is_multiple_of(block) || !(buf.len() as u64).is_multiple_of(block) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("state write of {} bytes at {off} is not in whole {block}-byte blocks", buf.len())));
         }
         if is_aligned(buf) {
@@ -348,7 +348,7 @@ impl StateWriter for NvmeDev {
 
     fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
         use crate::nvme::{cmd, ioctl::Data};
-        if off % self.lba != 0 || buf.len() as u64 % self.lba != 0 {
+        if !off.is_multiple_of(self.lba) || !(buf.len() as u64).is_multiple_of(self.lba) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "unaligned state write"));
         }
         let pid = self.pids.get(usize::from(handle)).copied();

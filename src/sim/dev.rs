@@ -156,11 +156,11 @@ impl StateWriter for SimDev {
         let mut d = self.lock();
         let g = d.geom;
         let cb = g.container_bytes;
-        let in_container = off < 2 * cb && off % BLOCK == 0 && (off % cb) + buf.len() as u64 <= cb;
+        let in_container = off < 2 * cb && off.is_multiple_of(BLOCK) && (off % cb) + buf.len() as u64 <= cb;
         if in_container {
             // An early eviction makes the older checkpoint container unloadable.
             d.poke_container((off / cb) as u8, off % cb, buf);
-        } else if off < d.region.offset || off + buf.len() as u64 > d.region.offset + d.region.len || off % BLOCK != 0 {
+        } else if off < d.region.offset || off + buf.len() as u64 > d.region.offset + d.region.len || !off.is_multiple_of(BLOCK) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "state-thread write outside its region and the checkpoint containers"));
         } else {
             for (i, chunk) in buf.chunks(BLOCK as usize).enumerate() {
@@ -340,7 +340,7 @@ impl TraceSsd {
         // 4 KiB units (exact for LMCache's block_align) up to 64 GiB; larger devices map in the
         // simulator's unit, which keeps slots whole.
         let unit = if size <= 64 << 30 { 4096 } else { super::run::auto_unit(geom.slot_bytes, geom.meta_total_bytes) };
-        let ru = ru_bytes.unwrap_or_else(|| (size as f64 * super::run::RU_PER_DEVICE) as u64);
+        let ru = ru_bytes.unwrap_or((size as f64 * super::run::RU_PER_DEVICE) as u64);
         let ru = (ru / unit).max(1) * unit;
         let physical = super::SsdConfig::physical_for_op(size, op);
         let cfg = super::SsdConfig::new(size, physical, unit, ru, handles.max(8), super::HandleType::InitiallyIsolated);

@@ -94,7 +94,7 @@ pub struct RunSpec {
 pub fn auto_unit(slot_bytes: u64, meta_total_bytes: u64) -> u64 {
     let g = gcd(slot_bytes, meta_total_bytes);
     let mut u = MIB;
-    while u > 512 && g % u != 0 {
+    while u > 512 && !g.is_multiple_of(u) {
         u /= 2;
     }
     u
@@ -863,7 +863,7 @@ pub fn run(spec: &RunSpec) -> Result<RunResult, String> {
             let mut best: Option<RunResult> = None;
             for shares in Bound::popularity_splits(spec.clairvoyant_handles) {
                 let (mut r, _) = run_with(spec, Some(Bound::split_at_shares(&scores, warm_puts, &shares)))?;
-                if best.as_ref().map_or(true, |b| r.waf < b.waf) {
+                if best.as_ref().is_none_or(|b| r.waf < b.waf) {
                     r.bound_shares = shares;
                     best = Some(r);
                 }

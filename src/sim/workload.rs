@@ -412,7 +412,7 @@ impl WorkloadSpec {
             chunk_hash_bytes: get_u32(v, "chunk_hash_bytes", if mode == Mode::Mp { 32 } else { 8 })?,
             tenants,
         };
-        if spec.max_request_bytes < spec.block_align || spec.max_request_bytes % spec.block_align != 0 {
+        if spec.max_request_bytes < spec.block_align || !spec.max_request_bytes.is_multiple_of(spec.block_align) {
             return err("\"max_request_bytes\" must be a multiple of block_align");
         }
         if !(1.0..=1e6).contains(&spec.write_rate_mb_s) {

@@ -541,7 +541,7 @@ impl Watcher {
         let mut cfg = cfg;
         // Zeroing a header block of another size would need a read-modify-write racing
         // LMCache's payload writes into the same block: keep the older copy instead.
-        if cfg.early_evictions && geom.block_align % dev.block_bytes() != 0 {
+        if cfg.early_evictions && !geom.block_align.is_multiple_of(dev.block_bytes()) {
             tracing::warn!(
                 "device {}: early evictions off: LMCache's block_align {} is not a whole number of the drive's {}-byte blocks",
                 cfg.device,

@@ -501,7 +501,7 @@ impl Writer {
     /// The next new payload's length: full, or partial on every `partial_every`-th put.
     fn next_size(&mut self, full: u64, partial_every: u64) -> u64 {
         self.put_counter += 1;
-        if partial_every == 0 || self.put_counter % partial_every != 0 {
+        if partial_every == 0 || !self.put_counter.is_multiple_of(partial_every) {
             return full;
         }
         match self.opts.dtype {
@@ -625,7 +625,7 @@ impl Writer {
         let p = pay.as_slice();
         if !dev.odirect {
             out.push((Class::SlotPayload, WriteReq { offset: poff, data: &p[..size as usize] }));
-        } else if dev.engine == Engine::Posix && size % a != 0 {
+        } else if dev.engine == Engine::Posix && !size.is_multiple_of(a) {
             let pre = size / a * a;
             if pre > 0 {
                 out.push((Class::SlotPayload, WriteReq { offset: poff, data: &p[..pre as usize] }));
@@ -1266,7 +1266,7 @@ impl Writer {
                 continue;
             };
             if off < base
-                || (off - base) % g.slot_bytes != 0
+                || !(off - base).is_multiple_of(g.slot_bytes)
                 || (off - base) / g.slot_bytes >= g.max_slots
                 || size == 0
                 || size > cap

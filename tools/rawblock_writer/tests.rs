@@ -391,7 +391,7 @@ fn store_and_load_workers_run_at_once_and_write_what_they_put() {
         }
         let log = d.log.take().unwrap();
         assert_eq!(w.run.writes[Class::SlotHeader as usize], 150);
-        assert_eq!(log.iter().filter(|l| (l.offset - g.slot_offset(0)) % 65536 == 0).count(), 150);
+        assert_eq!(log.iter().filter(|l| (l.offset - g.slot_offset(0)).is_multiple_of(65536)).count(), 150);
         if engine == Engine::Posix {
             // Each thread writes a key's header before its payload.
             for s in 0..150 {
