@@ -954,6 +954,11 @@ impl Watcher {
             self.conflict = Some(msg.clone());
             return Err(msg);
         }
+        // Python compares `33558528.0 == 33558528` as equal, so LMCache may load a copy whose
+        // geometry field fdpblk cannot read as an integer: whether the layouts match is unknown.
+        if let Some(name) = meta.wrong_type_fields().find(|f| geo.iter().any(|(g, _, _)| g == f)) {
+            return Err(format!("its {name} is not a plain integer, so fdpblk cannot tell whether LMCache's layout matches its own"));
+        }
         let fixed_bytes = FIXED_JSON_BYTES + meta.device_path.as_ref().map_or(0, |p| p.len() as u64);
         if let (Some(entries), Some(p)) = (live, self.observer.as_mut()) {
             p.observe(&Observation::Checkpoint { seq: h.seq, entries: &entries });
