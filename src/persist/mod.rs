@@ -80,8 +80,9 @@ pub const PAGE_PAYLOAD: usize = CRC_AT - PAGE_HEADER;
 pub const TAG_PAGES: u64 = 4;
 /// Handles whose trim counts the superblock keeps.
 pub const MAX_HANDLES: usize = 64;
-/// Seqs above this are refused as corrupt: one cycle a millisecond would take 292 million
-/// years to get there, and the bound keeps `seq + 1` from overflowing.
+/// Seqs from this one up are refused as corrupt: one cycle a millisecond would take 292
+/// million years to get there, and the bound keeps `seq + 1` from overflowing. A cycle that
+/// would write this seq fails instead, so a superblock is never written that a load refuses.
 const MAX_SEQ: u64 = 1 << 63;
 /// Largest run of pages written in one request.
 const MAX_RUN: usize = 256;
@@ -212,7 +213,7 @@ impl Superblock {
         if b.len() < BLOCK as usize || &b[0..8] != SB_MAGIC || u32at(b, 8) != VERSION {
             return None;
         }
-        if crc32fast::hash(&b[..CRC_AT]) != u32at(b, CRC_AT) || u64at(b, 16) > MAX_SEQ {
+        if crc32fast::hash(&b[..CRC_AT]) != u32at(b, CRC_AT) || u64at(b, 16) >= MAX_SEQ {
             return None;
         }
         let n = usize::from(u16::from_le_bytes([b[128], b[129]])).min(MAX_HANDLES);
@@ -241,7 +242,7 @@ impl Superblock {
 
 /// A decoded page header, if the page is intact.
 fn page_header(b: &[u8]) -> Option<(u64, u64, u32, u32)> {
-    if b.len() < BLOCK as usize || &b[0..8] != PG_MAGIC || crc32fast::hash(&b[..CRC_AT]) != u32at(b, CRC_AT) || u64at(b, 16) > MAX_SEQ {
+    if b.len() < BLOCK as usize || &b[0..8] != PG_MAGIC || crc32fast::hash(&b[..CRC_AT]) != u32at(b, CRC_AT) || u64at(b, 16) >= MAX_SEQ {
         return None;
     }
     Some((u64at(b, 8), u64at(b, 16), u32at(b, 24), u32at(b, 28)))
@@ -355,6 +356,12 @@ impl Persist {
         dev.write_at(region.offset + other as u64 * BLOCK, &b[other * BLOCK as usize..(other + 1) * BLOCK as usize], handle)?;
         dev.flush()?;
         Ok(true)
+    }
+
+    /// Whether the last superblock written is not yet known durable (its flush failed; the
+    /// next cycle flushes first).
+    pub fn flush_owed(&self) -> bool {
+        self.flush_owed
     }
 
     fn page_off(&self, index: u64, copy: u8) -> u64 {
@@ -577,6 +584,13 @@ impl Persist {
             return Ok(None);
         }
         let seq = self.next_seq;
+        if seq >= MAX_SEQ {
+            // Only a forged or corrupt copy near the bound gets here; a load refuses this seq.
+            return Err(io::Error::other(format!(
+                "own state: sequence number {seq} is at its limit (a corrupt copy in the reserved tail set it), so the state cannot be saved; stop the device and discard the tail (blkdiscard -o {} -l {} on the backing device) to start from an empty state",
+                self.region.offset, self.region.len
+            )));
+        }
         // Tag pages forced by a leftover of an unfinished cycle are written with the table's
         // names too, changed or not (never as zeros).
         let tag_first = l.record_pages + l.history_pages;

@@ -492,8 +492,22 @@ fn seqs_past_the_bound_are_refused() {
     sb.seq = u64::MAX;
     sb.encode(&mut img[..4096]);
     assert!(Superblock::decode(&img[..4096]).is_none());
-    let (_, p2, _, _) = load(&g, img, region);
+    let (_, p2, _, _) = load(&g, img.clone(), region);
     assert!(p2.unwrap().next_seq < 1 << 62);
+    // The bound itself is refused too: taking it would make every later superblock one that
+    // a load refuses, so an older clean state would stay the newest for good.
+    sb.seq = 1 << 63;
+    sb.encode(&mut img[..4096]);
+    assert!(Superblock::decode(&img[..4096]).is_none());
+    // Just below it, the state loads but a cycle fails with the fix rather than write a
+    // superblock no load takes.
+    sb.seq = (1 << 63) - 1;
+    sb.clean = true;
+    sb.encode(&mut img[..4096]);
+    let (t, p3, l, dev) = load(&g, img, region);
+    assert!(l.clean);
+    let e = p3.unwrap().cycle(&*dev, &t, &Counters::default(), false, true).unwrap_err();
+    assert!(e.to_string().contains("blkdiscard"), "{e}");
 }
 
 /// What the docs say of the reserved tail: 1/4096 of a 2 TB drive holds the state down to

@@ -608,13 +608,13 @@ impl Watcher {
         // From now on a crash leaves an unclean state: confirmations are not trusted then.
         // A transient failure gets two more tries; after that the caller decides (`add`
         // refuses to serve) and the cycle is retried while the device runs.
-        let mut marked = w.persist_now(false, true);
+        let mut marked = w.mark_in_use(region);
         for _ in 0..2 {
             if marked.is_ok() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(100));
-            marked = w.persist_now(false, true);
+            marked = w.mark_in_use(region);
         }
         w.unclean_error = marked.err();
         let _ = w.sweep(false);
@@ -1488,7 +1488,8 @@ impl Watcher {
                     self.counters.own_bytes = self.counters.own_bytes.saturating_add(r.bytes);
                     self.counters_dirty = false;
                 }
-                if self.unclean_error.take().is_some() && !clean {
+                // Marked only once durable: a superblock whose flush failed is not yet.
+                if !p.flush_owed() && self.unclean_error.take().is_some() && !clean {
                     tracing::info!("device {}: own state written: the saved state is marked in use", self.cfg.device);
                 }
                 Ok(())
@@ -1498,6 +1499,21 @@ impl Watcher {
                 tracing::warn!("device {}: writing own state: {e}", self.cfg.device);
                 Err(e)
             }
+        }
+    }
+
+    /// The start's mark: the saved state is in use from now on, durably. Where the region
+    /// cannot hold this layout's state, a clean one of another layout there is marked, or a
+    /// later run of that layout would trust confirmations this run may have outdated.
+    fn mark_in_use(&mut self, region: Option<Region>) -> Result<(), String> {
+        if self.persist.is_none() {
+            let Some(r) = region else { return Ok(()) };
+            return Persist::mark_in_use(&*self.dev, r, self.own_handle).map(|_| ()).map_err(|e| format!("marking the saved state in use: {e}"));
+        }
+        self.persist_now(false, true)?;
+        match &self.persist {
+            Some(p) if p.flush_owed() => Err("the flush after the state's superblock failed, so the mark may not be durable".into()),
+            _ => Ok(()),
         }
     }
 
