@@ -21,6 +21,7 @@ use crate::device::ReadAt;
 use crate::nvme::cmd::{self, DsmRange, PassthruCmd, MAX_DSM_RANGES, MAX_NLB};
 use crate::nvme::ioctl::{self, Data, NVME_URING_CMD_IO};
 use crate::nvme::reset;
+use crate::nvme::fdp::{FdpConfig, RuhStatusDesc};
 use crate::nvme::{FdpInfo, NvmeDevice, NvmeError};
 use crate::place::Handle;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
@@ -803,6 +804,41 @@ impl CommandLimits {
     }
 }
 
+/// The placement identifiers of `handles` distinct reclaim unit handles, in RUH Status order.
+///
+/// With more than one reclaim group the drive lists a PID per (handle, group), and PIDs that
+/// differ only in the group bits share a reclaim unit handle; placing by handle alone would
+/// also fill one group's media while the others idle (why Linux turns write streams off for
+/// such a drive). So only a valid one-group configuration places writes.
+pub fn select_pids(config: &FdpConfig, ruhs: &[RuhStatusDesc], handles: u16) -> Result<Vec<u16>, String> {
+    if !config.valid() {
+        return Err("the drive's active FDP configuration is marked not valid (FDPA bit 7); enable a valid configuration (nvme fdp configs, then set feature 0x1d with its index), or use --policy none".into());
+    }
+    if config.nrg > 1 {
+        return Err(format!(
+            "the active FDP configuration has {} reclaim groups; fdpblk places writes only with one reclaim group: enable a one-group configuration (nvme fdp configs lists them), or use --policy none",
+            config.nrg
+        ));
+    }
+    let mut pids: Vec<u16> = Vec::with_capacity(usize::from(handles));
+    let mut seen = std::collections::HashSet::new();
+    for d in ruhs {
+        if pids.len() == usize::from(handles) {
+            break;
+        }
+        if seen.insert(d.ruhid) {
+            pids.push(d.pid);
+        }
+    }
+    if pids.len() < usize::from(handles) {
+        return Err(format!(
+            "it needs {handles} placement handles but the namespace has {}; create the namespace with more placement handles, or use --policy none",
+            pids.len()
+        ));
+    }
+    Ok(pids)
+}
+
 fn sysfs_queue(block: Option<&str>, attr: &str) -> Option<u64> {
     let b = block?;
     std::fs::read_to_string(Path::new("/sys/block").join(b).join("queue").join(attr)).ok()?.trim().parse().ok()
@@ -821,14 +857,7 @@ pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String>
             ),
             e => e.to_string(),
         })?;
-        if info.placement_ids.len() < usize::from(handles) {
-            return Err(format!(
-                "policy {policy} needs {handles} placement handles but {} has {}; create the namespace with more placement handles, or use --policy none",
-                path.display(),
-                info.placement_ids.len()
-            ));
-        }
-        let pids = info.placement_ids[..usize::from(handles)].to_vec();
+        let pids = select_pids(&info.config, &info.ruhs, handles).map_err(|e| format!("policy {policy} on {}: {e}", path.display()))?;
         (info.nsid, info.lba_size, info.ns_bytes(), info.max_transfer_bytes, info.block_name.clone(), pids, info.lba_metadata)
     } else {
         let dev = NvmeDevice::open(path).map_err(|e| e.to_string())?;

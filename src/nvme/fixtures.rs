@@ -290,3 +290,33 @@ fn stats_after_writes() {
         assert_eq!(d.mbe, 0);
     }
 }
+
+/// The PIDs `add` takes for each policy's handle count on the captured QEMU namespace (one
+/// reclaim group, 8 handles), and what it refuses.
+#[test]
+fn placement_ids_chosen_on_the_captured_drive() {
+    use crate::engine::passthrough::select_pids;
+    for c in captures() {
+        let s = &c.snaps[0];
+        let cfg = FdpConfigLog::parse(s.configs).unwrap().configs.remove(0);
+        let st = RuhStatus::parse(s.ruhs).unwrap();
+        assert_eq!(select_pids(&cfg, &st.descs, 3).unwrap(), vec![0, 1, 2]);
+        assert_eq!(select_pids(&cfg, &st.descs, 8).unwrap(), (0..8).collect::<Vec<u16>>());
+        let e = select_pids(&cfg, &st.descs, 9).unwrap_err();
+        assert!(e.contains("needs 9 placement handles but the namespace has 8"), "{e}");
+        // Two reclaim groups (QEMU fdp.nrg=2): a PID per (handle, group), where PIDs 0x0000
+        // and 0x8000 are one handle. Taking the first two would put both on handle 0.
+        let two = FdpConfig { nrg: 2, fdpa: cfg.fdpa | 1, ..cfg.clone() };
+        let descs: Vec<RuhStatusDesc> = [(0x0000, 0), (0x8000, 0), (0x0001, 1), (0x8001, 1)]
+            .into_iter()
+            .map(|(pid, ruhid)| RuhStatusDesc { pid, ruhid, earutr: 0, ruamw: 0 })
+            .collect();
+        let e = select_pids(&two, &descs, 2).unwrap_err();
+        assert!(e.contains("2 reclaim groups") && e.contains("--policy none"), "{e}");
+        let invalid = FdpConfig { fdpa: cfg.fdpa & 0x7f, ..cfg.clone() };
+        assert!(select_pids(&invalid, &st.descs, 3).unwrap_err().contains("not valid"));
+        // Two PIDs naming one handle count once.
+        let dup: Vec<RuhStatusDesc> = [(0, 0), (1, 0), (2, 1)].into_iter().map(|(pid, ruhid)| RuhStatusDesc { pid, ruhid, earutr: 0, ruamw: 0 }).collect();
+        assert_eq!(select_pids(&cfg, &dup, 2).unwrap(), vec![0, 2]);
+    }
+}
