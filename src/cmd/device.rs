@@ -30,6 +30,18 @@ impl ReadAt for Exported<'_> {
     }
 }
 
+/// ublk exports logical blocks of at most a page (`logical_bs_shift` ≤ PAGE_SHIFT), and the
+/// reserved tail is laid out in 4 KiB blocks: a larger logical block is refused up front,
+/// with the fix, rather than as a bare EINVAL from the driver.
+fn block_size_error(lba: u64, backing: &std::path::Path) -> Option<String> {
+    (lba > 4096).then(|| {
+        format!(
+            "{} has {lba}-byte logical blocks, more than the 4096 bytes a ublk device can export; format the namespace with a 512- or 4096-byte LBA format (nvme id-ns -H lists them; nvme format --lbaf=N erases the namespace)",
+            backing.display()
+        )
+    })
+}
+
 fn lba_bytes(f: &std::fs::File) -> u64 {
     crate::device::logical_block_bytes(f)
 }
@@ -156,6 +168,9 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             }
         },
     };
+    if let Some(e) = block_size_error(lba, &a.backing) {
+        return Err(e);
+    }
     let exported = exported_bytes(backing_bytes, lba).ok_or_else(|| {
         format!(
             "backing {} ({backing_bytes} bytes) is too small: fdpblk reserves {} bytes at its end for its own state",
@@ -842,4 +857,18 @@ pub fn features(json_out: bool) -> CmdResult {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logical_blocks_past_4096_bytes_are_refused_with_the_fix() {
+        let p = std::path::Path::new("/dev/ng0n1");
+        assert!(block_size_error(512, p).is_none());
+        assert!(block_size_error(4096, p).is_none());
+        let e = block_size_error(8192, p).unwrap();
+        assert!(e.contains("8192-byte logical blocks") && e.contains("nvme format"), "{e}");
+    }
 }
