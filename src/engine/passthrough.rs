@@ -886,7 +886,7 @@ pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String>
 
 /// The range lists of the Dataset Management commands that deallocate `nlb` blocks from
 /// `slba`: ranges of at most `max_blocks`, at most `max_ranges` of them per command.
-fn dsm_buffers(slba: u64, nlb: u64, max_blocks: u32, max_ranges: usize) -> Result<Vec<Vec<u8>>, i32> {
+pub(crate) fn dsm_buffers(slba: u64, nlb: u64, max_blocks: u32, max_ranges: usize) -> Result<Vec<Vec<u8>>, i32> {
     let ranges: Vec<DsmRange> = DsmRange::split_at(slba, nlb, max_blocks).collect();
     let per = max_ranges.clamp(1, MAX_DSM_RANGES);
     ranges.chunks(per).map(|g| cmd::encode_dsm_ranges(g).map_err(|_| -libc::EINVAL)).collect()

@@ -573,7 +573,7 @@ fn open_state_dev(cfg: &DeviceConfig, backing: &std::fs::File) -> Result<Arc<dyn
             .write(true)
             .open(&cfg.backing)
             .and_then(|f| NvmeDev::new(f, 1u64 << cfg.lba_shift, cfg.backing_bytes, cfg.io_buf_bytes, cfg.pids.clone()))
-            .map(|d| d.with_controller_of(&cfg.backing))
+            .map(|d| d.with_controller_of(&cfg.backing).with_limits(crate::engine::passthrough::CommandLimits::of(&cfg.backing)))
             .map(|d| Arc::new(d) as Arc<dyn StateWriter>),
         EngineKind::Streams => backing
             .try_clone()

@@ -274,6 +274,18 @@ pub struct NvmeDev {
     pids: Vec<u16>,
     /// The state of the namespace's controller, for waiting out resets.
     ctrl_state: Option<crate::nvme::reset::ControllerState>,
+    /// Blocks per deallocated range and ranges per command the drive takes (DMRSL, DMRL).
+    dsm_max_blocks: u32,
+    dsm_max_ranges: usize,
+}
+
+/// The range lists of the Dataset Management commands that deallocate the whole `lba`-byte
+/// blocks within `off..off + len` (a partial block at either end is kept: it holds data
+/// outside the range), split at the drive's limits.
+fn dsm_commands(off: u64, len: u64, lba: u64, max_blocks: u32, max_ranges: usize) -> io::Result<Vec<Vec<u8>>> {
+    let Some((off, len)) = crate::device::whole_blocks_within(off, len, lba) else { return Ok(Vec::new()) };
+    crate::engine::passthrough::dsm_buffers(off / lba, len / lba, max_blocks, max_ranges)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "deallocate ranges do not encode"))
 }
 
 impl NvmeDev {
@@ -281,7 +293,18 @@ impl NvmeDev {
         let nsid = crate::nvme::ioctl::namespace_id(&file)?;
         let lba = lba_size.max(512);
         let max = (u64::from(max_transfer).max(lba).min(MAX_IO as u64) / lba * lba) as usize;
-        Ok(Self { file, nsid, lba, size, max, pids, ctrl_state: None })
+        Ok(Self { file, nsid, lba, size, max, pids, ctrl_state: None, dsm_max_blocks: u32::MAX, dsm_max_ranges: crate::nvme::cmd::MAX_DSM_RANGES })
+    }
+
+    /// Splits deallocations at the drive's range limits, as the queues' engine does.
+    pub fn with_limits(mut self, limits: crate::engine::passthrough::CommandLimits) -> Self {
+        if let Some(b) = limits.discard_bytes.filter(|&b| b >= self.lba) {
+            self.dsm_max_blocks = (b / self.lba).min(u64::from(u32::MAX)) as u32;
+        }
+        if let Some(n) = limits.discard_segments {
+            self.dsm_max_ranges = (n as usize).clamp(1, crate::nvme::cmd::MAX_DSM_RANGES);
+        }
+        self
     }
 
     /// Waits out resets of the controller behind `ng` (see [`crate::nvme::reset`]).
@@ -363,15 +386,11 @@ impl StateWriter for NvmeDev {
     }
 
     fn discard(&self, off: u64, len: u64) -> io::Result<()> {
-        use crate::nvme::cmd::{self, DsmRange, MAX_DSM_RANGES};
-        use crate::nvme::ioctl::Data;
-        let Some((off, len)) = crate::device::whole_blocks_within(off, len, self.lba) else { return Ok(()) };
-        let ranges: Vec<DsmRange> = DsmRange::split(off / self.lba, len / self.lba).collect();
-        for group in ranges.chunks(MAX_DSM_RANGES) {
-            let enc = cmd::encode_dsm_ranges(group).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        use crate::nvme::{cmd, ioctl::Data};
+        for enc in dsm_commands(off, len, self.lba, self.dsm_max_blocks, self.dsm_max_ranges)? {
             let mut b = AlignedBuf::zeroed(enc.len());
             b[..enc.len()].copy_from_slice(&enc);
-            self.io(cmd::dsm_deallocate(self.nsid, group.len()), Data::ToDevice(&b[..enc.len()]))?;
+            self.io(cmd::dsm_deallocate(self.nsid, enc.len() / cmd::DSM_RANGE_BYTES), Data::ToDevice(&b[..enc.len()]))?;
         }
         Ok(())
     }
@@ -526,6 +545,26 @@ impl StateWriter for MemDev {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn state_deallocations_keep_to_the_drives_range_limits() {
+        let range = |b: &[u8], i: usize| {
+            let r = &b[i * 16..(i + 1) * 16];
+            (u32::from_le_bytes(r[4..8].try_into().unwrap()), u64::from_le_bytes(r[8..16].try_into().unwrap()))
+        };
+        // A 256 MiB slot of 4 KiB blocks against a 4096-block DMRSL: 16 ranges, one command.
+        let cmds = dsm_commands(1 << 30, 256 << 20, 4096, 4096, 256).unwrap();
+        assert_eq!(cmds.len(), 1);
+        assert_eq!(cmds[0].len(), 16 * 16);
+        assert_eq!(range(&cmds[0], 0), (4096, (1 << 30) / 4096));
+        assert_eq!(range(&cmds[0], 15), (4096, (1 << 30) / 4096 + 15 * 4096));
+        // And at most DMRL ranges per command.
+        assert_eq!(dsm_commands(1 << 30, 256 << 20, 4096, 4096, 4).unwrap().len(), 4);
+        // Partial blocks at the ends stay.
+        let c = dsm_commands(100, 3 * 4096, 4096, u32::MAX, 256).unwrap();
+        assert_eq!(range(&c[0], 0), (2, 1));
+        assert!(dsm_commands(100, 4000, 4096, u32::MAX, 256).unwrap().is_empty());
+    }
 
     #[test]
     fn block_dev_reads_and_writes_unaligned_on_a_file() {
