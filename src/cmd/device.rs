@@ -127,7 +127,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         let max = sysfs_queue_attr(&a.backing, "max_write_streams").unwrap_or(0);
         if max == 0 {
             return Err(format!(
-                "{} has no write streams (max_write_streams is 0 or absent): it needs an FDP-enabled drive with one reclaim group and Linux >= 6.16; use --engine passthrough on /dev/ngXnY, or --engine plain",
+                "{} has no write streams (max_write_streams is 0 or absent): it needs an FDP-enabled drive with one reclaim group and Linux >= 6.16; on an older kernel use --engine passthrough on /dev/ngXnY, otherwise --engine plain",
                 a.backing.display()
             ));
         }

@@ -810,13 +810,17 @@ impl CommandLimits {
 /// differ only in the group bits share a reclaim unit handle; placing by handle alone would
 /// also fill one group's media while the others idle (why Linux turns write streams off for
 /// such a drive). So only a valid one-group configuration places writes.
-pub fn select_pids(config: &FdpConfig, ruhs: &[RuhStatusDesc], handles: u16) -> Result<Vec<u16>, String> {
+pub fn select_pids(config: &FdpConfig, ruhs: &[RuhStatusDesc], handles: u16, policy: &str, path: &Path) -> Result<Vec<u16>, String> {
     if !config.valid() {
-        return Err("the drive's active FDP configuration is marked not valid (FDPA bit 7); enable a valid configuration (nvme fdp configs, then set feature 0x1d with its index), or use --policy none".into());
+        return Err(format!(
+            "policy {policy} cannot place writes on {}: its active FDP configuration is marked not valid (FDPA bit 7); enable a valid configuration (nvme fdp configs lists them), or use --policy none",
+            path.display()
+        ));
     }
     if config.nrg > 1 {
         return Err(format!(
-            "the active FDP configuration has {} reclaim groups; fdpblk places writes only with one reclaim group: enable a one-group configuration (nvme fdp configs lists them), or use --policy none",
+            "policy {policy} cannot place writes on {}: its active FDP configuration has {} reclaim groups, and fdpblk places writes only with one; enable a one-group configuration (nvme fdp configs lists them), or use --policy none",
+            path.display(),
             config.nrg
         ));
     }
@@ -832,7 +836,8 @@ pub fn select_pids(config: &FdpConfig, ruhs: &[RuhStatusDesc], handles: u16) -> 
     }
     if pids.len() < usize::from(handles) {
         return Err(format!(
-            "it needs {handles} placement handles but the namespace has {}; create the namespace with more placement handles, or use --policy none",
+            "policy {policy} needs {handles} placement handles but {} has {}; create the namespace with more placement handles, or use --policy none",
+            path.display(),
             pids.len()
         ));
     }
@@ -857,7 +862,7 @@ pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String>
             ),
             e => e.to_string(),
         })?;
-        let pids = select_pids(&info.config, &info.ruhs, handles).map_err(|e| format!("policy {policy} on {}: {e}", path.display()))?;
+        let pids = select_pids(&info.config, &info.ruhs, handles, policy, path)?;
         (info.nsid, info.lba_size, info.ns_bytes(), info.max_transfer_bytes, info.block_name.clone(), pids, info.lba_metadata)
     } else {
         let dev = NvmeDevice::open(path).map_err(|e| e.to_string())?;

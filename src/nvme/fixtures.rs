@@ -295,7 +295,9 @@ fn stats_after_writes() {
 /// reclaim group, 8 handles), and what it refuses.
 #[test]
 fn placement_ids_chosen_on_the_captured_drive() {
-    use crate::engine::passthrough::select_pids;
+    let select_pids = |cfg: &FdpConfig, descs: &[RuhStatusDesc], handles: u16| {
+        crate::engine::passthrough::select_pids(cfg, descs, handles, "key-aware", std::path::Path::new("/dev/ng0n1"))
+    };
     for c in captures() {
         let s = &c.snaps[0];
         let cfg = FdpConfigLog::parse(s.configs).unwrap().configs.remove(0);
@@ -303,7 +305,7 @@ fn placement_ids_chosen_on_the_captured_drive() {
         assert_eq!(select_pids(&cfg, &st.descs, 3).unwrap(), vec![0, 1, 2]);
         assert_eq!(select_pids(&cfg, &st.descs, 8).unwrap(), (0..8).collect::<Vec<u16>>());
         let e = select_pids(&cfg, &st.descs, 9).unwrap_err();
-        assert!(e.contains("needs 9 placement handles but the namespace has 8"), "{e}");
+        assert!(e.contains("policy key-aware needs 9 placement handles but /dev/ng0n1 has 8"), "{e}");
         // Two reclaim groups (QEMU fdp.nrg=2): a PID per (handle, group), where PIDs 0x0000
         // and 0x8000 are one handle. Taking the first two would put both on handle 0.
         let two = FdpConfig { nrg: 2, fdpa: cfg.fdpa | 1, ..cfg.clone() };

@@ -18,6 +18,8 @@
 #                        [new; env FDPBLK_VM_KERNEL]
 #   --fdp on|off         FDP-enabled NVMe subsystem, or a plain NVMe [on]
 #   --nruh N             reclaim unit handles (placement IDs 0..N-1) [8]
+#   --nrg N              reclaim groups (fdp.nrg); with N > 1 the namespace
+#                        has a placement ID per (handle, group) [1]
 #   --ru-size SIZE       reclaim unit size (fdp.runs) [4M]
 #   --disk-size SIZE     size of the sparse namespace image [1G]
 #   --disk FILE          keep the namespace image in FILE (created with
@@ -55,7 +57,7 @@ VM_DIE_RC=125
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 KERNEL=${FDPBLK_VM_KERNEL:-new}
-FDP=on NRUH=8 RU_SIZE=4M DISK_SIZE=1G DISK='' NAMESPACES=1 LBA=512 LBA_MS=0 MEM=2G CPUS=2
+FDP=on NRUH=8 NRG=1 RU_SIZE=4M DISK_SIZE=1G DISK='' NAMESPACES=1 LBA=512 LBA_MS=0 MEM=2G CPUS=2
 TIMEOUT=600 BOOT_TIMEOUT=60 SHELL_MODE=0 CONSOLE_OUT='' VERBOSE=0 TIMING=0
 ACCEL=${FDPBLK_VM_ACCEL:-tcg}
 ENVS=() SHARES=()
@@ -66,6 +68,7 @@ while (($#)); do
         --kernel) need "$@"; KERNEL=$2; shift ;;
         --fdp) need "$@"; FDP=$2; shift ;;
         --nruh) need "$@"; NRUH=$2; shift ;;
+        --nrg) need "$@"; NRG=$2; shift ;;
         --ru-size) need "$@"; RU_SIZE=$2; shift ;;
         --disk-size) need "$@"; DISK_SIZE=$2; shift ;;
         --disk) need "$@"; DISK=$2; shift ;;
@@ -99,10 +102,11 @@ case $FDP in on | off) ;; *) vm_die "--fdp must be on or off, not '$FDP'" ;; esa
 case $LBA in 512 | 4096) ;; *) vm_die "--lba-size must be 512 or 4096" ;; esac
 case $LBA_MS in 0 | 8 | 16 | 64) ;; *) vm_die "--lba-ms must be 0, 8, 16 or 64" ;; esac
 case $ACCEL in tcg | kvm) ;; *) vm_die "--accel must be tcg or kvm" ;; esac
-for v in NRUH NAMESPACES CPUS TIMEOUT BOOT_TIMEOUT; do
+for v in NRUH NRG NAMESPACES CPUS TIMEOUT BOOT_TIMEOUT; do
     [[ ${!v} =~ ^[0-9]+$ ]] || vm_die "--$(tr 'A-Z_' 'a-z-' <<<"$v") must be a whole number, not '${!v}'"
 done
 ((NRUH >= 1 && NRUH <= 128)) || vm_die "--nruh must be 1..128"
+((NRG >= 1 && NRG <= 8)) || vm_die "--nrg must be 1..8"
 ((NAMESPACES >= 1 && NAMESPACES <= 4)) || vm_die "--namespaces must be 1..4"
 ((BOOT_TIMEOUT >= 1)) || vm_die "--boot-timeout must be at least 1"
 bytes() { numfmt --from=iec "$1" 2>/dev/null || vm_die "bad size '$1' (use e.g. 4M, 1G)"; }
@@ -199,6 +203,7 @@ q() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
     ex FDPBLK_VM_KVER "$KVER"
     ex FDPBLK_VM_FDP "$FDP"
     ex FDPBLK_VM_NRUH "$NRUH"
+    ex FDPBLK_VM_NRG "$NRG"
     ex FDPBLK_VM_RU_SIZE "$RU_BYTES"
     ex FDPBLK_VM_LBA_SIZE "$LBA"
     ex FDPBLK_VM_LBA_MS "$LBA_MS"
@@ -254,7 +259,7 @@ QEMU+=(-drive "file=$IMG,if=none,id=nvm,format=raw,cache=unsafe,discard=unmap")
 NS="nvme-ns,drive=nvm,nsid=1,logical_block_size=$LBA,physical_block_size=$LBA"
 ((LBA_MS)) && NS+=",ms=$LBA_MS"
 if [[ $FDP == on ]]; then
-    QEMU+=(-device "nvme-subsys,id=subsys0,nqn=subsys0,fdp=on,fdp.runs=$RU_BYTES,fdp.nrg=1,fdp.nruh=$NRUH"
+    QEMU+=(-device "nvme-subsys,id=subsys0,nqn=subsys0,fdp=on,fdp.runs=$RU_BYTES,fdp.nrg=$NRG,fdp.nruh=$NRUH"
         -device nvme,id=nvme0,serial=fdp0,subsys=subsys0
         -device "$NS,fdp.ruhs=0-$((NRUH - 1))")
 else
