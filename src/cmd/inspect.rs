@@ -128,7 +128,7 @@ pub fn inspect_entries<D: ReadAt + ?Sized>(
         }
         Err(e) => return Err(e.into()),
     };
-    s.rejected = meta.loader_rejection(g.max_slots);
+    s.rejected = meta.loader_rejection(g);
     // LMCache's load (`meta_verify_on_load`, on by default) drops an entry whose slot header
     // is not its key's.
     s.live = if s.rejected.is_some() { 0 } else { s.listed - s.header_mismatch };
@@ -372,8 +372,9 @@ mod tests {
             let Ok(h) = crate::layout::checkpoint_header::CheckpointHeader::parse(&img[at..at + 32], img.len() as u64) else { continue };
             let range = at + 4096..at + 4096 + h.payload_len as usize;
             let json = edit(std::str::from_utf8(&img[range.clone()]).unwrap());
-            assert_eq!(json.len(), range.len());
-            img[range].copy_from_slice(json.as_bytes());
+            img[range].fill(0);
+            img[at + 4096..at + 4096 + json.len()].copy_from_slice(json.as_bytes());
+            img[at + 20..at + 28].copy_from_slice(&(json.len() as u64).to_le_bytes());
             img[at + 28..at + 32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
         }
         img
@@ -402,7 +403,7 @@ mod tests {
         // Present but of the wrong type is not absent: LMCache compares it and discards.
         let negative = summary_of(&object_evict_with_json(|j| j.replacen(r#""next_slot":16"#, r#""next_slot":-1"#, 1)));
         assert_eq!(negative.live, 0);
-        assert!(negative.rejected.unwrap().contains("its next_slot is not a non-negative integer"));
+        assert!(negative.rejected.unwrap().contains("its next_slot is not an int"));
         let null = summary_of(&object_evict_with_json(|j| j.replacen(r#""header_bytes":4096"#, r#""header_bytes":null"#, 1)));
         assert!(null.rejected.unwrap().contains("its header_bytes is not"));
         // capacity_bytes LMCache does not check.
@@ -460,6 +461,46 @@ mod tests {
         let copies = read_copies(&nan[..], &g).unwrap();
         let e = inspect_entries(&nan[..], &g, &copies, &mut |_| Ok(())).unwrap_err().to_string();
         assert!(e.contains("NaN or Infinity"), "{e}");
+    }
+
+    /// LMCache's checks are Python comparisons: `1.0 == 1` and `True == 1` hold, and a bool
+    /// is an int, but a float is not (`next_slot` must be an int).
+    #[test]
+    fn numbers_compare_as_python_compares_them() {
+        let flags = GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(1 << 20), ..GeometryFlags::default() };
+        let verdict = |from: &str, to: &str| {
+            let img = object_evict_with_json(|j| {
+                assert!(j.contains(from), "{from}");
+                j.replacen(from, to, 1)
+            });
+            let g = discover(&img, &flags).unwrap().geometry;
+            let copies = read_copies(&img[..], &g).unwrap();
+            let s = inspect_entries(&img[..], &g, &copies, &mut |_| Ok(())).unwrap();
+            assert_eq!(s.listed, 14);
+            (s.live, s.rejected)
+        };
+        for (from, to) in [
+            (r#""version":1,"#, r#""version":1.0,"#),
+            (r#""version":1,"#, r#""version":true,"#),
+            (r#""meta_version":1,"#, r#""meta_version":1e0,"#),
+            (r#""slot_bytes":65536,"#, r#""slot_bytes":65536.0,"#),
+            (r#""block_align":4096,"#, r#""block_align":4.096E3,"#),
+            (r#""next_slot":16,"#, r#""next_slot":true,"#),
+        ] {
+            assert_eq!(verdict(from, to), (14, None), "{to}");
+        }
+        for (from, to, why) in [
+            (r#""next_slot":16,"#, r#""next_slot":16.0,"#, "its next_slot is not an int"),
+            (r#""version":1,"#, r#""version":"1","#, "no integer version"),
+            (r#""version":1,"#, r#""version":false,"#, "its version is 0"),
+            (r#""slot_bytes":65536,"#, r#""slot_bytes":65536.5,"#, "its slot_bytes is not a non-negative whole number"),
+            (r#""slot_bytes":65536,"#, r#""slot_bytes":1.31072e5,"#, "its slot_bytes is 131072, but the layout's is 65536"),
+            (r#""meta_version":1,"#, r#""meta_version":null,"#, "its meta_version is not"),
+        ] {
+            let (live, rejected) = verdict(from, to);
+            assert_eq!(live, 0, "{to}");
+            assert!(rejected.as_deref().is_some_and(|r| r.contains(why)), "{to}: {rejected:?}");
+        }
     }
 
     #[test]

@@ -67,9 +67,10 @@ impl Default for JsonLimits {
 
 /// Top-level fields of a version-1 checkpoint (all optional: LMCache defaults missing ones).
 ///
-/// A field that is present but of the wrong type (e.g. a string, a negative or fractional
-/// number, or an integer beyond `u64`) is `None` and has its bit set in `wrong_type`: absent
-/// means LMCache's configured value, wrong type a mismatch that discards the checkpoint.
+/// A field that is present but not a plain integer or string (e.g. a string where a number
+/// belongs, a float, a bool, a negative integer or one beyond `u64`) is `None`, has its bit
+/// set in `wrong_type` and, if numeric, what Python made of it in `loose`: absent means
+/// LMCache's configured value; `65536.0` or `true` still equal an integer in Python.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckpointMeta {
     pub version: Option<u64>,
@@ -86,11 +87,32 @@ pub struct CheckpointMeta {
     /// The top-level fields above that are present with a value of the wrong type: a bit per
     /// name of [`META_FIELDS`]; the last occurrence of a name decides, as in Python.
     pub wrong_type: u16,
+    /// For each numeric field of [`META_FIELDS`] present with a value that is not a plain
+    /// integer, what Python's `json.loads` made of it (the last occurrence decides).
+    pub loose: [Option<Loose>; META_FIELDS.len()],
     /// Number of entries seen (callback invocations).
     pub entries: u64,
     /// Payload bytes consumed: everything read up to end of input, trailing padding included.
     pub bytes: u64,
 }
+
+/// A numeric top-level field that is not a plain integer, as LMCache's comparisons (Python's
+/// `==`, `!=` and `isinstance(x, int)`) see the value `json.loads` gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loose {
+    /// A number with a fraction or exponent (a Python float); `int` is its value where that
+    /// is a whole number in u64, so that `65536.0 == 65536` holds as in Python.
+    Float { int: Option<u64> },
+    /// `true` or `false`: a Python bool is an int, 1 or 0.
+    Bool(bool),
+    /// Anything else (a string, null, an array, an object, a negative integer or one past
+    /// u64): never equal to a configured value.
+    Other,
+}
+
+/// Longest number text kept to decide a [`Loose::Float`]'s value; a longer one counts as
+/// [`Loose::Other`].
+const MAX_NUMBER_TEXT: usize = 512;
 
 /// The top-level fields [`CheckpointMeta`] keeps, in the order of its `wrong_type` bits.
 pub const META_FIELDS: [&str; 11] = [
@@ -120,37 +142,82 @@ fn typed<T>(wrong_type: &mut u16, name: &str, v: Option<T>) -> Option<T> {
 }
 
 impl CheckpointMeta {
+    fn set_loose(&mut self, name: &str, v: Option<Loose>) {
+        if let Some(i) = META_FIELDS.iter().position(|&f| f == name) {
+            self.loose[i] = v;
+        }
+    }
+
+    fn loose_of(&self, name: &str) -> Option<Loose> {
+        META_FIELDS.iter().position(|&f| f == name).and_then(|i| self.loose[i])
+    }
+
+    /// The integer Python's `==` takes a numeric field for: its plain value, a whole float's
+    /// value, or a bool's 1/0. `None` when absent or never equal to an integer in u64.
+    pub fn py_int(&self, name: &str) -> Option<u64> {
+        let plain = match name {
+            "version" => self.version,
+            "capacity_bytes" => self.capacity_bytes,
+            "block_align" => self.block_align,
+            "header_bytes" => self.header_bytes,
+            "slot_bytes" => self.slot_bytes,
+            "meta_total_bytes" => self.meta_total_bytes,
+            "meta_version" => self.meta_version,
+            "data_base_offset" => self.data_base_offset,
+            "next_slot" => self.next_slot,
+            _ => None,
+        };
+        plain.or(match self.loose_of(name) {
+            Some(Loose::Float { int }) => int,
+            Some(Loose::Bool(b)) => Some(u64::from(b)),
+            _ => None,
+        })
+    }
+
     /// Names of the fields present with a value of the wrong type, in [`META_FIELDS`] order.
     pub fn wrong_type_fields(&self) -> impl Iterator<Item = &'static str> + '_ {
         META_FIELDS.iter().enumerate().filter(move |(i, _)| self.wrong_type & (1 << i) != 0).map(|(_, &f)| f)
     }
 
     /// Why LMCache 0.5.6's loader would discard this whole checkpoint and start empty, judged
-    /// against `max_slots` and LMCache's default `meta_magic`/`meta_version` (the geometry
-    /// fields are compared with the configuration where the layout is decided). `None` when it
-    /// would load it. `device_path` is compared by LMCache with its configured path, which a
-    /// device image does not tell: callers show it.
-    pub fn loader_rejection(&self, max_slots: u64) -> Option<String> {
-        match self.version {
+    /// against the layout `g` (the configuration LMCache must have for this device) and
+    /// LMCache's default `meta_magic`/`meta_version`. `None` when it would load it. Numbers
+    /// compare as Python compares them (`1.0 == 1`, `True == 1`). `device_path` is compared by
+    /// LMCache with its configured path, which a device image does not tell: callers show it.
+    pub fn loader_rejection(&self, g: &crate::layout::Geometry) -> Option<String> {
+        match self.py_int("version") {
             Some(1) => {}
             Some(v) => return Some(format!("its version is {v}; LMCache 0.5.6 loads only version 1")),
             None => return Some("it has no integer version; LMCache 0.5.6 loads only version 1".into()),
         }
-        // Present but unusable: LMCache compares each with its configured value (or, for
-        // next_slot, requires an int in range), and a string or a negative number never equals.
-        // capacity_bytes and data_base_offset it does not check.
+        // Present but never equal to the configured value: a string where a number belongs,
+        // a negative or fractional number, a number where a string belongs.
+        // capacity_bytes and data_base_offset LMCache does not check.
+        let unequal = |f: &str| match f {
+            "device_path" | "meta_magic" => true,
+            "next_slot" => !matches!(self.loose_of(f), Some(Loose::Bool(_))),
+            _ => self.py_int(f).is_none(),
+        };
         let mut checked = self.wrong_type_fields().filter(|f| !matches!(*f, "version" | "capacity_bytes" | "data_base_offset"));
-        if let Some(f) = checked.next() {
-            let what = if matches!(f, "device_path" | "meta_magic") { "a string" } else { "a non-negative integer" };
+        if let Some(f) = checked.find(|f| unequal(f)) {
+            let what = match f {
+                "device_path" | "meta_magic" => "a string",
+                "next_slot" => "an int (LMCache requires one)",
+                _ => "a non-negative whole number",
+            };
             return Some(format!("its {f} is not {what}, so it cannot match LMCache's configuration"));
         }
-        if let Some(n) = self.next_slot.filter(|&n| n > max_slots) {
-            return Some(format!("its next_slot {n} is past the layout's {max_slots} slots"));
+        let layout = [("block_align", g.block_align), ("header_bytes", g.header_bytes), ("slot_bytes", g.slot_bytes), ("meta_total_bytes", g.meta_total_bytes)];
+        if let Some((f, theirs, ours)) = layout.iter().find_map(|&(f, ours)| self.py_int(f).filter(|&t| t != ours).map(|t| (f, t, ours))) {
+            return Some(format!("its {f} is {theirs}, but the layout's is {ours}"));
+        }
+        if let Some(n) = self.py_int("next_slot").filter(|&n| n > g.max_slots) {
+            return Some(format!("its next_slot {n} is past the layout's {} slots", g.max_slots));
         }
         if let Some(m) = self.meta_magic.as_deref().filter(|&m| m != "LMCIDX01") {
             return Some(format!("its meta_magic {m:?} is not LMCache's default \"LMCIDX01\" (it loads only under a configured meta_magic of that value)"));
         }
-        if let Some(v) = self.meta_version.filter(|&v| v != 1) {
+        if let Some(v) = self.py_int("meta_version").filter(|&v| v != 1) {
             return Some(format!("its meta_version {v} is not LMCache's default 1 (it loads only under a configured meta_version of that value)"));
         }
         None
@@ -590,15 +657,30 @@ impl<R: Read> Input<R> {
     /// is a plain non-negative integer that fits u64 (no sign, fraction or exponent): the only
     /// form LMCache writes for offsets and sizes.
     fn number(&mut self) -> Result<Option<u64>, JsonError> {
+        self.number_text(None)
+    }
+
+    /// [`Self::number`], also appending the number's text to `text` (while it holds at most
+    /// [`MAX_NUMBER_TEXT`] bytes; a longer one is cut there).
+    fn number_text(&mut self, mut text: Option<&mut Vec<u8>>) -> Result<Option<u64>, JsonError> {
+        let keep = |t: &mut Option<&mut Vec<u8>>, b: &[u8]| {
+            if let Some(t) = t.as_deref_mut() {
+                let room = MAX_NUMBER_TEXT.saturating_sub(t.len());
+                t.extend_from_slice(&b[..b.len().min(room)]);
+            }
+        };
         let mut exact = true;
+        let mut neg = false;
         if self.peek()? == Some(b'-') {
             self.pos += 1;
-            exact = false;
+            neg = true;
+            keep(&mut text, b"-");
         }
         let mut v: u64 = 0;
         match self.peek()? {
             Some(b'0') => {
                 self.pos += 1;
+                keep(&mut text, b"0");
                 if matches!(self.peek()?, Some(b'0'..=b'9')) {
                     return Err(self.err("leading zero in number"));
                 }
@@ -614,6 +696,7 @@ impl<R: Read> Input<R> {
                     }
                     i += 1;
                 }
+                keep(&mut text, &chunk[..i]);
                 self.pos += i;
                 if self.pos < self.end || !self.refill()? {
                     break;
@@ -624,26 +707,34 @@ impl<R: Read> Input<R> {
         if self.peek()? == Some(b'.') {
             self.pos += 1;
             exact = false;
-            self.digits()?;
+            keep(&mut text, b".");
+            self.digits(&mut text)?;
         }
-        if matches!(self.peek()?, Some(b'e' | b'E')) {
+        if let Some(e @ (b'e' | b'E')) = self.peek()? {
             self.pos += 1;
             exact = false;
-            if matches!(self.peek()?, Some(b'+' | b'-')) {
+            keep(&mut text, &[e]);
+            if let Some(sign @ (b'+' | b'-')) = self.peek()? {
                 self.pos += 1;
+                keep(&mut text, &[sign]);
             }
-            self.digits()?;
+            self.digits(&mut text)?;
         }
-        Ok(if exact { Some(v) } else { None })
+        Ok(if exact && !neg { Some(v) } else { None })
     }
 
-    /// One or more digits (fraction or exponent).
-    fn digits(&mut self) -> Result<(), JsonError> {
+    /// One or more digits (fraction or exponent), appended to `text` as `number_text` does.
+    fn digits(&mut self, text: &mut Option<&mut Vec<u8>>) -> Result<(), JsonError> {
         if !matches!(self.peek()?, Some(b'0'..=b'9')) {
             return Err(self.err("expected digit"));
         }
-        while matches!(self.peek()?, Some(b'0'..=b'9')) {
+        while let Some(d @ b'0'..=b'9') = self.peek()? {
             self.pos += 1;
+            if let Some(t) = text.as_deref_mut() {
+                if t.len() < MAX_NUMBER_TEXT {
+                    t.push(d);
+                }
+            }
         }
         Ok(())
     }
@@ -741,17 +832,17 @@ impl<'l, R: Read> Parser<'l, R> {
         while self.next_member(&mut first)? {
             read_name(&mut self.inp, &mut self.field, max_str)?;
             match self.field.as_slice() {
-                b"version" => meta.version = typed(&mut meta.wrong_type, "version", self.u64_value(1)?),
+                b"version" => meta.version = self.meta_u64(&mut meta, "version")?,
                 b"device_path" => meta.device_path = typed(&mut meta.wrong_type, "device_path", self.string_value(1)?),
-                b"capacity_bytes" => meta.capacity_bytes = typed(&mut meta.wrong_type, "capacity_bytes", self.u64_value(1)?),
-                b"block_align" => meta.block_align = typed(&mut meta.wrong_type, "block_align", self.u64_value(1)?),
-                b"header_bytes" => meta.header_bytes = typed(&mut meta.wrong_type, "header_bytes", self.u64_value(1)?),
-                b"slot_bytes" => meta.slot_bytes = typed(&mut meta.wrong_type, "slot_bytes", self.u64_value(1)?),
-                b"meta_total_bytes" => meta.meta_total_bytes = typed(&mut meta.wrong_type, "meta_total_bytes", self.u64_value(1)?),
+                b"capacity_bytes" => meta.capacity_bytes = self.meta_u64(&mut meta, "capacity_bytes")?,
+                b"block_align" => meta.block_align = self.meta_u64(&mut meta, "block_align")?,
+                b"header_bytes" => meta.header_bytes = self.meta_u64(&mut meta, "header_bytes")?,
+                b"slot_bytes" => meta.slot_bytes = self.meta_u64(&mut meta, "slot_bytes")?,
+                b"meta_total_bytes" => meta.meta_total_bytes = self.meta_u64(&mut meta, "meta_total_bytes")?,
                 b"meta_magic" => meta.meta_magic = typed(&mut meta.wrong_type, "meta_magic", self.string_value(1)?),
-                b"meta_version" => meta.meta_version = typed(&mut meta.wrong_type, "meta_version", self.u64_value(1)?),
-                b"data_base_offset" => meta.data_base_offset = typed(&mut meta.wrong_type, "data_base_offset", self.u64_value(1)?),
-                b"next_slot" => meta.next_slot = typed(&mut meta.wrong_type, "next_slot", self.u64_value(1)?),
+                b"meta_version" => meta.meta_version = self.meta_u64(&mut meta, "meta_version")?,
+                b"data_base_offset" => meta.data_base_offset = self.meta_u64(&mut meta, "data_base_offset")?,
+                b"next_slot" => meta.next_slot = self.meta_u64(&mut meta, "next_slot")?,
                 b"entries" => self.entries(&mut meta, on_entry)?,
                 _ => self.skip_value(1)?,
             }
@@ -790,6 +881,45 @@ impl<'l, R: Read> Parser<'l, R> {
             }
             _ => Err(self.inp.err("expected ',' or '}'")),
         }
+    }
+
+    /// A numeric top-level field: its value if a plain integer in u64, else what Python made
+    /// of it (in `meta.loose`), with its `wrong_type` bit set.
+    fn meta_u64(&mut self, meta: &mut CheckpointMeta, name: &str) -> Result<Option<u64>, JsonError> {
+        let (v, loose) = match self.inp.skip_ws()? {
+            Some(b'-' | b'0'..=b'9') => {
+                let mut text = std::mem::take(&mut self.field);
+                text.clear();
+                let v = self.inp.number_text(Some(&mut text));
+                let loose = match std::str::from_utf8(&text) {
+                    Ok(t) if t.len() < MAX_NUMBER_TEXT && t.contains(['.', 'e', 'E']) => {
+                        // Rust's parse rounds as Python's float() does: both are correctly rounded.
+                        let f = t.parse::<f64>().ok();
+                        Loose::Float { int: f.filter(|f| *f >= 0.0 && f.fract() == 0.0 && *f < 18_446_744_073_709_551_616.0).map(|f| f as u64) }
+                    }
+                    // Python's int 0; taken as a whole float here (serde_json reads it so).
+                    Ok("-0") => Loose::Float { int: Some(0) },
+                    _ => Loose::Other,
+                };
+                self.field = text;
+                let v = v?;
+                (v, v.is_none().then_some(loose))
+            }
+            Some(b't') => {
+                self.inp.literal(b"true")?;
+                (None, Some(Loose::Bool(true)))
+            }
+            Some(b'f') => {
+                self.inp.literal(b"false")?;
+                (None, Some(Loose::Bool(false)))
+            }
+            _ => {
+                self.skip_value(1)?;
+                (None, Some(Loose::Other))
+            }
+        };
+        meta.set_loose(name, loose);
+        Ok(typed(&mut meta.wrong_type, name, v))
     }
 
     /// A value inside a container of depth `depth`, kept only if it is a u64.
@@ -1046,6 +1176,19 @@ mod tests {
                     v.is_some() && !usable
                 })
                 .fold(0, |m, (i, _)| m | 1 << i),
+            loose: std::array::from_fn(|i| {
+                let f = META_FIELDS[i];
+                match doc.get(f) {
+                    _ if matches!(f, "device_path" | "meta_magic") => None,
+                    None => None,
+                    Some(v) if v.as_u64().is_some() => None,
+                    Some(Value::Bool(b)) => Some(Loose::Bool(*b)),
+                    Some(Value::Number(n)) if n.is_f64() => Some(Loose::Float {
+                        int: n.as_f64().filter(|f| *f >= 0.0 && f.fract() == 0.0 && *f < 18_446_744_073_709_551_616.0).map(|f| f as u64),
+                    }),
+                    Some(_) => Some(Loose::Other),
+                }
+            }),
             entries: doc
                 .get("entries")
                 .and_then(Value::as_object)
@@ -1066,7 +1209,17 @@ mod tests {
         assert_eq!(as_map(entries), as_map(&oracle_entries(&doc)));
         let mut want = oracle_meta(&doc, meta.bytes);
         want.entries = meta.entries; // duplicates are reported by us, merged by serde_json
-        assert_eq!(*meta, want);
+        // serde_json reads an integer past u64 as a float: either way no integer equals it.
+        let never = |m: &CheckpointMeta| {
+            let mut m = m.clone();
+            for l in m.loose.iter_mut().flatten() {
+                if *l == (Loose::Float { int: None }) {
+                    *l = Loose::Other;
+                }
+            }
+            m
+        };
+        assert_eq!(never(meta), never(&want));
     }
 
     /// Serialises like Python's `json.dumps(..., ensure_ascii=...)`, with knobs that exercise

@@ -937,11 +937,12 @@ impl Watcher {
             Ok(())
         })
         .map_err(|e| e.to_string())?;
+        // Compared as Python's loader compares them: `65536.0 == 65536`.
         let geo = [
-            ("block_align", meta.block_align, g.block_align),
-            ("header_bytes", meta.header_bytes, g.header_bytes),
-            ("slot_bytes", meta.slot_bytes, g.slot_bytes),
-            ("meta_total_bytes", meta.meta_total_bytes, g.meta_total_bytes),
+            ("block_align", meta.py_int("block_align"), g.block_align),
+            ("header_bytes", meta.py_int("header_bytes"), g.header_bytes),
+            ("slot_bytes", meta.py_int("slot_bytes"), g.slot_bytes),
+            ("meta_total_bytes", meta.py_int("meta_total_bytes"), g.meta_total_bytes),
         ];
         if let Some((name, Some(theirs), ours)) = geo.into_iter().find(|(_, t, o)| t.is_some_and(|t| t != *o)) {
             let msg = format!(
@@ -954,10 +955,10 @@ impl Watcher {
             self.conflict = Some(msg.clone());
             return Err(msg);
         }
-        // Python compares `33558528.0 == 33558528` as equal, so LMCache may load a copy whose
-        // geometry field fdpblk cannot read as an integer: whether the layouts match is unknown.
-        if let Some(name) = meta.wrong_type_fields().find(|f| geo.iter().any(|(g, _, _)| g == f)) {
-            return Err(format!("its {name} is not a plain integer, so fdpblk cannot tell whether LMCache's layout matches its own"));
+        // A geometry field no integer equals (a string, a fraction): LMCache discards the copy
+        // when it loads, but what LMCache is configured with is then not known.
+        if let Some((name, _, _)) = geo.iter().find(|(f, v, _)| v.is_none() && meta.wrong_type_fields().any(|w| w == *f)) {
+            return Err(format!("its {name} is not a whole number, so fdpblk cannot tell whether LMCache's layout matches its own"));
         }
         let fixed_bytes = FIXED_JSON_BYTES + meta.device_path.as_ref().map_or(0, |p| p.len() as u64);
         if let (Some(entries), Some(p)) = (live, self.observer.as_mut()) {
