@@ -31,8 +31,9 @@ pub struct SimulateArgs {
     /// two-checkpoint rule), `tails` (a confirmed slot's bytes past its payload),
     /// `early-tails` (the same bytes as soon as the slot's new header is durable) and
     /// `early-evictions` (with `slots`: an evicted slot once the newest checkpoint lacks it,
-    /// the older container zeroed first).
-    #[arg(long, default_value = "slots,tails,early-tails,early-evictions")]
+    /// the older container zeroed first) and `unwritten` (with `slots`: slots no checkpoint
+    /// lists and LMCache has not written, which matter on a --precondition drive).
+    #[arg(long, default_value = "slots,tails,early-tails,early-evictions,unwritten")]
     pub trim_rules: String,
     /// Seed of the workload model (every number is reproducible from it).
     #[arg(long, default_value_t = 1)]
@@ -59,6 +60,11 @@ pub struct SimulateArgs {
     /// GC victim choice: greedy, cost-benefit or fifo.
     #[arg(long, default_value = "greedy")]
     pub gc: String,
+    /// Start with the drive full (every block written once, as a drive in service holds
+    /// data) instead of deallocated: LMCache never deallocates, so what it does not rewrite
+    /// stays valid.
+    #[arg(long)]
+    pub precondition: bool,
     /// Warm-up: LMCache writes this many times its capacity before measuring.
     #[arg(long, default_value_t = 2.0)]
     pub warmup: f64,
@@ -152,7 +158,7 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
         "both" => vec![false, true],
         t => return Err(format!("--trim {t}: use on, off or both")),
     };
-    let rules = parse_list(&a.trim_rules, "--trim-rules", |r| ["slots", "tails", "early-tails", "early-evictions"].contains(&r).then(|| r.to_string()))?;
+    let rules = parse_list(&a.trim_rules, "--trim-rules", |r| ["slots", "tails", "early-tails", "early-evictions", "unwritten"].contains(&r).then(|| r.to_string()))?;
     // 0 stands for auto in the drive's spec: an explicit size must be a real one.
     let size = |s: &str, what: &str| -> Result<u64, String> {
         if s == "auto" {
@@ -181,6 +187,7 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
             "fifo" => Victim::Fifo,
             g => return Err(format!("--gc {g}: use greedy, cost-benefit or fifo")),
         },
+        precondition: a.precondition,
     };
     if policies.iter().any(|p| is_bound(p)) && !(2..=a.handles).contains(&a.clairvoyant_handles) {
         return Err(format!("--clairvoyant-handles {}: use 2 to --handles ({})", a.clairvoyant_handles, a.handles));
@@ -212,6 +219,7 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
                     trim_tails: rules.iter().any(|r| r == "tails"),
                     early_tails: rules.iter().any(|r| r == "early-tails"),
                     early_evictions: rules.iter().any(|r| r == "early-evictions"),
+                    unwritten: rules.iter().any(|r| r == "unwritten"),
                     seed: a.seed,
                     warmup: a.warmup,
                     measure: a.measure,

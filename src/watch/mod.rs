@@ -30,6 +30,36 @@
 //! 4. **nothing pending**: no checkpoint header write has been seen that is not processed yet;
 //! 5. the slot header on the drive still carries the confirmed identity and length.
 //!
+//! # Unwritten slots
+//!
+//! LMCache never deallocates, and its allocator reuses freed slots before it takes new ones,
+//! so on a drive that held data before (a benchmark's fill, an earlier tenant) the slots it
+//! does not write keep that data valid for good: the drive copies it in garbage collection
+//! and loses it as spare space. With `reclaim`, a daemon started by `add` (every write of
+//! this run seen) deallocates slot `s` when, at the moment of its trim CAS:
+//!
+//! - R1. **never written through fdpblk**: `s` is marked *unwritten* (state `Evicted`
+//!   without a confirmation). `Watcher::new` sets the mark when fdpblk first takes the device
+//!   (no saved state), before it serves I/O, on every slot that neither container lists; any
+//!   write to the slot turns its state to `Unknown`, so the mark means no write since. The
+//!   marks are saved with the state: a clean stop keeps them for the next run, an unclean
+//!   one (writes after the last cycle) drops them;
+//! - R2. **LMCache uses fdpblk's layout**: a checkpoint LMCache committed through this run was
+//!   read back with fdpblk's geometry, and no checkpoint header block was read since (the
+//!   early tails' gate: LMCache opening the device again waits for its next checkpoint). A
+//!   LMCache with another layout would have its own containers elsewhere, possibly inside
+//!   what fdpblk takes for an unwritten slot;
+//! - conditions 3 and 4 hold (listed by neither container, contents durable; nothing pending).
+//!
+//! *Claim D.* Let `P` be the LMCache process using the device. Every write of `P` came
+//! through fdpblk, in this run or (across clean restarts, or if `P` outlived a `del`) in
+//! earlier runs whose state this one loaded. `P`'s index is a loaded checkpoint plus `P`'s
+//! puts less its deletes. A put of `P` into `s` would have written `s` (R1), in flight or not. Through its load: the loaded checkpoint listed `s` and was in a container, and while
+//! `s` stays in `P`'s index every snapshot `P` writes lists it; for neither container to list
+//! it now, `P` must have deleted it. A later process loads one of the two containers. The
+//! trim CAS closes the race with a put into `s` as claim C says. Condition 5 is not needed:
+//! no index names `s`, whatever it holds.
+//!
 //! # Stale tails
 //!
 //! A put with a shorter payload than the slot's earlier contents leaves their bytes behind the
@@ -258,6 +288,10 @@ pub struct WatchConfig {
     /// zeroing the older container's header ("Early evictions" in the module doc), instead of
     /// waiting until LMCache overwrote the older container.
     pub early_evictions: bool,
+    /// Deallocate slots that no checkpoint lists and that this run has not written ("Unwritten
+    /// slots" in the module doc): on a drive that held data before, what LMCache never writes
+    /// again. Only where every write was seen (not with `writes_unseen`).
+    pub reclaim: bool,
     /// Take the confirmations of a cleanly saved state. Off when writes were served before
     /// the slot table existed (the layout was learned while serving): a same-key re-put among
     /// them would leave a stale confirmation that the header check cannot tell apart.
@@ -327,7 +361,7 @@ pub fn writeback_outlasts_interval(interval: Duration, delay: Option<Duration>) 
 
 impl Default for WatchConfig {
     fn default() -> Self {
-        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, trust_saved_confirmations: true, writes_unseen: false, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked }
+        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, reclaim: true, trust_saved_confirmations: true, writes_unseen: false, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked }
     }
 }
 
@@ -357,6 +391,8 @@ struct Sweep {
     basis: Option<usize>,
     /// Confirmed and listed, with a stale tail not yet deallocated.
     tails: Vec<(u64, u64)>,
+    /// Marked unwritten and listed by neither container ("Unwritten slots").
+    unwritten: Vec<(u64, u64)>,
 }
 
 /// One container's known contents.
@@ -497,6 +533,9 @@ pub struct Watcher {
     need_sweep: bool,
     /// Stale tails deallocated by this run, and their bytes (not persisted).
     tail_trims: u64,
+    /// Unwritten slots deallocated by this daemon ("Unwritten slots"), and their bytes.
+    reclaimed: u64,
+    reclaimed_bytes: u64,
     tail_trim_bytes: u64,
     /// Of `tail_trims`, those done early (before a checkpoint confirmed the slot).
     early_tail_trims: u64,
@@ -520,6 +559,12 @@ pub struct Watcher {
     published: Arc<Mutex<Value>>,
 }
 
+/// Marked unwritten (R1): `Evicted` without a confirmation, not being trimmed. Any write
+/// makes the state `Unknown`.
+fn is_unwritten(l: u64) -> bool {
+    life::state(l) == SlotState::Evicted && l & (life::CONFIRMED | life::TRIMMING) == 0
+}
+
 fn bitset(n: u64) -> Vec<u64> {
     vec![0u64; n.div_ceil(64) as usize]
 }
@@ -539,6 +584,8 @@ impl Watcher {
             slots.orphans_everywhere();
         }
         let mut cfg = cfg;
+        // Only where this run sees every write (R1); and only as a kind of slot trim.
+        cfg.reclaim &= cfg.trim && !cfg.writes_unseen;
         // Zeroing a header block of another size would need a read-modify-write racing
         // LMCache's payload writes into the same block: keep the older copy instead.
         if cfg.early_evictions && !geom.block_align.is_multiple_of(dev.block_bytes()) {
@@ -581,6 +628,8 @@ impl Watcher {
             awaiting_header: [false; 2],
             need_sweep: true,
             tail_trims: 0,
+            reclaimed: 0,
+            reclaimed_bytes: 0,
             tail_trim_bytes: 0,
             early_tail_trims: 0,
             early_evictions: 0,
@@ -600,6 +649,7 @@ impl Watcher {
                 Read::NotYet => Container::Unknown,
             };
         }
+        w.mark_unwritten();
         // Baseline for the overflow estimate: the newest valid checkpoint on the device.
         if let Some(v) = w.newest() {
             w.commit = Some(Commit { seq: v.seq, payload_len: v.payload_len, entries: v.entries, at: now, puts_at: 0, fixed_bytes: v.fixed_bytes, epoch: w.seen_epoch, observed: false });
@@ -662,6 +712,10 @@ impl Watcher {
     /// Of [`Self::tail_trims`], those done before a checkpoint confirmed the slot.
     pub fn early_tail_trims(&self) -> u64 {
         self.early_tail_trims
+    }
+    /// Unwritten slots this daemon deallocated ("Unwritten slots" in the module doc).
+    pub fn reclaimed(&self) -> u64 {
+        self.reclaimed
     }
     /// Slots deallocated by the early-eviction rule in this run.
     pub fn early_evictions(&self) -> u64 {
@@ -794,13 +848,19 @@ impl Watcher {
         }
         if changed || std::mem::take(&mut self.need_sweep) || self.summary_at.elapsed() >= Duration::from_secs(10) {
             let allow = self.trims_allowed();
-            let Sweep { dead: candidates, early, basis, tails } = self.sweep(allow);
+            let Sweep { dead: candidates, early, basis, tails, unwritten } = self.sweep(allow);
             // The checkpoints read back must survive a power loss before a slot goes on their
             // word (condition 3): LMCache never flushes, and a container back at older contents
             // could list the slot.
-            let durable = allow && (!candidates.is_empty() || !early.is_empty()) && self.flush_checkpoints();
+            let durable = allow && (!candidates.is_empty() || !early.is_empty() || !unwritten.is_empty()) && self.flush_checkpoints();
             if durable && !candidates.is_empty() {
                 self.trim(candidates);
+            }
+            if durable && !unwritten.is_empty() {
+                let n = self.reclaim(unwritten);
+                if n > 0 {
+                    tracing::info!("device {}: deallocated {n} slots that no checkpoint lists and LMCache has not written since the start", self.cfg.device);
+                }
             }
             // Slots only the older container lists go once it can no longer be loaded.
             if let (true, Some(n)) = (durable && !early.is_empty() && self.trims_allowed(), basis) {
@@ -1062,8 +1122,13 @@ impl Watcher {
             _ => None,
         }).max_by_key(|&(_, seq)| seq).map(|(i, _)| i);
         let unknown = self.containers.iter().any(|c| matches!(c, Container::Unknown));
+        let mut unwritten = Vec::new();
+        let reclaim = allow && self.cfg.reclaim && self.layout_in_use();
         for slot in 0..self.slots.len() as u64 {
             let mut l = self.slots.life(slot);
+            if reclaim && is_unwritten(l) && !self.containers[0].lists(slot) && !self.containers[1].lists(slot) {
+                unwritten.push((slot, l));
+            }
             if l & life::CONFIRMED != 0 {
                 s.confirmed += 1;
                 let in_newest = newest.is_some_and(|i| self.containers[i].lists(slot));
@@ -1102,7 +1167,83 @@ impl Watcher {
         }
         self.summary = s;
         self.summary_at = Instant::now();
-        Sweep { dead: out, early, basis, tails }
+        Sweep { dead: out, early, basis, tails, unwritten }
+    }
+
+    /// Marks the slots that neither container lists and no checkpoint confirmed as unwritten
+    /// (R1 of "Unwritten slots"): before the device serves I/O, when fdpblk first takes the
+    /// device (no saved state) and both containers are known.
+    fn mark_unwritten(&mut self) {
+        // A clean state's marks still hold: its run's last cycle saved every write's `Unknown`.
+        // An unclean one's may not (writes after its last cycle), nor may any where this run
+        // served writes the table did not see: drop them, whether this run reclaims or not (a
+        // later clean start would trust them).
+        let stale = !self.loaded.clean || self.cfg.writes_unseen || !self.cfg.trust_saved_confirmations;
+        if self.loaded.found && stale {
+            for slot in 0..self.slots.len() as u64 {
+                let l = self.slots.life(slot);
+                if is_unwritten(l) {
+                    self.slots.cas_life(slot, l, life::with_state(l, SlotState::Unknown));
+                }
+            }
+        }
+        if !self.cfg.reclaim || self.loaded.found {
+            return;
+        }
+        // No saved state: no run of fdpblk served this device's LMCache before this one.
+        if self.containers.iter().any(|c| matches!(c, Container::Unknown)) {
+            return;
+        }
+        for slot in 0..self.slots.len() as u64 {
+            let l = self.slots.life(slot);
+            let dead = l & (life::CONFIRMED | life::TRIMMING) == 0 && !matches!(life::state(l), SlotState::Trimmed | SlotState::Evicted);
+            if dead && !self.containers[0].lists(slot) && !self.containers[1].lists(slot) {
+                self.slots.cas_life(slot, l, life::with_state(l, SlotState::Evicted));
+            }
+        }
+    }
+
+    /// R2 of "Unwritten slots": LMCache committed a checkpoint through this run with fdpblk's
+    /// geometry, and has not read a checkpoint header block since.
+    fn layout_in_use(&self) -> bool {
+        self.conflict.is_none() && self.geometry_seen_at == Some(self.slots.checkpoint_reads())
+    }
+
+    /// Deallocates unwritten slots (R1 checked per slot by the CAS, R2 and conditions 3 and 4
+    /// by the caller and `trims_allowed`).
+    fn reclaim(&mut self, candidates: Vec<(u64, u64)>) -> u64 {
+        let mut done = 0;
+        let g = self.geom;
+        for (slot, l0) in candidates {
+            if !self.trims_allowed() || !self.layout_in_use() {
+                break;
+            }
+            let l = self.slots.life(slot);
+            if l != l0 || !is_unwritten(l) || !self.slots.cas_life(slot, l, l | life::TRIMMING) {
+                continue;
+            }
+            let res = self.dev.discard(g.slot_offset(slot), g.slot_bytes);
+            self.slots.end_trim(slot, l | life::TRIMMING, res.is_ok());
+            match res {
+                Ok(()) => {
+                    self.reclaimed += 1;
+                    self.reclaimed_bytes += g.slot_bytes;
+                    if self.slots.get(slot).is_some() {
+                        self.summary.by_state[SlotState::Evicted as usize] = self.summary.by_state[SlotState::Evicted as usize].saturating_sub(1);
+                        self.summary.by_state[SlotState::Trimmed as usize] += 1;
+                    }
+                    done += 1;
+                }
+                Err(err) => {
+                    if !self.trim_error {
+                        tracing::warn!("device {}: deallocating unwritten slot {slot}: {err}; deallocation paused until the next checkpoint", self.cfg.device);
+                        self.trim_error = true;
+                    }
+                    return done;
+                }
+            }
+        }
+        done
     }
 
     /// The stale tail of `slot`'s current contents, as (offset in the slot, length): from the
@@ -1590,6 +1731,7 @@ impl Watcher {
                 "evictions": self.counters.evictions,
                 "tails_enabled": self.cfg.trim_tails, "early_tails_enabled": self.cfg.early_tails,
                 "tail_trims": self.tail_trims, "early_tail_trims": self.early_tail_trims, "tail_trim_bytes": self.tail_trim_bytes,
+                "reclaim_enabled": self.cfg.reclaim, "reclaimed": self.reclaimed, "reclaimed_bytes": self.reclaimed_bytes,
                 "early_evictions_enabled": self.cfg.early_evictions, "early_evictions": self.early_evictions, "containers_invalidated": self.invalidations, "containers_invalidated_bytes": self.invalidations * self.geom.block_align,
             },
             "own_state": {

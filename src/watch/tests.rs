@@ -133,6 +133,8 @@ struct Rig {
     early_tails: u64,
     /// Of `trims`, early evictions (fdpblk's count, after each step).
     early_evictions: u64,
+    /// Unwritten slots deallocated by earlier watchers of this rig (restarts).
+    reclaimed: u64,
     /// Checkpoint containers fdpblk zeroed (each checked against the oracle).
     invalidated: u64,
     /// Early evictions and zeroed containers of earlier fdpblk instances.
@@ -160,6 +162,12 @@ const OWN: Handle = RegionPolicy::OWN_STATE;
 
 impl Rig {
     fn new(nslots: u64, meta_total: u64, trim: bool) -> Rig {
+        Rig::new_with(nslots, meta_total, trim, false, true)
+    }
+
+    /// With `reclaim`: unwritten slots go too ("Unwritten slots"); on a fresh device, so the
+    /// first start finds no saved state and marks them.
+    fn new_with(nslots: u64, meta_total: u64, trim: bool, reclaim: bool, early_evictions: bool) -> Rig {
         let g = geometry(nslots, meta_total);
         let table = SlotTable::new(g.max_slots);
         let layout = crate::persist::Layout::of(&table);
@@ -170,7 +178,8 @@ impl Rig {
             trim,
             trim_tails: trim,
             early_tails: trim,
-            early_evictions: trim,
+            early_evictions: trim && early_evictions,
+            reclaim: reclaim && trim,
             trust_saved_confirmations: true,
             writes_unseen: false,
             early_tails_every: Duration::ZERO,
@@ -193,6 +202,7 @@ impl Rig {
             checked: 0,
             early_tails: 0,
             early_evictions: 0,
+            reclaimed: 0,
             invalidated: 0,
             earlier: (0, 0),
             faults: false,
@@ -566,6 +576,7 @@ impl Rig {
         }
         self.check_trims();
         self.early_tails += self.w.early_tail_trims();
+        self.reclaimed += self.w.reclaimed();
         self.earlier.0 += self.w.early_evictions();
         self.earlier.1 += self.w.containers_invalidated();
         let table = Arc::new(SlotTable::new(self.g.max_slots));
@@ -1610,14 +1621,13 @@ fn overflow_alarm_comes_before_the_first_skipped_checkpoint() {
     assert!(v["checkpoint_seq"].as_u64().unwrap() >= 2);
 }
 
-/// One random schedule of LMCache and fdpblk events; returns (trims, checkpoints, tails,
-/// early tails).
-fn schedule(seed: u64, steps: usize) -> (u64, u64, u64, u64, u64) {
+/// One random schedule of LMCache and fdpblk events (half of them deallocating unwritten
+/// slots too); returns (trims, checkpoints, tails, early tails, early evictions, unwritten
+/// slots deallocated).
+fn schedule(seed: u64, steps: usize) -> (u64, u64, u64, u64, u64, u64) {
     let mut rng = Rng(seed);
-    let mut r = Rig::new(SLOTS, META, true);
-    if rng.chance(50) {
-        r = r.without_early_evictions();
-    }
+    let early_evictions = !rng.chance(50);
+    let mut r = Rig::new_with(SLOTS, META, true, seed % 2 == 1, early_evictions);
     let mut commits = 0;
     let posix = rng.chance(50);
     // Phases: filling (puts), churning, draining (deletes and checkpoints, so that evicted
@@ -1757,7 +1767,7 @@ fn schedule(seed: u64, steps: usize) -> (u64, u64, u64, u64, u64) {
     }
     r.verify_all();
     assert_eq!(r.checked, r.trims);
-    (r.trims, commits, r.tails, r.early_tails + r.w.early_tail_trims(), r.early_evictions)
+    (r.trims, commits, r.tails, r.early_tails + r.w.early_tail_trims(), r.early_evictions, r.reclaimed + r.w.reclaimed())
 }
 
 #[test]
@@ -1768,9 +1778,10 @@ fn randomized_interleavings_never_trim_a_live_slot() {
     // Another salt explores other schedules (CI runs the default).
     let salt: u64 = std::env::var("FDPBLK_SCHEDULE_SALT").ok().and_then(|v| v.parse().ok()).unwrap_or(0x1234);
     let t0 = std::time::Instant::now();
-    let (mut trims, mut commits, mut tails, mut early, mut evictions) = (0, 0, 0, 0, 0);
+    let (mut trims, mut commits, mut tails, mut early, mut evictions, mut reclaimed) = (0, 0, 0, 0, 0, 0);
     for seed in 0..n {
-        let (t, c, tl, e, ev) = schedule(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ salt, 64);
+        let (t, c, tl, e, ev, rc) = schedule(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ salt, 64);
+        reclaimed += rc;
         trims += t;
         commits += c;
         tails += tl;
@@ -1778,10 +1789,11 @@ fn randomized_interleavings_never_trim_a_live_slot() {
         evictions += ev;
     }
     eprintln!(
-        "{n} schedules: {trims} deallocations ({evictions} early evictions) and {tails} stale tails ({early} early) checked, {commits} checkpoints, {:?}",
+        "{n} schedules: {trims} deallocations ({evictions} early evictions, {reclaimed} unwritten slots) and {tails} stale tails ({early} early) checked, {commits} checkpoints, {:?}",
         t0.elapsed()
     );
     assert!(trims > n / 4, "the schedules exercise deallocation ({trims} trims)");
+    assert!(reclaimed > n / 8 && reclaimed < trims, "the schedules exercise unwritten slots ({reclaimed} of {trims})");
     assert!(evictions > n / 8 && evictions < trims, "the schedules exercise both eviction rules ({evictions} of {trims} early)");
     assert!(tails > n / 4, "the schedules exercise stale tails ({tails} tails)");
     assert!(early > n / 8 && early < tails, "the schedules exercise both tail rules ({early} of {tails} early)");
@@ -2064,4 +2076,71 @@ fn a_clean_state_of_another_layout_is_marked_in_use_where_this_one_does_not_fit(
     assert!(w.unclean_error().is_none());
     let again = Watcher::new(r.g, Arc::new(SlotTable::new(r.g.max_slots)), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
     assert!(again.loaded().found && !again.loaded().clean);
+}
+
+/// "Unwritten slots": on a device fdpblk takes for the first time, the slots LMCache has not
+/// written go once LMCache committed a checkpoint with fdpblk's layout; written ones stay.
+#[test]
+fn unwritten_slots_go_once_lmcache_checkpoints_with_fdpblks_layout() {
+    let mut r = Rig::new_with(SLOTS, META, true, true, true);
+    // What a benchmark's fill left: LMCache never lists or writes it.
+    for s in 4..SLOTS {
+        r.dev.poke(r.g.slot_offset(s), &[0xa5; 4096]);
+    }
+    let keys: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
+    for k in &keys {
+        r.put(k.clone()).unwrap();
+    }
+    r.step();
+    assert_eq!(r.w.reclaimed(), 0, "not before LMCache committed a checkpoint through fdpblk");
+    r.checkpoint();
+    r.step();
+    assert_eq!(r.w.reclaimed(), SLOTS - 4);
+    assert!((4..SLOTS).all(|s| life::state(r.slots.life(s)) == SlotState::Trimmed));
+    r.verify_all();
+    // Slots LMCache takes later are written, never unwritten: nothing more goes that way.
+    r.fillers(3);
+    r.checkpoint();
+    r.step();
+    assert_eq!(r.w.reclaimed(), SLOTS - 4);
+    r.verify_all();
+}
+
+/// The marks survive a clean restart only; after a crash (or where writes went unseen) they
+/// are dropped, so a later clean start cannot trust them.
+#[test]
+fn unwritten_marks_survive_a_clean_restart_only() {
+    for clean in [true, false] {
+        let mut r = Rig::new_with(SLOTS, META, true, true, true);
+        r.recovery_marks_orphans = false;
+        let k = r.new_key(false);
+        r.put(k).unwrap();
+        r.restart_fdpblk(clean);
+        r.checkpoint();
+        r.step();
+        assert_eq!(r.w.reclaimed(), if clean { SLOTS - 1 } else { 0 }, "clean {clean}");
+        r.restart_fdpblk(true);
+        r.checkpoint();
+        r.step();
+        assert_eq!(r.w.reclaimed(), 0, "clean {clean}: the first run took them all, or none were marked");
+        r.verify_all();
+    }
+}
+
+/// A LMCache whose checkpoint has another layout keeps its containers elsewhere, perhaps in
+/// what fdpblk takes for a slot: nothing unwritten goes.
+#[test]
+fn no_unwritten_slot_goes_while_lmcaches_layout_differs() {
+    let mut r = Rig::new_with(SLOTS, META, true, true, true);
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    assert!(r.snapshot());
+    let c = r.lmc.ckpt.as_mut().unwrap();
+    let json = String::from_utf8(c.json.clone()).unwrap().replace(&format!("\"slot_bytes\":{}", r.g.slot_bytes), &format!("\"slot_bytes\":{}", 2 * r.g.slot_bytes));
+    c.json = json.into_bytes();
+    r.ckpt_payload();
+    r.ckpt_header();
+    r.step();
+    assert_eq!(r.w.reclaimed(), 0);
+    assert!(!r.w.trims_allowed());
 }
