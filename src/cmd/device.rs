@@ -787,7 +787,7 @@ fn print_watch(v: &serde_json::Value) {
     let t = &v["trim"];
     let per: Vec<String> = t["handles"].as_object().map(|h| h.iter().map(|(k, c)| format!("{k}:{c}")).collect()).unwrap_or_default();
     println!(
-        "deallocation {}: {} trims, {} bytes (per handle {}), {} evictions seen; stale tails {} ({} early), {} bytes",
+        "deallocation {}: {} trims, {} bytes (per handle {}), {} evictions seen; stale tails {} ({} early), {} bytes; unwritten slots {}, {} bytes",
         if t["enabled"] == true { "on" } else { "off" },
         n(&t["trims"]),
         n(&t["trim_bytes"]),
@@ -795,7 +795,9 @@ fn print_watch(v: &serde_json::Value) {
         n(&t["evictions"]),
         n(&t["tail_trims"]),
         n(&t["early_tail_trims"]),
-        n(&t["tail_trim_bytes"])
+        n(&t["tail_trim_bytes"]),
+        n(&t["reclaimed"]),
+        n(&t["reclaimed_bytes"])
     );
     let o = &v["own_state"];
     println!(

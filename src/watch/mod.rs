@@ -365,6 +365,10 @@ impl Default for WatchConfig {
     }
 }
 
+/// Most unwritten slots deallocated in one round of the state thread, and in one request.
+const RECLAIM_PER_ROUND: u64 = 4096;
+const RECLAIM_RUN_SLOTS: u64 = 256;
+
 /// How often the state thread deallocates early stale tails (its longest sleep): each round
 /// with work costs one flush of the drive.
 pub const EARLY_TAILS_INTERVAL: Duration = Duration::from_secs(1);
@@ -1210,40 +1214,67 @@ impl Watcher {
     }
 
     /// Deallocates unwritten slots (R1 checked per slot by the CAS, R2 and conditions 3 and 4
-    /// by the caller and `trims_allowed`).
+    /// by the caller and `trims_allowed`). Runs of consecutive slots go in one deallocation
+    /// (a fresh drive's unwritten slots are mostly one run past LMCache's bump pointer), at
+    /// most [`RECLAIM_PER_ROUND`] slots a round so that checkpoints keep being read back; the
+    /// next round takes the rest.
     fn reclaim(&mut self, candidates: Vec<(u64, u64)>) -> u64 {
         let mut done = 0;
-        let g = self.geom;
+        let mut run: Vec<(u64, u64)> = Vec::new();
         for (slot, l0) in candidates {
-            if !self.trims_allowed() || !self.layout_in_use() {
+            let extends = run.last().is_none_or(|&(last, _)| slot == last + 1) && (run.len() as u64) < RECLAIM_RUN_SLOTS;
+            if !extends {
+                match self.reclaim_run(&run) {
+                    Some(n) => done += n,
+                    None => return done,
+                }
+                run.clear();
+            }
+            if done + run.len() as u64 >= RECLAIM_PER_ROUND {
+                self.need_sweep = true;
                 break;
             }
             let l = self.slots.life(slot);
-            if l != l0 || !is_unwritten(l) || !self.slots.cas_life(slot, l, l | life::TRIMMING) {
-                continue;
+            // Marked `TRIMMING` as it joins the run: a write to it waits from here on.
+            if l == l0 && is_unwritten(l) && self.slots.cas_life(slot, l, l | life::TRIMMING) {
+                run.push((slot, l | life::TRIMMING));
             }
-            let res = self.dev.discard(g.slot_offset(slot), g.slot_bytes);
-            self.slots.end_trim(slot, l | life::TRIMMING, res.is_ok());
-            match res {
-                Ok(()) => {
-                    self.reclaimed += 1;
-                    self.reclaimed_bytes += g.slot_bytes;
+        }
+        done + self.reclaim_run(&run).unwrap_or(0)
+    }
+
+    /// Deallocates a run of consecutive slots whose trim CAS set the `began` words; the count
+    /// done, `None` after an error or when deallocation is no longer allowed.
+    fn reclaim_run(&mut self, run: &[(u64, u64)]) -> Option<u64> {
+        let Some(&(first, _)) = run.first() else { return Some(0) };
+        let g = self.geom;
+        let allowed = self.trims_allowed() && self.layout_in_use();
+        let res = if allowed { self.dev.discard(g.slot_offset(first), run.len() as u64 * g.slot_bytes) } else { Err(std::io::Error::other("not allowed now")) };
+        for &(slot, began) in run {
+            self.slots.end_trim(slot, began, res.is_ok());
+        }
+        match res {
+            Ok(()) => {
+                let n = run.len() as u64;
+                self.reclaimed += n;
+                self.reclaimed_bytes += n * g.slot_bytes;
+                for &(slot, _) in run {
                     if self.slots.get(slot).is_some() {
                         self.summary.by_state[SlotState::Evicted as usize] = self.summary.by_state[SlotState::Evicted as usize].saturating_sub(1);
                         self.summary.by_state[SlotState::Trimmed as usize] += 1;
                     }
-                    done += 1;
                 }
-                Err(err) => {
-                    if !self.trim_error {
-                        tracing::warn!("device {}: deallocating unwritten slot {slot}: {err}; deallocation paused until the next checkpoint", self.cfg.device);
-                        self.trim_error = true;
-                    }
-                    return done;
+                Some(n)
+            }
+            Err(_) if !allowed => None,
+            Err(err) => {
+                if !self.trim_error {
+                    tracing::warn!("device {}: deallocating unwritten slots from {first}: {err}; deallocation paused until the next checkpoint", self.cfg.device);
+                    self.trim_error = true;
                 }
+                None
             }
         }
-        done
     }
 
     /// The stale tail of `slot`'s current contents, as (offset in the slot, length): from the

@@ -135,6 +135,8 @@ struct Rig {
     early_evictions: u64,
     /// Unwritten slots deallocated by earlier watchers of this rig (restarts).
     reclaimed: u64,
+    /// Deallocation requests of whole slots (a run of unwritten slots is one).
+    slot_discards: u64,
     /// Checkpoint containers fdpblk zeroed (each checked against the oracle).
     invalidated: u64,
     /// Early evictions and zeroed containers of earlier fdpblk instances.
@@ -203,6 +205,7 @@ impl Rig {
             early_tails: 0,
             early_evictions: 0,
             reclaimed: 0,
+            slot_discards: 0,
             invalidated: 0,
             earlier: (0, 0),
             faults: false,
@@ -341,13 +344,17 @@ impl Rig {
                     self.tails += 1;
                     continue;
                 }
-                assert_eq!(len, self.g.slot_bytes, "whole slots");
-                assert!(self.volatile_containers.is_empty(), "slot {slot} was deallocated on the word of checkpoints not yet durable");
-                if let Some(why) = self.protected(slot) {
-                    panic!("slot {slot} was deallocated but is {why}");
+                // Whole slots: one, or a run of unwritten ones.
+                self.slot_discards += 1;
+                assert!(len > 0 && len % self.g.slot_bytes == 0, "whole slots: {len} bytes at slot {slot}");
+                for slot in slot..slot + len / self.g.slot_bytes {
+                    assert!(self.volatile_containers.is_empty(), "slot {slot} was deallocated on the word of checkpoints not yet durable");
+                    if let Some(why) = self.protected(slot) {
+                        panic!("slot {slot} was deallocated but is {why}");
+                    }
+                    self.trims += 1;
+                    self.checked += 1;
                 }
-                self.trims += 1;
-                self.checked += 1;
             }
         }
     }
@@ -2143,4 +2150,20 @@ fn no_unwritten_slot_goes_while_lmcaches_layout_differs() {
     r.step();
     assert_eq!(r.w.reclaimed(), 0);
     assert!(!r.w.trims_allowed());
+}
+
+/// Unwritten slots go in runs, at most `RECLAIM_PER_ROUND` a round; the next round goes on.
+#[test]
+fn unwritten_slots_go_in_runs_a_bounded_number_a_round() {
+    let n = RECLAIM_PER_ROUND + 1000;
+    let mut r = Rig::new_with(n, META, true, true, true);
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    r.checkpoint();
+    r.step();
+    assert_eq!(r.w.reclaimed(), RECLAIM_PER_ROUND);
+    assert_eq!(r.slot_discards, RECLAIM_PER_ROUND.div_ceil(RECLAIM_RUN_SLOTS), "runs of {RECLAIM_RUN_SLOTS} slots");
+    r.step();
+    assert_eq!(r.w.reclaimed(), n - 1);
+    r.verify_all();
 }
