@@ -593,16 +593,16 @@ impl RunResult {
             (self.trim_tails, "tails"),
             (self.early_tails, "early-tails"),
             (self.early_evictions, "early-evictions"),
-            (self.unwritten, "unwritten"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
         .collect();
+        let unwritten = if self.unwritten { " +unwritten" } else { "" };
         match (self.trim, rules.len()) {
             (false, _) => self.policy.clone(),
-            (true, 5) => format!("{} + trim", self.policy),
-            (true, 0) => format!("{} + trim(none)", self.policy),
-            (true, _) => format!("{} + trim({})", self.policy, rules.join(",")),
+            (true, 4) => format!("{} + trim{unwritten}", self.policy),
+            (true, 0) => format!("{} + trim(none){unwritten}", self.policy),
+            (true, _) => format!("{} + trim({}){unwritten}", self.policy, rules.join(",")),
         }
     }
     pub fn own_state_ratio(&self) -> f64 {
