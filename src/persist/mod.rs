@@ -269,6 +269,9 @@ pub struct Loaded {
     pub counters: Counters,
     /// Why an existing state was not used (geometry changed, region too small).
     pub note: Option<String>,
+    /// The region was read and holds no fdpblk superblock at all: no run of fdpblk has saved
+    /// a state for this device (or its tail was wiped).
+    pub none_saved: bool,
 }
 
 /// One persist cycle's result.
@@ -415,6 +418,7 @@ impl Persist {
                     for s in [&a, &c].into_iter().flatten() {
                         max_seq = max_seq.max(s.seq);
                     }
+                    loaded.none_saved = a.is_none() && c.is_none();
                     newest([a, c]).map(|(copy, s)| {
                         p.sb_copy = copy;
                         s

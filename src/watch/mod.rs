@@ -40,7 +40,9 @@
 //!
 //! - R1. **never written through fdpblk**: `s` is marked *unwritten* (state `Evicted`
 //!   without a confirmation). `Watcher::new` sets the mark when fdpblk first takes the device
-//!   (no saved state), before it serves I/O, on every slot that neither container lists; any
+//!   (its reserved tail holds no superblock at all; not where a state of another layout, an
+//!   unreadable one, or a tail too small to save one leaves earlier runs' writes unknown),
+//!   before it serves I/O, on every slot that neither container lists; any
 //!   write to the slot turns its state to `Unknown`, so the mark means no write since. The
 //!   marks are saved with the state: a clean stop keeps them for the next run, an unclean
 //!   one (writes after the last cycle) drops them;
@@ -540,6 +542,9 @@ pub struct Watcher {
     /// Unwritten slots deallocated by this daemon ("Unwritten slots"), and their bytes.
     reclaimed: u64,
     reclaimed_bytes: u64,
+    /// The checkpoint epoch in which deallocating unwritten slots last failed: they pause
+    /// until the next checkpoint.
+    reclaim_error_epoch: Option<u32>,
     tail_trim_bytes: u64,
     /// Of `tail_trims`, those done early (before a checkpoint confirmed the slot).
     early_tail_trims: u64,
@@ -634,6 +639,7 @@ impl Watcher {
             tail_trims: 0,
             reclaimed: 0,
             reclaimed_bytes: 0,
+            reclaim_error_epoch: None,
             tail_trim_bytes: 0,
             early_tail_trims: 0,
             early_evictions: 0,
@@ -1127,10 +1133,11 @@ impl Watcher {
         }).max_by_key(|&(_, seq)| seq).map(|(i, _)| i);
         let unknown = self.containers.iter().any(|c| matches!(c, Container::Unknown));
         let mut unwritten = Vec::new();
-        let reclaim = allow && self.cfg.reclaim && self.layout_in_use();
+        let reclaim = allow && self.cfg.reclaim && self.layout_in_use() && self.reclaim_error_epoch != Some(self.seen_epoch);
         for slot in 0..self.slots.len() as u64 {
             let mut l = self.slots.life(slot);
-            if reclaim && is_unwritten(l) && !self.containers[0].lists(slot) && !self.containers[1].lists(slot) {
+            // A round's worth: the rest waits for the next round (`reclaim` asks for it).
+            if reclaim && (unwritten.len() as u64) < RECLAIM_PER_ROUND && is_unwritten(l) && !self.containers[0].lists(slot) && !self.containers[1].lists(slot) {
                 unwritten.push((slot, l));
             }
             if l & life::CONFIRMED != 0 {
@@ -1176,7 +1183,7 @@ impl Watcher {
 
     /// Marks the slots that neither container lists and no checkpoint confirmed as unwritten
     /// (R1 of "Unwritten slots"): before the device serves I/O, when fdpblk first takes the
-    /// device (no saved state) and both containers are known.
+    /// device (its reserved tail read, and no superblock there) and both containers are known.
     fn mark_unwritten(&mut self) {
         // A clean state's marks still hold: its run's last cycle saved every write's `Unknown`.
         // An unclean one's may not (writes after its last cycle), nor may any where this run
@@ -1191,7 +1198,9 @@ impl Watcher {
                 }
             }
         }
-        if !self.cfg.reclaim || self.loaded.found {
+        // Only where no run of fdpblk saved a state here: a state of another layout, one that
+        // could not be read, or persistence off leave earlier runs' writes unknown.
+        if !self.cfg.reclaim || self.loaded.found || !self.loaded.none_saved {
             return;
         }
         // No saved state: no run of fdpblk served this device's LMCache before this one.
@@ -1219,6 +1228,9 @@ impl Watcher {
     /// most [`RECLAIM_PER_ROUND`] slots a round so that checkpoints keep being read back; the
     /// next round takes the rest.
     fn reclaim(&mut self, candidates: Vec<(u64, u64)>) -> u64 {
+        if candidates.len() as u64 >= RECLAIM_PER_ROUND {
+            self.need_sweep = true;
+        }
         let mut done = 0;
         let mut run: Vec<(u64, u64)> = Vec::new();
         for (slot, l0) in candidates {
@@ -1268,10 +1280,10 @@ impl Watcher {
             }
             Err(_) if !allowed => None,
             Err(err) => {
-                if !self.trim_error {
-                    tracing::warn!("device {}: deallocating unwritten slots from {first}: {err}; deallocation paused until the next checkpoint", self.cfg.device);
-                    self.trim_error = true;
+                if self.reclaim_error_epoch.is_none() {
+                    tracing::warn!("device {}: deallocating unwritten slots from {first}: {err}; paused until the next checkpoint", self.cfg.device);
                 }
+                self.reclaim_error_epoch = Some(self.seen_epoch);
                 None
             }
         }

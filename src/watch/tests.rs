@@ -2092,7 +2092,7 @@ fn unwritten_slots_go_once_lmcache_checkpoints_with_fdpblks_layout() {
     let mut r = Rig::new_with(SLOTS, META, true, true, true);
     // What a benchmark's fill left: LMCache never lists or writes it.
     for s in 4..SLOTS {
-        r.dev.poke(r.g.slot_offset(s), &[0xa5; 4096]);
+        r.dev.poke(r.g.slot_offset(s), &vec![0xa5; r.g.slot_bytes as usize]);
     }
     let keys: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
     for k in &keys {
@@ -2104,6 +2104,9 @@ fn unwritten_slots_go_once_lmcache_checkpoints_with_fdpblks_layout() {
     r.step();
     assert_eq!(r.w.reclaimed(), SLOTS - 4);
     assert!((4..SLOTS).all(|s| life::state(r.slots.life(s)) == SlotState::Trimmed));
+    for s in 4..SLOTS {
+        assert!(r.dev.peek(r.g.slot_offset(s), r.g.slot_bytes as usize).iter().all(|&b| b == 0), "slot {s} still holds the fill");
+    }
     r.verify_all();
     // Slots LMCache takes later are written, never unwritten: nothing more goes that way.
     r.fillers(3);
@@ -2165,5 +2168,24 @@ fn unwritten_slots_go_in_runs_a_bounded_number_a_round() {
     assert_eq!(r.slot_discards, RECLAIM_PER_ROUND.div_ceil(RECLAIM_RUN_SLOTS), "runs of {RECLAIM_RUN_SLOTS} slots");
     r.step();
     assert_eq!(r.w.reclaimed(), n - 1);
+    r.verify_all();
+}
+
+/// A failed deallocation of unwritten slots pauses them until LMCache's next checkpoint.
+#[test]
+fn a_failed_deallocation_of_unwritten_slots_waits_for_the_next_checkpoint() {
+    let mut r = Rig::new_with(SLOTS, META, true, true, true);
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    r.w.reclaim_error_epoch = Some(r.slots.epoch() + 1);
+    r.checkpoint();
+    r.step();
+    assert_eq!(r.w.reclaimed(), 0, "paused in the epoch of the failure");
+    r.w.need_sweep = true;
+    r.step();
+    assert_eq!(r.w.reclaimed(), 0);
+    r.checkpoint();
+    r.step();
+    assert_eq!(r.w.reclaimed(), SLOTS - 1, "the next checkpoint resumes");
     r.verify_all();
 }
