@@ -91,7 +91,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         "auto" => {
             if policy.handles() > 1 {
                 return Err(format!(
-                    "{} offers no FDP placement (no write streams: needs an FDP drive with one reclaim group and Linux >= 6.16); use --policy none, or --engine plain to run without placement",
+                    "{} offers no FDP placement (no write streams: needs an FDP drive with one reclaim group and Linux >= 6.16); use --policy none, or --engine plain to run without placement; on an FDP drive with an older kernel, pass its char device /dev/ngXnY as --backing (NVMe passthrough)",
                     a.backing.display()
                 ));
             }
@@ -147,7 +147,10 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     if !is_bdev && !meta.file_type().is_file() && probe.is_none() {
         return Err(format!("backing {} is neither a block device nor a file", a.backing.display()));
     }
-    let file = std::fs::File::open(&a.backing).map_err(|e| format!("cannot open backing {}: {e}", a.backing.display()))?;
+    let file = std::fs::File::open(&a.backing).map_err(|e| {
+        let root = if e.kind() == std::io::ErrorKind::PermissionDenied { "; run as root" } else { "" };
+        format!("cannot open backing {}: {e}{root}", a.backing.display())
+    })?;
     // A char device has no BLKGETSIZE64 or pread: its size and blocks come from Identify.
     let backing_bytes = match &probe {
         Some(p) => p.ns_bytes,
@@ -173,7 +176,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     }
     let exported = exported_bytes(backing_bytes, lba).ok_or_else(|| {
         format!(
-            "backing {} ({backing_bytes} bytes) is too small: fdpblk reserves {} bytes at its end for its own state",
+            "backing {} ({backing_bytes} bytes) is too small: fdpblk reserves {} bytes at its end for its own state; use a device larger than that plus LMCache's meta_total_bytes and one slot_bytes",
             a.backing.display(),
             reserved_tail_bytes(backing_bytes)
         )

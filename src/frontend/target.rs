@@ -81,14 +81,19 @@ impl Shared {
 /// libublk's error with its cause: its own text ("other IO failure") drops the errno.
 pub(crate) fn ublk_error(e: &UblkError) -> String {
     let errno = match e {
-        UblkError::IOError(io) => return io.to_string(),
+        UblkError::IOError(io) => io.raw_os_error().unwrap_or(0),
         UblkError::UringIOError(n) | UblkError::OtherError(n) => n.unsigned_abs() as i32,
         _ => 0,
     };
-    if errno == 0 {
-        e.to_string()
+    let text = match e {
+        UblkError::IOError(io) => io.to_string(),
+        _ if errno == 0 => e.to_string(),
+        _ => format!("{e}: {}", std::io::Error::from_raw_os_error(errno)),
+    };
+    if errno == libc::EPERM || errno == libc::EACCES {
+        format!("{text}; run as root (ublk's control device needs CAP_SYS_ADMIN)")
     } else {
-        format!("{e}: {}", std::io::Error::from_raw_os_error(errno))
+        text
     }
 }
 
@@ -272,6 +277,7 @@ fn open_backing_once(cfg: &DeviceConfig) -> Result<Backing, (String, bool)> {
     };
     let file = file.map_err(|e| match e.raw_os_error() {
         Some(libc::EBUSY) => (in_use(&cfg.backing), true),
+        Some(libc::EACCES | libc::EPERM) => (format!("cannot open backing {}: {e}; run as root", cfg.backing.display()), false),
         _ => (format!("cannot open backing {}: {e}", cfg.backing.display()), false),
     })?;
     if is_chardev {
