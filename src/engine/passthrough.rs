@@ -793,13 +793,13 @@ impl CommandLimits {
     }
 
     /// The ublk device's `max_write_zeroes_sectors`: none where the kernel offers none for
-    /// the namespace, else as much as a request can say (the engine splits at the drive's
-    /// limit).
-    pub fn ublk_write_zeroes_sectors(&self) -> u32 {
+    /// the namespace, else as much as a request can say in whole logical blocks (the engine
+    /// splits at the drive's limit).
+    pub fn ublk_write_zeroes_sectors(&self, lba_shift: u8) -> u32 {
         if self.write_zeroes_off {
             0
         } else {
-            u32::MAX >> 9
+            crate::frontend::config::max_request_sectors(lba_shift)
         }
     }
 }
@@ -998,9 +998,11 @@ mod tests {
 
     #[test]
     fn write_zeroes_is_offered_only_where_the_kernel_offers_it_for_the_namespace() {
-        assert_eq!(CommandLimits { write_zeroes_off: true, ..Default::default() }.ublk_write_zeroes_sectors(), 0);
+        assert_eq!(CommandLimits { write_zeroes_off: true, ..Default::default() }.ublk_write_zeroes_sectors(12), 0);
         // Unknown (no block device for the namespace): offered, the drive answers per command.
-        assert_eq!(CommandLimits::default().ublk_write_zeroes_sectors(), u32::MAX >> 9);
+        assert_eq!(CommandLimits::default().ublk_write_zeroes_sectors(9), u32::MAX >> 9);
+        // 4 KiB blocks: whole blocks, or kernels before 6.10 split a large request off them.
+        assert_eq!(CommandLimits::default().ublk_write_zeroes_sectors(12), (u32::MAX >> 9) & !7);
         assert!(!CommandLimits::of(Path::new("/dev/ng-none")).write_zeroes_off);
     }
 

@@ -24,6 +24,15 @@ pub fn exported_bytes(backing_bytes: u64, lba_bytes: u64) -> Option<u64> {
     (e > 0).then_some(e)
 }
 
+/// The most 512-byte sectors a discard or write-zeroes request may span: as much as the
+/// field holds, in whole logical blocks. Kernels before 6.10 split a larger request at
+/// exactly this many sectors, so an odd limit would start every later piece off a 4 KiB block,
+/// which the backing refuses.
+pub fn max_request_sectors(lba_shift: u8) -> u32 {
+    let per_block = 1u32 << lba_shift.saturating_sub(9).min(12);
+    (u32::MAX >> 9) & !(per_block - 1)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineKind {
     Plain,

@@ -195,10 +195,10 @@ fn set_params(dev: &mut UblkDev, cfg: &DeviceConfig, backing_fd: i32) {
         },
         discard: sys::ublk_param_discard {
             discard_granularity: 1 << cfg.lba_shift.max(12),
-            max_discard_sectors: u32::MAX >> 9,
+            max_discard_sectors: super::config::max_request_sectors(cfg.lba_shift),
             max_write_zeroes_sectors: match cfg.engine {
-                super::config::EngineKind::Passthrough => crate::engine::passthrough::CommandLimits::of(&cfg.backing).ublk_write_zeroes_sectors(),
-                _ => u32::MAX >> 9,
+                super::config::EngineKind::Passthrough => crate::engine::passthrough::CommandLimits::of(&cfg.backing).ublk_write_zeroes_sectors(cfg.lba_shift),
+                _ => super::config::max_request_sectors(cfg.lba_shift),
             },
             max_discard_segments: 1,
             ..Default::default()
