@@ -277,7 +277,8 @@ fn fmt_waf(r: &RunResult) -> String {
     if r.stalled && !r.waf.is_finite() {
         "stall".into()
     } else if r.waf.is_finite() {
-        format!("{:.3}", r.waf)
+        // Stalled inside the window: measured over less than the window asks for.
+        format!("{:.3}{}", r.waf, if r.stalled { "*" } else { "" })
     } else {
         "-".into()
     }
@@ -325,6 +326,9 @@ fn print_text(rs: &[RunResult]) {
             print!(" {cell:>8}");
         }
         println!();
+    }
+    if rs.iter().any(|r| r.stalled && r.waf.is_finite()) {
+        println!("* LMCache stopped storing (every put failed) before the window's end: WAF over a shorter window");
     }
     println!();
     println!(

@@ -637,6 +637,7 @@ impl RunResult {
                 "loads": self.lmcache.loads, "evictions": self.lmcache.evictions, "deletes": self.lmcache.deletes,
                 "checkpoints": self.lmcache.checkpoints, "checkpoints_skipped_busy": self.lmcache.checkpoints_skipped_busy,
                 "checkpoints_overflow": self.lmcache.checkpoints_overflow, "checkpoint_bytes": self.lmcache.checkpoint_bytes,
+                "checkpoint_max_bytes": self.lmcache.checkpoint_max_bytes,
                 "max_slots": self.max_slots, "slots_ever_used": self.slots_ever_used, "live_slots_end": self.live_slots_end,
             },
             "stalled": self.stalled,

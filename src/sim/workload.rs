@@ -554,6 +554,8 @@ pub struct WorkloadStats {
     /// Checkpoints larger than a container: LMCache skips them (S2).
     pub checkpoints_overflow: u64,
     pub checkpoint_bytes: u64,
+    /// The largest checkpoint JSON written.
+    pub checkpoint_max_bytes: u64,
     pub put_payload_bytes: u64,
 }
 
@@ -710,6 +712,9 @@ pub struct Workload {
     pub spec: WorkloadSpec,
     pub geometry: Geometry,
     rng: SplitMix64,
+    /// Whether a checkpoint tick finds LMCache idle: a stream of its own, so that the request
+    /// stream is the same whatever `checkpoint_idle_probability` is (runs compare like with like).
+    idle_rng: SplitMix64,
     tenants: Vec<Tenant>,
     tenant_cdf: Vec<f64>,
     index: HashMap<u64, u32>,
@@ -806,6 +811,7 @@ impl Workload {
         Ok(Workload {
             geometry,
             rng: SplitMix64(mix64(seed)),
+            idle_rng: SplitMix64(mix64(seed ^ 0x1d1e_c4ec_4b01_7a55)),
             tenants,
             tenant_cdf,
             index: HashMap::with_capacity(slots_n as usize),
@@ -1013,7 +1019,7 @@ impl Workload {
             return;
         }
         if self.spec.checkpoint_idle_probability < 1.0 {
-            let u = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+            let u = (self.idle_rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
             if u >= self.spec.checkpoint_idle_probability {
                 self.stats.checkpoints_skipped_busy += 1;
                 return;
@@ -1029,6 +1035,7 @@ impl Workload {
         self.persisted_dirty = self.dirty;
         self.stats.checkpoints += 1;
         self.stats.checkpoint_bytes += json_bytes;
+        self.stats.checkpoint_max_bytes = self.stats.checkpoint_max_bytes.max(json_bytes);
         self.ops.push(LmOpOwned::Checkpoint { json_bytes });
     }
 
@@ -1290,8 +1297,10 @@ pub struct IoShaper {
     io: IoMode,
     max_req: u64,
     window: usize,
-    /// Buffered: the latest dirty put per slot, in first-dirtied order.
-    dirty: Vec<(u64, SlotHeader)>,
+    /// Buffered: the latest dirty put per slot, in first-dirtied order, with the payload bytes
+    /// dirty since the slot's last writeback: a shorter put leaves an earlier one's pages past
+    /// its end dirty, and the kernel writes them back too.
+    dirty: Vec<(u64, SlotHeader, u64)>,
     dirty_pos: HashMap<u64, usize>,
     runs: Vec<(u64, u64)>,
     /// io_uring: the puts of the batch being gathered, the batch's requests with their
@@ -1357,10 +1366,14 @@ impl IoShaper {
                     }
                     IoMode::Buffered => {
                         match self.dirty_pos.get(&slot) {
-                            Some(&i) => self.dirty[i].1 = h,
+                            Some(&i) => {
+                                let d = &mut self.dirty[i];
+                                d.1 = h;
+                                d.2 = d.2.max(payload_len);
+                            }
                             None => {
                                 self.dirty_pos.insert(slot, self.dirty.len());
-                                self.dirty.push((slot, h));
+                                self.dirty.push((slot, h, payload_len));
                             }
                         }
                         if self.dirty.len() >= self.window {
@@ -1375,6 +1388,9 @@ impl IoShaper {
                     }
                 }
             }
+            // Buffered: a slot whose put is still dirty is read from the page cache. (Clean
+            // pages the cache still holds are read from the drive here: see docs/waf.md, Limits.)
+            LmOp::Load { slot, .. } if self.io == IoMode::Buffered && self.dirty_pos.contains_key(&slot) => {}
             LmOp::Load { slot, payload_len } => {
                 self.split(g.slot_offset(slot) + g.header_bytes, self.round(payload_len), None, false, out);
             }
@@ -1446,13 +1462,13 @@ impl IoShaper {
         let g = self.geom;
         let mut d = std::mem::take(&mut self.dirty);
         self.dirty_pos.clear();
-        d.sort_unstable_by_key(|&(s, _)| s);
+        d.sort_unstable_by_key(|&(s, _, _)| s);
         // Contiguous runs of dirty pages: a slot's header and its payload pages are adjacent;
         // consecutive slots merge when the earlier one's payload fills its slot.
         self.runs.clear();
-        for &(slot, h) in &d {
+        for &(slot, _, dirty_len) in &d {
             let off = g.slot_offset(slot);
-            let len = g.header_bytes + self.round(h.payload_len);
+            let len = g.header_bytes + self.round(dirty_len);
             match self.runs.last_mut() {
                 Some((o, l)) if *o + *l == off => *l += len,
                 _ => self.runs.push((off, len)),
@@ -1472,12 +1488,12 @@ impl IoShaper {
                     hi += 1;
                 }
                 let header = match d.get(hi) {
-                    Some(&(s, h)) if g.slot_offset(s) == pos => Some(h),
+                    Some(&(s, h, _)) if g.slot_offset(s) == pos => Some(h),
                     _ => None,
                 };
                 // A header in the middle of the request: cut the request there.
                 let mut cut = n;
-                if let Some(&(s, _)) = d.get(hi + usize::from(header.is_some())) {
+                if let Some(&(s, _, _)) = d.get(hi + usize::from(header.is_some())) {
                     let ho = g.slot_offset(s);
                     if ho > pos && ho < pos + n {
                         cut = ho - pos;
@@ -1779,6 +1795,34 @@ mod tests {
         assert!(starts.windows(2).all(|w| w[0].0 < w[1].0), "{starts:?}");
         let total: u64 = out.iter().map(|io| io.len).sum();
         assert_eq!(total, 3 * 4096 + g.slot_payload_capacity() + 4096 + 8192);
+    }
+
+    /// Buffered: a shorter put into a slot still dirty leaves the earlier put's pages past its
+    /// end dirty, and writeback writes them; a load of a dirty slot comes from the page cache.
+    #[test]
+    fn buffered_keeps_a_longer_dirty_extent_and_reads_dirty_slots_from_the_cache() {
+        let mut b = small(LRU, ONE);
+        b.io = IoMode::Buffered;
+        b.writeback_puts = 8;
+        let g = b.geometry(64 << 20, 0).unwrap();
+        let mut sh = IoShaper::new(&b, g, 1);
+        let mut out = Vec::new();
+        let put = |slot, payload_len| LmOp::Put { slot, identity: slot, payload_len, tenant: 0, pid: None, popularity: 0.0 };
+        sh.shape(&put(5, 9000), &mut |io| out.push(*io));
+        sh.shape(&put(5, 2000), &mut |io| out.push(*io));
+        sh.shape(&LmOp::Load { slot: 5, payload_len: 2000 }, &mut |io| out.push(*io));
+        assert!(out.is_empty(), "a dirty slot is read from the page cache: {out:?}");
+        sh.shape(&LmOp::Load { slot: 7, payload_len: 2000 }, &mut |io| out.push(*io));
+        assert_eq!(out.iter().map(|io| (io.write, io.offset)).collect::<Vec<_>>(), vec![(false, g.slot_offset(7) + g.header_bytes)]);
+        out.clear();
+        sh.flush(&mut |io| out.push(*io));
+        assert_eq!(out.iter().map(|io| io.len).sum::<u64>(), 4096 + 12288, "the first put's third page is still dirty");
+        assert_eq!(out[0].header.map(|h| h.payload_len), Some(2000), "with the newest header");
+        // Written back: the next put starts a new extent.
+        out.clear();
+        sh.shape(&put(5, 2000), &mut |io| out.push(*io));
+        sh.flush(&mut |io| out.push(*io));
+        assert_eq!(out.iter().map(|io| io.len).sum::<u64>(), 4096 + 4096);
     }
 
     /// io_uring: a store's keys go out in batches of 64, every request once; with a window
