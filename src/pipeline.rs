@@ -293,9 +293,9 @@ impl Pipeline {
         for (i, e) in self.extents.iter().enumerate() {
             match (op, e.kind) {
                 (Op::Read, ExtentKind::SlotPayload { slot }) if i == 0 && e.offset == self.geom.slot_offset(slot) + self.geom.header_bytes => {
-                    self.slots.note_read(slot);
+                    let slot_reads = self.slots.note_read(slot);
                     let identity = self.slots.get(slot).map(|h| h.identity);
-                    self.policy.observe(&Observation::Read { slot, identity, len: e.len });
+                    self.policy.observe(&Observation::Read { slot, identity, len: e.len, slot_reads });
                 }
                 (Op::Read, ExtentKind::CheckpointHeader { .. }) => self.slots.note_checkpoint_read(),
                 (Op::Discard | Op::WriteZeroes, kind) => match kind {

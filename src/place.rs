@@ -48,7 +48,11 @@ pub enum Observation<'a> {
     /// read the header), and the identity of the slot's current header as the slot table knows
     /// it (None when no header was seen; after an unclean restart, a slot rewritten since the
     /// last persist names its previous identity until its next header: placement only).
-    Read { slot: u64, identity: Option<u64>, len: u64 },
+    ///
+    /// `slot_reads`: the loads of the slot's current contents so far, this one included (0
+    /// when not known). Several slots can hold one identity at once (a legacy key's layers,
+    /// or tags, share the chunk hash): one request loads each of them once.
+    Read { slot: u64, identity: Option<u64>, len: u64, slot_reads: u8 },
     /// A committed checkpoint (`seq`) with every live entry.
     Checkpoint { seq: u64, entries: &'a [LiveEntry] },
     /// The placement id the writer itself chose for its next write to `slot`. Only LMCache's
@@ -321,11 +325,17 @@ impl Policy for LmcacheFdpPolicy {
 /// Loads seen per identity, in bounded memory: two generations of at most `limit` identities
 /// each; an identity neither read nor restored during a whole generation is forgotten.
 ///
-/// Each generation is an open-addressing table of 8-byte words, a 56-bit tag of the identity
-/// and an 8-bit saturating count (two identities with one tag share a count, about one pair in
-/// 2^56: it only steers placement), at most 3/4 full, probed linearly from a keyed hash (a writer that
-/// chooses its identities cannot make the probes long). So `limit` identities cost about
-/// 2 × 8 × 4/3 = 21 bytes each, both generations allocated.
+/// Each generation is an open-addressing table of 8-byte words, a 48-bit tag of the identity,
+/// an 8-bit `top` and an 8-bit saturating count (two identities with one tag share a count,
+/// about one pair in 2^48: it only steers placement), at most 3/4 full, probed linearly from a
+/// keyed hash (a writer that chooses its identities cannot make the probes long). So `limit`
+/// identities cost about 2 × 8 × 4/3 = 21 bytes each, both generations allocated.
+///
+/// `top` is the most loads any one slot's current contents of the identity had. A load of a
+/// slot whose contents have had `n` loads adds what `n` passes `top` by: one per load while the
+/// identity sits in one slot, and one per request, not one per layer, when several slots hold
+/// it (a legacy key's layers all carry the chunk hash). A header write of the identity starts
+/// `top` again, as it starts that slot's count.
 #[derive(Debug)]
 pub struct ReadBook {
     current: CountTable,
@@ -334,8 +344,8 @@ pub struct ReadBook {
     hasher: std::collections::hash_map::RandomState,
 }
 
-/// One generation of a [`ReadBook`]: words `tag | count`, 0 = empty; no deletions (a
-/// generation is emptied whole), so a probe ends at the first empty word.
+/// One generation of a [`ReadBook`]: words `tag | top << 8 | count`, 0 = empty; no deletions
+/// (a generation is emptied whole), so a probe ends at the first empty word.
 #[derive(Debug, Default)]
 struct CountTable {
     words: Vec<u64>,
@@ -343,6 +353,15 @@ struct CountTable {
 }
 
 const COUNT_MASK: u64 = 0xff;
+const TOP_SHIFT: u32 = 8;
+const TAG_MASK: u64 = !0xffff;
+
+/// An identity's entry: its loads and the most loads one slot of it had.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Loads {
+    count: u8,
+    top: u8,
+}
 
 impl CountTable {
     /// Room for `limit` identities at most 3/4 full (one empty word always remains; `limit`
@@ -357,22 +376,24 @@ impl CountTable {
         let mut i = ((u128::from(hash) * n as u128) >> 64) as usize;
         loop {
             let w = self.words[i];
-            if w == 0 || w & !COUNT_MASK == tag {
+            if w == 0 || w & TAG_MASK == tag {
                 return i;
             }
             i = if i + 1 == n { 0 } else { i + 1 };
         }
     }
-    fn get(&self, tag: u64, hash: u64) -> u8 {
-        (self.words[self.find(tag, hash)] & COUNT_MASK) as u8
+    /// `tag`'s entry; a count of 0 means none.
+    fn get(&self, tag: u64, hash: u64) -> Loads {
+        let w = self.words[self.find(tag, hash)];
+        Loads { count: (w & COUNT_MASK) as u8, top: (w >> TOP_SHIFT & COUNT_MASK) as u8 }
     }
-    /// Sets `tag`'s count (`n` >= 1); a new tag needs room (`len` below the limit).
-    fn set(&mut self, tag: u64, hash: u64, n: u8) {
+    /// Sets `tag`'s entry (count at least 1); a new tag needs room (`len` below the limit).
+    fn set(&mut self, tag: u64, hash: u64, l: Loads) {
         let i = self.find(tag, hash);
         if self.words[i] == 0 {
             self.len += 1;
         }
-        self.words[i] = tag | u64::from(n.max(1));
+        self.words[i] = tag | u64::from(l.top) << TOP_SHIFT | u64::from(l.count.max(1));
     }
 }
 
@@ -392,14 +413,14 @@ impl ReadBook {
         }
     }
 
-    /// The word's tag for `identity` and where its probe starts. The tag is 56 bits of a
+    /// The word's tag for `identity` and where its probe starts. The tag is 48 bits of a
     /// bijective mix of the identity, so identities that differ anywhere rarely share one.
     fn key(&self, identity: u64) -> (u64, u64) {
         let mut z = identity;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^= z >> 31;
-        let tag = z & !COUNT_MASK;
+        let tag = z & TAG_MASK;
         (tag, self.probe_start(tag))
     }
     fn probe_start(&self, tag: u64) -> u64 {
@@ -417,8 +438,10 @@ impl ReadBook {
         let rebuilt = |from: &CountTable| {
             let mut t = CountTable::new(limit);
             for w in from.words.iter().copied().filter(|&w| w != 0) {
-                let tag = w & !COUNT_MASK;
-                t.set(tag, self.probe_start(tag), (w & COUNT_MASK) as u8);
+                let tag = w & TAG_MASK;
+                let i = t.find(tag, self.probe_start(tag));
+                t.words[i] = w;
+                t.len += 1;
             }
             t
         };
@@ -436,31 +459,60 @@ impl ReadBook {
         }
     }
 
-    pub fn note_read(&mut self, identity: u64) {
+    /// Changes `identity`'s entry in the current generation (taking it from the previous
+    /// one, or from nothing), which keeps it for another generation.
+    fn update(&mut self, identity: u64, f: impl FnOnce(Loads) -> Loads) {
         let (tag, h) = self.key(identity);
-        let n = self.current.get(tag, h);
-        if n > 0 {
-            self.current.set(tag, h, n.saturating_add(1));
+        let l = self.current.get(tag, h);
+        if l.count > 0 {
+            self.current.set(tag, h, f(l));
             return;
         }
-        let n = self.previous.get(tag, h);
+        let l = self.previous.get(tag, h);
         self.make_room();
-        self.current.set(tag, h, n.saturating_add(1));
+        self.current.set(tag, h, f(l));
     }
-    /// Sets `identity`'s count to at least `n` (state restored at start).
-    pub fn note_reads(&mut self, identity: u64, n: u8) {
-        if n > self.reads(identity) {
-            let (tag, h) = self.key(identity);
-            if self.current.get(tag, h) == 0 {
-                self.make_room();
-            }
-            self.current.set(tag, h, n);
+
+    /// A load of `identity` whose slot is not known: one more.
+    pub fn note_read(&mut self, identity: u64) {
+        self.update(identity, |l| Loads { count: l.count.saturating_add(1), top: l.top });
+    }
+    /// A load of a slot holding `identity` whose current contents have now had `slot_reads`
+    /// loads (0: not known, counted as one).
+    pub fn note_load(&mut self, identity: u64, slot_reads: u8) {
+        if slot_reads == 0 {
+            return self.note_read(identity);
         }
+        self.update(identity, |l| Loads {
+            count: l.count.saturating_add(slot_reads.saturating_sub(l.top)),
+            top: l.top.max(slot_reads),
+        });
+    }
+    /// A header write of `identity`: that slot's loads start again, and so does `top`. Not a
+    /// load: it neither creates an entry nor keeps one for another generation.
+    pub fn note_write(&mut self, identity: u64) {
+        let (tag, h) = self.key(identity);
+        for t in [&mut self.current, &mut self.previous] {
+            let l = t.get(tag, h);
+            if l.count > 0 {
+                if l.top > 0 {
+                    t.set(tag, h, Loads { top: 0, ..l });
+                }
+                return;
+            }
+        }
+    }
+    /// Sets `identity`'s count and `top` to at least `n` (a slot's loads, restored at start).
+    pub fn note_reads(&mut self, identity: u64, n: u8) {
+        if n == 0 {
+            return;
+        }
+        self.update(identity, |l| Loads { count: l.count.max(n), top: l.top.max(n) });
     }
     pub fn reads(&self, identity: u64) -> u8 {
         let (tag, h) = self.key(identity);
-        match self.current.get(tag, h) {
-            0 => self.previous.get(tag, h),
+        match self.current.get(tag, h).count {
+            0 => self.previous.get(tag, h).count,
             n => n,
         }
     }
@@ -561,16 +613,18 @@ impl Policy for KeyAwarePolicy {
             Target::Checkpoint { .. } | Target::OwnState | Target::Outside => Self::YOUNG,
             Target::Slot { slot, header: Some(h), .. } => {
                 self.saw_slot(*slot);
-                self.class_of(h.identity)
+                let class = self.class_of(h.identity);
+                self.reads.note_write(h.identity);
+                class
             }
             Target::Slot { previous, .. } => previous.map_or(Self::YOUNG, |p| p.handle),
         }
     }
     fn observe(&mut self, event: &Observation<'_>) {
         match *event {
-            Observation::Read { slot, identity: Some(id), .. } => {
+            Observation::Read { slot, identity: Some(id), slot_reads, .. } => {
                 self.saw_slot(slot);
-                self.reads.note_read(id);
+                self.reads.note_load(id, slot_reads);
             }
             Observation::Layout { max_slots } => self.reads.grow_to(usize::try_from(max_slots).unwrap_or(usize::MAX)),
             // After a restart: the loads of each slot's contents so far are not lost.
@@ -628,19 +682,62 @@ mod tests {
         assert_eq!(put(&mut p, 0, 10), KeyAwarePolicy::YOUNG);
         assert_eq!(put(&mut p, 1, 11), KeyAwarePolicy::YOUNG);
         // Identity 10 is read twice while in slot 0, then evicted; slot 0 reused by 12.
-        p.observe(&Observation::Read { slot: 0, identity: Some(10), len: 1000 });
-        p.observe(&Observation::Read { slot: 0, identity: Some(10), len: 1000 });
+        p.observe(&Observation::Read { slot: 0, identity: Some(10), len: 1000, slot_reads: 1 });
+        p.observe(&Observation::Read { slot: 0, identity: Some(10), len: 1000, slot_reads: 2 });
         assert_eq!(put(&mut p, 0, 12), KeyAwarePolicy::YOUNG);
-        // 10 comes back (in another slot): read before, on the read handle.
+        // 10 comes back (in another slot): read before, on the read handle; the new slot's
+        // loads count from 1 again, and add to the identity's.
         assert_eq!(put(&mut p, 5, 10), KeyAwarePolicy::READ);
-        p.observe(&Observation::Read { slot: 5, identity: Some(10), len: 1000 });
+        p.observe(&Observation::Read { slot: 5, identity: Some(10), len: 1000, slot_reads: 1 });
         assert_eq!(put(&mut p, 6, 10), KeyAwarePolicy::HOT);
         // A payload without its header follows the slot's record.
         let prev = SlotEntry { handle: 2, generation: 1, ..Default::default() };
         assert_eq!(p.place(&Target::Slot { slot: 6, header: None, previous: Some(&prev) }), 2);
         // A read of a slot without a header is ignored.
-        p.observe(&Observation::Read { slot: 999, identity: None, len: 1 });
+        p.observe(&Observation::Read { slot: 999, identity: None, len: 1, slot_reads: 0 });
         assert!(p.read_book().len() == 1 && p.read_book().reads(10) == 3);
+    }
+
+    /// A legacy key's layers share the chunk hash: one request loads every layer's slot once,
+    /// and that is one load of the identity, not one per layer.
+    #[test]
+    fn key_aware_counts_a_request_over_layer_slots_once() {
+        let mut p = KeyAwarePolicy::new();
+        let layers = 10..42u64;
+        for s in layers.clone() {
+            assert_eq!(put(&mut p, s, 7), KeyAwarePolicy::YOUNG);
+        }
+        let load = |p: &mut KeyAwarePolicy, slot, n| p.observe(&Observation::Read { slot, identity: Some(7), len: 1000, slot_reads: n });
+        for s in layers.clone() {
+            load(&mut p, s, 1);
+        }
+        assert_eq!(p.read_book().reads(7), 1, "one request");
+        // Layer-wise retrieval interleaves the layers of several chunks; still one per request.
+        for s in layers.clone().rev() {
+            load(&mut p, s, 2);
+        }
+        assert_eq!(p.read_book().reads(7), 2);
+        assert_eq!(put(&mut p, 50, 7), KeyAwarePolicy::READ, "a layer stored again: read twice before");
+        // Two queues' loads of one slot may arrive out of order: both count.
+        let mut q = KeyAwarePolicy::new();
+        put(&mut q, 3, 9);
+        for n in [1, 3, 2] {
+            q.observe(&Observation::Read { slot: 3, identity: Some(9), len: 1, slot_reads: n });
+        }
+        assert_eq!(q.read_book().reads(9), 3);
+        // A slot count not known (0) counts one.
+        q.observe(&Observation::Read { slot: 3, identity: Some(9), len: 1, slot_reads: 0 });
+        assert_eq!(q.read_book().reads(9), 4);
+        // Restored at start: a slot's loads so far, then one more load counts one.
+        let mut r = KeyAwarePolicy::new();
+        for s in layers.clone() {
+            r.observe(&Observation::Resident { slot: s, identity: 7, reads: 2 });
+        }
+        assert_eq!(r.read_book().reads(7), 2);
+        load(&mut r, 10, 3);
+        load(&mut r, 11, 3);
+        assert_eq!(r.read_book().reads(7), 3);
+        assert_eq!(put(&mut r, 60, 7), KeyAwarePolicy::HOT);
     }
 
     #[test]
@@ -660,8 +757,8 @@ mod tests {
         assert_eq!(put(&mut p, 5, 20), KeyAwarePolicy::HOT);
         assert_eq!(put(&mut p, 6, 30), KeyAwarePolicy::READ);
         // Later loads add to them.
-        p.observe(&Observation::Read { slot: 3, identity: Some(30), len: 1000 });
-        p.observe(&Observation::Read { slot: 3, identity: Some(30), len: 1000 });
+        p.observe(&Observation::Read { slot: 3, identity: Some(30), len: 1000, slot_reads: 0 });
+        p.observe(&Observation::Read { slot: 3, identity: Some(30), len: 1000, slot_reads: 0 });
         assert_eq!(put(&mut p, 7, 30), KeyAwarePolicy::HOT);
         // Policies without history take nothing.
         assert_eq!(SharedPolicy::new(Box::new(NonePolicy)).resume(&slots), 0);
@@ -682,18 +779,18 @@ mod tests {
         assert_eq!(p.read_book().limit, 60_000);
         let spread = |i: u64| i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         for i in 0..60_000 {
-            p.observe(&Observation::Read { slot: 0, identity: Some(spread(i)), len: 1 });
+            p.observe(&Observation::Read { slot: 0, identity: Some(spread(i)), len: 1, slot_reads: 0 });
         }
         // The current generation is full; the next new identity starts another.
         assert_eq!(p.read_book().reads(spread(7)), 1);
         assert_eq!(p.read_book().reads(1), 0, "identity 1 was never read");
-        p.observe(&Observation::Read { slot: 0, identity: Some(spread(60_000)), len: 1 });
+        p.observe(&Observation::Read { slot: 0, identity: Some(spread(60_000)), len: 1, slot_reads: 0 });
         assert_eq!(p.read_book().reads(spread(7)), 1, "the previous generation is still read");
         assert!(p.read_book().len() <= 2 * 60_000);
         assert_eq!(p.read_book().heap_bytes(), 2 * 8 * (60_000 * 4 / 3 + 1));
         // Without a layout, slots beyond the limit double it; counts survive the rebuild.
         let mut q = KeyAwarePolicy::new();
-        q.observe(&Observation::Read { slot: 0, identity: Some(5), len: 1 });
+        q.observe(&Observation::Read { slot: 0, identity: Some(5), len: 1, slot_reads: 0 });
         put(&mut q, 1500, 9);
         assert_eq!(q.read_book().limit, 2048);
         assert_eq!((q.read_book().reads(5), q.read_book().reads(9)), (1, 0));
@@ -771,7 +868,7 @@ mod tests {
         let (mut a, mut b) = (s.clone(), s);
         assert_eq!((a.name(), a.handles(), a.needs_state()), ("key-aware", 3, true));
         assert_eq!(put(&mut a, 0, 1), KeyAwarePolicy::YOUNG);
-        b.observe(&Observation::Read { slot: 0, identity: Some(1), len: 1 });
+        b.observe(&Observation::Read { slot: 0, identity: Some(1), len: 1, slot_reads: 0 });
         assert_eq!(put(&mut a, 1, 1), KeyAwarePolicy::READ);
     }
 }

@@ -583,17 +583,23 @@ impl SlotTable {
     /// (or 255), so a restart brings back a slot's loads exactly up to 4 and within a factor of
     /// two above, as of the last persist: enough for placement by load classes, without a page
     /// write per load.
-    pub fn note_read(&self, slot: u64) {
-        let Some(i) = self.index(slot) else { return };
+    /// Counts a load of the slot's current contents; returns the loads of them so far
+    /// (saturating at 255; 0 for a slot outside the table).
+    pub fn note_read(&self, slot: u64) -> u8 {
+        let Some(i) = self.index(slot) else { return 0 };
         let counted = self.life[i].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
             let r = ((l & life::READS_MASK) >> life::READS_SHIFT) as u8;
             (r < u8::MAX).then(|| (l & !life::READS_MASK) | (u64::from(r + 1) << life::READS_SHIFT))
         });
-        if let Ok(before) = counted {
-            let n = ((before & life::READS_MASK) >> life::READS_SHIFT) as u8 + 1;
-            if reads_worth_saving(n) {
-                self.mark_dirty(slot);
+        match counted {
+            Ok(before) => {
+                let n = ((before & life::READS_MASK) >> life::READS_SHIFT) as u8 + 1;
+                if reads_worth_saving(n) {
+                    self.mark_dirty(slot);
+                }
+                n
             }
+            Err(_) => u8::MAX,
         }
     }
 
