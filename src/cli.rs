@@ -131,6 +131,10 @@ pub struct ReplayArgs {
     /// Reclaim unit size of the modelled SSD (default: 6 GB per 1.88 TB, scaled to the device).
     #[arg(long, value_parser = parse_size)]
     pub ssd_ru_size: Option<u64>,
+    /// Host bytes of the trace the modelled SSD takes before its WAF window starts (the fill;
+    /// 0: the whole trace). The whole-trace WAF is reported too.
+    #[arg(long, value_parser = parse_size, default_value = "0")]
+    pub ssd_warmup: u64,
     #[command(flatten)]
     pub geometry: GeometryArgs,
 }

@@ -510,7 +510,7 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
         if !(0.0..0.9).contains(&a.ssd_op) {
             return Err(format!("--ssd-op {}: give a fraction of physical space, e.g. 0.07", a.ssd_op).into());
         }
-        Some(crate::sim::dev::TraceSsd::new(size, &geometry, a.ssd_op, a.ssd_ru_size, handles)?)
+        Some(crate::sim::dev::TraceSsd::new(size, &geometry, a.ssd_op, a.ssd_ru_size, handles)?.with_warmup(a.ssd_warmup))
     } else {
         None
     };
@@ -571,9 +571,15 @@ fn print_text(r: &ReplayReport) {
         println!("{h:<8} {b:>16}");
     }
     if let Some(s) = &r.ssd {
+        let f = |v: &Value| v.as_f64().map_or("-".to_string(), |w| format!("{w:.3}"));
+        let window = if s["warmup_bytes"].as_u64().unwrap_or(0) > 0 {
+            format!(" after the first {} host bytes ({} in the window; {} over the whole trace)", s["warmup_bytes"], s["window_host_bytes"], f(&s["waf_whole_trace"]))
+        } else {
+            String::new()
+        };
         println!(
-            "simulated SSD: WAF {} (host {} bytes, media {} bytes, relocated {} bytes; RU {} bytes, {} handles)",
-            s["waf"].as_f64().map_or("-".to_string(), |w| format!("{w:.3}")),
+            "simulated SSD: WAF {}{window} (host {} bytes, media {} bytes, relocated {} bytes; RU {} bytes, {} handles)",
+            f(&s["waf"]),
             s["host_bytes"],
             s["media_bytes"],
             s["relocated_bytes"],

@@ -3,7 +3,7 @@
 //! back are kept — both checkpoint containers, each slot's header prefix, and fdpblk's
 //! own-state region. Slot payloads are not kept (nothing reads them back).
 
-use super::{SimError, Ssd};
+use super::{SimError, Ssd, SsdCounters};
 use crate::layout::slot_header::SLOT_HEADER_PREFIX;
 use crate::layout::Geometry;
 use crate::persist::dev::StateWriter;
@@ -329,6 +329,9 @@ impl WriteCombiner {
 pub struct TraceSsd {
     ssd: Ssd,
     combiner: WriteCombiner,
+    /// Host bytes before the WAF window starts, and the counters where it started.
+    warmup_bytes: u64,
+    window_start: Option<SsdCounters>,
 }
 
 impl TraceSsd {
@@ -345,10 +348,21 @@ impl TraceSsd {
         let physical = super::SsdConfig::physical_for_op(size, op);
         let cfg = super::SsdConfig::new(size, physical, unit, ru, handles.max(8), super::HandleType::InitiallyIsolated);
         let ssd = Ssd::new(cfg).map_err(|e| format!("{e} (for a replay, pass --ssd-op or --ssd-ru-size)"))?;
-        Ok(TraceSsd { ssd, combiner: WriteCombiner::default() })
+        Ok(TraceSsd { ssd, combiner: WriteCombiner::default(), warmup_bytes: 0, window_start: Some(SsdCounters::default()) })
+    }
+    /// Measures WAF only once the trace has written `bytes` (a fill, which costs no garbage
+    /// collection, would otherwise pull the figure toward 1).
+    pub fn with_warmup(mut self, bytes: u64) -> Self {
+        self.warmup_bytes = bytes;
+        self.window_start = (bytes == 0).then(SsdCounters::default);
+        self
     }
     pub fn write(&mut self, s: Segment) -> Result<(), SimError> {
-        self.combiner.push(s, &mut self.ssd)
+        self.combiner.push(s, &mut self.ssd)?;
+        if self.window_start.is_none() && self.ssd.counters().host_bytes >= self.warmup_bytes {
+            self.window_start = Some(self.ssd.counters().clone());
+        }
+        Ok(())
     }
     pub fn deallocate(&mut self, offset: u64, len: u64) -> Result<(), SimError> {
         self.combiner.flush(&mut self.ssd)?;
@@ -359,8 +373,14 @@ impl TraceSsd {
         self.combiner.flush(&mut self.ssd)?;
         let c = self.ssd.counters();
         let cfg = self.ssd.config();
+        let waf = |c: &SsdCounters| (c.host_bytes > 0).then(|| (c.waf() * 1e4).round() / 1e4);
+        let window = self.window_start.as_ref().map(|w| c.since(w));
         Ok(serde_json::json!({
-            "waf": if c.host_bytes > 0 { Some((c.waf() * 1e4).round() / 1e4) } else { None },
+            // Over the window: null when the trace never got past the warm-up.
+            "waf": window.as_ref().and_then(waf),
+            "warmup_bytes": self.warmup_bytes,
+            "window_host_bytes": window.as_ref().map(|w| w.host_bytes),
+            "waf_whole_trace": waf(c),
             "host_bytes": c.host_bytes, "media_bytes": c.media_bytes, "relocated_bytes": c.relocated_bytes,
             "deallocated_bytes": c.deallocated_bytes, "gc_events": c.gc_events,
             "host_bytes_by_handle": c.host_bytes_by_handle,

@@ -1391,14 +1391,25 @@ mod tests {
             });
         }
         let written: u64 = trace.iter().filter(|t| t.op == Op::Write).map(|t| t.len).sum();
-        let ssd = crate::sim::dev::TraceSsd::new(GIB, &g, 0.07, Some(4 << 20), 1).unwrap();
-        let rep = replay_into(g, "key-aware", GIB, trace, Some(ssd)).unwrap();
+        let model = |warmup| crate::sim::dev::TraceSsd::new(GIB, &g, 0.07, Some(4 << 20), 1).unwrap().with_warmup(warmup);
+        let rep = replay_into(g, "key-aware", GIB, trace.clone(), Some(model(0))).unwrap();
         let ssd = rep.ssd.unwrap();
         assert!(ssd["waf"].as_f64().unwrap() >= 1.0);
+        assert_eq!(ssd["waf"], ssd["waf_whole_trace"], "no warm-up: the window is the whole trace");
         assert!(
             ssd["host_bytes"].as_u64().unwrap() >= written && ssd["relocated_bytes"].as_u64().unwrap() > 0,
             "{ssd}"
         );
         assert_eq!(rep.errors, 0);
+        // With a warm-up of a third of the writes the window leaves out the fill, which costs no
+        // garbage collection: its WAF is higher than the whole trace's, which is still reported.
+        let warm = replay_into(g, "key-aware", GIB, trace.clone(), Some(model(written / 3))).unwrap().ssd.unwrap();
+        assert_eq!(warm["waf_whole_trace"], ssd["waf"]);
+        let window = warm["window_host_bytes"].as_u64().unwrap();
+        assert!(window < warm["host_bytes"].as_u64().unwrap() && window > written / 2, "{warm}");
+        assert!(warm["waf"].as_f64().unwrap() > ssd["waf"].as_f64().unwrap(), "{warm}");
+        // A trace that never gets past the warm-up has no window WAF.
+        let short = replay_into(g, "key-aware", GIB, trace, Some(model(2 * written))).unwrap().ssd.unwrap();
+        assert!(short["waf"].is_null() && short["window_host_bytes"].is_null(), "{short}");
     }
 }

@@ -56,7 +56,9 @@ for name, c in rows.items():
         want(cl[k] > 0, f"{name}: no {k} bytes")
     want(sum(cl.values()) == c["workload_write_bytes"], f"{name}: classified {sum(cl.values())} != on the workload device {c['workload_write_bytes']}")
     want(sum(pid.values()) == c["drive_write_bytes"], f"{name}: per-PID bytes {sum(pid.values())} != HBMW delta {c['drive_write_bytes']}")
-    want(c["sim"]["host_bytes"] > 0 and c["sim"]["waf"] >= 1.0, f"{name}: simulated drive {c['sim']}")
+    # The model's WAF is over the writes after the fill (one pass over the modelled drive).
+    want(c["sim"]["host_bytes"] > 0 and c["sim"]["waf"] is not None and c["sim"]["waf"] >= 1.0, f"{name}: simulated drive {c['sim']}")
+    want(0 < (c["sim"]["window_host_bytes"] or 0) < c["sim"]["host_bytes"] and c["sim"]["warmup_bytes"] > 0, f"{name}: simulated drive's window {c['sim']}")
     want(c["fdp"]["media_host_ratio"] is not None and c["fdp"]["media_host_ratio"] >= 1.0, f"{name}: media/host {c['fdp']['media_host_ratio']}")
     if "writer_bytes" in c:
         w = c["writer_bytes"]
@@ -85,6 +87,9 @@ for name, c in rows.items():
             exp = f["handles"].get(str(i), 0) + (own if i == f["own_state_handle"] else 0)
             want(got == exp, f"{name}: PID {i}: drive {got} != fdpblk handle {exp}")
         want(c["fdpblk_overhead"] > 1.0, f"{name}: overhead {c['fdpblk_overhead']}")
+        # The workload ends by shrinking the cache: fdpblk deallocates the slots LMCache evicted
+        # and did not reuse, and the drive sees it.
+        want((f["trim_bytes"] or 0) > 0 and c["drive_discard_bytes"] > 0, f"{name}: deallocated {f['trim_bytes']} bytes, the drive saw {c['drive_discard_bytes']} discarded")
         # In the simulated drive's event order (both traces on one clock) LMCache never reads
         # what fdpblk deallocated.
         # The drive's capture starts before `fdpblk add`, the workload's after it: on the
