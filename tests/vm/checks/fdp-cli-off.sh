@@ -10,7 +10,7 @@ need_tool nvme
 FDPBLK=${FDPBLK_BIN:-target/release/fdpblk}
 [[ -x $FDPBLK ]] || check_fatal "$FDPBLK not found: run cargo build --release first"
 
-expect "nvme-cli: CTRATT bit 19 clear (no FDP)" test $((($(ctratt) >> 19) & 1)) -eq 0
+expect "nvme-cli: CTRATT bit 19 clear (no FDP)" test "$(ctratt_fdp)" -eq 0
 
 err_case() { # DESC WANT_IN_MESSAGE CMD...
     local desc=$1 want=$2 out rc=0

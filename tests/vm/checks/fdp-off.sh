@@ -6,7 +6,7 @@
 . "$(dirname "$0")/../lib/check-lib.sh"
 need_tool nvme dd cmp
 
-expect "CTRATT bit 19 clear (no FDP)" test $((($(ctratt) >> 19) & 1)) -eq 0
+expect "CTRATT bit 19 clear (no FDP)" test "$(ctratt_fdp)" -eq 0
 expect "nvme fdp status fails" bash -c "! nvme fdp status $NS_DEV >/dev/null 2>&1"
 q=/sys/block/nvme0n1/queue
 expect_eq "$q/max_write_streams" "$(cat $q/max_write_streams 2>/dev/null || echo 0)" 0

@@ -7,7 +7,7 @@
 . "$(dirname "$0")/../lib/check-lib.sh"
 need_tool nvme awk
 
-expect "CTRATT bit 19: Flexible Data Placement supported" test $((($(ctratt) >> 19) & 1)) -eq 1
+expect "CTRATT bit 19: Flexible Data Placement supported" test "$(ctratt_fdp)" -eq 1
 expect "Get Features 0x1d: FDP enabled" \
     bash -c "nvme get-feature $CTRL_DEV -f 0x1d --cdw11=1 -H | grep -q 'Placement Enable (FDPE).*: Yes'"
 

@@ -8,6 +8,6 @@
 q=/sys/block/nvme0n1/queue
 expect "$q/max_write_streams is absent" test ! -e $q/max_write_streams
 expect "$q/write_stream_granularity is absent" test ! -e $q/write_stream_granularity
-expect "the drive is still an FDP drive (CTRATT bit 19)" test $((($(ctratt) >> 19) & 1)) -eq 1
+expect "the drive is still an FDP drive (CTRATT bit 19)" test "$(ctratt_fdp)" -eq 1
 
 check_done

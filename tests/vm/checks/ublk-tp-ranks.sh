@@ -17,7 +17,9 @@
 need_tool jq blkdiscard blockdev
 
 [[ -x $RBW ]] || check_fatal "no $RBW: run 'cargo build --release' on the host first"
-[[ -b /dev/nvme0n2 && -c /dev/ng0n2 ]] || check_fatal "no second namespace (run with --namespaces 2)"
+# The guest's init waits for the first namespace only; the kernel may scan the second later.
+for _ in $(seq 150); do [[ -b /dev/nvme0n2 && -c /dev/ng0n2 ]] && break; sleep 0.1; done
+[[ -b /dev/nvme0n2 && -c /dev/ng0n2 ]] || check_fatal "no second namespace after 15 s (run with --namespaces 2)"
 OUT=${FDPBLK_CHECK_OUT:-/var/tmp}
 GEOM=(--slot-bytes 64K --meta-total-bytes 1M)
 BACKING=("$NG_DEV" /dev/nvme0n2)

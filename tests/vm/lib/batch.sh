@@ -9,6 +9,23 @@
 # logged an oops, BUG, WARNING or call trace (full dmesg in OUTDIR/dmesg.log).
 set -uo pipefail
 
+fdpblk=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/target/release/fdpblk
+# leftovers NAME: a check that failed half-way (or was killed at its time limit) can leave a
+# ublk device, a daemon or an unloaded driver behind; the next check would then fail and be
+# blamed. Clean them up and say so in NAME's log.
+leftovers() {
+    local left=""
+    [[ -c /dev/ublk-control ]] || { modprobe ublk_drv 2>/dev/null; left+=" ublk_drv-unloaded"; }
+    compgen -G '/dev/ublkc*' >/dev/null && left+=" $(echo /dev/ublkc*)"
+    pgrep -x fdpblk >/dev/null && left+=" fdpblk-pids:$(pgrep -x fdpblk | tr '\n' ,)"
+    [[ -z $left ]] && return
+    echo "batch: $1 left behind:$left; cleaning up before the next check" | tee -a "$out/$1.log"
+    [[ -x $fdpblk ]] && timeout 60 "$fdpblk" del --all >/dev/null 2>&1
+    pkill -9 -x fdpblk 2>/dev/null
+    sleep 1
+    [[ -x $fdpblk ]] && timeout 60 "$fdpblk" del --all >/dev/null 2>&1
+}
+
 out=$1
 shift
 mkdir -p "$out"
@@ -29,6 +46,7 @@ for spec in "$@"; do
     secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
     echo "$name $rc $secs" >>"$out/results"
     echo "batch: $name rc=$rc ${secs}s"
+    leftovers "$name"
 done
 
 dmesg >"$out/dmesg.log" 2>&1

@@ -55,8 +55,13 @@ NRUH=${FDPBLK_VM_NRUH:-8}
 RU_SIZE=${FDPBLK_VM_RU_SIZE:-4194304}
 RU_BLOCKS=$((RU_SIZE / LBA))
 
-# ctratt: the controller's CTRATT field as a number.
-ctratt() { printf '%d' "$(nvme id-ctrl "$CTRL_DEV" | awk '$1 == "ctratt" { print $3 }')"; }
+# ctratt_fdp: CTRATT bit 19 (Flexible Data Placement) of the controller, 0 or 1; "unknown"
+# (which no `test -eq` accepts) when nvme id-ctrl fails or prints no CTRATT.
+ctratt_fdp() {
+    local v
+    v=$(nvme id-ctrl "$CTRL_DEV" | awk '$1 == "ctratt" { print $3 }')
+    if [[ $v =~ ^(0x[0-9a-fA-F]+|[0-9]+)$ ]]; then echo $(((v >> 19) & 1)); else echo unknown; fi
+}
 
 # ruamw: "PID RUAMW" lines from the RUH Status of the namespace.
 ruamw() {
