@@ -10,9 +10,10 @@
 //!   by one of LMCache's checkpoints, whether a trim is in progress, whether the identity was
 //!   seen before, puts into the slot (8 bits, saturating), loads of the current contents
 //!   (8 bits, saturating) and the (model, cache_salt) tag of the contents (16 bits);
-//! - `remaining`: payload bytes of the current header not yet written; or, with its top bit
-//!   (`CREDIT`), payload bytes placed while no header expected any (ahead of their header,
-//!   past the header wait), which the next header counts as written.
+//! - `remaining`: payload sectors (512 bytes, so that 31 bits cover payloads up to 1 TiB) of
+//!   the current header not yet written; or, with its top bit (`CREDIT`), payload sectors
+//!   placed while no header expected any (ahead of their header, past the header wait), which
+//!   the next header counts as written.
 //!
 //! Beside the slots: a bounded history of identities that left their slot (overwritten or
 //! evicted), with their tags, so that a key that returns after eviction is recognised
@@ -187,8 +188,14 @@ fn reads_worth_saving(n: u8) -> bool {
     n <= 4 || n.is_power_of_two() || n == u8::MAX
 }
 
-/// The top bit of a slot's `remaining`: the rest counts payload bytes ahead of a header.
+/// The top bit of a slot's `remaining`: the rest counts payload sectors ahead of a header.
 const CREDIT: u32 = 1 << 31;
+
+/// `bytes` as a count of `remaining`: 512-byte sectors, rounded up (requests are whole
+/// sectors), at most what 31 bits hold (a payload of 1 TiB).
+fn sectors(bytes: u64) -> u32 {
+    bytes.div_ceil(512).min(u64::from(CREDIT - 1)) as u32
+}
 
 fn zeroed_u64(n: usize) -> Box<[AtomicU64]> {
     const _: () = assert!(std::mem::align_of::<AtomicU64>() == std::mem::align_of::<u64>());
@@ -451,7 +458,7 @@ impl SlotTable {
         // header's handle, and a trim that ended before the touch cannot zero the count.
         // Bytes that came ahead of the header count as its own (if they were a later put's,
         // its count only ends early: the rest is placed as orphan bytes, which is safe).
-        let prev = self.remaining[i].swap(header.payload_len.min(u64::from(CREDIT - 1)) as u32, Ordering::AcqRel);
+        let prev = self.remaining[i].swap(sectors(header.payload_len), Ordering::AcqRel);
         if prev & CREDIT != 0 {
             let ahead = prev & !CREDIT;
             let _ = self.remaining[i].fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| (v & CREDIT == 0).then(|| v.saturating_sub(ahead)));
@@ -611,7 +618,7 @@ impl SlotTable {
     /// Counts `bytes` of payload written for the slot's current header.
     pub fn payload_written(&self, slot: u64, bytes: u64) {
         if let Some(r) = usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)) {
-            let b = bytes.min(u32::MAX as u64) as u32;
+            let b = sectors(bytes);
             let _ = r.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| (v & CREDIT == 0).then(|| v.saturating_sub(b)));
         }
     }
@@ -628,7 +635,7 @@ impl SlotTable {
     /// header takes them as written (the usual case: its own payload, ahead of it).
     pub fn payload_ahead(&self, slot: u64, bytes: u64) {
         if let Some(r) = usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)) {
-            let b = bytes.min(u64::from(CREDIT - 1)) as u32;
+            let b = sectors(bytes);
             let _ = r.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
                 (v == 0 || v & CREDIT != 0).then(|| CREDIT | (v & !CREDIT).saturating_add(b).min(CREDIT - 1))
             });
@@ -1305,9 +1312,16 @@ mod tests {
         assert_eq!(t.get(1).unwrap().writes, 2);
         t.record_header(9, &h, 2); // out of range: ignored
         assert_eq!(t.get(9), None);
-        t.note_read(1);
-        t.note_read(1);
+        assert_eq!(t.note_read(1), 1);
+        assert_eq!(t.note_read(1), 2);
         assert_eq!(t.get(1).unwrap().reads, 2);
+        // Payloads past 2 GiB (a long chunk of a large model) are still counted to their end.
+        let big = SlotHeader { identity: 7, payload_len: (3 << 30) + 100 };
+        t.record_header(2, &big, 1);
+        t.payload_written(2, 5 << 29);
+        assert!(t.expects_payload(2), "2.5 of 3 GiB written");
+        t.payload_written(2, (1 << 29) + 4096);
+        assert!(!t.expects_payload(2));
     }
 
     #[test]

@@ -401,6 +401,10 @@ struct Sweep {
     unwritten: Vec<(u64, u64)>,
 }
 
+/// Reads of a written checkpoint container after which fdpblk says why it waits (at the 1 s
+/// backoff, about half a minute).
+const STUCK_READ_TRIES: u32 = 40;
+
 /// One container's known contents.
 #[derive(Clone, Debug)]
 enum Container {
@@ -830,6 +834,15 @@ impl Watcher {
                 }
                 Read::NotYet => {
                     p.tries += 1;
+                    if p.tries == STUCK_READ_TRIES {
+                        // Deallocation waits for this read: say why, once, where the header on
+                        // the device is not one fdpblk reads (another meta_magic or version).
+                        let why = self.container_header_error(p.ev.copy).map_or(String::new(), |e| format!(": its header block: {e}"));
+                        tracing::warn!(
+                            "device {}: checkpoint container {} written {:.0} s ago is still not a complete checkpoint after {} reads{why}; deallocation waits for it (fdpblk reads LMCache 0.5.6's LMCIDX01 version 1 checkpoints)",
+                            self.cfg.device, p.ev.copy, p.since.elapsed().as_secs_f64(), p.tries
+                        );
+                    }
                     let backoff = self.cfg.retry_base.saturating_mul(1 << p.tries.min(20)).min(Duration::from_secs(1));
                     p.next = Instant::now() + backoff;
                     still.push(p);
@@ -899,6 +912,15 @@ impl Watcher {
             && !self.awaiting_header.iter().any(|&a| a)
             && !self.slots.events_pending()
             && self.slots.epoch() == self.seen_epoch
+    }
+
+    /// Why container `copy`'s header block is not a checkpoint header LMCache would load.
+    fn container_header_error(&self, copy: u8) -> Option<String> {
+        let mut block = vec![0u8; self.geom.block_align as usize];
+        match self.dev.read_at(self.geom.container_offset(copy), &mut block) {
+            Err(e) => Some(e.to_string()),
+            Ok(_) => CheckpointHeader::parse(&block, self.geom.payload_cap()).err().map(|e| e.to_string()),
+        }
     }
 
     /// Reads container `copy`. With `expect`, it must hold exactly that header and a payload

@@ -2203,3 +2203,20 @@ fn readme_lists_every_published_stats_field() {
     }
     assert!(missing.is_empty(), "README's `stats --json` paragraph lacks {missing:?}");
 }
+
+/// A checkpoint header fdpblk does not read (LMCache configured with another version) keeps
+/// the read-back pending, and so deallocation off: the warning names what the header is.
+#[test]
+fn a_container_header_of_another_version_is_named() {
+    let mut r = Rig::new(SLOTS, META, true);
+    r.checkpoint();
+    r.step();
+    let written = Geometry::copy_for_seq(1);
+    assert_eq!(r.w.container_header_error(written), None, "LMCache's checkpoint");
+    let copy = 1 - written;
+    assert_eq!(r.w.container_header_error(copy).as_deref(), Some("no LMCIDX01 magic"), "never written");
+    let mut h = CheckpointHeader::encode_for(9, b"{}", BA as usize);
+    h[8..12].copy_from_slice(&2u32.to_le_bytes());
+    r.dev.poke(r.g.container_offset(copy), &h);
+    assert_eq!(r.w.container_header_error(copy).as_deref(), Some("checkpoint header version 2, expected 1"));
+}
