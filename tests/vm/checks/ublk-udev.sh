@@ -30,7 +30,7 @@ stop_udevd() {
 trap 'for i in 0 1; do "$FDPBLK" del -n $i >/dev/null 2>&1 || true; done; stop_udevd' EXIT
 "$UDEVD" --daemon --resolve-names=never || check_fatal "systemd-udevd --daemon"
 expect "udevd runs" quiet pgrep -x systemd-udevd
-expect "udevadm settle waits for udevd (not ignored in the chroot)" bash -c "udevadm settle -t 30 2>&1 | (! grep -q 'ignoring request')"
+expect "udevadm settle waits for udevd (not ignored in the chroot)" bash -c "set -o pipefail; udevadm settle -t 30 2>&1 | (! grep -q 'ignoring request')"
 
 # link_is DEV: /dev/fdpblk/kv0 resolves to DEV.
 link_is() { [[ $(readlink -f /dev/fdpblk/kv0) == "$1" ]]; }

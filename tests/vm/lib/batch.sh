@@ -30,6 +30,7 @@ out=$1
 shift
 mkdir -p "$out"
 : >"$out/results"
+: >"$out/dmesg.log"
 for spec in "$@"; do
     check=${spec%:*}
     limit=${spec##*:}
@@ -47,9 +48,12 @@ for spec in "$@"; do
     echo "$name $rc $secs" >>"$out/results"
     echo "batch: $name rc=$rc ${secs}s"
     leftovers "$name"
+    # The kernel's log buffer is small: read and clear it after each check, so that an early
+    # oops is not overwritten by a long boot's later messages.
+    dmesg -c >>"$out/dmesg.log" 2>&1
 done
 
-dmesg >"$out/dmesg.log" 2>&1
+dmesg -c >>"$out/dmesg.log" 2>&1
 if grep -nE 'Oops|BUG:|WARNING:|Call Trace|general protection|kernel panic' "$out/dmesg.log" >"$out/kernel-log.log"; then
     echo "kernel-log 1 0.0" >>"$out/results"
 else
