@@ -5,7 +5,7 @@
 //! Slot payload bytes never ask: the pipeline sends them to the handle their header got.
 
 use crate::layout::slot_header::SlotHeader;
-use crate::slot_table::{SlotEntry, SlotTable};
+use crate::slot_table::{SlotEntry, SlotState, SlotTable};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -68,7 +68,9 @@ pub enum Observation<'a> {
     /// loaded `reads` times as of the slot's record on the device: exact up to 4, within a
     /// factor of two above (loads save a record at 1–4 and at powers of two), as of fdpblk's
     /// last persist.
-    Resident { slot: u64, identity: u64, reads: u8 },
+    /// `listed`: not known to be evicted (an evicted copy's loads count for the identity,
+    /// but a copy put again elsewhere starts its own slot count at 0).
+    Resident { slot: u64, identity: u64, reads: u8, listed: bool },
 }
 
 pub trait Policy: Send {
@@ -175,7 +177,8 @@ pub fn resume(p: &mut dyn Policy, slots: &SlotTable) -> u64 {
     let mut n = 0;
     for slot in 0..slots.len() as u64 {
         if let Some(e) = slots.get(slot) {
-            p.observe(&Observation::Resident { slot, identity: e.identity, reads: e.reads });
+            let listed = !matches!(e.state, SlotState::Evicted | SlotState::Trimmed);
+            p.observe(&Observation::Resident { slot, identity: e.identity, reads: e.reads, listed });
             n += 1;
         }
     }
@@ -325,9 +328,9 @@ impl Policy for LmcacheFdpPolicy {
 /// Loads seen per identity, in bounded memory: two generations of at most `limit` identities
 /// each; an identity neither read nor restored during a whole generation is forgotten.
 ///
-/// Each generation is an open-addressing table of 8-byte words, a 48-bit tag of the identity,
-/// an 8-bit `top` and an 8-bit saturating count (two identities with one tag share a count,
-/// about one pair in 2^48: it only steers placement), at most 3/4 full, probed linearly from a
+/// Each generation is an open-addressing table of 8-byte words, a 47-bit tag of the identity,
+/// a `fresh` bit, an 8-bit `top` and an 8-bit saturating count (two identities with one tag
+/// share a count, about one pair in 2^47: it only steers placement), at most 3/4 full, probed linearly from a
 /// keyed hash (a writer that chooses its identities cannot make the probes long). So `limit`
 /// identities cost about 2 × 8 × 4/3 = 21 bytes each, both generations allocated.
 ///
@@ -335,7 +338,9 @@ impl Policy for LmcacheFdpPolicy {
 /// slot whose contents have had `n` loads adds what `n` passes `top` by: one per load while the
 /// identity sits in one slot, and one per request, not one per layer, when several slots hold
 /// it (a legacy key's layers all carry the chunk hash). A header write of the identity starts
-/// `top` again, as it starts that slot's count.
+/// `top` again, as it starts that slot's count, and marks the entry `fresh`: the first load
+/// after it adds at most one (another slot of the identity, not rewritten, still has its
+/// loads, which were counted already).
 #[derive(Debug)]
 pub struct ReadBook {
     current: CountTable,
@@ -344,7 +349,7 @@ pub struct ReadBook {
     hasher: std::collections::hash_map::RandomState,
 }
 
-/// One generation of a [`ReadBook`]: words `tag | top << 8 | count`, 0 = empty; no deletions
+/// One generation of a [`ReadBook`]: words `tag | fresh << 16 | top << 8 | count`, 0 = empty; no deletions
 /// (a generation is emptied whole), so a probe ends at the first empty word.
 #[derive(Debug, Default)]
 struct CountTable {
@@ -354,13 +359,15 @@ struct CountTable {
 
 const COUNT_MASK: u64 = 0xff;
 const TOP_SHIFT: u32 = 8;
-const TAG_MASK: u64 = !0xffff;
+const FRESH: u64 = 1 << 16;
+const TAG_MASK: u64 = !0x1_ffff;
 
 /// An identity's entry: its loads and the most loads one slot of it had.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Loads {
     count: u8,
     top: u8,
+    fresh: bool,
 }
 
 impl CountTable {
@@ -385,7 +392,7 @@ impl CountTable {
     /// `tag`'s entry; a count of 0 means none.
     fn get(&self, tag: u64, hash: u64) -> Loads {
         let w = self.words[self.find(tag, hash)];
-        Loads { count: (w & COUNT_MASK) as u8, top: (w >> TOP_SHIFT & COUNT_MASK) as u8 }
+        Loads { count: (w & COUNT_MASK) as u8, top: (w >> TOP_SHIFT & COUNT_MASK) as u8, fresh: w & FRESH != 0 }
     }
     /// Sets `tag`'s entry (count at least 1); a new tag needs room (`len` below the limit).
     fn set(&mut self, tag: u64, hash: u64, l: Loads) {
@@ -393,7 +400,7 @@ impl CountTable {
         if self.words[i] == 0 {
             self.len += 1;
         }
-        self.words[i] = tag | u64::from(l.top) << TOP_SHIFT | u64::from(l.count.max(1));
+        self.words[i] = tag | if l.fresh { FRESH } else { 0 } | u64::from(l.top) << TOP_SHIFT | u64::from(l.count.max(1));
     }
 }
 
@@ -413,7 +420,7 @@ impl ReadBook {
         }
     }
 
-    /// The word's tag for `identity` and where its probe starts. The tag is 48 bits of a
+    /// The word's tag for `identity` and where its probe starts. The tag is 47 bits of a
     /// bijective mix of the identity, so identities that differ anywhere rarely share one.
     fn key(&self, identity: u64) -> (u64, u64) {
         let mut z = identity;
@@ -475,7 +482,7 @@ impl ReadBook {
 
     /// A load of `identity` whose slot is not known: one more.
     pub fn note_read(&mut self, identity: u64) {
-        self.update(identity, |l| Loads { count: l.count.saturating_add(1), top: l.top });
+        self.update(identity, |l| Loads { count: l.count.saturating_add(1), ..l });
     }
     /// A load of a slot holding `identity` whose current contents have now had `slot_reads`
     /// loads (0: not known, counted as one).
@@ -483,9 +490,9 @@ impl ReadBook {
         if slot_reads == 0 {
             return self.note_read(identity);
         }
-        self.update(identity, |l| Loads {
-            count: l.count.saturating_add(slot_reads.saturating_sub(l.top)),
-            top: l.top.max(slot_reads),
+        self.update(identity, |l| {
+            let more = slot_reads.saturating_sub(l.top);
+            Loads { count: l.count.saturating_add(if l.fresh { more.min(1) } else { more }), top: l.top.max(slot_reads), fresh: false }
         });
     }
     /// A header write of `identity`: that slot's loads start again, and so does `top`. Not a
@@ -495,19 +502,18 @@ impl ReadBook {
         for t in [&mut self.current, &mut self.previous] {
             let l = t.get(tag, h);
             if l.count > 0 {
-                if l.top > 0 {
-                    t.set(tag, h, Loads { top: 0, ..l });
-                }
+                t.set(tag, h, Loads { top: 0, fresh: true, ..l });
                 return;
             }
         }
     }
-    /// Sets `identity`'s count and `top` to at least `n` (a slot's loads, restored at start).
-    pub fn note_reads(&mut self, identity: u64, n: u8) {
+    /// Sets `identity`'s count to at least `n`, a slot's loads restored at start, and, for a
+    /// slot whose contents LMCache still lists (`listed`), its `top` too.
+    pub fn note_reads(&mut self, identity: u64, n: u8, listed: bool) {
         if n == 0 {
             return;
         }
-        self.update(identity, |l| Loads { count: l.count.max(n), top: l.top.max(n) });
+        self.update(identity, |l| Loads { count: l.count.max(n), top: if listed { l.top.max(n) } else { l.top }, fresh: l.fresh });
     }
     pub fn reads(&self, identity: u64) -> u8 {
         let (tag, h) = self.key(identity);
@@ -628,9 +634,9 @@ impl Policy for KeyAwarePolicy {
             }
             Observation::Layout { max_slots } => self.reads.grow_to(usize::try_from(max_slots).unwrap_or(usize::MAX)),
             // After a restart: the loads of each slot's contents so far are not lost.
-            Observation::Resident { slot, identity, reads } => {
+            Observation::Resident { slot, identity, reads, listed } => {
                 self.saw_slot(slot);
-                self.reads.note_reads(identity, reads);
+                self.reads.note_reads(identity, reads, listed);
             }
             _ => {}
         }
@@ -718,6 +724,14 @@ mod tests {
         }
         assert_eq!(p.read_book().reads(7), 2);
         assert_eq!(put(&mut p, 50, 7), KeyAwarePolicy::READ, "a layer stored again: read twice before");
+        // The next request loads the other layers (their third load) and the new one (its
+        // first): one more, not the other layers' whole count again.
+        load(&mut p, 10, 3);
+        load(&mut p, 50, 1);
+        for s in layers.clone().skip(1) {
+            load(&mut p, s, 3);
+        }
+        assert_eq!(p.read_book().reads(7), 3);
         // Two queues' loads of one slot may arrive out of order: both count.
         let mut q = KeyAwarePolicy::new();
         put(&mut q, 3, 9);
@@ -731,13 +745,21 @@ mod tests {
         // Restored at start: a slot's loads so far, then one more load counts one.
         let mut r = KeyAwarePolicy::new();
         for s in layers.clone() {
-            r.observe(&Observation::Resident { slot: s, identity: 7, reads: 2 });
+            r.observe(&Observation::Resident { slot: s, identity: 7, reads: 2, listed: true });
         }
         assert_eq!(r.read_book().reads(7), 2);
         load(&mut r, 10, 3);
         load(&mut r, 11, 3);
         assert_eq!(r.read_book().reads(7), 3);
         assert_eq!(put(&mut r, 60, 7), KeyAwarePolicy::HOT);
+        // An evicted copy (not yet reused or deallocated at the restart) brings its loads back,
+        // but the copy put again elsewhere counts its own loads from its first.
+        let mut e = KeyAwarePolicy::new();
+        e.observe(&Observation::Resident { slot: 1, identity: 8, reads: 2, listed: false });
+        e.observe(&Observation::Resident { slot: 2, identity: 8, reads: 0, listed: true });
+        assert_eq!(e.read_book().reads(8), 2);
+        e.observe(&Observation::Read { slot: 2, identity: Some(8), len: 1, slot_reads: 1 });
+        assert_eq!(e.read_book().reads(8), 3, "its first load counts");
     }
 
     #[test]
@@ -804,8 +826,8 @@ mod tests {
         }
         assert_eq!(b.reads(42), 255);
         // Restored counts only raise.
-        b.note_reads(42, 3);
-        b.note_reads(43, 7);
+        b.note_reads(42, 3, true);
+        b.note_reads(43, 7, true);
         assert_eq!((b.reads(42), b.reads(43)), (255, 7));
         assert_eq!(b.reads(44), 0);
         // Many more identities than the limit: never more than two generations, never a

@@ -10,10 +10,10 @@
 //!   by one of LMCache's checkpoints, whether a trim is in progress, whether the identity was
 //!   seen before, puts into the slot (8 bits, saturating), loads of the current contents
 //!   (8 bits, saturating) and the (model, cache_salt) tag of the contents (16 bits);
-//! - `remaining`: payload sectors (512 bytes, so that 31 bits cover payloads up to 1 TiB) of
-//!   the current header not yet written; or, with its top bit (`CREDIT`), payload sectors
-//!   placed while no header expected any (ahead of their header, past the header wait), which
-//!   the next header counts as written.
+//! - `remaining`: payload sectors (512 bytes: 31 bits cover any payload the 32-bit
+//!   `payload_len` of a record holds, up to 4 GiB) of the current header not yet written; or,
+//!   with its top bit (`CREDIT`), payload sectors placed while no header expected any (ahead
+//!   of their header, past the header wait), which the next header counts as written.
 //!
 //! Beside the slots: a bounded history of identities that left their slot (overwritten or
 //! evicted), with their tags, so that a key that returns after eviction is recognised
@@ -191,8 +191,9 @@ fn reads_worth_saving(n: u8) -> bool {
 /// The top bit of a slot's `remaining`: the rest counts payload sectors ahead of a header.
 const CREDIT: u32 = 1 << 31;
 
-/// `bytes` as a count of `remaining`: 512-byte sectors, rounded up (requests are whole
-/// sectors), at most what 31 bits hold (a payload of 1 TiB).
+/// `bytes` as a count of `remaining`: 512-byte sectors, rounded up. A payload's pieces meet
+/// on sector boundaries (requests are whole sectors, and `add` takes no `block_align` below
+/// the drive's block), so only the last one rounds.
 fn sectors(bytes: u64) -> u32 {
     bytes.div_ceil(512).min(u64::from(CREDIT - 1)) as u32
 }
