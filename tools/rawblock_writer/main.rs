@@ -29,7 +29,7 @@ use clap::Parser;
 use dev::{Device, Engine};
 use fdpblk::cli::parse_size;
 use fdpblk::layout::GeometryConfig;
-use model::{CheckpointOutcome, Dtype, Options, Writer};
+use model::{CheckpointOutcome, Dtype, Namespace, Options, Writer};
 use std::path::{Path, PathBuf};
 
 const SCRIPT_HELP: &str = "\
@@ -104,6 +104,14 @@ struct Args {
     /// object_group_id in keys.
     #[arg(long, default_value_t = 0)]
     object_group_id: u64,
+    /// Key namespace: object (the MP adapter's keys) or legacy (the non-MP plugin's
+    /// CacheEngineKey; world size and worker from --kv-rank).
+    #[arg(long, default_value = "object", value_parser = ["object", "legacy"])]
+    namespace: String,
+    /// Legacy keys: store each chunk as this many LayerCacheEngineKeys (`@<layer>`), which
+    /// share the chunk's identity (0: one key per chunk).
+    #[arg(long, default_value_t = 0)]
+    key_layers: u64,
     /// Payload type: bfloat16 (KV_2LTD [2,layers,T,hidden], whole tokens) or uint8 (BINARY, any length).
     #[arg(long, default_value = "bfloat16", value_parser = ["bfloat16", "uint8"])]
     dtype: String,
@@ -452,7 +460,11 @@ fn run(a: Args) -> Result<(), String> {
         (None, Some(s)) => s,
         (None, None) => 1,
     };
+    if a.key_layers > 0 && a.namespace != "legacy" {
+        return Err("--key-layers needs --namespace legacy (layer keys are the non-MP plugin's)".into());
+    }
     let opts = Options {
+        namespace: if a.namespace == "legacy" { Namespace::Legacy { key_layers: a.key_layers } } else { Namespace::Object },
         seed,
         device_path: a.device_path_string.clone().unwrap_or_else(|| a.device.to_string_lossy().into_owned()),
         model: a.model.clone(),

@@ -126,9 +126,21 @@ pub enum Dtype {
     U8,
 }
 
+/// Which of LMCache's key namespaces the writer's new keys are in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Namespace {
+    /// The MP adapter's `ObjectKey` strings (identity: BLAKE2b-8 of the string).
+    Object,
+    /// The non-MP plugin's `CacheEngineKey` strings (identity: the chunk hash). With
+    /// `key_layers` > 0 each chunk is stored as that many `LayerCacheEngineKey`s (`@<layer>`),
+    /// which all carry the chunk's identity.
+    Legacy { key_layers: u64 },
+}
+
 /// Settings that shape keys and payloads (not the geometry).
 #[derive(Clone, Debug)]
 pub struct Options {
+    pub namespace: Namespace,
     pub seed: u64,
     /// The `device_path` string LMCache was configured with (written into every checkpoint).
     pub device_path: String,
@@ -454,10 +466,16 @@ impl Writer {
 
     // ---- keys and payload sizes ----------------------------------------------------------
 
-    /// A new object-namespace key: `<quoted model>@<kv_rank:#010x>@<group:x>@<64 hex>[@salt]`.
+    /// A new key: in the object namespace
+    /// `<quoted model>@<kv_rank:#010x>@<group:x>@<64 hex>[@salt]`; in the legacy one
+    /// `<model>@<world_size>@<worker_id>@<chunk hash, signed hex>@<dtype>[@<layer>][@salt%S]`
+    /// (world size and worker from `kv_rank`; the salt as an `lmcache.tag` item).
     pub fn new_key(&mut self, salt: Option<&str>) -> String {
         let n = self.next_key;
         self.next_key += 1;
+        if let Namespace::Legacy { key_layers } = self.opts.namespace {
+            return self.legacy_key(n, key_layers, salt);
+        }
         let mut h = [0u8; 32];
         blake(&[b"rawblock-writer chunk", &self.opts.seed.to_le_bytes(), &n.to_le_bytes()], &mut h);
         let mut hex = String::with_capacity(64);
@@ -469,6 +487,28 @@ impl Writer {
         if let Some(s) = salt.filter(|s| !s.is_empty()) {
             k.push('@');
             k.push_str(s);
+        }
+        k
+    }
+
+    fn legacy_key(&self, n: u64, key_layers: u64, salt: Option<&str>) -> String {
+        let (chunk, layer) = if key_layers > 0 { (n / key_layers, Some(n % key_layers)) } else { (n, None) };
+        let mut h = [0u8; 8];
+        blake(&[b"rawblock-writer legacy chunk", &self.opts.seed.to_le_bytes(), &chunk.to_le_bytes()], &mut h);
+        // Python's builtin hash is a signed 64-bit value, printed `f"{h:x}"` (a leading `-`).
+        let hash = i64::from_le_bytes(h);
+        let hex = if hash < 0 { format!("-{:x}", hash.unsigned_abs()) } else { format!("{hash:x}") };
+        let dtype = match self.opts.dtype {
+            Dtype::Bf16 => "bfloat16",
+            Dtype::U8 => "uint8",
+        };
+        let (world_size, worker_id) = ((self.opts.kv_rank >> 24).max(1), (self.opts.kv_rank >> 16) & 0xff);
+        let mut k = format!("{}@{world_size}@{worker_id}@{hex}@{dtype}", self.opts.model);
+        if let Some(l) = layer {
+            let _ = write!(k, "@{l}");
+        }
+        if let Some(s) = salt.filter(|s| !s.is_empty()) {
+            let _ = write!(k, "@salt%{s}");
         }
         k
     }

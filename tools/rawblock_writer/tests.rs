@@ -39,6 +39,7 @@ impl Drop for Scratch {
 
 fn opts(dtype: Dtype, path: &str) -> Options {
     Options {
+        namespace: model::Namespace::Object,
         seed: 7,
         device_path: path.to_string(),
         model: "meta-llama/Llama-3.1-8B-Instruct".into(),
@@ -532,6 +533,29 @@ fn fixture_geometry(m: &Value) -> Geometry {
     }
     .validate(m["device"]["size_bytes"].as_u64().unwrap())
     .unwrap()
+}
+
+/// Legacy keys are what LMCache's non-MP plugin writes: fdpblk parses them as legacy keys,
+/// layer keys of one chunk share its identity, and negative chunk hashes are spelled `-hex`.
+#[test]
+fn legacy_keys_are_cache_engine_keys() {
+    use fdpblk::layout::keys::{identity, Key};
+    let mut o = opts(Dtype::Bf16, "/dev/ublkb0");
+    o.namespace = model::Namespace::Legacy { key_layers: 3 };
+    o.kv_rank = 0x0201_0201;
+    let mut w = Writer::new(geom(65536, 1 << 20, 4 << 20), o);
+    let keys: Vec<String> = (0..60).map(|i| w.new_key((i == 0).then_some("alice"))).collect();
+    let Ok(Key::Legacy(l)) = Key::parse(&keys[0]) else { panic!("{} is not a legacy key", keys[0]) };
+    assert_eq!((l.model_name, l.world_size, l.worker_id, l.dtype, l.layer_id), ("meta-llama/Llama-3.1-8B-Instruct", 2, 1, "bfloat16", Some(0)));
+    assert_eq!(l.tags, vec!["salt%alice"]);
+    for c in keys.chunks(3) {
+        let id = identity(&c[0]).unwrap();
+        assert!(c.iter().all(|k| identity(k).unwrap() == id), "one chunk, one identity: {c:?}");
+    }
+    assert_ne!(identity(&keys[0]).unwrap(), identity(&keys[3]).unwrap());
+    assert!(keys.iter().any(|k| k.split('@').nth(3).unwrap().starts_with('-')), "some negative chunk hashes");
+    let mut s = std::collections::HashSet::new();
+    assert!(keys.iter().all(|k| s.insert(k.clone())), "distinct key strings");
 }
 
 fn fixture_opts(m: &Value) -> Options {

@@ -6,8 +6,8 @@
 # LMCache non-MP with tensor parallelism 2 on one FDP drive: LMCache opens one raw_block
 # device per rank (`rust_raw_block.per_tp_device_paths`), so fdpblk serves two devices at
 # once, kv0 on namespace 1 (passthrough) and kv1 on namespace 2 (write streams), both on the
-# drive's placement handles. The two ranks (their own kv_rank, as LMCache's keys carry it)
-# put, evict, checkpoint and put again at the same time. Each device keeps to its namespace:
+# drive's placement handles. The two ranks (the non-MP plugin's keys, with their own world
+# size and worker id) put, evict, checkpoint and put again at the same time. Each device keeps to its namespace:
 # each rank's evicted slots are deallocated on its own namespace (they read zeroes there),
 # every entry of both ranks verifies, both daemons keep their own state, `list` shows both
 # names live; after one daemon is killed and recovered, its rank reopens and verifies every
@@ -36,8 +36,9 @@ kv_stat() { "$FDPBLK" stats -n "$1" --json 2>/dev/null | jq -c ".$2"; }
 rank() {
     local r=$1 base=$OUT/tp-r$1-$2
     shift 2
-    # kv_rank: world_size 2, global rank r, local world size 2, local rank r.
-    if "$RBW" --device "/dev/fdpblk/kv$r" "${GEOM[@]}" --engine posix --odirect --state "$OUT/tp-r$r.state" \
+    # kv_rank: world_size 2, global rank r, local world size 2, local rank r (a legacy key
+    # carries world size 2 and worker id r).
+    if "$RBW" --device "/dev/fdpblk/kv$r" "${GEOM[@]}" --engine posix --odirect --namespace legacy --state "$OUT/tp-r$r.state" \
         --kv-rank "$(printf '0x02%02x02%02x' "$r" "$r")" --seed $((r + 1)) -q "$@" stats >"$base.json" 2>"$base.err"; then
         echo ok
     else
