@@ -21,9 +21,15 @@ leftovers() {
     [[ -z $left ]] && return
     echo "batch: $1 left behind:$left; cleaning up before the next check" | tee -a "$out/$1.log"
     [[ -x $fdpblk ]] && timeout 60 "$fdpblk" del --all >/dev/null 2>&1
+    timeout 30 systemctl stop 'fdpblk@*' 2>/dev/null # systemd-unit's: it would start them again
     pkill -9 -x fdpblk 2>/dev/null
     sleep 1
     [[ -x $fdpblk ]] && timeout 60 "$fdpblk" del --all >/dev/null 2>&1
+    # Devices with no state file in /run/fdpblk (moved away, or renamed servers) too.
+    local c
+    for c in /dev/ublkc*; do
+        [[ -e $c && -x $fdpblk ]] && timeout 60 "$fdpblk" del -n "${c#/dev/ublkc}" >/dev/null 2>&1
+    done
 }
 
 out=$1
