@@ -530,6 +530,8 @@ pub struct Watcher {
     writeback: Option<Option<Duration>>,
     writeback_risk: bool,
     conflict: Option<String>,
+    /// The larger capacity_bytes of LMCache's checkpoint last warned about.
+    capacity_warned: Option<u64>,
     risk: bool,
     stalled: bool,
     summary: Summary,
@@ -631,6 +633,7 @@ impl Watcher {
             writeback: None,
             writeback_risk: false,
             conflict: None,
+            capacity_warned: None,
             geometry_seen_at: None,
             unclean_error: None,
             risk: false,
@@ -1051,6 +1054,18 @@ impl Watcher {
         // when it loads, but what LMCache is configured with is then not known.
         if let Some((name, _, _)) = geo.iter().find(|(f, v, _)| v.is_none() && meta.wrong_type_fields().any(|w| w == *f)) {
             return Err(format!("its {name} is not a whole number, so fdpblk cannot tell whether LMCache's layout matches its own"));
+        }
+        // LMCache does not check capacity_bytes when it loads: a larger one since fdpblk took
+        // its layout means slots past fdpblk's last one may be in use, which fdpblk classifies
+        // as outside the layout (safe, but not placed by key and never deallocated).
+        if let Some(theirs) = meta.py_int("capacity_bytes").filter(|&c| c > g.capacity_bytes) {
+            if self.capacity_warned != Some(theirs) {
+                self.capacity_warned = Some(theirs);
+                tracing::warn!(
+                    "device {}: LMCache's checkpoint seq {} says capacity_bytes {theirs}, more than the {} fdpblk took its layout with: slots past slot {} are not placed by key nor deallocated; re-add the device with --capacity-bytes {theirs}",
+                    self.cfg.device, h.seq, g.capacity_bytes, g.max_slots.saturating_sub(1)
+                );
+            }
         }
         let fixed_bytes = FIXED_JSON_BYTES + meta.device_path.as_ref().map_or(0, |p| p.len() as u64);
         if let (Some(entries), Some(p)) = (live, self.observer.as_mut()) {

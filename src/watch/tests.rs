@@ -2220,3 +2220,31 @@ fn a_container_header_of_another_version_is_named() {
     r.dev.poke(r.g.container_offset(copy), &h);
     assert_eq!(r.w.container_header_error(copy).as_deref(), Some("checkpoint header version 2, expected 1"));
 }
+
+/// A checkpoint that says LMCache's capacity grew past fdpblk's layout (LMCache does not check
+/// it when it loads) is noted, once per value; LMCache's listing still rules deallocation.
+#[test]
+fn a_larger_capacity_in_lmcaches_checkpoint_is_noted() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let cap = r.g.capacity_bytes;
+    let keys: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
+    for k in &keys {
+        r.put(k.clone()).unwrap();
+    }
+    r.checkpoint();
+    r.step();
+    assert_eq!(r.w.capacity_warned, None, "LMCache's own capacity");
+    for k in &keys[..2] {
+        r.delete_key(k);
+        assert!(r.snapshot());
+        let c = r.lmc.ckpt.as_mut().unwrap();
+        let json = String::from_utf8(c.json.clone()).unwrap();
+        c.json = json.replace(&format!("\"capacity_bytes\":{cap}"), &format!("\"capacity_bytes\":{}", cap * 2)).into_bytes();
+        r.ckpt_payload();
+        r.ckpt_header();
+        r.step();
+        assert_eq!(r.w.capacity_warned, Some(cap * 2));
+    }
+    assert!(r.trims > 0, "the evicted slot is deallocated as usual");
+    r.verify_all();
+}
