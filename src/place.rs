@@ -330,9 +330,10 @@ impl Policy for LmcacheFdpPolicy {
 ///
 /// Each generation is an open-addressing table of 8-byte words, a 47-bit tag of the identity,
 /// a `fresh` bit, an 8-bit `top` and an 8-bit saturating count (two identities with one tag
-/// share a count, about one pair in 2^47: it only steers placement), at most 3/4 full, probed linearly from a
-/// keyed hash (a writer that chooses its identities cannot make the probes long). So `limit`
-/// identities cost about 2 × 8 × 4/3 = 21 bytes each, both generations allocated.
+/// share a count, about one pair in 2^47: it only steers placement), at most 3/4 full,
+/// probed linearly from a keyed hash (a writer that chooses its identities cannot make the
+/// probes long). So `limit` identities cost about 2 × 8 × 4/3 = 21 bytes each, both
+/// generations allocated.
 ///
 /// `top` is the most loads any one slot's current contents of the identity had. A load of a
 /// slot whose contents have had `n` loads adds what `n` passes `top` by: one per load while the
@@ -349,8 +350,8 @@ pub struct ReadBook {
     hasher: std::collections::hash_map::RandomState,
 }
 
-/// One generation of a [`ReadBook`]: words `tag | fresh << 16 | top << 8 | count`, 0 = empty; no deletions
-/// (a generation is emptied whole), so a probe ends at the first empty word.
+/// One generation of a [`ReadBook`]: words `tag | fresh << 16 | top << 8 | count`, 0 = empty;
+/// no deletions (a generation is emptied whole), so a probe ends at the first empty word.
 #[derive(Debug, Default)]
 struct CountTable {
     words: Vec<u64>,
@@ -496,16 +497,18 @@ impl ReadBook {
         });
     }
     /// A header write of `identity`: that slot's loads start again, and so does `top`. Not a
-    /// load: it neither creates an entry nor keeps one for another generation.
-    pub fn note_write(&mut self, identity: u64) {
+    /// load: it neither creates an entry nor keeps one for another generation. Returns the
+    /// identity's loads ([`Self::reads`]), found by the same probe.
+    pub fn note_write(&mut self, identity: u64) -> u8 {
         let (tag, h) = self.key(identity);
         for t in [&mut self.current, &mut self.previous] {
             let l = t.get(tag, h);
             if l.count > 0 {
                 t.set(tag, h, Loads { top: 0, fresh: true, ..l });
-                return;
+                return l.count;
             }
         }
+        0
     }
     /// Sets `identity`'s count to at least `n`, a slot's loads restored at start, and, for a
     /// slot whose contents LMCache still lists (`listed`), its `top` too.
@@ -513,7 +516,7 @@ impl ReadBook {
         if n == 0 {
             return;
         }
-        self.update(identity, |l| Loads { count: l.count.max(n), top: if listed { l.top.max(n) } else { l.top }, fresh: l.fresh });
+        self.update(identity, |l| Loads { count: l.count.max(n), top: if listed { l.top.max(n) } else { l.top }, ..l });
     }
     pub fn reads(&self, identity: u64) -> u8 {
         let (tag, h) = self.key(identity);
@@ -588,9 +591,9 @@ impl KeyAwarePolicy {
         &self.reads
     }
 
-    /// The handle for a header write of `identity`.
-    pub fn class_of(&self, identity: u64) -> Handle {
-        match self.reads.reads(identity) {
+    /// The handle for a header write of an identity loaded `reads` times.
+    fn class_for(reads: u8) -> Handle {
+        match reads {
             0 => Self::YOUNG,
             n if n < Self::HOT_READS => Self::READ,
             _ => Self::HOT,
@@ -619,9 +622,8 @@ impl Policy for KeyAwarePolicy {
             Target::Checkpoint { .. } | Target::OwnState | Target::Outside => Self::YOUNG,
             Target::Slot { slot, header: Some(h), .. } => {
                 self.saw_slot(*slot);
-                let class = self.class_of(h.identity);
-                self.reads.note_write(h.identity);
-                class
+                // One probe of the read book per put: its loads so far, and `top` restarts.
+                Self::class_for(self.reads.note_write(h.identity))
             }
             Target::Slot { previous, .. } => previous.map_or(Self::YOUNG, |p| p.handle),
         }

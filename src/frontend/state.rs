@@ -71,7 +71,8 @@ impl std::fmt::Display for Daemon {
 pub fn read_state(id: i32) -> Result<(DeviceConfig, Daemon), String> {
     let p = state_path(id);
     let text = fs::read_to_string(&p).map_err(|e| format!("no fdpblk device {id} ({}: {e}); see `fdpblk list`", p.display()))?;
-    // Written by rename, so a damaged file is not a crash's doing; the device itself can still be deleted.
+    // Written by rename, so a damaged file is not a crash's doing; the device itself can
+    // still be deleted.
     let fix = |e: String| format!("{} is corrupt: {e}; `fdpblk del -n {id}` deletes the device (I/O it holds fails), then `fdpblk add` (or `fdpblk up NAME`) starts it again", p.display());
     let v: Value = serde_json::from_str(&text).map_err(|e| fix(e.to_string()))?;
     let cfg = DeviceConfig::from_json(&v["config"]).map_err(fix)?;
