@@ -890,11 +890,28 @@ pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String>
 }
 
 /// The range lists of the Dataset Management commands that deallocate `nlb` blocks from
-/// `slba`: ranges of at most `max_blocks`, at most `max_ranges` of them per command.
+/// `slba`: ranges of at most `max_blocks` (the drive's DMRSL, as the kernel reports it), at
+/// most `max_ranges` of them and at most `max_blocks` blocks in all per command. The total
+/// cap is the kernel's own (its discard requests never exceed DMRSL), so no command asks more
+/// than the drive's DMSL, the total per command that the kernel does not read either.
 pub(crate) fn dsm_buffers(slba: u64, nlb: u64, max_blocks: u32, max_ranges: usize) -> Result<Vec<Vec<u8>>, i32> {
-    let ranges: Vec<DsmRange> = DsmRange::split_at(slba, nlb, max_blocks).collect();
     let per = max_ranges.clamp(1, MAX_DSM_RANGES);
-    ranges.chunks(per).map(|g| cmd::encode_dsm_ranges(g).map_err(|_| -libc::EINVAL)).collect()
+    let mut out = Vec::new();
+    let mut group: Vec<DsmRange> = Vec::with_capacity(per.min(16));
+    let mut blocks = 0u64;
+    for r in DsmRange::split_at(slba, nlb, max_blocks) {
+        if !group.is_empty() && (group.len() == per || blocks + u64::from(r.nlb) > u64::from(max_blocks.max(1))) {
+            out.push(cmd::encode_dsm_ranges(&group).map_err(|_| -libc::EINVAL)?);
+            group.clear();
+            blocks = 0;
+        }
+        blocks += u64::from(r.nlb);
+        group.push(r);
+    }
+    if !group.is_empty() {
+        out.push(cmd::encode_dsm_ranges(&group).map_err(|_| -libc::EINVAL)?);
+    }
+    Ok(out)
 }
 
 /// The engine's commands carry data buffers only: on a format with metadata per block (an
@@ -1033,12 +1050,21 @@ mod tests {
 
     #[test]
     fn deallocation_respects_the_ranges_per_command() {
-        let lens = |b: Vec<Vec<u8>>| b.iter().map(|b| b.len() / cmd::DSM_RANGE_BYTES).collect::<Vec<_>>();
-        // 1000 ranges of 8 blocks: 256 per command by default, 100 where the drive says so.
-        assert_eq!(lens(dsm_buffers(0, 8000, 8, MAX_DSM_RANGES).unwrap()), vec![256, 256, 256, 232]);
-        assert_eq!(lens(dsm_buffers(0, 8000, 8, 100).unwrap()), vec![100; 10]);
-        assert_eq!(lens(dsm_buffers(0, 8000, 8, 0).unwrap()).len(), 1000);
-        assert_eq!(lens(dsm_buffers(0, 8000, 8, 100_000).unwrap()), vec![256, 256, 256, 232]);
+        let lens = |b: &[Vec<u8>]| b.iter().map(|b| b.len() / cmd::DSM_RANGE_BYTES).collect::<Vec<_>>();
+        let total = |b: &[u8]| b.chunks(16).map(|r| u64::from(u32::from_le_bytes(r[4..8].try_into().unwrap()))).sum::<u64>();
+        // 8000 blocks against an 8-block DMRSL: no command carries more than 8 blocks in all
+        // (the kernel sends no more; a drive's DMSL may be that small), so one range each.
+        let b = dsm_buffers(0, 8000, 8, MAX_DSM_RANGES).unwrap();
+        assert_eq!((b.len(), lens(&b).iter().max().copied()), (1000, Some(1)));
+        assert!(b.iter().all(|c| total(c) == 8));
+        // Without a range limit (u32::MAX blocks) one command covers it all.
+        assert_eq!(lens(&dsm_buffers(0, 8000, u32::MAX, MAX_DSM_RANGES).unwrap()), vec![1]);
+        // Past u32::MAX blocks: ranges of u32::MAX blocks, each its own command.
+        let big = 3 * u64::from(u32::MAX) + 5;
+        let b = dsm_buffers(7, big, u32::MAX, MAX_DSM_RANGES).unwrap();
+        assert_eq!(lens(&b), vec![1; 4]);
+        assert_eq!(b.iter().map(|c| total(c)).sum::<u64>(), big);
+        assert_eq!(dsm_buffers(0, 8000, 8, 0).unwrap().len(), 1000);
     }
 
     #[test]

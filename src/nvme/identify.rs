@@ -12,6 +12,7 @@
 //! | id_ctrl | MDTS | 77 | 1 (2^n units of the minimum page size; 0 = no limit) |
 //! | id_ctrl | CNTLID | 78 | 2 |
 //! | id_ctrl | CTRATT | 96 | 4 (bit 19 FDPS, bit 4 endurance groups) |
+//! | id_ctrl | CRDT1..3 | 128 / 130 / 132 | 2 each (100 ms units) |
 //! | id_ctrl | ENDGIDMAX | 340 | 2 |
 //! | id_ctrl | ONCS | 520 | 2 (bit 2 DSM, bit 3 write zeroes) |
 //! | id_ns | NSZE / NCAP / NUSE | 0 / 8 / 16 | 8 each (logical blocks) |
@@ -68,7 +69,7 @@ impl IdCtrl {
             ctratt: le32(b, 96),
             endgidmax: le16(b, 340),
             oncs: le16(b, 520),
-            crdt: [le16(b, 134), le16(b, 136), le16(b, 138)],
+            crdt: [le16(b, 128), le16(b, 130), le16(b, 132)],
         })
     }
 
@@ -187,7 +188,9 @@ mod tests {
         b[96..100].copy_from_slice(&(CTRATT_FDPS | CTRATT_EGS).to_le_bytes());
         b[340..342].copy_from_slice(&4u16.to_le_bytes());
         b[520..522].copy_from_slice(&0x0cu16.to_le_bytes());
-        b[134..140].copy_from_slice(&[5, 0, 0x10, 0x27, 1, 0]);
+        // CRDT1..3 at bytes 128..134 (after the 16-byte FRU GUID at 112); 134.. is reserved.
+        b[128..134].copy_from_slice(&[5, 0, 0x10, 0x27, 1, 0]);
+        b[134..140].copy_from_slice(&[9, 9, 9, 9, 9, 9]);
         let c = IdCtrl::parse(&b).unwrap();
         assert_eq!(c.crdt, [5, 10000, 1]);
         assert_eq!(

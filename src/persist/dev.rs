@@ -552,14 +552,15 @@ mod tests {
             let r = &b[i * 16..(i + 1) * 16];
             (u32::from_le_bytes(r[4..8].try_into().unwrap()), u64::from_le_bytes(r[8..16].try_into().unwrap()))
         };
-        // A 256 MiB slot of 4 KiB blocks against a 4096-block DMRSL: 16 ranges, one command.
+        // A 256 MiB slot of 4 KiB blocks against a 4096-block DMRSL: 16 commands of one range
+        // each, since no command may carry more than DMRSL blocks in all (as the kernel's).
         let cmds = dsm_commands(1 << 30, 256 << 20, 4096, 4096, 256).unwrap();
-        assert_eq!(cmds.len(), 1);
-        assert_eq!(cmds[0].len(), 16 * 16);
+        assert_eq!(cmds.len(), 16);
+        assert!(cmds.iter().all(|c| c.len() == 16));
         assert_eq!(range(&cmds[0], 0), (4096, (1 << 30) / 4096));
-        assert_eq!(range(&cmds[0], 15), (4096, (1 << 30) / 4096 + 15 * 4096));
-        // And at most DMRL ranges per command.
-        assert_eq!(dsm_commands(1 << 30, 256 << 20, 4096, 4096, 4).unwrap().len(), 4);
+        assert_eq!(range(&cmds[15], 0), (4096, (1 << 30) / 4096 + 15 * 4096));
+        // Without a range limit, one command.
+        assert_eq!(dsm_commands(1 << 30, 256 << 20, 4096, u32::MAX, 4).unwrap().len(), 1);
         // Partial blocks at the ends stay.
         let c = dsm_commands(100, 3 * 4096, 4096, u32::MAX, 256).unwrap();
         assert_eq!(range(&c[0], 0), (2, 1));
