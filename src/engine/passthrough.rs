@@ -94,12 +94,19 @@ fn errno_of(res: i32) -> i32 {
         r if r == -libc::EAGAIN || r == -libc::EBUSY => -libc::EIO,
         r if r < 0 => r,
         r => match cmd::NvmeStatus(r as u16).code() {
-            0x01 => -libc::EOPNOTSUPP, // Invalid Command Opcode
-            0x80 => -libc::EREMOTEIO,  // LBA Out of Range: BLK_STS_TARGET
-            0x81 => -libc::ENOSPC,     // Capacity Exceeded: BLK_STS_NOSPC
-            // Write fault, unrecovered read, compare failure, access denied, unwritten block.
-            0x280 | 0x281 | 0x285..=0x287 => -libc::ENODATA, // BLK_STS_MEDIUM
-            0x282..=0x284 => -libc::EILSEQ, // guard, application or reference tag check: BLK_STS_PROTECTION
+            // Invalid Opcode, Invalid Field, Invalid Namespace, Conflicting Attributes:
+            // BLK_STS_NOTSUPP.
+            0x01 | 0x02 | 0x0b | 0x180 => -libc::EOPNOTSUPP,
+            // LBA Out of Range, Command Interrupted, Namespace Not Ready: BLK_STS_TARGET.
+            0x80 | 0x21 | 0x82 => -libc::EREMOTEIO,
+            0x81 => -libc::ENOSPC, // Capacity Exceeded: BLK_STS_NOSPC
+            // Write fault, unrecovered read, compare failure, access denied, unwritten block,
+            // write to a read-only range: BLK_STS_MEDIUM.
+            0x280 | 0x281 | 0x285..=0x287 | 0x182 => -libc::ENODATA,
+            // Guard, application or reference tag check, invalid PI: BLK_STS_PROTECTION.
+            0x282..=0x284 | 0x181 => -libc::EILSEQ,
+            0x83 => -libc::EBADE,   // Reservation Conflict: BLK_STS_RESV_CONFLICT
+            0x370 => -libc::ENOLINK, // Host Path Error: BLK_STS_TRANSPORT
             _ => -libc::EIO,
         },
     }
@@ -1037,6 +1044,15 @@ mod tests {
             (0x281 | dnr, -libc::ENODATA),
             (0x286, -libc::ENODATA),
             (0x282, -libc::EILSEQ),
+            (0x181 | dnr, -libc::EILSEQ),
+            (0x02 | dnr, -libc::EOPNOTSUPP), // Invalid Field
+            (0x0b | dnr, -libc::EOPNOTSUPP),
+            (0x180 | dnr, -libc::EOPNOTSUPP),
+            (0x82, -libc::EREMOTEIO), // Namespace Not Ready, after its retries
+            (0x21, -libc::EREMOTEIO),
+            (0x182 | dnr, -libc::ENODATA), // Write to a read-only range
+            (0x83 | dnr, -libc::EBADE),
+            (0x370, -libc::ENOLINK),
             (0x04, -libc::EIO), // Data Transfer Error
             (0x302, -libc::EIO), // path-related
         ] {
