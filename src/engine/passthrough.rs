@@ -665,17 +665,19 @@ impl PassthroughEngine {
             return 0;
         }
         // The encoded ranges stay here until every command completed.
-        let bufs = match dsm_buffers(off >> self.lba_shift, len >> self.lba_shift, self.dsm_max_blocks, self.dsm_max_ranges) {
-            Ok(b) => b,
+        let mut lists = match dsm_buffers(off >> self.lba_shift, len >> self.lba_shift, self.dsm_max_blocks, self.dsm_max_ranges) {
+            Ok(b) => RangeLists { bufs: b, completed: false },
             Err(e) => return e,
         };
         let nsid = self.nsid;
-        let cmds = bufs.iter().map(|b| {
+        let cmds = lists.bufs.iter().map(|b| {
             cmd::dsm_deallocate(nsid, b.len() / cmd::DSM_RANGE_BYTES)
                 .map(|c| c.with_data(b.as_ptr() as u64, b.len() as u32))
                 .map_err(|_| -libc::EINVAL)
         });
-        self.run(q, "deallocate", cmds).await
+        let res = self.run(q, "deallocate", cmds).await;
+        lists.completed = true;
+        res
     }
 
     /// Write Zeroes; with `unmap` the drive may deallocate (DEAC), otherwise it writes zeroes.
@@ -894,6 +896,23 @@ pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String>
     }
     check_uring(path, nsid)?;
     Ok(NsProbe { nsid, lba_size, ns_bytes, max_transfer, pids })
+}
+
+/// The range lists of a deallocation's commands. The drive reads them when it runs a command:
+/// if the deallocation's future is dropped first (its executor torn down at shutdown), a
+/// freed list could be reused for other ranges meanwhile, so it is leaked instead (a few KiB,
+/// once).
+struct RangeLists {
+    bufs: Vec<Vec<u8>>,
+    completed: bool,
+}
+
+impl Drop for RangeLists {
+    fn drop(&mut self) {
+        if !self.completed {
+            std::mem::forget(std::mem::take(&mut self.bufs));
+        }
+    }
 }
 
 /// The range lists of the Dataset Management commands that deallocate `nlb` blocks from
