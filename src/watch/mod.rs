@@ -377,7 +377,8 @@ pub const EARLY_TAILS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The overflow alarm fires when the next checkpoint is estimated at this fraction of the cap.
 pub const RISK_FRACTION: f64 = 0.9;
-/// JSON bytes of a checkpoint besides its entries (plus the device_path string).
+/// JSON bytes of a checkpoint besides its entries (plus the device_path string), assumed
+/// before a checkpoint with an `entries` object was seen; then its own figure is used.
 const FIXED_JSON_BYTES: u64 = 320;
 /// Bytes per entry assumed before a checkpoint with entries was seen (reference §11).
 const DEFAULT_ENTRY_BYTES: f64 = 240.0;
@@ -1067,7 +1068,11 @@ impl Watcher {
                 );
             }
         }
-        let fixed_bytes = FIXED_JSON_BYTES + meta.device_path.as_ref().map_or(0, |p| p.len() as u64);
+        // What the checkpoint costs besides its entries, as measured in this one.
+        let fixed_bytes = match meta.entries_bytes {
+            0 => FIXED_JSON_BYTES + meta.device_path.as_ref().map_or(0, |p| p.len() as u64),
+            e => h.payload_len.saturating_sub(e),
+        };
         if let (Some(entries), Some(p)) = (live, self.observer.as_mut()) {
             p.observe(&Observation::Checkpoint { seq: h.seq, entries: &entries });
         }

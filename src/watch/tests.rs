@@ -1628,6 +1628,32 @@ fn overflow_alarm_comes_before_the_first_skipped_checkpoint() {
     assert!(v["checkpoint_seq"].as_u64().unwrap() >= 2);
 }
 
+#[test]
+fn overflow_alarm_measured_on_a_one_entry_checkpoint_comes_before_the_overflow() {
+    // The bytes per entry come from a checkpoint with a single entry: what the JSON costs
+    // besides its entries must be measured, not assumed, or that entry looks far smaller.
+    let mut r = Rig::new(64, 8192, true);
+    let k = r.new_key(false);
+    r.put(k);
+    r.step();
+    assert!(r.snapshot());
+    r.ckpt_payload();
+    r.ckpt_header();
+    r.step();
+    let mut alarmed = false;
+    for i in 1..64 {
+        let k = r.new_key(i % 3 == 0);
+        r.put(k);
+        r.step();
+        if r.json().len() as u64 > r.g.payload_cap() {
+            assert!(alarmed, "the checkpoint no longer fits after {i} more puts, and no alarm came first");
+            return;
+        }
+        alarmed |= r.w.published().lock().unwrap()["overflow_risk"] == true;
+    }
+    panic!("the checkpoint never outgrew its container");
+}
+
 /// One random schedule of LMCache and fdpblk events (half of them deallocating unwritten
 /// slots too); returns (trims, checkpoints, tails, early tails, early evictions, unwritten
 /// slots deallocated).
