@@ -418,7 +418,17 @@ impl Persist {
                     for s in [&a, &c].into_iter().flatten() {
                         max_seq = max_seq.max(s.seq);
                     }
-                    loaded.none_saved = a.is_none() && c.is_none();
+                    // A superblock that is there but does not decode (another version, or
+                    // both copies torn) is a state that could not be read, not "never used".
+                    let magic = |i: usize| &b[i * BLOCK as usize..i * BLOCK as usize + 8] == SB_MAGIC;
+                    loaded.none_saved = a.is_none() && c.is_none() && !magic(0) && !magic(1);
+                    if a.is_none() && c.is_none() && !loaded.none_saved {
+                        let version = [0, 1].map(|i| u32at(&b[i * BLOCK as usize..], 8));
+                        loaded.note = Some(format!(
+                            "the saved state's superblocks do not read (version {} / {}, this fdpblk writes {VERSION}; or both copies are damaged): starting fresh, and slots no checkpoint lists are not taken for unwritten",
+                            version[0], version[1]
+                        ));
+                    }
                     newest([a, c]).map(|(copy, s)| {
                         p.sb_copy = copy;
                         s
@@ -732,6 +742,18 @@ impl StateWriter for ReadOnly<'_> {
     fn size(&self) -> u64 {
         self.0.size().unwrap_or(0)
     }
+}
+
+/// Whether the reserved tail of a backing of `size` bytes holds an fdpblk superblock, valid
+/// or not (its magic in either copy): some run of fdpblk has used this device.
+pub fn state_present(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> bool {
+    let region = Region::tail(size);
+    if region.len < 2 * BLOCK {
+        return false;
+    }
+    let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
+    ReadOnly(dev).read_at(region.offset, &mut b[..2 * BLOCK as usize]).is_ok()
+        && (&b[..8] == SB_MAGIC || &b[BLOCK as usize..BLOCK as usize + 8] == SB_MAGIC)
 }
 
 /// fdpblk's saved state on a backing device or image of `size` bytes, summarised as JSON

@@ -585,3 +585,52 @@ fn unreadable_superblocks_are_both_replaced() {
     let (v, _, l, _) = load(&g, img, region);
     assert!(l.found && !l.clean && v.get(1).is_none());
 }
+
+/// A superblock that is there but does not decode (a newer fdpblk's version, or both copies
+/// torn) is a state that could not be read: not "no fdpblk ever saved here", which would let
+/// the watcher take every slot no checkpoint lists for unwritten.
+#[test]
+fn superblocks_of_another_version_or_torn_are_not_taken_for_a_never_used_device() {
+    let g = geom(300);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    for i in 0..3 {
+        t.record_header(i, &SlotHeader { identity: 10 + i, payload_len: 1 }, 1);
+        p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    }
+    // A newer version, with its CRC right.
+    let mut img = dev.image();
+    for c in 0..2 {
+        let b = &mut img[c * 4096..(c + 1) * 4096];
+        b[8..12].copy_from_slice(&(VERSION + 1).to_le_bytes());
+        let crc = crc32fast::hash(&b[..CRC_AT]);
+        b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+    }
+    let (_, _, l, _) = load(&g, img.clone(), region);
+    assert!(!l.found && !l.none_saved, "{l:?}");
+    assert!(l.note.as_deref().is_some_and(|n| n.contains(&format!("version {}", VERSION + 1))), "{:?}", l.note);
+    // Both copies torn (a byte changed in each).
+    let mut img = dev.image();
+    img[100] ^= 1;
+    img[4096 + 100] ^= 1;
+    let (_, _, l, _) = load(&g, img, region);
+    assert!(!l.found && !l.none_saved && l.note.is_some(), "{l:?}");
+    // A blank region is still a device no fdpblk used.
+    let (_, _, l, _) = load(&g, vec![0; region.len as usize], region);
+    assert!(l.none_saved && l.note.is_none());
+}
+
+#[test]
+fn state_present_looks_for_a_superblock_magic_in_the_reserved_tail() {
+    let size = 16u64 << 20;
+    let tail = Region::tail(size);
+    let mut img = vec![0u8; size as usize];
+    assert!(!state_present(&img, size));
+    img[tail.offset as usize + 4096..][..8].copy_from_slice(b"FDPBSB01");
+    assert!(state_present(&img, size), "the second copy's magic counts");
+    img[tail.offset as usize + 4096] = 0;
+    img[tail.offset as usize - 4096..][..8].copy_from_slice(b"FDPBSB01");
+    assert!(!state_present(&img, size), "only the reserved tail counts");
+}
