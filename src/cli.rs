@@ -181,10 +181,16 @@ pub struct AddArgs {
     /// How long (µs) a payload write waits for its slot header before it is placed anyway.
     #[arg(long, default_value_t = 5000)]
     pub header_wait_us: u64,
-    /// Do not deallocate the slots LMCache evicted (by default fdpblk trims a slot once
-    /// LMCache's committed checkpoints no longer list it).
+    /// Do not deallocate: neither the slots LMCache evicted (by default fdpblk trims a slot
+    /// once LMCache's committed checkpoints no longer list it) nor, on a device no fdpblk used
+    /// before, the slots LMCache's first checkpoint does not list (data left from before).
     #[arg(long)]
     pub no_trim: bool,
+    /// Add even though the backing holds a file system, partition table, RAID or LVM
+    /// signature (as blkid finds them) and neither LMCache's checkpoint nor fdpblk's state:
+    /// that data is overwritten and deallocated.
+    #[arg(long)]
+    pub force: bool,
     /// Deallocate a stale tail (bytes past a shorter new payload) only once a checkpoint
     /// confirmed the slot, not as soon as the new header is durable. Early tails rely on
     /// LMCache's header check at load (`meta_verify_on_load`, on by default), and on LMCache

@@ -2,8 +2,9 @@
 //! `fdpblk up NAME`, the systemd unit `fdpblk@NAME.service`).
 //!
 //! Every key is a long flag of `fdpblk add` with `_` for `-` (`slot_bytes` is
-//! `--slot-bytes`, `no_trim` is `--no-trim`, `number` is `-n`/`--number`); `--foreground` and
-//! `--config` are not keys. Sizes are a number of bytes or a string with a K/M/G/T suffix, like
+//! `--slot-bytes`, `no_trim` is `--no-trim`, `number` is `-n`/`--number`); `--foreground`,
+//! `--force` (a one-time decision about a device's old data, not a setting) and `--config`
+//! are not keys. Sizes are a number of bytes or a string with a K/M/G/T suffix, like
 //! the flags. A flag given on the command line overrides the file. An unknown key, a value of
 //! the wrong type or a TOML syntax error is a one-line error that names the key (or line) and
 //! the fix; so is a value `fdpblk add` refuses ([`name_config_keys`]). Example:
@@ -128,7 +129,7 @@ impl ConfigFile {
                     let underscored = k.replace('-', "_");
                     return Err(if KEYS.contains(&underscored.as_str()) {
                         format!("{file}: unknown key `{k}`; write it `{underscored}` (config keys use _ where flags use -)")
-                    } else if k == "foreground" || k == "config" {
+                    } else if k == "foreground" || k == "config" || k == "force" {
                         format!("{file}: unknown key `{k}`: --{k} is a command-line flag only; remove the line")
                     } else {
                         format!("{file}: unknown key `{k}`; remove it or use one of: {}", KEYS.join(", "))
@@ -351,7 +352,7 @@ capacity_bytes = "1T"
         let mut flags: Vec<String> = add
             .get_arguments()
             .map(|a| a.get_id().to_string())
-            .filter(|id| !matches!(id.as_str(), "config" | "foreground" | "help"))
+            .filter(|id| !matches!(id.as_str(), "config" | "foreground" | "force" | "help"))
             .collect();
         let mut keys: Vec<String> = KEYS.iter().map(|k| k.to_string()).collect();
         flags.sort();
@@ -359,7 +360,7 @@ capacity_bytes = "1T"
         assert_eq!(flags, keys, "a flag of `fdpblk add` without a config key (or the reverse): update KEYS, ConfigFile and its docs");
         for a in add.get_arguments() {
             if let Some(long) = a.get_long() {
-                if long != "config" && long != "foreground" {
+                if !matches!(long, "config" | "foreground" | "force") {
                     assert_eq!(long.replace('-', "_"), a.get_id().as_str(), "the key of --{long} is its flag with _ for -");
                 }
             }
@@ -378,6 +379,8 @@ capacity_bytes = "1T"
         assert!(e.contains("unknown key `geometry`"), "{e}");
         let e = err("foreground = true\n");
         assert!(e.contains("command-line flag only"), "{e}");
+        let e = err("force = true\n");
+        assert!(e.contains("--force is a command-line flag only"), "{e}");
         let e = err("queues = \"2\"\n");
         assert!(e.contains("`queues` must be a whole number from 0 to 65535"), "{e}");
         let e = err("queues = 70000\n");

@@ -73,6 +73,74 @@ fn with_erase_hint(e: DiscoverError, backing: &Path, is_bdev: bool, is_chardev: 
     format!("{e}. If LMCache's configuration {change} (LMCache then starts with an empty cache), erase its old checkpoint first: {erase}")
 }
 
+/// Refuses a backing that holds neither LMCache's checkpoint nor fdpblk's state but a file
+/// system, partition table, RAID or LVM member (what `blkid -p` finds), unless `--force`:
+/// fdpblk would write its state over the device's end and, after LMCache's first checkpoint,
+/// deallocate every slot that checkpoint does not list. That is a typo in `--backing` away.
+fn refuse_foreign_data(a: &AddArgs, is_chardev: bool, file: &std::fs::File, probe: &Option<passthrough::NsProbe>, backing_bytes: u64) -> Result<(), String> {
+    if a.force {
+        return Ok(());
+    }
+    let ours = match probe {
+        Some(p) => passthrough::NsReader::open(&a.backing, p.nsid, p.lba_size, p.ns_bytes, p.max_transfer)
+            .is_ok_and(|r| crate::persist::state_present(&r, backing_bytes)),
+        None => crate::persist::state_present(file, backing_bytes),
+    };
+    if ours {
+        return Ok(());
+    }
+    // blkid reads the block device; a char device's is its namespace's.
+    let target = if is_chardev { crate::nvme::path::namespace_block_device(&a.backing) } else { Some(a.backing.clone()) };
+    let Some(target) = target else { return Ok(()) };
+    match foreign_signature(&target) {
+        Ok(None) => Ok(()),
+        Ok(Some(what)) => Err(format!(
+            "backing {} holds {what} (blkid -p {}), and neither an LMCache checkpoint nor fdpblk's state: fdpblk would overwrite and deallocate it. Check that this is the right device; if its data may go, erase it first (wipefs -a {}) or pass --force",
+            a.backing.display(),
+            target.display(),
+            target.display()
+        )),
+        Err(e) => {
+            tracing::warn!("cannot check {} for other data ({e}); adding it anyway", target.display());
+            Ok(())
+        }
+    }
+}
+
+/// What `blkid -p` (low-level probe, no cache) finds on `path`: `None` for nothing.
+fn foreign_signature(path: &Path) -> Result<Option<String>, String> {
+    let blkid = ["/usr/sbin/blkid", "/sbin/blkid", "blkid"].into_iter().find(|b| !b.starts_with('/') || Path::new(b).exists()).unwrap_or("blkid");
+    let out = std::process::Command::new(blkid)
+        .args(["-p", "-o", "export", "--"])
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("{blkid}: {e}"))?;
+    // 2: nothing found; 8: several signatures, blkid cannot tell which (still someone's).
+    match out.status.code() {
+        Some(2) => return Ok(None),
+        Some(0 | 8) => {}
+        _ => return Err(format!("blkid -p: {}", String::from_utf8_lossy(&out.stderr).trim())),
+    }
+    Ok(Some(describe_signature(&String::from_utf8_lossy(&out.stdout), out.status.code() == Some(8))))
+}
+
+/// A short description of `blkid -o export` output: "an ext4 file system", "a gpt partition
+/// table", "a LVM2_member (raid) signature".
+fn describe_signature(export: &str, ambivalent: bool) -> String {
+    let get = |k: &str| export.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix('=')).map(str::to_string);
+    if ambivalent {
+        return "several signatures".into();
+    }
+    match (get("TYPE"), get("USAGE"), get("PTTYPE")) {
+        (Some(t), Some(u), _) if u == "filesystem" => format!("an {t} file system"),
+        (Some(t), Some(u), _) => format!("a {t} ({u}) signature"),
+        (Some(t), None, _) => format!("a {t} signature"),
+        (None, _, Some(pt)) => format!("a {pt} partition table"),
+        _ => "a signature".into(),
+    }
+}
+
 /// Turns `fdpblk add` arguments into a device config, checking everything first.
 pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let policy = policy_by_name(&a.policy)
@@ -191,7 +259,12 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let flags = a.geometry.flags();
     let geometry = match a.layout.as_str() {
         "auto" => match discover(&*source, &flags) {
-            Ok(d) => Some(d.geometry),
+            Ok(d) => {
+                if matches!(d.source, crate::layout::discover::GeometrySource::Flags) {
+                    refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
+                }
+                Some(d.geometry)
+            }
             // Learned from LMCache's first checkpoint while serving (`frontend::learn`).
             // Half a layout is a typo or a line left out of a config file, not a wish to learn.
             Err(DiscoverError::NoCheckpoint { missing }) if flags.slot_bytes.is_some() || flags.meta_total_bytes.is_some() => {
@@ -202,6 +275,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
                 ));
             }
             Err(DiscoverError::NoCheckpoint { missing }) => {
+                refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
                 // `list` and `stats` say `learning`; the daemon's log says it too.
                 tracing::debug!(
                     "no LMCache checkpoint on {} yet: fdpblk learns the layout from LMCache's first one (pass {missing} to place from the first write)",
@@ -216,8 +290,11 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
                 return Err("--layout lmcache needs --slot-bytes and --meta-total-bytes".into());
             };
             // A checkpoint already on the device must agree with the flags.
-            if let Err(e @ DiscoverError::Conflict { .. }) = discover(&*source, &flags) {
-                return Err(with_erase_hint(e, &a.backing, is_bdev, is_chardev));
+            match discover(&*source, &flags) {
+                Err(e @ DiscoverError::Conflict { .. }) => return Err(with_erase_hint(e, &a.backing, is_bdev, is_chardev)),
+                Ok(d) if !matches!(d.source, crate::layout::discover::GeometrySource::Flags) => {}
+                // No checkpoint (or one that does not read: the flags decide).
+                _ => refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?,
             }
             Some(GeometryConfig {
                 block_align: flags.block_align.unwrap_or(4096),
@@ -875,5 +952,28 @@ mod tests {
         assert!(block_size_error(4096, p).is_none());
         let e = block_size_error(8192, p).unwrap();
         assert!(e.contains("8192-byte logical blocks") && e.contains("nvme format"), "{e}");
+    }
+
+    #[test]
+    fn blkid_signatures_are_described() {
+        assert_eq!(describe_signature("DEVNAME=/dev/x\nTYPE=ext4\nUSAGE=filesystem\n", false), "an ext4 file system");
+        assert_eq!(describe_signature("TYPE=LVM2_member\nUSAGE=raid\n", false), "a LVM2_member (raid) signature");
+        assert_eq!(describe_signature("PTUUID=ab\nPTTYPE=gpt\n", false), "a gpt partition table");
+        assert_eq!(describe_signature("", true), "several signatures");
+    }
+
+    /// blkid and mkswap are util-linux, on every system fdpblk runs on (and in CI).
+    #[test]
+    fn a_swap_signature_is_found_and_a_blank_file_is_not() {
+        let dir = std::env::temp_dir().join(format!("fdpblk-sig-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let img = dir.join("a.img");
+        std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+        assert_eq!(foreign_signature(&img), Ok(None));
+        let mkswap = ["/usr/sbin/mkswap", "/sbin/mkswap"].into_iter().find(|m| Path::new(m).exists()).unwrap_or("mkswap");
+        let st = std::process::Command::new(mkswap).arg(&img).output().expect("mkswap (util-linux) runs");
+        assert!(st.status.success(), "{st:?}");
+        assert_eq!(foreign_signature(&img), Ok(Some("a swap (other) signature".into())));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

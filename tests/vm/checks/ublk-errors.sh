@@ -2,7 +2,7 @@
 # vm-kernel: new
 # vm-fdp: on
 # Bad input to `fdpblk add/del/recover` is a one-line error naming the fix, a non-zero exit
-# status, and creates nothing.
+# status, and creates nothing; so is a backing holding someone else's data.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 FIXTURES=$(cd "$(dirname "$0")/../../.." && pwd)/../shared/fixtures/lmcache-0.5.6
@@ -44,6 +44,21 @@ refuse "queues from up's config file" "^fdpblk: --queues must be 1..=32 \\(from 
 refuse "del unknown id" "no ublk device 7" del -n 7
 refuse "recover unknown id" "no fdpblk device 7" recover -n 7
 refuse "stats unknown id" "no stats for device 7" stats -n 7
+
+# Someone else's data (here a swap signature) and neither LMCache's checkpoint nor fdpblk's
+# state: a typo in --backing. Refused, naming blkid, wipefs and --force, through the block and
+# the char device; --force adds it, and once fdpblk's state is there no --force is needed.
+expect "blank tail" blkdiscard -z -o $(( $(blockdev --getsize64 "$NS_DEV") - (16 << 20) )) "$NS_DEV"
+expect "a swap signature on the drive" quiet mkswap "$NS_DEV"
+refuse "someone else's data" "holds a swap \(other\) signature \(blkid -p $NS_DEV\).*wipefs -a $NS_DEV\) or pass --force" add --backing "$NS_DEV" "${GEO[@]}"
+refuse "someone else's data, under --layout lmcache" "holds a swap" add --backing "$NS_DEV" --layout lmcache "${GEO[@]}"
+refuse "someone else's data, by its char device" "backing $NG_DEV holds a swap .*blkid -p $NS_DEV" add --backing "$NG_DEV" --engine passthrough "${GEO[@]}"
+expect "--force adds it" quiet fdpblk_add --backing "$NS_DEV" -n 0 --force "${GEO[@]}"
+expect "del" "$FDPBLK" del -n 0
+sleep 0.5
+expect "fdpblk's state is there: no --force needed" quiet fdpblk_add --backing "$NS_DEV" -n 0 "${GEO[@]}"
+expect "del" "$FDPBLK" del -n 0
+sleep 0.5
 
 # A checkpoint LMCache wrote says slot_bytes 65536: a different flag is a conflict.
 expect "LMCache image on the drive" dd if="$FIXTURES/object-evict/device.img" of="$NS_DEV" bs=1M oflag=direct status=none
