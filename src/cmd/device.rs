@@ -791,6 +791,16 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
         );
     }
     println!("device {}  engine {}  policy {}", state::bdev_path(a.number), v["engine"].as_str().unwrap_or(""), v["policy"].as_str().unwrap_or(""));
+    let l = &v["layout"];
+    if l["state"] == "learning" {
+        println!(
+            "LAYOUT LEARNING: no LMCache checkpoint seen yet; {} writes ({} bytes) so far are neither placed by key nor deallocated",
+            l["writes_before_layout"], l["bytes_before_layout"]
+        );
+    }
+    if let Some(r) = l["refused"].as_str() {
+        println!("LAYOUT REFUSED: {r}");
+    }
     let p = &v["pipeline"];
     println!("{:<20} {:>10} {:>16}", "class", "requests", "bytes");
     if let Some(c) = p["classes"].as_object() {
@@ -866,9 +876,12 @@ fn print_watch(v: &serde_json::Value) {
     );
     let t = &v["trim"];
     let per: Vec<String> = t["handles"].as_object().map(|h| h.iter().map(|(k, c)| format!("{k}:{c}")).collect()).unwrap_or_default();
+    if let Some(why) = t["blocked_by"].as_str() {
+        println!("DEALLOCATION BLOCKED: {why}");
+    }
     println!(
         "deallocation {}: {} trims, {} bytes (per handle {}), {} evictions seen; stale tails {} ({} early), {} bytes; unwritten slots {}, {} bytes",
-        if t["enabled"] == true { "on" } else { "off" },
+        deallocation_state(t),
         n(&t["trims"]),
         n(&t["trim_bytes"]),
         if per.is_empty() { "-".to_string() } else { per.join(" ") },
@@ -891,6 +904,15 @@ fn print_watch(v: &serde_json::Value) {
             _ => "",
         }
     );
+}
+
+/// `on`, `off` (--no-trim), or `on but blocked` (LMCache's checkpoint disagrees with the layout).
+fn deallocation_state(trim: &serde_json::Value) -> &'static str {
+    match (trim["enabled"] == true, trim["blocked_by"].is_string()) {
+        (false, _) => "off",
+        (true, true) => "on but blocked",
+        (true, false) => "on",
+    }
 }
 
 /// For udev: prints the stable name of device `id`, or fails if it has none.
@@ -952,6 +974,13 @@ mod tests {
         assert!(block_size_error(4096, p).is_none());
         let e = block_size_error(8192, p).unwrap();
         assert!(e.contains("8192-byte logical blocks") && e.contains("nvme format"), "{e}");
+    }
+
+    #[test]
+    fn a_blocked_deallocation_is_not_called_on() {
+        assert_eq!(deallocation_state(&json!({"enabled": true, "blocked_by": null})), "on");
+        assert_eq!(deallocation_state(&json!({"enabled": true, "blocked_by": "slot_bytes differs"})), "on but blocked");
+        assert_eq!(deallocation_state(&json!({"enabled": false, "blocked_by": null})), "off");
     }
 
     #[test]

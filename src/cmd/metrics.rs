@@ -264,6 +264,27 @@ impl Registry {
         if let Some(v) = flag(&t["enabled"]) {
             self.add("fdpblk_trim_enabled", "1 when fdpblk deallocates the slots LMCache evicted (0 with --no-trim).", Gauge, base(), v);
         }
+        if !t.is_null() {
+            self.add(
+                "fdpblk_trim_blocked",
+                "1 while deallocation is off because LMCache's checkpoint disagrees with fdpblk's layout (`fdpblk stats` says why).",
+                Gauge,
+                base(),
+                if t["blocked_by"].is_string() { 1.0 } else { 0.0 },
+            );
+        }
+        if let Some(state) = st["layout"]["state"].as_str() {
+            self.add(
+                "fdpblk_layout_learning",
+                "1 while fdpblk waits for LMCache's first checkpoint to learn the layout (writes are neither placed by key nor deallocated).",
+                Gauge,
+                base(),
+                if state == "learning" { 1.0 } else { 0.0 },
+            );
+        }
+        if let Some(v) = num(&st["stats_age_s"]) {
+            self.add("fdpblk_stats_age_seconds", "Seconds since the daemon last wrote its stats (it does every second; more means it is stuck).", Gauge, base(), v);
+        }
         // Counters restart at 0 with each daemon (also after a recovery), as Prometheus
         // expects: the lifetime values `fdpblk stats` shows come back from the drive and can
         // go back by what a crash lost.
@@ -289,6 +310,9 @@ impl Registry {
             ("fdpblk_tail_trims_total", "tail_trims", "Stale tails deallocated: bytes past a slot's payload that earlier, longer contents left."),
             ("fdpblk_early_tail_trims_total", "early_tail_trims", "Stale tails deallocated before a checkpoint confirmed the slot (once the new header was durable)."),
             ("fdpblk_tail_trim_bytes_total", "tail_trim_bytes", "Bytes of stale tails deallocated."),
+            ("fdpblk_unwritten_slots_reclaimed_total", "reclaimed", "Slots deallocated that no run of fdpblk saw written and no checkpoint lists (data from before)."),
+            ("fdpblk_early_evictions_total", "early_evictions", "Evicted slots deallocated once LMCache's newest checkpoint no longer listed them."),
+            ("fdpblk_containers_invalidated_total", "containers_invalidated", "Older checkpoint copies whose header fdpblk zeroed to deallocate their slots early."),
         ] {
             if let Some(v) = num(&t[key]) {
                 self.add(metric, help, Counter, base(), v);
@@ -331,7 +355,11 @@ fn collect(reg: &mut Registry, id: i32) -> Result<(), String> {
     })?;
     let saved: Value = serde_json::from_str(&state_text).map_err(|e| format!("{} is corrupt: {e}", state::state_path(id).display()))?;
     let up = state::Daemon::from_state(&saved).alive();
-    let stats: Option<Value> = std::fs::read_to_string(state::stats_path(id)).ok().and_then(|t| serde_json::from_str(&t).ok());
+    let mut stats: Option<Value> = std::fs::read_to_string(state::stats_path(id)).ok().and_then(|t| serde_json::from_str(&t).ok());
+    let age = std::fs::metadata(state::stats_path(id)).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+    if let (Some(s), Some(age)) = (stats.as_mut().filter(|s| s.is_object()), age) {
+        s["stats_age_s"] = serde_json::json!(age.as_secs_f64().round());
+    }
     let fdp = if up { state::read_state(id).ok().and_then(|(cfg, _)| state::fdp_deltas(&cfg)) } else { None };
     reg.add_device(id, Some(&saved["config"]), up, stats.as_ref(), fdp.as_ref());
     Ok(())
@@ -593,7 +621,9 @@ mod tests {
             "slots": {"max_slots": g.max_slots, "with_header": 5, "confirmed": 4, "unknown": 1, "live": 3, "evicted": 1,
                       "trimmed": 0, "identity_history": 2, "identity_history_capacity": 6, "returning": 1, "tags": 1},
             "trim": {"enabled": true, "allowed_now": true, "blocked_by": null, "trims": 3, "trim_bytes": 196608,
-                     "handles": {"2": 3}, "evictions": 4},
+                     "handles": {"2": 3}, "evictions": 4, "reclaimed": 6, "early_evictions": 1, "containers_invalidated": 1},
+            "layout": {"state": "given", "writes_before_layout": 0, "bytes_before_layout": 0, "refused": null},
+            "stats_age_s": 1.0,
             "own_state": {"persisted": true, "seq": 9, "cycles": 9, "bytes_written": 40960, "loaded": true,
                           "loaded_clean": true, "region_offset": 1, "region_bytes": 2},
             "since_start": {"trims": 1, "trim_bytes": 65536, "trim_handles": {"2": 1}, "evictions": 2,
@@ -603,6 +633,19 @@ mod tests {
 
     fn config_json(name: &str) -> Value {
         json!({"name": name, "backing": "/dev/ng0n1", "engine": "passthrough", "policy": "key-aware"})
+    }
+
+    #[test]
+    fn a_blocked_deallocation_and_a_layout_being_learned_are_gauges() {
+        let mut st = stats_json();
+        st["trim"]["blocked_by"] = json!("LMCache's checkpoint says slot_bytes 131072");
+        st["layout"]["state"] = json!("learning");
+        let mut reg = Registry::default();
+        reg.add_device(0, Some(&config_json("kv0")), true, Some(&st), None);
+        let doc = reg.render();
+        let s = check_exposition(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
+        assert_eq!(s[r#"fdpblk_trim_blocked{id="0",name="kv0"}"#], 1.0);
+        assert_eq!(s[r#"fdpblk_layout_learning{id="0",name="kv0"}"#], 1.0);
     }
 
     #[test]
@@ -640,6 +683,11 @@ mod tests {
             1.0
         );
         assert_eq!(get(r#"fdpblk_daemon_up{id="0",name="kv0"}"#), 1.0);
+        assert_eq!(get(r#"fdpblk_trim_blocked{id="0",name="kv0"}"#), 0.0);
+        assert_eq!(get(r#"fdpblk_layout_learning{id="0",name="kv0"}"#), 0.0);
+        assert_eq!(get(r#"fdpblk_stats_age_seconds{id="0",name="kv0"}"#), 1.0);
+        assert_eq!(get(r#"fdpblk_unwritten_slots_reclaimed_total{id="0",name="kv0"}"#), 6.0);
+        assert_eq!(get(r#"fdpblk_early_evictions_total{id="0",name="kv0"}"#), 1.0);
         assert!(!doc.contains("meta_total_bytes_needed"), "absent while no alarm");
     }
 

@@ -31,6 +31,8 @@ learn() {
         "$(fdpblk_add -n 0 --backing "$backing" --engine "$e" --policy region)" "$DEV"
     wait_stat layout.state '"learning"'
     expect_eq "$e: fdpblk list says learning" "$("$FDPBLK" list | grep -c 'slot_bytes learning')" 1
+    expect "$e: fdpblk stats says learning" bash -c "'$FDPBLK' stats -n 0 | grep -q '^LAYOUT LEARNING: no LMCache checkpoint seen yet'"
+    expect "$e: and its metric" bash -c "'$FDPBLK' stats -n 0 --prometheus | grep -q '^fdpblk_layout_learning{.*} 1\$'"
     if ((kill)); then
         pid=$(daemon_pid 0)
         kill -9 "$pid"
@@ -49,6 +51,8 @@ learn() {
     expect_eq "$e: and not on PIDs 1 and 2" "$(ruamw_used "$r0" "$r1" 1) $(ruamw_used "$r0" "$r1" 2)" "0 0"
     writer "$e-ckpt" checkpoint
     wait_stat layout.state '"learned"'
+    expect "$e: learned: the metric is 0" bash -c "'$FDPBLK' stats -n 0 --prometheus | grep -q '^fdpblk_layout_learning{.*} 0\$'"
+    expect "$e: learned: stats no longer says learning" bash -c "! '$FDPBLK' stats -n 0 | grep -q 'LAYOUT LEARNING'"
     wait_stat geometry.slot_bytes 65536
     wait_stat geometry.meta_total_bytes 1048576
     expect "$e: writes before the layout counted ($(dev_stat layout.writes_before_layout))" test "$(dev_stat layout.writes_before_layout)" -ge 9
