@@ -830,6 +830,14 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
         );
     }
     print_watch(&v);
+    if !daemon_up {
+        // A script that reads only the exit status must not take a dead device for a live one.
+        return Err(format!(
+            "the daemon of device {} is not running; recover the device: fdpblk recover -n {} (or fdpblk up NAME)",
+            a.number, a.number
+        )
+        .into());
+    }
     Ok(())
 }
 

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 
 /// fdpblk's own state lives in a fixed tail of the backing device, never exported:
 /// `max(8 MiB, round_up(backing_bytes / 4096, 1 MiB))` — 1/4096 of the device (512 MiB on
-/// 2 TB) holds the state's two copies (about 55 bytes per slot, `persist::Layout`) down to
-/// slots of about 220 KiB. The formula is fixed so the exported capacity never changes
+/// 2 TiB, 466 MiB on 2 TB) holds the state's two copies (about 55 bytes per slot,
+/// `persist::Layout`) down to slots of about 220 KiB. The formula is fixed so the exported capacity never changes
 /// between versions.
 pub fn reserved_tail_bytes(backing_bytes: u64) -> u64 {
     const MIB: u64 = 1 << 20;

@@ -27,7 +27,8 @@ for i in $(seq "$first" "$last"); do
     expect "round $i: SIGKILL daemon $old" kill -9 "$old"
     if ((i == 1)); then
         expect "list: quiesced, recover named" bash -c "for j in \$(seq 50); do $FDPBLK list --json | jq -e '.[0].state == \"quiesced\" and (.[0].hint | test(\"fdpblk recover -n 0\"))' >/dev/null && exit 0; sleep 0.1; done; exit 1"
-        expect "stats: the dead daemon's figures are marked" bash -c "$FDPBLK stats -n 0 | head -1 | grep -q '^DAEMON NOT RUNNING'"
+        expect "stats: the dead daemon's figures are marked" bash -c "$FDPBLK stats -n 0 2>/dev/null | head -1 | grep -q '^DAEMON NOT RUNNING'"
+        expect "stats: and it exits 1, naming recover" bash -c "! $FDPBLK stats -n 0 >/dev/null 2>/tmp/recover-stats.err && grep -q 'fdpblk recover -n 0' /tmp/recover-stats.err"
         expect_eq "stats --json: daemon_up while it is dead" "$("$FDPBLK" stats -n 0 --json | jq -c .daemon_up)" false
     fi
     if "$FDPBLK" recover -n 0 >"/tmp/recover-$i.log" 2>&1; then
