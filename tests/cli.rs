@@ -289,3 +289,11 @@ fn replay_blkparse_of_a_fixture() {
     assert!(err.contains("use Q (queued), D (issued) or C (completed)"), "{err}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn replay_names_an_unknown_policy_before_reading_the_trace() {
+    // The trace does not exist: the policy is checked first.
+    let (code, _, err) = fdpblk(&["replay", "/nonexistent/trace.jsonl", "--device-size", "16M", "--policy", "bogus"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("unknown --policy bogus; choose one of"), "{err}");
+}

@@ -451,6 +451,10 @@ fn read_trace(a: &ReplayArgs) -> Result<(Vec<TraceRequest>, TraceInfo), String> 
 }
 
 pub fn run(a: &ReplayArgs) -> CmdResult {
+    // A typo in the policy is reported before a long trace is read.
+    if policy_by_name(&a.policy).is_none() {
+        return Err(format!("unknown --policy {}; choose one of {}", a.policy, POLICY_NAMES.join(", ")).into());
+    }
     let (trace, info) = read_trace(a)?;
     let flags = a.geometry.flags();
     let furthest = trace.iter().filter(|t| t.op != Op::Flush).map(|t| t.offset + t.len).max().unwrap_or(0);
