@@ -127,9 +127,18 @@ pub fn block_device_size(f: &File) -> io::Result<u64> {
     Ok(size)
 }
 
-/// Opens a device or image read-only, with an error that names the path.
+/// Opens a device or image read-only, with an error that names the path. A block device's
+/// cached pages are dropped first: a running fdpblk's passthrough writes (and LMCache's
+/// O_DIRECT ones) bypass that cache, which could otherwise show old checkpoints.
 pub fn open_readonly(path: &Path) -> io::Result<File> {
-    File::open(path).map_err(|e| io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display())))
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileTypeExt;
+    let f = File::open(path).map_err(|e| io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display())))?;
+    if f.metadata().is_ok_and(|m| m.file_type().is_block_device()) {
+        // SAFETY: advice on an owned descriptor; a failure only leaves the cache as it was.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+    Ok(f)
 }
 
 /// Adapts a region of a `ReadAt` to `std::io::Read`, for the streaming JSON parser.
