@@ -650,6 +650,14 @@ fn del_one(id: i32) -> Result<(), String> {
             return Err(format!("ublk device {id} is served by {comm} (pid {pid}), not by fdpblk: stop it with its own server"));
         }
     }
+    let users = holders(Path::new(&state::bdev_path(id)));
+    if !users.is_empty() {
+        tracing::warn!(
+            "{} is open by {}: deleting it fails their I/O from now on (to replace fdpblk under a running LMCache, kill the daemon and recover instead: deploy/README.md)",
+            state::bdev_path(id),
+            users.join(", ")
+        );
+    }
     let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {e}"))?;
     // Stopping makes the daemon drain its queues, delete the device and exit.
     let _ = ctrl.kill_dev();
@@ -669,6 +677,21 @@ fn del_one(id: i32) -> Result<(), String> {
         Err(_) => state::remove_state_files(id),
     }
     Ok(())
+}
+
+/// The processes that hold `dev` open: "name (pid N)" each.
+fn holders(dev: &Path) -> Vec<String> {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
+        if fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == dev)) {
+            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            out.push(format!("{} (pid {pid})", comm.trim()));
+        }
+    }
+    out
 }
 
 /// The driver's state of device `id` (one word) and what an operator can do about it.
@@ -982,6 +1005,18 @@ mod tests {
         assert!(block_size_error(4096, p).is_none());
         let e = block_size_error(8192, p).unwrap();
         assert!(e.contains("8192-byte logical blocks") && e.contains("nvme format"), "{e}");
+    }
+
+    #[test]
+    fn holders_of_a_file_are_found_by_its_path() {
+        let f = std::env::temp_dir().join(format!("fdpblk-holders-{}", std::process::id()));
+        std::fs::write(&f, b"x").unwrap();
+        let open = std::fs::File::open(&f).unwrap();
+        let me = format!("(pid {})", std::process::id());
+        assert!(holders(&f).iter().any(|h| h.ends_with(&me)), "{:?}", holders(&f));
+        drop(open);
+        assert!(!holders(&f).iter().any(|h| h.ends_with(&me)));
+        std::fs::remove_file(&f).unwrap();
     }
 
     #[test]

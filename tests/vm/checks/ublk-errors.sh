@@ -67,7 +67,12 @@ expect "the checkpoint's own geometry is accepted" quiet fdpblk_add --backing "$
 KEEP0=1 refuse "backing in use" "in use" add --backing "$NS_DEV" -n 1
 KEEP0=1 refuse "passthrough on a namespace in use" "$NG_DEV is in use: its namespace $NS_DEV" add --backing "$NG_DEV" -n 1 --engine passthrough
 KEEP0=1 refuse "device id taken" "already exists" add --backing /var/tmp/small.img -n 0 --engine plain --policy none "${GEO[@]}"
-expect "del" "$FDPBLK" del -n 0
+# Deleting a device someone holds open (here this shell) says who: their I/O fails from now on.
+exec 3</dev/ublkb0
+out=$("$FDPBLK" del -n 0 2>&1) && rc=0 || rc=$?
+exec 3<&-
+expect_eq "del of an open device" "$rc" 0
+expect "and it names who holds it open: $out" grep -q "/dev/ublkb0 is open by bash (pid $$)" <<<"$out"
 sleep 0.5
 # A passthrough device claims its namespace for its lifetime: neither the block device nor a
 # second passthrough daemon can take it.
