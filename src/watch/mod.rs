@@ -6,7 +6,8 @@
 //! ([`SlotTable::checkpoint_header`], before the write is submitted) and starts a new
 //! *epoch*; this thread reads the container back off the data path, checks that it holds
 //! exactly that header and that the payload's CRC matches (retrying while the payload is still
-//! on its way), and streams the JSON ([`crate::layout::checkpoint_json`], bounded memory):
+//! on its way), and streams the JSON ([`crate::layout::checkpoint_json`], bounded memory,
+//! hashing what it parses: nothing it found counts unless that CRC matches too):
 //! which slots each container lists, and for each entry whose key's identity (BLAKE2b-8 of the
 //! key string for object keys) matches the slot's header, a *confirmation* of the slot's
 //! contents and its (model, cache_salt) tag.
@@ -952,7 +953,9 @@ impl Watcher {
             _ => return Read::NotYet,
         }
         match self.parse(copy, &h, confirm_epoch) {
-            Ok(v) => Read::Done(Container::Valid(Box::new(v))),
+            // The bytes changed between the CRC pass and the parse: LMCache is rewriting it.
+            Ok(None) => Read::NotYet,
+            Ok(Some(v)) => Read::Done(Container::Valid(Box::new(v))),
             Err(e) => {
                 tracing::warn!("device {}: checkpoint seq {} in container {copy} is not usable: {e}; no deallocation until it is replaced", self.cfg.device, h.seq);
                 Read::Done(Container::Unknown)
@@ -961,7 +964,9 @@ impl Watcher {
     }
 
     /// Streams the JSON: which slots it lists; confirmations and tags for matching entries.
-    fn parse(&mut self, copy: u8, h: &CheckpointHeader, confirm_epoch: Option<u32>) -> Result<ValidCopy, String> {
+    /// `Ok(None)`: the bytes parsed are not those the header's CRC vouches for (LMCache began
+    /// rewriting the container after the CRC pass); nothing was confirmed.
+    fn parse(&mut self, copy: u8, h: &CheckpointHeader, confirm_epoch: Option<u32>) -> Result<Option<ValidCopy>, String> {
         let g = self.geom;
         let slots = &*self.slots;
         let mut listed = bitset(g.max_slots);
@@ -972,10 +977,12 @@ impl Watcher {
         let mut last_bucket: (String, u64) = (String::new(), 0);
         // Every live entry, for a policy that learns tenants from committed checkpoints.
         let mut live: Option<Vec<LiveEntry>> = (self.observer.is_some() && confirm_epoch.is_some()).then(Vec::new);
+        // Confirmations wait until the CRC of the very bytes parsed matches the header's.
+        let mut confirms: Vec<Confirm> = Vec::new();
         let dev = DevReader(&*self.dev);
-        let reader = RegionReader::new(&dev, g.container_offset(copy) + g.block_align, h.payload_len);
+        let mut reader = CrcRead { inner: RegionReader::new(&dev, g.container_offset(copy) + g.block_align, h.payload_len), crc: crc32fast::Hasher::new(), bytes: 0 };
         let limits = JsonLimits { max_payload_bytes: g.payload_cap().max(h.payload_len), ..JsonLimits::default() };
-        let meta = parse_checkpoint_json(reader, &limits, &mut |e| {
+        let meta = parse_checkpoint_json(&mut reader, &limits, &mut |e| {
             // LMCache writes both as plain integers, and its loader takes anything `int()`
             // takes ("65536", 65536.0): an entry whose slot fdpblk cannot tell may list any
             // slot, so the whole copy is unknown and no deallocation rests on it.
@@ -1015,11 +1022,6 @@ impl Watcher {
                 return Ok(());
             }
             let fresh = life::epochs_since(life::stamp(l), epoch_now) >= need + 2;
-            if fresh {
-                // Snapshotted after the write, which came through this run (or, for a
-                // record from before it, after this run's first checkpoint header).
-                slots.settle_unseen(slot);
-            }
             if l & life::CONFIRMED == 0 && !fresh {
                 return Ok(());
             }
@@ -1027,12 +1029,23 @@ impl Watcher {
                 last_tag = (model.to_string(), salt.to_string(), slots.tags().intern(&key.model_name(), salt));
             }
             let new = life::with_state(life::with_tag(l | life::CONFIRMED, last_tag.2), SlotState::Live);
-            if new != l {
-                slots.cas_life(slot, l, new);
-            }
+            confirms.push(Confirm { slot, was: l, new, fresh });
             Ok(())
         })
         .map_err(|e| e.to_string())?;
+        if reader.bytes != h.payload_len || reader.crc.clone().finalize() != h.crc32 {
+            return Ok(None);
+        }
+        for c in confirms {
+            if c.fresh {
+                // Snapshotted after the write, which came through this run (or, for a
+                // record from before it, after this run's first checkpoint header).
+                slots.settle_unseen(c.slot);
+            }
+            if c.new != c.was {
+                slots.cas_life(c.slot, c.was, c.new);
+            }
+        }
         // Compared as Python's loader compares them: `65536.0 == 65536`.
         let geo = [
             ("block_align", meta.py_int("block_align"), g.block_align),
@@ -1076,7 +1089,7 @@ impl Watcher {
         if let (Some(entries), Some(p)) = (live, self.observer.as_mut()) {
             p.observe(&Observation::Checkpoint { seq: h.seq, entries: &entries });
         }
-        Ok(ValidCopy { seq: h.seq, payload_len: h.payload_len, entries: meta.entries, fixed_bytes, listed })
+        Ok(Some(ValidCopy { seq: h.seq, payload_len: h.payload_len, entries: meta.entries, fixed_bytes, listed }))
     }
 
     /// A checkpoint LMCache committed through fdpblk (read back and verified).
@@ -1837,3 +1850,28 @@ impl Watcher {
 
 #[cfg(test)]
 mod tests;
+
+/// A confirmation found while parsing a checkpoint, applied once the parsed bytes' CRC matched.
+struct Confirm {
+    slot: u64,
+    was: u64,
+    new: u64,
+    /// The slot's write predates the checkpoint: its "written unseen" mark can go.
+    fresh: bool,
+}
+
+/// Hashes what the parser reads, so that what is parsed is what the CRC vouched for.
+struct CrcRead<R> {
+    inner: R,
+    crc: crc32fast::Hasher,
+    bytes: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for CrcRead<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.crc.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}

@@ -1654,6 +1654,44 @@ fn overflow_alarm_measured_on_a_one_entry_checkpoint_comes_before_the_overflow()
     panic!("the checkpoint never outgrew its container");
 }
 
+#[test]
+fn a_checkpoint_rewritten_between_its_crc_and_its_parse_is_read_again() {
+    let mut r = Rig::new(64, 8192, true);
+    let k = r.new_key(false);
+    r.put(k);
+    r.step();
+    assert!(r.snapshot());
+    r.ckpt_payload();
+    r.ckpt_header();
+    r.step();
+    let seq = |r: &Rig| r.w.published().lock().unwrap()["checkpoint_seq"].as_u64();
+    assert_eq!(seq(&r), Some(1));
+    let older = r.json();
+    for _ in 0..3 {
+        let k = r.new_key(false);
+        r.put(k);
+        r.step();
+    }
+    assert!(r.snapshot());
+    let c = r.lmc.ckpt.clone().unwrap();
+    // Between fdpblk's CRC pass and its parse, the payload turns into other valid JSON (an
+    // older checkpoint's, padded): it must not be taken for seq 2.
+    let mut spliced = older;
+    spliced.resize(c.json.len(), b' ');
+    let at = r.g.container_offset(Geometry::copy_for_seq(c.seq)) + BA;
+    r.dev.poke_after_read(at, spliced);
+    r.ckpt_payload();
+    r.ckpt_header();
+    r.step();
+    assert_eq!(seq(&r), Some(1), "bytes the CRC did not vouch for were taken for checkpoint 2");
+    // LMCache's own bytes are there again: read again, whole this time.
+    r.dev.poke(at, &c.json);
+    for _ in 0..5 {
+        r.step();
+    }
+    assert_eq!(seq(&r), Some(2));
+}
+
 /// One random schedule of LMCache and fdpblk events (half of them deallocating unwritten
 /// slots too); returns (trims, checkpoints, tails, early tails, early evictions, unwritten
 /// slots deallocated).
