@@ -263,7 +263,10 @@ fn open_backing_once(cfg: &DeviceConfig) -> Result<Backing, (String, bool)> {
     let is_bdev = ft.as_ref().is_ok_and(|t| t.is_block_device());
     let is_chardev = ft.as_ref().is_ok_and(|t| t.is_char_device());
     let claim = if is_chardev { claim_namespace(&cfg.backing)? } else { None };
-    let alive = if is_chardev { Some(hold_alive_lock(&cfg.backing)?) } else { None };
+    // A block device is held with O_EXCL; a char device or a file has only this lock to keep a
+    // second daemon (an `add` right after a `del` whose daemon still writes its state) off it.
+    let is_file = ft.as_ref().is_ok_and(|t| t.is_file());
+    let alive = if is_chardev || is_file { Some(hold_alive_lock(&cfg.backing)?) } else { None };
     let not_busy = |e: String| (e, false);
     let mut flags = libc::O_DIRECT;
     if is_bdev {
@@ -806,6 +809,40 @@ mod tests {
         assert!(e.contains("still in flight") && e.contains("try again"), "{e}");
         drop(in_flight);
         lock_backing(&new, &path, Duration::ZERO).unwrap();
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_second_daemon_on_a_file_backing_is_refused() {
+        let path = std::env::temp_dir().join(format!("fdpblk-file-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        let cfg = DeviceConfig {
+            id: 0,
+            name: None,
+            backing: path.clone(),
+            engine: crate::frontend::config::EngineKind::Plain,
+            policy: "none".into(),
+            queues: 1,
+            depth: 1,
+            io_buf_bytes: 4096,
+            lba_shift: 9,
+            backing_bytes: 4096,
+            exported_bytes: 0,
+            geometry: None,
+            layout_flags: Default::default(),
+            streams: Vec::new(),
+            pids: Vec::new(),
+            header_wait_us: 0,
+            trim: false,
+            early_tails: false,
+            early_evictions: false,
+            persist_interval_ms: 0,
+        };
+        let first = open_backing_once(&cfg).map_err(|e| e.0).unwrap();
+        let (e, claimed) = open_backing_once(&cfg).err().expect("a second daemon on the same file");
+        assert!(claimed && e.contains("another running fdpblk daemon"), "{e}");
+        drop(first);
+        assert!(open_backing_once(&cfg).is_ok());
         let _ = std::fs::remove_file(&path);
     }
 
