@@ -188,7 +188,7 @@ pub struct AddArgs {
     pub no_trim: bool,
     /// Add even though the backing holds a file system, partition table, RAID or LVM
     /// signature (as blkid finds them) and neither LMCache's checkpoint nor fdpblk's state:
-    /// that data is overwritten and deallocated.
+    /// the signatures are erased (wipefs -a), and the data is overwritten and deallocated.
     #[arg(long)]
     pub force: bool,
     /// Deallocate a stale tail (bytes past a shorter new payload) only once a checkpoint

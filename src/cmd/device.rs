@@ -78,9 +78,6 @@ fn with_erase_hint(e: DiscoverError, backing: &Path, is_bdev: bool, is_chardev: 
 /// fdpblk would write its state over the device's end and, after LMCache's first checkpoint,
 /// deallocate every slot that checkpoint does not list. That is a typo in `--backing` away.
 fn refuse_foreign_data(a: &AddArgs, is_chardev: bool, file: &std::fs::File, probe: &Option<passthrough::NsProbe>, backing_bytes: u64) -> Result<(), String> {
-    if a.force {
-        return Ok(());
-    }
     let ours = match probe {
         Some(p) => passthrough::NsReader::open(&a.backing, p.nsid, p.lba_size, p.ns_bytes, p.max_transfer)
             .is_ok_and(|r| crate::persist::state_present(&r, backing_bytes)),
@@ -91,11 +88,20 @@ fn refuse_foreign_data(a: &AddArgs, is_chardev: bool, file: &std::fs::File, prob
     }
     // blkid reads the block device; a char device's is its namespace's.
     let target = if is_chardev { crate::nvme::path::namespace_block_device(&a.backing) } else { Some(a.backing.clone()) };
-    let Some(target) = target else { return Ok(()) };
+    let Some(target) = target else {
+        tracing::warn!("{} has no block device to look for other data on (blkid); adding it anyway", a.backing.display());
+        return Ok(());
+    };
     match foreign_signature(&target) {
         Ok(None) => Ok(()),
+        // Erased, so that later starts (`fdpblk up`, a restart before LMCache's first
+        // checkpoint) do not stop at the same signature.
+        Ok(Some(what)) if a.force => {
+            tracing::warn!("--force: erasing {what} on {} (wipefs -a)", target.display());
+            wipe_signatures(&target)
+        }
         Ok(Some(what)) => Err(format!(
-            "backing {} holds {what} (blkid -p {}), and neither an LMCache checkpoint nor fdpblk's state: fdpblk would overwrite and deallocate it. Check that this is the right device; if its data may go, erase it first (wipefs -a {}) or pass --force",
+            "backing {} holds {what} (blkid -p {}), and neither an LMCache checkpoint nor fdpblk's state: fdpblk would overwrite and deallocate it. Check that this is the right device; if its data may go, erase it first (wipefs -a {}) or add it with --force, which does that",
             a.backing.display(),
             target.display(),
             target.display()
@@ -107,8 +113,28 @@ fn refuse_foreign_data(a: &AddArgs, is_chardev: bool, file: &std::fs::File, prob
     }
 }
 
+/// `wipefs -a PATH`: erases the signatures blkid finds.
+fn wipe_signatures(path: &Path) -> Result<(), String> {
+    let wipefs = ["/usr/sbin/wipefs", "/sbin/wipefs"].into_iter().find(|b| Path::new(b).exists()).unwrap_or("wipefs");
+    let out = std::process::Command::new(wipefs)
+        .args(["-a", "--"])
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("--force: cannot run {wipefs} to erase the signatures on {}: {e}", path.display()))?;
+    if !out.status.success() {
+        return Err(format!("--force: wipefs -a {} failed: {}", path.display(), String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(())
+}
+
 /// What `blkid -p` (low-level probe, no cache) finds on `path`: `None` for nothing.
 fn foreign_signature(path: &Path) -> Result<Option<String>, String> {
+    // blkid says nothing, exit 2, also for a path it cannot read: read it first.
+    let mut first = [0u8; 512];
+    std::fs::File::open(path)
+        .and_then(|f| std::os::unix::fs::FileExt::read_at(&f, &mut first, 0))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let blkid = ["/usr/sbin/blkid", "/sbin/blkid", "blkid"].into_iter().find(|b| !b.starts_with('/') || Path::new(b).exists()).unwrap_or("blkid");
     let out = std::process::Command::new(blkid)
         .args(["-p", "-o", "export", "--"])
@@ -116,9 +142,10 @@ fn foreign_signature(path: &Path) -> Result<Option<String>, String> {
         .stdin(std::process::Stdio::null())
         .output()
         .map_err(|e| format!("{blkid}: {e}"))?;
-    // 2: nothing found; 8: several signatures, blkid cannot tell which (still someone's).
+    // 2: nothing found (or the device could not be probed: then it says why); 8: several
+    // signatures, blkid cannot tell which (still someone's).
     match out.status.code() {
-        Some(2) => return Ok(None),
+        Some(2) if out.stderr.is_empty() => return Ok(None),
         Some(0 | 8) => {}
         _ => return Err(format!("blkid -p: {}", String::from_utf8_lossy(&out.stderr).trim())),
     }
@@ -290,11 +317,12 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
                 return Err("--layout lmcache needs --slot-bytes and --meta-total-bytes".into());
             };
             // A checkpoint already on the device must agree with the flags.
+            // Other errors too, as under `--layout auto`: a checkpoint that cannot be read or
+            // does not fit the device is not a layout to serve on the flags' word.
             match discover(&*source, &flags) {
-                Err(e @ DiscoverError::Conflict { .. }) => return Err(with_erase_hint(e, &a.backing, is_bdev, is_chardev)),
                 Ok(d) if !matches!(d.source, crate::layout::discover::GeometrySource::Flags) => {}
-                // No checkpoint (or one that does not read: the flags decide).
-                _ => refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?,
+                Ok(_) | Err(DiscoverError::NoCheckpoint { .. }) => refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?,
+                Err(e) => return Err(with_erase_hint(e, &a.backing, is_bdev, is_chardev)),
             }
             Some(GeometryConfig {
                 block_align: flags.block_align.unwrap_or(4096),
@@ -653,7 +681,7 @@ fn del_one(id: i32) -> Result<(), String> {
     let users = holders(Path::new(&state::bdev_path(id)));
     if !users.is_empty() {
         tracing::warn!(
-            "{} is open by {}: deleting it fails their I/O from now on (to replace fdpblk under a running LMCache, kill the daemon and recover instead: deploy/README.md)",
+            "{} is open by {}: deleting it fails their I/O from now on, and the device (and its id) stays until they close it (to replace fdpblk under a running LMCache, kill the daemon and recover instead: deploy/README.md)",
             state::bdev_path(id),
             users.join(", ")
         );
@@ -684,7 +712,7 @@ fn holders(dev: &Path) -> Vec<String> {
     let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
     let mut out = Vec::new();
     for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).filter(|&p| p != std::process::id()) else { continue };
         let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
         if fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == dev)) {
             let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
@@ -815,7 +843,7 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     }
     println!("device {}  engine {}  policy {}", state::bdev_path(a.number), v["engine"].as_str().unwrap_or(""), v["policy"].as_str().unwrap_or(""));
     let l = &v["layout"];
-    if l["state"] == "learning" {
+    if l["state"] == "learning" && l["refused"].is_null() {
         println!(
             "LAYOUT LEARNING: no LMCache checkpoint seen yet; {} writes ({} bytes) so far are neither placed by key nor deallocated",
             l["writes_before_layout"], l["bytes_before_layout"]
@@ -1009,13 +1037,26 @@ mod tests {
 
     #[test]
     fn holders_of_a_file_are_found_by_its_path() {
+        // Held by a child (`del` leaves itself out): a sleep with the file as its stdin.
         let f = std::env::temp_dir().join(format!("fdpblk-holders-{}", std::process::id()));
         std::fs::write(&f, b"x").unwrap();
-        let open = std::fs::File::open(&f).unwrap();
-        let me = format!("(pid {})", std::process::id());
-        assert!(holders(&f).iter().any(|h| h.ends_with(&me)), "{:?}", holders(&f));
-        drop(open);
-        assert!(!holders(&f).iter().any(|h| h.ends_with(&me)));
+        let f = std::fs::canonicalize(&f).unwrap();
+        let mut child = std::process::Command::new("sleep").arg("30").stdin(std::fs::File::open(&f).unwrap()).spawn().unwrap();
+        let it = format!("sleep (pid {})", child.id());
+        let mut found = false;
+        for _ in 0..100 {
+            found = holders(&f).contains(&it);
+            if found {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(found, "{:?}", holders(&f));
+        let _mine = std::fs::File::open(&f).unwrap();
+        assert!(!holders(&f).iter().any(|h| h.ends_with(&format!("(pid {})", std::process::id()))), "not itself");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!holders(&f).contains(&it));
         std::fs::remove_file(&f).unwrap();
     }
 
@@ -1034,7 +1075,7 @@ mod tests {
         assert_eq!(describe_signature("", true), "several signatures");
     }
 
-    /// blkid and mkswap are util-linux, on every system fdpblk runs on (and in CI).
+    /// blkid, mkswap and wipefs are util-linux, on every system fdpblk runs on (and in CI).
     #[test]
     fn a_swap_signature_is_found_and_a_blank_file_is_not() {
         let dir = std::env::temp_dir().join(format!("fdpblk-sig-{}", std::process::id()));
@@ -1046,6 +1087,11 @@ mod tests {
         let st = std::process::Command::new(mkswap).arg(&img).output().expect("mkswap (util-linux) runs");
         assert!(st.status.success(), "{st:?}");
         assert_eq!(foreign_signature(&img), Ok(Some("a swap (other) signature".into())));
+        // What --force does: erased, nothing is found any more.
+        wipe_signatures(&img).unwrap();
+        assert_eq!(foreign_signature(&img), Ok(None));
+        // A path blkid cannot open is an error (the caller warns), not "nothing found".
+        assert!(foreign_signature(&dir.join("missing.img")).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -276,7 +276,7 @@ impl Registry {
         if let Some(state) = st["layout"]["state"].as_str() {
             self.add(
                 "fdpblk_layout_learning",
-                "1 while fdpblk waits for LMCache's first checkpoint to learn the layout (writes are neither placed by key nor deallocated).",
+                "1 while fdpblk has no usable LMCache checkpoint to learn the layout from (writes are neither placed by key nor deallocated).",
                 Gauge,
                 base(),
                 if state == "learning" { 1.0 } else { 0.0 },

@@ -14,8 +14,9 @@
 //! Requests longer than one command may carry (the transfer limit, or 65536 blocks) are split
 //! ([`split`]); all pieces are submitted, then all awaited. Reads and writes use the ublk
 //! tag's buffer directly (copy mode). Results follow ublk's rules: bytes for reads and
-//! writes, 0 for the rest, a negative errno on failure; an NVMe status becomes `-EIO`
-//! (`-EOPNOTSUPP` for an unsupported opcode) and is logged, at most once a second per queue.
+//! writes, 0 for the rest, a negative errno on failure; an NVMe status becomes the errno of
+//! the block status the kernel's own NVMe driver gives it ([`errno_of`]; `-EIO` for most) and
+//! is logged, at most once a second per queue.
 
 use crate::device::ReadAt;
 use crate::nvme::cmd::{self, DsmRange, PassthruCmd, MAX_DSM_RANGES, MAX_NLB};
@@ -84,7 +85,8 @@ fn transient(res: i32) -> bool {
     }
 }
 /// The errno a failed command's result becomes for ublk, which turns it into the block
-/// status the kernel's own NVMe driver gives the same NVMe status (`nvme_error_status`).
+/// status the kernel's own NVMe driver gives the same NVMe status (`nvme_error_status`, as
+/// of Linux 6.x).
 fn errno_of(res: i32) -> i32 {
     match res {
         0 => 0,

@@ -289,7 +289,7 @@ fn open_backing_once(cfg: &DeviceConfig) -> Result<Backing, (String, bool)> {
     Ok(Backing { file, _claim: claim, _alive: alive })
 }
 
-/// Takes the liveness lock of a char-device backing: an open file description lock on its
+/// Takes the liveness lock of a char-device or file backing: an open file description lock on its
 /// first byte, on a descriptor no I/O is ever submitted on, so that it is released the moment
 /// its daemon exits. Held already, another daemon is running on the backing (the error is
 /// marked "claimed elsewhere", so a recovering daemon waits for a dying one to go). Linux

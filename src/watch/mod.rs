@@ -1031,9 +1031,15 @@ impl Watcher {
             let new = life::with_state(life::with_tag(l | life::CONFIRMED, last_tag.2), SlotState::Live);
             confirms.push(Confirm { slot, was: l, new, fresh });
             Ok(())
-        })
-        .map_err(|e| e.to_string())?;
-        if reader.bytes != h.payload_len || reader.crc.clone().finalize() != h.crc32 {
+        });
+        // A payload that does not parse may be one LMCache began to rewrite meanwhile: if the
+        // bytes read, and the rest, do not make the CRC, it is read again, not called unusable.
+        let whole = |r: &mut CrcRead<_>| std::io::copy(r, &mut std::io::sink()).is_ok() && r.bytes == h.payload_len && r.crc.clone().finalize() == h.crc32;
+        let meta = match meta {
+            Err(_) if !whole(&mut reader) => return Ok(None),
+            m => m.map_err(|e| e.to_string())?,
+        };
+        if !whole(&mut reader) {
             return Ok(None);
         }
         for c in confirms {

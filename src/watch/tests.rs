@@ -1656,6 +1656,12 @@ fn overflow_alarm_measured_on_a_one_entry_checkpoint_comes_before_the_overflow()
 
 #[test]
 fn a_checkpoint_rewritten_between_its_crc_and_its_parse_is_read_again() {
+    // Into other valid JSON (an older checkpoint's, padded), and into bytes that do not parse.
+    rewritten_between_crc_and_parse(false);
+    rewritten_between_crc_and_parse(true);
+}
+
+fn rewritten_between_crc_and_parse(garbage: bool) {
     let mut r = Rig::new(64, 8192, true);
     let k = r.new_key(false);
     r.put(k);
@@ -1676,8 +1682,8 @@ fn a_checkpoint_rewritten_between_its_crc_and_its_parse_is_read_again() {
     let c = r.lmc.ckpt.clone().unwrap();
     // Between fdpblk's CRC pass and its parse, the payload turns into other valid JSON (an
     // older checkpoint's, padded): it must not be taken for seq 2.
-    let mut spliced = older;
-    spliced.resize(c.json.len(), b' ');
+    let mut spliced = if garbage { c.json[..c.json.len() / 2].to_vec() } else { older };
+    spliced.resize(c.json.len(), if garbage { b'#' } else { b' ' });
     let at = r.g.container_offset(Geometry::copy_for_seq(c.seq)) + BA;
     r.dev.poke_after_read(at, spliced);
     r.ckpt_payload();

@@ -143,7 +143,11 @@ fail() { echo "FAIL $1${2:+ ($2)}"; FAILED=$((FAILED + 1)); }
 STARVED='rcu: INFO: rcu_(preempt|sched) (detected stalls|self-detected stall)|rcu_(preempt|sched) kthread (starved|timer wakeup didn.t happen)'
 RETRIED=0
 starved() { # starved GDIR -> prints the first starvation message of that boot
-    cat "$1.console" "$1/dmesg.log" 2>/dev/null | tr -d '\r' | grep -m1 -oE "$STARVED"
+    # Read whole first: a boot that died early has no dmesg.log, and grep -m1 stopping early
+    # would fail the pipe; either must not hide a stall the console shows.
+    local text
+    text=$(cat "$1.console" "$1/dmesg.log" 2>/dev/null || true)
+    grep -a -m1 -oE "$STARVED" <<<"${text//$'\r'/}"
 }
 boot_group() { # boot_group GDIR KERNEL FDP ARGS CHECK... -> GDIR/results, GDIR.out, GDIR.console
     local gdir=$1 k=$2 fdp=$3 args=$4 c rc=0 limit=60 t0 timing
@@ -237,7 +241,7 @@ done
 retried=""
 ((RETRIED == 0)) || retried=" ($RETRIED run again after a starved boot)"
 echo "vm suite: $PASSED passed, $FAILED failed in $(elapsed "$SUITE_T0")s$retried"
-if ((FAILED || KEEP)); then
+if ((FAILED || KEEP || RETRIED)); then
     echo "vm suite: logs in $RES"
 else
     rm -rf "$RES"

@@ -50,10 +50,11 @@ refuse "stats unknown id" "no stats for device 7" stats -n 7
 # the char device; --force adds it, and once fdpblk's state is there no --force is needed.
 expect "blank tail" blkdiscard -z -o $(( $(blockdev --getsize64 "$NS_DEV") - (16 << 20) )) "$NS_DEV"
 expect "a swap signature on the drive" quiet mkswap "$NS_DEV"
-refuse "someone else's data" "holds a swap \(other\) signature \(blkid -p $NS_DEV\).*wipefs -a $NS_DEV\) or pass --force" add --backing "$NS_DEV" "${GEO[@]}"
+refuse "someone else's data" "holds a swap \(other\) signature \(blkid -p $NS_DEV\).*wipefs -a $NS_DEV\) or add it with --force" add --backing "$NS_DEV" "${GEO[@]}"
 refuse "someone else's data, under --layout lmcache" "holds a swap" add --backing "$NS_DEV" --layout lmcache "${GEO[@]}"
 refuse "someone else's data, by its char device" "backing $NG_DEV holds a swap .*blkid -p $NS_DEV" add --backing "$NG_DEV" --engine passthrough "${GEO[@]}"
 expect "--force adds it" quiet fdpblk_add --backing "$NS_DEV" -n 0 --force "${GEO[@]}"
+expect "and erased the signature (wipefs -a), so later starts do not stop at it" bash -c "blkid -p '$NS_DEV'; test \$? -eq 2"
 expect "del" "$FDPBLK" del -n 0
 sleep 0.5
 expect "fdpblk's state is there: no --force needed" quiet fdpblk_add --backing "$NS_DEV" -n 0 "${GEO[@]}"
@@ -73,6 +74,9 @@ out=$("$FDPBLK" del -n 0 2>&1) && rc=0 || rc=$?
 exec 3<&-
 expect_eq "del of an open device" "$rc" 0
 expect "and it names who holds it open: $out" grep -q "/dev/ublkb0 is open by bash (pid $$)" <<<"$out"
+if grep -q 'fdpblk (pid' <<<"$out"; then not_ok "del named itself: $out"; else ok "not del itself"; fi
+# The driver keeps the device until its last user closes it; then the daemon is gone too.
+expect "closed: the device goes" bash -c "for i in \$(seq 50); do [[ ! -e /dev/ublkb0 ]] && ! pgrep -x fdpblk >/dev/null && exit 0; sleep 0.2; done; exit 1"
 sleep 0.5
 # A passthrough device claims its namespace for its lifetime: neither the block device nor a
 # second passthrough daemon can take it.
