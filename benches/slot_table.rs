@@ -94,7 +94,7 @@ fn memory() {
         let h = SlotHeader { identity: 1, payload_len: 1 };
         p.place(&Target::Slot { slot: n - 1, header: Some(&h), previous: None });
         for id in 0..2 * n {
-            p.observe(&Observation::Read { slot: id % n, identity: Some(id.wrapping_mul(0x9e37_79b9_7f4a_7c15)), len: 1 });
+            p.observe(&Observation::Read { slot: id % n, identity: Some(id.wrapping_mul(0x9e37_79b9_7f4a_7c15)), len: 1, slot_reads: 1 });
         }
         let book = NOW.load(Relaxed) - before;
         println!(

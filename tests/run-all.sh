@@ -12,6 +12,8 @@ tests/vm/setup.sh
 
 step "cargo test"
 cargo test --release --locked
+# The benchmarks are not tests, but they must keep compiling with the code they measure.
+cargo build --release --locked --benches
 
 step "the demo (the README's main command)"
 tools/demo.sh >target/demo.log 2>&1 || { tail -n 30 target/demo.log; echo "tools/demo.sh failed" >&2; exit 1; }
