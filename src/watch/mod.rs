@@ -368,6 +368,13 @@ impl Default for WatchConfig {
     }
 }
 
+/// Most evicted slots deallocated in one round of the state thread, and the longest a round
+/// spends on them: the rest wait for the next round, which follows at once, so that saves and
+/// a stop are never held up behind a long eviction round (each slot costs a header read and a
+/// deallocation).
+const TRIM_PER_ROUND: u64 = 4096;
+const TRIM_ROUND_TIME: Duration = Duration::from_secs(1);
+
 /// Most unwritten slots deallocated in one round of the state thread, and in one request.
 const RECLAIM_PER_ROUND: u64 = 4096;
 const RECLAIM_RUN_SLOTS: u64 = 256;
@@ -545,6 +552,8 @@ pub struct Watcher {
     awaiting_header: [bool; 2],
     /// Sweep (and deallocate) at the next step even without a checkpoint event.
     need_sweep: bool,
+    /// The last round left evicted slots to deallocate: the next one follows at once.
+    trim_backlog: bool,
     /// Stale tails deallocated by this run, and their bytes (not persisted).
     tail_trims: u64,
     /// Unwritten slots deallocated by this daemon ("Unwritten slots"), and their bytes.
@@ -645,6 +654,7 @@ impl Watcher {
             trim_error: false,
             awaiting_header: [false; 2],
             need_sweep: true,
+            trim_backlog: false,
             tail_trims: 0,
             reclaimed: 0,
             reclaimed_bytes: 0,
@@ -787,6 +797,9 @@ impl Watcher {
     }
 
     fn next_wakeup(&self) -> Duration {
+        if self.trim_backlog {
+            return Duration::ZERO;
+        }
         let now = Instant::now();
         let mut d = self.cfg.persist_interval.saturating_sub(self.last_persist.elapsed());
         for p in &self.pending {
@@ -1394,7 +1407,7 @@ impl Watcher {
             // comes from that header's own (full-width) length.
             let Some(e) = self.slots.entry(slot) else { continue };
             let off = g.slot_offset(slot);
-            let Some(h) = self.header_on_drive(off, &e, &mut hdr) else { continue };
+            let Ok(Some(h)) = self.header_on_drive(off, &e, &mut hdr) else { continue };
             let Some((start, len)) = self.tail_after(h.payload_len) else { continue };
             if !self.slots.cas_life(slot, l, l | life::TRIMMING) {
                 continue;
@@ -1448,7 +1461,7 @@ impl Watcher {
         for (slot, generation) in todo {
             let Some(e) = current(self, slot, generation) else { continue };
             let off = g.slot_offset(slot);
-            let Some(h) = self.header_on_drive(off, &e, &mut hdr) else { continue };
+            let Ok(Some(h)) = self.header_on_drive(off, &e, &mut hdr) else { continue };
             let Some((start, len)) = self.tail_after(h.payload_len) else { continue };
             // The life word changes with loads and stamps too: retry while nothing but payload
             // was written since the header completed (a write past the payload, such as the
@@ -1479,11 +1492,11 @@ impl Watcher {
 
     /// The slot header at `off` on the drive, when it carries `e`'s identity and length
     /// (condition 5; the table keeps 32 bits of length).
-    fn header_on_drive(&self, off: u64, e: &SlotEntry, buf: &mut [u8]) -> Option<SlotHeader> {
-        self.dev.read_at(off, buf).ok()?;
-        SlotHeader::parse(buf)
+    fn header_on_drive(&self, off: u64, e: &SlotEntry, buf: &mut [u8]) -> std::io::Result<Option<SlotHeader>> {
+        self.dev.read_at(off, buf)?;
+        Ok(SlotHeader::parse(buf)
             .ok()
-            .filter(|h| h.identity == e.identity && h.payload_len.min(u64::from(u32::MAX)) == e.payload_len)
+            .filter(|h| h.identity == e.identity && h.payload_len.min(u64::from(u32::MAX)) == e.payload_len))
     }
 
     /// Flushes the drive so that the headers of the tails about to go are durable; on an
@@ -1526,8 +1539,15 @@ impl Watcher {
         let mut done = 0;
         let g = self.geom;
         let mut hdr = vec![0u8; SLOT_HEADER_PREFIX];
+        let began = Instant::now();
+        self.trim_backlog = false;
         for (slot, l0) in candidates {
             if !self.trims_allowed() {
+                break;
+            }
+            if done >= TRIM_PER_ROUND || began.elapsed() >= TRIM_ROUND_TIME {
+                self.trim_backlog = true;
+                self.need_sweep = true;
                 break;
             }
             let l = self.slots.life(slot);
@@ -1536,10 +1556,21 @@ impl Watcher {
             }
             let Some(e) = self.slots.entry(slot) else { continue };
             let off = g.slot_offset(slot);
-            if self.header_on_drive(off, &e, &mut hdr).is_none() {
+            match self.header_on_drive(off, &e, &mut hdr) {
+                Ok(Some(_)) => {}
                 // Changed behind fdpblk's back: forget the confirmation.
-                self.slots.cas_life(slot, l, life::with_state(l & !life::CONFIRMED, SlotState::Unknown));
-                continue;
+                Ok(None) => {
+                    self.slots.cas_life(slot, l, life::with_state(l & !life::CONFIRMED, SlotState::Unknown));
+                    continue;
+                }
+                // A read that failed tells nothing about the slot: keep it, pause.
+                Err(err) => {
+                    if !self.trim_error {
+                        tracing::warn!("device {}: reading slot {slot}'s header before deallocating it: {err}; deallocation paused until the next checkpoint", self.cfg.device);
+                        self.trim_error = true;
+                    }
+                    return done;
+                }
             }
             if !self.slots.cas_life(slot, l, l | life::TRIMMING) {
                 continue;

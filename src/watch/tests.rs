@@ -1594,6 +1594,66 @@ fn foreign_write_behind_fdpblk_prevents_the_trim() {
 }
 
 #[test]
+fn a_long_eviction_round_is_deallocated_over_several_rounds() {
+    // More evicted slots than one round takes: the rest follow in the next rounds, so a save or
+    // a stop never waits behind the whole eviction.
+    let n = TRIM_PER_ROUND as usize + 300;
+    let mut r = Rig::new(n as u64 + 16, 4 << 20, true).without_early_evictions();
+    let keys: Vec<String> = (0..n).map(|_| r.new_key(false)).collect();
+    for k in &keys {
+        r.put(k.clone()).unwrap();
+    }
+    r.fillers(3);
+    r.checkpoint();
+    r.step();
+    r.checkpoint_dirty();
+    r.step();
+    for k in &keys {
+        r.delete_key(k);
+    }
+    r.checkpoint();
+    r.step();
+    r.checkpoint_dirty();
+    r.step();
+    assert!(r.trims > 0 && r.trims <= TRIM_PER_ROUND, "one round deallocated {}", r.trims);
+    assert_eq!(r.w.next_wakeup(), Duration::ZERO, "the next round follows at once");
+    for _ in 0..4 {
+        r.step();
+    }
+    assert_eq!(r.trims, n as u64);
+    assert!(r.w.next_wakeup() > Duration::ZERO);
+}
+
+#[test]
+fn a_header_that_cannot_be_read_keeps_the_slot_confirmed_and_pauses_deallocation() {
+    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
+    let k = r.new_key(false);
+    let s = r.put(k.clone()).unwrap();
+    r.fillers(3);
+    for _ in 0..2 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    r.delete_key(&k);
+    r.checkpoint();
+    r.step();
+    // A media error (or a vanished drive) on the slot's header: the read tells nothing about
+    // the slot, so its confirmation stays and nothing is deallocated.
+    let off = r.g.slot_offset(s);
+    r.dev.set_fail_reads(Some(off..off + 4096));
+    r.checkpoint_dirty();
+    r.step();
+    assert_eq!(r.trims, 0);
+    assert!(r.slots.get(s).unwrap().confirmed, "a failed read is not a changed header");
+    // Readable again: the slot goes at the next checkpoint.
+    r.dev.set_fail_reads(None);
+    r.checkpoint();
+    r.step();
+    assert!(r.trims >= 1);
+    assert_eq!(r.state(s), SlotState::Trimmed);
+}
+
+#[test]
 fn overflow_alarm_comes_before_the_first_skipped_checkpoint() {
     // Containers of 4 KiB: about 20 entries fit.
     let mut r = Rig::new(64, 8192, true);
