@@ -13,6 +13,13 @@ fn main() -> ExitCode {
         .init();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Commands that print for a reader (`stats | head`, `list | grep -q`) end quietly when it
+    // goes away, as other tools do, instead of panicking on EPIPE. Not the daemons: they keep
+    // Rust's ignored SIGPIPE.
+    if !matches!(cli.command, Command::Add(_) | Command::Up(_) | Command::Recover(_) | Command::Down(_) | Command::Del(_)) {
+        // SAFETY: resetting a signal's disposition before any thread is started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         Command::Inspect(a) => fdpblk::cmd::inspect::run(&a),
         Command::Replay(a) => fdpblk::cmd::replay::run(&a),

@@ -297,3 +297,17 @@ fn replay_names_an_unknown_policy_before_reading_the_trace() {
     assert_ne!(code, 0);
     assert!(err.contains("unknown --policy bogus; choose one of"), "{err}");
 }
+
+#[test]
+fn a_reader_that_goes_away_ends_the_output_quietly() {
+    // The reader is gone before fdpblk writes: it ends on SIGPIPE (status 141), as other tools
+    // do, instead of panicking on EPIPE.
+    let exe = env!("CARGO_BIN_EXE_fdpblk");
+    let out = std::process::Command::new("bash")
+        .args(["-c", &format!("(sleep 0.3; '{exe}' list) | true; echo \"${{PIPESTATUS[0]}}\"")])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "141", "{stderr}");
+}

@@ -173,6 +173,11 @@ impl Registry {
                 }
             }
             for (i, n) in q.iter().enumerate() {
+                if let Some(v) = num(&n["errors"]) {
+                    self.add("fdpblk_queue_errors_total", "Requests each ublk queue failed back to the device's user (drive errors, a vanished namespace).", Counter, with("queue", &i.to_string()), v);
+                }
+            }
+            for (i, n) in q.iter().enumerate() {
                 if let Some(v) = num(&n["header_wait_peak"]) {
                     self.add("fdpblk_queue_header_wait_peak", "The most tags of each ublk queue that held payloads for their headers at once (at most half its depth).", Gauge, with("queue", &i.to_string()), v);
                 }
@@ -613,7 +618,7 @@ mod tests {
         p.header_waits = 2;
         json!({
             "id": 0, "name": "kv0", "engine": "passthrough", "policy": "key-aware",
-            "geometry": g.to_json(), "pipeline": p.to_json(), "queues": [{"requests": 5, "header_wait_peak": 0}, {"requests": 4, "header_wait_peak": 3}],
+            "geometry": g.to_json(), "pipeline": p.to_json(), "queues": [{"requests": 5, "header_wait_peak": 0, "errors": 0}, {"requests": 4, "header_wait_peak": 3, "errors": 2}],
             "checkpoint_seq": 12, "checkpoint_age_s": 3.5, "checkpoint_bytes": 1000, "checkpoint_entries": 4,
             "checkpoint_cap_bytes": g.payload_cap(), "checkpoint_estimate_bytes": 1200, "overflow_risk": false,
             "checkpoint_stalled": false, "meta_total_bytes_needed": null, "containers": [],
@@ -665,6 +670,7 @@ mod tests {
         assert_eq!(get(r#"fdpblk_header_waits_total{id="0",name="kv0"}"#), 2.0);
         assert_eq!(get(r#"fdpblk_queue_requests_total{id="0",name="kv0",queue="1"}"#), 4.0);
         assert_eq!(get(r#"fdpblk_queue_header_wait_peak{id="0",name="kv0",queue="1"}"#), 3.0);
+        assert_eq!(get(r#"fdpblk_queue_errors_total{id="0",name="kv0",queue="1"}"#), 2.0);
         assert_eq!(get(r#"fdpblk_slots{id="0",name="kv0",state="live"}"#), 3.0);
         // Counters are this daemon's (the stats' lifetime values came back from the drive).
         assert_eq!(get(r#"fdpblk_trims_total{handle="2",id="0",name="kv0"}"#), 1.0);

@@ -49,14 +49,32 @@ pub struct QueueStats {
     pub requests: AtomicU64,
     /// The most tags that held payloads for their headers at once.
     pub header_wait_peak: AtomicU64,
+    /// Requests failed back to the device's user (a drive error, a vanished namespace, a
+    /// request fdpblk refused), and the errno of the last one.
+    pub errors: AtomicU64,
+    pub last_errno: AtomicU64,
+    /// When this queue last logged a failed request ([`since_start_ns`]): at most one line a
+    /// second.
+    logged_ns: AtomicU64,
 }
 
 impl QueueStats {
     pub fn to_json(&self) -> serde_json::Value {
+        let last = self.last_errno.load(Ordering::Relaxed);
         serde_json::json!({
             "requests": self.requests.load(Ordering::Relaxed),
             "header_wait_peak": self.header_wait_peak.load(Ordering::Relaxed),
+            "errors": self.errors.load(Ordering::Relaxed),
+            "last_error": (last != 0).then(|| std::io::Error::from_raw_os_error(last as i32).to_string()),
         })
+    }
+
+    /// Counts a request that failed with `-res`; true when it is time for a log line.
+    fn failed(&self, res: i32, now_ns: u64) -> bool {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.last_errno.store(u64::from(res.unsigned_abs()), Ordering::Relaxed);
+        let last = self.logged_ns.load(Ordering::Relaxed);
+        (last == 0 || now_ns.saturating_sub(last) >= 1_000_000_000) && self.logged_ns.compare_exchange(last, now_ns.max(1), Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }
 }
 
@@ -67,8 +85,26 @@ pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), 
     let mut segments = Vec::with_capacity(8);
     loop {
         let res = serve(q, tag, buf.as_mut_slice(), ctx, &mut segments).await;
+        if res < 0 && ctx.stats.failed(res, since_start_ns()) {
+            let iod = q.get_iod(tag);
+            tracing::warn!(
+                "queue {}: a request failed (op {}, {} bytes at byte {}): {} ({} failed so far on this queue; `fdpblk stats` counts them)",
+                q.get_qid(),
+                iod.op_flags & 0xff,
+                u64::from(iod.nr_sectors) << 9,
+                iod.start_sector << 9,
+                std::io::Error::from_raw_os_error(-res),
+                ctx.stats.errors.load(Ordering::Relaxed)
+            );
+        }
         q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?;
     }
+}
+
+/// Nanoseconds on one clock for every queue of the process.
+fn since_start_ns() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 async fn sleep(q: &UblkQueue<'_>, d: Duration) {
@@ -170,5 +206,22 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         Op::Flush => ctx.engine.flush(q).await,
         Op::Discard => ctx.engine.discard(q, offset, len).await,
         Op::WriteZeroes => ctx.engine.write_zeroes(q, offset, len, op_flags & sys::UBLK_IO_F_NOUNMAP == 0).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_requests_are_counted_and_logged_at_most_once_a_second() {
+        let s = QueueStats::default();
+        assert_eq!(s.to_json()["last_error"], serde_json::Value::Null);
+        assert!(s.failed(-libc::EIO, 5), "the first failure is logged");
+        assert!(!s.failed(-libc::ENODEV, 500_000_000), "not again within the second");
+        assert!(s.failed(-libc::ENODEV, 1_000_000_005));
+        let v = s.to_json();
+        assert_eq!(v["errors"], 3);
+        assert_eq!(v["last_error"], std::io::Error::from_raw_os_error(libc::ENODEV).to_string());
     }
 }

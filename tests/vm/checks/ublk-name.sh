@@ -48,6 +48,19 @@ host=$("$FDPBLK" stats -n 3 --json | sed -n 's/.*"fdp":{[^}]*"host_bytes":\([0-9
 expect "stats: the drive's host bytes since add ($host) include the 1 MiB written" test "${host:-0}" -ge 1048576
 expect "stats text shows the drive's counters" bash -c "$FDPBLK stats -n 3 | grep -q 'drive since add: host'"
 expect "stats text shows fdpblk's own state" bash -c "$FDPBLK stats -n 3 | grep -q '^own state: saved in the reserved tail ([0-9]* cycles'"
+expect_eq "no failed requests on a healthy device" "$("$FDPBLK" stats -n 3 --json | jq -c '[.queues[].errors] | add')" 0
+# A request that fails (its backing file cut short under it: a read past its end is an I/O
+# error) is counted per queue, named in stats and the metrics, and logged.
+truncate -s 64M /var/tmp/fail.img
+expect "device 9 on a file" quiet fdpblk_add --backing /var/tmp/fail.img --engine plain --policy none -n 9 "${GEO[@]}"
+truncate -s 1M /var/tmp/fail.img
+expect "a read past the cut fails" bash -c "! dd if=/dev/ublkb9 of=/dev/null bs=4k count=1 skip=4096 iflag=direct status=none"
+# (The daemon rewrites its stats every second.)
+expect "stats --json counts it" bash -c "for i in \$(seq 30); do $FDPBLK stats -n 9 --json | jq -e '([.queues[].errors] | add) >= 1 and ([.queues[].last_error] | any(. == \"Input/output error (os error 5)\"))' >/dev/null && exit 0; sleep 0.2; done; exit 1"
+expect "stats text names it" bash -c "$FDPBLK stats -n 9 | grep -q '^FAILED REQUESTS per queue'"
+expect "and its metric" bash -c "$FDPBLK stats -n 9 --prometheus | grep -q '^fdpblk_queue_errors_total{.*} [1-9]'"
+expect "the daemon logged it" grep -q "a request failed (op 0, 4096 bytes at byte 16777216)" /run/fdpblk/daemon.log
+expect "del device 9" "$FDPBLK" del -n 9
 pid=$(daemon_pid 3)
 expect "SIGTERM the daemon" kill -TERM "$pid"
 expect "daemon exits" bash -c "for i in \$(seq 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
