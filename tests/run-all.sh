@@ -22,6 +22,11 @@ none=$(awk '$1 == "none" && NF == 2 { print $2 }' target/demo.log)
 ka=$(awk '$1 == "key-aware" && $2 == "+" && $3 == "trim" && NF == 4 { print $4 }' target/demo.log)
 awk -v n="$none" -v k="$ka" 'BEGIN { exit !(n > 1 && k > 0 && k < n) }' ||
     { tail -n 30 target/demo.log; echo "demo: WAF none '$none', key-aware + trim '$ka': want key-aware + trim below none" >&2; exit 1; }
+# The demo runs docs/waf.md's headline workload: its figures must be the ones published there.
+want_none=$(sed -n 's/^| `none` (the drive without fdpblk) | \([0-9.]*\) |$/\1/p' docs/waf.md)
+want_ka=$(sed -n 's/^| `key-aware` + trim | \*\*\([0-9.]*\)\*\* |$/\1/p' docs/waf.md)
+[[ $none == "$want_none" && $ka == "$want_ka" ]] ||
+    { echo "demo: WAF none $none, key-aware + trim $ka; docs/waf.md publishes $want_none and $want_ka: re-run and update the docs, or fix the change" >&2; exit 1; }
 echo "demo: WAF $none without fdpblk, $ka with key-aware + trim"
 
 step "VM tests (QEMU guest)"

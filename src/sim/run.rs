@@ -981,6 +981,10 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
             stall_min: Duration::MAX,
             page_cache: None,
             writeback: WritebackDelay::Unchecked,
+            // The daemon's next round follows at once: here a round's deallocations all go at
+            // one simulated moment (and no wall-clock limit makes a run depend on the machine).
+            trim_per_round: u64::MAX,
+            trim_round_time: Duration::MAX,
         };
         Watcher::new(geom, slots.clone(), dev.clone(), wc, Some(region), own_handle)
     });

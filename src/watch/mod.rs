@@ -322,6 +322,10 @@ pub struct WatchConfig {
     /// The longest the kernel holds a dirty page back, checked against LMCache's observed
     /// checkpoint interval (the writeback assumption in the module doc).
     pub writeback: WritebackDelay,
+    /// Most evicted slots one round deallocates, and the longest it spends on them (the rest
+    /// go in the next round, at once): [`TRIM_PER_ROUND`], [`TRIM_ROUND_TIME`].
+    pub trim_per_round: u64,
+    pub trim_round_time: Duration,
 }
 
 /// How long a buffered write may wait in the page cache before it reaches fdpblk.
@@ -364,7 +368,7 @@ pub fn writeback_outlasts_interval(interval: Duration, delay: Option<Duration>) 
 
 impl Default for WatchConfig {
     fn default() -> Self {
-        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, reclaim: true, trust_saved_confirmations: true, writes_unseen: false, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked }
+        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, reclaim: true, trust_saved_confirmations: true, writes_unseen: false, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked, trim_per_round: TRIM_PER_ROUND, trim_round_time: TRIM_ROUND_TIME }
     }
 }
 
@@ -372,8 +376,8 @@ impl Default for WatchConfig {
 /// spends on them: the rest wait for the next round, which follows at once, so that saves and
 /// a stop are never held up behind a long eviction round (each slot costs a header read and a
 /// deallocation).
-const TRIM_PER_ROUND: u64 = 4096;
-const TRIM_ROUND_TIME: Duration = Duration::from_secs(1);
+pub const TRIM_PER_ROUND: u64 = 4096;
+pub const TRIM_ROUND_TIME: Duration = Duration::from_secs(1);
 
 /// Most unwritten slots deallocated in one round of the state thread, and in one request.
 const RECLAIM_PER_ROUND: u64 = 4096;
@@ -794,6 +798,11 @@ impl Watcher {
         self.step();
         let _ = self.persist_now(true, true);
         self.publish();
+    }
+
+    /// The last round left evicted slots to deallocate (the next one follows at once).
+    pub fn trim_backlog(&self) -> bool {
+        self.trim_backlog
     }
 
     fn next_wakeup(&self) -> Duration {
@@ -1545,7 +1554,7 @@ impl Watcher {
             if !self.trims_allowed() {
                 break;
             }
-            if done >= TRIM_PER_ROUND || began.elapsed() >= TRIM_ROUND_TIME {
+            if done >= self.cfg.trim_per_round || began.elapsed() >= self.cfg.trim_round_time {
                 self.trim_backlog = true;
                 self.need_sweep = true;
                 break;
