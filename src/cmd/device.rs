@@ -113,10 +113,16 @@ fn refuse_foreign_data(a: &AddArgs, is_chardev: bool, file: &std::fs::File, prob
     }
 }
 
+/// A util-linux tool by its full path (a daemon's or a user's PATH may lack the sbin
+/// directories), else by name.
+fn sbin_tool(name: &str) -> String {
+    ["/usr/sbin", "/sbin"].iter().map(|d| format!("{d}/{name}")).find(|p| Path::new(p).exists()).unwrap_or_else(|| name.to_string())
+}
+
 /// `wipefs -a PATH`: erases the signatures blkid finds.
 fn wipe_signatures(path: &Path) -> Result<(), String> {
-    let wipefs = ["/usr/sbin/wipefs", "/sbin/wipefs"].into_iter().find(|b| Path::new(b).exists()).unwrap_or("wipefs");
-    let out = std::process::Command::new(wipefs)
+    let wipefs = sbin_tool("wipefs");
+    let out = std::process::Command::new(&wipefs)
         .args(["-a", "--"])
         .arg(path)
         .stdin(std::process::Stdio::null())
@@ -135,8 +141,8 @@ fn foreign_signature(path: &Path) -> Result<Option<String>, String> {
     std::fs::File::open(path)
         .and_then(|f| std::os::unix::fs::FileExt::read_at(&f, &mut first, 0))
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    let blkid = ["/usr/sbin/blkid", "/sbin/blkid", "blkid"].into_iter().find(|b| !b.starts_with('/') || Path::new(b).exists()).unwrap_or("blkid");
-    let out = std::process::Command::new(blkid)
+    let blkid = sbin_tool("blkid");
+    let out = std::process::Command::new(&blkid)
         .args(["-p", "-o", "export", "--"])
         .arg(path)
         .stdin(std::process::Stdio::null())
@@ -1087,8 +1093,8 @@ mod tests {
         let img = dir.join("a.img");
         std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
         assert_eq!(foreign_signature(&img), Ok(None));
-        let mkswap = ["/usr/sbin/mkswap", "/sbin/mkswap"].into_iter().find(|m| Path::new(m).exists()).unwrap_or("mkswap");
-        let st = std::process::Command::new(mkswap).arg(&img).output().expect("mkswap (util-linux) runs");
+        let mkswap = sbin_tool("mkswap");
+        let st = std::process::Command::new(&mkswap).arg(&img).output().expect("mkswap (util-linux) runs");
         assert!(st.status.success(), "{st:?}");
         assert_eq!(foreign_signature(&img), Ok(Some("a swap (other) signature".into())));
         // What --force does: erased, nothing is found any more.

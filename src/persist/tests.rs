@@ -560,10 +560,8 @@ fn marking_in_use_never_vouches_for_an_unfinished_cycles_pages() {
     assert!(l.found && !l.clean && snapshot(&v) == committed);
 }
 
-/// Superblocks that cannot be read at load: the fresh state's first superblock goes into both
-/// copies, so an older clean one with a higher seq cannot outrank it later.
-#[test]
-fn unreadable_superblocks_are_both_replaced() {
+/// A state of three slots saved in three cycles: its geometry, region and device.
+fn three_saved_cycles() -> (Geometry, Region, MemDev) {
     let g = geom(300);
     let t = SlotTable::new(g.max_slots);
     let region = region_for(&t);
@@ -573,6 +571,14 @@ fn unreadable_superblocks_are_both_replaced() {
         t.record_header(i, &SlotHeader { identity: 10 + i, payload_len: 1 }, 1);
         p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
     }
+    (g, region, dev)
+}
+
+/// Superblocks that cannot be read at load: the fresh state's first superblock goes into both
+/// copies, so an older clean one with a higher seq cannot outrank it later.
+#[test]
+fn unreadable_superblocks_are_both_replaced() {
+    let (g, region, dev) = three_saved_cycles();
     dev.set_fail_reads(Some(0..8192));
     let u = SlotTable::new(g.max_slots);
     let (p2, l) = Persist::load(&dev, region, &g, &u, 3);
@@ -591,15 +597,7 @@ fn unreadable_superblocks_are_both_replaced() {
 /// the watcher take every slot no checkpoint lists for unwritten.
 #[test]
 fn superblocks_of_another_version_or_torn_are_not_taken_for_a_never_used_device() {
-    let g = geom(300);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
-    for i in 0..3 {
-        t.record_header(i, &SlotHeader { identity: 10 + i, payload_len: 1 }, 1);
-        p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
-    }
+    let (g, region, dev) = three_saved_cycles();
     // A newer version, with its CRC right.
     let mut img = dev.image();
     for c in 0..2 {

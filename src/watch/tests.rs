@@ -1571,8 +1571,9 @@ fn no_trim_keeps_everything_and_still_tracks_states() {
     assert_eq!(r.state(s), SlotState::Evicted);
 }
 
-#[test]
-fn foreign_write_behind_fdpblk_prevents_the_trim() {
+/// A confirmed slot, evicted and missing from the newest checkpoint only: the next checkpoint
+/// without it deallocates it (early evictions off). The rig and the slot.
+fn rig_with_one_eviction_pending() -> (Rig, u64) {
     let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
     let k = r.new_key(false);
     let s = r.put(k.clone()).unwrap();
@@ -1584,6 +1585,12 @@ fn foreign_write_behind_fdpblk_prevents_the_trim() {
     r.delete_key(&k);
     r.checkpoint();
     r.step();
+    (r, s)
+}
+
+#[test]
+fn foreign_write_behind_fdpblk_prevents_the_trim() {
+    let (mut r, s) = rig_with_one_eviction_pending();
     // Someone rewrites the slot header directly on the backing device.
     let other = SlotHeader { identity: 12345, payload_len: 600 }.encode(BA as usize);
     r.dev.poke(r.g.slot_offset(s), &other);
@@ -1626,17 +1633,7 @@ fn a_long_eviction_round_is_deallocated_over_several_rounds() {
 
 #[test]
 fn a_header_that_cannot_be_read_keeps_the_slot_confirmed_and_pauses_deallocation() {
-    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
-    let k = r.new_key(false);
-    let s = r.put(k.clone()).unwrap();
-    r.fillers(3);
-    for _ in 0..2 {
-        r.checkpoint_dirty();
-        r.step();
-    }
-    r.delete_key(&k);
-    r.checkpoint();
-    r.step();
+    let (mut r, s) = rig_with_one_eviction_pending();
     // A media error (or a vanished drive) on the slot's header: the read tells nothing about
     // the slot, so its confirmation stays and nothing is deallocated.
     let off = r.g.slot_offset(s);
