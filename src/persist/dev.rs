@@ -431,14 +431,11 @@ struct MemInner {
     fail_flushes_after: Option<u32>,
     /// The logical block it reports (512 unless set).
     block: u64,
-    /// Once a read starting at `.0` completed, `.1` is written there (a write racing a
-    /// reader that reads the same bytes twice).
-    poke_after_read: Option<(u64, Vec<u8>)>,
 }
 
 impl MemDev {
     pub fn new(size: u64) -> Self {
-        Self { inner: Mutex::new(MemInner { bytes: vec![0; size as usize], log: Vec::new(), keep_data: true, fail_writes: false, fail_reads: None, fail_flushes_after: None, block: 512, poke_after_read: None }) }
+        Self { inner: Mutex::new(MemInner { bytes: vec![0; size as usize], log: Vec::new(), keep_data: true, fail_writes: false, fail_reads: None, fail_flushes_after: None, block: 512 }) }
     }
     /// Reports `bytes` as its logical block (a 4Kn drive, say).
     pub fn set_block_bytes(&self, bytes: u64) {
@@ -464,11 +461,6 @@ impl MemDev {
     /// before a failed flush stay, neither lost nor known durable.
     pub fn set_fail_flushes(&self, after: Option<u32>) {
         self.lock().fail_flushes_after = after;
-    }
-    /// Writes `data` at `off` right after the next read that starts at `off` (a write that
-    /// lands between two reads of the same bytes).
-    pub fn poke_after_read(&self, off: u64, data: Vec<u8>) {
-        self.lock().poke_after_read = Some((off, data));
     }
     /// Writes bytes directly (what a queue's engine would do).
     pub fn poke(&self, off: u64, data: &[u8]) {
@@ -500,7 +492,7 @@ impl MemDev {
 
 impl StateWriter for MemDev {
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        let mut g = self.lock();
+        let g = self.lock();
         let end = off.checked_add(buf.len() as u64).filter(|&e| e <= g.bytes.len() as u64);
         let Some(end) = end else {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"));
@@ -509,11 +501,6 @@ impl StateWriter for MemDev {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         buf.copy_from_slice(&g.bytes[off as usize..end as usize]);
-        if g.poke_after_read.as_ref().is_some_and(|(at, _)| *at == off) {
-            let (at, data) = g.poke_after_read.take().unwrap_or_default();
-            let n = data.len().min(g.bytes.len() - at as usize);
-            g.bytes[at as usize..at as usize + n].copy_from_slice(&data[..n]);
-        }
         Ok(())
     }
     fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {

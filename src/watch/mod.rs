@@ -261,7 +261,6 @@
 //! interval; keep it below the interval. `WatchConfig::writeback` checks this against the
 //! observed interval and warns (`writeback_risk`).
 
-use crate::layout::checkpoint::payload_crc;
 use crate::layout::checkpoint_header::CheckpointHeader;
 use crate::layout::checkpoint_json::{parse_checkpoint_json, JsonLimits};
 use crate::layout::keys::{legacy_identity, object_identity, salt_bucket_id, Key};
@@ -970,12 +969,10 @@ impl Watcher {
                 return Read::NotYet;
             }
         }
-        match payload_crc(&DevReader(&*self.dev), off + g.block_align, h.payload_len) {
-            Ok(c) if c == h.crc32 => {}
-            _ => return Read::NotYet,
-        }
+        // One pass: the parse hashes what it reads, and nothing counts unless the CRC matches.
         match self.parse(copy, &h, confirm_epoch) {
-            // The bytes changed between the CRC pass and the parse: LMCache is rewriting it.
+            // Not the bytes the header vouches for: the payload is still on its way, or
+            // LMCache is rewriting it.
             Ok(None) => Read::NotYet,
             Ok(Some(v)) => Read::Done(Container::Valid(Box::new(v))),
             Err(e) => {
@@ -986,8 +983,8 @@ impl Watcher {
     }
 
     /// Streams the JSON: which slots it lists; confirmations and tags for matching entries.
-    /// `Ok(None)`: the bytes parsed are not those the header's CRC vouches for (LMCache began
-    /// rewriting the container after the CRC pass); nothing was confirmed.
+    /// `Ok(None)`: the bytes parsed are not those the header's CRC vouches for (still on their
+    /// way, or being rewritten); nothing was confirmed.
     fn parse(&mut self, copy: u8, h: &CheckpointHeader, confirm_epoch: Option<u32>) -> Result<Option<ValidCopy>, String> {
         let g = self.geom;
         let slots = &*self.slots;
@@ -1054,7 +1051,7 @@ impl Watcher {
             confirms.push(Confirm { slot, was: l, new, fresh });
             Ok(())
         });
-        // A payload that does not parse may be one LMCache began to rewrite meanwhile: if the
+        // A payload that does not parse may be one still on its way or being rewritten: if the
         // bytes read, and the rest, do not make the CRC, it is read again, not called unusable.
         let whole = |r: &mut CrcRead<_>| std::io::copy(r, &mut std::io::sink()).is_ok() && r.bytes == h.payload_len && r.crc.clone().finalize() == h.crc32;
         let meta = match meta {

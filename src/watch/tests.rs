@@ -1737,14 +1737,15 @@ fn rewritten_between_crc_and_parse(garbage: bool) {
     }
     assert!(r.snapshot());
     let c = r.lmc.ckpt.clone().unwrap();
-    // Between fdpblk's CRC pass and its parse, the payload turns into other valid JSON (an
-    // older checkpoint's, padded): it must not be taken for seq 2.
+    // When fdpblk reads it back, the payload under the new header is other valid JSON (an
+    // older checkpoint's, padded: LMCache rewriting it) or bytes that do not parse: it must
+    // not be taken for seq 2, nor called unusable.
     let mut spliced = if garbage { c.json[..c.json.len() / 2].to_vec() } else { older };
     spliced.resize(c.json.len(), if garbage { b'#' } else { b' ' });
     let at = r.g.container_offset(Geometry::copy_for_seq(c.seq)) + BA;
-    r.dev.poke_after_read(at, spliced);
     r.ckpt_payload();
     r.ckpt_header();
+    r.dev.poke(at, &spliced);
     r.step();
     assert_eq!(seq(&r), Some(1), "bytes the CRC did not vouch for were taken for checkpoint 2");
     // LMCache's own bytes are there again: read again, whole this time.
