@@ -378,9 +378,10 @@ impl Default for WatchConfig {
 pub const TRIM_PER_ROUND: u64 = 4096;
 pub const TRIM_ROUND_TIME: Duration = Duration::from_secs(1);
 
-/// Most unwritten slots deallocated in one round of the state thread, and in one request.
-const RECLAIM_PER_ROUND: u64 = 4096;
+/// Most unwritten slots in one deallocation request (a run of consecutive slots).
 const RECLAIM_RUN_SLOTS: u64 = 256;
+/// How many slots the reclaim pass looks at between two looks at the round's clock.
+const RECLAIM_SCAN_STRIDE: u64 = 1 << 16;
 
 /// How often the state thread deallocates early stale tails (its longest sleep): each round
 /// with work costs one flush of the drive.
@@ -409,8 +410,6 @@ struct Sweep {
     basis: Option<usize>,
     /// Confirmed and listed, with a stale tail not yet deallocated.
     tails: Vec<(u64, u64)>,
-    /// Marked unwritten and listed by neither container ("Unwritten slots").
-    unwritten: Vec<(u64, u64)>,
 }
 
 /// Reads of a written checkpoint container after which fdpblk says why it waits (at the 1 s
@@ -555,6 +554,10 @@ pub struct Watcher {
     awaiting_header: [bool; 2],
     /// Sweep (and deallocate) at the next step even without a checkpoint event.
     need_sweep: bool,
+    /// Where the pass over the table for unwritten slots goes on (`None`: no pass pending).
+    /// One pass after the start takes them all: nothing marks a slot unwritten later.
+    reclaim_cursor: Option<u64>,
+    reclaim_logged_at: Option<Instant>,
     /// The last round left evicted slots to deallocate: the next one follows at once.
     trim_backlog: bool,
     /// Stale tails deallocated by this run, and their bytes (not persisted).
@@ -627,6 +630,7 @@ impl Watcher {
             cfg.early_evictions = false;
         }
         let now = Instant::now();
+        let reclaim = cfg.reclaim;
         let mut w = Watcher {
             geom,
             slots,
@@ -657,6 +661,8 @@ impl Watcher {
             trim_error: false,
             awaiting_header: [false; 2],
             need_sweep: true,
+            reclaim_cursor: reclaim.then_some(0),
+            reclaim_logged_at: None,
             trim_backlog: false,
             tail_trims: 0,
             reclaimed: 0,
@@ -799,13 +805,14 @@ impl Watcher {
         self.publish();
     }
 
-    /// The last round left evicted slots to deallocate (the next one follows at once).
+    /// The last round left evicted or unwritten slots to deallocate (the next one follows at
+    /// once).
     pub fn trim_backlog(&self) -> bool {
-        self.trim_backlog
+        self.trim_backlog || self.reclaim_ready()
     }
 
     fn next_wakeup(&self) -> Duration {
-        if self.trim_backlog {
+        if self.trim_backlog() {
             return Duration::ZERO;
         }
         let now = Instant::now();
@@ -897,19 +904,13 @@ impl Watcher {
         }
         if changed || std::mem::take(&mut self.need_sweep) || self.summary_at.elapsed() >= Duration::from_secs(10) {
             let allow = self.trims_allowed();
-            let Sweep { dead: candidates, early, basis, tails, unwritten } = self.sweep(allow);
+            let Sweep { dead: candidates, early, basis, tails } = self.sweep(allow);
             // The checkpoints read back must survive a power loss before a slot goes on their
             // word (condition 3): LMCache never flushes, and a container back at older contents
             // could list the slot.
-            let durable = allow && (!candidates.is_empty() || !early.is_empty() || !unwritten.is_empty()) && self.flush_checkpoints();
+            let durable = allow && (!candidates.is_empty() || !early.is_empty()) && self.flush_checkpoints();
             if durable && !candidates.is_empty() {
                 self.trim(candidates);
-            }
-            if durable && !unwritten.is_empty() {
-                let n = self.reclaim(unwritten);
-                if n > 0 {
-                    tracing::info!("device {}: deallocated {n} slots that no checkpoint lists and LMCache has not written since the start", self.cfg.device);
-                }
             }
             // Slots only the older container lists go once it can no longer be loaded.
             if let (true, Some(n)) = (durable && !early.is_empty() && self.trims_allowed(), basis) {
@@ -919,6 +920,26 @@ impl Watcher {
             }
             if !tails.is_empty() {
                 self.trim_tails(tails);
+            }
+        }
+        // Its own pass, not the sweep's: a used drive's first start can leave millions of
+        // unwritten slots, and a round takes only a bounded share of them.
+        if self.reclaim_ready() {
+            if self.flush_checkpoints() {
+                let n = self.reclaim();
+                // Once when the pass ends, and about once a minute while it goes on.
+                let at = self.reclaim_logged_at.get_or_insert_with(Instant::now);
+                if self.reclaim_cursor.is_none() || (n > 0 && at.elapsed() >= Duration::from_secs(60)) {
+                    *at = Instant::now();
+                    let how = if self.reclaim_cursor.is_none() { "in all" } else { "so far" };
+                    tracing::info!(
+                        "device {}: deallocated {} slots {how} that no checkpoint lists and LMCache has not written since the start",
+                        self.cfg.device, self.reclaimed
+                    );
+                }
+            } else {
+                // Not again in this checkpoint's epoch (the flush's warning said so).
+                self.reclaim_error_epoch = Some(self.seen_epoch);
             }
         }
         if self.last_early_tails.elapsed() >= self.cfg.early_tails_every {
@@ -1212,14 +1233,8 @@ impl Watcher {
             _ => None,
         }).max_by_key(|&(_, seq)| seq).map(|(i, _)| i);
         let unknown = self.containers.iter().any(|c| matches!(c, Container::Unknown));
-        let mut unwritten = Vec::new();
-        let reclaim = allow && self.cfg.reclaim && self.layout_in_use() && self.reclaim_error_epoch != Some(self.seen_epoch);
         for slot in 0..self.slots.len() as u64 {
             let mut l = self.slots.life(slot);
-            // A round's worth: the rest waits for the next round (`reclaim` asks for it).
-            if reclaim && (unwritten.len() as u64) < RECLAIM_PER_ROUND && is_unwritten(l) && !self.containers[0].lists(slot) && !self.containers[1].lists(slot) {
-                unwritten.push((slot, l));
-            }
             if l & life::CONFIRMED != 0 {
                 s.confirmed += 1;
                 let in_newest = newest.is_some_and(|i| self.containers[i].lists(slot));
@@ -1258,7 +1273,7 @@ impl Watcher {
         }
         self.summary = s;
         self.summary_at = Instant::now();
-        Sweep { dead: out, early, basis, tails, unwritten }
+        Sweep { dead: out, early, basis, tails }
     }
 
     /// Marks the slots that neither container lists and no checkpoint confirmed as unwritten
@@ -1302,37 +1317,63 @@ impl Watcher {
         self.conflict.is_none() && self.geometry_seen_at == Some(self.slots.checkpoint_reads())
     }
 
-    /// Deallocates unwritten slots (R1 checked per slot by the CAS, R2 and conditions 3 and 4
-    /// by the caller and `trims_allowed`). Runs of consecutive slots go in one deallocation
-    /// (a fresh drive's unwritten slots are mostly one run past LMCache's bump pointer), at
-    /// most [`RECLAIM_PER_ROUND`] slots a round so that checkpoints keep being read back; the
-    /// next round takes the rest.
-    fn reclaim(&mut self, candidates: Vec<(u64, u64)>) -> u64 {
-        if candidates.len() as u64 >= RECLAIM_PER_ROUND {
-            self.need_sweep = true;
-        }
-        let mut done = 0;
+    /// Whether the pass for unwritten slots may go on now: one is pending, and R2 and
+    /// conditions 3 and 4 hold (the caller flushes for condition 3).
+    fn reclaim_ready(&self) -> bool {
+        self.reclaim_cursor.is_some() && self.trims_allowed() && self.layout_in_use() && self.reclaim_error_epoch != Some(self.seen_epoch)
+    }
+
+    /// Goes on with the pass for unwritten slots from its cursor and deallocates those found
+    /// (R1 checked per slot by the CAS, listing by neither container here). Runs of
+    /// consecutive slots go in one deallocation (a fresh drive's unwritten slots are mostly
+    /// one run past LMCache's bump pointer). A round ends after `trim_per_round` requests or
+    /// `trim_round_time`, as the evictions' do, so that checkpoints keep being read back;
+    /// the next round follows at once and goes on from there.
+    fn reclaim(&mut self) -> u64 {
+        let Some(mut slot) = self.reclaim_cursor else { return 0 };
+        let began = Instant::now();
+        let end = self.slots.len() as u64;
+        let (mut done, mut requests) = (0, 0);
         let mut run: Vec<(u64, u64)> = Vec::new();
-        for (slot, l0) in candidates {
-            let extends = run.last().is_none_or(|&(last, _)| slot == last + 1) && (run.len() as u64) < RECLAIM_RUN_SLOTS;
-            if !extends {
-                match self.reclaim_run(&run) {
-                    Some(n) => done += n,
-                    None => return done,
-                }
-                run.clear();
-            }
-            if done + run.len() as u64 >= RECLAIM_PER_ROUND {
-                self.need_sweep = true;
+        while slot < end {
+            if slot.is_multiple_of(RECLAIM_SCAN_STRIDE) && began.elapsed() >= self.cfg.trim_round_time {
                 break;
             }
             let l = self.slots.life(slot);
             // Marked `TRIMMING` as it joins the run: a write to it waits from here on.
-            if l == l0 && is_unwritten(l) && self.slots.cas_life(slot, l, l | life::TRIMMING) {
-                run.push((slot, l | life::TRIMMING));
+            if is_unwritten(l) && !self.containers[0].lists(slot) && !self.containers[1].lists(slot) {
+                let extends = run.last().is_none_or(|&(last, _)| slot == last + 1) && (run.len() as u64) < RECLAIM_RUN_SLOTS;
+                if !extends {
+                    let first = run[0].0;
+                    requests += 1;
+                    match self.reclaim_run(&run) {
+                        Some(n) => done += n,
+                        // Paused (an error, or no longer allowed): its slots stay unwritten.
+                        None => {
+                            self.reclaim_cursor = Some(first);
+                            return done;
+                        }
+                    }
+                    run.clear();
+                    if requests >= self.cfg.trim_per_round || began.elapsed() >= self.cfg.trim_round_time {
+                        break;
+                    }
+                }
+                if self.slots.cas_life(slot, l, l | life::TRIMMING) {
+                    run.push((slot, l | life::TRIMMING));
+                }
             }
+            slot += 1;
         }
-        done + self.reclaim_run(&run).unwrap_or(0)
+        let first = run.first().map(|&(s, _)| s);
+        match self.reclaim_run(&run) {
+            Some(n) => {
+                done += n;
+                self.reclaim_cursor = (slot < end).then_some(slot);
+            }
+            None => self.reclaim_cursor = first,
+        }
+        done
     }
 
     /// Deallocates a run of consecutive slots whose trim CAS set the `began` words; the count

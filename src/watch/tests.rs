@@ -2266,19 +2266,49 @@ fn no_unwritten_slot_goes_while_lmcaches_layout_differs() {
     assert!(!r.w.trims_allowed());
 }
 
-/// Unwritten slots go in runs, at most `RECLAIM_PER_ROUND` a round; the next round goes on.
+/// Unwritten slots go in runs, at most `trim_per_round` requests a round; the next round
+/// follows at once and goes on where the last one stopped, without a sweep of the table.
 #[test]
 fn unwritten_slots_go_in_runs_a_bounded_number_a_round() {
-    let n = RECLAIM_PER_ROUND + 1000;
+    let n = 3 * RECLAIM_RUN_SLOTS + 10;
     let mut r = Rig::new_with(n, META, true, true, true);
+    r.w.cfg.trim_per_round = 2;
     let k = r.new_key(false);
     r.put(k).unwrap();
     r.checkpoint();
     r.step();
-    assert_eq!(r.w.reclaimed(), RECLAIM_PER_ROUND);
-    assert_eq!(r.slot_discards, RECLAIM_PER_ROUND.div_ceil(RECLAIM_RUN_SLOTS), "runs of {RECLAIM_RUN_SLOTS} slots");
+    // Slot 0 holds the put; 1..n are one stretch, cut into runs of RECLAIM_RUN_SLOTS.
+    assert_eq!(r.w.reclaimed(), 2 * RECLAIM_RUN_SLOTS);
+    assert_eq!(r.slot_discards, 2, "runs of {RECLAIM_RUN_SLOTS} slots");
+    assert!(r.w.trim_backlog(), "the next round follows at once");
+    assert_eq!(r.w.next_wakeup(), Duration::ZERO);
+    assert_eq!(r.w.reclaim_cursor, Some(2 * RECLAIM_RUN_SLOTS + 1));
     r.step();
     assert_eq!(r.w.reclaimed(), n - 1);
+    assert_eq!(r.slot_discards, 4);
+    assert_eq!(r.w.reclaim_cursor, None, "one pass takes them all");
+    assert!(!r.w.trim_backlog());
+    r.verify_all();
+}
+
+/// A failed flush before unwritten slots go pauses them until LMCache's next checkpoint, not
+/// a round at once after another.
+#[test]
+fn a_failed_flush_pauses_unwritten_slots_until_the_next_checkpoint() {
+    let mut r = Rig::new_with(SLOTS, META, true, true, true);
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    r.checkpoint();
+    r.dev.set_fail_flushes(Some(0));
+    r.step();
+    assert_eq!(r.w.reclaimed(), 0);
+    assert!(!r.w.trim_backlog(), "no busy loop of failing flushes");
+    r.dev.set_fail_flushes(None);
+    r.step();
+    assert_eq!(r.w.reclaimed(), 0, "paused in the epoch of the failure");
+    r.checkpoint();
+    r.step();
+    assert_eq!(r.w.reclaimed(), SLOTS - 1, "the next checkpoint resumes");
     r.verify_all();
 }
 
