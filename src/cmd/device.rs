@@ -375,6 +375,9 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         }
         _ => io_buf,
     };
+    if let Some(e) = mem_total_bytes().and_then(|m| buffer_memory_error(a.queues, a.depth, io_buf, m)) {
+        return Err(e);
+    }
     if let Some(n) = &a.name {
         state::check_name(n).map_err(|e| format!("--name {e}"))?;
     }
@@ -1032,9 +1035,44 @@ pub fn features(json_out: bool) -> CmdResult {
     Ok(())
 }
 
+/// The machine's memory (`MemTotal` of /proc/meminfo), if it can be read.
+fn mem_total_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Why `queues` × `depth` I/O buffers of `io_buf` bytes are too much for a machine with
+/// `mem_total` bytes: every tag of every queue holds its own buffer for the daemon's life,
+/// and each fills up as requests of that size come, so the daemon would grow into them
+/// until the OOM killer stops it, with LMCache's I/O hung on the device. Half the memory is
+/// the line: LMCache and the rest of the host need the remainder.
+fn buffer_memory_error(queues: u16, depth: u16, io_buf: u64, mem_total: u64) -> Option<String> {
+    let need = u64::from(queues) * u64::from(depth) * io_buf;
+    (need > mem_total / 2).then(|| {
+        let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+        format!(
+            "--queues {queues} × --depth {depth} × --io-buf-size {io_buf} need {:.1} GiB of I/O buffers (one per request tag, held while the device runs), more than half of this machine's {:.1} GiB; fix: lower --depth or --io-buf-size (the defaults, 1 × 128 × 512 KiB, need 64 MiB)",
+            gib(need),
+            gib(mem_total)
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn io_buffers_past_half_the_memory_are_refused_with_the_fix() {
+        let gib = 1u64 << 30;
+        assert_eq!(buffer_memory_error(1, 128, 512 << 10, 8 * gib), None, "the defaults");
+        assert_eq!(buffer_memory_error(32, 4096, 32 << 10, 8 * gib), None, "4 GiB of 8: just fits");
+        let e = buffer_memory_error(32, 4096, 64 << 10, 8 * gib).unwrap();
+        assert!(e.contains("8.0 GiB of I/O buffers") && e.contains("8.0 GiB;") && e.contains("lower --depth or --io-buf-size"), "{e}");
+        assert!(buffer_memory_error(32, 4096, 32 << 20, 1 << 40).is_some(), "4 TiB of buffers");
+        assert!(mem_total_bytes().is_some_and(|m| m > 1 << 20), "MemTotal is read");
+    }
 
     #[test]
     fn logical_blocks_past_4096_bytes_are_refused_with_the_fix() {
