@@ -7,7 +7,11 @@ fn main() -> ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FDPBLK_LOG").unwrap_or_else(|_| "info".into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(|| {
+            // A background daemon's log file is kept small (it lives in /run, in memory).
+            fdpblk::cmd::daemon_log::before_line(std::path::Path::new(fdpblk::frontend::state::RUN_DIR));
+            std::io::stderr()
+        })
         // Colour codes only on a terminal: a daemon's log file and journald get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

@@ -444,7 +444,7 @@ fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, Stri
                 libc::unshare(libc::CLONE_NEWNS);
             }
             let _ = std::env::set_current_dir("/");
-            redirect_stdio();
+            super::daemon_log::redirect(Path::new(state::RUN_DIR));
             use std::os::fd::FromRawFd;
             // SAFETY: fds[1] is the pipe's write end, owned here from now on.
             let mut pipe = unsafe { std::fs::File::from_raw_fd(fds[1]) };
@@ -477,27 +477,6 @@ fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, Stri
                 Err(e.to_string().into())
             } else {
                 Err("the fdpblk daemon exited before the device started; see /run/fdpblk/daemon.log".into())
-            }
-        }
-    }
-}
-
-fn redirect_stdio() {
-    let _ = std::fs::create_dir_all(state::RUN_DIR);
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(Path::new(state::RUN_DIR).join("daemon.log"));
-    use std::os::fd::AsRawFd;
-    // SAFETY: dup2 onto the standard descriptors of this (child) process.
-    unsafe {
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        libc::dup2(null, 0);
-        match &log {
-            Ok(f) => {
-                libc::dup2(f.as_raw_fd(), 1);
-                libc::dup2(f.as_raw_fd(), 2);
-            }
-            Err(_) => {
-                libc::dup2(null, 1);
-                libc::dup2(null, 2);
             }
         }
     }

@@ -288,7 +288,7 @@ impl Registry {
             );
         }
         if let Some(v) = num(&st["stats_age_s"]) {
-            self.add("fdpblk_stats_age_seconds", "Seconds since the daemon last wrote its stats (it does every second; more means it is stuck).", Gauge, base(), v);
+            self.add("fdpblk_stats_age_seconds", "Seconds since the daemon last wrote its stats (it does at least every second; more means it is stuck).", Gauge, base(), v);
         }
         // Counters restart at 0 with each daemon (also after a recovery), as Prometheus
         // expects: the lifetime values `fdpblk stats` shows come back from the drive and can

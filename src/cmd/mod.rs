@@ -1,6 +1,7 @@
 //! The commands behind the CLI. Each returns a one-line error that names the fix.
 
 pub mod config_file;
+pub mod daemon_log;
 pub mod device;
 pub mod fdp;
 pub mod inspect;

@@ -1,0 +1,137 @@
+//! The log of a daemon that `add` or `recover` started in the background (under systemd the
+//! journal keeps it instead): `/run/fdpblk/daemon.log`, one file for every device's daemon.
+//! `/run` is memory, so the file is kept near [`LOG_CAP`]: the daemon whose line finds it
+//! past that renames it to `daemon.log.1` (the one before goes) and starts a new one, and
+//! every other daemon moves to the new file at its next line.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// Past this size the log is rotated (two files at most, so about twice this in all).
+pub const LOG_CAP: u64 = 16 << 20;
+
+/// Set once this process's stdout and stderr are the log file.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// One rotation at a time within the process; [`rotate_if_needed`] locks across processes.
+static ROTATING: Mutex<()> = Mutex::new(());
+
+pub fn path(run_dir: &Path) -> PathBuf {
+    run_dir.join("daemon.log")
+}
+
+/// Points stdin at /dev/null and stdout and stderr at the log in `run_dir` (at /dev/null too
+/// if it cannot be opened), and keeps them on it from then on.
+pub fn redirect(run_dir: &Path) {
+    let _ = std::fs::create_dir_all(run_dir);
+    let log = open_log(&path(run_dir));
+    // SAFETY: dup2 onto the standard descriptors of this (daemon) process.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        libc::dup2(null, 0);
+        let out = log.as_ref().map_or(null, |f| f.as_raw_fd());
+        libc::dup2(out, 1);
+        libc::dup2(out, 2);
+    }
+    if log.is_ok() {
+        ACTIVE.store(true, Ordering::Release);
+        let _ = rotate_if_needed(&path(run_dir), &[1, 2], LOG_CAP);
+    }
+}
+
+/// Called before each log line: rotates the log first where it has grown past [`LOG_CAP`] or
+/// another daemon has rotated it. Nothing outside a daemon that [`redirect`] set up.
+pub fn before_line(run_dir: &Path) {
+    if ACTIVE.load(Ordering::Acquire) {
+        let _ = rotate_if_needed(&path(run_dir), &[1, 2], LOG_CAP);
+    }
+}
+
+fn open_log(path: &Path) -> io::Result<File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
+/// Rotates `path` when the file `fds` write to is past `cap`, and moves `fds` to the file now
+/// at `path` when it is not theirs (another process rotated it, or it was removed).
+pub fn rotate_if_needed(path: &Path, fds: &[RawFd], cap: u64) -> io::Result<()> {
+    let Some(&fd) = fds.first() else { return Ok(()) };
+    let ours = fd_id(fd)?;
+    let current = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    if current == Some((ours.0, ours.1)) && ours.2 < cap {
+        return Ok(());
+    }
+    let _one = ROTATING.lock().unwrap_or_else(|e| e.into_inner());
+    // Across processes: the check and the rename under one lock, so two daemons that find the
+    // file full at once rotate it once.
+    let lock = OpenOptions::new().create(true).append(true).open(path.with_extension("log.lock"))?;
+    // SAFETY: flock on a descriptor owned by `lock`; released when it is closed.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let meta = std::fs::metadata(path).ok();
+    if let Some(m) = &meta {
+        if (m.dev(), m.ino()) == (ours.0, ours.1) && m.len() >= cap {
+            std::fs::rename(path, path.with_extension("log.1"))?;
+        }
+    }
+    let fresh = open_log(path)?;
+    for &to in fds {
+        // SAFETY: dup2 of an open descriptor onto one this process writes its log to.
+        if unsafe { libc::dup2(fresh.as_raw_fd(), to) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The device, inode and size of the file open on `fd`.
+fn fd_id(fd: RawFd) -> io::Result<(u64, u64, u64)> {
+    // SAFETY: an all-zero stat is a valid value for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat with a pointer to a live stat.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((st.st_dev, st.st_ino, st.st_size as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn write_fd(fd: RawFd, bytes: &[u8]) {
+        // SAFETY: a plain write from a live buffer.
+        assert_eq!(unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) }, bytes.len() as isize);
+    }
+
+    /// Two daemons share the log: the one that finds it full rotates it once, and the other
+    /// follows to the new file at its next line; the old lines are in `.1`.
+    #[test]
+    fn a_full_log_is_rotated_once_and_every_writer_follows() {
+        let dir = std::env::temp_dir().join(format!("fdpblk-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = path(&dir);
+        let a = open_log(&log).unwrap();
+        let b = open_log(&log).unwrap();
+        rotate_if_needed(&log, &[a.as_raw_fd()], 100).unwrap();
+        assert!(!log.with_extension("log.1").exists(), "not before the cap");
+        write_fd(a.as_raw_fd(), &[b'a'; 100]);
+        rotate_if_needed(&log, &[a.as_raw_fd()], 100).unwrap();
+        write_fd(a.as_raw_fd(), b"A");
+        rotate_if_needed(&log, &[b.as_raw_fd()], 100).unwrap();
+        write_fd(b.as_raw_fd(), b"B");
+        assert_eq!(std::fs::read(log.with_extension("log.1")).unwrap(), vec![b'a'; 100]);
+        assert_eq!(std::fs::read(&log).unwrap(), b"AB", "both write to the new file");
+        // A removed log is made again.
+        std::fs::remove_file(&log).unwrap();
+        rotate_if_needed(&log, &[a.as_raw_fd()], 100).unwrap();
+        (&a).write_all(b"x").unwrap();
+        assert_eq!(std::fs::read(&log).unwrap(), b"x");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
