@@ -92,6 +92,11 @@ pub trait Policy: Send {
     fn observes_checkpoints(&self) -> bool {
         false
     }
+    /// Memory the last call let go of, to be freed by the caller ([`SharedPolicy`] frees it
+    /// off its lock and off the I/O path: a read book generation can be hundreds of MB).
+    fn take_retired(&mut self) -> Option<Box<dyn std::any::Any + Send>> {
+        None
+    }
 }
 
 /// Everything on the default handle: what a drive sees without fdpblk.
@@ -168,6 +173,15 @@ impl SharedPolicy {
     }
 }
 
+/// Frees what a policy let go of on a thread of its own: unmapping hundreds of MB takes tens
+/// of ms, which every queue would wait through under the policy's lock, and one queue's
+/// request without it. Where no thread can be started, here.
+fn free_elsewhere(retired: Option<Box<dyn std::any::Any + Send>>) {
+    if let Some(r) = retired {
+        let _ = std::thread::Builder::new().name("fdpblk-free".into()).spawn(move || drop(r));
+    }
+}
+
 /// Tells a policy that keeps history (`needs_state`) the layout and what each slot of a slot
 /// table restored from fdpblk's own state holds, before the device serves I/O. Returns the
 /// slots reported.
@@ -193,10 +207,20 @@ impl Policy for SharedPolicy {
         self.handles
     }
     fn place(&mut self, target: &Target<'_>) -> Handle {
-        self.lock().place(target)
+        let (h, retired) = {
+            let mut p = self.lock();
+            (p.place(target), p.take_retired())
+        };
+        free_elsewhere(retired);
+        h
     }
     fn observe(&mut self, event: &Observation<'_>) {
-        self.lock().observe(event)
+        let retired = {
+            let mut p = self.lock();
+            p.observe(event);
+            p.take_retired()
+        };
+        free_elsewhere(retired);
     }
     fn needs_state(&self) -> bool {
         self.needs_state
@@ -348,6 +372,8 @@ pub struct ReadBook {
     previous: CountTable,
     limit: usize,
     hasher: std::collections::hash_map::RandomState,
+    /// Generations let go of since the owner last took them ([`Policy::take_retired`]).
+    retired: Vec<CountTable>,
 }
 
 /// One generation of a [`ReadBook`]: words `tag | fresh << 16 | top << 8 | count`, 0 = empty;
@@ -418,6 +444,7 @@ impl ReadBook {
             previous: CountTable::new(limit),
             limit,
             hasher: Default::default(),
+            retired: Vec::new(),
         }
     }
 
@@ -454,16 +481,36 @@ impl ReadBook {
             t
         };
         let (current, previous) = (rebuilt(&self.current), rebuilt(&self.previous));
-        (self.current, self.previous, self.limit) = (current, previous, limit);
+        let old_current = std::mem::replace(&mut self.current, current);
+        let old_previous = std::mem::replace(&mut self.previous, previous);
+        self.retired.clear();
+        self.retired.extend([old_current, old_previous]);
+        self.limit = limit;
+    }
+
+    /// Keeps `t` for the owner to free ([`Self::take_retired`]). Only the last retirement's:
+    /// an owner that never takes them (not shared) frees the older ones here.
+    fn retire(&mut self, t: CountTable) {
+        if self.retired.len() >= 2 {
+            self.retired.clear();
+        }
+        self.retired.push(t);
+    }
+
+    /// The generations let go of since the last call.
+    fn take_retired(&mut self) -> Option<Box<dyn std::any::Any + Send>> {
+        (!self.retired.is_empty()).then(|| Box::new(std::mem::take(&mut self.retired)) as Box<dyn std::any::Any + Send>)
     }
 
     /// Before a tag new to the current generation: a full generation becomes the previous
     /// one, and the one before is forgotten. This runs under the data path's policy lock, so
-    /// the new table is a fresh zeroed allocation rather than a pass over the old one.
+    /// the new table is a fresh zeroed allocation rather than a pass over the old one, and the
+    /// forgotten one is retired, not freed here.
     fn make_room(&mut self) {
         if self.current.len >= self.limit {
             let fresh = CountTable::new(self.limit);
-            self.previous = std::mem::replace(&mut self.current, fresh);
+            let old = std::mem::replace(&mut self.previous, std::mem::replace(&mut self.current, fresh));
+            self.retire(old);
         }
     }
 
@@ -613,6 +660,9 @@ impl Policy for KeyAwarePolicy {
     }
     fn handles(&self) -> u16 {
         Self::HANDLES
+    }
+    fn take_retired(&mut self) -> Option<Box<dyn std::any::Any + Send>> {
+        self.reads.take_retired()
     }
     fn needs_state(&self) -> bool {
         true
@@ -794,7 +844,48 @@ mod tests {
         assert_eq!(k.read_book().limit, 5000);
     }
 
-    #[test]
+    /// What a policy lets go of (a read book generation, hundreds of MB on a large drive) is
+/// freed on a thread of its own, off the lock every queue takes and off the I/O path.
+#[test]
+fn a_retired_generation_is_freed_off_the_lock() {
+    struct Probe(std::sync::mpsc::Sender<Option<String>>);
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            let _ = self.0.send(std::thread::current().name().map(String::from));
+        }
+    }
+    struct Retiring(Option<std::sync::mpsc::Sender<Option<String>>>);
+    impl Policy for Retiring {
+        fn name(&self) -> &'static str {
+            "retiring"
+        }
+        fn handles(&self) -> u16 {
+            1
+        }
+        fn place(&mut self, _: &Target<'_>) -> Handle {
+            0
+        }
+        fn take_retired(&mut self) -> Option<Box<dyn std::any::Any + Send>> {
+            self.0.take().map(|tx| Box::new(Probe(tx)) as Box<dyn std::any::Any + Send>)
+        }
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut shared = SharedPolicy::new(Box::new(Retiring(Some(tx))));
+    shared.observe(&Observation::Layout { max_slots: 1 });
+    let by = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("freed");
+    assert_eq!(by.as_deref(), Some("fdpblk-free"));
+    // The key-aware policy hands over the generation its read book forgets.
+    let mut k = KeyAwarePolicy::new();
+    k.observe(&Observation::Layout { max_slots: ReadBook::MIN_LIMIT as u64 });
+    assert!(k.take_retired().is_none());
+    for i in 0..=ReadBook::MIN_LIMIT as u64 {
+        k.observe(&Observation::Read { slot: 0, identity: Some(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)), len: 1, slot_reads: 0 });
+    }
+    assert!(k.take_retired().is_some(), "the forgotten generation");
+    assert!(k.take_retired().is_none());
+}
+
+#[test]
     fn key_aware_read_book_follows_the_layout_or_the_slots_seen() {
         let mut p = KeyAwarePolicy::new();
         put(&mut p, 0, 1);
