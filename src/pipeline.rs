@@ -54,6 +54,9 @@ impl AtomicCounter {
     }
 }
 
+/// Slots of a discard or write-zeroes classified at a time ([`Pipeline::plan`]).
+pub const DISCARD_PIECE_SLOTS: u64 = 1024;
+
 pub const OPS: [Op; 5] = [Op::Read, Op::Write, Op::Flush, Op::Discard, Op::WriteZeroes];
 
 fn op_index(op: Op) -> usize {
@@ -225,20 +228,18 @@ impl Pipeline {
         self.trim_waits.clear();
         self.container_waits.clear();
         self.headers.clear();
+        if matches!(req.op, Op::Discard | Op::WriteZeroes) {
+            return Ok(self.plan_discard(req));
+        }
         classify(&self.geom, req.op, req.offset, req.len, req.data, self.slots.as_ref(), &mut self.extents);
         if req.op == Op::Write && wait == HeaderWait::Allowed && self.slots.headers_seen() {
             if let Some(slot) = self.awaited_header() {
                 return Err(slot);
             }
         }
-        let c = &self.counters;
-        c.ops[op_index(req.op)].add(1, if req.op == Op::Flush { 0 } else { req.len });
+        self.counters.ops[op_index(req.op)].add(1, if req.op == Op::Flush { 0 } else { req.len });
         let mut touched = 0u8;
-        for e in &self.extents {
-            let i = e.kind.class().index();
-            c.classes[i].add(u64::from(touched & (1 << i) == 0), e.len);
-            touched |= 1 << i;
-        }
+        self.count_classes(&mut touched);
         if req.op == Op::Write {
             for i in 0..self.extents.len() {
                 let e = self.extents[i];
@@ -255,6 +256,36 @@ impl Pipeline {
             self.observe_other(req.op);
         }
         Ok(&self.extents)
+    }
+
+    /// A discard or write-zeroes, a piece of at most [`DISCARD_PIECE_SLOTS`] slots at a time:
+    /// one can span the whole device (`blkdiscard`), and its extents (two or three a slot)
+    /// would otherwise be held at once, and their memory kept for the queue's life. Returns
+    /// the last piece's extents.
+    fn plan_discard(&mut self, req: &Request<'_>) -> &[Extent] {
+        self.counters.ops[op_index(req.op)].add(1, req.len);
+        let piece = self.geom.slot_bytes.saturating_mul(DISCARD_PIECE_SLOTS);
+        let end = req.offset.saturating_add(req.len);
+        let (mut off, mut touched) = (req.offset, 0u8);
+        while off < end {
+            let len = piece.min(end - off);
+            self.extents.clear();
+            classify(&self.geom, req.op, off, len, None, self.slots.as_ref(), &mut self.extents);
+            self.count_classes(&mut touched);
+            self.observe_other(req.op);
+            off += len;
+        }
+        &self.extents
+    }
+
+    /// Adds the last classified extents to the per-class counters; a class counts one request
+    /// per request (`touched` carries which were counted across a request's pieces).
+    fn count_classes(&self, touched: &mut u8) {
+        for e in &self.extents {
+            let i = e.kind.class().index();
+            self.counters.classes[i].add(u64::from(*touched & (1 << i) == 0), e.len);
+            *touched |= 1 << i;
+        }
     }
 
     /// The slot headers the last planned write carries, as (slot, generation): once the
@@ -611,6 +642,36 @@ mod tests {
             assert!(!put(full - 1), "a payload that reaches the end (rounded up) settles all");
             assert!(slots.is_orphan(1), "other slots keep theirs");
         }
+    }
+
+    /// A discard of the whole device goes a piece at a time: each slot is told of it, each
+    /// class counts one request and all its bytes, and the extents held stay one piece's.
+    #[test]
+    fn a_device_wide_discard_is_planned_in_bounded_pieces() {
+        let g = crate::layout::GeometryConfig { block_align: 4096, header_bytes: 4096, slot_bytes: 8192, meta_total_bytes: 1 << 20, capacity_bytes: 0 }
+            .validate(64 << 20)
+            .unwrap();
+        assert!(g.max_slots > 4 * DISCARD_PIECE_SLOTS);
+        let mut p = Pipeline::new(g, Box::new(RegionPolicy));
+        let mut segs = Vec::new();
+        let hdr = SlotHeader { identity: 7, payload_len: 4096 }.encode(4096);
+        use crate::slot_table::life::STALE_TAIL;
+        for slot in [0, g.max_slots - 1] {
+            p.plan(&Request { op: Op::Write, offset: g.slot_offset(slot), len: 4096, data: Some(&hdr) }, &mut segs, HeaderWait::Expired).unwrap();
+            assert!(p.slots().life(slot) & STALE_TAIL != 0, "a new header over unknown bytes");
+        }
+        let before = p.stats();
+        let len = 64 << 20;
+        p.plan(&Request { op: Op::Discard, offset: 0, len, data: None }, &mut segs, HeaderWait::Allowed).unwrap();
+        let after = p.stats();
+        let class_requests: u64 = after.classes.iter().zip(&before.classes).map(|(a, b)| a.requests - b.requests).sum();
+        let class_bytes: u64 = after.classes.iter().zip(&before.classes).map(|(a, b)| a.bytes - b.bytes).sum();
+        assert_eq!(class_bytes, len, "every byte in some class");
+        assert!(class_requests <= 4, "one request per class, not per piece: {class_requests}");
+        for slot in [0, g.max_slots - 1] {
+            assert_eq!(p.slots().life(slot) & STALE_TAIL, 0, "slot {slot} was told of the discard");
+        }
+        assert!(p.extents.capacity() <= 4 * DISCARD_PIECE_SLOTS as usize, "{} extents held", p.extents.capacity());
     }
 
     #[test]
