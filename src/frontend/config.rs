@@ -149,10 +149,12 @@ impl DeviceConfig {
             backing: PathBuf::from(v.get("backing").and_then(Value::as_str).ok_or("device config lacks \"backing\"")?),
             engine: v.get("engine").and_then(Value::as_str).and_then(EngineKind::parse).ok_or("bad \"engine\"")?,
             policy: v.get("policy").and_then(Value::as_str).ok_or("device config lacks \"policy\"")?.to_string(),
-            queues: u("queues")? as u16,
-            depth: u("depth")? as u16,
-            io_buf_bytes: u("io_buf_bytes")? as u32,
-            lba_shift: u("lba_shift")? as u8,
+            // The ranges `add` allows: a state file edited by hand (or by another version) is
+            // refused here rather than run with wrapped values.
+            queues: within(u("queues")?, "queues", 1, 32)? as u16,
+            depth: within(u("depth")?, "depth", 1, 4096)? as u16,
+            io_buf_bytes: within(u("io_buf_bytes")?, "io_buf_bytes", 512, 32 << 20)? as u32,
+            lba_shift: within(u("lba_shift")?, "lba_shift", 9, 12)? as u8,
             backing_bytes: u("backing_bytes")?,
             exported_bytes: exported,
             geometry,
@@ -173,6 +175,15 @@ impl DeviceConfig {
             early_evictions: v.get("early_evictions").and_then(Value::as_bool).unwrap_or(true),
             persist_interval_ms: u("persist_interval_ms").unwrap_or(5000),
         })
+    }
+}
+
+/// `v` when it lies in `lo..=hi`, else an error naming the key.
+fn within(v: u64, key: &str, lo: u64, hi: u64) -> Result<u64, String> {
+    if (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("device config's \"{key}\" is {v}, outside {lo}..={hi}"))
     }
 }
 
@@ -234,6 +245,13 @@ mod tests {
         };
         assert_eq!(DeviceConfig::from_json(&p.to_json()).unwrap(), p);
         assert!(DeviceConfig::from_json(&json!({})).is_err());
+        // Values `add` never writes are refused, not wrapped into others.
+        for (key, bad) in [("lba_shift", 40u64), ("queues", 65536), ("queues", 0), ("depth", 5000), ("io_buf_bytes", 1 << 32)] {
+            let mut v = p.to_json();
+            v[key] = json!(bad);
+            let e = DeviceConfig::from_json(&v).unwrap_err();
+            assert!(e.contains(key) && e.contains(&bad.to_string()), "{e}");
+        }
         // A device still learning its layout.
         let l = DeviceConfig { geometry: None, layout_flags: GeometryFlags::default(), ..c.clone() };
         assert_eq!(DeviceConfig::from_json(&l.to_json()).unwrap(), l);
