@@ -96,9 +96,9 @@ impl From<GeometryError> for DiscoverError {
 pub fn discover<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags) -> Result<Discovered, DiscoverError> {
     let size = dev.size()?;
     let found = find_checkpoint(dev, flags, size)?;
-    let (meta, copies, found_in) = match found {
-        Some((meta, copies, geom)) => (Some(meta), Some(copies), geom.meta_total_bytes),
-        None => (None, None, 0),
+    let (meta, copies, found_in, found_align) = match found {
+        Some((meta, copies, geom)) => (Some(meta), Some(copies), geom.meta_total_bytes, Some(geom.block_align)),
+        None => (None, None, 0, None),
     };
     // Where the old checkpoint lies: its own meta_total_bytes, or the layout it was found with.
     let meta_bytes = meta.as_ref().and_then(|m| m.meta_total_bytes).filter(|&b| b > 0 && b <= size).unwrap_or(found_in);
@@ -110,7 +110,8 @@ pub fn discover<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags) -> Result<Di
         }
     };
     let m = meta.clone().unwrap_or_default();
-    let block_align = pick("block_align", flags.block_align, m.block_align)?.unwrap_or(DEFAULT_BLOCK_ALIGN);
+    // A checkpoint without the field was found at a payload offset: that block_align.
+    let block_align = pick("block_align", flags.block_align, m.block_align)?.or(found_align).unwrap_or(DEFAULT_BLOCK_ALIGN);
     let header_bytes = pick("header_bytes", flags.header_bytes, m.header_bytes)?.unwrap_or(DEFAULT_HEADER_BYTES);
     let slot_bytes = pick("slot_bytes", flags.slot_bytes, m.slot_bytes)?;
     let meta_total = pick("meta_total_bytes", flags.meta_total_bytes, m.meta_total_bytes)?;
@@ -341,12 +342,19 @@ mod tests {
     /// object-evict's checkpoint as LMCache writes it with `block_align` (and `header_bytes`)
     /// 8192: each copy's JSON one 8 KiB block after its header, CRC over the new JSON.
     fn object_evict_aligned_8k() -> Vec<u8> {
+        object_evict_aligned_8k_with(r#""block_align":8192,"header_bytes":8192"#)
+    }
+
+    /// The same, with `fields` in place of the JSON's block_align and header_bytes (padded
+    /// with spaces to their length: the header's payload length stays).
+    fn object_evict_aligned_8k_with(fields: &str) -> Vec<u8> {
         let (img, _) = fixture("object-evict");
         let mut out = img.clone();
         for at in [0usize, 524288] {
             let h = CheckpointHeader::parse(&img[at..at + 32], img.len() as u64).unwrap();
             let json = String::from_utf8(img[at + 4096..at + 4096 + h.payload_len as usize].to_vec()).unwrap();
-            let json = json.replace(r#""block_align":4096,"header_bytes":4096"#, r#""block_align":8192,"header_bytes":8192"#);
+            let old = r#""block_align":4096,"header_bytes":4096"#;
+            let json = json.replace(old, &format!("{fields:<0$}", old.len()));
             out[at + 4096..at + 8192 + json.len()].fill(0);
             out[at + 8192..at + 8192 + json.len()].copy_from_slice(json.as_bytes());
             out[at + 28..at + 32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
@@ -372,6 +380,11 @@ mod tests {
         // A block_align given by flag that disagrees: the checkpoint is not LMCache's for it.
         let f = GeometryFlags { block_align: Some(4096), meta_total_bytes: Some(1 << 20), ..Default::default() };
         assert!(discover(&img, &f).unwrap_err().to_string().contains("--slot-bytes"));
+        // A checkpoint without block_align (LMCache always writes it; a hand-made one may not)
+        // keeps the block size it was found with, not the default.
+        let img = object_evict_aligned_8k_with(r#""header_bytes":8192"#);
+        let d = discover(&img, &GeometryFlags::default()).unwrap();
+        assert_eq!((d.geometry.block_align, d.geometry.header_bytes), (8192, 8192));
     }
 
     #[test]
