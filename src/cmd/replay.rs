@@ -363,10 +363,12 @@ fn read_blkparse(
     let mut actions = BTreeSet::new();
     let mut all_devices = BTreeSet::new();
     let mut lines = BoundedLines::new(r);
-    while let Some((n, line, _truncated)) = lines.next_line().map_err(|e| format!("reading trace: {e}"))? {
+    while let Some((n, line, truncated)) = lines.next_line().map_err(|e| format!("reading trace: {e}"))? {
         let n = n + skipped;
         info.lines = n;
-        let e = match parse_line(&line) {
+        // A line cut short could still parse, as a shorter request than the one traced.
+        let parsed = if truncated { Err("a line too long for blkparse's output") } else { parse_line(&line) };
+        let e = match parsed {
             Ok(e) => e,
             Err(why) => {
                 if !line.trim().is_empty() {
@@ -682,6 +684,19 @@ mod tests {
         assert!(err.contains("1 failed completions"), "{err}");
         let err = read("8,0 1 1 0.1 7 D N 0 (12 00) [p]\n", TraceFormat::Auto, BlkAction::Issue, None).unwrap_err();
         assert!(err.contains("line 1: no block request"), "{err}");
+    }
+
+    /// A line longer than blkparse writes is cut at `MAX_LINE`: one cut inside its block
+    /// count would read as a shorter request, so it is counted among the other lines instead.
+    #[test]
+    fn a_cut_blkparse_line_is_not_taken_for_a_shorter_request() {
+        let head = "259,0 1 2 0.2 7";
+        let tail = " D WS 0 + 12";
+        let long = format!("{head}{}{tail}34 [p]", " ".repeat(crate::blkparse::MAX_LINE - head.len() - tail.len()));
+        let text = format!("259,0 1 1 0.1 7 D WS 0 + 8 [p]\n{long}\n");
+        let (reqs, info) = read(&text, TraceFormat::Auto, BlkAction::Issue, None).unwrap();
+        assert_eq!(reqs.iter().map(|t| t.len).collect::<Vec<_>>(), vec![4096], "not a 12-sector write");
+        assert_eq!((info.events, info.other_lines), (1, 1));
     }
 
     #[test]
