@@ -6,7 +6,7 @@ use crate::cli::parse_size;
 use crate::place::POLICY_NAMES;
 use crate::sim::run::{run as run_one, sim_policy_names, is_bound, DriveSpec, RunResult, RunSpec};
 use crate::sim::workload::{IoMode, WorkloadSpec};
-use crate::sim::{HandleType, Victim};
+use crate::sim::{HandleType, SsdConfig, Victim};
 use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
@@ -66,6 +66,11 @@ pub struct SimulateArgs {
     /// stays valid.
     #[arg(long)]
     pub precondition: bool,
+    /// Every handle holds an open reclaim unit from the start, as on a drive whose handles
+    /// always reference one: the handles a policy never writes keep theirs out of the spare.
+    /// Off: a handle takes an RU at its first write.
+    #[arg(long)]
+    pub hold_open_rus: bool,
     /// Warm-up: LMCache writes this many times its capacity before measuring.
     #[arg(long, default_value_t = 2.0)]
     pub warmup: f64,
@@ -189,6 +194,7 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
             g => return Err(format!("--gc {g}: use greedy, cost-benefit or fifo")),
         },
         precondition: a.precondition,
+        hold_open_rus: a.hold_open_rus,
     };
     if policies.iter().any(|p| is_bound(p)) && !(2..=a.handles).contains(&a.clairvoyant_handles) {
         return Err(format!("--clairvoyant-handles {}: use 2 to --handles ({})", a.clairvoyant_handles, a.handles));
@@ -284,20 +290,35 @@ fn fmt_waf(r: &RunResult) -> String {
     }
 }
 
+/// The reclaim units the simulated drive's physical space holds (one reclaim group): what
+/// is left over of an RU is never written.
+fn whole_rus(d: &DriveSpec) -> u64 {
+    SsdConfig::physical_for_op(d.logical_bytes, d.op) / d.ru_bytes.max(1)
+}
+
+/// The over-provisioning those whole RUs give, as a share of them.
+fn whole_ru_op(d: &DriveSpec) -> f64 {
+    let media = (whole_rus(d) * d.ru_bytes) as f64;
+    if media > 0.0 { (media - d.logical_bytes as f64) / media } else { 0.0 }
+}
+
 fn print_text(rs: &[RunResult]) {
     let Some(first) = rs.first() else { return };
     let d = &first.drive;
     println!(
-        "workload {}: drive {:.3} TB logical, OP {:.0} %, RU {:.2} GB, {} handles ({}), unit {} KiB; {} slots of {} MiB at 100 %",
+        "workload {}: drive {:.3} TB logical, OP {:.0} % ({:.2} % in {} whole RUs), RU {:.2} GB, {} handles ({}{}), unit {} KiB; {} slots of {} MiB at 100 %",
         first.workload,
         d.logical_bytes as f64 / 1e12,
         d.op * 100.0,
+        whole_ru_op(d) * 100.0,
+        whole_rus(d),
         d.ru_bytes as f64 / 1e9,
         d.handles,
         match d.handle_type {
             HandleType::InitiallyIsolated => "II",
             HandleType::PersistentlyIsolated => "PI",
         },
+        if d.hold_open_rus { ", each holding an open RU" } else { "" },
         d.unit_bytes >> 10,
         rs.iter().map(|r| r.max_slots).max().unwrap_or(0),
         first.slot_bytes >> 20,

@@ -51,6 +51,9 @@ pub struct DriveSpec {
     /// starts, as a drive in service or filled by a benchmark holds data. Off: it starts
     /// deallocated (fresh or after `blkdiscard`).
     pub precondition: bool,
+    /// Every handle holds an open RU from the start (`SsdConfig::hold_open_rus`): the
+    /// handles a policy never writes keep theirs out of the spare.
+    pub hold_open_rus: bool,
 }
 
 impl Default for DriveSpec {
@@ -64,6 +67,7 @@ impl Default for DriveSpec {
             handle_type: HandleType::InitiallyIsolated,
             victim: Victim::Greedy,
             precondition: false,
+            hold_open_rus: false,
         }
     }
 }
@@ -647,6 +651,7 @@ impl RunResult {
                 "ru_bytes": self.drive.ru_bytes, "unit_bytes": self.drive.unit_bytes, "handles": self.drive.handles,
                 "handle_type": match self.drive.handle_type { HandleType::InitiallyIsolated => "ii", HandleType::PersistentlyIsolated => "pi" },
                 "gc": match self.drive.victim { Victim::Greedy => "greedy", Victim::CostBenefit => "cost-benefit", Victim::Fifo => "fifo" },
+                "hold_open_rus": self.drive.hold_open_rus,
             },
             "speed": {"wall_s": round4(self.wall_s), "block_requests": self.block_requests, "lmcache_ops": self.lm_ops,
                       "events_per_s": self.events_per_s().round()},
@@ -657,6 +662,21 @@ impl RunResult {
 
 fn round4(x: f64) -> f64 {
     (x * 1e4).round() / 1e4
+}
+
+/// The first slot of `live` (slot, payload length) whose header or payload is not on the
+/// drive: every mapping unit they touch must be mapped (a deallocation keeps a unit it
+/// covers only in part).
+pub fn live_data_lost(live: impl Iterator<Item = (u64, u64)>, ssd: &Ssd, geom: &Geometry) -> Option<String> {
+    let unit = ssd.config().unit_bytes;
+    for (slot, payload_len) in live {
+        let start = geom.slot_offset(slot);
+        let end = start + geom.header_bytes + payload_len;
+        if let Some(u) = (start / unit..end.div_ceil(unit)).find(|&u| ssd.locate(u * unit).is_none()) {
+            return Some(format!("slot {slot} ({payload_len}-byte payload): its bytes at {} are deallocated", (u * unit).max(start)));
+        }
+    }
+    None
 }
 
 /// Resolves the drive's automatic sizes for a workload.
@@ -942,6 +962,7 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
     let physical = SsdConfig::physical_for_op(drive.logical_bytes, drive.op);
     let mut cfg = SsdConfig::new(drive.logical_bytes, physical, unit, drive.ru_bytes, drive.handles, drive.handle_type);
     cfg.gc.victim = drive.victim;
+    cfg.hold_open_rus = drive.hold_open_rus;
     let mut ssd = Ssd::new(cfg).map_err(|e| e.to_string())?;
     if drive.precondition {
         // Before the warm-up, whose end the measured window's counters start from.
@@ -1080,6 +1101,11 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
     if let Some(e) = sim.error.take() {
         return Err(format!("simulated drive: {e}"));
     }
+    // The WAF counts only if no deallocation took data LMCache can still load: the drive
+    // would then drop it in GC instead of copying it, and the WAF would look better for it.
+    if let Some(e) = live_data_lost(wl.live_slots(), &sim.dev.lock().ssd, &geom) {
+        return Err(format!("fdpblk deallocated data LMCache still holds: {e}"));
+    }
     let end = sim.counters();
     let (w0, lm0, own0, trim0, tails0) =
         warm.unwrap_or((end.clone(), sim.lm_write_bytes, sim.own_bytes(), sim.trims(), sim.tail_trims()));
@@ -1181,6 +1207,27 @@ mod tests {
     /// LMCache's eviction defaults (80 % / 20 %) leave about a fifth of the slots unwritten.
     /// On a drive that held data before, that fifth stays valid (LMCache never deallocates)
     /// unless fdpblk deallocates the slots no checkpoint lists and LMCache has not written.
+    /// The data-loss check fails on a deallocation that takes any unit of a live slot's
+    /// header or payload, and not on one that takes only its stale tail.
+    #[test]
+    fn deallocated_live_data_is_found() {
+        let g = crate::layout::GeometryConfig { block_align: 4096, header_bytes: 4096, slot_bytes: 1 << 20, meta_total_bytes: 1 << 20, capacity_bytes: 0 }
+            .validate(64 << 20)
+            .unwrap();
+        let mut ssd = Ssd::new(SsdConfig::new(64 << 20, 80 << 20, 64 << 10, 4 << 20, 1, HandleType::InitiallyIsolated)).unwrap();
+        ssd.write(g.slot_offset(3), g.slot_bytes, 0).unwrap();
+        let live = || [(3u64, 256u64 << 10)].into_iter();
+        assert_eq!(live_data_lost(live(), &ssd, &g), None);
+        // The stale tail, from the unit after the payload's last on.
+        let tail = g.slot_offset(3) + (320 << 10);
+        ssd.deallocate(tail, g.slot_offset(4) - tail).unwrap();
+        assert_eq!(live_data_lost(live(), &ssd, &g), None);
+        // One unit inside the payload.
+        ssd.deallocate(g.slot_offset(3) + (128 << 10), 64 << 10).unwrap();
+        let e = live_data_lost(live(), &ssd, &g).expect("found");
+        assert!(e.contains("slot 3") && e.contains(&(g.slot_offset(3) + (128 << 10)).to_string()), "{e}");
+    }
+
     #[test]
     fn a_preconditioned_drive_keeps_what_lmcache_never_writes_unless_fdpblk_deallocates_it() {
         let run_with = |policy: &str, trim: bool, unwritten: bool, precondition: bool| {

@@ -6,7 +6,8 @@
 //! - Each (RG, stream) has at most one open RU. The streams of an RG are: one per host handle,
 //!   one GC stream per persistently isolated (PI) handle, and one GC stream shared by all
 //!   initially isolated (II) handles. RUs are opened lazily on the first write that needs one
-//!   and closed as soon as they are full, so a full RU is a GC candidate at once.
+//!   (with `hold_open_rus`, every stream also holds one from the start) and closed as soon as
+//!   they are full, so a full RU is a GC candidate at once.
 //! - A host write that needs a fresh RU first runs GC in its RG until more than
 //!   `free_ru_low_watermark` RUs are free, then takes one. GC takes its own RUs from that
 //!   reserve, which is why the watermark must be at least 1.
@@ -89,6 +90,10 @@ pub struct SsdConfig {
     /// One entry per reclaim unit handle; handle `i` is `handles[i]`.
     pub handles: Vec<HandleType>,
     pub gc: GcConfig,
+    /// Every handle and GC stream holds an open RU from the start, as a drive whose reclaim
+    /// unit handles always reference one (reference §7.4): a handle never written keeps an
+    /// empty RU out of the spare. Off: a stream takes an RU at its first write.
+    pub hold_open_rus: bool,
 }
 
 impl SsdConfig {
@@ -109,6 +114,7 @@ impl SsdConfig {
             reclaim_groups: 1,
             handles: vec![handle_type; handles as usize],
             gc: GcConfig::default(),
+            hold_open_rus: false,
         }
     }
 
@@ -375,6 +381,9 @@ pub struct Ssd {
     nstreams: usize,
     /// For each stream, where GC sends its RUs' valid data.
     gc_target: Vec<u16>,
+    /// The streams the configuration has (host handles, their GC streams): with
+    /// `hold_open_rus`, each one without an open RU keeps a free RU back for it.
+    configured: Vec<usize>,
     greedy: bool,
     /// FIFO: closed RUs per RG in closing order.
     fifo: Vec<std::collections::VecDeque<u32>>,
@@ -440,6 +449,11 @@ impl Ssd {
             gc_target.push((nh + h) as u16);
         }
         gc_target.push(shared);
+        let mut configured: Vec<usize> = (0..nh).collect();
+        configured.extend((0..nh).filter(|&h| cfg.handles[h] == HandleType::PersistentlyIsolated).map(|h| nh + h));
+        if cfg.handles.contains(&HandleType::InitiallyIsolated) {
+            configured.push(2 * nh);
+        }
         let free = (0..nrg)
             .map(|g| {
                 // Popped from the back: hand out low RU numbers first.
@@ -454,6 +468,7 @@ impl Ssd {
             rus_per_rg,
             nstreams,
             gc_target,
+            configured,
             greedy: cfg.gc.victim == Victim::Greedy,
             fifo: vec![Default::default(); nrg],
             no_gain: vec![0; nrg],
@@ -809,7 +824,7 @@ impl Ssd {
     /// watermark, GC allocations take from the reserve.
     fn open_ru(&mut self, rg: usize, stream: usize, host: bool) -> Result<u32, SimError> {
         if host {
-            while self.free[rg].len() <= self.cfg.gc.free_ru_low_watermark as usize {
+            while self.free[rg].len() <= self.cfg.gc.free_ru_low_watermark as usize + self.held_back(rg, stream) {
                 self.collect_one(rg)?;
             }
         }
@@ -821,6 +836,15 @@ impl Ssd {
         self.ru_valid[r] = 0;
         self.open[rg * self.nstreams + stream] = ru;
         Ok(ru)
+    }
+
+    /// Free RUs of `rg` that belong to the streams other than `stream` now without an open RU
+    /// (with `hold_open_rus`: their handles reference an RU all the time; 0 without).
+    fn held_back(&self, rg: usize, stream: usize) -> usize {
+        if !self.cfg.hold_open_rus {
+            return 0;
+        }
+        self.configured.iter().filter(|&&s| s != stream && self.open[rg * self.nstreams + s] == NONE).count()
     }
 
     fn close(&mut self, ru: u32, slot: usize) {

@@ -92,6 +92,30 @@ fn fifo_matches_analytic_with_the_open_ru_correction() {
     }
 }
 
+/// With `hold_open_rus`, each handle never written keeps one RU out of the spare: uniform
+/// random writes on handle 0 of an 8-handle drive match the analytic WAF with 7 RUs more
+/// lost, and without it the one-handle correction.
+#[test]
+fn every_handle_holds_an_open_ru_when_asked() {
+    let (rus, upr, op) = (512u64, 64u64, 0.07);
+    let unit = 4 * KIB;
+    let ru = upr * unit;
+    let logical = ((rus * ru) as f64 * (1.0 - op)) as u64 / unit * unit;
+    let lu = logical / unit;
+    for hold in [false, true] {
+        let mut cfg = SsdConfig::new(logical, rus * ru, unit, ru, 8, HandleType::InitiallyIsolated);
+        cfg.gc.victim = Victim::Fifo;
+        cfg.hold_open_rus = hold;
+        let lost = f64::from(cfg.gc.free_ru_low_watermark) + 0.5 + if hold { 7.0 } else { 0.0 };
+        let mut s = ssd(cfg);
+        let sim = uniform_waf(&mut s, 0x5eed, 2 * lu, 2 * lu);
+        s.audit().unwrap();
+        let analytic = analytic_waf_alpha((rus as f64 - lost) * upr as f64 / lu as f64);
+        eprintln!("hold {hold}: simulated {sim:.3}, analytic {analytic:.3}");
+        assert!((sim / analytic - 1.0).abs() < 0.015, "hold {hold}: simulated {sim:.3} vs analytic {analytic:.3}");
+    }
+}
+
 #[test]
 fn sequential_overwrite_is_waf_one() {
     for victim in [Victim::Greedy, Victim::CostBenefit, Victim::Fifo] {

@@ -856,6 +856,11 @@ impl Workload {
         self.index.len() as u64
     }
 
+    /// The slots in the index with their payload lengths: what LMCache can still load.
+    pub fn live_slots(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.slots.iter().enumerate().filter(|(_, r)| r.live).map(|(s, r)| (s as u64, r.payload_len))
+    }
+
     /// The bump pointer: slots ever handed out.
     pub fn next_slot(&self) -> u64 {
         self.next_slot
