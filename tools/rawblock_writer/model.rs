@@ -3,7 +3,9 @@
 //! counter, checkpoint sequence numbers and the checkpoint JSON, the put and checkpoint write
 //! shapes of both engines, and recovery from the newest valid checkpoint.
 //!
-//! Every byte format comes from the fdpblk library (`fdpblk::layout`). Facts:
+//! Every byte format comes from the fdpblk library (`fdpblk::layout`), except the slot
+//! identity of a key, worked out here ([`lmcache_identity`]) so that fdpblk's key parser is
+//! checked, not copied. Facts:
 //! `../shared/reference/lmcache-raw-block.md` §2–9, §12 and the fixtures' traces.
 
 use crate::dev::{AlignedBuf, Device, Engine, WriteReq};
@@ -13,7 +15,6 @@ use fdpblk::device::ReadAt;
 use fdpblk::layout::checkpoint::{newest_valid, read_copies, read_entries};
 use fdpblk::layout::checkpoint_header::{CheckpointHeader, META_MAGIC, META_VERSION};
 use fdpblk::layout::checkpoint_json::{CheckpointMeta, JsonLimits};
-use fdpblk::layout::keys;
 use fdpblk::layout::slot_header::SlotHeader;
 use fdpblk::layout::{Geometry, GeometryConfig};
 use serde_json::{json, Value};
@@ -237,6 +238,29 @@ fn blake(parts: &[&[u8]], out: &mut [u8]) {
         h.update(p);
     }
     h.finalize_variable(out).expect("buffer has the digest size");
+}
+
+/// The slot identity LMCache writes for `key` (reference `lmcache-raw-block.md` §6), worked
+/// out here apart from fdpblk's key parser, so that a regression there shows in the checks
+/// that run this tool instead of being copied into the headers it writes. Object keys
+/// (`…@0x<kv_rank>@…`): BLAKE2b with an 8-byte digest of the string, read little-endian.
+/// Legacy keys (`<model>@<world_size>@<worker_id>@<chunk hash hex>@<dtype>…`): the chunk hash's
+/// low 64 bits, two's complement for a `-` hash.
+pub fn lmcache_identity(key: &str) -> Result<u64, String> {
+    let fields: Vec<&str> = key.split('@').collect();
+    if fields.get(1).is_some_and(|f| f.starts_with("0x")) {
+        let mut d = [0u8; 8];
+        blake(&[key.as_bytes()], &mut d);
+        return Ok(u64::from_le_bytes(d));
+    }
+    let hash = fields.get(3).filter(|_| fields.len() >= 5).ok_or_else(|| format!("key {key}: neither an object nor a legacy key"))?;
+    let (neg, digits) = hash.strip_prefix('-').map_or((false, *hash), |d| (true, d));
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("key {key}: chunk hash {hash} is not hex"));
+    }
+    // Digits above the last 16 are multiples of 2^64.
+    let low = u64::from_str_radix(&digits[digits.len().saturating_sub(16)..], 16).map_err(|e| format!("key {key}: {e}"))?;
+    Ok(if neg { low.wrapping_neg() } else { low })
 }
 
 /// The payload of `key`'s `gen`-th put: a function of (seed, key, gen) only.
@@ -634,9 +658,7 @@ impl Writer {
     fn slot_bufs(&self, item: &PutItem, gen: u32) -> Result<(AlignedBuf, AlignedBuf), String> {
         let g = &self.geom;
         let a = g.block_align as usize;
-        // Object keys (what this tool makes) hash with BLAKE2b-8; replayed legacy keys use
-        // their chunk hash. `identity` tells them apart.
-        let identity = keys::identity(&item.key).unwrap_or_else(|_| keys::object_identity(&item.key));
+        let identity = lmcache_identity(&item.key)?;
         let mut hdr = AlignedBuf::zeroed(g.header_bytes as usize, a)?;
         hdr.as_mut_slice()
             .copy_from_slice(&SlotHeader { identity, payload_len: item.size }.encode(g.header_bytes as usize));
@@ -1083,7 +1105,7 @@ impl Writer {
             for (i, e) in chunk.iter().enumerate() {
                 let hdr = bufs[2 * i].1.as_slice();
                 let pay = &bufs[2 * i + 1].1.as_slice()[..e.size as usize];
-                let want_id = keys::identity(&e.key).unwrap_or_else(|_| keys::object_identity(&e.key));
+                let want_id = lmcache_identity(&e.key)?;
                 let want_hdr = SlotHeader { identity: want_id, payload_len: e.size }.encode(g.header_bytes as usize);
                 let problem = if hdr != want_hdr.as_slice() {
                     Some(match SlotHeader::parse(hdr) {
@@ -1341,7 +1363,7 @@ impl Writer {
                 return Err(format!("reading slot headers: {e}"));
             }
             for (k, (_, b)) in chunk.iter().zip(&bufs) {
-                let ok = match (SlotHeader::parse(b.as_slice()), keys::identity(&k.0)) {
+                let ok = match (SlotHeader::parse(b.as_slice()), lmcache_identity(&k.0)) {
                     (Ok(h), Ok(id)) => h.identity == id && h.payload_len == k.2,
                     _ => false,
                 };

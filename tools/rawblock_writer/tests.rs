@@ -754,3 +754,30 @@ impl IoUringProbe {
         }
     }
 }
+
+/// The writer's own identity rule gives what LMCache 0.5.6 wrote: every key of every fixture
+/// (its manifest's identity, read from the image) and the identity vectors, in both namespaces.
+#[test]
+fn identities_are_lmcaches_without_fdpblks_parser() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/lmcache-0.5.6");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("identity_vectors.json")).unwrap()).unwrap();
+    let mut pairs: Vec<(String, u64)> = Vec::new();
+    for list in [&v["object_vectors"], &v["legacy_vectors"]["vectors"]] {
+        for x in list.as_array().unwrap() {
+            pairs.push((x["key"].as_str().unwrap().into(), x["lmcache_slot_identity_u64"].as_u64().unwrap()));
+        }
+    }
+    for scen in ["legacy-basic", "object-evict", "object-multitenant", "reopen"] {
+        let m: Value = serde_json::from_str(&std::fs::read_to_string(dir.join(scen).join("manifest.json")).unwrap()).unwrap();
+        for k in m["keys"].as_array().unwrap() {
+            pairs.push((k["key"].as_str().unwrap().into(), k["identity_u64"].as_u64().unwrap()));
+        }
+    }
+    let legacy = pairs.iter().filter(|(k, _)| !k.split('@').nth(1).unwrap_or("").starts_with("0x")).count();
+    assert!(legacy >= 10 && pairs.len() - legacy >= 10, "both namespaces: {legacy} legacy of {}", pairs.len());
+    for (key, want) in &pairs {
+        assert_eq!(crate::model::lmcache_identity(key), Ok(*want), "{key}");
+    }
+    assert!(crate::model::lmcache_identity("no-at-signs").is_err());
+    assert!(crate::model::lmcache_identity("m@1@0@xyz@bfloat16").is_err());
+}
