@@ -3,6 +3,15 @@ use fdpblk::cli::{Cli, Command};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Colour codes only on a terminal: a daemon's log file and journald get plain text, and so
+    // does a daemon that `add` or `recover` starts from a terminal (it logs to a file).
+    let daemonizes = match &cli.command {
+        Command::Add(a) => !a.foreground,
+        Command::Recover(a) => !a.foreground,
+        _ => false,
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FDPBLK_LOG").unwrap_or_else(|_| "info".into()),
@@ -12,11 +21,8 @@ fn main() -> ExitCode {
             fdpblk::cmd::daemon_log::before_line(std::path::Path::new(fdpblk::frontend::state::RUN_DIR));
             std::io::stderr()
         })
-        // Colour codes only on a terminal: a daemon's log file and journald get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(!daemonizes && std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let matches = Cli::command().get_matches();
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // Commands that print for a reader (`stats | head`, `list | grep -q`) end quietly when it
     // goes away, as other tools do, instead of panicking on EPIPE. Not the daemons: they keep
     // Rust's ignored SIGPIPE.

@@ -489,11 +489,9 @@ impl ReadBook {
     }
 
     /// Keeps `t` for the owner to free ([`Self::take_retired`]). Only the last retirement's:
-    /// an owner that never takes them (not shared) frees the older ones here.
+    /// an owner that never takes them (not shared: `replay`) frees the older ones here.
     fn retire(&mut self, t: CountTable) {
-        if self.retired.len() >= 2 {
-            self.retired.clear();
-        }
+        self.retired.clear();
         self.retired.push(t);
     }
 

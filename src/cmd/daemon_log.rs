@@ -47,7 +47,11 @@ pub fn redirect(run_dir: &Path) {
 /// another daemon has rotated it. Nothing outside a daemon that [`redirect`] set up.
 pub fn before_line(run_dir: &Path) {
     if ACTIVE.load(Ordering::Acquire) {
-        let _ = rotate_if_needed(&path(run_dir), &[1, 2], LOG_CAP);
+        if let Err(e) = rotate_if_needed(&path(run_dir), &[1, 2], LOG_CAP) {
+            // Said once, into the log itself: trying again at every line would not help.
+            ACTIVE.store(false, Ordering::Release);
+            eprintln!("fdpblk: rotating {}: {e}; this daemon no longer rotates it", path(run_dir).display());
+        }
     }
 }
 

@@ -25,6 +25,8 @@ pub struct DevInner {
     region_blocks: HashMap<u64, Box<[u8]>>,
     /// Slots the state thread deallocated since the last `take_trimmed`.
     trimmed: Vec<u64>,
+    /// Every range the state thread deallocated since the last `take_discards`.
+    discards: Vec<(u64, u64)>,
     /// Bytes the state thread wrote (fdpblk's own state).
     pub own_bytes: u64,
     /// Mapping units the state thread wrote since its last flush, with their handle: written
@@ -62,6 +64,9 @@ impl DevInner {
     }
     pub fn take_trimmed(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.trimmed)
+    }
+    pub fn take_discards(&mut self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut self.discards)
     }
 
     fn read_piece(&self, off: u64, buf: &mut [u8]) -> usize {
@@ -131,6 +136,7 @@ impl SimDev {
                 region,
                 region_blocks: HashMap::new(),
                 trimmed: Vec::new(),
+                discards: Vec::new(),
                 own_bytes: 0,
                 own_units: Default::default(),
                 error: None,
@@ -178,6 +184,7 @@ impl StateWriter for SimDev {
     }
     fn discard(&self, off: u64, len: u64) -> io::Result<()> {
         let mut d = self.lock();
+        d.discards.push((off, len));
         let g = d.geom;
         if off >= g.meta_total_bytes && off < g.data_end_offset() {
             let first = (off - g.meta_total_bytes).div_ceil(g.slot_bytes);

@@ -291,7 +291,15 @@ struct Sim {
     payload_requests: u64,
     reorder_window: u64,
     error: Option<String>,
+    /// O_DIRECT runs: each put's writes reach the drive as LMCache makes them, so every
+    /// deallocation is checked at once against the slots LMCache holds (`live`: payload
+    /// length, `NOT_LIVE` for none); other runs only at the end (`live_data_lost`), since a
+    /// slot's new contents may still be on their way when fdpblk rightly drops its old ones.
+    check_each_discard: bool,
+    live: Vec<u64>,
 }
+
+const NOT_LIVE: u64 = u64::MAX;
 
 impl Sim {
     /// A block request as the ublk queue takes it. With io_uring a payload that comes before
@@ -361,6 +369,25 @@ impl Sim {
             if let Some(w) = &mut self.watcher {
                 Self::flush_before_state_thread(&self.dev, self.hold_cap, &mut self.error);
                 w.trim_early_tails();
+                self.check_discards();
+            }
+        }
+    }
+
+    /// Checks the state thread's deallocations since the last call against the slots LMCache
+    /// holds (O_DIRECT runs; see `check_each_discard`), when they happen: a slot put later
+    /// may cover the same bytes with data written after them.
+    fn check_discards(&mut self) {
+        let mut d = self.dev.lock();
+        let discards = d.take_discards();
+        let unit = d.ssd.config().unit_bytes;
+        drop(d);
+        if !self.check_each_discard {
+            return;
+        }
+        for (off, len) in discards {
+            if let Some(e) = live_bytes_taken(off, len, unit, &self.geom, &self.live) {
+                self.error.get_or_insert(format!("fdpblk deallocated data LMCache still holds: {e}"));
             }
         }
     }
@@ -409,6 +436,7 @@ impl Sim {
         Self::flush_before_state_thread(&self.dev, self.hold_cap, &mut self.error);
         w.step();
         w.trim_early_tails();
+        self.check_discards();
         let trimmed = self.dev.lock().take_trimmed();
         for s in trimmed {
             if let Some(p) = &mut self.probe {
@@ -424,6 +452,9 @@ impl Sim {
         self.lm_ops += 1;
         match *op {
             LmOp::Put { slot, identity, payload_len, tenant, pid, popularity } => {
+                if let Some(l) = self.live.get_mut(slot as usize) {
+                    *l = payload_len;
+                }
                 if let Some(pid) = pid {
                     self.observer.observe(&Observation::WriterPlacement { slot, pid });
                 }
@@ -444,7 +475,11 @@ impl Sim {
                 }
                 self.shape(op);
             }
-            LmOp::Delete { .. } => {}
+            LmOp::Delete { slot } => {
+                if let Some(l) = self.live.get_mut(slot as usize) {
+                    *l = NOT_LIVE;
+                }
+            }
             LmOp::Tick { now_s } => {
                 self.observer.observe(&Observation::Time { now_s });
                 if now_s >= self.next_persist_s {
@@ -662,6 +697,25 @@ impl RunResult {
 
 fn round4(x: f64) -> f64 {
     (x * 1e4).round() / 1e4
+}
+
+/// Whether deallocating `[off, off + len)` takes a mapping unit (of `unit` bytes) holding bytes
+/// of a slot LMCache holds (`live[slot]`: its payload length, `NOT_LIVE` for none): the drive
+/// drops only units the range covers whole.
+fn live_bytes_taken(off: u64, len: u64, unit: u64, geom: &Geometry, live: &[u64]) -> Option<String> {
+    let (first_unit, end_unit) = (off.div_ceil(unit), (off + len) / unit);
+    if first_unit >= end_unit || off + len <= geom.meta_total_bytes {
+        return None;
+    }
+    let first_slot = off.saturating_sub(geom.meta_total_bytes) / geom.slot_bytes;
+    let end_slot = ((off + len).saturating_sub(geom.meta_total_bytes)).div_ceil(geom.slot_bytes).min(live.len() as u64);
+    (first_slot..end_slot).find_map(|s| {
+        let payload_len = live[s as usize];
+        let start = geom.slot_offset(s);
+        let end = start + geom.header_bytes + payload_len;
+        let (a, b) = ((start / unit).max(first_unit), end.div_ceil(unit).min(end_unit));
+        (payload_len != NOT_LIVE && a < b).then(|| format!("slot {s} ({payload_len}-byte payload) lost its bytes at {} to a deallocation of {len} bytes at {off}", (a * unit).max(start)))
+    })
 }
 
 /// The first slot of `live` (slot, payload length) whose header or payload is not on the
@@ -1038,6 +1092,8 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
             _ => 0,
         },
         held_peak: 0,
+        check_each_discard: w.io == IoMode::ODirect,
+        live: vec![NOT_LIVE; geom.max_slots as usize],
         payload_requests: 0,
         reorder_window: if w.io == IoMode::IoUring { w.uring_reorder_window } else { 0 },
         error: None,
@@ -1207,6 +1263,28 @@ mod tests {
     /// LMCache's eviction defaults (80 % / 20 %) leave about a fifth of the slots unwritten.
     /// On a drive that held data before, that fifth stays valid (LMCache never deallocates)
     /// unless fdpblk deallocates the slots no checkpoint lists and LMCache has not written.
+    /// The check made at each deallocation of an O_DIRECT run: a range that covers a whole
+    /// unit of a held slot's header or payload is found, one that covers only part of such a
+    /// unit, or only a slot LMCache no longer holds, or only the stale tail, is not.
+    #[test]
+    fn a_deallocation_of_held_bytes_is_found_when_it_happens() {
+        let g = crate::layout::GeometryConfig { block_align: 4096, header_bytes: 4096, slot_bytes: 1 << 20, meta_total_bytes: 1 << 20, capacity_bytes: 0 }
+            .validate(64 << 20)
+            .unwrap();
+        let unit = 64 << 10;
+        let mut live = vec![NOT_LIVE; g.max_slots as usize];
+        live[3] = 256 << 10;
+        let s3 = g.slot_offset(3);
+        assert_eq!(live_bytes_taken(s3 + (320 << 10), g.slot_bytes - (320 << 10), unit, &g, &live), None, "the stale tail");
+        assert_eq!(live_bytes_taken(s3 + 4096, 60 << 10, unit, &g, &live), None, "part of a unit only");
+        assert_eq!(live_bytes_taken(g.slot_offset(4), g.slot_bytes, unit, &g, &live), None, "a slot not held");
+        let e = live_bytes_taken(s3 + (192 << 10), 64 << 10, unit, &g, &live).expect("a payload unit");
+        assert!(e.contains("slot 3") && e.contains(&(s3 + (192 << 10)).to_string()), "{e}");
+        assert!(live_bytes_taken(0, 64 << 20, unit, &g, &live).is_some(), "the whole device");
+        live[3] = NOT_LIVE;
+        assert_eq!(live_bytes_taken(0, 64 << 20, unit, &g, &live), None);
+    }
+
     /// The data-loss check fails on a deallocation that takes any unit of a live slot's
     /// header or payload, and not on one that takes only its stale tail.
     #[test]

@@ -929,7 +929,7 @@ impl Watcher {
                 let n = self.reclaim();
                 // Once when the pass ends, and about once a minute while it goes on.
                 let at = self.reclaim_logged_at.get_or_insert_with(Instant::now);
-                if self.reclaim_cursor.is_none() || (n > 0 && at.elapsed() >= Duration::from_secs(60)) {
+                if (self.reclaim_cursor.is_none() && self.reclaimed > 0) || (n > 0 && at.elapsed() >= Duration::from_secs(60)) {
                     *at = Instant::now();
                     let how = if self.reclaim_cursor.is_none() { "in all" } else { "so far" };
                     tracing::info!(
@@ -1340,28 +1340,32 @@ impl Watcher {
                 break;
             }
             let l = self.slots.life(slot);
-            // Marked `TRIMMING` as it joins the run: a write to it waits from here on.
-            if is_unwritten(l) && !self.containers[0].lists(slot) && !self.containers[1].lists(slot) {
-                let extends = run.last().is_none_or(|&(last, _)| slot == last + 1) && (run.len() as u64) < RECLAIM_RUN_SLOTS;
-                if !extends {
-                    let first = run[0].0;
-                    requests += 1;
-                    match self.reclaim_run(&run) {
-                        Some(n) => done += n,
-                        // Paused (an error, or no longer allowed): its slots stay unwritten.
-                        None => {
-                            self.reclaim_cursor = Some(first);
-                            return done;
-                        }
-                    }
-                    run.clear();
-                    if requests >= self.cfg.trim_per_round || began.elapsed() >= self.cfg.trim_round_time {
-                        break;
-                    }
+            // Marked `TRIMMING` as it joins the run: a write to it waits from here on, so a run
+            // goes out as soon as the next slot does not join it, not when the scan moves on.
+            let joins = (run.len() as u64) < RECLAIM_RUN_SLOTS
+                && is_unwritten(l)
+                && !self.containers[0].lists(slot)
+                && !self.containers[1].lists(slot)
+                && self.slots.cas_life(slot, l, l | life::TRIMMING);
+            if joins {
+                run.push((slot, l | life::TRIMMING));
+                slot += 1;
+                continue;
+            }
+            if !run.is_empty() {
+                requests += 1;
+                let Some(n) = self.reclaim_run(&run) else {
+                    // Paused (an error, or no longer allowed): its slots stay unwritten.
+                    self.reclaim_cursor = Some(run[0].0);
+                    return done;
+                };
+                done += n;
+                run.clear();
+                if requests >= self.cfg.trim_per_round || began.elapsed() >= self.cfg.trim_round_time {
+                    break;
                 }
-                if self.slots.cas_life(slot, l, l | life::TRIMMING) {
-                    run.push((slot, l | life::TRIMMING));
-                }
+                // This slot again: it may start the next run (the last one was full).
+                continue;
             }
             slot += 1;
         }
@@ -1401,9 +1405,8 @@ impl Watcher {
             }
             Err(_) if !allowed => None,
             Err(err) => {
-                if self.reclaim_error_epoch.is_none() {
-                    tracing::warn!("device {}: deallocating unwritten slots from {first}: {err}; paused until the next checkpoint", self.cfg.device);
-                }
+                // At most once a checkpoint: the pass pauses until the next one.
+                tracing::warn!("device {}: deallocating unwritten slots from {first}: {err}; paused until the next checkpoint", self.cfg.device);
                 self.reclaim_error_epoch = Some(self.seen_epoch);
                 None
             }

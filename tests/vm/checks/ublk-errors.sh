@@ -34,6 +34,7 @@ refuse "a directory" "neither a block device nor a file" add --backing /var/tmp 
 refuse "negative device id" "-n -5: give a device id" add --backing "$NS_DEV" -n -5 "${GEO[@]}"
 refuse "header wait of minutes" "--header-wait-us 100000000: at most" add --backing "$NS_DEV" --header-wait-us 100000000 "${GEO[@]}"
 refuse "own state written every millisecond" "--persist-interval-ms 1: 0 .only when the device starts and stops. or at least 50" add --backing "$NS_DEV" --persist-interval-ms 1 "${GEO[@]}"
+refuse "I/O buffers past half the memory" "need [0-9.]+ GiB of I/O buffers .*more than half of this machine's .*lower --depth or --io-buf-size" add --backing "$NS_DEV" --engine plain --policy none -q 32 -d 4096 --io-buf-size 32M "${GEO[@]}"
 refuse "streams on a file" "needs an NVMe block device" add --backing /var/tmp/small.img --engine streams "${GEO[@]}"
 refuse "plain on the char device names its block device" "--engine plain needs a block device, and $NG_DEV is a char device: use $NS_DEV as --backing" add --backing "$NG_DEV" --engine plain --policy none "${GEO[@]}"
 # From a config file: the error also names the key in the file behind the flag.
