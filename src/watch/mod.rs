@@ -855,10 +855,10 @@ impl Watcher {
             // held back by writeback past later snapshots) may list a key deleted and put
             // again into the same slot since, which the newest, snapshotted before that
             // put, lacks.
-            let confirm = p.ev.header.filter(|_| self.is_newer(p.ev.header, p.ev.epoch)).map(|_| p.ev.epoch);
+            let confirm = p.ev.header.filter(|_| self.is_newer(p.ev.header, p.ev.epoch, p.ev.copy)).map(|_| p.ev.epoch);
             match self.read_container(p.ev.copy, p.ev.header, confirm) {
                 Read::Done(c) => {
-                    if let (Some(h), Container::Valid(v), true) = (p.ev.header, &c, self.is_newer(p.ev.header, p.ev.epoch)) {
+                    if let (Some(h), Container::Valid(v), true) = (p.ev.header, &c, self.is_newer(p.ev.header, p.ev.epoch, p.ev.copy)) {
                         self.committed(h, v.entries, v.fixed_bytes, p.ev.epoch);
                         self.geometry_seen_at = Some(p.ev.reads);
                     }
@@ -1141,12 +1141,18 @@ impl Watcher {
     /// A checkpoint LMCache committed through fdpblk (read back and verified).
     /// Whether a checkpoint read back whole (header `h`, its write's `epoch`) is newer than
     /// the commit on record: its header write came later (read-backs complete out of order),
-    /// and its seq is higher or 1 (LMCache starting a new index). Buffered writeback can
-    /// deliver checkpoint `n`'s header after `n + 1`'s (pages go back in offset order, and
-    /// `n + 1` may be in the lower container): the seq tells those apart.
-    fn is_newer(&self, h: Option<CheckpointHeader>, epoch: u32) -> bool {
+    /// and its seq is higher, or 1 (LMCache starting a new index), or one more than the seq
+    /// the other container holds (LMCache's rule: seq `n` goes to the container not holding
+    /// `n - 1`, its current one). The last is how a new index is followed past a stale
+    /// higher seq left in the other container by an earlier LMCache (found as the baseline
+    /// when fdpblk started after LMCache's restart). Buffered writeback can deliver checkpoint
+    /// `n`'s header after `n + 1`'s (pages go back in offset order, and `n + 1` may be in the
+    /// lower container): the seq tells those apart, since `n` is then neither higher than the
+    /// commit `n + 1` nor the successor of the other container's `n + 1`.
+    fn is_newer(&self, h: Option<CheckpointHeader>, epoch: u32, copy: u8) -> bool {
         let (Some(h), Some(c)) = (h, self.commit.as_ref()) else { return true };
-        (epoch.wrapping_sub(c.epoch) as i32) > 0 && (h.seq > c.seq || h.seq == 1)
+        let successor = matches!(&self.containers[usize::from(1 - copy.min(1))], Container::Valid(o) if o.seq.checked_add(1) == Some(h.seq));
+        (epoch.wrapping_sub(c.epoch) as i32) > 0 && (h.seq > c.seq || h.seq == 1 || successor)
     }
 
     fn committed(&mut self, h: CheckpointHeader, entries: u64, fixed_bytes: u64, epoch: u32) {

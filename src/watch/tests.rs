@@ -1514,6 +1514,46 @@ fn lmcache_restart_with_seq_restart_keeps_the_stale_copy_protected() {
     r.verify_all();
 }
 
+/// LMCache restarted empty (seq back at 1 in container 0) while container 1 still holds the
+/// earlier process's higher seq, and then fdpblk restarted: the stale seq is its baseline.
+/// LMCache's next checkpoints (seq 2, 3, ...) follow the one in the other container, so they
+/// confirm and their evictions go, instead of waiting until the seq passes the stale one.
+#[test]
+fn a_new_index_is_followed_past_a_stale_higher_seq_found_at_start() {
+    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
+    r.fillers(8);
+    for _ in 0..8 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    assert_eq!(r.lmc.seq, 8, "seq 7 in container 0, seq 8 in container 1");
+    r.restart_lmcache(false);
+    let new: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
+    for k in &new {
+        r.put(k.clone());
+    }
+    r.checkpoint(); // seq 1 -> container 0; container 1 keeps the stale seq 8
+    r.step();
+    r.restart_fdpblk(true);
+    // Seq 2 -> container 1 (the stale copy goes), 3 -> container 0: both list the new keys.
+    for _ in 0..2 {
+        let k = r.new_key(false);
+        r.put(k);
+        r.checkpoint();
+        r.step();
+    }
+    assert_eq!(r.w.commit.as_ref().map(|c| c.seq), Some(3), "LMCache's seq 3 is the commit, not the stale 8");
+    let before = r.trims;
+    // Evictions without puts (a put would take the freed slot back first).
+    for k in &new[..2] {
+        r.delete_key(k);
+        r.checkpoint(); // seq 4, then 5: after 5 neither lists the first key's slot
+        r.step();
+    }
+    assert!(r.trims > before, "LMCache's new index confirms and its eviction goes");
+    r.verify_all();
+}
+
 #[test]
 fn fdpblk_restart_clean_keeps_pending_trims_unclean_drops_them() {
     for clean in [true, false] {
