@@ -241,7 +241,11 @@
 //!   stay protected by 3 until overwritten by its own snapshots), or nothing.
 //! - *Seq restarting at 1 in container 0 while a stale copy 1 has a higher seq*: the rule is
 //!   about what the two containers hold now, not about seq order, so the stale copy's slots
-//!   stay protected until container 1 is overwritten.
+//!   stay protected until container 1 is overwritten. Which checkpoint confirms (the
+//!   newest, `Watcher::is_newer`) follows seq 1 and then each seq one above the other
+//!   container's, LMCache's own rule for its next write, so an fdpblk started while the stale
+//!   copy is there follows the new process past it; a header of the same process delivered
+//!   late by writeback is one below the other container's seq, never one above.
 //! - *fdpblk restart*: unclean, confirmations are dropped; clean, they are kept (nothing
 //!   writes the backing device while fdpblk is stopped — assumed; 5 checks it per slot).
 //!
