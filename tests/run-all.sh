@@ -5,7 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n== %s\n' "$*"; }
+# Each step says how long the run has taken so far (CI has a budget).
+step() { printf '\n== %s (at %d min %02d s)\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
+
+command -v cargo >/dev/null || { echo "tests/run-all.sh: needs a Rust toolchain >= 1.88 (cargo; e.g. from rustup)" >&2; exit 1; }
+[[ -d ../shared/fixtures/lmcache-0.5.6 ]] ||
+    { echo "tests/run-all.sh: the LMCache fixtures are expected at ../shared/fixtures/lmcache-0.5.6 beside the repository" >&2; exit 1; }
 
 step "host set-up (packages, guest kernels; cached after the first run)"
 tests/vm/setup.sh
@@ -32,3 +37,4 @@ echo "demo: WAF $none without fdpblk, $ka with key-aware + trim"
 step "VM tests (QEMU guest)"
 cargo build --release --locked --bins
 tests/vm/suite.sh
+step "done"

@@ -245,7 +245,9 @@
 //!   newest, `Watcher::is_newer`) follows seq 1 and then each seq one above the other
 //!   container's, LMCache's own rule for its next write, so an fdpblk started while the stale
 //!   copy is there follows the new process past it; a header of the same process delivered
-//!   late by writeback is one below the other container's seq, never one above.
+//!   late by writeback, once the newer one was read back, is one below the other container's
+//!   seq, never one above (before that, a late header is taken as newest by its higher seq, as
+//!   it always was).
 //! - *fdpblk restart*: unclean, confirmations are dropped; clean, they are kept (nothing
 //!   writes the backing device while fdpblk is stopped — assumed; 5 checks it per slot).
 //!
@@ -1151,8 +1153,9 @@ impl Watcher {
     /// higher seq left in the other container by an earlier LMCache (found as the baseline
     /// when fdpblk started after LMCache's restart). Buffered writeback can deliver checkpoint
     /// `n`'s header after `n + 1`'s (pages go back in offset order, and `n + 1` may be in the
-    /// lower container): the seq tells those apart, since `n` is then neither higher than the
-    /// commit `n + 1` nor the successor of the other container's `n + 1`.
+    /// lower container): once `n + 1` was read back, the seq tells those apart, since `n` is
+    /// then neither higher than the commit `n + 1` nor the successor of the other container's
+    /// `n + 1`.
     fn is_newer(&self, h: Option<CheckpointHeader>, epoch: u32, copy: u8) -> bool {
         let (Some(h), Some(c)) = (h, self.commit.as_ref()) else { return true };
         let successor = matches!(&self.containers[usize::from(1 - copy.min(1))], Container::Valid(o) if o.seq.checked_add(1) == Some(h.seq));

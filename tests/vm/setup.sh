@@ -102,6 +102,9 @@ mirror() {
 }
 
 # apt_quiet CMD...: run an apt/dpkg command with its chatter in a log, shown on failure.
+# A fresh machine may be running its daily apt jobs at boot: wait for their lock, not fail.
+LOCK_WAIT=(-o DPkg::Lock::Timeout=600)
+
 apt_quiet() {
     local log rc=0
     log=$(mktemp)
@@ -121,7 +124,7 @@ APT_UPDATED=0
 apt_update_once() {
     if ((!APT_UPDATED)); then
         vm_log "apt-get update"
-        apt_quiet "${SUDO[@]}" apt-get update || vm_die "apt-get update failed (network or apt configuration problem)"
+        apt_quiet "${SUDO[@]}" apt-get "${LOCK_WAIT[@]}" update || vm_die "apt-get update failed (network or apt configuration problem)"
         APT_UPDATED=1
     fi
 }
@@ -141,7 +144,7 @@ install_packages() {
     if ((${#missing[@]})); then
         apt_update_once
         vm_log "installing ${missing[*]}"
-        apt_quiet "${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}" ||
+        apt_quiet "${SUDO[@]}" apt-get "${LOCK_WAIT[@]}" install -y --no-install-recommends "${missing[@]}" ||
             vm_die "apt-get install ${missing[*]} failed"
     fi
 
@@ -169,7 +172,7 @@ install_packages() {
         apt_update_once
     fi
     vm_log "installing ${qemu[*]} ${target[*]}"
-    apt_quiet "${SUDO[@]}" apt-get install -y --no-install-recommends "${target[@]}" "${qemu[@]}" ||
+    apt_quiet "${SUDO[@]}" apt-get "${LOCK_WAIT[@]}" install -y --no-install-recommends "${target[@]}" "${qemu[@]}" ||
         vm_die "apt-get install ${qemu[*]} failed"
     qemu_version_ok || vm_die "QEMU >= 8.0 is needed for FDP emulation; got: $(qemu-system-x86_64 --version | head -n1)"
     vm_qemu_ok || vm_die "qemu-system-x86_64 lacks the nvme-subsys fdp.* options (QEMU >= 8.0 needed)"
