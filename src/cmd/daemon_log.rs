@@ -9,7 +9,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Past this size the log is rotated (two files at most, so about twice this in all).
@@ -17,6 +17,9 @@ pub const LOG_CAP: u64 = 16 << 20;
 
 /// Set once this process's stdout and stderr are the log file.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// When rotating last failed (seconds since the epoch; 0: it did not): tried again a minute
+/// later, not at every line.
+static FAILED_AT: AtomicU64 = AtomicU64::new(0);
 /// One rotation at a time within the process; [`rotate_if_needed`] locks across processes.
 static ROTATING: Mutex<()> = Mutex::new(());
 
@@ -46,11 +49,22 @@ pub fn redirect(run_dir: &Path) {
 /// Called before each log line: rotates the log first where it has grown past [`LOG_CAP`] or
 /// another daemon has rotated it. Nothing outside a daemon that [`redirect`] set up.
 pub fn before_line(run_dir: &Path) {
-    if ACTIVE.load(Ordering::Acquire) {
-        if let Err(e) = rotate_if_needed(&path(run_dir), &[1, 2], LOG_CAP) {
-            // Said once, into the log itself: trying again at every line would not help.
-            ACTIVE.store(false, Ordering::Release);
-            eprintln!("fdpblk: rotating {}: {e}; this daemon no longer rotates it", path(run_dir).display());
+    if !ACTIVE.load(Ordering::Acquire) {
+        return;
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs().max(1));
+    let failed = FAILED_AT.load(Ordering::Relaxed);
+    if failed != 0 && now < failed.saturating_add(60) {
+        return;
+    }
+    match rotate_if_needed(&path(run_dir), &[1, 2], LOG_CAP) {
+        Ok(()) => FAILED_AT.store(0, Ordering::Relaxed),
+        Err(e) => {
+            // Said once a streak, into the log itself (a full /run, no descriptors left).
+            if failed == 0 {
+                eprintln!("fdpblk: rotating {}: {e}; trying again once a minute", path(run_dir).display());
+            }
+            FAILED_AT.store(now, Ordering::Relaxed);
         }
     }
 }

@@ -564,6 +564,8 @@ pub struct Watcher {
     /// One pass after the start takes them all: nothing marks a slot unwritten later.
     reclaim_cursor: Option<u64>,
     reclaim_logged_at: Option<Instant>,
+    /// The last deallocation of unwritten slots failed (its warning was given).
+    reclaim_failing: bool,
     /// The last round left evicted slots to deallocate: the next one follows at once.
     trim_backlog: bool,
     /// Stale tails deallocated by this run, and their bytes (not persisted).
@@ -669,6 +671,7 @@ impl Watcher {
             need_sweep: true,
             reclaim_cursor: reclaim.then_some(0),
             reclaim_logged_at: None,
+            reclaim_failing: false,
             trim_backlog: false,
             tail_trims: 0,
             reclaimed: 0,
@@ -911,6 +914,8 @@ impl Watcher {
         if changed || std::mem::take(&mut self.need_sweep) || self.summary_at.elapsed() >= Duration::from_secs(10) {
             let allow = self.trims_allowed();
             let Sweep { dead: candidates, early, basis, tails } = self.sweep(allow);
+            // Set again by either pass of `trim` below that leaves slots for the next round.
+            self.trim_backlog = false;
             // The checkpoints read back must survive a power loss before a slot goes on their
             // word (condition 3): LMCache never flushes, and a container back at older contents
             // could list the slot.
@@ -1405,6 +1410,7 @@ impl Watcher {
         }
         match res {
             Ok(()) => {
+                self.reclaim_failing = false;
                 let n = run.len() as u64;
                 self.reclaimed += n;
                 self.reclaimed_bytes += n * g.slot_bytes;
@@ -1418,8 +1424,11 @@ impl Watcher {
             }
             Err(_) if !allowed => None,
             Err(err) => {
-                // At most once a checkpoint: the pass pauses until the next one.
-                tracing::warn!("device {}: deallocating unwritten slots from {first}: {err}; paused until the next checkpoint", self.cfg.device);
+                // Once a streak of failures (the pass tries again at each checkpoint).
+                if !self.reclaim_failing {
+                    tracing::warn!("device {}: deallocating unwritten slots from {first}: {err}; paused until the next checkpoint", self.cfg.device);
+                }
+                self.reclaim_failing = true;
                 self.reclaim_error_epoch = Some(self.seen_epoch);
                 None
             }
@@ -1603,7 +1612,6 @@ impl Watcher {
         let g = self.geom;
         let mut hdr = vec![0u8; SLOT_HEADER_PREFIX];
         let began = Instant::now();
-        self.trim_backlog = false;
         for (slot, l0) in candidates {
             if !self.trims_allowed() {
                 break;

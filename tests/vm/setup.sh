@@ -124,7 +124,17 @@ APT_UPDATED=0
 apt_update_once() {
     if ((!APT_UPDATED)); then
         vm_log "apt-get update"
-        apt_quiet "${SUDO[@]}" apt-get "${LOCK_WAIT[@]}" update || vm_die "apt-get update failed (network or apt configuration problem)"
+        # The lists' lock (held by apt-daily at boot) is not one DPkg::Lock::Timeout waits for.
+        local out tries=0
+        until out=$("${SUDO[@]}" apt-get "${LOCK_WAIT[@]}" update 2>&1); do
+            if grep -q "Could not get lock" <<<"$out" && ((++tries < 60)); then
+                vm_log "apt-get update: apt's lock is held (daily apt jobs?); trying again in 10 s"
+                sleep 10
+                continue
+            fi
+            tail -n 40 <<<"$out" >&2
+            vm_die "apt-get update failed (network or apt configuration problem)"
+        done
         APT_UPDATED=1
     fi
 }
