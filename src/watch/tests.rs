@@ -1437,6 +1437,20 @@ impl Rig {
         a
     }
 
+    /// `n` new keys put, and two checkpoints (the second drops a filler) that confirm them.
+    fn confirmed_keys(&mut self, n: usize) -> Vec<String> {
+        let keys: Vec<String> = (0..n).map(|_| self.new_key(false)).collect();
+        for k in &keys {
+            self.put(k.clone()).unwrap();
+        }
+        self.fillers(3);
+        self.checkpoint();
+        self.step();
+        self.checkpoint_dirty();
+        self.step();
+        keys
+    }
+
     fn checkpoint_dirty(&mut self) {
         let k = self.filler.pop().expect("a filler key");
         self.delete_key(&k);
@@ -1646,15 +1660,7 @@ fn a_long_eviction_round_is_deallocated_over_several_rounds() {
     // a stop never waits behind the whole eviction.
     let n = TRIM_PER_ROUND as usize + 300;
     let mut r = Rig::new(n as u64 + 16, 4 << 20, true).without_early_evictions();
-    let keys: Vec<String> = (0..n).map(|_| r.new_key(false)).collect();
-    for k in &keys {
-        r.put(k.clone()).unwrap();
-    }
-    r.fillers(3);
-    r.checkpoint();
-    r.step();
-    r.checkpoint_dirty();
-    r.step();
+    let keys = r.confirmed_keys(n);
     for k in &keys {
         r.delete_key(k);
     }
@@ -2168,15 +2174,7 @@ fn a_geometry_field_that_is_not_a_plain_integer_deallocates_nothing() {
 /// replaced by `to`: no slot is deallocated, and every entry verifies.
 fn edited_checkpoints_deallocate_nothing(from: &str, to: &str) {
     let mut r = Rig::new(SLOTS, META, true);
-    let keys: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
-    for k in &keys {
-        r.put(k.clone()).unwrap();
-    }
-    r.fillers(3);
-    r.checkpoint();
-    r.step();
-    r.checkpoint_dirty();
-    r.step();
+    let keys = r.confirmed_keys(4);
     assert!((0..4).all(|s| r.slots.get(s).unwrap().confirmed));
     for _ in 0..2 {
         let k = r.filler.pop().unwrap();
@@ -2331,44 +2329,31 @@ fn unwritten_slots_go_in_runs_a_bounded_number_a_round() {
     r.verify_all();
 }
 
-/// A failed flush before unwritten slots go pauses them until LMCache's next checkpoint, not
-/// a round at once after another.
+/// A failed flush before unwritten slots go, or a failed deallocation of them, pauses them
+/// until LMCache's next checkpoint, not a round at once after another.
 #[test]
-fn a_failed_flush_pauses_unwritten_slots_until_the_next_checkpoint() {
-    let mut r = Rig::new_with(SLOTS, META, true, true, true);
-    let k = r.new_key(false);
-    r.put(k).unwrap();
-    r.checkpoint();
-    r.dev.set_fail_flushes(Some(0));
-    r.step();
-    assert_eq!(r.w.reclaimed(), 0);
-    assert!(!r.w.trim_backlog(), "no busy loop of failing flushes");
-    r.dev.set_fail_flushes(None);
-    r.step();
-    assert_eq!(r.w.reclaimed(), 0, "paused in the epoch of the failure");
-    r.checkpoint();
-    r.step();
-    assert_eq!(r.w.reclaimed(), SLOTS - 1, "the next checkpoint resumes");
-    r.verify_all();
-}
-
-/// A failed deallocation of unwritten slots pauses them until LMCache's next checkpoint.
-#[test]
-fn a_failed_deallocation_of_unwritten_slots_waits_for_the_next_checkpoint() {
-    let mut r = Rig::new_with(SLOTS, META, true, true, true);
-    let k = r.new_key(false);
-    r.put(k).unwrap();
-    r.w.reclaim_error_epoch = Some(r.slots.epoch() + 1);
-    r.checkpoint();
-    r.step();
-    assert_eq!(r.w.reclaimed(), 0, "paused in the epoch of the failure");
-    r.w.need_sweep = true;
-    r.step();
-    assert_eq!(r.w.reclaimed(), 0);
-    r.checkpoint();
-    r.step();
-    assert_eq!(r.w.reclaimed(), SLOTS - 1, "the next checkpoint resumes");
-    r.verify_all();
+fn a_failure_pauses_unwritten_slots_until_the_next_checkpoint() {
+    for flush in [true, false] {
+        let mut r = Rig::new_with(SLOTS, META, true, true, true);
+        let k = r.new_key(false);
+        r.put(k).unwrap();
+        if !flush {
+            r.w.reclaim_error_epoch = Some(r.slots.epoch() + 1);
+        }
+        r.checkpoint();
+        r.dev.set_fail_flushes(flush.then_some(0));
+        r.step();
+        assert_eq!(r.w.reclaimed(), 0, "flush {flush}");
+        assert!(!r.w.trim_backlog(), "flush {flush}: no busy loop of failures");
+        r.dev.set_fail_flushes(None);
+        r.w.need_sweep = true;
+        r.step();
+        assert_eq!(r.w.reclaimed(), 0, "flush {flush}: paused in the epoch of the failure");
+        r.checkpoint();
+        r.step();
+        assert_eq!(r.w.reclaimed(), SLOTS - 1, "flush {flush}: the next checkpoint resumes");
+        r.verify_all();
+    }
 }
 
 /// README lists every field of `stats --json` that the state thread publishes: a field added
