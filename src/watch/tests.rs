@@ -2174,7 +2174,7 @@ fn a_geometry_field_that_is_not_a_plain_integer_deallocates_nothing() {
 /// replaced by `to`: no slot is deallocated, and every entry verifies.
 fn edited_checkpoints_deallocate_nothing(from: &str, to: &str) {
     let mut r = Rig::new(SLOTS, META, true);
-    let keys = r.confirmed_keys(4);
+    r.confirmed_keys(4);
     assert!((0..4).all(|s| r.slots.get(s).unwrap().confirmed));
     for _ in 0..2 {
         let k = r.filler.pop().unwrap();
