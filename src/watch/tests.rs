@@ -1677,6 +1677,33 @@ fn a_long_eviction_round_is_deallocated_over_several_rounds() {
     assert!(r.w.next_wakeup() > Duration::ZERO);
 }
 
+/// A round whose deallocations are not allowed keeps no backlog flag from the round before:
+/// the state thread would otherwise run round after round at once, with nothing to do.
+#[test]
+fn no_round_follows_at_once_while_deallocation_is_not_allowed() {
+    let n = TRIM_PER_ROUND as usize + 300;
+    let mut r = Rig::new(n as u64 + 16, 4 << 20, true).without_early_evictions();
+    let keys = r.confirmed_keys(n);
+    for k in &keys {
+        r.delete_key(k);
+    }
+    r.checkpoint();
+    r.step();
+    r.checkpoint_dirty();
+    r.step();
+    assert_eq!(r.w.next_wakeup(), Duration::ZERO, "a backlog: the next round follows at once");
+    // Deallocation off (as while LMCache's layout conflicts with fdpblk's).
+    r.w.cfg.trim = false;
+    r.step();
+    assert!(r.w.next_wakeup() > Duration::ZERO, "no round at once while nothing can go");
+    r.w.cfg.trim = true;
+    r.w.need_sweep = true;
+    for _ in 0..4 {
+        r.step();
+    }
+    assert_eq!(r.trims, n as u64, "the backlog goes once deallocation is allowed again");
+}
+
 #[test]
 fn a_header_that_cannot_be_read_keeps_the_slot_confirmed_and_pauses_deallocation() {
     let (mut r, s) = rig_with_one_eviction_pending();
