@@ -1654,10 +1654,8 @@ fn foreign_write_behind_fdpblk_prevents_the_trim() {
     assert!(!r.slots.get(s).unwrap().confirmed);
 }
 
-#[test]
-fn a_long_eviction_round_is_deallocated_over_several_rounds() {
-    // More evicted slots than one round takes: the rest follow in the next rounds, so a save or
-    // a stop never waits behind the whole eviction.
+/// More evicted slots than one round takes, and the first round over them run.
+fn rig_after_a_long_eviction_round() -> (Rig, usize) {
     let n = TRIM_PER_ROUND as usize + 300;
     let mut r = Rig::new(n as u64 + 16, 4 << 20, true).without_early_evictions();
     let keys = r.confirmed_keys(n);
@@ -1668,6 +1666,14 @@ fn a_long_eviction_round_is_deallocated_over_several_rounds() {
     r.step();
     r.checkpoint_dirty();
     r.step();
+    (r, n)
+}
+
+#[test]
+fn a_long_eviction_round_is_deallocated_over_several_rounds() {
+    // More evicted slots than one round takes: the rest follow in the next rounds, so a save or
+    // a stop never waits behind the whole eviction.
+    let (mut r, n) = rig_after_a_long_eviction_round();
     assert!(r.trims > 0 && r.trims <= TRIM_PER_ROUND, "one round deallocated {}", r.trims);
     assert_eq!(r.w.next_wakeup(), Duration::ZERO, "the next round follows at once");
     for _ in 0..4 {
@@ -1681,16 +1687,7 @@ fn a_long_eviction_round_is_deallocated_over_several_rounds() {
 /// the state thread would otherwise run round after round at once, with nothing to do.
 #[test]
 fn no_round_follows_at_once_while_deallocation_is_not_allowed() {
-    let n = TRIM_PER_ROUND as usize + 300;
-    let mut r = Rig::new(n as u64 + 16, 4 << 20, true).without_early_evictions();
-    let keys = r.confirmed_keys(n);
-    for k in &keys {
-        r.delete_key(k);
-    }
-    r.checkpoint();
-    r.step();
-    r.checkpoint_dirty();
-    r.step();
+    let (mut r, n) = rig_after_a_long_eviction_round();
     assert_eq!(r.w.next_wakeup(), Duration::ZERO, "a backlog: the next round follows at once");
     // Deallocation off (as while LMCache's layout conflicts with fdpblk's).
     r.w.cfg.trim = false;
