@@ -97,7 +97,19 @@ pub trait Policy: Send {
     fn take_retired(&mut self) -> Option<Box<dyn std::any::Any + Send>> {
         None
     }
+    /// For a policy that learns from checkpoints: the work on a checkpoint's entries that
+    /// needs no policy state. [`SharedPolicy`] runs it off its lock (a checkpoint can list
+    /// hundreds of thousands of entries, and every queue takes the lock to place each write)
+    /// and hands the result to [`Policy::learn`] under it.
+    fn checkpoint_lesson(&self) -> Option<CheckpointLesson> {
+        None
+    }
+    /// Takes what [`Policy::checkpoint_lesson`]'s function made of a checkpoint.
+    fn learn(&mut self, _lesson: Box<dyn std::any::Any + Send>) {}
 }
+
+/// Works out, from a committed checkpoint's live entries, what a policy learns of them.
+pub type CheckpointLesson = fn(&[LiveEntry]) -> Box<dyn std::any::Any + Send>;
 
 /// Everything on the default handle: what a drive sees without fdpblk.
 #[derive(Debug, Default)]
@@ -153,12 +165,14 @@ pub struct SharedPolicy {
     handles: u16,
     needs_state: bool,
     observes_checkpoints: bool,
+    lesson: Option<CheckpointLesson>,
 }
 
 impl SharedPolicy {
     pub fn new(p: Box<dyn Policy>) -> Self {
         let (name, handles, needs_state, observes_checkpoints) = (p.name(), p.handles(), p.needs_state(), p.observes_checkpoints());
-        SharedPolicy { inner: Arc::new(Mutex::new(p)), name, handles, needs_state, observes_checkpoints }
+        let lesson = p.checkpoint_lesson();
+        SharedPolicy { inner: Arc::new(Mutex::new(p)), name, handles, needs_state, observes_checkpoints, lesson }
     }
     fn lock(&self) -> std::sync::MutexGuard<'_, Box<dyn Policy>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
@@ -215,9 +229,16 @@ impl Policy for SharedPolicy {
         h
     }
     fn observe(&mut self, event: &Observation<'_>) {
+        let lesson = match (event, self.lesson) {
+            (Observation::Checkpoint { entries, .. }, Some(f)) => Some(f(entries)),
+            _ => None,
+        };
         let retired = {
             let mut p = self.lock();
-            p.observe(event);
+            match lesson {
+                Some(l) => p.learn(l),
+                None => p.observe(event),
+            }
             p.take_retired()
         };
         free_elsewhere(retired);
@@ -230,30 +251,34 @@ impl Policy for SharedPolicy {
     }
 }
 
-/// The cache_salt buckets of the identities in the newest committed checkpoints (what fdpblk
-/// can know of a key's tenant: only once a checkpoint listed it). Bounded by the live entries
-/// of the last two checkpoints' worth of identities; older ones are forgotten in bulk.
+/// The cache_salt buckets of the identities in the two newest committed checkpoints (what
+/// fdpblk can know of a key's tenant: only once a checkpoint listed it), so a key evicted
+/// after one checkpoint is still known when it returns. Bounded by two checkpoints' entries.
 #[derive(Debug, Default)]
 pub struct BucketBook {
     current: HashMap<u64, u64>,
     previous: HashMap<u64, u64>,
+    retired: Option<HashMap<u64, u64>>,
 }
 
 impl BucketBook {
+    /// One checkpoint's buckets (needs no book: built off the policy's lock).
+    pub fn generation(entries: &[LiveEntry]) -> HashMap<u64, u64> {
+        entries.iter().filter(|e| e.salt_bucket != 0).map(|e| (e.identity, e.salt_bucket)).collect()
+    }
+    /// Makes `generation` the newest; the oldest is kept for [`BucketBook::take_retired`].
+    pub fn push(&mut self, generation: HashMap<u64, u64>) {
+        let oldest = std::mem::replace(&mut self.previous, std::mem::replace(&mut self.current, generation));
+        self.retired = Some(oldest);
+    }
     pub fn learn(&mut self, entries: &[LiveEntry]) {
-        // Two generations: identities of the last two checkpoints are remembered, so a key
-        // evicted after one checkpoint is still known when it returns.
-        if self.current.len() > 2 * entries.len().max(1024) {
-            self.previous = std::mem::take(&mut self.current);
-        }
-        for e in entries {
-            if e.salt_bucket != 0 {
-                self.current.insert(e.identity, e.salt_bucket);
-            }
-        }
+        self.push(Self::generation(entries));
     }
     pub fn bucket(&self, identity: u64) -> Option<u64> {
         self.current.get(&identity).or_else(|| self.previous.get(&identity)).copied()
+    }
+    pub fn take_retired(&mut self) -> Option<HashMap<u64, u64>> {
+        self.retired.take()
     }
 }
 
@@ -346,6 +371,17 @@ impl Policy for LmcacheFdpPolicy {
             Observation::Checkpoint { entries, .. } => self.buckets.learn(entries),
             _ => {}
         }
+    }
+    fn checkpoint_lesson(&self) -> Option<CheckpointLesson> {
+        Some(|entries| Box::new(BucketBook::generation(entries)))
+    }
+    fn learn(&mut self, lesson: Box<dyn std::any::Any + Send>) {
+        if let Ok(generation) = lesson.downcast::<HashMap<u64, u64>>() {
+            self.buckets.push(*generation);
+        }
+    }
+    fn take_retired(&mut self) -> Option<Box<dyn std::any::Any + Send>> {
+        self.buckets.take_retired().filter(|m| m.capacity() > 0).map(|m| Box::new(m) as Box<dyn std::any::Any + Send>)
     }
 }
 
@@ -973,6 +1009,22 @@ fn a_retired_generation_is_freed_off_the_lock() {
         assert_eq!(&got[..4], &[4, 5, 6, 7], "buckets 9 and 4 took ids 2 and 3");
         assert!(got[4..].iter().all(|&h| h == LmcacheFdpPolicy::NO_DIRECTIVE));
         assert_eq!(p.bucket_handle.len(), 6);
+    }
+
+    #[test]
+    fn lmcache_fdp_remembers_the_two_newest_checkpoints_tenants_also_when_shared() {
+        let s = SharedPolicy::new(Box::new(LmcacheFdpPolicy::new()));
+        assert!(s.lesson.is_some(), "learns off the lock");
+        let mut p = s.clone();
+        let cp = |p: &mut SharedPolicy, seq, identity| {
+            p.observe(&Observation::Checkpoint { seq, entries: &[LiveEntry { slot: 0, identity, salt_bucket: identity + 100 }] })
+        };
+        cp(&mut p, 1, 1);
+        cp(&mut p, 2, 2);
+        assert_eq!((put(&mut p, 9, 1), put(&mut p, 9, 2)), (LmcacheFdpPolicy::FIRST_DATA, LmcacheFdpPolicy::FIRST_DATA + 1));
+        cp(&mut p, 3, 3);
+        let got = (put(&mut p, 9, 1), put(&mut p, 9, 2), put(&mut p, 9, 3));
+        assert_eq!(got, (LmcacheFdpPolicy::NO_DIRECTIVE, LmcacheFdpPolicy::FIRST_DATA + 1, LmcacheFdpPolicy::FIRST_DATA + 2));
     }
 
     #[test]
