@@ -77,28 +77,35 @@ fn with_erase_hint(e: DiscoverError, backing: &Path, is_bdev: bool, is_chardev: 
 /// system, partition table, RAID or LVM member (what `blkid -p` finds), unless `--force`:
 /// fdpblk would write its state over the device's end and, after LMCache's first checkpoint,
 /// deallocate every slot that checkpoint does not list. That is a typo in `--backing` away.
-fn refuse_foreign_data(a: &AddArgs, is_chardev: bool, file: &std::fs::File, probe: &Option<passthrough::NsProbe>, backing_bytes: u64) -> Result<(), String> {
+fn refuse_foreign_data(
+    a: &AddArgs,
+    is_chardev: bool,
+    file: &std::fs::File,
+    probe: &Option<passthrough::NsProbe>,
+    backing_bytes: u64,
+) -> Result<Option<std::path::PathBuf>, String> {
     let ours = match probe {
         Some(p) => passthrough::NsReader::open(&a.backing, p.nsid, p.lba_size, p.ns_bytes, p.max_transfer)
             .is_ok_and(|r| crate::persist::state_present(&r, backing_bytes)),
         None => crate::persist::state_present(file, backing_bytes),
     };
     if ours {
-        return Ok(());
+        return Ok(None);
     }
     // blkid reads the block device; a char device's is its namespace's.
     let target = if is_chardev { crate::nvme::path::namespace_block_device(&a.backing) } else { Some(a.backing.clone()) };
     let Some(target) = target else {
         tracing::warn!("{} has no block device to look for other data on (blkid); adding it anyway", a.backing.display());
-        return Ok(());
+        return Ok(None);
     };
     match foreign_signature(&target) {
-        Ok(None) => Ok(()),
-        // Erased, so that later starts (`fdpblk up`, a restart before LMCache's first
-        // checkpoint) do not stop at the same signature.
+        Ok(None) => Ok(None),
+        // Erased (by the caller, once every other check passed), so that later starts
+        // (`fdpblk up`, a restart before LMCache's first checkpoint) do not stop at the same
+        // signature.
         Ok(Some(what)) if a.force => {
             tracing::warn!("--force: erasing {what} on {} (wipefs -a)", target.display());
-            wipe_signatures(&target)
+            Ok(Some(target))
         }
         Ok(Some(what)) => Err(format!(
             "backing {} holds {what} (blkid -p {}), and neither an LMCache checkpoint nor fdpblk's state: fdpblk would overwrite and deallocate it. Check that this is the right device; if its data may go, erase it first (wipefs -a {}) or add it with --force, which does that",
@@ -106,10 +113,15 @@ fn refuse_foreign_data(a: &AddArgs, is_chardev: bool, file: &std::fs::File, prob
             target.display(),
             target.display()
         )),
-        Err(e) => {
-            tracing::warn!("cannot check {} for other data ({e}); adding it anyway", target.display());
-            Ok(())
+        Err(e) if a.force => {
+            tracing::warn!("--force: cannot check {} for other data ({e}); adding it anyway", target.display());
+            Ok(None)
         }
+        // Not knowing is not "nothing there".
+        Err(e) => Err(format!(
+            "cannot check backing {} for other data ({e}): fdpblk refuses a device that may hold a file system; install util-linux (blkid), or add it with --force if its data may go",
+            a.backing.display()
+        )),
     }
 }
 
@@ -174,8 +186,52 @@ fn describe_signature(export: &str, ambivalent: bool) -> String {
     }
 }
 
+/// Refuses, without `--force`, a backing whose LMCache checkpoint was written through another
+/// fdpblk name (`device_path` `/dev/fdpblk/OTHER`) than the `--name` it is added under: a
+/// swapped `backing` between two devices' configs (tensor-parallel ranks) would serve one
+/// rank's cache to the other, whose LMCache discards the index (another `device_path`) and
+/// overwrites the slots, and fdpblk then deallocates them.
+fn refuse_other_name(a: &AddArgs, device_path: Option<&str>) -> Result<(), String> {
+    let (Some(name), Some(path)) = (&a.name, device_path) else { return Ok(()) };
+    let Some(theirs) = path.strip_prefix("/dev/fdpblk/") else { return Ok(()) };
+    if theirs == name || a.force {
+        return Ok(());
+    }
+    Err(format!(
+        "backing {} holds the LMCache cache of /dev/fdpblk/{theirs} (its checkpoint's device_path), not of {name}: check --backing (`backing` in the device's config file); to give this cache up and use the device for {name}, add it with --force",
+        a.backing.display()
+    ))
+}
+
 /// Turns `fdpblk add` arguments into a device config, checking everything first.
 pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
+    // The flags alone first: nothing is opened, let alone erased, for a typo.
+    if a.number < -1 {
+        return Err(format!("-n {}: give a device id (0, 1, ...) or -1 to let the driver choose", a.number));
+    }
+    // A payload waits this long for its header with its queue slot held: seconds would stall LMCache.
+    if a.header_wait_us > 1_000_000 {
+        return Err(format!("--header-wait-us {}: at most 1000000 (one second); the default is 5000", a.header_wait_us));
+    }
+    // Own state is written as it changes: every few ms would be a stream of small writes.
+    if a.persist_interval_ms != 0 && a.persist_interval_ms < 50 {
+        return Err(format!(
+            "--persist-interval-ms {}: 0 (only when the device starts and stops) or at least 50; the default is 5000",
+            a.persist_interval_ms
+        ));
+    }
+    if a.queues == 0 || a.queues > 32 {
+        return Err("--queues must be 1..=32".into());
+    }
+    if a.depth == 0 || a.depth > 4096 {
+        return Err("--depth must be 1..=4096".into());
+    }
+    if a.io_buf_size < 4096 || !a.io_buf_size.is_power_of_two() || a.io_buf_size > 32 << 20 {
+        return Err("--io-buf-size must be a power of two from 4K to 32M".into());
+    }
+    if let Some(n) = &a.name {
+        state::check_name(n).map_err(|e| format!("--name {e}"))?;
+    }
     let policy = policy_by_name(&a.policy)
         .ok_or_else(|| format!("unknown --policy {}; choose one of {}", a.policy, POLICY_NAMES.join(", ")))?;
     let meta = std::fs::metadata(&a.backing)
@@ -290,11 +346,14 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         None => Box::new(Exported(&file, exported)),
     };
     let flags = a.geometry.flags();
+    // What --force erases, once nothing else can refuse the device.
+    let mut to_wipe = None;
     let geometry = match a.layout.as_str() {
         "auto" => match discover(&*source, &flags) {
             Ok(d) => {
+                refuse_other_name(a, d.checkpoint.as_ref().and_then(|m| m.device_path.as_deref()))?;
                 if matches!(d.source, crate::layout::discover::GeometrySource::Flags) {
-                    refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
+                    to_wipe = refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
                 }
                 Some(d.geometry)
             }
@@ -308,7 +367,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
                 ));
             }
             Err(DiscoverError::NoCheckpoint { missing }) => {
-                refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
+                to_wipe = refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
                 // `list` and `stats` say `learning`; the daemon's log says it too.
                 tracing::debug!(
                     "no LMCache checkpoint on {} yet: fdpblk learns the layout from LMCache's first one (pass {missing} to place from the first write)",
@@ -326,8 +385,12 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             // Other errors too, as under `--layout auto`: a checkpoint that cannot be read or
             // does not fit the device is not a layout to serve on the flags' word.
             match discover(&*source, &flags) {
-                Ok(d) if !matches!(d.source, crate::layout::discover::GeometrySource::Flags) => {}
-                Ok(_) | Err(DiscoverError::NoCheckpoint { .. }) => refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?,
+                Ok(d) if !matches!(d.source, crate::layout::discover::GeometrySource::Flags) => {
+                    refuse_other_name(a, d.checkpoint.as_ref().and_then(|m| m.device_path.as_deref()))?;
+                }
+                Ok(_) | Err(DiscoverError::NoCheckpoint { .. }) => {
+                    to_wipe = refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
+                }
                 Err(e) => return Err(with_erase_hint(e, &a.backing, is_bdev, is_chardev)),
             }
             Some(GeometryConfig {
@@ -342,30 +405,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         }
         l => return Err(format!("unknown --layout {l}; use auto or lmcache")),
     };
-    if a.number < -1 {
-        return Err(format!("-n {}: give a device id (0, 1, ...) or -1 to let the driver choose", a.number));
-    }
-    // A payload waits this long for its header with its queue slot held: seconds would stall LMCache.
-    if a.header_wait_us > 1_000_000 {
-        return Err(format!("--header-wait-us {}: at most 1000000 (one second); the default is 5000", a.header_wait_us));
-    }
-    // Own state is written as it changes: every few ms would be a stream of small writes.
-    if a.persist_interval_ms != 0 && a.persist_interval_ms < 50 {
-        return Err(format!(
-            "--persist-interval-ms {}: 0 (only when the device starts and stops) or at least 50; the default is 5000",
-            a.persist_interval_ms
-        ));
-    }
-    if a.queues == 0 || a.queues > 32 {
-        return Err("--queues must be 1..=32".into());
-    }
-    if a.depth == 0 || a.depth > 4096 {
-        return Err("--depth must be 1..=4096".into());
-    }
     let io_buf = a.io_buf_size;
-    if io_buf < 4096 || !io_buf.is_power_of_two() || io_buf > 32 << 20 {
-        return Err("--io-buf-size must be a power of two from 4K to 32M".into());
-    }
     // Passthrough commands are not split by the block layer: no request may exceed one.
     let io_buf = match &probe {
         Some(p) if io_buf > u64::from(p.max_transfer) => {
@@ -378,11 +418,11 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     if let Some(e) = mem_total_bytes().and_then(|m| buffer_memory_error(a.queues, a.depth, io_buf, m)) {
         return Err(e);
     }
-    if let Some(n) = &a.name {
-        state::check_name(n).map_err(|e| format!("--name {e}"))?;
-    }
     if let Some(e) = geometry.and_then(|g| crate::frontend::target::block_align_error(&g, lba, &a.backing)) {
         return Err(e);
+    }
+    if let Some(target) = to_wipe {
+        wipe_signatures(&target)?;
     }
     Ok(DeviceConfig {
         id: a.number,
@@ -547,8 +587,56 @@ fn add_device(a: &AddArgs) -> CmdResult {
             super::up::Found::None => {}
         }
     }
+    if let Some(e) = backing_in_use(&a.backing) {
+        return Err(e.into());
+    }
     let cfg = validate(a)?;
     daemonize(a.foreground, move |notify| target::run(cfg, false, notify))
+}
+
+/// What identifies the storage behind a backing path: the namespace's block device for an
+/// NVMe block or char device (`/dev/ng0n1` and `/dev/nvme0n1` are one), the inode for a file.
+fn backing_identity(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(p).ok()?;
+    let kind = meta.file_type();
+    if kind.is_char_device() {
+        return match crate::nvme::path::namespace_block_device(p).and_then(|b| std::fs::metadata(b).ok()) {
+            Some(b) => Some((0, b.rdev())),
+            None => Some((1, meta.rdev())),
+        };
+    }
+    if kind.is_block_device() {
+        return Some((0, meta.rdev()));
+    }
+    Some((meta.dev(), meta.ino()))
+}
+
+/// Whether two backing paths name the same storage.
+fn same_backing(a: &Path, b: &Path) -> bool {
+    backing_identity(a).is_some_and(|x| backing_identity(b) == Some(x))
+}
+
+/// Refuses a backing another fdpblk device is on: a live daemon holds it open exclusively,
+/// but one whose daemon died holds nothing while the driver keeps its writes for recovery,
+/// which would then land over the new device's.
+fn backing_in_use(backing: &Path) -> Option<String> {
+    for id in state::state_ids() {
+        let Ok((cfg, daemon)) = state::read_state(id) else { continue };
+        if !ublk_exists(id) || foreign_server(id, &daemon).is_some() || !same_backing(backing, &cfg.backing) {
+            continue;
+        }
+        let dev = state::bdev_path(id);
+        return Some(if daemon.alive() {
+            format!("backing {} is in use by {dev} (pid {daemon}); `fdpblk del -n {id}` first, or pick another --backing", backing.display())
+        } else {
+            format!(
+                "backing {} belongs to {dev}, whose daemon died: the driver holds its writes for recovery; `fdpblk recover -n {id}` brings it back, `fdpblk del -n {id}` deletes it first",
+                backing.display()
+            )
+        });
+    }
+    None
 }
 
 pub fn recover(a: &IdArgs) -> CmdResult {
@@ -660,11 +748,15 @@ fn del_one(id: i32) -> Result<(), String> {
         }
         return Ok(());
     }
-    // Without a state file, the device may be another ublk server's: never fdpblk's to stop.
-    if !state::state_path(id).exists() {
-        if let Some((pid, comm)) = ublk_server(id).filter(|(_, c)| !c.starts_with("fdpblk")) {
-            return Err(format!("ublk device {id} is served by {comm} (pid {pid}), not by fdpblk: stop it with its own server"));
-        }
+    // Without a state file, or with one a killed daemon left behind, the device may be
+    // another ublk server's: never fdpblk's to stop.
+    let foreign = match &read {
+        Ok((c, daemon)) => foreign_server(id, daemon).inspect(|_| state::remove_state(c)),
+        Err(_) if state::state_path(id).exists() => None,
+        Err(_) => ublk_server(id).filter(|(_, c)| !c.starts_with("fdpblk")),
+    };
+    if let Some((pid, comm)) = foreign {
+        return Err(format!("ublk device {id} is served by {comm} (pid {pid}), not by fdpblk: stop it with its own server"));
     }
     let users = holders(Path::new(&state::bdev_path(id)));
     if !users.is_empty() {
@@ -743,6 +835,13 @@ fn ublk_server(id: i32) -> Option<(i32, String)> {
     let pid = Some(info.ublksrv_pid).filter(|&p| p > 0 && u32::from(info.state) == sys::UBLK_S_DEV_LIVE)?;
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
     Some((pid, comm.trim().to_string()))
+}
+
+/// The live server of device `id` when it is not the fdpblk daemon `ours` (of `id`'s state
+/// file): the driver reuses ids, so a state file left by a killed daemon whose device was
+/// then deleted by other means names whatever device took the id next.
+pub(crate) fn foreign_server(id: i32, ours: &state::Daemon) -> Option<(i32, String)> {
+    ublk_server(id).filter(|(pid, comm)| *pid as u32 != ours.pid && !comm.starts_with("fdpblk"))
 }
 
 pub fn list(a: &ListArgs) -> CmdResult {
@@ -968,7 +1067,11 @@ fn deallocation_state(trim: &serde_json::Value) -> &'static str {
 
 /// For udev: prints the stable name of device `id`, or fails if it has none.
 pub fn name(id: i32) -> CmdResult {
-    match state::read_state(id)?.0.name {
+    let (cfg, daemon) = state::read_state(id)?;
+    if let Some((pid, comm)) = foreign_server(id, &daemon) {
+        return Err(format!("ublk device {id} is served by {comm} (pid {pid}), not by fdpblk; its state file is left over").into());
+    }
+    match cfg.name {
         Some(n) => {
             println!("{n}");
             Ok(())
@@ -1041,6 +1144,82 @@ fn buffer_memory_error(queues: u16, depth: u16, io_buf: u64, mem_total: u64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn add_args(argv: &[&str]) -> AddArgs {
+        use clap::Parser;
+        match crate::cli::Cli::try_parse_from(["fdpblk", "add"].iter().chain(argv)).unwrap().command {
+            crate::cli::Command::Add(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("fdpblk-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// --force erases a signature only once nothing else refuses the device: a typo in
+    /// another flag must not cost the device's file system.
+    #[test]
+    fn force_erases_only_when_the_add_would_go_ahead() {
+        let dir = scratch("force");
+        let img = dir.join("swap.img");
+        std::fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
+        assert!(std::process::Command::new(sbin_tool("mkswap")).arg(&img).output().unwrap().status.success());
+        let path = img.to_str().unwrap();
+        let base = ["--backing", path, "--engine", "plain", "--policy", "none", "--slot-bytes", "64K", "--meta-total-bytes", "1M"];
+        let e = validate(&add_args(&base)).unwrap_err();
+        assert!(e.contains("--force"), "{e}");
+        let with = |extra: &[&str]| validate(&add_args(&[&base[..], extra].concat()));
+        // Refused after the signature was found: by the buffers' memory, by a flag.
+        let e = with(&["--force", "-q", "32", "-d", "4096", "--io-buf-size", "32M"]).unwrap_err();
+        assert!(e.contains("I/O buffers"), "{e}");
+        let e = with(&["--force", "--name", "kv 0"]).unwrap_err();
+        assert!(e.contains("--name"), "{e}");
+        assert!(foreign_signature(&img).unwrap().is_some(), "kept while the add is refused");
+        with(&["--force"]).unwrap();
+        assert_eq!(foreign_signature(&img), Ok(None), "erased when it goes ahead");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A checkpoint written through /dev/fdpblk/kv1 is kv1's cache: adding its backing as
+    /// kv0 (configs with swapped backings) is refused unless --force.
+    #[test]
+    fn a_cache_written_through_another_name_is_refused_without_force() {
+        let dir = scratch("othername");
+        let img = dir.join("kv.img");
+        let json = br#"{"version":1,"device_path":"/dev/fdpblk/kv1","capacity_bytes":33554432,"block_align":4096,"header_bytes":4096,"slot_bytes":65536,"meta_total_bytes":1048576,"meta_magic":"LMCIDX01","meta_version":1,"data_base_offset":1048576,"next_slot":0,"entries":{}}"#;
+        let mut bytes = crate::layout::checkpoint_header::CheckpointHeader::encode_for(1, json, 4096);
+        bytes.extend_from_slice(json);
+        std::fs::write(&img, &bytes).unwrap();
+        std::fs::File::options().write(true).open(&img).unwrap().set_len(64 << 20).unwrap();
+        let path = img.to_str().unwrap();
+        let base = ["--backing", path, "--engine", "plain", "--policy", "none"];
+        let with = |extra: &[&str]| validate(&add_args(&[&base[..], extra].concat()));
+        let e = with(&["--name", "kv0"]).unwrap_err();
+        assert!(e.contains("/dev/fdpblk/kv1") && e.contains("--force"), "{e}");
+        let e = with(&["--name", "kv0", "--layout", "lmcache", "--slot-bytes", "64K", "--meta-total-bytes", "1M"]).unwrap_err();
+        assert!(e.contains("/dev/fdpblk/kv1"), "{e}");
+        for ok in [&["--name", "kv1"][..], &[], &["--name", "kv0", "--force"]] {
+            let c = with(ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+            assert_eq!(c.geometry.unwrap().slot_bytes, 65536);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn one_storage_is_one_backing_by_any_path() {
+        let dir = scratch("same");
+        let (a, b, link) = (dir.join("a.img"), dir.join("b.img"), dir.join("link"));
+        std::fs::write(&a, b"a").unwrap();
+        std::fs::write(&b, b"b").unwrap();
+        std::os::unix::fs::symlink(&a, &link).unwrap();
+        assert!(same_backing(&a, &link));
+        assert!(!same_backing(&a, &b));
+        assert!(!same_backing(&a, &dir.join("missing")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn io_buffers_past_half_the_memory_are_refused_with_the_fix() {

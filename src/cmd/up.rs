@@ -32,11 +32,12 @@ pub struct UpArgs {
 
 /// The config file and the device name of `up`/`down`'s arguments.
 fn resolve(u: &UpArgs, config_dir: &Path) -> Result<(PathBuf, String), String> {
+    let checked = |n: String| state::check_name(&n).map(|_| n).map_err(|e| format!("device name {e} (the NAME of /dev/fdpblk/NAME)"));
     match (&u.name, &u.config) {
-        (Some(n), Some(c)) => Ok((c.clone(), n.clone())),
+        (Some(n), Some(c)) => Ok((c.clone(), checked(n.clone())?)),
         (Some(n), None) => {
-            state::check_name(n).map_err(|e| format!("device name {e} (the NAME of /dev/fdpblk/NAME)"))?;
-            Ok((config_dir.join(format!("{n}.toml")), n.clone()))
+            let n = checked(n.clone())?;
+            Ok((config_dir.join(format!("{n}.toml")), n))
         }
         (None, Some(c)) => {
             let stem = c.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
@@ -44,7 +45,7 @@ fn resolve(u: &UpArgs, config_dir: &Path) -> Result<(PathBuf, String), String> {
             if name.is_empty() {
                 return Err(format!("{}: set name = \"...\" in it, or pass the device name: fdpblk up NAME --config FILE", c.display()));
             }
-            Ok((c.clone(), name))
+            Ok((c.clone(), checked(name)?))
         }
         (None, None) => Err("pass the device name (fdpblk up NAME reads /etc/fdpblk/NAME.toml) or --config FILE".into()),
     }
@@ -89,7 +90,7 @@ pub(crate) fn find(name: &str) -> Found {
         }
         return if pid.alive() {
             Found::Running { id, pid: pid.pid }
-        } else if device::ublk_exists(id) {
+        } else if device::ublk_exists(id) && device::foreign_server(id, &pid).is_none() {
             Found::Orphaned { id }
         } else {
             Found::Stale { cfg: Box::new(cfg) }
