@@ -617,24 +617,21 @@ fn same_backing(a: &Path, b: &Path) -> bool {
     backing_identity(a).is_some_and(|x| backing_identity(b) == Some(x))
 }
 
-/// Refuses a backing another fdpblk device is on: a live daemon holds it open exclusively,
-/// but one whose daemon died holds nothing while the driver keeps its writes for recovery,
-/// which would then land over the new device's.
+/// Refuses a backing of an fdpblk device whose daemon died: a live daemon holds its backing
+/// open exclusively and locked (a second one is refused when it opens it), a dead one
+/// holds nothing while the driver keeps its writes for recovery, which would then land over
+/// the new device's.
 fn backing_in_use(backing: &Path) -> Option<String> {
     for id in state::state_ids() {
         let Ok((cfg, daemon)) = state::read_state(id) else { continue };
-        if !ublk_exists(id) || foreign_server(id, &daemon).is_some() || !same_backing(backing, &cfg.backing) {
+        if daemon.alive() || !ublk_exists(id) || foreign_server(id, &daemon).is_some() || !same_backing(backing, &cfg.backing) {
             continue;
         }
-        let dev = state::bdev_path(id);
-        return Some(if daemon.alive() {
-            format!("backing {} is in use by {dev} (pid {daemon}); `fdpblk del -n {id}` first, or pick another --backing", backing.display())
-        } else {
-            format!(
-                "backing {} belongs to {dev}, whose daemon died: the driver holds its writes for recovery; `fdpblk recover -n {id}` brings it back, `fdpblk del -n {id}` deletes it first",
-                backing.display()
-            )
-        });
+        return Some(format!(
+            "backing {} belongs to {}, whose daemon died: the driver holds its writes for recovery; `fdpblk recover -n {id}` brings it back, or `fdpblk del -n {id}` deletes it first",
+            backing.display(),
+            state::bdev_path(id)
+        ));
     }
     None
 }

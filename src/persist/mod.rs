@@ -52,7 +52,8 @@
 //! above every seq found on the device, and pages with a leftover copy above `S` are
 //! rewritten by the first cycle, so an unfinished cycle's pages can never later pass as
 //! committed. Nothing older than one persist interval is lost: a cycle runs every interval
-//! while anything changed.
+//! while anything changed (with `--persist-interval-ms 0`, only at start and stop: a crash
+//! then loses what changed since the start).
 //!
 //! Clean flag: the first cycle after loading (written before the device serves I/O) clears
 //! it, or, while fdpblk still learns the layout, `mark_in_use` does before it serves; the last
@@ -502,6 +503,9 @@ impl Persist {
         };
         let Some(s) = usable else {
             p.seq = max_seq;
+            // Leftovers of the old instance need no rewrite: no superblock of the new one
+            // names them, and rewriting one could overwrite the old state's committed copy.
+            p.forced.clear();
             return (Some(p), loaded);
         };
         p.instance = s.instance;
@@ -512,10 +516,17 @@ impl Persist {
         loaded.seq = s.seq;
         loaded.counters = s.counters.clone();
         let mut pg = AlignedBuf::zeroed(BLOCK as usize);
+        let mut lost_pages = 0u64;
         for idx in 0..pages {
-            let Some((copy, _)) = chosen[idx as usize] else { continue };
+            let Some((copy, seq)) = chosen[idx as usize] else { continue };
             p.current[idx as usize] = copy;
-            if dev.read_at(p.page_off(idx, copy), &mut pg[..BLOCK as usize]).is_err() || page_header(&pg).is_none() {
+            // Read again to restore it: the page the first pass chose, or (a read that fails
+            // now, twice) its records start empty, which only forgets: an empty record is
+            // never deallocated.
+            let page_is = |pg: &[u8]| page_header(pg).is_some_and(|(inst, q, i, _)| inst == s.instance && q == seq && u64::from(i) == idx);
+            let mut read = || dev.read_at(p.page_off(idx, copy), &mut pg[..BLOCK as usize]).is_ok() && page_is(&pg);
+            if !read() && !read() {
+                lost_pages += 1;
                 continue;
             }
             let payload = &pg[PAGE_HEADER..CRC_AT];
@@ -544,6 +555,11 @@ impl Persist {
                 }
                 tag_bytes[t * PAGE_PAYLOAD..(t + 1) * PAGE_PAYLOAD].copy_from_slice(payload);
             }
+        }
+        if lost_pages > 0 {
+            loaded.note = Some(format!(
+                "{lost_pages} page(s) of the saved state read once but not again; what they held (slot records, history, tags) starts empty"
+            ));
         }
         if !tag_bytes.is_empty() {
             slots.tags().restore(&tag_bytes);
