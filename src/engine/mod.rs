@@ -29,7 +29,8 @@ pub trait Engine {
     fn write(&mut self, offset: u64, len: u64, data: &[u8], handle: Handle) -> Result<(), Errno>;
     fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), Errno>;
     fn flush(&mut self) -> Result<(), Errno>;
-    /// Deallocates the range (TRIM); later reads return zeroes.
+    /// Deallocates the range (TRIM); what later reads return is the device's choice (zeroes
+    /// where the namespace says so, DLFEAT): nothing may rest on it.
     fn discard(&mut self, offset: u64, len: u64) -> Result<(), Errno>;
     fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), Errno>;
 }

@@ -1,6 +1,6 @@
 //! The `passthrough` engine: NVMe I/O commands on the namespace's generic character device
 //! (`/dev/ngXnY`) through io_uring `URING_CMD` (Linux >= 5.19). Every write carries the Data
-//! Placement directive (DTYPE 2) with the placement identifier of its handle, so placement
+//! Placement directive (except with `--policy none`, which places nothing) (DTYPE 2) with the placement identifier of its handle, so placement
 //! works without block-layer write streams and with any identifier the drive lists.
 //!
 //! Rings: libublk's queue ring has 64-byte SQEs and cannot carry NVMe commands, so each queue
@@ -721,6 +721,22 @@ impl PassthroughEngine {
         self.slab.borrow().inflight
     }
 
+    /// Waits up to `limit` for every command in flight to complete, polling (the queue is
+    /// going down: nothing else runs on its thread). False if some did not.
+    pub fn drain(&self, limit: std::time::Duration) -> bool {
+        let end = std::time::Instant::now() + limit;
+        loop {
+            self.complete();
+            if self.inflight() == 0 {
+                return true;
+            }
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// The completion task: run it on the queue's executor beside the tag tasks, keep it out
     /// of the set that decides when the queue is done, and drop it once the queue loop has
     /// returned (its armed poll goes away with the queue ring). It does not end by itself
@@ -860,6 +876,10 @@ fn sysfs_queue(block: Option<&str>, attr: &str) -> Option<u64> {
     std::fs::read_to_string(Path::new("/sys/block").join(b).join("queue").join(attr)).ok()?.trim().parse().ok()
 }
 
+/// The largest transfer on a namespace the kernel made no block device for (128 KiB: 32
+/// pages, within the segment and size limits of any NVMe queue).
+const NO_BLOCK_DEVICE_MAX_TRANSFER: u32 = 128 << 10;
+
 /// Queries `/dev/ngXnY` for a policy with `handles` placement handles: the drive must have
 /// FDP enabled and at least that many placement identifiers when `handles > 1`.
 pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String> {
@@ -891,6 +911,11 @@ pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String>
     // Every page of a user buffer may be its own segment.
     if let Some(segs) = sysfs_queue(block.as_deref(), "max_segments").filter(|&s| s > 0) {
         max_transfer = (u64::from(max_transfer)).min(segs.saturating_mul(page)).max(u64::from(lba_size)) as u32;
+    }
+    // Without a block device the kernel's limits cannot be read: stay within what every
+    // NVMe queue takes, or each larger request would be refused (EINVAL) and retried.
+    if block.is_none() {
+        max_transfer = max_transfer.min(NO_BLOCK_DEVICE_MAX_TRANSFER.max(lba_size));
     }
     max_transfer = max_transfer / lba_size * lba_size;
     if ns_bytes == 0 {
@@ -1022,10 +1047,12 @@ impl ReadAt for NsReader {
             // A lead longer than one transfer cannot happen (max >= one block); be safe.
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "read smaller than one block"));
         }
-        let mut bounce = vec![0u8; span];
+        // Page-aligned: the transfer limit counts one segment per page (`probe`), and a heap
+        // buffer off a page boundary would span one page more than the limit allows.
+        let mut bounce = crate::persist::dev::AlignedBuf::zeroed(span);
         let c = cmd::read(self.nsid, start / self.lba, (span as u64 / self.lba) as u32)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        ioctl::io(&self.file, c, Data::FromDevice(&mut bounce)).map_err(|e| match e {
+        ioctl::io(&self.file, c, Data::FromDevice(&mut bounce[..span])).map_err(|e| match e {
             ioctl::PassthruError::Os(e) => e,
             ioctl::PassthruError::Status(s) => io::Error::other(s.to_string()),
         })?;

@@ -134,8 +134,8 @@ impl UringEngine {
     /// Deallocates (a discard from the ublk device; LMCache issues none, fdpblk's own
     /// deallocation uses BLKDISCARD): `fallocate(PUNCH_HOLE)` on an NVMe namespace is Write
     /// Zeroes, with the deallocate bit where the namespace reports it supported (DLFEAT),
-    /// else the drive writes the zeroes; on a file it frees blocks. Reads return zeroes
-    /// afterwards either way. A drive without Write Zeroes refuses PUNCH_HOLE (the kernel
+    /// else the drive writes the zeroes; on a file it frees blocks: reads return zeroes
+    /// afterwards. The BLKDISCARD fallback reads back zeroes only where DLFEAT says so. A drive without Write Zeroes refuses PUNCH_HOLE (the kernel
     /// does not fall back): then BLKDISCARD.
     pub async fn discard(&self, q: &UblkQueue<'_>, off: u64, len: u64) -> i32 {
         let res = self.fallocate(q, off, len, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE).await;

@@ -97,6 +97,10 @@ pub(crate) fn ublk_error(e: &UblkError) -> String {
     }
 }
 
+/// How long a queue going down waits for its NVMe commands: past the kernel's NVMe I/O
+/// timeout (30 s), after which the driver aborts or resets and completes them.
+const PASSTHROUGH_DRAIN: Duration = Duration::from_secs(40);
+
 fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
     let q = match UblkQueue::new(qid, dev) {
         Ok(q) => Rc::new(q),
@@ -159,6 +163,15 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
             tracing::error!("queue {qid}: {}", ublk_error(&e));
         }
         drop(reaper);
+        // A tag task owns the buffer its NVMe commands read into or write from: a queue that
+        // went down with commands in flight waits for them (the drive's own timeout and reset
+        // end any) before the tasks are dropped, and leaks the tasks if they never end.
+        if let QueueEngine::Passthrough(e) = &ctx.engine {
+            if !e.drain(PASSTHROUGH_DRAIN) {
+                tracing::error!("queue {qid}: {} NVMe commands did not complete within {PASSTHROUGH_DRAIN:?} of the queue going down; their buffers are kept", e.inflight());
+                std::mem::forget(tasks);
+            }
+        }
     }));
 }
 

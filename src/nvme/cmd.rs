@@ -460,7 +460,7 @@ impl NvmeStatus {
             (0, 0x80) => "LBA Out of Range",
             (0, 0x81) => "Capacity Exceeded",
             (0, 0x82) => "Namespace Not Ready",
-            (1, 0x02) => "Invalid Field in Command",
+            (1, 0x02) => "Invalid Queue Size",
             (1, 0x09) => "Invalid Log Page",
             (1, 0x0D) => "Feature Identifier Not Saveable",
             (1, 0x0E) => "Feature Not Changeable",

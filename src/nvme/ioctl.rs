@@ -56,7 +56,8 @@ impl PassthruError {
     pub fn is_permission(&self) -> bool {
         matches!(self, PassthruError::Os(e) if e.kind() == io::ErrorKind::PermissionDenied)
     }
-    /// errno ENOTTY/EINVAL on the ioctl itself: the file is not an NVMe device.
+    /// errno ENOTTY on the ioctl itself: the file is not an NVMe device (EINVAL is not taken
+    /// for it: an NVMe device returns it for a command it refuses).
     pub fn is_not_nvme(&self) -> bool {
         matches!(self, PassthruError::Os(e) if e.raw_os_error() == Some(libc::ENOTTY))
     }
