@@ -414,6 +414,9 @@ capacity_bytes = "1T"
         assert!(e.starts_with("unknown --policy nope; choose one of") && e.ends_with(&from("policy")), "{e}");
         a.policy = "none".into();
         let e = name_config_keys(crate::cmd::device::validate(&a).unwrap_err(), &a);
+        assert_eq!(e, format!("--queues must be 1..=32{}", from("queues")));
+        (a.queues, a.depth) = (1, 1);
+        let e = name_config_keys(crate::cmd::device::validate(&a).unwrap_err(), &a);
         assert!(e.starts_with("backing /nonexistent/ng9n1: ") && e.ends_with(&from("backing")), "{e}");
         assert_eq!(name_config_keys("--queues must be 1..=32".into(), &a), format!("--queues must be 1..=32{}", from("queues")));
         assert_eq!(name_config_keys("-n 3: in use".into(), &a), format!("-n 3: in use{}", from("number")));

@@ -206,6 +206,8 @@ fn refuse_other_name(a: &AddArgs, device_path: Option<&str>) -> Result<(), Strin
 /// Turns `fdpblk add` arguments into a device config, checking everything first.
 pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     // The flags alone first: nothing is opened, let alone erased, for a typo.
+    let policy = policy_by_name(&a.policy)
+        .ok_or_else(|| format!("unknown --policy {}; choose one of {}", a.policy, POLICY_NAMES.join(", ")))?;
     if a.number < -1 {
         return Err(format!("-n {}: give a device id (0, 1, ...) or -1 to let the driver choose", a.number));
     }
@@ -232,8 +234,6 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     if let Some(n) = &a.name {
         state::check_name(n).map_err(|e| format!("--name {e}"))?;
     }
-    let policy = policy_by_name(&a.policy)
-        .ok_or_else(|| format!("unknown --policy {}; choose one of {}", a.policy, POLICY_NAMES.join(", ")))?;
     let meta = std::fs::metadata(&a.backing)
         .map_err(|e| format!("backing {}: {e}; pass an NVMe namespace (/dev/nvmeXnY, /dev/ngXnY) or a file", a.backing.display()))?;
     let is_bdev = meta.file_type().is_block_device();
