@@ -64,7 +64,7 @@ wait_stat checkpoint_stalled false
 # (the rounds'); when they say the interval is within it, the log carries the warning.
 wait_stat writeback_delay_s 0.3
 if [[ $(dev_stat writeback_risk) == true ]]; then
-    expect "writeback_risk: the warning is in fdpblk's log" grep -q "may hold a dirty page back" /run/fdpblk/daemon.log
+    expect "writeback_risk: the warning is in fdpblk's log" log_has "may hold a dirty page back"
 else
     # (stats rounds the interval to 0.1 s: one just above 0.3 s reads 0.3)
     expect "no writeback_risk: the interval ($(dev_stat checkpoint_interval_s) s) is above 0.3 s" \

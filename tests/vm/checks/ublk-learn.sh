@@ -88,7 +88,7 @@ rm -f "$STATE"
 expect_eq "add without layout flags: learning" "$(fdpblk_add -n 0 --backing "$NS_DEV" --engine streams)" "$DEV"
 wait_stat layout.state '"learning"'
 expect_eq "the saved state is marked in use while learning" "$("$FDPBLK" inspect "$NS_DEV" "${GEOM[@]}" --json | jq -c .fdpblk_state.clean)" false
-expect "the daemon says so" grep -q "marked in use until the layout is learned" /run/fdpblk/daemon.log
+expect "the daemon says so" log_has "marked in use until the layout is learned"
 "$FDPBLK" del -n 0 >/dev/null 2>&1 || not_ok "fdpblk del"
 
 check_done

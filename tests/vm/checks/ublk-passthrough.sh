@@ -219,6 +219,15 @@ expect "stop under load: tag tasks were in header waits ($waits)" test "${waits:
 del_pt "stop under load"
 expect "stop under load: daemon $pid exited" bash -c "for i in \$(seq 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
 ( sleep 30; kill -9 "$fio_pid" 2>/dev/null ) &
-if wait "$fio_pid"; then not_ok "stop under load: fio saw no I/O error"; else ok "stop under load: fio ended with I/O errors"; fi
+watchdog=$!
+wait "$fio_pid" && rc=0 || rc=$?
+kill "$watchdog" 2>/dev/null
+if ((rc == 137)); then
+    not_ok "stop under load: fio hung on the deleted device (killed after 30 s)"
+elif ((rc == 0)); then
+    not_ok "stop under load: fio saw no I/O error"
+else
+    expect "stop under load: fio ended with I/O errors (rc $rc)" grep -qiE "error|No such device" "$W/stop.log"
+fi
 
 check_done

@@ -20,16 +20,28 @@ expect_eq "device ($*)" "$dev" /dev/ublkb0
 for i in $(seq "$first" "$last"); do
     job=(--name="r$i" --filename="$dev" --direct=1 --ioengine=io_uring --rw=randwrite --bs=64k
         --size=32M --offset=$((i * 64))M --iodepth=16 --verify=crc32c --randseed="$i" --output-format=terse)
-    fio "${job[@]}" --do_verify=0 >"/tmp/recover-w$i.log" 2>&1 &
+    # At most 8 MB/s: the 32 MiB write takes 4 s or more, so the kill lands in it.
+    fio "${job[@]}" --do_verify=0 --rate=8m >"/tmp/recover-w$i.log" 2>&1 &
     fio_pid=$!
     sleep 1
     old=$(daemon_pid 0)
+    expect "round $i: fio is still writing at the kill" kill -0 "$fio_pid"
     expect "round $i: SIGKILL daemon $old" kill -9 "$old"
     if ((i == 1)); then
         expect "list: quiesced, recover named" bash -c "for j in \$(seq 50); do $FDPBLK list --json | jq -e '.[0].state == \"quiesced\" and (.[0].hint | test(\"fdpblk recover -n 0\"))' >/dev/null && exit 0; sleep 0.1; done; exit 1"
         expect "stats: the dead daemon's figures are marked" bash -c "$FDPBLK stats -n 0 2>/dev/null | head -1 | grep -q '^DAEMON NOT RUNNING'"
         expect "stats: and it exits 1, naming recover" bash -c "! $FDPBLK stats -n 0 >/dev/null 2>/tmp/recover-stats.err && grep -q 'fdpblk recover -n 0' /tmp/recover-stats.err"
         expect_eq "stats --json: daemon_up while it is dead" "$("$FDPBLK" stats -n 0 --json | jq -c .daemon_up)" false
+    fi
+    if ((i == first)); then
+        # Its writes wait in the driver for recovery: another device on the same namespace
+        # (by either of its paths) would have them land over its own.
+        for other in "$NS_DEV" "$NG_DEV"; do
+            out=$("$FDPBLK" add --backing "$other" -n 1 --policy none --slot-bytes 64K --meta-total-bytes 1M 2>&1) && rc=0 || rc=$?
+            expect "round $i: add on $other refused while device 0 waits for recovery ($out)" \
+                bash -c "test $rc -ne 0 && grep -q 'belongs to /dev/ublkb0, whose daemon died' <<<\"\$1\"" _ "$out"
+        done
+        expect "round $i: no device 1 was made" test ! -e /dev/ublkb1
     fi
     if "$FDPBLK" recover -n 0 >"/tmp/recover-$i.log" 2>&1; then
         ok "round $i: fdpblk recover"

@@ -18,7 +18,7 @@ leftovers() {
     [[ -c /dev/ublk-control ]] || { modprobe ublk_drv 2>/dev/null; left+=" ublk_drv-unloaded"; }
     compgen -G '/dev/ublkc*' >/dev/null && left+=" $(echo /dev/ublkc*)"
     pgrep -x fdpblk >/dev/null && left+=" fdpblk-pids:$(pgrep -x fdpblk | tr '\n' ,)"
-    [[ -z $left ]] && return
+    [[ -z $left ]] && return 0
     echo "batch: $1 left behind:$left; cleaning up before the next check" | tee -a "$out/$1.log"
     [[ -x $fdpblk ]] && timeout 60 "$fdpblk" del --all >/dev/null 2>&1
     timeout 30 systemctl stop 'fdpblk@*' 2>/dev/null # systemd-unit's: it would start them again
@@ -30,6 +30,7 @@ leftovers() {
     for c in /dev/ublkc*; do
         [[ -e $c && -x $fdpblk ]] && timeout 60 "$fdpblk" del -n "${c#/dev/ublkc}" >/dev/null 2>&1
     done
+    return 1
 }
 
 out=$1
@@ -51,9 +52,13 @@ for spec in "$@"; do
     ((rc != 124)) || echo "batch: $name timed out after ${limit}s" >>"$out/$name.log"
     rmdir "$FDPBLK_CHECK_OUT" 2>/dev/null || true
     secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+    # A check cleans up after itself: what it leaves would hide a del that does not delete.
+    if ! leftovers "$name" && ((rc == 0)); then
+        rc=1
+        echo "not ok - left devices, daemons or an unloaded driver behind (see above)" >>"$out/$name.log"
+    fi
     echo "$name $rc $secs" >>"$out/results"
     echo "batch: $name rc=$rc ${secs}s"
-    leftovers "$name"
     # The kernel's log buffer is small: read and clear it after each check, so that an early
     # oops is not overwritten by a long boot's later messages.
     dmesg -c >>"$out/dmesg.log" 2>&1

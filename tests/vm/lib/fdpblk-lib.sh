@@ -18,6 +18,9 @@ fdpblk_add() {
 # shared by the checks of one boot; its length is noted when this file is sourced).
 LOG_START=$(wc -l 2>/dev/null </run/fdpblk/daemon.log || echo 0)
 daemon_errors() { tail -n +$((LOG_START + 1)) /run/fdpblk/daemon.log 2>/dev/null | grep -c ' ERROR ' || true; }
+# log_has PATTERN: whether the daemons logged a line matching PATTERN (grep -E) since this
+# check began (every check of a boot shares the log).
+log_has() { tail -n +$((LOG_START + 1)) /run/fdpblk/daemon.log 2>/dev/null | grep -qE -- "$1"; }
 
 # daemon_pid ID: the pid serving device ID.
 daemon_pid() { sed -n 's/.*"pid":\([0-9]*\).*/\1/p' "/run/fdpblk/$1.json"; }
