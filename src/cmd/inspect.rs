@@ -232,7 +232,9 @@ pub fn run(a: &InspectArgs) -> CmdResult {
                     None => "ok",
                     Some(p) => p,
                 },
-                r.key
+                // Read from the device: a control character would break the line or drive
+                // the terminal.
+                r.key.escape_debug()
             )
         })?;
         match (s.checkpoint_seq, &s.rejected) {

@@ -51,6 +51,10 @@ pub fn parse_table(v: &Value) -> Result<BarTable, String> {
     if series.is_empty() {
         return Err("\"series\" is empty".into());
     }
+    // One colour each (8), and a legend line each: more could not be told apart.
+    if series.len() > MAX_SERIES {
+        return Err(format!("{} series: a chart holds at most {MAX_SERIES}; split the table", series.len()));
+    }
     let mut groups = Vec::new();
     for g in v.get("groups").and_then(Value::as_array).ok_or("missing \"groups\": a list of {name, values}")? {
         let name = g.get("name").and_then(Value::as_str).ok_or("a group has no \"name\"")?.to_string();
@@ -93,6 +97,7 @@ pub fn parse_table(v: &Value) -> Result<BarTable, String> {
 /// Bounds of a table: the canvas grows with the bars, and values far past any ratio or
 /// percentage would only break the axis arithmetic.
 const MAX_BARS: usize = 2000;
+const MAX_SERIES: usize = 8;
 const MAX_VALUE: f64 = 1e12;
 
 /// Draws the grouped bar chart, values printed above their bars.
@@ -192,6 +197,9 @@ mod tests {
             json!({"series": ["a"], "groups": [{"name": "x", "values": [1e300]}]}),
             json!({"series": ["a"], "y_min": -1e300, "groups": [{"name": "x", "values": [1]}]}),
             json!({"series": ["a"], "groups": (0..3000).map(|i| json!({"name": i.to_string(), "values": [1]})).collect::<Vec<_>>()}),
+            // 2000 series in one group: a canvas of gigabytes, and colours repeated.
+            json!({"series": (0..2000).map(|i| i.to_string()).collect::<Vec<_>>(), "groups": [{"name": "x", "values": vec![1; 2000]}]}),
+            json!({"series": (0..9).map(|i| i.to_string()).collect::<Vec<_>>(), "groups": [{"name": "x", "values": vec![1; 9]}]}),
         ] {
             assert!(parse_table(&bad).is_err(), "{bad}");
         }

@@ -447,6 +447,15 @@ fn read_blkparse(
     Ok((out, info))
 }
 
+/// The smallest device holding every slot the trace reaches: its furthest byte rounded up to
+/// the end of its slot (a slot's last request, a partial chunk's payload, ends before it).
+fn inferred_device_size(furthest: u64, slot_bytes: u64, meta_total_bytes: u64) -> u64 {
+    match furthest.checked_sub(meta_total_bytes) {
+        Some(past) if slot_bytes > 0 => past.div_ceil(slot_bytes).saturating_mul(slot_bytes).saturating_add(meta_total_bytes),
+        _ => furthest,
+    }
+}
+
 fn read_trace(a: &ReplayArgs) -> Result<(Vec<TraceRequest>, TraceInfo), String> {
     let r = open_trace(&a.trace)?;
     read_trace_from(r, a.format, a.blk_event, a.blk_device)
@@ -484,10 +493,10 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
         }
         None => {
             let given = a.device_size.or(flags.capacity_bytes);
-            let size = given.unwrap_or(furthest);
             let (Some(slot_bytes), Some(meta_total_bytes)) = (flags.slot_bytes, flags.meta_total_bytes) else {
                 return Err(DiscoverError::NoCheckpoint { missing: "--device IMAGE, or --slot-bytes and --meta-total-bytes" }.into());
             };
+            let size = given.unwrap_or_else(|| inferred_device_size(furthest, slot_bytes, meta_total_bytes));
             let g = GeometryConfig {
                 block_align: flags.block_align.unwrap_or(4096),
                 header_bytes: flags.header_bytes.unwrap_or(4096),
@@ -499,9 +508,14 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
             .map_err(|e| match given {
                 Some(_) => e.to_string(),
                 None => format!(
-                    "without --device-size the device ends at the trace's furthest byte, {furthest}: {e}; give --device-size, the traced device's size"
+                    "without --device-size the device ends with the slot holding the trace's furthest byte ({furthest}), at {size}: {e}; give --device-size, the traced device's size"
                 ),
             })?;
+            if given.is_none() {
+                eprintln!(
+                    "note: without --device-size the device is taken to end with the slot holding the trace's furthest byte ({size} bytes); --ssd then models a drive that size"
+                );
+            }
             (g, size)
         }
     };
@@ -600,6 +614,16 @@ mod tests {
     use super::*;
     use crate::layout::discover::GeometryFlags;
     use crate::place::RegionPolicy;
+
+    /// The slot written last counts as a slot though its partial payload ends before it.
+    #[test]
+    fn without_a_size_the_device_ends_with_the_last_slot_reached() {
+        let (slot, meta) = (64 << 10, 1 << 20);
+        assert_eq!(inferred_device_size(meta + slot + 4096 + 8192, slot, meta), meta + 2 * slot);
+        assert_eq!(inferred_device_size(meta + 2 * slot, slot, meta), meta + 2 * slot, "a whole slot stays");
+        assert_eq!(inferred_device_size(4096, slot, meta), 4096, "only metadata: as it is");
+        assert_eq!(inferred_device_size(u64::MAX, slot, meta), u64::MAX);
+    }
 
     #[test]
     fn trace_lines() {
