@@ -101,7 +101,28 @@ pub(crate) fn ublk_error(e: &UblkError) -> String {
 /// timeout (30 s), after which the driver aborts or resets and completes them.
 const PASSTHROUGH_DRAIN: Duration = Duration::from_secs(40);
 
+thread_local! {
+    /// Set on the queue threads: a panic there aborts the daemon ([`abort_on_queue_panic`]).
+    static QUEUE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A panic on a queue thread aborts the daemon, before unwinding could drop buffers the
+/// kernel still uses or leave the device live with one queue gone (its I/O held, the daemon
+/// alive, so nothing recovers it). Aborted, the driver holds the device's I/O for recovery
+/// and the service manager restarts and recovers it. Other threads keep the default.
+fn abort_on_queue_panic() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        if QUEUE_THREAD.with(std::cell::Cell::get) {
+            tracing::error!("a queue thread panicked: aborting, so that the device can be recovered (`fdpblk recover`)");
+            std::process::abort();
+        }
+    }));
+}
+
 fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
+    QUEUE_THREAD.with(|q| q.set(true));
     let q = match UblkQueue::new(qid, dev) {
         Ok(q) => Rc::new(q),
         Err(e) => {
@@ -169,7 +190,9 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
         if let QueueEngine::Passthrough(e) = &ctx.engine {
             if !e.drain(PASSTHROUGH_DRAIN) {
                 tracing::error!("queue {qid}: {} NVMe commands did not complete within {PASSTHROUGH_DRAIN:?} of the queue going down; their buffers are kept", e.inflight());
+                // The executor too: dropping it would drop the tasks' futures all the same.
                 std::mem::forget(tasks);
+                std::mem::forget(exe2.clone());
             }
         }
     }));
@@ -259,7 +282,7 @@ pub fn block_align_error(g: &Geometry, lba: u64, backing: &Path) -> Option<Strin
 pub fn open_backing(cfg: &DeviceConfig, recover: bool) -> Result<Backing, String> {
     let deadline = Instant::now() + EARLIER_COMMANDS_WAIT;
     loop {
-        match open_backing_once(cfg) {
+        match open_backing_once(cfg, recover) {
             Err((e, true)) if recover && Instant::now() < deadline => {
                 tracing::debug!("{e}: waiting for the earlier daemon's writes to complete");
                 std::thread::sleep(Duration::from_millis(200));
@@ -270,7 +293,7 @@ pub fn open_backing(cfg: &DeviceConfig, recover: bool) -> Result<Backing, String
 }
 
 /// One try of [`open_backing`]: the error, and whether it was a claim held elsewhere.
-fn open_backing_once(cfg: &DeviceConfig) -> Result<Backing, (String, bool)> {
+fn open_backing_once(cfg: &DeviceConfig, recover: bool) -> Result<Backing, (String, bool)> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let ft = std::fs::metadata(&cfg.backing).map(|m| m.file_type());
     let is_bdev = ft.as_ref().is_ok_and(|t| t.is_block_device());
@@ -297,7 +320,10 @@ fn open_backing_once(cfg: &DeviceConfig) -> Result<Backing, (String, bool)> {
         _ => (format!("cannot open backing {}: {e}", cfg.backing.display()), false),
     })?;
     if is_chardev {
-        lock_backing(&file, &cfg.backing, EARLIER_COMMANDS_WAIT).map_err(not_busy)?;
+        // A recovery waits on through a stop (the device it holds is then started and
+        // stopped); an add has made nothing yet and gives up.
+        let stop = (!recover).then_some(&STOP_REQUESTED);
+        lock_backing(&file, &cfg.backing, EARLIER_COMMANDS_WAIT, stop).map_err(not_busy)?;
     }
     Ok(Backing { file, _claim: claim, _alive: alive })
 }
@@ -343,10 +369,13 @@ const EARLIER_COMMANDS_WAIT: Duration = Duration::from_secs(60);
 /// has completed at the drive, though the process is gone and its namespace claim with it.
 /// Waiting for it keeps such a command (a write LMCache already re-sent through the new
 /// daemon, and maybe overwrote since) from landing on the drive after newer data.
-fn lock_backing(file: &std::fs::File, path: &Path, wait: Duration) -> Result<(), String> {
+fn lock_backing(file: &std::fs::File, path: &Path, wait: Duration, stop: Option<&AtomicBool>) -> Result<(), String> {
     let deadline = Instant::now() + wait;
     let mut said = false;
     loop {
+        if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
+            return Err(format!("stopped by a signal while waiting for backing {}; nothing was made", path.display()));
+        }
         // SAFETY: flock on a descriptor owned by `file`.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
             return Ok(());
@@ -406,8 +435,13 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     if !std::path::Path::new("/dev/ublk-control").exists() {
         return Err(fail("no ublk driver: /dev/ublk-control is missing; run `modprobe ublk_drv` (Linux >= 6.0 with CONFIG_BLK_DEV_UBLK)".into()));
     }
-    let Backing { file: backing, _claim: claim, _alive: alive } = open_backing(&cfg, recover).map_err(fail)?;
+    // Before the backing: a recovery may wait there up to a minute for an earlier daemon's
+    // commands, and a stop in that wait must stop the device once it started, not kill the
+    // process and leave the device held.
     block_signals();
+    spawn_signal_thread();
+    abort_on_queue_panic();
+    let Backing { file: backing, _claim: claim, _alive: alive } = open_backing(&cfg, recover).map_err(fail)?;
     let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
     let ctrl = UblkCtrlBuilder::default()
         .name("fdpblk")
@@ -425,7 +459,6 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     let id = ctrl.dev_info().dev_id as i32;
     let mut cfg = cfg;
     cfg.id = id;
-    spawn_signal_thread(id);
     let state_dev = open_state_dev(&cfg, &backing).map_err(fail)?;
     // A device that was learning when its daemon died may have a checkpoint by now.
     if cfg.geometry.is_none() {
@@ -528,11 +561,14 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             }
             let s = d_shared.clone();
             *st.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::spawn(move || stats_loop(&s, &d_stop)));
+            // From here the signal thread stops the device itself; a stop signal that came
+            // while it started is seen here (the thread sets the flag before it reads the id).
+            DEVICE_ID.store(c.id, Ordering::SeqCst);
+            let stopping = STOP_REQUESTED.load(Ordering::SeqCst);
             if let Some(n) = notify2.lock().ok().and_then(|mut n| n.take()) {
-                n(Ok(c.id));
+                n(if stopping { Err(format!("device {}: a stop signal came while it started; stopped", c.id)) } else { Ok(c.id) });
             }
-            // A stop signal that came while the device was starting.
-            if STOP_REQUESTED.load(Ordering::SeqCst) {
+            if stopping {
                 tracing::info!("device {}: a stop signal came while it started: stopping it", c.id);
                 let _ = _ctrl.kill_dev();
             }
@@ -556,11 +592,10 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     drop(alive);
     match res {
         Ok(_) => {
-            // An added device is deleted when `ctrl` goes; a recovered one must be deleted here,
-            // or a stopped daemon would leave it behind without its state files.
-            if recover {
-                let _ = ctrl.del_dev();
-            }
+            // Deleted before its state files go (an added one would also go with `ctrl`, a
+            // recovered one not at all): deleting waits while LMCache still holds the device
+            // open, and until then `list`, `down` and the name link still show it.
+            let _ = ctrl.del_dev();
             state::remove_state(&shared.cfg);
             Ok(())
         }
@@ -749,6 +784,8 @@ fn stats_loop(shared: &Shared, stop: &AtomicBool) {
 
 /// A stop signal came: the device is stopped as soon as it has started, if it had not yet.
 static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
+/// The device the signal thread stops: -1 until it has started (or been taken over).
+static DEVICE_ID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
 fn stop_signals() -> libc::sigset_t {
     // SAFETY: plain sigset manipulation on a local set.
@@ -772,7 +809,7 @@ fn block_signals() {
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 }
 
-fn spawn_signal_thread(id: i32) {
+fn spawn_signal_thread() {
     std::thread::spawn(move || loop {
         let set = stop_signals();
         let mut sig = 0;
@@ -781,12 +818,19 @@ fn spawn_signal_thread(id: i32) {
             continue;
         }
         if sig == libc::SIGHUP {
-            tracing::info!("SIGHUP ignored: stop device {id} with SIGTERM or `fdpblk del -n {id}`");
+            tracing::info!("SIGHUP ignored: stop the device with SIGTERM or `fdpblk del`");
+            continue;
+        }
+        // The flag first, then the id: either the start sees the flag or this sees the id.
+        STOP_REQUESTED.store(true, Ordering::SeqCst);
+        let id = DEVICE_ID.load(Ordering::SeqCst);
+        if id < 0 {
+            // Not started yet: the start stops it (a held device is not stopped under the
+            // recovery about to take it; an add still opening its backing makes nothing).
+            tracing::info!("signal {sig}: the device is stopped as soon as it has started");
             continue;
         }
         tracing::info!("signal {sig}: stopping device {id}");
-        STOP_REQUESTED.store(true, Ordering::SeqCst);
-        // Before the device started this does nothing; the start then stops it.
         if let Ok(ctrl) = UblkCtrl::new_simple(id) {
             let _ = ctrl.kill_dev();
         }
@@ -813,15 +857,15 @@ mod tests {
         std::fs::write(&path, b"").unwrap();
         let open = || std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
         let earlier = open();
-        lock_backing(&earlier, &path, Duration::ZERO).unwrap();
+        lock_backing(&earlier, &path, Duration::ZERO, None).unwrap();
         // What an NVMe command in flight keeps: a reference to the same open file.
         let in_flight = earlier.try_clone().unwrap();
         drop(earlier);
         let new = open();
-        let e = lock_backing(&new, &path, Duration::from_millis(300)).unwrap_err();
+        let e = lock_backing(&new, &path, Duration::from_millis(300), None).unwrap_err();
         assert!(e.contains("still in flight") && e.contains("try again"), "{e}");
         drop(in_flight);
-        lock_backing(&new, &path, Duration::ZERO).unwrap();
+        lock_backing(&new, &path, Duration::ZERO, None).unwrap();
         let _ = std::fs::remove_file(&path);
     }
 
@@ -851,11 +895,11 @@ mod tests {
             early_evictions: false,
             persist_interval_ms: 0,
         };
-        let first = open_backing_once(&cfg).map_err(|e| e.0).unwrap();
-        let (e, claimed) = open_backing_once(&cfg).err().expect("a second daemon on the same file");
+        let first = open_backing_once(&cfg, false).map_err(|e| e.0).unwrap();
+        let (e, claimed) = open_backing_once(&cfg, false).err().expect("a second daemon on the same file");
         assert!(claimed && e.contains("another running fdpblk daemon"), "{e}");
         drop(first);
-        assert!(open_backing_once(&cfg).is_ok());
+        assert!(open_backing_once(&cfg, false).is_ok());
         let _ = std::fs::remove_file(&path);
     }
 
@@ -867,7 +911,7 @@ mod tests {
         // A running daemon: its liveness lock and its I/O file's lock, both held.
         let alive = hold_alive_lock(&path).unwrap();
         let io = open();
-        lock_backing(&io, &path, Duration::ZERO).unwrap();
+        lock_backing(&io, &path, Duration::ZERO, None).unwrap();
         let (e, claimed) = hold_alive_lock(&path).unwrap_err();
         assert!(claimed && e.contains("another running fdpblk daemon") && e.contains("fdpblk del"), "{e}");
         // It dies with a command in flight: the liveness lock goes at once, the I/O lock stays.
@@ -875,9 +919,9 @@ mod tests {
         drop((alive, io));
         let _new_alive = hold_alive_lock(&path).unwrap();
         let new = open();
-        assert!(lock_backing(&new, &path, Duration::ZERO).unwrap_err().contains("still in flight"));
+        assert!(lock_backing(&new, &path, Duration::ZERO, None).unwrap_err().contains("still in flight"));
         drop(in_flight);
-        lock_backing(&new, &path, Duration::ZERO).unwrap();
+        lock_backing(&new, &path, Duration::ZERO, None).unwrap();
         let _ = std::fs::remove_file(&path);
     }
 }

@@ -57,10 +57,10 @@ refuse "someone else's data, by its char device" "backing $NG_DEV holds a swap .
 expect "--force adds it" quiet fdpblk_add --backing "$NS_DEV" -n 0 --force "${GEO[@]}"
 expect "and erased the signature (wipefs -a), so later starts do not stop at it" bash -c "blkid -p '$NS_DEV'; test \$? -eq 2"
 expect "del" "$FDPBLK" del -n 0
-sleep 0.5
+expect "its daemon exits" daemons_gone
 expect "fdpblk's state is there: no --force needed" quiet fdpblk_add --backing "$NS_DEV" -n 0 "${GEO[@]}"
 expect "del" "$FDPBLK" del -n 0
-sleep 0.5
+expect "its daemon exits" daemons_gone
 
 # A checkpoint LMCache wrote says slot_bytes 65536: a different flag is a conflict.
 expect "LMCache image on the drive" dd if="$FIXTURES/object-evict/device.img" of="$NS_DEV" bs=1M oflag=direct status=none
@@ -78,14 +78,14 @@ expect "and it names who holds it open: $out" grep -q "/dev/ublkb0 is open by ba
 if grep -q 'fdpblk (pid' <<<"$out"; then not_ok "del named itself: $out"; else ok "not del itself"; fi
 # The driver keeps the device until its last user closes it; then the daemon is gone too.
 expect "closed: the device goes" bash -c "for i in \$(seq 50); do [[ ! -e /dev/ublkb0 ]] && ! pgrep -x fdpblk >/dev/null && exit 0; sleep 0.2; done; exit 1"
-sleep 0.5
+expect "its daemon exits" daemons_gone
 # A passthrough device claims its namespace for its lifetime: neither the block device nor a
 # second passthrough daemon can take it.
 expect "passthrough device" quiet fdpblk_add --backing "$NG_DEV" -n 0 --engine passthrough
 KEEP0=1 refuse "namespace of a passthrough device" "in use" add --backing "$NS_DEV" -n 1
 KEEP0=1 refuse "second passthrough daemon" "in use: its namespace" add --backing "$NG_DEV" -n 1 --engine passthrough
 expect "del passthrough" "$FDPBLK" del -n 0
-sleep 0.5
+expect "its daemon exits" daemons_gone
 # LMCache reconfigured (fdpblk's overflow alarm asks for a larger meta_total_bytes): the
 # conflict names the command that erases the old checkpoint, after which add takes the new one.
 NEW=(--slot-bytes 64K --meta-total-bytes 2M)
@@ -97,7 +97,7 @@ expect "run it" $erase
 expect "add with the new geometry" quiet fdpblk_add --backing "$NS_DEV" -n 0 "${NEW[@]}"
 expect "served with meta_total_bytes 2 MiB" bash -c "$FDPBLK list --json | grep -q '\"meta_total_bytes\":2097152'"
 expect "del" "$FDPBLK" del -n 0
-sleep 0.5
+expect "its daemon exits" daemons_gone
 
 expect "rmmod ublk_drv" rmmod ublk_drv
 refuse "no ublk driver" "modprobe ublk_drv" add --backing "$NS_DEV" "${GEO[@]}"

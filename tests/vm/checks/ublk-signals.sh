@@ -49,4 +49,28 @@ expect "the recovered daemon exits" bash -c "! kill -0 $new 2>/dev/null"
 for _ in $(seq 50); do no_device && break; sleep 0.1; done
 expect "its device is deleted (no /dev/ublkb0, no ublkc0)" no_device
 expect "its state file is removed" test ! -e /run/fdpblk/0.json
+
+# SIGTERM while a recovery waits for the killed daemon's commands to leave the drive (its
+# lock on the char device; held here by flock): the stop waits for the start, then deletes the
+# device. Killing the process there would leave the device held and LMCache hung.
+dev=$(fdpblk_add --backing "$NG_DEV" --engine passthrough -n 0 "${GEO[@]}")
+pid=$(daemon_pid 0)
+expect "passthrough: SIGKILL daemon $pid" kill -9 "$pid"
+for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+flock "$NG_DEV" sleep 4 &
+holder=$!
+sleep 0.5
+"$FDPBLK" recover -n 0 --foreground >/tmp/sig-recover.log 2>&1 &
+rpid=$!
+for _ in $(seq 50); do grep -q "waiting for an earlier daemon" /tmp/sig-recover.log && break; sleep 0.1; done
+expect "recover waits for the lock" grep -q "waiting for an earlier daemon" /tmp/sig-recover.log
+expect "SIGTERM to the waiting recovery" kill -TERM "$rpid"
+sleep 0.5
+expect "the recovery outlives the signal while it waits" kill -0 "$rpid"
+wait "$holder"
+for _ in $(seq 100); do kill -0 "$rpid" 2>/dev/null || break; sleep 0.1; done
+expect "then it exits" bash -c "! kill -0 $rpid 2>/dev/null"
+for _ in $(seq 50); do no_device && break; sleep 0.1; done
+if no_device; then ok "the device is deleted, not left held"; else cat /tmp/sig-recover.log; not_ok "the device is deleted, not left held"; fi
+expect "its state file is removed" test ! -e /run/fdpblk/0.json
 check_done

@@ -57,7 +57,7 @@ add_device() {
 # evictions ENGINE: puts, evictions and their deallocation on a freshly added device
 # (passthrough: early evictions, the default; streams: --no-early-evictions).
 evictions() {
-    local e=$1 r0 r1 used3 own host inspect
+    local e=$1 r0 used3 own host inspect
     r0=$(ruamw) || check_fatal "nvme fdp status failed"
     if [[ $e == passthrough ]]; then
         add_device --backing "$NG_DEV" --engine passthrough "${GEOM[@]}"
@@ -123,9 +123,12 @@ evictions() {
     writer "$e-verify" verify
     expect_eq "$e: every live entry verifies" "$(wfield "$e-verify" run.verified)" 17
     # Own state: written within a persist interval (5 s), on placement ID 3 (handle OwnState).
-    sleep 6
-    r1=$(ruamw)
-    used3=$(ruamw_used "$r0" "$r1" 3)
+    used3=0
+    for _ in $(seq 40); do
+        used3=$(ruamw_used "$r0" "$(ruamw)" 3)
+        [[ $used3 =~ ^[0-9]+$ ]] && ((used3 > 0)) && break
+        sleep 0.25
+    done
     expect "$e: own state on placement ID 3 ($used3 blocks)" test "$used3" -gt 0
     own=$(dev_stat own_state.bytes_written)
     host=$(dev_stat pipeline.ops.write.bytes)

@@ -18,6 +18,9 @@ fdpblk_add() {
 # shared by the checks of one boot; its length is noted when this file is sourced).
 LOG_START=$(wc -l 2>/dev/null </run/fdpblk/daemon.log || echo 0)
 daemon_errors() { tail -n +$((LOG_START + 1)) /run/fdpblk/daemon.log 2>/dev/null | grep -c ' ERROR ' || true; }
+# daemons_gone: waits up to 5 s for every fdpblk daemon to exit (`del` returns once the device
+# is gone; its daemon may still be closing the backing, which the next add opens exclusively).
+daemons_gone() { for _ in $(seq 50); do pgrep -x fdpblk >/dev/null || return 0; sleep 0.1; done; return 1; }
 # log_has PATTERN: whether the daemons logged a line matching PATTERN (grep -E) since this
 # check began (every check of a boot shares the log).
 log_has() { tail -n +$((LOG_START + 1)) /run/fdpblk/daemon.log 2>/dev/null | grep -qE -- "$1"; }
