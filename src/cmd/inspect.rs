@@ -188,7 +188,7 @@ pub fn run(a: &InspectArgs) -> CmdResult {
             w,
             "],\"summary\":{},\"fdpblk_state\":{}}}",
             json!({"live": s.live, "listed": s.listed, "header_mismatch": s.header_mismatch, "checkpoint_seq": s.checkpoint_seq,
-                   "loader_rejects": s.rejected, "device_path": s.device_path}),
+                   "loader_rejects": s.rejected, "undecodable": s.undecodable, "device_path": s.device_path}),
             own_state(&dev).unwrap_or(serde_json::Value::Null)
         )?;
     } else {

@@ -677,3 +677,62 @@ fn a_page_that_fails_its_second_read_is_noted() {
     assert!(u.get(3).is_none(), "the page that failed starts empty");
     assert_eq!(u.get(far).unwrap().identity, 8, "the others are restored");
 }
+
+/// What is read from the device may be hostile past its checksums: pages and superblocks
+/// with random contents and valid CRCs (records, history, tag streams, layout and geometry
+/// fields, a handle count of 65535) load and summarise without a panic.
+#[test]
+fn hostile_state_that_passes_its_crcs_never_panics() {
+    let g = geom(600);
+    let size = (64 << 20) + 12345 * 4096;
+    let region = Region::tail(size);
+    let dev = MemDev::new(size);
+    let t = SlotTable::new(g.max_slots);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let mut rng = Rng(2024);
+    mutate(&t, &mut rng, 400);
+    p.cycle(&dev, &t, &Counters { trims_by_handle: vec![1, 2, 3], ..Counters::default() }, true, true).unwrap();
+    let base = dev.image();
+    let pages = p.layout().pages();
+    let reseal = |b: &mut [u8]| {
+        let crc = crc32fast::hash(&b[..CRC_AT]);
+        b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+    };
+    for round in 0..120u64 {
+        let mut img = base.clone();
+        for _ in 0..1 + rng.below(8) {
+            let (copy, idx) = (rng.below(2), rng.below(pages));
+            let off = (region.offset + 2 * BLOCK + (copy * pages + idx) * BLOCK) as usize;
+            let b = &mut img[off..off + BLOCK as usize];
+            for byte in &mut b[PAGE_HEADER..CRC_AT] {
+                if round % 2 == 0 || rng.below(16) == 0 {
+                    *byte = rng.next() as u8;
+                }
+            }
+            // Tag streams: names without their terminator, or runs of 0xff (not UTF-8).
+            if round % 5 == 0 {
+                b[PAGE_HEADER..CRC_AT].fill(if round % 10 == 0 { 0xff } else { b'a' });
+            }
+            reseal(b);
+        }
+        if round % 3 == 0 {
+            for copy in 0..2 {
+                let off = (region.offset + copy * BLOCK) as usize;
+                let b = &mut img[off..off + BLOCK as usize];
+                for _ in 0..1 + rng.below(6) {
+                    let i = 12 + rng.below((CRC_AT - 12) as u64) as usize;
+                    b[i] = rng.next() as u8;
+                }
+                if round % 6 == 0 {
+                    b[128..130].copy_from_slice(&u16::MAX.to_le_bytes());
+                }
+                reseal(b);
+            }
+        }
+        let _ = summary(&img, size);
+        let d = MemDev::new(0);
+        d.set_image(img);
+        let u = SlotTable::new(g.max_slots);
+        let _ = Persist::load(&d, region, &g, &u, 3);
+    }
+}
