@@ -768,7 +768,13 @@ fn del_one(id: i32) -> Result<(), String> {
     let _ = ctrl.kill_dev();
     let daemon = read.as_ref().ok().map(|(_, pid)| *pid).filter(state::Daemon::alive);
     if let Some(pid) = daemon {
-        wait_for(10, || !pid.alive());
+        // It drains its queues (NVMe commands the drive is slow with: up to its 40 s limit)
+        // and writes its state, which may be large; it then deletes the device itself. An
+        // open device waits for its users instead (warned above): no point waiting for that.
+        if !wait_for(10, || !pid.alive()) && users.is_empty() {
+            eprintln!("fdpblk: device {id}: its daemon (pid {pid}) is still stopping (draining its queues, writing its state); waiting up to 60 s more");
+            wait_for(60, || !pid.alive());
+        }
     }
     if ublk_exists(id) {
         let _ = ctrl.del_dev();
