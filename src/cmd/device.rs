@@ -51,21 +51,22 @@ fn sysfs_queue_attr(dev: &Path, attr: &str) -> Option<u64> {
     std::fs::read_to_string(format!("/sys/block/{name}/queue/{attr}")).ok()?.trim().parse().ok()
 }
 
+/// The command that erases LMCache's checkpoints: the first `meta_bytes` of the backing.
+fn erase_checkpoint_command(meta_bytes: u64, backing: &Path, is_bdev: bool, is_chardev: bool) -> String {
+    let block = if is_chardev { crate::nvme::path::namespace_block_device(backing) } else { Some(backing.to_path_buf()) };
+    match block {
+        Some(b) if is_bdev || is_chardev => format!("blkdiscard -z -l {meta_bytes} {}", b.display()),
+        Some(b) => format!("dd if=/dev/zero of={} bs=4096 count={} conv=notrunc", b.display(), meta_bytes.div_ceil(4096)),
+        None => format!("zero the first {meta_bytes} bytes of the namespace behind {}", backing.display()),
+    }
+}
+
 /// A geometry conflict is also what a changed LMCache configuration looks like (for instance
 /// a larger meta_total_bytes after fdpblk's overflow alarm): LMCache discards its old index
 /// then, so the way forward is to erase the old checkpoint, which the error spells out.
 fn with_erase_hint(e: DiscoverError, backing: &Path, is_bdev: bool, is_chardev: bool) -> String {
     let (DiscoverError::Conflict { meta_bytes, .. } | DiscoverError::CheckpointTooBig { meta_bytes, .. }) = e else { return e.to_string() };
-    let block = if is_chardev {
-        crate::nvme::path::namespace_block_device(backing)
-    } else {
-        Some(backing.to_path_buf())
-    };
-    let erase = match block {
-        Some(b) if is_bdev || is_chardev => format!("blkdiscard -z -l {meta_bytes} {}", b.display()),
-        Some(b) => format!("dd if=/dev/zero of={} bs=4096 count={} conv=notrunc", b.display(), meta_bytes.div_ceil(4096)),
-        None => format!("zero the first {meta_bytes} bytes of the namespace behind {}", backing.display()),
-    };
+    let erase = erase_checkpoint_command(meta_bytes, backing, is_bdev, is_chardev);
     let change = match e {
         DiscoverError::Conflict { .. } => "changed to the new value",
         _ => "changed for this device",
@@ -104,7 +105,7 @@ fn refuse_foreign_data(
         // (`fdpblk up`, a restart before LMCache's first checkpoint) do not stop at the same
         // signature.
         Ok(Some(what)) if a.force => {
-            tracing::warn!("--force: erasing {what} on {} (wipefs -a)", target.display());
+            tracing::info!("--force: {} holds {what}; it is erased once every other check has passed", target.display());
             Ok(Some(target))
         }
         Ok(Some(what)) => Err(format!(
@@ -150,9 +151,14 @@ fn wipe_signatures(path: &Path) -> Result<(), String> {
 fn foreign_signature(path: &Path) -> Result<Option<String>, String> {
     // blkid says nothing, exit 2, also for a path it cannot read: read it first.
     let mut first = [0u8; 512];
-    std::fs::File::open(path)
+    let n = std::fs::File::open(path)
         .and_then(|f| std::os::unix::fs::FileExt::read_at(&f, &mut first, 0))
         .map_err(|e| format!("{}: {e}", path.display()))?;
+    // Nothing to hold one (the block device of a namespace in a format the kernel cannot
+    // use has size 0, and blkid fails on it).
+    if n == 0 {
+        return Ok(None);
+    }
     let blkid = sbin_tool("blkid");
     let out = std::process::Command::new(&blkid)
         .args(["-p", "-o", "export", "--"])
@@ -191,15 +197,16 @@ fn describe_signature(export: &str, ambivalent: bool) -> String {
 /// swapped `backing` between two devices' configs (tensor-parallel ranks) would serve one
 /// rank's cache to the other, whose LMCache discards the index (another `device_path`) and
 /// overwrites the slots, and fdpblk then deallocates them.
-fn refuse_other_name(a: &AddArgs, device_path: Option<&str>) -> Result<(), String> {
+fn refuse_other_name(a: &AddArgs, device_path: Option<&str>, erase: impl FnOnce() -> String) -> Result<(), String> {
     let (Some(name), Some(path)) = (&a.name, device_path) else { return Ok(()) };
     let Some(theirs) = path.strip_prefix("/dev/fdpblk/") else { return Ok(()) };
     if theirs == name || a.force {
         return Ok(());
     }
     Err(format!(
-        "backing {} holds the LMCache cache of /dev/fdpblk/{theirs} (its checkpoint's device_path), not of {name}: check --backing (`backing` in the device's config file); to give this cache up and use the device for {name}, add it with --force",
-        a.backing.display()
+        "backing {} holds the LMCache cache of /dev/fdpblk/{theirs} (its checkpoint's device_path), not of {name}: check --backing (`backing` in the device's config file); to give this cache up and use the device for {name}, erase its checkpoint ({}) or add it with --force",
+        a.backing.display(),
+        erase()
     ))
 }
 
@@ -351,7 +358,9 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let geometry = match a.layout.as_str() {
         "auto" => match discover(&*source, &flags) {
             Ok(d) => {
-                refuse_other_name(a, d.checkpoint.as_ref().and_then(|m| m.device_path.as_deref()))?;
+                refuse_other_name(a, d.checkpoint.as_ref().and_then(|m| m.device_path.as_deref()), || {
+                    erase_checkpoint_command(d.geometry.meta_total_bytes, &a.backing, is_bdev, is_chardev)
+                })?;
                 if matches!(d.source, crate::layout::discover::GeometrySource::Flags) {
                     to_wipe = refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
                 }
@@ -386,7 +395,9 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             // does not fit the device is not a layout to serve on the flags' word.
             match discover(&*source, &flags) {
                 Ok(d) if !matches!(d.source, crate::layout::discover::GeometrySource::Flags) => {
-                    refuse_other_name(a, d.checkpoint.as_ref().and_then(|m| m.device_path.as_deref()))?;
+                    refuse_other_name(a, d.checkpoint.as_ref().and_then(|m| m.device_path.as_deref()), || {
+                    erase_checkpoint_command(d.geometry.meta_total_bytes, &a.backing, is_bdev, is_chardev)
+                })?;
                 }
                 Ok(_) | Err(DiscoverError::NoCheckpoint { .. }) => {
                     to_wipe = refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
@@ -422,6 +433,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         return Err(e);
     }
     if let Some(target) = to_wipe {
+        tracing::warn!("--force: erasing the signatures on {} (wipefs -a)", target.display());
         wipe_signatures(&target)?;
     }
     Ok(DeviceConfig {
@@ -624,7 +636,8 @@ fn same_backing(a: &Path, b: &Path) -> bool {
 fn backing_in_use(backing: &Path) -> Option<String> {
     for id in state::state_ids() {
         let Ok((cfg, daemon)) = state::read_state(id) else { continue };
-        if daemon.alive() || !ublk_exists(id) || foreign_server(id, &daemon).is_some() || !same_backing(backing, &cfg.backing) {
+        // A stopped device (its daemon died while stopping it) holds no writes.
+        if daemon.alive() || !ublk_exists(id) || ublk_stopped(id) || foreign_server(id, &daemon).is_some() || !same_backing(backing, &cfg.backing) {
             continue;
         }
         return Some(format!(
@@ -1175,7 +1188,8 @@ mod tests {
         let e = validate(&add_args(&base)).unwrap_err();
         assert!(e.contains("--force"), "{e}");
         let with = |extra: &[&str]| validate(&add_args(&[&base[..], extra].concat()));
-        // Refused after the signature was found: by the buffers' memory, by a flag.
+        // Refused after the signature was found (by the buffers' memory), and by a flag that
+        // is checked before the backing is opened.
         let e = with(&["--force", "-q", "32", "-d", "4096", "--io-buf-size", "32M"]).unwrap_err();
         assert!(e.contains("I/O buffers"), "{e}");
         let e = with(&["--force", "--name", "kv 0"]).unwrap_err();

@@ -186,13 +186,14 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
         drop(reaper);
         // A tag task owns the buffer its NVMe commands read into or write from: a queue that
         // went down with commands in flight waits for them (the drive's own timeout and reset
-        // end any) before the tasks are dropped, and leaks the tasks if they never end.
+        // end any) before the tasks are dropped.
         if let QueueEngine::Passthrough(e) = &ctx.engine {
             if !e.drain(PASSTHROUGH_DRAIN) {
-                tracing::error!("queue {qid}: {} NVMe commands did not complete within {PASSTHROUGH_DRAIN:?} of the queue going down; their buffers are kept", e.inflight());
-                // The executor too: dropping it would drop the tasks' futures all the same.
-                std::mem::forget(tasks);
-                std::mem::forget(exe2.clone());
+                // Dropping the tasks would free buffers the drive may still write or read;
+                // keeping them keeps the queue's ring, so the device could never be deleted.
+                // Exiting hands both to the kernel, which frees them when the commands end.
+                tracing::error!("queue {qid}: {} NVMe commands did not complete within {PASSTHROUGH_DRAIN:?} of the queue going down: aborting (`fdpblk del -n ID` or `recover` once the drive answers)", e.inflight());
+                std::process::abort();
             }
         }
     }));
@@ -595,6 +596,8 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             // Deleted before its state files go (an added one would also go with `ctrl`, a
             // recovered one not at all): deleting waits while LMCache still holds the device
             // open, and until then `list`, `down` and the name link still show it.
+            // A signal from here on must not stop a device that takes this id next.
+            DEVICE_ID.store(-1, Ordering::SeqCst);
             let _ = ctrl.del_dev();
             state::remove_state(&shared.cfg);
             Ok(())

@@ -34,6 +34,7 @@ for i in $(seq "$first" "$last"); do
         expect_eq "stats --json: daemon_up while it is dead" "$("$FDPBLK" stats -n 0 --json | jq -c .daemon_up)" false
     fi
     if ((i == first)); then
+        for _ in $(seq 100); do kill -0 "$old" 2>/dev/null || break; sleep 0.1; done
         # Its writes wait in the driver for recovery: another device on the same namespace
         # (by either of its paths) would have them land over its own.
         for other in "$NS_DEV" "$NG_DEV"; do

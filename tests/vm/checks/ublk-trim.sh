@@ -122,13 +122,15 @@ evictions() {
     fi
     writer "$e-verify" verify
     expect_eq "$e: every live entry verifies" "$(wfield "$e-verify" run.verified)" 17
-    # Own state: written within a persist interval (5 s), on placement ID 3 (handle OwnState).
-    used3=0
+    # Own state: written within a persist interval (5 s) of the changes above, on placement
+    # ID 3 (handle OwnState).
+    seq=$(dev_stat own_state.seq)
     for _ in $(seq 40); do
-        used3=$(ruamw_used "$r0" "$(ruamw)" 3)
-        [[ $used3 =~ ^[0-9]+$ ]] && ((used3 > 0)) && break
+        (($(dev_stat own_state.seq) > seq)) && break
         sleep 0.25
     done
+    expect "$e: a persist cycle within 10 s (seq $seq -> $(dev_stat own_state.seq))" test "$(dev_stat own_state.seq)" -gt "$seq"
+    used3=$(ruamw_used "$r0" "$(ruamw)" 3)
     expect "$e: own state on placement ID 3 ($used3 blocks)" test "$used3" -gt 0
     own=$(dev_stat own_state.bytes_written)
     host=$(dev_stat pipeline.ops.write.bytes)
