@@ -355,12 +355,14 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let flags = a.geometry.flags();
     // What --force erases, once nothing else can refuse the device.
     let mut to_wipe = None;
+    let other_name = |d: &crate::layout::discover::Discovered| {
+        let device_path = d.checkpoint.as_ref().and_then(|m| m.device_path.as_deref());
+        refuse_other_name(a, device_path, || erase_checkpoint_command(d.geometry.meta_total_bytes, &a.backing, is_bdev, is_chardev))
+    };
     let geometry = match a.layout.as_str() {
         "auto" => match discover(&*source, &flags) {
             Ok(d) => {
-                refuse_other_name(a, d.checkpoint.as_ref().and_then(|m| m.device_path.as_deref()), || {
-                    erase_checkpoint_command(d.geometry.meta_total_bytes, &a.backing, is_bdev, is_chardev)
-                })?;
+                other_name(&d)?;
                 if matches!(d.source, crate::layout::discover::GeometrySource::Flags) {
                     to_wipe = refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
                 }
@@ -394,11 +396,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             // Other errors too, as under `--layout auto`: a checkpoint that cannot be read or
             // does not fit the device is not a layout to serve on the flags' word.
             match discover(&*source, &flags) {
-                Ok(d) if !matches!(d.source, crate::layout::discover::GeometrySource::Flags) => {
-                    refuse_other_name(a, d.checkpoint.as_ref().and_then(|m| m.device_path.as_deref()), || {
-                    erase_checkpoint_command(d.geometry.meta_total_bytes, &a.backing, is_bdev, is_chardev)
-                })?;
-                }
+                Ok(d) if !matches!(d.source, crate::layout::discover::GeometrySource::Flags) => other_name(&d)?,
                 Ok(_) | Err(DiscoverError::NoCheckpoint { .. }) => {
                     to_wipe = refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
                 }
@@ -637,7 +635,7 @@ fn backing_in_use(backing: &Path) -> Option<String> {
     for id in state::state_ids() {
         let Ok((cfg, daemon)) = state::read_state(id) else { continue };
         // A stopped device (its daemon died while stopping it) holds no writes.
-        if daemon.alive() || !ublk_exists(id) || ublk_stopped(id) || foreign_server(id, &daemon).is_some() || !same_backing(backing, &cfg.backing) {
+        if !orphaned(id, &daemon) || ublk_stopped(id) || !same_backing(backing, &cfg.backing) {
             continue;
         }
         return Some(format!(
@@ -851,6 +849,12 @@ fn ublk_server(id: i32) -> Option<(i32, String)> {
     let pid = Some(info.ublksrv_pid).filter(|&p| p > 0 && u32::from(info.state) == sys::UBLK_S_DEV_LIVE)?;
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
     Some((pid, comm.trim().to_string()))
+}
+
+/// Whether device `id` is fdpblk's and its daemon `ours` died: the device is still there, and
+/// no other ublk server took its id.
+pub(crate) fn orphaned(id: i32, ours: &state::Daemon) -> bool {
+    !ours.alive() && ublk_exists(id) && foreign_server(id, ours).is_none()
 }
 
 /// The live server of device `id` when it is not the fdpblk daemon `ours` (of `id`'s state
@@ -1301,8 +1305,7 @@ mod tests {
     /// blkid, mkswap and wipefs are util-linux, on every system fdpblk runs on (and in CI).
     #[test]
     fn a_swap_signature_is_found_and_a_blank_file_is_not() {
-        let dir = std::env::temp_dir().join(format!("fdpblk-sig-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch("sig");
         let img = dir.join("a.img");
         std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
         assert_eq!(foreign_signature(&img), Ok(None));

@@ -90,7 +90,7 @@ pub(crate) fn find(name: &str) -> Found {
         }
         return if pid.alive() {
             Found::Running { id, pid: pid.pid }
-        } else if device::ublk_exists(id) && device::foreign_server(id, &pid).is_none() {
+        } else if device::orphaned(id, &pid) {
             Found::Orphaned { id }
         } else {
             Found::Stale { cfg: Box::new(cfg) }

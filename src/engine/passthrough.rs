@@ -1,7 +1,8 @@
 //! The `passthrough` engine: NVMe I/O commands on the namespace's generic character device
 //! (`/dev/ngXnY`) through io_uring `URING_CMD` (Linux >= 5.19). Every write carries the Data
-//! Placement directive (except with `--policy none`, which places nothing) (DTYPE 2) with the placement identifier of its handle, so placement
-//! works without block-layer write streams and with any identifier the drive lists.
+//! Placement directive (DTYPE 2) with the placement identifier of its handle (but under
+//! `--policy none`, which places nothing), so placement works without block-layer write
+//! streams and with any identifier the drive lists.
 //!
 //! Rings: libublk's queue ring has 64-byte SQEs and cannot carry NVMe commands, so each queue
 //! thread owns a second ring (`SQE128 | CQE32`, default set-up flags: no DEFER_TASKRUN, whose
