@@ -2486,7 +2486,7 @@ mod tests {
             };
             let text_len = bytes.len() as u64;
             // Our hand-written serialiser must be read back by serde_json to the same checkpoint
-            // (floats may differ in the last digit: serde_json's default float parsing is lossy).
+            // (floats too: the tests' serde_json rounds them correctly, `float_roundtrip`).
             let back: Value = serde_json::from_slice(&bytes).unwrap();
             prop_assert_eq!(oracle_entries(&back), oracle_entries(&doc));
             prop_assert_eq!(oracle_meta(&back, 0), oracle_meta(&doc, 0));
