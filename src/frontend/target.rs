@@ -588,11 +588,11 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     if let Some(t) = stats_thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
         let _ = t.join();
     }
-    drop(backing);
-    drop(claim);
-    drop(alive);
     match res {
         Ok(_) => {
+            drop(backing);
+            drop(claim);
+            drop(alive);
             // Deleted before its state files go (an added one would also go with `ctrl`, a
             // recovered one not at all): deleting waits while LMCache still holds the device
             // open, and until then `list`, `down` and the name link still show it.
@@ -603,6 +603,13 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             Ok(())
         }
         Err(e) => {
+            // libublk returns a failed start without joining the queue threads, and a
+            // recovery's may already be re-sending held writes: the backing's locks go with
+            // the process (which exits on this error), not before its threads are gone, so
+            // an `add` retried at once cannot write the backing beside them.
+            std::mem::forget(backing);
+            std::mem::forget(claim);
+            std::mem::forget(alive);
             // A stop signal during a recovery's start leaves a stopped device that nothing
             // else would delete (an added one goes with `ctrl`).
             if recover && STOP_REQUESTED.load(Ordering::SeqCst) {
