@@ -30,19 +30,29 @@ async fn blkdiscard_off_queue(q: &UblkQueue<'_>, fd: i32, off: u64, len: u64) ->
     let (tx, rx) = std::sync::mpsc::channel();
     let done = efd.clone();
     // The backing fd outlives the queue threads, and this tag waits for the thread below.
+    /// Wakes the tag however the thread ends (a panic too): the kernel waits for this request
+    /// before a stop completes, so a tag that never woke would hang the stop.
+    struct Wake(std::sync::Arc<OwnedFd>);
+    impl Drop for Wake {
+        fn drop(&mut self) {
+            let one = 1u64;
+            // SAFETY: writes 8 bytes from `one` to the eventfd.
+            unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
+    }
     let spawned = std::thread::Builder::new().name("fdpblk-discard".into()).spawn(move || {
+        let _wake = Wake(done);
         let _ = tx.send(crate::device::blkdiscard(fd, off, len));
-        let one = 1u64;
-        // SAFETY: writes 8 bytes from `one` to the eventfd.
-        unsafe { libc::write(done.as_raw_fd(), (&one as *const u64).cast(), 8) };
     });
     if spawned.is_err() {
         // No thread to be had: discard here, holding the queue.
         return crate::device::blkdiscard(fd, off, len);
     }
     loop {
-        if let Ok(r) = rx.try_recv() {
-            return r;
+        match rx.try_recv() {
+            Ok(r) => return r,
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => return Err(std::io::Error::other("discard thread ended without a result")),
+            Err(std::sync::mpsc::TryRecvError::Empty) => {}
         }
         let poll = opcode::PollAdd::new(types::Fd(efd.as_raw_fd()), libc::POLLIN as u32).build();
         let res = q.ublk_submit_sqe(poll).await;

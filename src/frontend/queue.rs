@@ -81,7 +81,7 @@ impl QueueStats {
 /// Serves tag `tag` until the queue goes down.
 pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), UblkError> {
     let mut buf = IoBuf::<u8>::new(q.dev.dev_info.max_io_buf_bytes as usize);
-    q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf)).await?;
+    fetched(q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf)).await?)?;
     let mut segments = Vec::with_capacity(8);
     loop {
         let res = serve(q, tag, buf.as_mut_slice(), ctx, &mut segments).await;
@@ -97,7 +97,18 @@ pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), 
                 ctx.stats.errors.load(Ordering::Relaxed)
             );
         }
-        q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?;
+        fetched(q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?)?;
+    }
+}
+
+/// A fetch's result: a request came (0), or the driver refused the command. libublk maps only
+/// the queue going down to an error; serving again on any other refusal would replay the
+/// last request's descriptor (a write of old data) in a loop.
+fn fetched(res: i32) -> Result<(), UblkError> {
+    if res == sys::UBLK_IO_RES_OK as i32 {
+        Ok(())
+    } else {
+        Err(UblkError::OtherError(res))
     }
 }
 

@@ -278,12 +278,13 @@ pub fn block_align_error(g: &Geometry, lba: u64, backing: &Path) -> Option<Strin
 /// Opens the backing device: O_DIRECT (write streams need it; the page cache would only
 /// double-buffer) and, for a block device, O_EXCL so that a device in use is refused. A
 /// generic char device (`/dev/ngXnY`) is claimed through its namespace's block device.
-/// Recovering, a claim still held is waited for (up to 60 s): a killed daemon's writes
-/// still in flight at the drive keep its open file, and with it the claim.
+/// Recovering, a claim still held is waited for: a killed daemon's writes still in flight at
+/// the drive keep its open file, and with it the claim. That wait and the one for its NVMe
+/// commands ([`lock_backing`]) share one deadline, 60 s after the first try.
 pub fn open_backing(cfg: &DeviceConfig, recover: bool) -> Result<Backing, String> {
     let deadline = Instant::now() + EARLIER_COMMANDS_WAIT;
     loop {
-        match open_backing_once(cfg, recover) {
+        match open_backing_once(cfg, recover, deadline) {
             Err((e, true)) if recover && Instant::now() < deadline => {
                 tracing::debug!("{e}: waiting for the earlier daemon's writes to complete");
                 std::thread::sleep(Duration::from_millis(200));
@@ -293,8 +294,9 @@ pub fn open_backing(cfg: &DeviceConfig, recover: bool) -> Result<Backing, String
     }
 }
 
-/// One try of [`open_backing`]: the error, and whether it was a claim held elsewhere.
-fn open_backing_once(cfg: &DeviceConfig, recover: bool) -> Result<Backing, (String, bool)> {
+/// One try of [`open_backing`]: the error, and whether it was a claim held elsewhere. The
+/// wait for an earlier daemon's commands ends at `deadline`, shared with the wait for its claim.
+fn open_backing_once(cfg: &DeviceConfig, recover: bool, deadline: Instant) -> Result<Backing, (String, bool)> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let ft = std::fs::metadata(&cfg.backing).map(|m| m.file_type());
     let is_bdev = ft.as_ref().is_ok_and(|t| t.is_block_device());
@@ -324,7 +326,7 @@ fn open_backing_once(cfg: &DeviceConfig, recover: bool) -> Result<Backing, (Stri
         // A recovery waits on through a stop (the device it holds is then started and
         // stopped); an add has made nothing yet and gives up.
         let stop = (!recover).then_some(&STOP_REQUESTED);
-        lock_backing(&file, &cfg.backing, EARLIER_COMMANDS_WAIT, stop).map_err(not_busy)?;
+        lock_backing(&file, &cfg.backing, deadline, stop).map_err(not_busy)?;
     }
     Ok(Backing { file, _claim: claim, _alive: alive })
 }
@@ -370,8 +372,8 @@ const EARLIER_COMMANDS_WAIT: Duration = Duration::from_secs(60);
 /// has completed at the drive, though the process is gone and its namespace claim with it.
 /// Waiting for it keeps such a command (a write LMCache already re-sent through the new
 /// daemon, and maybe overwrote since) from landing on the drive after newer data.
-fn lock_backing(file: &std::fs::File, path: &Path, wait: Duration, stop: Option<&AtomicBool>) -> Result<(), String> {
-    let deadline = Instant::now() + wait;
+fn lock_backing(file: &std::fs::File, path: &Path, deadline: Instant, stop: Option<&AtomicBool>) -> Result<(), String> {
+    let start = Instant::now();
     let mut said = false;
     loop {
         if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
@@ -389,7 +391,7 @@ fn lock_backing(file: &std::fs::File, path: &Path, wait: Duration, stop: Option<
             return Err(format!(
                 "backing {}: commands of an earlier fdpblk daemon are still in flight at the drive after {} s (a hung controller?); check `dmesg` and `nvme list`, then try again",
                 path.display(),
-                wait.as_secs()
+                start.elapsed().as_secs()
             ));
         }
         if !said {
@@ -867,15 +869,15 @@ mod tests {
         std::fs::write(&path, b"").unwrap();
         let open = || std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
         let earlier = open();
-        lock_backing(&earlier, &path, Duration::ZERO, None).unwrap();
+        lock_backing(&earlier, &path, Instant::now(), None).unwrap();
         // What an NVMe command in flight keeps: a reference to the same open file.
         let in_flight = earlier.try_clone().unwrap();
         drop(earlier);
         let new = open();
-        let e = lock_backing(&new, &path, Duration::from_millis(300), None).unwrap_err();
+        let e = lock_backing(&new, &path, Instant::now() + Duration::from_millis(300), None).unwrap_err();
         assert!(e.contains("still in flight") && e.contains("try again"), "{e}");
         drop(in_flight);
-        lock_backing(&new, &path, Duration::ZERO, None).unwrap();
+        lock_backing(&new, &path, Instant::now(), None).unwrap();
         let _ = std::fs::remove_file(&path);
     }
 
@@ -905,11 +907,11 @@ mod tests {
             early_evictions: false,
             persist_interval_ms: 0,
         };
-        let first = open_backing_once(&cfg, false).map_err(|e| e.0).unwrap();
-        let (e, claimed) = open_backing_once(&cfg, false).err().expect("a second daemon on the same file");
+        let first = open_backing_once(&cfg, false, Instant::now()).map_err(|e| e.0).unwrap();
+        let (e, claimed) = open_backing_once(&cfg, false, Instant::now()).err().expect("a second daemon on the same file");
         assert!(claimed && e.contains("another running fdpblk daemon"), "{e}");
         drop(first);
-        assert!(open_backing_once(&cfg, false).is_ok());
+        assert!(open_backing_once(&cfg, false, Instant::now()).is_ok());
         let _ = std::fs::remove_file(&path);
     }
 
@@ -921,7 +923,7 @@ mod tests {
         // A running daemon: its liveness lock and its I/O file's lock, both held.
         let alive = hold_alive_lock(&path).unwrap();
         let io = open();
-        lock_backing(&io, &path, Duration::ZERO, None).unwrap();
+        lock_backing(&io, &path, Instant::now(), None).unwrap();
         let (e, claimed) = hold_alive_lock(&path).unwrap_err();
         assert!(claimed && e.contains("another running fdpblk daemon") && e.contains("fdpblk del"), "{e}");
         // It dies with a command in flight: the liveness lock goes at once, the I/O lock stays.
@@ -929,9 +931,9 @@ mod tests {
         drop((alive, io));
         let _new_alive = hold_alive_lock(&path).unwrap();
         let new = open();
-        assert!(lock_backing(&new, &path, Duration::ZERO, None).unwrap_err().contains("still in flight"));
+        assert!(lock_backing(&new, &path, Instant::now(), None).unwrap_err().contains("still in flight"));
         drop(in_flight);
-        lock_backing(&new, &path, Duration::ZERO, None).unwrap();
+        lock_backing(&new, &path, Instant::now(), None).unwrap();
         let _ = std::fs::remove_file(&path);
     }
 }
