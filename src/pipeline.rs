@@ -442,7 +442,15 @@ impl Pipeline {
                 }
                 h
             }
-            ExtentKind::SlotPadding { slot } => self.slot_handle(slot),
+            ExtentKind::SlotPadding { slot } => {
+                // Past a payload that is complete: a longer put's bytes ahead of its header,
+                // which its header takes as written (as for the part over the old payload).
+                if !self.within_payload(slot, e) && !self.slots.expects_payload(slot) && self.slots.headers_seen() {
+                    self.slots.payload_ahead(slot, e.len);
+                    self.counters.payload_fallbacks.fetch_add(1, Relaxed);
+                }
+                self.slot_handle(slot)
+            }
         }
     }
 
@@ -595,6 +603,30 @@ mod tests {
         assert_eq!(segs[1].handle, RegionPolicy::SLOTS);
         assert_eq!(p.stats().payload_fallbacks, 1);
         assert_eq!(eng.counters.bytes_by_handle[&RegionPolicy::SLOTS], 61440);
+    }
+
+    /// A longer put into a slot whose shorter payload is complete, its payload ahead of its
+    /// header (past the header wait): the bytes past the old payload count as its payload too,
+    /// so the header expects no more once they are all there.
+    #[test]
+    fn a_longer_puts_payload_ahead_of_its_header_is_all_counted() {
+        let g = geom();
+        let mut p = Pipeline::new(g, Box::new(RegionPolicy));
+        let mut segs = Vec::new();
+        let mut write = |p: &mut Pipeline, off: u64, len: u64, data: Option<&[u8]>| {
+            p.plan(&Request { op: Op::Write, offset: g.slot_offset(1) + off, len, data }, &mut segs, HeaderWait::Expired).unwrap();
+        };
+        let short = SlotHeader { identity: 7, payload_len: 8192 }.encode(4096);
+        write(&mut p, 0, 4096, Some(&short));
+        write(&mut p, 4096, 8192, None);
+        assert!(!p.slots().expects_payload(1));
+        // The next put: 60 KiB of payload first, over the old payload and past it.
+        write(&mut p, 4096, 8192, None);
+        write(&mut p, 4096 + 8192, 61440 - 8192, None);
+        assert_eq!(p.stats().payload_fallbacks, 2);
+        let long = SlotHeader { identity: 8, payload_len: 61440 }.encode(4096);
+        write(&mut p, 0, 4096, Some(&long));
+        assert!(!p.slots().expects_payload(1), "the header still expects payload that came ahead of it");
     }
 
     #[test]

@@ -53,11 +53,18 @@ fn sysfs_queue_attr(dev: &Path, attr: &str) -> Option<u64> {
 
 /// The command that erases LMCache's checkpoints: the first `meta_bytes` of the backing.
 fn erase_checkpoint_command(meta_bytes: u64, backing: &Path, is_bdev: bool, is_chardev: bool) -> String {
+    zero_command(0, meta_bytes, backing, is_bdev, is_chardev)
+}
+
+/// The command that zeroes `len` bytes at `offset` of the backing (both multiples of 512).
+fn zero_command(offset: u64, len: u64, backing: &Path, is_bdev: bool, is_chardev: bool) -> String {
     let block = if is_chardev { crate::nvme::path::namespace_block_device(backing) } else { Some(backing.to_path_buf()) };
+    let at = if offset == 0 { String::new() } else { format!("-o {offset} ") };
     match block {
-        Some(b) if is_bdev || is_chardev => format!("blkdiscard -z -l {meta_bytes} {}", b.display()),
-        Some(b) => format!("dd if=/dev/zero of={} bs=4096 count={} conv=notrunc", b.display(), meta_bytes.div_ceil(4096)),
-        None => format!("zero the first {meta_bytes} bytes of the namespace behind {}", backing.display()),
+        Some(b) if is_bdev || is_chardev => format!("blkdiscard -z {at}-l {len} {}", b.display()),
+        Some(b) if offset == 0 => format!("dd if=/dev/zero of={} bs=4096 count={} conv=notrunc", b.display(), len.div_ceil(4096)),
+        Some(b) => format!("dd if=/dev/zero of={} bs=512 seek={} count={} conv=notrunc", b.display(), offset / 512, len.div_ceil(512)),
+        None => format!("zero {len} bytes at byte {offset} of the namespace behind {}", backing.display()),
     }
 }
 
@@ -65,6 +72,12 @@ fn erase_checkpoint_command(meta_bytes: u64, backing: &Path, is_bdev: bool, is_c
 /// a larger meta_total_bytes after fdpblk's overflow alarm): LMCache discards its old index
 /// then, so the way forward is to erase the old checkpoint, which the error spells out.
 fn with_erase_hint(e: DiscoverError, backing: &Path, is_bdev: bool, is_chardev: bool) -> String {
+    if let DiscoverError::TwoLayouts { offset, block_align, flag, .. } = e {
+        // Its header block alone: LMCache's loader then skips that copy, and the current one stays.
+        let erase = zero_command(offset, block_align, backing, is_bdev, is_chardev);
+        let then = if flag.is_some() { "then add again" } else { "if the other one is LMCache's layout; then add again" };
+        return format!("{e}. Erase the old copy's header (the current checkpoint stays) {then}: {erase}");
+    }
     let (DiscoverError::Conflict { meta_bytes, .. } | DiscoverError::CheckpointTooBig { meta_bytes, .. }) = e else { return e.to_string() };
     let erase = erase_checkpoint_command(meta_bytes, backing, is_bdev, is_chardev);
     let change = match e {
@@ -1201,6 +1214,32 @@ mod tests {
         assert!(foreign_signature(&img).unwrap().is_some(), "kept while the add is refused");
         with(&["--force"]).unwrap();
         assert_eq!(foreign_signature(&img), Ok(None), "erased when it goes ahead");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// LMCache restarted with a new slot size: the old layout's copy with the higher seq is
+    /// named with the command that erases it alone, and that command (run as printed) lets
+    /// the add go ahead with LMCache's current checkpoint.
+    #[test]
+    fn a_stale_copy_of_an_old_layout_is_named_with_the_command_that_erases_it() {
+        let dir = scratch("relayout");
+        let img = dir.join("kv.img");
+        let (mut bytes, _) = crate::test_fixtures::fixture("object-evict");
+        let h = crate::layout::checkpoint_header::CheckpointHeader::parse(&bytes[..32], bytes.len() as u64).unwrap();
+        let json = String::from_utf8(bytes[4096..4096 + h.payload_len as usize].to_vec()).unwrap().replace(r#""slot_bytes":65536"#, r#""slot_bytes":32768"#);
+        bytes[4096..4096 + json.len()].copy_from_slice(json.as_bytes());
+        bytes[12..20].copy_from_slice(&1u64.to_le_bytes());
+        bytes[28..32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
+        std::fs::write(&img, &bytes).unwrap();
+        std::fs::File::options().write(true).open(&img).unwrap().set_len(64 << 20).unwrap(); // room for fdpblk's state
+        let args = add_args(&["--backing", img.to_str().unwrap(), "--engine", "plain", "--policy", "none", "--slot-bytes", "32K"]);
+        let e = validate(&args).unwrap_err();
+        let cmd = e.rsplit(": ").next().unwrap();
+        assert!(e.contains("copy 1") && cmd.starts_with("dd if=/dev/zero"), "{e}");
+        assert!(std::process::Command::new("sh").arg("-c").arg(cmd).output().unwrap().status.success(), "{cmd}");
+        let cfg = validate(&args).unwrap_or_else(|e| panic!("after `{cmd}`: {e}"));
+        assert_eq!(cfg.geometry.map(|g| g.slot_bytes), Some(32768));
+        assert!(std::fs::read(&img).unwrap()[..4096] == bytes[..4096], "the current copy stays");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -50,6 +50,11 @@ pub enum DiscoverError {
     Geometry(GeometryError),
     /// LMCache's newest checkpoint is valid JSON beyond the parser's bounds.
     Unparsable(JsonError),
+    /// The two valid copies hold different layouts: LMCache restarted with a new one (starting
+    /// again at seq 1 in copy 0) and has not yet overwritten the old copy, whose higher seq its
+    /// own loader takes (and discards). `flag` is the flag given for `field`, which matches
+    /// the other (current) copy; none given, fdpblk cannot tell which layout LMCache runs.
+    TwoLayouts { field: &'static str, flag: Option<u64>, stale_value: u64, current_value: u64, stale: u8, stale_seq: u64, current_seq: u64, offset: u64, block_align: u64 },
 }
 
 impl fmt::Display for DiscoverError {
@@ -70,6 +75,16 @@ impl fmt::Display for DiscoverError {
                 "the LMCache checkpoint on the device lays out {meta_bytes} bytes of metadata and {slot_bytes}-byte slots, no slot of which fits in the device's {capacity} bytes; give the whole device LMCache wrote (is this a truncated image?)"
             ),
             Self::Geometry(e) => e.fmt(f),
+            Self::TwoLayouts { field, flag: Some(flag), stale_value, stale, stale_seq, current_seq, .. } => write!(
+                f,
+                "--{} {flag} matches LMCache's checkpoint seq {current_seq}, but the other container (copy {stale}) still holds an older layout's checkpoint with a higher seq ({stale_seq}, {field} {stale_value}), which LMCache's loader takes first and discards: LMCache was restarted with a new layout and has not overwritten it yet",
+                field.replace('_', "-")
+            ),
+            Self::TwoLayouts { field, flag: None, stale_value, current_value, stale, stale_seq, current_seq, .. } => write!(
+                f,
+                "the two LMCache checkpoints on the device have different layouts ({field} {stale_value} in copy {stale}, seq {stale_seq}; {current_value} in the other, seq {current_seq}): LMCache was restarted with a new layout and has not overwritten the old copy yet, so fdpblk cannot tell which one LMCache runs with; give it: --{} (and the other geometry flags as in LMCache's config)",
+                field.replace('_', "-")
+            ),
             Self::Unparsable(e) => write!(
                 f,
                 "LMCache's checkpoint on the device is beyond what fdpblk parses ({e}); give the layout instead: --layout lmcache --slot-bytes B --meta-total-bytes B (and --block-align/--header-bytes if not 4096)"
@@ -96,10 +111,15 @@ impl From<GeometryError> for DiscoverError {
 pub fn discover<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags) -> Result<Discovered, DiscoverError> {
     let size = dev.size()?;
     let found = find_checkpoint(dev, flags, size)?;
-    let (meta, copies, found_in, found_align) = match found {
-        Some((meta, copies, geom)) => (Some(meta), Some(copies), geom.meta_total_bytes, Some(geom.block_align)),
+    let (meta, copies, found_in, found_align) = match &found {
+        Some((meta, copies, geom)) => (Some(meta.clone()), Some(copies.clone()), geom.meta_total_bytes, Some(geom.block_align)),
         None => (None, None, 0, None),
     };
+    if let Some((meta, copies, geom)) = &found {
+        if let Some(e) = two_layouts(dev, flags, meta, copies, geom) {
+            return Err(e);
+        }
+    }
     // Where the old checkpoint lies: its own meta_total_bytes, or the layout it was found with.
     let meta_bytes = meta.as_ref().and_then(|m| m.meta_total_bytes).filter(|&b| b > 0 && b <= size).unwrap_or(found_in);
     let pick = |field: &'static str, flag: Option<u64>, ck: Option<u64>| -> Result<Option<u64>, DiscoverError> {
@@ -135,6 +155,44 @@ pub fn discover<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags) -> Result<Di
         (None, _) => GeometrySource::Flags,
     };
     Ok(Discovered { geometry, source, copies, checkpoint: meta })
+}
+
+/// Two valid copies with different layouts: the newest is an older layout's (reference §4.1:
+/// a LMCache restarted with a new layout writes seq 1 into copy 0 and leaves the other copy's
+/// higher seq). An error unless the flags match one of them: the newest's, or the other's,
+/// which is then LMCache's current checkpoint behind a stale copy to erase.
+fn two_layouts<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags, newest: &CheckpointMeta, copies: &[CopyStatus; 2], geom: &Geometry) -> Option<DiscoverError> {
+    let fields = |m: &CheckpointMeta| {
+        [
+            ("block_align", flags.block_align, m.block_align),
+            ("header_bytes", flags.header_bytes, m.header_bytes),
+            ("slot_bytes", flags.slot_bytes, m.slot_bytes),
+            ("meta_total_bytes", flags.meta_total_bytes, m.meta_total_bytes),
+        ]
+    };
+    let stale = newest_valid(copies)?;
+    let current = copies.iter().find(|c| c.copy != stale.copy && c.is_valid())?;
+    let other = read_entries(dev, geom, current, &JsonLimits::default(), &mut |_| Ok(())).ok()?;
+    let (field, flag, stale_value, current_value) = fields(newest).into_iter().zip(fields(&other)).find_map(|((n, f, a), (_, _, b))| match (a, b) {
+        (Some(a), Some(b)) if a != b => Some((n, f, a, b)),
+        _ => None,
+    })?;
+    let agree = |m: &CheckpointMeta| fields(m).into_iter().all(|(_, f, c)| f.is_none() || c.is_none() || f == c);
+    let any_flag = fields(newest).iter().any(|(_, f, _)| f.is_some());
+    if any_flag && (agree(newest) || !agree(&other)) {
+        return None; // the newest's layout, or a conflict with both (reported as one with the newest)
+    }
+    Some(DiscoverError::TwoLayouts {
+        field,
+        flag: flag.filter(|_| any_flag),
+        stale_value,
+        current_value,
+        stale: stale.copy,
+        stale_seq: stale.seq().unwrap_or(0),
+        current_seq: current.seq().unwrap_or(0),
+        offset: stale.offset,
+        block_align: geom.block_align,
+    })
 }
 
 /// Block sizes to try when `block_align` is unknown: where the JSON of copy 0 begins.
@@ -337,6 +395,49 @@ mod tests {
         erased[..1 << 20].fill(0);
         assert_eq!(discover(&erased, &bigger).unwrap().source, GeometrySource::Flags);
         assert_eq!(discover(&erased, &bad).unwrap_err().to_string(), DiscoverError::NoCheckpoint { missing: "--meta-total-bytes" }.to_string());
+    }
+
+    /// object-evict restarted with 32 KiB slots: LMCache wrote seq 1 into copy 0 and copy 1
+    /// still holds the old layout's seq 2 or later (reference §4.1).
+    fn object_evict_relayout() -> (Vec<u8>, u64) {
+        let (mut img, _) = fixture("object-evict");
+        let size = img.len() as u64;
+        let h1 = CheckpointHeader::parse(&img[524288..524288 + 32], size).unwrap();
+        assert!(h1.seq >= 2, "copy 1 must hold the higher seq");
+        let h = CheckpointHeader::parse(&img[..32], size).unwrap();
+        let json = String::from_utf8(img[4096..4096 + h.payload_len as usize].to_vec()).unwrap();
+        let json = json.replace(r#""slot_bytes":65536"#, r#""slot_bytes":32768"#);
+        img[4096..4096 + json.len()].copy_from_slice(json.as_bytes());
+        img[12..20].copy_from_slice(&1u64.to_le_bytes());
+        img[28..32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
+        (img, h1.seq)
+    }
+
+    #[test]
+    fn two_copies_with_different_layouts_are_refused_unless_the_flags_tell() {
+        let (img, stale_seq) = object_evict_relayout();
+        // No flags: which layout LMCache runs with is not known.
+        let e = discover(&img, &GeometryFlags::default()).unwrap_err();
+        assert!(
+            matches!(e, DiscoverError::TwoLayouts { field: "slot_bytes", flag: None, stale_value: 65536, current_value: 32768, stale: 1, current_seq: 1, offset: 524288, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains(&format!("seq {stale_seq}")) && e.to_string().contains("--slot-bytes"), "{e}");
+        // The new layout's flags: the old copy is named, with where to erase it.
+        let new = GeometryFlags { slot_bytes: Some(32768), ..Default::default() };
+        let e = discover(&img, &new).unwrap_err();
+        assert!(matches!(e, DiscoverError::TwoLayouts { flag: Some(32768), stale: 1, offset: 524288, block_align: 4096, .. }), "{e}");
+        // The old layout's flags: the loader's copy, taken as before.
+        let old = GeometryFlags { slot_bytes: Some(65536), ..Default::default() };
+        assert_eq!(discover(&img, &old).unwrap().geometry.slot_bytes, 65536);
+        // A flag neither copy has: the usual conflict with the newest.
+        let neither = GeometryFlags { slot_bytes: Some(131072), ..Default::default() };
+        assert!(matches!(discover(&img, &neither).unwrap_err(), DiscoverError::Conflict { checkpoint: 65536, .. }));
+        // With the old copy's header erased, the new layout is found from copy 0.
+        let mut erased = img.clone();
+        erased[524288..524288 + 4096].fill(0);
+        assert_eq!(discover(&erased, &GeometryFlags::default()).unwrap().geometry.slot_bytes, 32768);
+        assert_eq!(discover(&erased, &new).unwrap().source, GeometrySource::Both);
     }
 
     /// object-evict's checkpoint as LMCache writes it with `block_align` (and `header_bytes`)
