@@ -7,7 +7,9 @@
 //! batches and page-cache writeback do not keep LMCache's order) can be held by the caller:
 //! `plan` then reports the slot it waits for instead of placing a guess.
 
-use crate::classify::{classify, Class, Extent, ExtentKind, Op};
+use crate::classify::{classify, Class, Extent, ExtentKind, Op, Parsed};
+use crate::layout::checkpoint_header::CHECKPOINT_HEADER_LEN;
+use crate::layout::slot_header::SLOT_HEADER_PREFIX;
 use crate::engine::{Engine, Errno};
 use crate::layout::Geometry;
 use crate::place::{Handle, Observation, Policy, Target};
@@ -383,6 +385,13 @@ impl Pipeline {
                     self.slots.note_orphan(slot, self.orphan_end(slot, e));
                     waits
                 }
+                // The rest of a header block past its identity and length (the page cache
+                // writing back an 8 KiB header's second page apart): neither payload nor tail.
+                ExtentKind::SlotHeader { header: Parsed::Absent, .. }
+                    if e.offset >= self.geom.slot_offset(slot) + SLOT_HEADER_PREFIX as u64 =>
+                {
+                    self.slots.note_payload_write(slot)
+                }
                 _ => self.slots.note_write(slot),
             };
             if waits {
@@ -390,6 +399,12 @@ impl Pipeline {
             }
         }
         match e.kind {
+            ExtentKind::CheckpointHeader { copy, .. } if e.offset >= self.geom.container_offset(copy) + CHECKPOINT_HEADER_LEN as u64 => {
+                if self.slots.checkpoint_block_padding(copy) {
+                    self.container_waits.push(copy);
+                }
+                self.policy.place(&Target::Checkpoint { copy })
+            }
             ExtentKind::CheckpointHeader { copy, header } => {
                 // Before the write goes out: its epoch must precede LMCache's next snapshot.
                 if self.slots.checkpoint_header(copy, header.valid().copied()) {
@@ -627,6 +642,43 @@ mod tests {
         let long = SlotHeader { identity: 8, payload_len: 61440 }.encode(4096);
         write(&mut p, 0, 4096, Some(&long));
         assert!(!p.slots().expects_payload(1), "the header still expects payload that came ahead of it");
+    }
+
+    /// 8 KiB header blocks (`header_bytes` and `block_align` 8192) written back by the page
+    /// cache a page at a time: the second page, all padding, neither supersedes the
+    /// checkpoint header the first carried nor takes back a slot header's completion.
+    #[test]
+    fn the_second_page_of_an_8k_header_changes_neither_header() {
+        use crate::layout::checkpoint_header::CheckpointHeader as Ck;
+        use crate::slot_table::life::{HEADER_DONE, STALE_TAIL};
+        let g = crate::layout::GeometryConfig { block_align: 8192, header_bytes: 8192, slot_bytes: 65536, meta_total_bytes: 1 << 20, capacity_bytes: 0 }
+            .validate(16 << 20)
+            .unwrap();
+        let mut p = Pipeline::new(g, Box::new(RegionPolicy));
+        let mut segs = Vec::new();
+        let page = |p: &mut Pipeline, segs: &mut Vec<Segment>, offset: u64, data: &[u8]| {
+            p.plan(&Request { op: Op::Write, offset, len: 4096, data: Some(data) }, segs, HeaderWait::Expired).unwrap();
+        };
+        let zeros = [0u8; 4096];
+        // Checkpoint seq 3 in copy 1: its header's page, then the block's second page.
+        let ck = Ck::encode_for(3, b"{}", 8192);
+        page(&mut p, &mut segs, g.container_offset(1), &ck[..4096]);
+        page(&mut p, &mut segs, g.container_offset(1) + 4096, &zeros);
+        let (events, _) = p.slots().take_events();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].header.map(|h| h.seq), Some(3));
+        // The same for a slot header: the completed header keeps its stale tail to trim.
+        let hdr = SlotHeader { identity: 5, payload_len: 4096 }.encode(8192);
+        page(&mut p, &mut segs, g.slot_offset(2), &hdr[..4096]);
+        p.completed();
+        assert_eq!(p.slots().life(2) & (STALE_TAIL | HEADER_DONE), STALE_TAIL | HEADER_DONE);
+        page(&mut p, &mut segs, g.slot_offset(2) + 4096, &zeros);
+        assert_eq!(p.slots().life(2) & (STALE_TAIL | HEADER_DONE), STALE_TAIL | HEADER_DONE, "the header's padding page");
+        // A write over the identity is another matter.
+        page(&mut p, &mut segs, g.slot_offset(2), &zeros);
+        assert_eq!(p.slots().life(2) & (STALE_TAIL | HEADER_DONE), 0);
+        page(&mut p, &mut segs, g.container_offset(1), &zeros);
+        assert_eq!(p.slots().take_events().0[0].header, None);
     }
 
     #[test]

@@ -688,6 +688,18 @@ impl SlotTable {
         guard & 1 != 0
     }
 
+    /// A write (or discard) to container `copy`'s header block that leaves the header's 32
+    /// bytes alone: the page cache writing back the second page of an 8 KiB header block
+    /// apart from the first. LMCache's loader reads only those bytes of the block, so the
+    /// checkpoint there is unchanged: no event, which would supersede the header's own.
+    /// Counted as a write all the same (a zeroing planned on the older count is refused
+    /// until the next header event). Returns true as [`SlotTable::checkpoint_header`] does.
+    #[must_use]
+    pub fn checkpoint_block_padding(&self, copy: u8) -> bool {
+        let _m = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        self.container_guard[usize::from(copy & 1)].fetch_add(2, Ordering::SeqCst) & 1 != 0
+    }
+
     /// Starts zeroing container `copy`'s header block, if no write to it was planned since
     /// the state thread's view of it (`writes`, from its last event; 0 without one). Every
     /// later write is held by its queue until [`SlotTable::end_container_zeroing`].
