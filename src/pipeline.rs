@@ -667,6 +667,9 @@ mod tests {
         let (events, _) = p.slots().take_events();
         assert_eq!(events.len(), 1, "{events:?}");
         assert_eq!(events[0].header.map(|h| h.seq), Some(3));
+        // Nor does it hold back the state thread's zeroing of the block planned on that event.
+        assert!(p.slots().begin_container_zeroing(1, events[0].writes));
+        p.slots().end_container_zeroing(1);
         // The same for a slot header: the completed header keeps its stale tail to trim.
         let hdr = SlotHeader { identity: 5, payload_len: 4096 }.encode(8192);
         page(&mut p, &mut segs, g.slot_offset(2), &hdr[..4096]);

@@ -691,13 +691,13 @@ impl SlotTable {
     /// A write (or discard) to container `copy`'s header block that leaves the header's 32
     /// bytes alone: the page cache writing back the second page of an 8 KiB header block
     /// apart from the first. LMCache's loader reads only those bytes of the block, so the
-    /// checkpoint there is unchanged: no event, which would supersede the header's own.
-    /// Counted as a write all the same (a zeroing planned on the older count is refused
-    /// until the next header event). Returns true as [`SlotTable::checkpoint_header`] does.
+    /// checkpoint there is unchanged: no event, which would supersede the header's own, and
+    /// not counted as a write, which would refuse the state thread's zeroing of the block
+    /// until LMCache's next header there (a zeroing racing it writes zeros over zeros).
+    /// True while fdpblk zeroes the block: the write waits, as [`SlotTable::checkpoint_header`]'s.
     #[must_use]
     pub fn checkpoint_block_padding(&self, copy: u8) -> bool {
-        let _m = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
-        self.container_guard[usize::from(copy & 1)].fetch_add(2, Ordering::SeqCst) & 1 != 0
+        self.container_zeroing(copy)
     }
 
     /// Starts zeroing container `copy`'s header block, if no write to it was planned since

@@ -305,13 +305,32 @@ fn first_byte(r: &mut impl BufRead) -> Result<(Option<u8>, usize), String> {
     }
 }
 
-/// Reads a trace in the format `format` (`Auto`: told by its first non-blank character).
+/// Reads a trace in the format `format` (`Auto`: told by its first non-blank character),
+/// all of it in memory.
 pub fn read_trace_from(
-    mut r: impl BufRead,
+    r: impl BufRead,
     format: TraceFormat,
     event: BlkAction,
     device: Option<(u32, u32)>,
 ) -> Result<(Vec<TraceRequest>, TraceInfo), String> {
+    let mut out = Vec::new();
+    let info = visit_trace(r, format, event, device, &mut |t| {
+        out.push(t);
+        Ok(())
+    })?;
+    Ok((out, info))
+}
+
+/// Reads a trace request by request, handing each to `each` (whose error stops the read);
+/// returns what it found. A trace that turns out unusable at its end (several blkparse
+/// devices, no usable event) is an error after its requests went to `each`.
+pub fn visit_trace(
+    mut r: impl BufRead,
+    format: TraceFormat,
+    event: BlkAction,
+    device: Option<(u32, u32)>,
+    each: &mut dyn FnMut(TraceRequest) -> Result<(), String>,
+) -> Result<TraceInfo, String> {
     let (first, skipped) = first_byte(&mut r)?;
     let json = match format {
         TraceFormat::Json => true,
@@ -322,7 +341,7 @@ pub fn read_trace_from(
         return Err("the trace is empty: give a JSON-lines trace or blkparse's output (see tools/trace/capture-blktrace.sh)".into());
     }
     if json {
-        let mut out = Vec::new();
+        let mut carries_data = false;
         let mut lines = skipped;
         // One request per line; a line is bounded so that a file without newlines is an
         // error, not a read of the whole file into memory.
@@ -336,12 +355,13 @@ pub fn read_trace_from(
             if line.trim().is_empty() {
                 continue;
             }
-            out.push(parse_trace_line(&line).map_err(|e| format!("trace line {lines}: {e}"))?);
+            let t = parse_trace_line(&line).map_err(|e| format!("trace line {lines}: {e}"))?;
+            carries_data |= t.op == Op::Write && !t.data.is_empty();
+            each(t)?;
         }
-        let carries_data = out.iter().any(|t| t.op == Op::Write && !t.data.is_empty());
-        Ok((out, TraceInfo { format: "json", lines, carries_data, ..Default::default() }))
+        Ok(TraceInfo { format: "json", lines, carries_data, ..Default::default() })
     } else {
-        read_blkparse(r, skipped, event, device)
+        read_blkparse(r, skipped, event, device, each)
     }
 }
 
@@ -354,10 +374,10 @@ fn read_blkparse(
     skipped: usize,
     event: BlkAction,
     device: Option<(u32, u32)>,
-) -> Result<(Vec<TraceRequest>, TraceInfo), String> {
+    each: &mut dyn FnMut(TraceRequest) -> Result<(), String>,
+) -> Result<TraceInfo, String> {
     const MAX_DEVICES: usize = 64;
     let mut info = TraceInfo { format: "blkparse", event: Some(event), ..Default::default() };
-    let mut out = Vec::new();
     let mut ops = Vec::new();
     let mut first_other: Option<(usize, &'static str)> = None;
     let mut actions = BTreeSet::new();
@@ -406,7 +426,9 @@ fn read_blkparse(
         if info.devices.len() < MAX_DEVICES && !info.devices.contains(&e.device()) {
             info.devices.push(e.device());
         }
-        out.extend(ops.iter().map(|&(op, offset, len)| TraceRequest { op, offset, len, data: Vec::new() }));
+        for &(op, offset, len) in &ops {
+            each(TraceRequest { op, offset, len, data: Vec::new() })?;
+        }
     }
     if info.taken == 0 {
         let hint = "replay reads blkparse's default output (blkparse -i TRACE, no -f; tools/trace/capture-blktrace.sh writes it) \
@@ -444,7 +466,7 @@ fn read_blkparse(
             names.join(" and ")
         ));
     }
-    Ok((out, info))
+    Ok(info)
 }
 
 /// The smallest device holding every slot the trace reaches: its furthest byte rounded up to
@@ -456,9 +478,46 @@ fn inferred_device_size(furthest: u64, slot_bytes: u64, meta_total_bytes: u64) -
     }
 }
 
-fn read_trace(a: &ReplayArgs) -> Result<(Vec<TraceRequest>, TraceInfo), String> {
-    let r = open_trace(&a.trace)?;
-    read_trace_from(r, a.format, a.blk_event, a.blk_device)
+/// The furthest byte a request (other than a flush) reaches.
+fn furthest_byte(furthest: &mut u64, t: &TraceRequest) {
+    if t.op != Op::Flush {
+        *furthest = (*furthest).max(t.offset.saturating_add(t.len));
+    }
+}
+
+/// A trace file is read twice, in bounded memory: once for what it holds and how far it
+/// reaches (which the device's size may come from), once to replay it. Standard input is
+/// read once and held in memory.
+fn scan_trace(a: &ReplayArgs) -> Result<(Option<Vec<TraceRequest>>, TraceInfo, u64), String> {
+    let mut furthest = 0;
+    if a.trace.as_os_str() == "-" {
+        let (trace, info) = read_trace_from(open_trace(&a.trace)?, a.format, a.blk_event, a.blk_device)?;
+        trace.iter().for_each(|t| furthest_byte(&mut furthest, t));
+        return Ok((Some(trace), info, furthest));
+    }
+    let info = visit_trace(open_trace(&a.trace)?, a.format, a.blk_event, a.blk_device, &mut |t| {
+        furthest_byte(&mut furthest, &t);
+        Ok(())
+    })?;
+    Ok((None, info, furthest))
+}
+
+/// Replays the trace file again from its start, read on a thread as the pipeline goes.
+fn replay_file(a: &ReplayArgs, scanned: &TraceInfo, geometry: Geometry, size: u64, ssd: Option<crate::sim::dev::TraceSsd>) -> Result<ReplayReport, String> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1 << 12);
+    let (path, format, event, device) = (a.trace.clone(), a.format, a.blk_event, a.blk_device);
+    let reader = std::thread::spawn(move || {
+        visit_trace(open_trace(&path)?, format, event, device, &mut |t| tx.send(t).map_err(|_| "replay stopped".to_string()))
+    });
+    let report = replay_into(geometry, &a.policy, size, rx, ssd)?;
+    let again = reader.join().map_err(|_| "the trace reader panicked".to_string())??;
+    if again != *scanned {
+        return Err(format!(
+            "trace {} changed while replay read it (it is read twice: for its extent, then to replay it); replay a trace that is complete",
+            a.trace.display()
+        ));
+    }
+    Ok(report)
 }
 
 pub fn run(a: &ReplayArgs) -> CmdResult {
@@ -466,9 +525,8 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
     if policy_by_name(&a.policy).is_none() {
         return Err(format!("unknown --policy {}; choose one of {}", a.policy, POLICY_NAMES.join(", ")).into());
     }
-    let (trace, info) = read_trace(a)?;
+    let (held, info, furthest) = scan_trace(a)?;
     let flags = a.geometry.flags();
-    let furthest = trace.iter().filter(|t| t.op != Op::Flush).map(|t| t.offset + t.len).max().unwrap_or(0);
     let (geometry, size) = match &a.device {
         Some(path) => {
             let dev = open_readonly(path)?;
@@ -534,7 +592,10 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
     } else {
         None
     };
-    let report = replay_into(geometry, &a.policy, size, trace, ssd)?;
+    let report = match held {
+        Some(trace) => replay_into(geometry, &a.policy, size, trace, ssd)?,
+        None => replay_file(a, &info, geometry, size, ssd)?,
+    };
     let note = (!info.carries_data && report.pipeline.op(Op::Write).requests > 0).then(|| no_data_note(report.policy));
     if a.json {
         let mut v = report.to_json();
@@ -774,6 +835,42 @@ mod tests {
             out.push((parse_trace_line(&line.to_string()).unwrap(), v["region"].as_str().unwrap_or("").to_string()));
         }
         out
+    }
+
+    /// A trace file is replayed as it is read, and gives what the trace held in memory gives;
+    /// standard input is held in memory.
+    #[test]
+    fn a_trace_file_replays_as_it_is_read_like_one_in_memory() {
+        use clap::Parser;
+        let dir = crate::test_fixtures::fixtures_dir().join("legacy-basic");
+        let img = dir.join("device.img");
+        let tmp = std::env::temp_dir().join(format!("fdpblk-replay-{}.jsonl", std::process::id()));
+        let lines: Vec<String> = fixture_trace(&dir)
+            .iter()
+            .map(|(t, _)| json!({"op": t.op.name(), "offset": t.offset, "len": t.len, "data_hex": t.data.iter().map(|b| format!("{b:02x}")).collect::<String>()}).to_string())
+            .collect();
+        std::fs::write(&tmp, lines.join("\n")).unwrap();
+        let args = |trace: &str| match crate::cli::Cli::try_parse_from(["fdpblk", "replay", trace, "--device", img.to_str().unwrap(), "--policy", "key-aware"]).unwrap().command {
+            crate::cli::Command::Replay(a) => a,
+            _ => unreachable!(),
+        };
+        let a = args(tmp.to_str().unwrap());
+        let (held, info, furthest) = scan_trace(&a).unwrap();
+        assert!(held.is_none(), "a file is not held");
+        assert_eq!(info.lines, lines.len());
+        let (trace, in_memory_info) = read_trace_from(lines.join("\n").as_bytes(), TraceFormat::Auto, a.blk_event, None).unwrap();
+        assert_eq!(info, in_memory_info);
+        assert_eq!(furthest, trace.iter().filter(|t| t.op != Op::Flush).map(|t| t.offset + t.len).max().unwrap());
+        let g = discover(&std::fs::read(&img).unwrap(), &GeometryFlags::default()).unwrap().geometry;
+        let size = std::fs::metadata(&img).unwrap().len();
+        let streamed = replay_file(&a, &info, g, size, None).unwrap();
+        let held = replay(g, "key-aware", size, trace).unwrap();
+        assert!(streamed.requests > 0);
+        assert_eq!(streamed.to_json(), held.to_json());
+        // Read again, the file must be what the first pass read.
+        let shorter = TraceInfo { lines: info.lines - 1, ..info.clone() };
+        assert!(replay_file(&a, &shorter, g, size, None).unwrap_err().contains("changed while replay read it"));
+        std::fs::remove_file(&tmp).unwrap();
     }
 
     #[test]

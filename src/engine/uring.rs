@@ -29,9 +29,9 @@ async fn blkdiscard_off_queue(q: &UblkQueue<'_>, fd: i32, off: u64, len: u64) ->
     let efd = std::sync::Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
     let (tx, rx) = std::sync::mpsc::channel();
     let done = efd.clone();
-    // The backing fd outlives the queue threads, and this tag waits for the thread below.
-    /// Wakes the tag however the thread ends (a panic too): the kernel waits for this request
-    /// before a stop completes, so a tag that never woke would hang the stop.
+    /// Wakes the tag however the thread ends (a panic too: it wakes before the channel's
+    /// sender goes, so the tag polls until it sees the channel closed): the kernel waits for
+    /// this request before a stop completes, so a tag that never woke would hang the stop.
     struct Wake(std::sync::Arc<OwnedFd>);
     impl Drop for Wake {
         fn drop(&mut self) {
@@ -40,6 +40,7 @@ async fn blkdiscard_off_queue(q: &UblkQueue<'_>, fd: i32, off: u64, len: u64) ->
             unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
         }
     }
+    // The backing fd outlives the queue threads, and this tag waits for the thread below.
     let spawned = std::thread::Builder::new().name("fdpblk-discard".into()).spawn(move || {
         let _wake = Wake(done);
         let _ = tx.send(crate::device::blkdiscard(fd, off, len));

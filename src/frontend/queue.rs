@@ -103,13 +103,19 @@ pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), 
 
 /// A fetch's result: a request came (0), or the driver refused the command. libublk maps only
 /// the queue going down to an error; serving again on any other refusal would replay the
-/// last request's descriptor (a write of old data) in a loop.
+/// last request's descriptor (a write of old data) in a loop, and ending the tag would leave
+/// the request it completed in flight, so that a stop waits for it forever. The daemon
+/// aborts instead, as on a queue thread's panic: the driver holds the device's I/O and
+/// re-issues it to the daemon that recovers it.
 fn fetched(res: i32) -> Result<(), UblkError> {
-    if res == sys::UBLK_IO_RES_OK as i32 {
-        Ok(())
-    } else {
-        Err(UblkError::OtherError(res))
+    if res != sys::UBLK_IO_RES_OK as i32 {
+        tracing::error!(
+            "the ublk driver refused a queue's command ({}): aborting, so that the device can be recovered (`fdpblk recover`)",
+            std::io::Error::from_raw_os_error(-res)
+        );
+        std::process::abort();
     }
+    Ok(())
 }
 
 /// Nanoseconds on one clock for every queue of the process.

@@ -373,7 +373,6 @@ const EARLIER_COMMANDS_WAIT: Duration = Duration::from_secs(60);
 /// Waiting for it keeps such a command (a write LMCache already re-sent through the new
 /// daemon, and maybe overwrote since) from landing on the drive after newer data.
 fn lock_backing(file: &std::fs::File, path: &Path, deadline: Instant, stop: Option<&AtomicBool>) -> Result<(), String> {
-    let start = Instant::now();
     let mut said = false;
     loop {
         if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
@@ -391,7 +390,7 @@ fn lock_backing(file: &std::fs::File, path: &Path, deadline: Instant, stop: Opti
             return Err(format!(
                 "backing {}: commands of an earlier fdpblk daemon are still in flight at the drive after {} s (a hung controller?); check `dmesg` and `nvme list`, then try again",
                 path.display(),
-                start.elapsed().as_secs()
+                EARLIER_COMMANDS_WAIT.as_secs() // the deadline is that long after the first try
             ));
         }
         if !said {
@@ -529,17 +528,19 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     *shared.watch.lock().unwrap_or_else(|e| e.into_inner()) = watcher.as_ref().map(|w| w.published());
     let stop = Arc::new(AtomicBool::new(false));
     let watch_stop = Arc::new(AtomicBool::new(false));
+    // False when the device failed to start: its queue threads may still serve.
+    let clean_stop = Arc::new(AtomicBool::new(true));
     let state_thread = match watcher {
         Some(w) => {
-            let (stop, s) = (watch_stop.clone(), shared.clone());
-            Some(std::thread::spawn(move || state_thread_guarded(&s, || w.run(&stop))))
+            let (stop, clean, s) = (watch_stop.clone(), clean_stop.clone(), shared.clone());
+            Some(std::thread::spawn(move || state_thread_guarded(&s, || w.run(&stop, &clean))))
         }
         None => {
             tracing::info!(
                 "device {id}: no LMCache checkpoint yet: writes go unclassified to handle {outside} until LMCache's first checkpoint tells the layout"
             );
-            let (stop, s, g) = (watch_stop.clone(), shared.clone(), shared.clone());
-            Some(std::thread::spawn(move || state_thread_guarded(&g, || learn_then_watch(&s, state_dev, &stop))))
+            let (stop, clean, s, g) = (watch_stop.clone(), clean_stop.clone(), shared.clone(), shared.clone());
+            Some(std::thread::spawn(move || state_thread_guarded(&g, || learn_then_watch(&s, state_dev, &stop, &clean))))
         }
     };
     let (q_shared, d_shared, d_stop) = (shared.clone(), shared.clone(), stop.clone());
@@ -578,7 +579,10 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         },
     );
     // The queues are done: the state thread takes the last checkpoint events, then writes
-    // the state as clean.
+    // the state as clean. Not after a failed start: libublk returns without joining the
+    // queue threads, and a recovery's may be serving re-issued writes that a clean state
+    // saved now would miss (the next run would trust it).
+    clean_stop.store(res.is_ok(), Ordering::SeqCst);
     watch_stop.store(true, Ordering::Relaxed);
     if let Some(k) = shared.layout.known() {
         k.slots.wake();
@@ -681,7 +685,7 @@ fn state_thread_guarded(shared: &Shared, body: impl FnOnce()) {
 /// The learner, then the state thread: looks for LMCache's first checkpoint every second until
 /// it tells the layout, sets it (the queues switch to classifying pipelines), records it in
 /// the device's state file, and runs the state thread.
-fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBool) {
+fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBool, clean: &AtomicBool) {
     let cfg = &shared.cfg;
     let mut refused = false;
     let g: Geometry = loop {
@@ -743,7 +747,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
     );
     // `list` and `recover` see the layout from now on.
     shared.write_state_file();
-    w.run(stop);
+    w.run(stop, clean);
 }
 
 /// The watcher (state loaded, both checkpoint containers read).

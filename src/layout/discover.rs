@@ -77,7 +77,7 @@ impl fmt::Display for DiscoverError {
             Self::Geometry(e) => e.fmt(f),
             Self::TwoLayouts { field, flag: Some(flag), stale_value, stale, stale_seq, current_seq, .. } => write!(
                 f,
-                "--{} {flag} matches LMCache's checkpoint seq {current_seq}, but the other container (copy {stale}) still holds an older layout's checkpoint with a higher seq ({stale_seq}, {field} {stale_value}), which LMCache's loader takes first and discards: LMCache was restarted with a new layout and has not overwritten it yet",
+                "--{} {flag} matches LMCache's checkpoint seq {current_seq}, but the other container (copy {stale}) still holds an older layout's checkpoint with a higher seq ({stale_seq}, {field} {stale_value}), which LMCache's loader would take first and discard: LMCache was restarted with a new layout and has not overwritten it yet",
                 field.replace('_', "-")
             ),
             Self::TwoLayouts { field, flag: None, stale_value, current_value, stale, stale_seq, current_seq, .. } => write!(
@@ -173,18 +173,30 @@ fn two_layouts<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags, newest: &Chec
     let stale = newest_valid(copies)?;
     let current = copies.iter().find(|c| c.copy != stale.copy && c.is_valid())?;
     let other = read_entries(dev, geom, current, &JsonLimits::default(), &mut |_| Ok(())).ok()?;
-    let (field, flag, stale_value, current_value) = fields(newest).into_iter().zip(fields(&other)).find_map(|((n, f, a), (_, _, b))| match (a, b) {
-        (Some(a), Some(b)) if a != b => Some((n, f, a, b)),
-        _ => None,
-    })?;
-    let agree = |m: &CheckpointMeta| fields(m).into_iter().all(|(_, f, c)| f.is_none() || c.is_none() || f == c);
-    let any_flag = fields(newest).iter().any(|(_, f, _)| f.is_some());
-    if any_flag && (agree(newest) || !agree(&other)) {
-        return None; // the newest's layout, or a conflict with both (reported as one with the newest)
-    }
+    // The fields the two layouts differ in, and the flags given for them.
+    let differ: Vec<_> = fields(newest)
+        .into_iter()
+        .zip(fields(&other))
+        .filter_map(|((n, f, a), (_, _, b))| match (a, b) {
+            (Some(a), Some(b)) if a != b => Some((n, f, a, b)),
+            _ => None,
+        })
+        .collect();
+    let &(first, _, stale_first, current_first) = differ.first()?;
+    let flagged: Vec<_> = differ.iter().filter(|d| d.1.is_some()).collect();
+    let (field, flag, stale_value, current_value) = match flagged.first() {
+        // No flag tells the two apart: fdpblk cannot tell which one LMCache runs with.
+        None => (first, None, stale_first, current_first),
+        // The newest copy's layout, given: taken as LMCache's loader takes it.
+        Some(_) if flagged.iter().all(|d| d.1 == Some(d.2)) => return None,
+        // The other copy's, given: LMCache's current checkpoint, behind a stale copy.
+        Some(&&d) if flagged.iter().all(|d| d.1 == Some(d.3)) => d,
+        // Neither: the conflict with the newest copy says so.
+        Some(_) => return None,
+    };
     Some(DiscoverError::TwoLayouts {
         field,
-        flag: flag.filter(|_| any_flag),
+        flag,
         stale_value,
         current_value,
         stale: stale.copy,
@@ -427,6 +439,11 @@ mod tests {
         let new = GeometryFlags { slot_bytes: Some(32768), ..Default::default() };
         let e = discover(&img, &new).unwrap_err();
         assert!(matches!(e, DiscoverError::TwoLayouts { flag: Some(32768), stale: 1, offset: 524288, block_align: 4096, .. }), "{e}");
+        // A flag both layouts share tells nothing; with one that tells, the same as above.
+        let shared = GeometryFlags { block_align: Some(4096), ..Default::default() };
+        assert!(matches!(discover(&img, &shared).unwrap_err(), DiscoverError::TwoLayouts { flag: None, .. }));
+        let both = GeometryFlags { block_align: Some(4096), slot_bytes: Some(32768), ..Default::default() };
+        assert!(matches!(discover(&img, &both).unwrap_err(), DiscoverError::TwoLayouts { flag: Some(32768), .. }));
         // The old layout's flags: the loader's copy, taken as before.
         let old = GeometryFlags { slot_bytes: Some(65536), ..Default::default() };
         assert_eq!(discover(&img, &old).unwrap().geometry.slot_bytes, 65536);

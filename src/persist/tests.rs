@@ -197,7 +197,7 @@ fn crash_at_every_write_boundary_loads_a_committed_state() {
             let unflushed: Vec<usize> = (last_flush..p_cut).filter(|&i| matches!(ops[i], MemOp::Write { .. })).collect();
             // Variants: the cut is clean; the next write is torn (half, and one page of a
             // run); any subset of the unflushed writes was lost (every subset: the cycles
-            // here leave at most 8 unflushed).
+            // here leave few unflushed, 8 at most when this was written).
             let mut variants: Vec<Variant> = vec![(None, vec![])];
             if let Some(MemOp::Write { data, .. }) = ops.get(p_cut) {
                 variants.push((Some((p_cut, data.len() / 2)), vec![]));

@@ -798,8 +798,9 @@ impl Watcher {
             .max_by_key(|v| v.seq)
     }
 
-    /// Runs the state thread until `stop`, then a final step and a clean persist.
-    pub fn run(mut self, stop: &AtomicBool) {
+    /// Runs the state thread until `stop`, then a final step and a clean persist, or, when
+    /// `clean` is false at the stop, a persist that leaves the state marked in use.
+    pub fn run(mut self, stop: &AtomicBool, clean: &AtomicBool) {
         while !stop.load(Ordering::Relaxed) {
             let wait = self.next_wakeup().min(EARLY_TAILS_INTERVAL);
             self.slots.wait_events(wait);
@@ -810,7 +811,11 @@ impl Watcher {
             }
         }
         self.step();
-        let _ = self.persist_now(true, true);
+        let clean = clean.load(Ordering::SeqCst);
+        if !clean {
+            tracing::warn!("device {}: fdpblk's own state is saved as in use: the device did not stop cleanly", self.cfg.device);
+        }
+        let _ = self.persist_now(clean, true);
         self.publish();
     }
 
