@@ -95,8 +95,9 @@
 //!
 //! ## Early tails
 //!
-//! A tail can go before any checkpoint confirmed the slot, as soon as its new header is
-//! durable, because LMCache's load checks every entry against the slot header on the drive.
+//! A tail can go before any checkpoint confirmed the slot, once its new header is durable and
+//! a checkpoint written since was read back, because LMCache's load checks every entry against
+//! the slot header on the drive.
 //! The conditions, checked by the state thread's round (once a second,
 //! [`Watcher::trim_early_tails`]):
 //!
@@ -119,14 +120,25 @@
 //!   then either matches or conflicts (and a conflict stops all deallocation). A LMCache
 //!   that reads no checkpoint when it starts (`load_checkpoint_on_init` off) gives no such
 //!   sign: run fdpblk with `--no-early-tails` there, or add it again after changing
-//!   LMCache's geometry.
+//!   LMCache's geometry;
+//! - a checkpoint header written after the slot's last write has been read back, with
+//!   nothing pending, and neither container lists a payload in the slot that reaches past
+//!   the new one. The header check drops such an entry only while the slot's header stays the
+//!   new one: the same key put into the slot again, its header landing and its payload lost
+//!   in a crash (a power loss with buffered I/O, two LMCache crashes with O_DIRECT), would
+//!   pass the check over bytes the tail took, where without fdpblk they still held that
+//!   key's data. LMCache snapshots a checkpoint before it writes it, so the one written
+//!   next after the put may still list the previous key; one written after that cannot
+//!   (its snapshot followed that write, which followed the put). A tail held back by this
+//!   waits in the round until the older listing is gone (LMCache overwrites that container,
+//!   or early evictions zero it); by then no loadable checkpoint names the old contents.
 //!
 //! Then no LMCache process reads the tail: the current put's entry (if it commits) reads its
 //! own `payload_len`; an entry for any earlier contents of the slot, in a checkpoint LMCache
-//! loads after a crash, is dropped by the header check of its load (`meta_verify_on_load`,
-//! on by default). With that check off, LMCache would serve such an entry from a slot whose
-//! header already names the new put and whose payload that put is overwriting: fdpblk
-//! assumes the default.
+//! loads after a crash, lists no longer payload, or is dropped by the header check of its
+//! load (`meta_verify_on_load`, on by default). With that check off, LMCache would serve such
+//! an entry from a slot whose header already names the new put and whose payload that put is
+//! overwriting: fdpblk assumes the default.
 //!
 //! ## Early evictions
 //!
@@ -441,6 +453,9 @@ struct ValidCopy {
     fixed_bytes: u64,
     /// One bit per slot the checkpoint lists.
     listed: Vec<u64>,
+    /// Per slot, the longest payload the checkpoint lists there plus one (saturating: one
+    /// of 4 GiB or more protects the whole slot); 0 where it lists none.
+    listed_len: Vec<u32>,
 }
 
 impl Container {
@@ -449,6 +464,19 @@ impl Container {
             Container::Unknown => true,
             Container::Empty => false,
             Container::Valid(v) => v.listed.get((slot / 64) as usize).is_some_and(|w| w & (1 << (slot % 64)) != 0),
+        }
+    }
+    /// The length of the longest payload this container lists in `slot`; an unknown
+    /// container may list any, to the slot's end.
+    fn listed_len(&self, slot: u64) -> Option<u64> {
+        match self {
+            Container::Unknown => Some(u64::MAX),
+            Container::Empty => None,
+            Container::Valid(v) => match v.listed_len.get(slot as usize).copied() {
+                Some(0) | None => None,
+                Some(u32::MAX) => Some(u64::MAX),
+                Some(n) => Some(u64::from(n) - 1),
+            },
         }
     }
     fn name(&self) -> &'static str {
@@ -594,6 +622,9 @@ pub struct Watcher {
     last_early_tails: Instant,
     /// Tail deallocation failed while this epoch was the newest seen: paused until the next.
     tail_error_epoch: Option<u32>,
+    /// Completed headers whose early tail waits until no loadable checkpoint lists a longer
+    /// payload in their slot (at most one per slot and header generation).
+    deferred_tails: Vec<(u64, u16)>,
     /// A policy that learns from committed checkpoints (`Policy::observes_checkpoints`).
     observer: Option<SharedPolicy>,
     published: Arc<Mutex<Value>>,
@@ -686,6 +717,7 @@ impl Watcher {
             last_written: None,
             last_early_tails: Instant::now(),
             tail_error_epoch: None,
+            deferred_tails: Vec::new(),
             observer: None,
             published: Arc::new(Mutex::new(Value::Null)),
         };
@@ -1026,6 +1058,7 @@ impl Watcher {
         let g = self.geom;
         let slots = &*self.slots;
         let mut listed = bitset(g.max_slots);
+        let mut listed_len = vec![0u32; g.max_slots as usize];
         let epoch_now = slots.epoch();
         // Epochs since commit `K`: the slot's stamp must be at least this + 2 epochs old.
         let need = confirm_epoch.map(|k| epoch_now.wrapping_sub(k)).filter(|&d| u64::from(d) + 2 < life::STAMP_MASK);
@@ -1047,6 +1080,10 @@ impl Watcher {
             };
             let Some((slot, 0)) = g.slot_of(off) else { return Ok(()) };
             listed[(slot / 64) as usize] |= 1 << (slot % 64);
+            let n = u32::try_from(size.saturating_add(1)).unwrap_or(u32::MAX);
+            if let Some(l) = listed_len.get_mut(slot as usize) {
+                *l = (*l).max(n);
+            }
             // An object key with a lone surrogate has no identity (its UTF-8 is LMCache's hash
             // input): listed, so protected, but never confirmed. A legacy key's is its hash's.
             let key = Key::parse(e.key).ok().filter(|k| !e.key_lossy || matches!(k, Key::Legacy(_)));
@@ -1151,7 +1188,7 @@ impl Watcher {
         if let (Some(entries), Some(p)) = (live, self.observer.as_mut()) {
             p.observe(&Observation::Checkpoint { seq: h.seq, entries: &entries });
         }
-        Ok(Some(ValidCopy { seq: h.seq, payload_len: h.payload_len, entries: meta.entries, fixed_bytes, listed }))
+        Ok(Some(ValidCopy { seq: h.seq, payload_len: h.payload_len, entries: meta.entries, fixed_bytes, listed, listed_len }))
     }
 
     /// A checkpoint LMCache committed through fdpblk (read back and verified).
@@ -1500,7 +1537,8 @@ impl Watcher {
     /// flush makes those headers durable, then each slot whose header is still that one
     /// and whose on-drive header carries it has its tail deallocated under the trim CAS.
     pub fn trim_early_tails(&mut self) {
-        let done = self.slots.take_completed_headers();
+        let mut done: Vec<(u64, Option<u16>)> = self.slots.take_completed_headers().into_iter().map(|s| (s, None)).collect();
+        done.extend(std::mem::take(&mut self.deferred_tails).into_iter().map(|(s, g)| (s, Some(g))));
         if done.is_empty() || !self.cfg.early_tails || self.conflict.is_some() || self.geometry_seen_at != Some(self.slots.checkpoint_reads()) {
             return;
         }
@@ -1511,21 +1549,37 @@ impl Watcher {
             w.slots.get(slot).filter(|e| e.generation == generation && e.payload_len < u64::from(u32::MAX))
         };
         // The header generation whose completion set HEADER_DONE: read before and after the
-        // life word (a new header stores its generation before it clears the bit).
-        let todo: Vec<(u64, u16)> = done
-            .into_iter()
-            .filter_map(|slot| {
-                let before = self.slots.get(slot)?;
-                let l = self.slots.life(slot);
-                let e = current(self, slot, before.generation)?;
-                (l & life::HEADER_DONE != 0
-                    && l & life::STALE_TAIL != 0
-                    && l & (life::TAIL_DONE | life::TRIMMING) == 0
-                    && !self.slots.is_orphan(slot)
-                    && self.tail_after(e.payload_len).is_some())
-                .then_some((slot, e.generation))
-            })
-            .collect();
+        // life word (a new header stores its generation before it clears the bit). A deferred
+        // one keeps the generation it was taken with.
+        let mut todo: Vec<(u64, u16)> = Vec::new();
+        let mut deferred_slots = std::collections::HashSet::new();
+        for (slot, deferred) in done {
+            let Some(before) = self.slots.get(slot) else { continue };
+            let l = self.slots.life(slot);
+            let Some(e) = current(self, slot, deferred.unwrap_or(before.generation)) else { continue };
+            let ready = l & life::HEADER_DONE != 0
+                && l & life::STALE_TAIL != 0
+                && l & (life::TAIL_DONE | life::TRIMMING) == 0
+                && !self.slots.is_orphan(slot)
+                && self.tail_after(e.payload_len).is_some();
+            if !ready {
+                continue;
+            }
+            // Not before a checkpoint header written after the put was read back: LMCache
+            // snapshots a checkpoint before it writes it, and the one in flight when the slot
+            // was put may list the slot's previous key (see `listed_longer`).
+            let read_since = life::epochs_since(life::stamp(l), self.seen_epoch) >= 1
+                && !self.slots.events_pending()
+                && self.slots.epoch() == self.seen_epoch
+                && self.pending.is_empty();
+            if !read_since || self.listed_longer(slot, e.payload_len) {
+                if deferred_slots.insert(slot) {
+                    self.deferred_tails.push((slot, e.generation));
+                }
+                continue;
+            }
+            todo.push((slot, e.generation));
+        }
         if todo.is_empty() {
             return;
         }
@@ -1565,6 +1619,18 @@ impl Watcher {
                 return;
             }
         }
+    }
+
+    /// True when a checkpoint LMCache may load lists in `slot` a payload that ends past one of
+    /// `payload_len`. Its entry fails LMCache's header check only while the slot's header
+    /// stays the new one: the same key put into the slot again (its header first, its payload
+    /// lost in a crash) would pass it over the bytes an early tail deallocated, where without
+    /// fdpblk they still held that key's data. Such a tail waits for the confirmed path, by
+    /// which no loadable checkpoint lists an older entry there.
+    fn listed_longer(&self, slot: u64, payload_len: u64) -> bool {
+        // The tail starts where this payload's last block ends; a listed one reaches to its own.
+        let ours = self.geom.payload_end(payload_len);
+        self.containers.iter().filter_map(|c| c.listed_len(slot)).any(|len| self.geom.payload_end(len) > ours)
     }
 
     /// The slot header at `off` on the drive, when it carries `e`'s identity and length

@@ -1038,8 +1038,13 @@ fn early_tails_wait_for_the_header_write_to_complete_and_a_flush() {
     // Early tails start once LMCache checkpointed through fdpblk with its geometry.
     r.checkpoint();
     r.step();
-    // Fresh slots: what they held before fdpblk is not known, so their tails go too.
+    // Fresh slots: what they held before fdpblk is not known, so their tails go too, once a
+    // checkpoint written after the puts was read back (one LMCache snapshotted before them
+    // could list the slots' earlier keys).
     r.fillers(10);
+    r.step();
+    assert_eq!(r.tails, 0);
+    r.checkpoint();
     r.step();
     assert_eq!((r.tails, r.w.early_tail_trims()), (10, 10));
     let a = r.new_key(false);
@@ -1065,7 +1070,10 @@ fn early_tails_wait_for_the_header_write_to_complete_and_a_flush() {
     assert_eq!(r.tails, 10, "not before the header write completed");
     r.pipe.completed();
     r.step();
-    assert_eq!((r.tails, r.w.early_tail_trims()), (11, 11), "after its completion and a flush, before any checkpoint");
+    assert_eq!(r.tails, 10, "not before a checkpoint written after the put");
+    r.checkpoint();
+    r.step();
+    assert_eq!((r.tails, r.w.early_tail_trims()), (11, 11), "after its completion, a checkpoint and a flush, before any confirmation");
     assert!(r.dev.peek(off + 2 * BA, 2 * BA as usize).iter().all(|&x| x == 0));
     // The payload keeps the tail deallocated; the confirmation does not deallocate it again.
     r.put_payload(0);
@@ -1105,6 +1113,87 @@ fn early_tails_wait_for_the_header_write_to_complete_and_a_flush() {
     r.verify_all();
 }
 
+/// Slot s holds K1 (long), listed by a checkpoint. LMCache deletes K1 and puts K2 (short)
+/// into s; K2's header is durable, its payload not yet. Were K2's early tail to go now, K1's
+/// later bytes would be gone while a checkpoint LMCache may load still lists K1 in s: the
+/// same key put into s again, its header landing and its payload lost in a crash, would
+/// pass LMCache's header check over the deallocated bytes. The tail waits until no loadable
+/// checkpoint lists a longer payload there.
+#[test]
+fn an_early_tail_waits_while_a_checkpoint_lists_a_longer_payload_in_the_slot() {
+    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
+    r.checkpoint();
+    r.step();
+    r.fillers(4);
+    let k1 = r.new_key(false);
+    let long = 3 * BA - 10;
+    let s = r.put_sized(k1.clone(), long).unwrap();
+    r.checkpoint_dirty(); // lists K1 in s
+    r.step();
+    let off = r.g.slot_offset(s);
+    let k1_tail = payload(&k1, 0, long)[BA as usize..].to_vec();
+    r.delete_key(&k1);
+    let k2 = r.new_key(false);
+    assert!(r.start_put(k2, 100));
+    assert_eq!(r.lmc.puts[0].slot, s);
+    r.put_header(0);
+    for _ in 0..2 {
+        r.step();
+    }
+    // A checkpoint after K2's put lacks K1; the older container still lists it.
+    r.checkpoint_dirty();
+    for _ in 0..2 {
+        r.step();
+    }
+    assert_eq!(r.dev.peek(off + 2 * BA, k1_tail.len()), k1_tail, "K1's bytes past K2's payload, while a checkpoint lists K1 in slot {s}");
+    // The next one overwrites the older container: nothing loadable lists K1 there now.
+    let early = r.w.early_tail_trims();
+    r.checkpoint_dirty();
+    for _ in 0..2 {
+        r.step();
+    }
+    assert_eq!(r.w.early_tail_trims(), early + 1, "the tail waited, and then went");
+    assert!(r.dev.peek(off + 2 * BA, k1_tail.len()).iter().all(|&b| b == 0));
+    r.put_payload(0);
+    r.put_commit(0);
+    r.verify_all();
+}
+
+/// The same, with the checkpoint that lists K1 still on its way when K2's header completes:
+/// LMCache snapshots before it writes, so a checkpoint written after the put may list the
+/// slot's previous key. The tail waits until one written after the put was read back.
+#[test]
+fn an_early_tail_waits_for_a_checkpoint_written_after_the_put() {
+    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
+    r.checkpoint();
+    r.step();
+    r.fillers(4);
+    let k1 = r.new_key(false);
+    let long = 3 * BA - 10;
+    let s = r.put_sized(k1.clone(), long).unwrap();
+    let off = r.g.slot_offset(s);
+    let k1_tail = payload(&k1, 0, long)[BA as usize..].to_vec();
+    assert!(r.snapshot()); // lists K1 in s; written below
+    r.delete_key(&k1);
+    let k2 = r.new_key(false);
+    assert!(r.start_put(k2, 100));
+    assert_eq!(r.lmc.puts[0].slot, s);
+    r.put_header(0);
+    for _ in 0..2 {
+        r.step();
+    }
+    assert_eq!(r.dev.peek(off + 2 * BA, k1_tail.len()), k1_tail, "no checkpoint since K2's put was read back");
+    r.ckpt_payload();
+    r.ckpt_header();
+    for _ in 0..2 {
+        r.step();
+    }
+    assert_eq!(r.dev.peek(off + 2 * BA, k1_tail.len()), k1_tail, "that checkpoint lists K1 in slot {s}");
+    r.put_payload(0);
+    r.put_commit(0);
+    r.verify_all();
+}
+
 #[test]
 fn an_early_tail_never_takes_the_next_puts_payload_written_ahead_of_its_header() {
     // io_uring: put C's payload reaches the slot before C's header, while the slot's current
@@ -1116,6 +1205,8 @@ fn an_early_tail_never_takes_the_next_puts_payload_written_ahead_of_its_header()
     r.fillers(4);
     let b = r.new_key(false);
     assert!(r.put_sized(b.clone(), 100).is_some());
+    r.step();
+    r.checkpoint();
     r.step();
     let base = r.tails;
     let s = r.delete_key(&b);
@@ -1130,7 +1221,9 @@ fn an_early_tail_never_takes_the_next_puts_payload_written_ahead_of_its_header()
     r.step();
     // The bytes that came before C's header lie within C's payload: C's own, settled by it.
     assert!(!r.slots.is_orphan(s));
-    assert_eq!(r.tails, base + 1, "C's own tail, after its header completed");
+    r.checkpoint();
+    r.step();
+    assert_eq!(r.tails, base + 1, "C's own tail, after its header completed and a checkpoint");
     r.verify_all();
 }
 
@@ -1401,11 +1494,15 @@ impl Rig {
         let off = self.g.slot_offset(s);
         self.write(off, hb);
         self.volatile.insert(s);
+        // A checkpoint written after B's header and read back: from then on B's early tail
+        // would go but for what keeps it.
+        self.checkpoint_dirty();
         for _ in 0..2 {
             self.step();
         }
-        assert_eq!(self.tails, base, "B's tail holds C's payload");
-        assert_eq!(self.dev.peek(off + BA, 3 * BA as usize), c_payload);
+        // (Other slots' tails may go here, the fillers' among them.)
+        assert!(self.tails >= base);
+        assert_eq!(self.dev.peek(off + BA, 3 * BA as usize), c_payload, "B's tail holds C's payload");
         self.put_header(0);
         self.put_commit(0);
         self.step();
@@ -2109,6 +2206,8 @@ fn early_tails_wait_for_lmcache_to_checkpoint_after_it_opened_the_device() {
     r.step();
     r.fillers(3);
     r.step();
+    r.checkpoint(); // one written after the puts, read back
+    r.step();
     assert_eq!(r.w.early_tail_trims(), 3);
     // LMCache opening the device again (it reads both containers' header blocks): early tails
     // wait for its next checkpoint.
@@ -2121,6 +2220,8 @@ fn early_tails_wait_for_lmcache_to_checkpoint_after_it_opened_the_device() {
     r.checkpoint();
     r.step();
     r.fillers(2);
+    r.step();
+    r.checkpoint();
     r.step();
     assert_eq!(r.w.early_tail_trims(), 5);
     // LMCache opens the device between a checkpoint's header write and the state thread
@@ -2135,6 +2236,8 @@ fn early_tails_wait_for_lmcache_to_checkpoint_after_it_opened_the_device() {
     r.checkpoint();
     r.step();
     r.fillers(1);
+    r.step();
+    r.checkpoint();
     r.step();
     assert_eq!(r.w.early_tail_trims(), 6);
     r.verify_all();
