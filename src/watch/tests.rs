@@ -1113,14 +1113,10 @@ fn early_tails_wait_for_the_header_write_to_complete_and_a_flush() {
     r.verify_all();
 }
 
-/// Slot s holds K1 (long), listed by a checkpoint. LMCache deletes K1 and puts K2 (short)
-/// into s; K2's header is durable, its payload not yet. Were K2's early tail to go now, K1's
-/// later bytes would be gone while a checkpoint LMCache may load still lists K1 in s: the
-/// same key put into s again, its header landing and its payload lost in a crash, would
-/// pass LMCache's header check over the deallocated bytes. The tail waits until no loadable
-/// checkpoint lists a longer payload there.
-#[test]
-fn an_early_tail_waits_while_a_checkpoint_lists_a_longer_payload_in_the_slot() {
+/// K1 (long) put into slot s; `between` runs (a checkpoint, a snapshot); then LMCache deletes
+/// K1 and puts K2 (short) into s, and K2's header is durable and completed, its payload not
+/// yet. Returns the rig, s's offset and K1's bytes past K2's payload.
+fn long_key_then_short_header(between: impl FnOnce(&mut Rig)) -> (Rig, u64, Vec<u8>) {
     let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
     r.checkpoint();
     r.step();
@@ -1128,10 +1124,7 @@ fn an_early_tail_waits_while_a_checkpoint_lists_a_longer_payload_in_the_slot() {
     let k1 = r.new_key(false);
     let long = 3 * BA - 10;
     let s = r.put_sized(k1.clone(), long).unwrap();
-    r.checkpoint_dirty(); // lists K1 in s
-    r.step();
-    let off = r.g.slot_offset(s);
-    let k1_tail = payload(&k1, 0, long)[BA as usize..].to_vec();
+    between(&mut r);
     r.delete_key(&k1);
     let k2 = r.new_key(false);
     assert!(r.start_put(k2, 100));
@@ -1140,12 +1133,28 @@ fn an_early_tail_waits_while_a_checkpoint_lists_a_longer_payload_in_the_slot() {
     for _ in 0..2 {
         r.step();
     }
+    let off = r.g.slot_offset(s);
+    (r, off, payload(&k1, 0, long)[BA as usize..].to_vec())
+}
+
+/// Slot s holds K1 (long), listed by a checkpoint. LMCache deletes K1 and puts K2 (short)
+/// into s; K2's header is durable, its payload not yet. Were K2's early tail to go now, K1's
+/// later bytes would be gone while a checkpoint LMCache may load still lists K1 in s: the
+/// same key put into s again, its header landing and its payload lost in a crash, would
+/// pass LMCache's header check over the deallocated bytes. The tail waits until no loadable
+/// checkpoint lists a longer payload there.
+#[test]
+fn an_early_tail_waits_while_a_checkpoint_lists_a_longer_payload_in_the_slot() {
+    let (mut r, off, k1_tail) = long_key_then_short_header(|r| {
+        r.checkpoint_dirty(); // lists K1 in s
+        r.step();
+    });
     // A checkpoint after K2's put lacks K1; the older container still lists it.
     r.checkpoint_dirty();
     for _ in 0..2 {
         r.step();
     }
-    assert_eq!(r.dev.peek(off + 2 * BA, k1_tail.len()), k1_tail, "K1's bytes past K2's payload, while a checkpoint lists K1 in slot {s}");
+    assert_eq!(r.dev.peek(off + 2 * BA, k1_tail.len()), k1_tail, "K1's bytes past K2's payload, while a checkpoint lists K1 there");
     // The next one overwrites the older container: nothing loadable lists K1 there now.
     let early = r.w.early_tail_trims();
     r.checkpoint_dirty();
@@ -1164,31 +1173,14 @@ fn an_early_tail_waits_while_a_checkpoint_lists_a_longer_payload_in_the_slot() {
 /// slot's previous key. The tail waits until one written after the put was read back.
 #[test]
 fn an_early_tail_waits_for_a_checkpoint_written_after_the_put() {
-    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
-    r.checkpoint();
-    r.step();
-    r.fillers(4);
-    let k1 = r.new_key(false);
-    let long = 3 * BA - 10;
-    let s = r.put_sized(k1.clone(), long).unwrap();
-    let off = r.g.slot_offset(s);
-    let k1_tail = payload(&k1, 0, long)[BA as usize..].to_vec();
-    assert!(r.snapshot()); // lists K1 in s; written below
-    r.delete_key(&k1);
-    let k2 = r.new_key(false);
-    assert!(r.start_put(k2, 100));
-    assert_eq!(r.lmc.puts[0].slot, s);
-    r.put_header(0);
-    for _ in 0..2 {
-        r.step();
-    }
+    let (mut r, off, k1_tail) = long_key_then_short_header(|r| assert!(r.snapshot())); // lists K1; written below
     assert_eq!(r.dev.peek(off + 2 * BA, k1_tail.len()), k1_tail, "no checkpoint since K2's put was read back");
     r.ckpt_payload();
     r.ckpt_header();
     for _ in 0..2 {
         r.step();
     }
-    assert_eq!(r.dev.peek(off + 2 * BA, k1_tail.len()), k1_tail, "that checkpoint lists K1 in slot {s}");
+    assert_eq!(r.dev.peek(off + 2 * BA, k1_tail.len()), k1_tail, "that checkpoint lists K1 in the slot");
     r.put_payload(0);
     r.put_commit(0);
     r.verify_all();
