@@ -11,8 +11,9 @@
 # (SIGKILL) and recovered, the writer restarts (reopens from the device): the slot table,
 # the identity history and the counters come back, and later evictions are deallocated
 # again. A clean del + add keeps them too. Stale tails behind partial payloads are
-# deallocated before any checkpoint lists them once their headers are durable (early tails),
-# after LMCache's first checkpoint through this fdpblk. With the
+# deallocated before a checkpoint confirms the puts once their headers are durable and one
+# checkpoint written after them was read back (early tails), after LMCache's first
+# checkpoint through this fdpblk. With the
 # passthrough engine evicted slots go once the newest checkpoint lacks them (early evictions:
 # the older checkpoint container's header zeroed, then the slots deallocated); the streams
 # engine runs with --no-early-evictions and waits for both containers. Last, LMCache crashes
@@ -198,8 +199,11 @@ wait_stat checkpoint_seq 9
 
 # Early tails: with the index emptied (deletes do no I/O), 3 full chunks, deleted again and
 # replaced by 3 partial last chunks, which reuse their slots (LIFO) and leave the full
-# payloads' last blocks stale behind them. fdpblk deallocates those as soon as each new
-# header's write completed and the drive was flushed, before any checkpoint lists the puts.
+# payloads' last blocks stale behind them. fdpblk deallocates those once each new header's
+# write completed and the drive was flushed, and a checkpoint written after the puts was read
+# back (LMCache snapshots before it writes: the one in flight could still list a slot's
+# earlier key), before a second checkpoint confirms the puts. The older container, which
+# lists the slots' earlier (longer) entries, goes by early evictions at that checkpoint.
 seq0=$(dev_stat checkpoint_seq)
 early0=$(dev_stat trim.early_tail_trims)
 writer early-full delete 9 put 3
@@ -212,10 +216,14 @@ while read -r slot size; do
     [[ $((1 + (size + 4095) / 4096)) -lt 16 ]] && tails=$((tails + 1))
 done < <(jq -r '.entries[-3:][] | "\(.slot) \(.size)"' "$STATE")
 expect "early tails: the partial puts have tails ($tails of 3)" test "$tails" -ge 1
+sleep 3 # three rounds of the state thread
+expect_eq "early tails: none before a checkpoint written after the puts" "$(dev_stat trim.early_tail_trims)" "$early0"
+writer early-ckpt checkpoint
+wait_stat checkpoint_seq $((seq0 + 1))
 for _ in $(seq 40); do [[ $(dev_stat trim.early_tail_trims) -ge $((early0 + tails)) ]] && break; sleep 0.25; done
 expect "early tails: $tails deallocated ($early0 -> $(dev_stat trim.early_tail_trims))" \
     test "$(dev_stat trim.early_tail_trims)" -ge $((early0 + tails))
-expect_eq "early tails: before any checkpoint" "$(dev_stat checkpoint_seq)" "$seq0"
+expect_eq "early tails: before a second checkpoint" "$(dev_stat checkpoint_seq)" "$((seq0 + 1))"
 # Each reads zeroes on the namespace from its payload's end (rounded up to the block) to the
 # slot's end.
 zeroed=0
@@ -226,7 +234,7 @@ while read -r slot size; do
         <(head -c $(((16 - from) * 4096)) /dev/zero) && zeroed=$((zeroed + 1))
 done < <(jq -r '.entries[-3:][] | "\(.slot) \(.size)"' "$STATE")
 expect_eq "early tails: the stale blocks read zeroes on $NS_DEV" "$zeroed" "$tails"
-writer early-verify checkpoint verify
+writer early-verify verify
 expect_eq "early tails: every live entry verifies" "$(wfield early-verify run.verified)" 3
 
 # --no-early-tails: tails wait for a checkpoint's confirmation.
