@@ -81,7 +81,7 @@ impl QueueStats {
 /// Serves tag `tag` until the queue goes down.
 pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), UblkError> {
     let mut buf = IoBuf::<u8>::new(q.dev.dev_info.max_io_buf_bytes as usize);
-    fetched(q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf)).await?)?;
+    fetched(q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf)).await?);
     let mut segments = Vec::with_capacity(8);
     loop {
         let res = serve(q, tag, buf.as_mut_slice(), ctx, &mut segments).await;
@@ -97,7 +97,7 @@ pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), 
                 ctx.stats.errors.load(Ordering::Relaxed)
             );
         }
-        fetched(q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?)?;
+        fetched(q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?);
     }
 }
 
@@ -107,7 +107,7 @@ pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), 
 /// the request it completed in flight, so that a stop waits for it forever. The daemon
 /// aborts instead, as on a queue thread's panic: the driver holds the device's I/O and
 /// re-issues it to the daemon that recovers it.
-fn fetched(res: i32) -> Result<(), UblkError> {
+fn fetched(res: i32) {
     if res != sys::UBLK_IO_RES_OK as i32 {
         tracing::error!(
             "the ublk driver refused a queue's command ({}): aborting, so that the device can be recovered (`fdpblk recover`)",
@@ -115,7 +115,6 @@ fn fetched(res: i32) -> Result<(), UblkError> {
         );
         std::process::abort();
     }
-    Ok(())
 }
 
 /// Nanoseconds on one clock for every queue of the process.

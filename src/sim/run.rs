@@ -1404,9 +1404,10 @@ mod tests {
     }
 
     /// The default workload (`tools/workloads/zipf09.json`) on a 200 GB drive (RUs scaled,
-    /// 1 MiB units; under a second a run): placement and deallocation each lower the WAF on
+    /// 1 MiB units; about a second a run): placement and deallocation each lower the WAF on
     /// their own, the same trim rules for both policies (`none` 1.168, `key-aware` 1.142; with
-    /// trim 1.045 and 1.019, `fdpblk simulate --device-size 200G`).
+    /// trim 1.113 and 1.093: `fdpblk simulate --workload tools/workloads/zipf09.json --policy
+    /// none,key-aware --utilization 100 --trim both --device-size 200G`).
     #[test]
     fn key_aware_separates_by_reads_and_beats_none_with_or_without_trim() {
         let workload = WorkloadSpec::from_json_str(include_str!("../../tools/workloads/zipf09.json")).unwrap();

@@ -1553,6 +1553,8 @@ impl Watcher {
         // one keeps the generation it was taken with.
         let mut todo: Vec<(u64, u16)> = Vec::new();
         let mut deferred_slots = std::collections::HashSet::new();
+        // Every checkpoint header planned so far was taken and read back.
+        let quiet = !self.slots.events_pending() && self.slots.epoch() == self.seen_epoch && self.pending.is_empty();
         for (slot, deferred) in done {
             let Some(before) = self.slots.get(slot) else { continue };
             let l = self.slots.life(slot);
@@ -1568,10 +1570,7 @@ impl Watcher {
             // Not before a checkpoint header written after the put was read back: LMCache
             // snapshots a checkpoint before it writes it, and the one in flight when the slot
             // was put may list the slot's previous key (see `listed_longer`).
-            let read_since = life::epochs_since(life::stamp(l), self.seen_epoch) >= 1
-                && !self.slots.events_pending()
-                && self.slots.epoch() == self.seen_epoch
-                && self.pending.is_empty();
+            let read_since = quiet && life::epochs_since(life::stamp(l), self.seen_epoch) >= 1;
             if !read_since || self.listed_longer(slot, e.payload_len) {
                 if deferred_slots.insert(slot) {
                     self.deferred_tails.push((slot, e.generation));
