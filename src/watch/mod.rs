@@ -130,8 +130,10 @@
 //!   key's data. LMCache snapshots a checkpoint before it writes it, so the one written
 //!   next after the put may still list the previous key; one written after that cannot
 //!   (its snapshot followed that write, which followed the put). A tail held back by this
-//!   waits in the round until the older listing is gone (LMCache overwrites that container,
-//!   or early evictions zero it); by then no loadable checkpoint names the old contents.
+//!   waits in the round until the older listing is gone: LMCache overwrites that container,
+//!   or fdpblk zeroes it as for an early eviction (below; on the same conditions, and only
+//!   when the newest checkpoint lists no longer payload there). Then no loadable
+//!   checkpoint names the old contents.
 //!
 //! Then no LMCache process reads the tail: the current put's entry (if it commits) reads its
 //! own `payload_len`; an entry for any earlier contents of the slot, in a checkpoint LMCache
@@ -1555,6 +1557,8 @@ impl Watcher {
         let mut deferred_slots = std::collections::HashSet::new();
         // Every checkpoint header planned so far was taken and read back.
         let quiet = !self.slots.events_pending() && self.slots.epoch() == self.seen_epoch && self.pending.is_empty();
+        let basis = self.early_eviction_basis();
+        let mut older_only: Vec<(u64, u16)> = Vec::new();
         for (slot, deferred) in done {
             let Some(before) = self.slots.get(slot) else { continue };
             let l = self.slots.life(slot);
@@ -1572,12 +1576,29 @@ impl Watcher {
             // was put may list the slot's previous key (see `listed_longer`).
             let read_since = quiet && life::epochs_since(life::stamp(l), self.seen_epoch) >= 1;
             if !read_since || self.listed_longer(slot, e.payload_len) {
-                if deferred_slots.insert(slot) {
+                if read_since && basis.is_some_and(|n| !self.listed_longer_in(n, slot, e.payload_len)) {
+                    // Only the older container lists the longer payload: zeroing it (below)
+                    // lets the tail go a checkpoint sooner.
+                    older_only.push((slot, e.generation));
+                } else if deferred_slots.insert(slot) {
                     self.deferred_tails.push((slot, e.generation));
                 }
                 continue;
             }
             todo.push((slot, e.generation));
+        }
+        // The older container goes as for early evictions, on the same conditions (the newest
+        // checkpoint, `n`, durable first); otherwise those tails wait.
+        if !older_only.is_empty() {
+            let zeroed = match basis {
+                Some(n) if self.trims_allowed() && self.flush_checkpoints() => self.invalidate_container(1 - n as u8),
+                _ => false,
+            };
+            if zeroed {
+                todo.extend(older_only.iter().copied().filter(|&(slot, g)| current(self, slot, g).is_some_and(|e| !self.listed_longer(slot, e.payload_len))));
+            } else {
+                self.deferred_tails.extend(older_only.iter().copied().filter(|&(slot, _)| deferred_slots.insert(slot)));
+            }
         }
         if todo.is_empty() {
             return;
@@ -1627,9 +1648,14 @@ impl Watcher {
     /// fdpblk they still held that key's data. Such a tail waits for the confirmed path, by
     /// which no loadable checkpoint lists an older entry there.
     fn listed_longer(&self, slot: u64, payload_len: u64) -> bool {
+        (0..2).any(|c| self.listed_longer_in(c, slot, payload_len))
+    }
+
+    /// [`Watcher::listed_longer`] for container `c` alone.
+    fn listed_longer_in(&self, c: usize, slot: u64, payload_len: u64) -> bool {
         // The tail starts where this payload's last block ends; a listed one reaches to its own.
         let ours = self.geom.payload_end(payload_len);
-        self.containers.iter().filter_map(|c| c.listed_len(slot)).any(|len| self.geom.payload_end(len) > ours)
+        self.containers[c].listed_len(slot).is_some_and(|len| self.geom.payload_end(len) > ours)
     }
 
     /// The slot header at `off` on the drive, when it carries `e`'s identity and length

@@ -1116,8 +1116,11 @@ fn early_tails_wait_for_the_header_write_to_complete_and_a_flush() {
 /// K1 (long) put into slot s; `between` runs (a checkpoint, a snapshot); then LMCache deletes
 /// K1 and puts K2 (short) into s, and K2's header is durable and completed, its payload not
 /// yet. Returns the rig, s's offset and K1's bytes past K2's payload.
-fn long_key_then_short_header(between: impl FnOnce(&mut Rig)) -> (Rig, u64, Vec<u8>) {
-    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
+fn long_key_then_short_header(early_evictions: bool, between: impl FnOnce(&mut Rig)) -> (Rig, u64, Vec<u8>) {
+    let mut r = Rig::new(SLOTS, META, true);
+    if !early_evictions {
+        r = r.without_early_evictions();
+    }
     r.checkpoint();
     r.step();
     r.fillers(4);
@@ -1145,7 +1148,7 @@ fn long_key_then_short_header(between: impl FnOnce(&mut Rig)) -> (Rig, u64, Vec<
 /// checkpoint lists a longer payload there.
 #[test]
 fn an_early_tail_waits_while_a_checkpoint_lists_a_longer_payload_in_the_slot() {
-    let (mut r, off, k1_tail) = long_key_then_short_header(|r| {
+    let (mut r, off, k1_tail) = long_key_then_short_header(false, |r| {
         r.checkpoint_dirty(); // lists K1 in s
         r.step();
     });
@@ -1168,12 +1171,38 @@ fn an_early_tail_waits_while_a_checkpoint_lists_a_longer_payload_in_the_slot() {
     r.verify_all();
 }
 
+/// The same with early evictions on: once a checkpoint after K2's put (seq n) lacks K1 and
+/// only the older container (n - 1) lists it, the round zeroes that container, as an early
+/// eviction does, and the tail goes a checkpoint sooner. No slot is an early eviction here
+/// (the checkpoint frees none), so the tail alone makes the zeroing.
+#[test]
+fn an_early_tail_listed_longer_only_by_the_older_container_goes_once_the_round_zeroes_it() {
+    let (mut r, off, k1_tail) = long_key_then_short_header(true, |r| {
+        r.checkpoint_dirty(); // lists K1 in s
+        r.step();
+    });
+    let (early, zeroed) = (r.w.early_tail_trims(), r.w.containers_invalidated());
+    r.checkpoint(); // K1's deletion made the index dirty; K2 is not committed yet
+    for _ in 0..2 {
+        r.step();
+    }
+    assert_eq!(r.w.containers_invalidated(), zeroed + 1, "the older container, which lists K1, was zeroed");
+    assert_eq!(r.w.early_evictions(), 0, "for the tail, not for an early eviction");
+    assert_eq!(r.w.early_tail_trims(), early + 1, "the tail went after one checkpoint");
+    assert!(r.dev.peek(off + 2 * BA, k1_tail.len()).iter().all(|&b| b == 0));
+    r.put_payload(0);
+    r.put_commit(0);
+    r.verify_all();
+    // A LMCache restart loads the newest checkpoint, which lists neither K1 nor K2 there.
+    r.restart_lmcache(true);
+}
+
 /// The same, with the checkpoint that lists K1 still on its way when K2's header completes:
 /// LMCache snapshots before it writes, so a checkpoint written after the put may list the
 /// slot's previous key. The tail waits until one written after the put was read back.
 #[test]
 fn an_early_tail_waits_for_a_checkpoint_written_after_the_put() {
-    let (mut r, off, k1_tail) = long_key_then_short_header(|r| assert!(r.snapshot())); // lists K1; written below
+    let (mut r, off, k1_tail) = long_key_then_short_header(false, |r| assert!(r.snapshot())); // lists K1; written below
     assert_eq!(r.dev.peek(off + 2 * BA, k1_tail.len()), k1_tail, "no checkpoint since K2's put was read back");
     r.ckpt_payload();
     r.ckpt_header();
