@@ -317,7 +317,7 @@ impl Registry {
             ("fdpblk_tail_trim_bytes_total", "tail_trim_bytes", "Bytes of stale tails deallocated."),
             ("fdpblk_unwritten_slots_reclaimed_total", "reclaimed", "Slots deallocated that no run of fdpblk saw written and no checkpoint lists (data from before)."),
             ("fdpblk_early_evictions_total", "early_evictions", "Evicted slots deallocated once LMCache's newest checkpoint no longer listed them."),
-            ("fdpblk_containers_invalidated_total", "containers_invalidated", "Older checkpoint copies whose header fdpblk zeroed to deallocate their slots early."),
+            ("fdpblk_containers_invalidated_total", "containers_invalidated", "Older checkpoint copies whose header fdpblk zeroed to deallocate their slots or stale tails early."),
         ] {
             if let Some(v) = num(&t[key]) {
                 self.add(metric, help, Counter, base(), v);

@@ -152,7 +152,9 @@
 //! - the container of the newest checkpoint header write this run has seen (write order, not
 //!   seq order) holds a valid checkpoint with seq `n`, the other container one with seq
 //!   `n - 1`, both read back, and
-//! - some confirmed slot (1, 2) is listed by the other container only,
+//! - some confirmed slot (1, 2) is listed by the other container only, or an early tail
+//!   waits only because the other container lists a longer payload in its slot ("Early
+//!   tails"),
 //!
 //! fdpblk makes the other container unloadable: after the flush of condition 3 it writes
 //! that container's header block with zeroes (LMCache's load skips a block without
@@ -336,7 +338,9 @@ pub struct WatchConfig {
     pub stall_min: Duration,
     /// The exported block device (`/dev/ublkbN`): where fdpblk writes the backing underneath
     /// it (zeroing a checkpoint container), it drops the clean cached pages of that range, so
-    /// that a reader through the page cache sees the new bytes.
+    /// that a reader through the page cache sees the new bytes. It also drops both containers'
+    /// header blocks once a round (at most once a second), so that a LMCache opening the
+    /// device reads them through fdpblk, which is how fdpblk learns of it (`geometry_seen_at`).
     pub page_cache: Option<std::path::PathBuf>,
     /// The longest the kernel holds a dirty page back, checked against LMCache's observed
     /// checkpoint interval (the writeback assumption in the module doc).
@@ -562,8 +566,11 @@ pub struct Watcher {
     /// current count: before, a slot header may come from a LMCache that restarted with another
     /// slot size (it drops its old index) while the checkpoints on the drive still match, and a
     /// tail computed with fdpblk's slot size could be the start of LMCache's next slot; a read
-    /// of a checkpoint header block since may be LMCache opening the device again.
+    /// of a checkpoint header block since may be LMCache opening the device again. Such a read
+    /// served from the page cache would not count: see [`Watcher::drop_header_pages`].
     geometry_seen_at: Option<u64>,
+    /// When the containers' header blocks were last dropped from the page cache.
+    header_pages_dropped: Option<Instant>,
     /// Why the cycle that marks the saved state unclean has not committed yet (it is retried).
     /// Until it does, a crash leaves the previous run's clean state on the drive, and the next
     /// run would trust confirmations that LMCache's writes since made stale.
@@ -611,7 +618,7 @@ pub struct Watcher {
     early_tail_trims: u64,
     /// Slots deallocated by the early-eviction rule in this run (not persisted).
     early_evictions: u64,
-    /// Older containers made unloadable for early evictions in this run.
+    /// Older containers made unloadable for early evictions (or early tails) in this run.
     invalidations: u64,
     /// Per container: header-block writes planned in this run, as of its last event taken
     /// (what a zeroing expects; see [`SlotTable::begin_container_zeroing`]).
@@ -694,6 +701,7 @@ impl Watcher {
             conflict: None,
             capacity_warned: None,
             geometry_seen_at: None,
+            header_pages_dropped: None,
             unclean_error: None,
             risk: false,
             stalled: false,
@@ -876,6 +884,7 @@ impl Watcher {
     /// One round: take checkpoint events, read back what they announced, update slot states,
     /// deallocate what is dead, check the overflow estimate, publish the stats.
     pub fn step(&mut self) {
+        self.drop_header_pages();
         let (events, alarm) = self.slots.take_events();
         let mut changed = false;
         for ev in events {
@@ -1591,7 +1600,14 @@ impl Watcher {
         // checkpoint, `n`, durable first); otherwise those tails wait.
         if !older_only.is_empty() {
             let zeroed = match basis {
-                Some(n) if self.trims_allowed() && self.flush_checkpoints() => self.invalidate_container(1 - n as u8),
+                Some(n) if self.trims_allowed() => {
+                    if self.flush_checkpoints() {
+                        self.invalidate_container(1 - n as u8)
+                    } else {
+                        self.tail_error_epoch = Some(self.seen_epoch); // as flush_for_tails
+                        false
+                    }
+                }
                 _ => false,
             };
             if zeroed {
@@ -1780,12 +1796,43 @@ impl Watcher {
         }
     }
 
+    /// Drops both containers' header blocks from the exported device's page cache, at most once
+    /// per early-tail round (a second). A LMCache that opens the device reads them first; with buffered I/O its own
+    /// earlier checkpoint writes leave them cached, and a read served from the cache never
+    /// reaches fdpblk, which would miss the restart that holds early tails and the pass for
+    /// unwritten slots back (`geometry_seen_at`). Pages written back within the last second,
+    /// and dirty ones, stay cached until the next drop: a LMCache process starts in seconds.
+    /// If the drop fails, those wait for LMCache's next checkpoint, as after a read.
+    fn drop_header_pages(&mut self) {
+        if self.cfg.page_cache.is_none() || self.header_pages_dropped.is_some_and(|t| t.elapsed() < self.cfg.early_tails_every) {
+            return;
+        }
+        self.header_pages_dropped = Some(Instant::now());
+        let g = self.geom;
+        let res = (0..2u8).try_for_each(|c| self.drop_cached_range(g.container_offset(c), g.block_align));
+        if let Err((path, e)) = res {
+            if self.geometry_seen_at.take().is_some() {
+                tracing::warn!("device {}: dropping the checkpoint header blocks of {} from the page cache: {e}; a LMCache opening the device could go unseen, so early tails and the pass for unwritten slots wait for its next checkpoint", self.cfg.device, path.display());
+            }
+        }
+    }
+
     /// Drops the clean cached pages of `[off, off + len)` of the exported device (see
     /// [`WatchConfig::page_cache`]). Dirty pages stay: they hold LMCache's newer writes.
     fn drop_cached(&mut self, off: u64, len: u64) -> bool {
+        match self.drop_cached_range(off, len) {
+            Ok(()) => true,
+            Err((path, e)) => {
+                tracing::warn!("device {}: dropping {} from the page cache: {e}; a buffered reader may see the zeroed checkpoint header's old bytes, so no early deallocation rests on it", self.cfg.device, path.display());
+                false
+            }
+        }
+    }
+
+    fn drop_cached_range(&self, off: u64, len: u64) -> Result<(), (std::path::PathBuf, std::io::Error)> {
         use std::os::fd::AsRawFd;
-        let Some(path) = &self.cfg.page_cache else { return true };
-        let res = std::fs::File::open(path).and_then(|f| {
+        let Some(path) = &self.cfg.page_cache else { return Ok(()) };
+        std::fs::File::open(path).and_then(|f| {
             // Whole pages: the kernel drops only pages entirely inside the range.
             let (start, end) = (off & !4095, off.saturating_add(len).div_ceil(4096) * 4096);
             let (off, len) = (i64::try_from(start).unwrap_or(i64::MAX), i64::try_from(end - start).unwrap_or(i64::MAX));
@@ -1794,11 +1841,8 @@ impl Watcher {
                 0 => Ok(()),
                 e => Err(std::io::Error::from_raw_os_error(e)),
             }
-        });
-        if let Err(e) = &res {
-            tracing::warn!("device {}: dropping {} from the page cache: {e}; a buffered reader may see the zeroed checkpoint header's old bytes, so no early deallocation rests on it", self.cfg.device, path.display());
-        }
-        res.is_ok()
+        })
+        .map_err(|e| (path.clone(), e))
     }
 
     /// Makes the older container unloadable ("Early evictions" in the module doc): zeroes its
@@ -2029,6 +2073,7 @@ impl Watcher {
             },
             "trim": {
                 "enabled": self.cfg.trim, "allowed_now": self.trims_allowed(), "blocked_by": self.conflict,
+                "layout_in_use": self.layout_in_use(),
                 "trims": self.counters.trims, "trim_bytes": self.counters.trim_bytes, "handles": handles,
                 "evictions": self.counters.evictions,
                 "tails_enabled": self.cfg.trim_tails, "early_tails_enabled": self.cfg.early_tails,

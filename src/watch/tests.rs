@@ -139,6 +139,9 @@ struct Rig {
     slot_discards: u64,
     /// Checkpoint containers fdpblk zeroed (each checked against the oracle).
     invalidated: u64,
+    /// fdpblk's zeroings and tail deallocations in the order they reached the device:
+    /// (`'z'`, container) and (`'t'`, slot).
+    order: Vec<(char, u64)>,
     /// Early evictions and zeroed containers of earlier fdpblk instances.
     earlier: (u64, u64),
     /// Flushes may fail: a zeroing written but not flushed is not one fdpblk counts.
@@ -207,6 +210,7 @@ impl Rig {
             reclaimed: 0,
             slot_discards: 0,
             invalidated: 0,
+            order: Vec::new(),
             earlier: (0, 0),
             faults: false,
             volatile_containers: Default::default(),
@@ -326,6 +330,7 @@ impl Rig {
                     // An early eviction's first step: the older container made unloadable.
                     assert!(*off == self.g.container_offset(copy) && *len == BA && data.iter().all(|&b| b == 0), "fdpblk wrote {len} bytes into container {copy} at {off}");
                     self.check_invalidation(copy);
+                    self.order.push(('z', u64::from(copy)));
                     self.volatile_containers.insert(copy);
                     self.invalidated += 1;
                 }
@@ -341,6 +346,7 @@ impl Rig {
                         panic!("the tail of slot {slot} from {rel} was deallocated but {why}");
                     }
                     assert!(!self.volatile.contains(&slot), "the tail of slot {slot} was deallocated before its header was flushed");
+                    self.order.push(('t', slot));
                     self.tails += 1;
                     continue;
                 }
@@ -1189,6 +1195,10 @@ fn an_early_tail_listed_longer_only_by_the_older_container_goes_once_the_round_z
     assert_eq!(r.w.containers_invalidated(), zeroed + 1, "the older container, which lists K1, was zeroed");
     assert_eq!(r.w.early_evictions(), 0, "for the tail, not for an early eviction");
     assert_eq!(r.w.early_tail_trims(), early + 1, "the tail went after one checkpoint");
+    let s = r.g.slot_of(off).unwrap().0;
+    let at = |op: (char, u64)| r.order.iter().position(|&o| o == op);
+    let older = Geometry::copy_for_seq(r.lmc.seq - 1);
+    assert!(at(('z', u64::from(older))) < at(('t', s)) && at(('t', s)).is_some(), "the container first, then the tail: {:?}", r.order);
     assert!(r.dev.peek(off + 2 * BA, k1_tail.len()).iter().all(|&b| b == 0));
     r.put_payload(0);
     r.put_commit(0);
@@ -2213,6 +2223,31 @@ fn a_saved_state_that_cannot_be_marked_in_use_is_reported_and_retried() {
     assert!(w.unclean_error().is_none());
     let after_crash = Watcher::new(r.g, Arc::new(SlotTable::new(r.g.max_slots)), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
     assert!(after_crash.loaded().found && !after_crash.loaded().clean);
+}
+
+/// A LMCache opening the device with buffered I/O may find the header blocks in the page cache
+/// (its own checkpoint writes left them there), and its reads would not reach fdpblk: each
+/// round drops them, and where that fails, early tails wait as after such a read.
+#[test]
+fn early_tails_wait_while_the_header_blocks_cannot_be_dropped_from_the_page_cache() {
+    let cache = std::env::temp_dir().join(format!("fdpblk-page-cache-{}", std::process::id()));
+    std::fs::write(&cache, vec![0u8; 4096]).unwrap();
+    for (path, tails) in [(cache.clone(), 3), (std::path::PathBuf::from("/nonexistent/ublkb0"), 0)] {
+        let mut r = Rig::new(SLOTS + 4, META, true);
+        r.cfg.page_cache = Some(path.clone());
+        r.w = Watcher::new(r.g, r.slots.clone(), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
+        r.fillers(4);
+        r.step();
+        r.checkpoint();
+        r.step();
+        r.fillers(3);
+        r.step();
+        r.checkpoint(); // one written after the puts, read back
+        r.step();
+        assert_eq!(r.w.early_tail_trims(), tails, "page cache of {}", path.display());
+        r.verify_all();
+    }
+    std::fs::remove_file(&cache).unwrap();
 }
 
 #[test]

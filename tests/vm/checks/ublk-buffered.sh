@@ -8,8 +8,9 @@
 # 0.1 s), so slot headers, payloads, checkpoint JSON and checkpoint headers reach fdpblk
 # reordered and interleaved with its state thread's work. With deallocation on (early tails
 # and early evictions, the defaults), after LMCache's last checkpoint and a sync: fdpblk
-# follows that checkpoint and deallocated evicted slots, and a reopen recovers every entry
-# of LMCache's index and each one verifies (nothing live was deallocated).
+# follows that checkpoint and deallocated evicted slots, a buffered read of the checkpoint
+# header blocks reaches fdpblk although LMCache's writes cached them, and a reopen recovers
+# every entry of LMCache's index and each one verifies (nothing live was deallocated).
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq
@@ -73,6 +74,18 @@ fi
 poll_eq "evicted slots deallocated" true bash -c "[[ \$($FDPBLK stats -n 0 --json | jq .trim.trims) -gt 0 ]] && echo true"
 echo "    fdpblk: $("$FDPBLK" stats -n 0 --json | jq -c '{header_waits: .pipeline.header_waits, payload_fallbacks: .pipeline.payload_fallbacks, trims: .trim.trims, early_evictions: .trim.early_evictions, tail_trims: .trim.tail_trims, early_tail_trims: .trim.early_tail_trims}')"
 expect_eq "no error in fdpblk's log since the check began" "$(daemon_errors)" 0
+
+# A LMCache opening the device reads the checkpoint header blocks, which its own buffered
+# checkpoint writes left in the page cache (the device is still held open). fdpblk drops them
+# from the cache once a second, so the read reaches it and early tails wait for LMCache's
+# next checkpoint (a restarted LMCache may use another slot size). The newest container's:
+# the older one's fdpblk zeroed (early evictions) and dropped from the cache anyway.
+poll_eq "LMCache's checkpoint through fdpblk vouches for the layout" true dev_stat trim.layout_in_use
+newest=$(dev_stat containers | jq '[.[] | select(.state == "valid")] | max_by(.seq) | .copy')
+expect "the newest checkpoint's container: $newest" test "$newest" = 0 -o "$newest" = 1
+# Containers are half the 1 MiB metadata region each; buffered, one 4 KiB header block.
+dd if="$DEV" of=/dev/null bs=4K count=1 skip=$((newest * 128)) status=none
+poll_eq "a buffered read of the newest checkpoint header reached fdpblk" false dev_stat trim.layout_in_use
 
 exec 3<&-
 
