@@ -116,7 +116,9 @@
 //!   at an fdpblk slot start would put LMCache's next slot in its "tail". A LMCache that
 //!   restarts while fdpblk keeps running first reads both containers' header blocks: any such
 //!   read through fdpblk after a checkpoint's header write was planned (not after the state
-//!   thread read it back) holds early tails back until the next checkpoint, whose geometry
+//!   thread read it back) holds early tails back until the next checkpoint (with buffered
+//!   I/O LMCache's own writes leave those blocks cached, so the state thread drops them from
+//!   the page cache once a second: [`Watcher::drop_header_pages`]), whose geometry
 //!   then either matches or conflicts (and a conflict stops all deallocation). A LMCache
 //!   that reads no checkpoint when it starts (`load_checkpoint_on_init` off) gives no such
 //!   sign: run fdpblk with `--no-early-tails` there, or add it again after changing
