@@ -573,6 +573,8 @@ pub struct Watcher {
     geometry_seen_at: Option<u64>,
     /// When the containers' header blocks were last dropped from the page cache.
     header_pages_dropped: Option<Instant>,
+    /// The final round after the device stopped: `/dev/ublkbN` is gone, nothing to drop.
+    stopped: bool,
     /// Why the cycle that marks the saved state unclean has not committed yet (it is retried).
     /// Until it does, a crash leaves the previous run's clean state on the drive, and the next
     /// run would trust confirmations that LMCache's writes since made stale.
@@ -704,6 +706,7 @@ impl Watcher {
             capacity_warned: None,
             geometry_seen_at: None,
             header_pages_dropped: None,
+            stopped: false,
             unclean_error: None,
             risk: false,
             stalled: false,
@@ -854,6 +857,7 @@ impl Watcher {
                 let _ = self.persist_now(false, false);
             }
         }
+        self.stopped = true;
         self.step();
         let clean = clean.load(Ordering::SeqCst);
         if !clean {
@@ -1806,7 +1810,7 @@ impl Watcher {
     /// and dirty ones, stay cached until the next drop: a LMCache process starts in seconds.
     /// If the drop fails, those wait for LMCache's next checkpoint, as after a read.
     fn drop_header_pages(&mut self) {
-        if self.cfg.page_cache.is_none() || self.header_pages_dropped.is_some_and(|t| t.elapsed() < self.cfg.early_tails_every) {
+        if self.stopped || self.cfg.page_cache.is_none() || self.header_pages_dropped.is_some_and(|t| t.elapsed() < self.cfg.early_tails_every) {
             return;
         }
         self.header_pages_dropped = Some(Instant::now());
