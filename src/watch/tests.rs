@@ -2225,6 +2225,21 @@ fn a_saved_state_that_cannot_be_marked_in_use_is_reported_and_retried() {
     assert!(after_crash.loaded().found && !after_crash.loaded().clean);
 }
 
+/// Four puts before LMCache's first checkpoint through fdpblk (their early tails are not
+/// taken: they wait for the confirmed rule), three after it, and a checkpoint written after
+/// those, read back: three slots whose early tails may go now.
+fn three_early_tail_candidates(r: &mut Rig) {
+    r.fillers(4);
+    r.step();
+    assert_eq!(r.w.early_tail_trims(), 0, "before LMCache's first checkpoint through fdpblk");
+    r.checkpoint();
+    r.step();
+    r.fillers(3);
+    r.step();
+    r.checkpoint(); // one written after the puts, read back
+    r.step();
+}
+
 /// A LMCache opening the device with buffered I/O may find the header blocks in the page cache
 /// (its own checkpoint writes left them there), and its reads would not reach fdpblk: each
 /// round drops them, and where that fails, early tails wait as after such a read.
@@ -2236,14 +2251,7 @@ fn early_tails_wait_while_the_header_blocks_cannot_be_dropped_from_the_page_cach
         let mut r = Rig::new(SLOTS + 4, META, true);
         r.cfg.page_cache = Some(path.clone());
         r.w = Watcher::new(r.g, r.slots.clone(), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
-        r.fillers(4);
-        r.step();
-        r.checkpoint();
-        r.step();
-        r.fillers(3);
-        r.step();
-        r.checkpoint(); // one written after the puts, read back
-        r.step();
+        three_early_tail_candidates(&mut r);
         assert_eq!(r.w.early_tail_trims(), tails, "page cache of {}", path.display());
         r.verify_all();
     }
@@ -2255,15 +2263,7 @@ fn early_tails_wait_for_lmcache_to_checkpoint_after_it_opened_the_device() {
     // Until then a header may come from a LMCache restarted with a smaller slot size, whose
     // next slot starts inside what fdpblk takes for this slot's tail.
     let mut r = Rig::new(SLOTS + 4, META, true);
-    r.fillers(4);
-    r.step();
-    assert_eq!(r.w.early_tail_trims(), 0);
-    r.checkpoint();
-    r.step();
-    r.fillers(3);
-    r.step();
-    r.checkpoint(); // one written after the puts, read back
-    r.step();
+    three_early_tail_candidates(&mut r);
     assert_eq!(r.w.early_tail_trims(), 3);
     // LMCache opening the device again (it reads both containers' header blocks): early tails
     // wait for its next checkpoint.
