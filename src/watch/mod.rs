@@ -341,7 +341,7 @@ pub struct WatchConfig {
     /// The exported block device (`/dev/ublkbN`): where fdpblk writes the backing underneath
     /// it (zeroing a checkpoint container), it drops the clean cached pages of that range, so
     /// that a reader through the page cache sees the new bytes. It also drops both containers'
-    /// header blocks once a round (at most once a second), so that a LMCache opening the
+    /// header blocks in each early-tail round (once a second), so that a LMCache opening the
     /// device reads them through fdpblk, which is how fdpblk learns of it (`geometry_seen_at`).
     pub page_cache: Option<std::path::PathBuf>,
     /// The longest the kernel holds a dirty page back, checked against LMCache's observed
@@ -571,8 +571,6 @@ pub struct Watcher {
     /// of a checkpoint header block since may be LMCache opening the device again. Such a read
     /// served from the page cache would not count: see [`Watcher::drop_header_pages`].
     geometry_seen_at: Option<u64>,
-    /// When the containers' header blocks were last dropped from the page cache.
-    header_pages_dropped: Option<Instant>,
     /// The final round after the device stopped: `/dev/ublkbN` is gone, nothing to drop.
     stopped: bool,
     /// Why the cycle that marks the saved state unclean has not committed yet (it is retried).
@@ -705,7 +703,6 @@ impl Watcher {
             conflict: None,
             capacity_warned: None,
             geometry_seen_at: None,
-            header_pages_dropped: None,
             stopped: false,
             unclean_error: None,
             risk: false,
@@ -890,7 +887,6 @@ impl Watcher {
     /// One round: take checkpoint events, read back what they announced, update slot states,
     /// deallocate what is dead, check the overflow estimate, publish the stats.
     pub fn step(&mut self) {
-        self.drop_header_pages();
         let (events, alarm) = self.slots.take_events();
         let mut changed = false;
         for ev in events {
@@ -1009,6 +1005,7 @@ impl Watcher {
         }
         if self.last_early_tails.elapsed() >= self.cfg.early_tails_every {
             self.last_early_tails = Instant::now();
+            self.drop_header_pages();
             self.trim_early_tails();
         }
         self.check_overflow(alarm);
@@ -1667,8 +1664,8 @@ impl Watcher {
     /// `payload_len`. Its entry fails LMCache's header check only while the slot's header
     /// stays the new one: the same key put into the slot again (its header first, its payload
     /// lost in a crash) would pass it over the bytes an early tail deallocated, where without
-    /// fdpblk they still held that key's data. Such a tail waits for the confirmed path, by
-    /// which no loadable checkpoint lists an older entry there.
+    /// fdpblk they still held that key's data. Such a tail waits in the round until no
+    /// container lists the longer payload (see [`Watcher::trim_early_tails`]).
     fn listed_longer(&self, slot: u64, payload_len: u64) -> bool {
         (0..2).any(|c| self.listed_longer_in(c, slot, payload_len))
     }
@@ -1802,18 +1799,18 @@ impl Watcher {
         }
     }
 
-    /// Drops both containers' header blocks from the exported device's page cache, at most once
-    /// per early-tail round (a second). A LMCache that opens the device reads them first; with buffered I/O its own
+    /// Drops both containers' header blocks from the exported device's page cache, in each
+    /// early-tail round (once a second) while early tails or the pass for unwritten slots are
+    /// on. A LMCache that opens the device reads them first; with buffered I/O its own
     /// earlier checkpoint writes leave them cached, and a read served from the cache never
     /// reaches fdpblk, which would miss the restart that holds early tails and the pass for
     /// unwritten slots back (`geometry_seen_at`). Pages written back within the last second,
     /// and dirty ones, stay cached until the next drop: a LMCache process starts in seconds.
     /// If the drop fails, those wait for LMCache's next checkpoint, as after a read.
     fn drop_header_pages(&mut self) {
-        if self.stopped || self.cfg.page_cache.is_none() || self.header_pages_dropped.is_some_and(|t| t.elapsed() < self.cfg.early_tails_every) {
+        if self.stopped || self.cfg.page_cache.is_none() || !self.cfg.trim || !(self.cfg.early_tails || self.cfg.reclaim) {
             return;
         }
-        self.header_pages_dropped = Some(Instant::now());
         let g = self.geom;
         let res = (0..2u8).try_for_each(|c| self.drop_cached_range(g.container_offset(c), g.block_align));
         if let Err((path, e)) = res {
