@@ -1814,7 +1814,11 @@ impl Watcher {
         let g = self.geom;
         let res = (0..2u8).try_for_each(|c| self.drop_cached_range(g.container_offset(c), g.block_align));
         if let Err((path, e)) = res {
-            if self.geometry_seen_at.take().is_some() {
+            if node_gone(&e) {
+                if self.geometry_seen_at.take().is_some() {
+                    tracing::debug!("device {}: {} is gone ({e}); early tails and the pass for unwritten slots wait for LMCache's next checkpoint", self.cfg.device, path.display());
+                }
+            } else if self.geometry_seen_at.take().is_some() {
                 tracing::warn!("device {}: dropping the checkpoint header blocks of {} from the page cache: {e}; a LMCache opening the device could go unseen, so early tails and the pass for unwritten slots wait for its next checkpoint", self.cfg.device, path.display());
             }
         }
@@ -1825,6 +1829,10 @@ impl Watcher {
     fn drop_cached(&mut self, off: u64, len: u64) -> bool {
         match self.drop_cached_range(off, len) {
             Ok(()) => true,
+            Err((path, e)) if node_gone(&e) => {
+                tracing::debug!("device {}: {} is gone ({e}); no early deallocation rests on its page cache", self.cfg.device, path.display());
+                false
+            }
             Err((path, e)) => {
                 tracing::warn!("device {}: dropping {} from the page cache: {e}; a buffered reader may see the zeroed checkpoint header's old bytes, so no early deallocation rests on it", self.cfg.device, path.display());
                 false
@@ -2098,6 +2106,13 @@ impl Watcher {
         });
         *self.published.lock().unwrap_or_else(|e| e.into_inner()) = v;
     }
+}
+
+/// The exported device's node is not there: a stop under way (the kernel removes the node
+/// before the stop reaches the state thread). It serves no reader, so a failed page-cache drop
+/// there is not worth a warning; nothing that needs the drop goes ahead either way.
+fn node_gone(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV))
 }
 
 #[cfg(test)]

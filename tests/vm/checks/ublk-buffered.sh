@@ -96,9 +96,10 @@ expect_eq "reopen: dropped by the slot header check" "$(wfield reopen run.recove
 expect_eq "reopen: recovered index equals the writer's" "$(wfield reopen index.reopen_matches_previous)" true
 expect_eq "reopen: entries verified" "$(wfield reopen run.verified)" "$live"
 expect "del" "$FDPBLK" del -n 0
-# The stopped device's node is gone: the last round must not try to drop its pages.
+# A stop removes the device's node before the state thread hears of it: a round in between
+# finds it gone, which is no reason to warn (and the last round does not try).
 daemons_gone || true
-if log_has "dropping the checkpoint header blocks"; then
+if log_has "from the page cache"; then
     not_ok "no page-cache warning at the stop"
 else
     ok "no page-cache warning at the stop"
