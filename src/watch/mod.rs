@@ -1551,13 +1551,19 @@ impl Watcher {
     /// flush makes those headers durable, then each slot whose header is still that one
     /// and whose on-drive header carries it has its tail deallocated under the trim CAS.
     pub fn trim_early_tails(&mut self) {
-        let mut done: Vec<(u64, Option<u16>)> = self.slots.take_completed_headers().into_iter().map(|s| (s, None)).collect();
-        done.extend(std::mem::take(&mut self.deferred_tails).into_iter().map(|(s, g)| (s, Some(g))));
-        if done.is_empty() || !self.cfg.early_tails || self.conflict.is_some() || self.geometry_seen_at != Some(self.slots.checkpoint_reads()) {
+        // While the gate is closed (LMCache opened the device, or an error paused tails until
+        // the next checkpoint) the completions stay flagged and the deferred tails kept: they
+        // go once the gate opens, not only when a checkpoint confirms them.
+        if !self.cfg.early_tails || self.conflict.is_some() || self.geometry_seen_at != Some(self.slots.checkpoint_reads()) {
             return;
         }
         if self.tail_error_epoch == Some(self.seen_epoch) {
             return; // paused after an error until the next checkpoint
+        }
+        let mut done: Vec<(u64, Option<u16>)> = self.slots.take_completed_headers().into_iter().map(|s| (s, None)).collect();
+        done.extend(std::mem::take(&mut self.deferred_tails).into_iter().map(|(s, g)| (s, Some(g))));
+        if done.is_empty() {
+            return;
         }
         let current = |w: &Self, slot: u64, generation: u16| {
             w.slots.get(slot).filter(|e| e.generation == generation && e.payload_len < u64::from(u32::MAX))
