@@ -779,7 +779,9 @@ fn del_one(id: i32) -> Result<(), String> {
     if let Some((pid, comm)) = foreign {
         return Err(format!("ublk device {id} is served by {comm} (pid {pid}), not by fdpblk: stop it with its own server"));
     }
-    let users = holders(Path::new(&state::bdev_path(id)));
+    // The daemon itself opens the device now and then (its state thread drops cached pages).
+    let own = read.as_ref().ok().map(|(_, d)| d.pid);
+    let users = holders(Path::new(&state::bdev_path(id)), own);
     if !users.is_empty() {
         tracing::warn!(
             "{} is open by {}: deleting it fails their I/O from now on, and the device (and its id) stays until they close it (to replace fdpblk under a running LMCache, kill the daemon and recover instead: deploy/README.md)",
@@ -815,11 +817,11 @@ fn del_one(id: i32) -> Result<(), String> {
 }
 
 /// The processes that hold `dev` open: "name (pid N)" each.
-fn holders(dev: &Path) -> Vec<String> {
+fn holders(dev: &Path, skip: Option<u32>) -> Vec<String> {
     let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
     let mut out = Vec::new();
     for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).filter(|&p| p != std::process::id()) else { continue };
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).filter(|&p| p != std::process::id() && Some(p) != skip) else { continue };
         let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
         if fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == dev)) {
             let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
@@ -1311,18 +1313,19 @@ mod tests {
         let it = format!("sleep (pid {})", child.id());
         let mut found = false;
         for _ in 0..100 {
-            found = holders(&f).contains(&it);
+            found = holders(&f, None).contains(&it);
             if found {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        assert!(found, "{:?}", holders(&f));
+        assert!(found, "{:?}", holders(&f, None));
         let _mine = std::fs::File::open(&f).unwrap();
-        assert!(!holders(&f).iter().any(|h| h.ends_with(&format!("(pid {})", std::process::id()))), "not itself");
+        assert!(!holders(&f, None).iter().any(|h| h.ends_with(&format!("(pid {})", std::process::id()))), "not itself");
+        assert!(!holders(&f, Some(child.id())).contains(&it), "nor the device's daemon");
         child.kill().unwrap();
         child.wait().unwrap();
-        assert!(!holders(&f).contains(&it));
+        assert!(!holders(&f, None).contains(&it));
         std::fs::remove_file(&f).unwrap();
     }
 

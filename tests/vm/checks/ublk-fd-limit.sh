@@ -34,7 +34,7 @@ try() {
         if [[ -e /dev/ublkc0 || -e /run/fdpblk/0.json ]]; then
             echo "left a device or state file: $out"
             "$FDPBLK" del -n 0 >/dev/null 2>&1 || true
-        elif pgrep -x fdpblk >/dev/null; then
+        elif ! daemons_gone; then # a refusing daemon answers add before it exits
             echo "left a daemon: $out"
             pkill -9 -x fdpblk || true
         elif [[ $(wc -l <<<"$out") -ne 1 ]]; then

@@ -56,7 +56,8 @@ learn() {
     wait_stat geometry.slot_bytes 65536
     wait_stat geometry.meta_total_bytes 1048576
     expect "$e: writes before the layout counted ($(dev_stat layout.writes_before_layout))" test "$(dev_stat layout.writes_before_layout)" -ge 9
-    expect_eq "$e: fdpblk list shows the learned geometry" "$("$FDPBLK" list --json | jq -c '.[0].geometry.slot_bytes')" 65536
+    # The state file `list` reads is rewritten after the learned layout's first read-back.
+    poll_eq "$e: fdpblk list shows the learned geometry" 65536 bash -c "'$FDPBLK' list --json | jq -c '.[0].geometry.slot_bytes'"
     # From now on: placed by the layout.
     r1=$(ruamw)
     writer "$e-placed" put 8 --partial-every 3 checkpoint verify

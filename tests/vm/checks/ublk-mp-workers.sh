@@ -28,13 +28,13 @@ ADD=(-n 0 --backing "$NG_DEV" --engine passthrough --policy key-aware -q 2 -d 64
     --persist-interval-ms 0 --no-early-evictions "${GEOM[@]}")
 
 # handle_bytes: "H0 H1 H2": fdpblk's bytes written per logical handle, once its stats (rewritten
-# twice a second) have caught up: two reads 0.6 s apart agree.
+# twice a second, later on a loaded guest) have caught up: two reads 1.1 s apart agree.
 handle_bytes() {
     local a b
     b=$("$FDPBLK" stats -n 0 --json | jq -r '[.pipeline.handles["0", "1", "2"] | . // 0] | join(" ")')
     for _ in $(seq 40); do
         a=$b
-        sleep 0.6
+        sleep 1.1
         b=$("$FDPBLK" stats -n 0 --json | jq -r '[.pipeline.handles["0", "1", "2"] | . // 0] | join(" ")')
         [[ $a == "$b" ]] && break
     done

@@ -161,8 +161,13 @@ put "$W/ckpt1" "$DEV" $((512 * 1024)) # container 1 (meta_total_bytes / 2)
 put "$W/slots" "$DEV" "$MIB"
 put "$W/hdr6" "$DEV" $((MIB + 6 * 65536))
 put "$W/pay6" "$DEV" $((MIB + 6 * 65536 + 4096))
-r1=$(ruamw)
-b1=$(fdp_stat HBMW)
+# RUAMW and HBMW come from two commands: read again until no persist of fdpblk's own state
+# (any moment) fell between them.
+for _ in $(seq 10); do
+    r1=$(ruamw)
+    b1=$(fdp_stat HBMW)
+    [[ $(ruamw) == "$r1" ]] && break
+done
 ck=$((2 * 128 * 1024))
 sl=$((7 * 65536))
 # PID 3 is the policy's own-state handle: fdpblk's state thread may persist its state (in the

@@ -57,17 +57,18 @@ dev=$(fdpblk_add --backing "$NG_DEV" --engine passthrough -n 0 "${GEO[@]}")
 pid=$(daemon_pid 0)
 expect "passthrough: SIGKILL daemon $pid" kill -9 "$pid"
 for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-flock "$NG_DEV" sleep 4 &
-holder=$!
-sleep 0.5
-"$FDPBLK" recover -n 0 --foreground >/tmp/sig-recover.log 2>&1 &
+# Held by this shell (fd 9, which the recovery must not inherit) until the checks below are
+# done, however slow the guest.
+exec 9<"$NG_DEV"
+flock 9
+"$FDPBLK" recover -n 0 --foreground >/tmp/sig-recover.log 2>&1 9<&- &
 rpid=$!
 for _ in $(seq 50); do grep -q "waiting for an earlier daemon" /tmp/sig-recover.log && break; sleep 0.1; done
 expect "recover waits for the lock" grep -q "waiting for an earlier daemon" /tmp/sig-recover.log
 expect "SIGTERM to the waiting recovery" kill -TERM "$rpid"
 sleep 0.5
 expect "the recovery outlives the signal while it waits" kill -0 "$rpid"
-wait "$holder"
+exec 9<&-
 for _ in $(seq 100); do kill -0 "$rpid" 2>/dev/null || break; sleep 0.1; done
 expect "then it exits" bash -c "! kill -0 $rpid 2>/dev/null"
 for _ in $(seq 50); do no_device && break; sleep 0.1; done

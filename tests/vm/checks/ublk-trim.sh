@@ -121,11 +121,12 @@ evictions() {
         expect_eq "$e: --no-early-evictions leaves the older container alone" "$(dev_stat trim.containers_invalidated)" 0
         expect_eq "$e: container 0 holds seq 3" "$c0" LMCIDX01
     fi
+    # Own state: written within a persist interval (5 s) of the changes below (the verify's
+    # loads are saved), on placement ID 3 (handle OwnState). The baseline comes first: a
+    # persist between the verify and a later baseline would leave nothing to save.
+    seq=$(dev_stat own_state.seq)
     writer "$e-verify" verify
     expect_eq "$e: every live entry verifies" "$(wfield "$e-verify" run.verified)" 17
-    # Own state: written within a persist interval (5 s) of the changes above, on placement
-    # ID 3 (handle OwnState).
-    seq=$(dev_stat own_state.seq)
     for _ in $(seq 40); do
         (($(dev_stat own_state.seq) > seq)) && break
         sleep 0.25
