@@ -780,7 +780,7 @@ fn del_one(id: i32) -> Result<(), String> {
         return Err(format!("ublk device {id} is served by {comm} (pid {pid}), not by fdpblk: stop it with its own server"));
     }
     // The daemon itself opens the device now and then (its state thread drops cached pages).
-    let own = read.as_ref().ok().map(|(_, d)| d.pid);
+    let own = read.as_ref().ok().map(|(_, d)| d).filter(|d| d.alive()).map(|d| d.pid);
     let users = holders(Path::new(&state::bdev_path(id)), own);
     if !users.is_empty() {
         tracing::warn!(

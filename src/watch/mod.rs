@@ -1820,7 +1820,7 @@ impl Watcher {
         let g = self.geom;
         let res = (0..2u8).try_for_each(|c| self.drop_cached_range(g.container_offset(c), g.block_align));
         if let Err((path, e)) = res {
-            if node_gone(&e) {
+            if node_gone(&path, &e) {
                 if self.geometry_seen_at.take().is_some() {
                     tracing::debug!("device {}: {} is gone ({e}); early tails and the pass for unwritten slots wait for LMCache's next checkpoint", self.cfg.device, path.display());
                 }
@@ -1835,7 +1835,7 @@ impl Watcher {
     fn drop_cached(&mut self, off: u64, len: u64) -> bool {
         match self.drop_cached_range(off, len) {
             Ok(()) => true,
-            Err((path, e)) if node_gone(&e) => {
+            Err((path, e)) if node_gone(&path, &e) => {
                 tracing::debug!("device {}: {} is gone ({e}); no early deallocation rests on its page cache", self.cfg.device, path.display());
                 false
             }
@@ -2114,11 +2114,14 @@ impl Watcher {
     }
 }
 
-/// The exported device's node is not there: a stop under way (the kernel removes the node
-/// before the stop reaches the state thread). It serves no reader, so a failed page-cache drop
-/// there is not worth a warning; nothing that needs the drop goes ahead either way.
-fn node_gone(e: &std::io::Error) -> bool {
-    e.kind() == std::io::ErrorKind::NotFound || matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV))
+/// The exported device `path` is gone: a stop under way (the kernel removes the disk before
+/// the stop reaches the state thread). It serves no reader, so a failed page-cache drop there
+/// is not worth a warning; nothing that needs the drop goes ahead either way. A node missing
+/// while the kernel still has the disk (a mount namespace without it) is a setup problem,
+/// and warns.
+fn node_gone(path: &std::path::Path, e: &std::io::Error) -> bool {
+    let disk_gone = || path.file_name().is_none_or(|n| !std::path::Path::new("/sys/class/block").join(n).exists());
+    matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV)) || (e.kind() == std::io::ErrorKind::NotFound && disk_gone())
 }
 
 #[cfg(test)]

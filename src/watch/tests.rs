@@ -2272,7 +2272,11 @@ fn early_tails_wait_while_the_header_blocks_cannot_be_dropped_from_the_page_cach
     std::fs::write(&cache, vec![0u8; 4096]).unwrap();
     // A node that is not there (a stop under way removes it before the state thread hears of
     // the stop) closes the gate without a warning; any other failure warns.
-    let cases = [(cache.clone(), 7, false), (std::path::PathBuf::from("/nonexistent/ublkb0"), 0, false), (cache.join("ublkb0"), 0, true)];
+    let mut cases = vec![(cache.clone(), 7, false), (std::path::PathBuf::from("/nonexistent/ublkb0"), 0, false), (cache.join("ublkb0"), 0, true)];
+    // A node missing while the kernel has the disk (a mount namespace without it) warns.
+    if let Some(disk) = std::fs::read_dir("/sys/class/block").ok().and_then(|mut d| d.next()).and_then(|e| e.ok()) {
+        cases.push((std::path::Path::new("/nonexistent").join(disk.file_name()), 0, true));
+    }
     for (path, tails, warns) in cases {
         let mut r = Rig::new(SLOTS + 4, META, true);
         r.cfg.page_cache = Some(path.clone());

@@ -99,7 +99,7 @@ expect_eq "reopen: recovered index equals the writer's" "$(wfield reopen index.r
 expect_eq "reopen: entries verified" "$(wfield reopen run.verified)" "$live"
 expect "del" "$FDPBLK" del -n 0
 # A stop removes the device's node before the state thread hears of it: a round in between
-# finds it gone, which is no reason to warn (and the last round does not try).
+# finds it gone, which is no reason to warn (a debug line; the last round does not try).
 daemons_gone || true
 if log_has "from the page cache"; then
     not_ok "no page-cache warning at the stop"

@@ -154,15 +154,18 @@ with open(os.path.join(w, "ckpt1"), "wb") as f:  # 128 KiB into container 1
     f.write(os.urandom(128 * 1024))
 EOF
 add_pt "${GEOM[@]}" --policy region
-r0=$(ruamw) || check_fatal "nvme fdp status failed"
-b0=$(fdp_stat HBMW)
+# RUAMW and HBMW come from two commands: read again until no persist of fdpblk's own state
+# (any moment) fell between them; the same after the writes below.
+for _ in $(seq 10); do
+    r0=$(ruamw) || check_fatal "nvme fdp status failed"
+    b0=$(fdp_stat HBMW)
+    [[ $(ruamw) == "$r0" ]] && break
+done
 put "$W/ckpt" "$DEV" 0
 put "$W/ckpt1" "$DEV" $((512 * 1024)) # container 1 (meta_total_bytes / 2)
 put "$W/slots" "$DEV" "$MIB"
 put "$W/hdr6" "$DEV" $((MIB + 6 * 65536))
 put "$W/pay6" "$DEV" $((MIB + 6 * 65536 + 4096))
-# RUAMW and HBMW come from two commands: read again until no persist of fdpblk's own state
-# (any moment) fell between them.
 for _ in $(seq 10); do
     r1=$(ruamw)
     b1=$(fdp_stat HBMW)

@@ -60,7 +60,7 @@ for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 # Held by this shell (fd 9, which the recovery must not inherit) until the checks below are
 # done, however slow the guest.
 exec 9<"$NG_DEV"
-flock 9
+flock -w 30 9 || check_fatal "the killed daemon's lock on $NG_DEV stayed for 30 s"
 "$FDPBLK" recover -n 0 --foreground >/tmp/sig-recover.log 2>&1 9<&- &
 rpid=$!
 for _ in $(seq 50); do grep -q "waiting for an earlier daemon" /tmp/sig-recover.log && break; sleep 0.1; done
