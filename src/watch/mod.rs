@@ -1820,11 +1820,12 @@ impl Watcher {
         let g = self.geom;
         let res = (0..2u8).try_for_each(|c| self.drop_cached_range(g.container_offset(c), g.block_align));
         if let Err((path, e)) = res {
+            if self.geometry_seen_at.take().is_none() {
+                return; // the gate is closed already
+            }
             if node_gone(&path, &e) {
-                if self.geometry_seen_at.take().is_some() {
-                    tracing::debug!("device {}: {} is gone ({e}); early tails and the pass for unwritten slots wait for LMCache's next checkpoint", self.cfg.device, path.display());
-                }
-            } else if self.geometry_seen_at.take().is_some() {
+                tracing::debug!("device {}: {} is gone ({e}); early tails and the pass for unwritten slots wait for LMCache's next checkpoint", self.cfg.device, path.display());
+            } else {
                 tracing::warn!("device {}: dropping the checkpoint header blocks of {} from the page cache: {e}; a LMCache opening the device could go unseen, so early tails and the pass for unwritten slots wait for its next checkpoint", self.cfg.device, path.display());
             }
         }
