@@ -153,24 +153,25 @@ with open(os.path.join(w, "ckpt"), "wb") as f:
 with open(os.path.join(w, "ckpt1"), "wb") as f:  # 128 KiB into container 1
     f.write(os.urandom(128 * 1024))
 EOF
+# counters: RUAMW into R and HBMW into B. They come from two commands: read again until no
+# persist of fdpblk's own state (any moment) fell between them.
+counters() {
+    for _ in $(seq 10); do
+        R=$(ruamw) || check_fatal "nvme fdp status failed"
+        B=$(fdp_stat HBMW)
+        [[ $(ruamw) == "$R" ]] && return
+    done
+}
 add_pt "${GEOM[@]}" --policy region
-# RUAMW and HBMW come from two commands: read again until no persist of fdpblk's own state
-# (any moment) fell between them; the same after the writes below.
-for _ in $(seq 10); do
-    r0=$(ruamw) || check_fatal "nvme fdp status failed"
-    b0=$(fdp_stat HBMW)
-    [[ $(ruamw) == "$r0" ]] && break
-done
+counters
+r0=$R b0=$B
 put "$W/ckpt" "$DEV" 0
 put "$W/ckpt1" "$DEV" $((512 * 1024)) # container 1 (meta_total_bytes / 2)
 put "$W/slots" "$DEV" "$MIB"
 put "$W/hdr6" "$DEV" $((MIB + 6 * 65536))
 put "$W/pay6" "$DEV" $((MIB + 6 * 65536 + 4096))
-for _ in $(seq 10); do
-    r1=$(ruamw)
-    b1=$(fdp_stat HBMW)
-    [[ $(ruamw) == "$r1" ]] && break
-done
+counters
+r1=$R b1=$B
 ck=$((2 * 128 * 1024))
 sl=$((7 * 65536))
 # PID 3 is the policy's own-state handle: fdpblk's state thread may persist its state (in the
