@@ -89,7 +89,7 @@ pub struct RunSpec {
     pub early_tails: bool,
     pub early_evictions: bool,
     /// With `trim_slots`: slots no checkpoint lists and LMCache has not written go too
-    /// ("Unwritten slots" in `crate::watch`; what a preconditioned drive holds).
+    /// (`src/watch/unwritten.rs`; what a preconditioned drive holds).
     pub unwritten: bool,
     pub seed: u64,
     /// Warm-up: LMCache writes this many times its capacity first.

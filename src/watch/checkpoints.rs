@@ -1,0 +1,309 @@
+//! Reading a checkpoint container back: its header, the CRC of its payload, the slots it lists
+//! and the confirmations it gives (claim A in the doc of [`super`]).
+
+use super::*;
+
+/// One bit per slot, all clear.
+fn bitset(n: u64) -> Vec<u64> {
+    vec![0u64; n.div_ceil(64) as usize]
+}
+
+/// A confirmation found while parsing a checkpoint, applied once the parsed bytes' CRC matched.
+struct Confirm {
+    slot: u64,
+    was: u64,
+    new: u64,
+    /// The slot's write predates the checkpoint: its "written unseen" mark can go.
+    fresh: bool,
+}
+
+/// Hashes what the parser reads, so that what is parsed is what the CRC vouched for.
+struct CrcRead<R> {
+    inner: R,
+    crc: crc32fast::Hasher,
+    bytes: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for CrcRead<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.crc.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+impl Watcher {
+    /// Reads both checkpoint containers again (those with no read-back pending). For a layout
+    /// learned while serving: `new` read them before the queues classified writes, so a
+    /// checkpoint LMCache wrote in between (while the state loaded) came with no event.
+    pub fn reread_containers(&mut self) {
+        for copy in 0..2u8 {
+            if self.pending.iter().any(|p| p.ev.copy == copy) {
+                continue;
+            }
+            self.containers[usize::from(copy)] = match self.read_container(copy, None, None) {
+                Read::Done(c) => c,
+                Read::NotYet => Container::Unknown,
+            };
+        }
+        // The baseline for the overflow estimate and the stats, as `new` sets it: under the
+        // epoch of the last event taken (none yet when the learner calls this), so every
+        // checkpoint header written since still counts as newer.
+        let baseline = self.newest().map(|v| (v.seq, v.payload_len, v.entries, v.fixed_bytes));
+        if let Some((seq, payload_len, entries, fixed_bytes)) = baseline.filter(|b| self.commit.as_ref().is_none_or(|c| c.seq != b.0)) {
+            self.commit = Some(Commit { seq, payload_len, entries, at: Instant::now(), puts_at: 0, fixed_bytes, epoch: self.seen_epoch, observed: false });
+            self.arm_alarm();
+        }
+        self.need_sweep = true;
+    }
+
+    /// Why container `copy`'s header block is not a checkpoint header LMCache would load.
+    pub(super) fn container_header_error(&self, copy: u8) -> Option<String> {
+        let mut block = vec![0u8; self.geom.block_align as usize];
+        match self.dev.read_at(self.geom.container_offset(copy), &mut block) {
+            Err(e) => Some(e.to_string()),
+            Ok(_) => CheckpointHeader::parse(&block, self.geom.payload_cap()).err().map(|e| e.to_string()),
+        }
+    }
+
+    /// Reads container `copy`. With `expect`, it must hold exactly that header and a payload
+    /// matching its CRC (else `NotYet`); `confirm_epoch` confirms matching slots (claim A).
+    pub(super) fn read_container(&mut self, copy: u8, expect: Option<CheckpointHeader>, confirm_epoch: Option<u32>) -> Read {
+        let g = self.geom;
+        let off = g.container_offset(copy);
+        let mut block = vec![0u8; g.block_align as usize];
+        if let Err(e) = self.dev.read_at(off, &mut block) {
+            tracing::warn!("device {}: reading checkpoint container {copy}: {e}", self.cfg.device);
+            return Read::NotYet;
+        }
+        let h = match CheckpointHeader::parse(&block, g.payload_cap()) {
+            Ok(h) => h,
+            Err(_) if expect.is_none() => return Read::Done(Container::Empty),
+            Err(_) => return Read::NotYet,
+        };
+        if let Some(x) = expect {
+            if (x.seq, x.payload_len, x.crc32, x.version) != (h.seq, h.payload_len, h.crc32, h.version) {
+                return Read::NotYet;
+            }
+        }
+        // One pass: the parse hashes what it reads, and nothing counts unless the CRC matches.
+        match self.parse(copy, &h, confirm_epoch) {
+            // Not the bytes the header vouches for: the payload is still on its way, or
+            // LMCache is rewriting it.
+            Ok(None) => Read::NotYet,
+            Ok(Some(v)) => Read::Done(Container::Valid(Box::new(v))),
+            Err(e) => {
+                tracing::warn!("device {}: checkpoint seq {} in container {copy} is not usable: {e}; no deallocation until it is replaced", self.cfg.device, h.seq);
+                Read::Done(Container::Unknown)
+            }
+        }
+    }
+
+    /// Streams the JSON: which slots it lists; confirmations and tags for matching entries.
+    /// `Ok(None)`: the bytes parsed are not those the header's CRC vouches for (still on their
+    /// way, or being rewritten); nothing was confirmed.
+    pub(super) fn parse(&mut self, copy: u8, h: &CheckpointHeader, confirm_epoch: Option<u32>) -> Result<Option<ValidCopy>, String> {
+        let g = self.geom;
+        let slots = &*self.slots;
+        let mut listed = bitset(g.max_slots);
+        let mut listed_len = vec![0u32; g.max_slots as usize];
+        let epoch_now = slots.epoch();
+        // Epochs since commit `K`: the slot's stamp must be at least this + 2 epochs old.
+        let need = confirm_epoch.map(|k| epoch_now.wrapping_sub(k)).filter(|&d| u64::from(d) + 2 < life::STAMP_MASK);
+        let mut last_tag: (String, String, u16) = (String::new(), String::new(), 0);
+        let mut last_bucket: (String, u64) = (String::new(), 0);
+        // Every live entry, for a policy that learns tenants from committed checkpoints.
+        let mut live: Option<Vec<LiveEntry>> = (self.observer.is_some() && confirm_epoch.is_some()).then(Vec::new);
+        // Confirmations wait until the CRC of the very bytes parsed matches the header's.
+        let mut confirms: Vec<Confirm> = Vec::new();
+        let dev = DevReader(&*self.dev);
+        let mut reader = CrcRead { inner: RegionReader::new(&dev, g.container_offset(copy) + g.block_align, h.payload_len), crc: crc32fast::Hasher::new(), bytes: 0 };
+        let limits = JsonLimits { max_payload_bytes: g.payload_cap().max(h.payload_len), ..JsonLimits::default() };
+        let meta = parse_checkpoint_json(&mut reader, &limits, &mut |e| {
+            // LMCache writes both as plain integers, and its loader takes anything `int()`
+            // takes ("65536", 65536.0): an entry whose slot fdpblk cannot tell may list any
+            // slot, so the whole copy is unknown and no deallocation rests on it.
+            let (Some(off), Some(size)) = (e.offset, e.size) else {
+                return Err(format!("entry {:?} has no plain integer offset and size", e.key.chars().take(200).collect::<String>()));
+            };
+            let Some((slot, 0)) = g.slot_of(off) else { return Ok(()) };
+            listed[(slot / 64) as usize] |= 1 << (slot % 64);
+            let n = u32::try_from(size.saturating_add(1)).unwrap_or(u32::MAX);
+            if let Some(l) = listed_len.get_mut(slot as usize) {
+                *l = (*l).max(n);
+            }
+            // An object key with a lone surrogate has no identity (its UTF-8 is LMCache's hash
+            // input): listed, so protected, but never confirmed. A legacy key's is its hash's.
+            let key = Key::parse(e.key).ok().filter(|k| !e.key_lossy || matches!(k, Key::Legacy(_)));
+            if let Some(live) = live.as_mut() {
+                if let Some(key) = &key {
+                    let (identity, salt) = match key {
+                        Key::Legacy(k) => (legacy_identity(k.chunk_hash_hex), ""),
+                        Key::Object(k) => (object_identity(e.key), k.cache_salt.unwrap_or("")),
+                    };
+                    // Consecutive entries mostly share a salt: hash its bucket once per run.
+                    if last_bucket.0 != salt {
+                        last_bucket = (salt.to_string(), salt_bucket_id(salt));
+                    }
+                    live.push(LiveEntry { slot, identity, salt_bucket: last_bucket.1 });
+                }
+            }
+            let Some(need) = need else { return Ok(()) };
+            let l = slots.life(slot);
+            let Some(cur) = slots.entry(slot) else { return Ok(()) };
+            if !cur.has_header() || cur.payload_len != size.min(u64::from(u32::MAX)) || l & life::TRIMMING != 0 {
+                return Ok(());
+            }
+            let Some(key) = key else { return Ok(()) };
+            let (id, model, salt) = match &key {
+                Key::Legacy(k) => (legacy_identity(k.chunk_hash_hex), k.model_name, ""),
+                Key::Object(k) => (object_identity(e.key), k.model_quoted, k.cache_salt.unwrap_or("")),
+            };
+            if id != cur.identity {
+                return Ok(());
+            }
+            let fresh = life::epochs_since(life::stamp(l), epoch_now) >= need + 2;
+            if l & life::CONFIRMED == 0 && !fresh {
+                return Ok(());
+            }
+            if last_tag.0 != model || last_tag.1 != salt {
+                last_tag = (model.to_string(), salt.to_string(), slots.tags().intern(&key.model_name(), salt));
+            }
+            let new = life::with_state(life::with_tag(l | life::CONFIRMED, last_tag.2), SlotState::Live);
+            confirms.push(Confirm { slot, was: l, new, fresh });
+            Ok(())
+        });
+        // A payload that does not parse may be one still on its way or being rewritten: if the
+        // bytes read, and the rest, do not make the CRC, it is read again, not called unusable.
+        let whole = |r: &mut CrcRead<_>| std::io::copy(r, &mut std::io::sink()).is_ok() && r.bytes == h.payload_len && r.crc.clone().finalize() == h.crc32;
+        let meta = match meta {
+            Err(_) if !whole(&mut reader) => return Ok(None),
+            m => m.map_err(|e| e.to_string())?,
+        };
+        if !whole(&mut reader) {
+            return Ok(None);
+        }
+        for c in confirms {
+            if c.fresh {
+                // Snapshotted after the write, which came through this run (or, for a
+                // record from before it, after this run's first checkpoint header).
+                slots.settle_unseen(c.slot);
+            }
+            if c.new != c.was {
+                slots.cas_life(c.slot, c.was, c.new);
+            }
+        }
+        // Compared as Python's loader compares them: `65536.0 == 65536`.
+        let geo = [
+            ("block_align", meta.py_int("block_align"), g.block_align),
+            ("header_bytes", meta.py_int("header_bytes"), g.header_bytes),
+            ("slot_bytes", meta.py_int("slot_bytes"), g.slot_bytes),
+            ("meta_total_bytes", meta.py_int("meta_total_bytes"), g.meta_total_bytes),
+        ];
+        if let Some((name, Some(theirs), ours)) = geo.into_iter().find(|(_, t, o)| t.is_some_and(|t| t != *o)) {
+            let msg = format!(
+                "LMCache's checkpoint seq {} says {name} {theirs}, but fdpblk serves the device with {ours}: fdpblk's layout is wrong; deallocation is off until the device is re-added with the right geometry",
+                h.seq
+            );
+            if self.conflict.is_none() {
+                tracing::error!("device {}: {msg}", self.cfg.device);
+            }
+            self.conflict = Some(msg.clone());
+            return Err(msg);
+        }
+        // A geometry field no integer equals (a string, a fraction): LMCache discards the copy
+        // when it loads, but what LMCache is configured with is then not known.
+        if let Some((name, _, _)) = geo.iter().find(|(f, v, _)| v.is_none() && meta.wrong_type_fields().any(|w| w == *f)) {
+            return Err(format!("its {name} is not a whole number, so fdpblk cannot tell whether LMCache's layout matches its own"));
+        }
+        // LMCache does not check capacity_bytes when it loads: a larger one since fdpblk took
+        // its layout means slots past fdpblk's last one may be in use, which fdpblk classifies
+        // as outside the layout (safe, but not placed by key and never deallocated).
+        if let Some(theirs) = meta.py_int("capacity_bytes").filter(|&c| c > g.capacity_bytes) {
+            if self.capacity_warned != Some(theirs) {
+                self.capacity_warned = Some(theirs);
+                tracing::warn!(
+                    "device {}: LMCache's checkpoint seq {} says capacity_bytes {theirs}, more than the {} fdpblk took its layout with: slots past slot {} are not placed by key nor deallocated; re-add the device with --capacity-bytes {theirs}",
+                    self.cfg.device, h.seq, g.capacity_bytes, g.max_slots.saturating_sub(1)
+                );
+            }
+        }
+        // What the checkpoint costs besides its entries, as measured in this one.
+        let fixed_bytes = match meta.entries_bytes {
+            0 => FIXED_JSON_BYTES + meta.device_path.as_ref().map_or(0, |p| p.len() as u64),
+            e => h.payload_len.saturating_sub(e),
+        };
+        if let (Some(entries), Some(p)) = (live, self.observer.as_mut()) {
+            p.observe(&Observation::Checkpoint { seq: h.seq, entries: &entries });
+        }
+        Ok(Some(ValidCopy { seq: h.seq, payload_len: h.payload_len, entries: meta.entries, fixed_bytes, listed, listed_len }))
+    }
+
+    /// A checkpoint LMCache committed through fdpblk (read back and verified).
+    /// Whether a checkpoint read back whole (header `h`, its write's `epoch`) is newer than
+    /// the commit on record: its header write came later (read-backs complete out of order),
+    /// and its seq is higher, or 1 (LMCache starting a new index), or one more than the seq
+    /// the other container holds (LMCache's rule: seq `n` goes to the container not holding
+    /// `n - 1`, its current one). The last is how a new index is followed past a stale
+    /// higher seq left in the other container by an earlier LMCache (found as the baseline
+    /// when fdpblk started after LMCache's restart). Buffered writeback can deliver checkpoint
+    /// `n`'s header after `n + 1`'s (pages go back in offset order, and `n + 1` may be in the
+    /// lower container): once `n + 1` was read back, the seq tells those apart, since `n` is
+    /// then neither higher than the commit `n + 1` nor the successor of the other container's
+    /// `n + 1`.
+    pub(super) fn is_newer(&self, h: Option<CheckpointHeader>, epoch: u32, copy: u8) -> bool {
+        let (Some(h), Some(c)) = (h, self.commit.as_ref()) else { return true };
+        let successor = matches!(&self.containers[usize::from(1 - copy.min(1))], Container::Valid(o) if o.seq.checked_add(1) == Some(h.seq));
+        (epoch.wrapping_sub(c.epoch) as i32) > 0 && (h.seq > c.seq || h.seq == 1 || successor)
+    }
+
+    pub(super) fn committed(&mut self, h: CheckpointHeader, entries: u64, fixed_bytes: u64, epoch: u32) {
+        let now = Instant::now();
+        // The first checkpoint after a baseline found at start comes any time after the start.
+        let prev = self.commit.as_ref().filter(|c| c.observed).map(|c| c.at);
+        if let Some(p) = prev {
+            let d = now.duration_since(p);
+            self.interval = Some(match self.interval {
+                Some(i) => (i * 3 + d) / 4,
+                None => d,
+            });
+            self.gaps = self.gaps.saturating_add(1);
+            self.check_writeback();
+        }
+        self.commit = Some(Commit {
+            seq: h.seq,
+            payload_len: h.payload_len,
+            entries,
+            at: now,
+            puts_at: self.slots.header_writes(),
+            fixed_bytes,
+            epoch,
+            observed: true,
+        });
+        self.stalled = false;
+        self.arm_alarm();
+    }
+
+    /// Warns (once per episode) when the kernel may hold a dirty page back as long as LMCache's
+    /// checkpoint interval: with buffered writes a checkpoint's header could then reach the
+    /// drive after slot writes of a later snapshot, which the deallocation rules assume it
+    /// does not. O_DIRECT writes (MP mode) do not wait in the page cache.
+    pub(super) fn check_writeback(&mut self) {
+        const GAPS: u32 = 3;
+        let (Some(interval), Some(delay)) = (self.interval, self.cfg.writeback.now()) else { return };
+        self.writeback = Some(delay);
+        let risk = self.gaps >= GAPS && writeback_outlasts_interval(interval, delay);
+        if risk && !self.writeback_risk {
+            let held = delay.map_or_else(|| "indefinitely (vm.dirty_writeback_centisecs is 0)".to_string(), |d| format!("{:.1}s (vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs)", d.as_secs_f64()));
+            tracing::warn!(
+                "device {}: LMCache checkpoints about every {:.1}s, and the kernel may hold a dirty page back {held}: with buffered writes (LMCache's non-MP default) a checkpoint header could reach the drive after later slot writes, which fdpblk's deallocation assumes it does not; fix: keep vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs well below LMCache's meta_checkpoint_interval_sec (in centiseconds), or raise that interval. O_DIRECT writes (MP mode) are not affected",
+                self.cfg.device,
+                interval.as_secs_f64()
+            );
+        } else if !risk && self.writeback_risk {
+            tracing::info!("device {}: LMCache's checkpoint interval is again above the kernel's writeback delay", self.cfg.device);
+        }
+        self.writeback_risk = risk;
+    }
+}

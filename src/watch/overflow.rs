@@ -1,0 +1,83 @@
+//! The checkpoint-overflow alarm: LMCache's next checkpoint JSON estimated against the container
+//! it has to fit (past it LMCache stops checkpointing, and a restart loses what it wrote since).
+
+use super::*;
+
+impl Watcher {
+    /// The estimated size of LMCache's next checkpoint: entries of the newest committed one
+    /// plus every put since (deletes are not visible, so it errs high), times the observed
+    /// bytes per entry.
+    pub fn estimate(&self) -> Option<Estimate> {
+        let c = self.baseline();
+        let puts = self.slots.header_writes().saturating_sub(c.puts_at);
+        let entry_bytes = if c.entries > 0 { c.payload_len.saturating_sub(c.fixed_bytes).max(1) as f64 / c.entries as f64 } else { DEFAULT_ENTRY_BYTES };
+        let entries = c.entries + puts;
+        Some(Estimate { entries, bytes: c.fixed_bytes + (entries as f64 * entry_bytes).ceil() as u64, cap: self.geom.payload_cap(), entry_bytes })
+    }
+
+    /// The newest committed checkpoint, or an empty one when fdpblk started.
+    pub(super) fn baseline(&self) -> Commit {
+        self.commit.clone().unwrap_or(Commit { seq: 0, payload_len: 0, entries: 0, at: self.started, puts_at: 0, fixed_bytes: FIXED_JSON_BYTES, epoch: 0, observed: false })
+    }
+
+    /// Tells the data path after how many more puts the estimate reaches the risk threshold.
+    pub(super) fn arm_alarm(&self) {
+        let c = self.baseline();
+        let Some(e) = self.estimate() else { return };
+        let threshold = RISK_FRACTION * e.cap as f64 - c.fixed_bytes as f64;
+        let fit = (threshold / e.entry_bytes).floor().max(0.0) as u64;
+        self.slots.set_alarm_at(c.puts_at + fit.saturating_sub(c.entries).max(1));
+    }
+
+    /// LMCache's `meta_total_bytes` that holds a checkpoint of twice `bytes`.
+    pub fn meta_total_needed(&self, bytes: u64) -> u64 {
+        let a = self.geom.block_align;
+        let container = (a + 2 * bytes).div_ceil(a) * a;
+        (2 * container).div_ceil(1 << 20) << 20
+    }
+
+    pub(super) fn check_overflow(&mut self, _alarm: bool) {
+        let Some(e) = self.estimate() else { return };
+        let c = self.baseline();
+        let risk = e.bytes as f64 >= RISK_FRACTION * e.cap as f64;
+        let dev = self.cfg.device;
+        if risk && !self.risk {
+            tracing::error!(
+                "device {dev}: checkpoint overflow risk: LMCache's next checkpoint will be about {} bytes ({} entries x {:.0} bytes), {:.0}% of the {}-byte limit of a checkpoint container (meta_total_bytes {}). Above the limit LMCache skips every checkpoint with only a warning, and its next restart loses every entry stored since checkpoint seq {}. Fix: set LMCache's meta_total_bytes to at least {} (rust_raw_block.meta_total_bytes, or meta_total_bytes of the MP adapter); that is a new layout, so LMCache starts with an empty cache, and fdpblk must be re-added with the new value (its error then names the command that erases the old checkpoint)",
+                e.bytes,
+                e.entries,
+                e.entry_bytes,
+                100.0 * e.bytes as f64 / e.cap as f64,
+                e.cap,
+                self.geom.meta_total_bytes,
+                c.seq,
+                self.meta_total_needed(e.bytes)
+            );
+        } else if !risk && self.risk {
+            tracing::info!("device {dev}: checkpoint overflow risk gone: next checkpoint about {} of {} bytes", e.bytes, e.cap);
+        }
+        self.risk = risk;
+        let puts = self.slots.header_writes().saturating_sub(c.puts_at);
+        let after = self.interval.map_or(STALL_MIN, |i| (i * 3).max(STALL_MIN)).max(self.cfg.stall_min);
+        let age = c.at.elapsed();
+        let stalled = puts > 0 && age >= after;
+        if stalled && !self.stalled {
+            let cause = if e.bytes >= e.cap {
+                format!(
+                    "its checkpoint (about {} bytes) no longer fits the {}-byte container, so LMCache skips it; fix: meta_total_bytes of at least {} (a new layout: LMCache starts empty)",
+                    e.bytes,
+                    e.cap,
+                    self.meta_total_needed(e.bytes)
+                )
+            } else {
+                "LMCache writes a checkpoint only when no I/O has been in flight for 100 ms at its (60 s) tick, so continuous traffic defers it; fix: leave LMCache idle moments, or lower meta_checkpoint_interval_sec".to_string()
+            };
+            tracing::error!(
+                "device {dev}: LMCache wrote {puts} slots but no checkpoint for {}s (last seq {}): {cause}. A restart now loses those entries",
+                age.as_secs(),
+                c.seq
+            );
+        }
+        self.stalled = stalled;
+    }
+}
