@@ -32,8 +32,11 @@ pub struct InspectSummary {
     /// Entries LMCache would load: those listed whose slot header is their key's, or 0 when
     /// it would discard the checkpoint.
     pub live: u64,
-    /// Entries the newest valid checkpoint lists.
+    /// Keys the newest valid checkpoint lists (an entry repeating a key counts once).
     pub listed: u64,
+    /// Entries that repeat a key listed before in the same checkpoint: Python's `json.loads`
+    /// (LMCache's) keeps the last of them, so the last one's verdict counts.
+    pub duplicates: u64,
     pub header_mismatch: u64,
     pub checkpoint_seq: Option<u64>,
     /// Why LMCache would discard the whole checkpoint, if it would.
@@ -101,9 +104,21 @@ pub fn inspect_entries<D: ReadAt + ?Sized>(
     let mut s = InspectSummary::default();
     let Some(newest) = newest_valid(copies) else { return Ok(s) };
     s.checkpoint_seq = newest.seq();
+    // Each key seen, with whether its last entry passed the header check: 17 bytes a key,
+    // bounded by the checkpoint's size (LMCache never writes a key twice; a hand-edited or
+    // foreign checkpoint may).
+    let mut seen: std::collections::HashMap<[u8; 16], bool> = std::collections::HashMap::new();
     let read = read_entries(dev, g, newest, &JsonLimits::default(), &mut |e| {
         let r = check_entry(dev, g, e.key, e.key_lossy, e.offset, e.size);
-        s.listed += 1;
+        match seen.insert(key_digest(e.key, e.key_lossy), r.header_ok) {
+            None => s.listed += 1,
+            Some(was_ok) => {
+                s.duplicates += 1;
+                if !was_ok {
+                    s.header_mismatch -= 1;
+                }
+            }
+        }
         if !r.header_ok {
             s.header_mismatch += 1;
         }
@@ -134,6 +149,19 @@ pub fn inspect_entries<D: ReadAt + ?Sized>(
     s.live = if s.rejected.is_some() { 0 } else { s.listed - s.header_mismatch };
     s.device_path = meta.device_path;
     Ok(s)
+}
+
+/// A key's 128-bit BLAKE2b digest, for counting duplicates in bounded memory. A key that held a
+/// lone surrogate is told apart from the same text with U+FFFD (two different surrogates at
+/// one place still merge: such a key cannot load anyway).
+fn key_digest(key: &str, lossy: bool) -> [u8; 16] {
+    use blake2::digest::{Update, VariableOutput};
+    let mut h = blake2::Blake2bVar::new(16).expect("16 is a valid BLAKE2b output size");
+    h.update(&[u8::from(lossy)]);
+    h.update(key.as_bytes());
+    let mut out = [0u8; 16];
+    h.finalize_variable(&mut out).expect("the output is 16 bytes");
+    out
 }
 
 /// fdpblk's own saved state, when `dev` is a backing device (or its image).
@@ -187,7 +215,7 @@ pub fn run(a: &InspectArgs) -> CmdResult {
         writeln!(
             w,
             "],\"summary\":{},\"fdpblk_state\":{}}}",
-            json!({"live": s.live, "listed": s.listed, "header_mismatch": s.header_mismatch, "checkpoint_seq": s.checkpoint_seq,
+            json!({"live": s.live, "listed": s.listed, "duplicates": s.duplicates, "header_mismatch": s.header_mismatch, "checkpoint_seq": s.checkpoint_seq,
                    "loader_rejects": s.rejected, "undecodable": s.undecodable, "device_path": s.device_path}),
             own_state(&dev).unwrap_or(serde_json::Value::Null)
         )?;
@@ -240,13 +268,15 @@ pub fn run(a: &InspectArgs) -> CmdResult {
         match (s.checkpoint_seq, &s.rejected) {
             (Some(seq), None) => writeln!(
                 w,
-                "summary: {} live entries (checkpoint seq {seq}); {} more listed with a mismatched slot header, which LMCache's load drops",
-                s.live, s.header_mismatch
+                "summary: {} live entries (checkpoint seq {seq}); {} more listed with a mismatched slot header, which LMCache's load drops{}",
+                s.live,
+                s.header_mismatch,
+                if s.duplicates > 0 { format!("; {} entries repeat a key listed before, and LMCache keeps the last of each", s.duplicates) } else { String::new() }
             )?,
             (Some(seq), Some(why)) if s.undecodable => writeln!(
                 w,
                 "summary: LMCache would start with an empty index: checkpoint seq {seq} is CRC-valid but {why}; the {} entries above were read before the error",
-                s.listed
+                s.listed + s.duplicates
             )?,
             (Some(seq), Some(why)) => writeln!(
                 w,
@@ -444,6 +474,37 @@ mod tests {
         assert_eq!((s.listed, s.rejected.as_deref()), (plain.listed, None));
         assert_eq!(s.live, plain.live - 1);
         assert_eq!(first_key(&img).1, Some("key has a lone surrogate escape, so no UTF-8 form: LMCache cannot load the entry"));
+    }
+
+    /// A key listed twice: Python's dict keeps the last entry, so the key counts once, with the
+    /// last entry's header check. Both orders: the repeat failing the check (the key is
+    /// dropped) and the repeat passing it where the first failed (the key loads).
+    #[test]
+    fn a_key_listed_twice_counts_once_with_its_last_entry() {
+        let plain = summary_of(&object_evict_with_json(|j| j.to_string()));
+        assert_eq!((plain.live, plain.listed, plain.duplicates), (14, 14, 0));
+        let keys = |img: &[u8]| {
+            let g = discover(img, &GeometryFlags::default()).unwrap().geometry;
+            let copies = read_copies(img, &g).unwrap();
+            let mut keys = Vec::new();
+            inspect_entries(img, &g, &copies, &mut |r| {
+                keys.push(r.key.clone());
+                Ok(())
+            })
+            .unwrap();
+            keys
+        };
+        let k = keys(&object_evict_with_json(|j| j.to_string()));
+        let quoted = |k: &str| serde_json::to_string(k).unwrap();
+        // The second entry names the first key: its slot's header is the second key's.
+        let last_bad = object_evict_with_json(|j| j.replacen(&quoted(&k[1]), &quoted(&k[0]), 1));
+        let s = summary_of(&last_bad);
+        assert_eq!((s.listed, s.duplicates, s.header_mismatch, s.live), (13, 1, 1, 12));
+        // The first entry names the second key: its slot's header is the first key's, and the
+        // second key's own entry follows and passes.
+        let last_good = object_evict_with_json(|j| j.replacen(&quoted(&k[0]), &quoted(&k[1]), 1));
+        let s = summary_of(&last_good);
+        assert_eq!((s.listed, s.duplicates, s.header_mismatch, s.live), (13, 1, 0, 13));
     }
 
     /// A CRC-valid copy whose JSON does not decode: LMCache starts empty (it does not try the
