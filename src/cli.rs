@@ -186,9 +186,14 @@ pub struct AddArgs {
     /// before, the slots LMCache's first checkpoint does not list (data left from before).
     #[arg(long)]
     pub no_trim: bool,
-    /// Add even though the backing holds a file system, partition table, RAID or LVM
-    /// signature (as blkid finds them) and neither LMCache's checkpoint nor fdpblk's state:
-    /// the signatures are erased (wipefs -a), and the data is overwritten and deallocated.
+    /// Add a backing that `add` would refuse as someone else's data: one that holds a file
+    /// system, partition table, RAID or LVM signature (as blkid finds them) and neither
+    /// LMCache's checkpoint nor fdpblk's state (the signatures are erased with wipefs -a, and
+    /// the data is overwritten and deallocated); one blkid cannot check; or, with --name, one
+    /// whose LMCache checkpoint was written through another name (that cache is given up:
+    /// LMCache loads it only through its own device_path). The first two apply only where no
+    /// checkpoint is found, the last only where one is, so one flag never overrides two
+    /// refusals at once. Command line only.
     #[arg(long)]
     pub force: bool,
     /// Deallocate a stale tail (bytes past a shorter new payload) only once a checkpoint
