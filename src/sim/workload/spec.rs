@@ -1,0 +1,458 @@
+//! A workload file (`tools/workloads/*.json`): its fields, their defaults and bounds.
+
+use super::*;
+
+/// LMCache's deployment mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// MP server with the `raw_block` L2 adapter (namespace `object`, O_DIRECT by default).
+    Mp,
+    /// The non-MP plugin (namespace `legacy`, buffered by default): no eviction, puts fail when
+    /// the device is full; keys go away only by an explicit remove.
+    NonMp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoMode {
+    /// posix `pwrite` with O_DIRECT: header, then payload rounded to `block_align`.
+    ODirect,
+    /// posix `pwrite` into the page cache; the device sees writeback.
+    Buffered,
+    /// LMCache's `io_uring` engine with O_DIRECT: a store's keys go in batches of
+    /// [`URING_BATCH_KEYS`], each one `batched_write` whose header and payload requests are all
+    /// in flight at once, with no order among them (reference §8.2). How the kernel delivers
+    /// them to the ublk queue is modelled: in submission order, each request moved back by a
+    /// seeded random 0 to `uring_reorder_window - 1` places (when a batch outruns the queue's
+    /// tags, the rest is issued by io-uring's worker threads, which race).
+    IoUring,
+}
+
+/// Keys per `batched_write` of LMCache's io_uring engine (`_MAX_PUT_MANY_IO_URING_BATCH_KEYS`).
+pub const URING_BATCH_KEYS: usize = 64;
+
+/// Default of `uring_reorder_window`, in requests: an assumption (half of a default ublk queue's
+/// tags), not a measurement; docs/waf.md gives the WAF for several windows.
+pub const DEFAULT_URING_REORDER_WINDOW: u32 = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvictionPolicy {
+    /// One LRU list over all keys (`"LRU"`).
+    Lru,
+    /// One LRU list per cache_salt, evicted against the tenant's quota (`"IsolatedLRU"`).
+    IsolatedLru,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvictionSpec {
+    pub policy: EvictionPolicy,
+    pub trigger_watermark: f64,
+    pub eviction_ratio: f64,
+    /// Seconds between the controller's checks (LMCache: 1).
+    pub interval_s: f64,
+}
+
+/// One tenant: a cache_salt, a share of the requests, and its prompts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantSpec {
+    pub name: String,
+    /// The request's `cache_salt` (part of every key; LMCache's FDP mode buckets by the part
+    /// before the first `:`). Empty: no salt.
+    pub salt: String,
+    /// Relative share of the requests.
+    pub share: f64,
+    /// Per-tenant quota as a fraction of LMCache's capacity (IsolatedLRU only).
+    pub quota: Option<f64>,
+    /// Zipf exponent of document popularity (0: uniform).
+    pub zipf: f64,
+    /// Distinct document chunks, as a multiple of the cache's slots.
+    pub universe: f64,
+    /// Shared system prompts (each doc uses one) and their length in chunks.
+    pub system_prompts: u32,
+    pub prefix_chunks: u32,
+    /// Document length in chunks, uniform in [min, max].
+    pub doc_chunks_min: u32,
+    pub doc_chunks_max: u32,
+    /// Fresh chunks at the end of every request (the user's own question: never seen again).
+    pub unique_tail_chunks: u32,
+    /// The last chunk of a request is partial (fewer tokens than a full chunk).
+    pub partial_last: bool,
+}
+
+/// A workload file (`tools/workloads/*.json`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkloadSpec {
+    pub name: String,
+    pub description: String,
+    pub mode: Mode,
+    pub io: IoMode,
+    pub block_align: u64,
+    pub header_bytes: u64,
+    pub slot_bytes: u64,
+    /// Payload of a full chunk (default: the slot's payload capacity).
+    pub chunk_bytes: u64,
+    pub meta_total_bytes: u64,
+    /// Largest request the block device accepts (ublk `io_buf_size`, 512 KiB by default).
+    pub max_request_bytes: u64,
+    /// Buffered I/O: puts whose dirty pages are written back together.
+    pub writeback_puts: usize,
+    /// io_uring: how far back (in requests) the kernel may deliver a request of a batch.
+    pub uring_reorder_window: u64,
+    /// io_uring: the ublk queue's depth (fdpblk's `-d`); half its tags may hold payloads
+    /// waiting for their headers, as under `fdpblk add`.
+    pub ublk_queue_depth: u16,
+    pub eviction: Option<EvictionSpec>,
+    /// Order new keys of one store enter the LRU list: reversed puts the request's last chunk
+    /// nearest the LRU end (LMCache's prefix-match rationale), forward the other way round.
+    pub lru_insert_reversed: bool,
+    pub checkpoint_interval_s: f64,
+    /// Chance that a checkpoint tick finds the device idle (LMCache skips busy ticks).
+    pub checkpoint_idle_probability: f64,
+    pub write_rate_mb_s: f64,
+    /// Non-MP: a key is removed after it was loaded (`remove_after_retrieve`).
+    pub remove_after_read: bool,
+    /// For checkpoint JSON sizes: model name and chunk hash length (object namespace).
+    pub model_name: String,
+    pub chunk_hash_bytes: u32,
+    pub tenants: Vec<TenantSpec>,
+}
+
+pub(super) fn err<T>(s: impl Into<String>) -> Result<T, String> {
+    Err(s.into())
+}
+
+fn get_size(v: &Value, k: &str, default: u64) -> Result<u64, String> {
+    match v.get(k) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Number(n)) => {
+            n.as_u64().ok_or_else(|| format!("\"{k}\" must be a non-negative integer or a size like \"16M\""))
+        }
+        Some(Value::String(s)) => parse_size(s).map_err(|e| format!("\"{k}\": {e}")),
+        Some(_) => err(format!("\"{k}\" must be a number or a size string like \"16M\"")),
+    }
+}
+
+fn get_f64(v: &Value, k: &str, default: f64) -> Result<f64, String> {
+    match v.get(k) {
+        None | Some(Value::Null) => Ok(default),
+        Some(x) => x.as_f64().filter(|f| f.is_finite()).ok_or_else(|| format!("\"{k}\" must be a number")),
+    }
+}
+
+fn get_u32(v: &Value, k: &str, default: u32) -> Result<u32, String> {
+    match v.get(k) {
+        None | Some(Value::Null) => Ok(default),
+        Some(x) => x
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| format!("\"{k}\" must be a non-negative integer")),
+    }
+}
+
+fn get_bool(v: &Value, k: &str, default: bool) -> Result<bool, String> {
+    match v.get(k) {
+        None | Some(Value::Null) => Ok(default),
+        Some(x) => x.as_bool().ok_or_else(|| format!("\"{k}\" must be true or false")),
+    }
+}
+
+fn get_str<'a>(v: &'a Value, k: &str, default: &'a str) -> Result<&'a str, String> {
+    match v.get(k) {
+        None | Some(Value::Null) => Ok(default),
+        Some(x) => x.as_str().ok_or_else(|| format!("\"{k}\" must be a string")),
+    }
+}
+
+fn check_keys(v: &Value, what: &str, allowed: &[&str]) -> Result<(), String> {
+    if let Some(o) = v.as_object() {
+        for k in o.keys() {
+            if !allowed.contains(&k.as_str()) {
+                return err(format!("{what}: unknown field \"{k}\"; known fields: {}", allowed.join(", ")));
+            }
+        }
+        Ok(())
+    } else {
+        err(format!("{what} must be a JSON object"))
+    }
+}
+
+/// Upper bounds of a workload's sizes: past them the model's tables would not fit in memory.
+const MAX_UNIVERSE: f64 = 100.0;
+const MAX_PROMPTS: u32 = 1_000_000;
+const MAX_REQUEST_CHUNKS: u32 = 65_536;
+
+impl WorkloadSpec {
+    pub fn from_json_str(text: &str) -> Result<WorkloadSpec, String> {
+        let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        Self::from_json(&v)
+    }
+
+    pub fn from_json(v: &Value) -> Result<WorkloadSpec, String> {
+        check_keys(
+            v,
+            "workload",
+            &[
+                "name",
+                "description",
+                "mode",
+                "io",
+                "block_align",
+                "header_bytes",
+                "slot_bytes",
+                "chunk_bytes",
+                "meta_total_bytes",
+                "max_request_bytes",
+                "writeback_puts",
+                "uring_reorder_window",
+                "ublk_queue_depth",
+                "eviction",
+                "lru_insert",
+                "checkpoint_interval_s",
+                "checkpoint_idle_probability",
+                "write_rate_mb_s",
+                "remove_after_read",
+                "model_name",
+                "chunk_hash_bytes",
+                "tenants",
+            ],
+        )?;
+        let mode = match get_str(v, "mode", "mp")? {
+            "mp" => Mode::Mp,
+            "non_mp" => Mode::NonMp,
+            m => return err(format!("\"mode\": \"{m}\" is not mp or non_mp")),
+        };
+        let io = match get_str(v, "io", if mode == Mode::Mp { "odirect" } else { "buffered" })? {
+            "odirect" => IoMode::ODirect,
+            "buffered" => IoMode::Buffered,
+            "io_uring" => IoMode::IoUring,
+            m => return err(format!("\"io\": \"{m}\" is not odirect, buffered or io_uring")),
+        };
+        let block_align = get_size(v, "block_align", 4096)?;
+        let header_bytes = get_size(v, "header_bytes", 4096)?;
+        let slot_bytes = get_size(v, "slot_bytes", 16 << 20)?;
+        let meta_total_bytes = get_size(v, "meta_total_bytes", if mode == Mode::Mp { 256 << 20 } else { 128 << 20 })?;
+        if block_align < 512 || !block_align.is_power_of_two() {
+            return err(format!("\"block_align\" {block_align} must be a power of two of at least 512"));
+        }
+        if slot_bytes <= header_bytes {
+            return err(format!("\"slot_bytes\" {slot_bytes} must be larger than \"header_bytes\" {header_bytes}"));
+        }
+        let cap = slot_bytes.saturating_sub(header_bytes);
+        let chunk_bytes = get_size(v, "chunk_bytes", cap)?;
+        if chunk_bytes == 0 || chunk_bytes > cap {
+            return err(format!("\"chunk_bytes\" {chunk_bytes} must be in 1..={cap} (slot_bytes - header_bytes)"));
+        }
+        let eviction = match v.get("eviction") {
+            None | Some(Value::Null) => None,
+            Some(e) => {
+                check_keys(e, "eviction", &["policy", "trigger_watermark", "eviction_ratio", "interval_s"])?;
+                let policy = match get_str(e, "policy", "LRU")? {
+                    "LRU" => EvictionPolicy::Lru,
+                    "IsolatedLRU" => EvictionPolicy::IsolatedLru,
+                    p => return err(format!("eviction \"policy\": \"{p}\" is not LRU or IsolatedLRU")),
+                };
+                let s = EvictionSpec {
+                    policy,
+                    trigger_watermark: get_f64(e, "trigger_watermark", 0.8)?,
+                    eviction_ratio: get_f64(e, "eviction_ratio", 0.2)?,
+                    interval_s: get_f64(e, "interval_s", 1.0)?,
+                };
+                if !(s.trigger_watermark > 0.0 && s.trigger_watermark <= 1.0)
+                    || !(s.eviction_ratio > 0.0 && s.eviction_ratio <= 1.0)
+                {
+                    return err("eviction: trigger_watermark and eviction_ratio must be in (0, 1]");
+                }
+                if s.interval_s <= 0.0 {
+                    return err("eviction: interval_s must be > 0");
+                }
+                Some(s)
+            }
+        };
+        if mode == Mode::NonMp && eviction.is_some() {
+            return err("non_mp has no eviction controller: drop \"eviction\" (keys go only by remove_after_read)");
+        }
+        let lru_insert_reversed = match get_str(v, "lru_insert", "reversed")? {
+            "reversed" => true,
+            "forward" => false,
+            s => return err(format!("\"lru_insert\": \"{s}\" is not reversed or forward")),
+        };
+        let tenants_v = v.get("tenants").and_then(Value::as_array).ok_or("\"tenants\" must be a non-empty list")?;
+        if tenants_v.is_empty() {
+            return err("\"tenants\" must be a non-empty list");
+        }
+        let mut tenants = Vec::new();
+        for (i, t) in tenants_v.iter().enumerate() {
+            let what = format!("tenants[{i}]");
+            check_keys(
+                t,
+                &what,
+                &[
+                    "name",
+                    "salt",
+                    "share",
+                    "quota",
+                    "zipf",
+                    "universe",
+                    "system_prompts",
+                    "prefix_chunks",
+                    "doc_chunks",
+                    "unique_tail_chunks",
+                    "partial_last",
+                ],
+            )?;
+            let (dmin, dmax) = match t.get("doc_chunks") {
+                None => (1, 16),
+                Some(Value::Array(a)) if a.len() == 2 => {
+                    let g = |x: &Value| x.as_u64().and_then(|n| u32::try_from(n).ok());
+                    match (g(&a[0]), g(&a[1])) {
+                        (Some(a), Some(b)) if a <= b => (a, b),
+                        _ => return err(format!("{what}: \"doc_chunks\" must be [min, max] with min <= max")),
+                    }
+                }
+                Some(_) => return err(format!("{what}: \"doc_chunks\" must be [min, max]")),
+            };
+            let ts = TenantSpec {
+                name: get_str(t, "name", "")?.to_string(),
+                salt: get_str(t, "salt", "")?.to_string(),
+                share: get_f64(t, "share", 1.0)?,
+                quota: match t.get("quota") {
+                    None | Some(Value::Null) => None,
+                    Some(q) => Some(
+                        q.as_f64()
+                            .filter(|q| *q > 0.0)
+                            .ok_or_else(|| format!("{what}: \"quota\" must be a fraction > 0"))?,
+                    ),
+                },
+                zipf: get_f64(t, "zipf", 0.9)?,
+                universe: get_f64(t, "universe", 4.0)?,
+                system_prompts: get_u32(t, "system_prompts", 8)?.max(1),
+                prefix_chunks: get_u32(t, "prefix_chunks", 1)?,
+                doc_chunks_min: dmin,
+                doc_chunks_max: dmax,
+                unique_tail_chunks: get_u32(t, "unique_tail_chunks", 0)?,
+                partial_last: get_bool(t, "partial_last", true)?,
+            };
+            if !(ts.share > 0.0 && ts.share.is_finite() && (0.0..=10.0).contains(&ts.zipf)) {
+                return err(format!("{what}: share must be > 0, zipf 0 to 10"));
+            }
+            // Bounds keep the model's tables (documents, prompts) within memory.
+            if !(ts.universe > 0.0 && ts.universe <= MAX_UNIVERSE) {
+                return err(format!("{what}: \"universe\" must be > 0 and at most {MAX_UNIVERSE} (times the cache's slots)"));
+            }
+            if ts.system_prompts > MAX_PROMPTS {
+                return err(format!("{what}: \"system_prompts\" must be at most {MAX_PROMPTS}"));
+            }
+            if [ts.prefix_chunks, ts.doc_chunks_max, ts.unique_tail_chunks].iter().any(|&n| n > MAX_REQUEST_CHUNKS) {
+                return err(format!("{what}: \"prefix_chunks\", \"doc_chunks\" and \"unique_tail_chunks\" must be at most {MAX_REQUEST_CHUNKS}"));
+            }
+            if ts.doc_chunks_max == 0 && ts.unique_tail_chunks == 0 && ts.prefix_chunks == 0 {
+                return err(format!("{what}: a request needs at least one chunk"));
+            }
+            tenants.push(ts);
+        }
+        if eviction.as_ref().is_some_and(|e| e.policy == EvictionPolicy::IsolatedLru)
+            && tenants.iter().any(|t| t.quota.is_none())
+        {
+            return err("IsolatedLRU evicts against per-tenant quotas: give every tenant a \"quota\" (LMCache wipes salts without one)");
+        }
+        let spec = WorkloadSpec {
+            name: get_str(v, "name", "")?.to_string(),
+            description: get_str(v, "description", "")?.to_string(),
+            mode,
+            io,
+            block_align,
+            header_bytes,
+            slot_bytes,
+            chunk_bytes,
+            meta_total_bytes,
+            max_request_bytes: get_size(v, "max_request_bytes", 512 << 10)?,
+            writeback_puts: get_u32(v, "writeback_puts", 64)?.max(1) as usize,
+            uring_reorder_window: u64::from(get_u32(v, "uring_reorder_window", DEFAULT_URING_REORDER_WINDOW)?),
+            ublk_queue_depth: match get_u32(v, "ublk_queue_depth", 128)? {
+                d @ 1..=4096 => d as u16,
+                d => return err(format!("\"ublk_queue_depth\" {d} must be 1 to 4096 (ublk's limit)")),
+            },
+            eviction,
+            lru_insert_reversed,
+            checkpoint_interval_s: get_f64(v, "checkpoint_interval_s", 60.0)?,
+            checkpoint_idle_probability: get_f64(v, "checkpoint_idle_probability", 1.0)?,
+            write_rate_mb_s: get_f64(v, "write_rate_mb_s", 2000.0)?,
+            remove_after_read: get_bool(v, "remove_after_read", false)?,
+            model_name: get_str(v, "model_name", "meta-llama/Llama-3.1-8B-Instruct")?.to_string(),
+            chunk_hash_bytes: get_u32(v, "chunk_hash_bytes", if mode == Mode::Mp { 32 } else { 8 })?,
+            tenants,
+        };
+        if spec.max_request_bytes < spec.block_align || !spec.max_request_bytes.is_multiple_of(spec.block_align) {
+            return err("\"max_request_bytes\" must be a multiple of block_align");
+        }
+        if !(1.0..=1e6).contains(&spec.write_rate_mb_s) {
+            return err("\"write_rate_mb_s\" must be 1 to 1000000");
+        }
+        if !(0.1..=86400.0).contains(&spec.checkpoint_interval_s) {
+            return err("\"checkpoint_interval_s\" must be 0.1 to 86400");
+        }
+        if !(0.0..=1.0).contains(&spec.checkpoint_idle_probability) {
+            return err("\"checkpoint_idle_probability\" must be 0 to 1");
+        }
+        if !(1..=64).contains(&spec.chunk_hash_bytes) {
+            return err("\"chunk_hash_bytes\" must be 1 to 64");
+        }
+        if spec.max_request_bytes > 1 << 30 || spec.writeback_puts > 1 << 20 {
+            return err("\"max_request_bytes\" must be at most 1G and \"writeback_puts\" at most 1048576");
+        }
+        if spec.uring_reorder_window > 1 << 20 {
+            return err("\"uring_reorder_window\" must be at most 1048576 requests");
+        }
+        if spec.remove_after_read && mode == Mode::Mp {
+            return err("\"remove_after_read\" is a non-MP option");
+        }
+        Ok(spec)
+    }
+
+    /// LMCache's geometry for a device of `device_bytes` of which it may use `capacity_bytes`.
+    pub fn geometry(&self, device_bytes: u64, capacity_bytes: u64) -> Result<Geometry, String> {
+        GeometryConfig {
+            block_align: self.block_align,
+            header_bytes: self.header_bytes,
+            slot_bytes: self.slot_bytes,
+            meta_total_bytes: self.meta_total_bytes,
+            capacity_bytes,
+        }
+        .validate(device_bytes)
+        .map_err(|e| e.to_string())
+    }
+
+    /// Bytes of one checkpoint JSON entry of tenant `t` (`"key":{...},`), for a slot at `offset`
+    /// holding `size` payload bytes: the 0.5.6 compact encoding of §4 of the reference.
+    pub fn entry_json_bytes(&self, key_len: u64, offset: u64, size: u64) -> u64 {
+        // "KEY":{"offset":O,"size":S,"shape":[2,32,256,1024],"dtype":"bfloat16","fmt":"KV_2LTD","cached_positions":null},
+        const FIXED: u64 = (r#""":{"offset":,"size":,"shape":[2,32,256,1024],"dtype":"bfloat16","fmt":"KV_2LTD","cached_positions":null},"#).len() as u64;
+        FIXED + key_len + digits(offset) + digits(size)
+    }
+
+    /// Length of the encoded key string of tenant `t`.
+    pub fn key_len(&self, t: usize) -> u64 {
+        let salt = &self.tenants[t].salt;
+        match self.mode {
+            // <quote(model)>@<kv_rank:#010x>@<group:x>@<hash hex>[@salt]
+            Mode::Mp => {
+                quoted_len(&self.model_name)
+                    + 1
+                    + 10
+                    + 1
+                    + 1
+                    + 1
+                    + 2 * u64::from(self.chunk_hash_bytes)
+                    + if salt.is_empty() { 0 } else { 1 + salt.len() as u64 }
+            }
+            // <model>@<world>@<worker>@<hash hex>@<dtype>
+            Mode::NonMp => {
+                self.model_name.len() as u64 + 5 + 2 * u64::from(self.chunk_hash_bytes) + 1 + "bfloat16".len() as u64
+            }
+        }
+    }
+
+    /// Bytes of the JSON before the entries and after them, for `device_path` "/dev/ublkb0".
+    pub fn json_fixed_bytes(&self, g: &Geometry, next_slot: u64) -> u64 {
+        json_head(g, next_slot).len() as u64 + "}}".len() as u64
+    }
+}

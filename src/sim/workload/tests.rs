@@ -1,0 +1,407 @@
+use super::*;
+use crate::layout::checkpoint_json::{parse_checkpoint_json, JsonLimits};
+use crate::layout::keys;
+
+fn spec(text: &str) -> WorkloadSpec {
+    WorkloadSpec::from_json_str(text).unwrap()
+}
+
+fn small(eviction: &str, tenants: &str) -> WorkloadSpec {
+    // One slot per eviction tick and a checkpoint every 60 slots, as on a large drive.
+    spec(&format!(
+        r#"{{"slot_bytes": "1M", "meta_total_bytes": "4M", "write_rate_mb_s": 1, {eviction} "tenants": [{tenants}]}}"#
+    ))
+}
+
+const ONE: &str =
+    r#"{"name": "a", "salt": "a:1", "zipf": 0.9, "universe": 4, "doc_chunks": [1, 8], "unique_tail_chunks": 1}"#;
+const LRU: &str = r#""eviction": {"policy": "LRU", "trigger_watermark": 0.8, "eviction_ratio": 0.2},"#;
+
+/// Runs `n` requests and returns every operation as a string (for determinism checks) and
+/// the workload.
+fn drive(mut w: Workload, n: usize) -> (Vec<String>, Workload) {
+    let mut ops = Vec::new();
+    for _ in 0..n {
+        w.step(&mut |op| ops.push(format!("{op:?}")));
+    }
+    (ops, w)
+}
+
+#[test]
+fn shipped_workloads_parse() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/workloads");
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let s = WorkloadSpec::from_json_str(&std::fs::read_to_string(&p).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(!s.name.is_empty() && !s.description.is_empty(), "{}", p.display());
+        n += 1;
+    }
+    assert!(n >= 4);
+}
+
+#[test]
+fn bad_specs_say_what_is_wrong() {
+    for (text, needle) in [
+        (r#"{"tenants": []}"#, "non-empty"),
+        (r#"{"tenant": [{}]}"#, "unknown field \"tenant\""),
+        (r#"{"mode": "x", "tenants": [{}]}"#, "mode"),
+        (r#"{"slot_bytes": "1Q", "tenants": [{}]}"#, "slot_bytes"),
+        (r#"{"eviction": {"policy": "IsolatedLRU"}, "tenants": [{}]}"#, "quota"),
+        (r#"{"mode": "non_mp", "eviction": {}, "tenants": [{}]}"#, "non_mp"),
+        (r#"{"tenants": [{"doc_chunks": [3, 1]}]}"#, "doc_chunks"),
+        (r#"{"chunk_bytes": "32M", "tenants": [{}]}"#, "chunk_bytes"),
+        (r#"{"io": "aio", "tenants": [{}]}"#, "io_uring"),
+        (r#"{"ublk_queue_depth": 5000, "tenants": [{}]}"#, "ublk_queue_depth"),
+    ] {
+        let e = WorkloadSpec::from_json_str(text).unwrap_err();
+        assert!(e.contains(needle), "{text}: {e}");
+    }
+}
+
+#[test]
+fn zipf_masses_sum_to_one_and_fall_with_rank() {
+    let p = Popularity::new(1000, 0.9);
+    let sum: f64 = (0..1000).map(|r| p.mass(r)).sum();
+    assert!((sum - 1.0).abs() < 1e-9, "{sum}");
+    assert!(p.mass(0) > p.mass(1) && p.mass(1) > p.mass(999) && p.mass(999) > 0.0);
+    assert_eq!(p.mass(1000), 0.0);
+    // Rank 1 against rank 10 under Zipf 0.9: 10^0.9.
+    assert!((p.mass(0) / p.mass(9) - 10f64.powf(0.9)).abs() < 1e-6);
+}
+
+#[test]
+fn puts_carry_how_often_their_chunk_is_asked_for() {
+    let mut w = Workload::new(small(LRU, ONE), 64 << 20, 0, 3, None).unwrap();
+    // identity → (puts, popularity)
+    let mut seen: HashMap<u64, (u64, f64)> = HashMap::new();
+    let mut mismatched = 0;
+    for _ in 0..20_000 {
+        w.step(&mut |op| {
+            if let LmOp::Put { identity, popularity, .. } = *op {
+                assert!((0.0..=1.0).contains(&popularity), "{popularity}");
+                let e = seen.entry(identity).or_insert((0, popularity));
+                e.0 += 1;
+                if e.1 != popularity {
+                    mismatched += 1;
+                }
+            }
+        });
+    }
+    assert_eq!(mismatched, 0, "a chunk's chance changed between its puts");
+    // A request's unique tail (chance 0) is never put again; chunks put again and again
+    // are the popular ones.
+    assert!(seen.values().any(|&(_, p)| p == 0.0));
+    assert!(seen.values().filter(|&&(_, p)| p == 0.0).all(|&(n, _)| n == 1));
+    // The chance is how often requests ask for the chunk: count it over many requests.
+    let n = 200_000;
+    let mut asked: HashMap<u64, (u64, f64)> = HashMap::new();
+    for _ in 0..n {
+        for (id, _, p) in w.request_chunks(0) {
+            asked.entry(id).or_insert((0, p)).0 += 1;
+        }
+    }
+    let mut checked = 0;
+    for (count, p) in asked.values().copied().filter(|&(_, p)| p > 0.01) {
+        let f = count as f64 / n as f64;
+        assert!((f - p).abs() < 0.1 * p, "asked for in {f} of the requests, chance {p}");
+        checked += 1;
+    }
+    assert!(checked >= 10, "{checked}");
+}
+
+#[test]
+fn deterministic_from_the_seed() {
+    let s = small(LRU, ONE);
+    let a = drive(Workload::new(s.clone(), 64 << 20, 0, 7, None).unwrap(), 3000).0;
+    let b = drive(Workload::new(s.clone(), 64 << 20, 0, 7, None).unwrap(), 3000).0;
+    let c = drive(Workload::new(s, 64 << 20, 0, 8, None).unwrap(), 3000).0;
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+}
+
+#[test]
+fn bump_pointer_then_lifo_reuse_and_lru_watermark() {
+    let s = small(LRU, ONE);
+    let mut w = Workload::new(s, 512 << 20, 0, 1, None).unwrap();
+    let max = w.geometry.max_slots;
+    let mut puts = Vec::new();
+    let mut deletes: Vec<u64> = Vec::new();
+    let mut reuse_checked = 0;
+    for _ in 0..5000 {
+        let mut step_puts = Vec::new();
+        let mut step_deletes = Vec::new();
+        w.step(&mut |op| match *op {
+            LmOp::Put { slot, .. } => step_puts.push(slot),
+            LmOp::Delete { slot } => step_deletes.push(slot),
+            _ => {}
+        });
+        // A put after evictions takes the most recently freed slot first (LIFO).
+        if !deletes.is_empty() && !step_puts.is_empty() {
+            assert_eq!(step_puts[0], *deletes.last().unwrap());
+            reuse_checked += 1;
+        }
+        for p in &step_puts {
+            deletes.retain(|d| d != p);
+        }
+        deletes.extend(step_deletes);
+        puts.extend(step_puts);
+        assert!(w.live() as f64 <= 0.8 * max as f64 + 16.0, "live {} of {max}", w.live());
+    }
+    w.audit().unwrap();
+    // A fresh device is filled 0, 1, 2, ...
+    assert_eq!(&puts[..10], &(0..10).collect::<Vec<u64>>()[..]);
+    // LMCache's default watermark leaves the top fifth of the slots unwritten.
+    assert!(w.next_slot() < (0.85 * max as f64) as u64, "{} of {max}", w.next_slot());
+    assert!(reuse_checked > 10 && w.stats.evictions > 0 && w.stats.hits > 0);
+}
+
+#[test]
+fn non_mp_fills_then_puts_fail() {
+    let s = spec(
+        r#"{"mode": "non_mp", "slot_bytes": "1M", "tenants": [{"zipf": 0.5, "universe": 4, "doc_chunks": [1, 4]}]}"#,
+    );
+    assert_eq!((s.io, s.meta_total_bytes), (IoMode::Buffered, 128 << 20));
+    let (_, w) = drive(Workload::new(s, 192 << 20, 0, 3, None).unwrap(), 2000);
+    assert_eq!(w.live(), w.geometry.max_slots);
+    assert!(w.stats.puts_failed > 0 && w.stats.deletes == 0 && w.stats.evictions == 0);
+    w.audit().unwrap();
+}
+
+#[test]
+fn quotas_bound_each_tenant() {
+    let s = small(
+        r#""eviction": {"policy": "IsolatedLRU", "trigger_watermark": 0.8, "eviction_ratio": 0.2},"#,
+        r#"{"name": "busy", "salt": "busy:1", "share": 0.8, "quota": 0.3, "universe": 2},
+           {"name": "quiet", "salt": "quiet:1", "share": 0.2, "quota": 0.7, "universe": 2}"#,
+    );
+    let mut w = Workload::new(s, 128 << 20, 0, 5, None).unwrap();
+    let max = w.geometry.max_slots as f64;
+    for _ in 0..6000 {
+        w.step(&mut |_| {});
+        assert!((w.tenants[0].used as f64) < 0.3 * max * 0.8 + 12.0);
+        assert!((w.tenants[1].used as f64) < 0.7 * max * 0.8 + 12.0);
+    }
+    assert!(w.tenants[1].used > w.tenants[0].used);
+    w.audit().unwrap();
+}
+
+#[test]
+fn checkpoint_json_is_lmcaches_and_its_size_is_predicted() {
+    let s = small(LRU, ONE);
+    let mut sized = Workload::new(s.clone(), 64 << 20, 0, 2, None).unwrap();
+    let mut w = Workload::new(s.clone(), 64 << 20, 0, 2, None).unwrap();
+    w.emit_json(true);
+    let mut got = Vec::new();
+    let mut headers: HashMap<u64, u64> = HashMap::new();
+    let mut seen = 0;
+    for _ in 0..20000 {
+        let mut predicted = Vec::new();
+        sized.step(&mut |op| {
+            if let LmOp::Checkpoint { json_bytes, .. } = op {
+                predicted.push(*json_bytes);
+            }
+        });
+        w.step(&mut |op| match *op {
+            LmOp::Put { slot, identity, .. } => {
+                headers.insert(slot, identity);
+            }
+            LmOp::Checkpoint { json: Some(j), entries, json_bytes, .. } => {
+                assert_eq!(j.len() as u64, json_bytes);
+                got.push(json_bytes);
+                // fdpblk's own parser reads it; every key's identity is the slot header's.
+                let mut n = 0;
+                let meta = parse_checkpoint_json(j, &JsonLimits::default(), &mut |e| {
+                    let slot = (e.offset.unwrap() - s.meta_total_bytes) / s.slot_bytes;
+                    assert_eq!(keys::identity(e.key).unwrap(), headers[&slot], "{}", e.key);
+                    assert!(
+                        e.key.ends_with("@a:1")
+                            && e.key.starts_with("meta-llama%2FLlama-3.1-8B-Instruct@0x01000100@0@")
+                    );
+                    n += 1;
+                    Ok(())
+                })
+                .unwrap();
+                assert_eq!((n, meta.entries), (entries.len() as u64, entries.len() as u64));
+                seen += 1;
+            }
+            _ => {}
+        });
+        if let Some(&p) = predicted.first() {
+            // The size-only path predicts the JSON length exactly.
+            assert_eq!(Some(&p), got.last());
+        }
+    }
+    assert!(seen >= 2, "{seen} checkpoints");
+    // About 240 bytes per entry (reference §11: 236 B for a 64-hex object key).
+    let per = (got[seen - 1] as f64 - 330.0) / w.live() as f64;
+    // (Slightly less here: offsets of 7 and 8 digits instead of 13.)
+    assert!((220.0..260.0).contains(&per), "{per} bytes per entry");
+}
+
+#[test]
+fn odirect_and_buffered_shapes() {
+    let s = small(LRU, ONE);
+    let g = s.geometry(64 << 20, 0).unwrap();
+    let mut sh = IoShaper::new(&s, g, 1);
+    let mut out = Vec::new();
+    sh.shape(&LmOp::Put { slot: 3, identity: 9, payload_len: 600_000, tenant: 0, pid: None, popularity: 0.0 }, &mut |io| {
+        out.push(*io)
+    });
+    let base = g.slot_offset(3);
+    let lens: Vec<(u64, u64, bool)> =
+        out.iter().map(|io| (io.offset - base, io.len, io.header.is_some())).collect();
+    // Header, then the payload rounded to 4 KiB and split at 512 KiB.
+    assert_eq!(lens, vec![(0, 4096, true), (4096, 524288, false), (4096 + 524288, 602112 - 524288, false)]);
+    let mut b = s.clone();
+    b.io = IoMode::Buffered;
+    b.writeback_puts = 4;
+    let mut sh = IoShaper::new(&b, g, 1);
+    let mut out = Vec::new();
+    for (slot, len) in [(5, 1000u64), (4, g.slot_payload_capacity()), (9, 5000), (5, 2000)] {
+        sh.shape(&LmOp::Put { slot, identity: slot, payload_len: len, tenant: 0, pid: None, popularity: 0.0 }, &mut |io| {
+            out.push(*io)
+        });
+    }
+    sh.flush(&mut |io| out.push(*io));
+    // Writeback in offset order; slot 5 once, with its newest header; slots 4 and 5 are
+    // adjacent but each request starts at most one header.
+    let starts: Vec<(u64, Option<u64>)> =
+        out.iter().map(|io| (io.offset, io.header.map(|h| h.payload_len))).collect();
+    assert_eq!(starts[0], (g.slot_offset(4), Some(g.slot_payload_capacity())));
+    assert!(starts.contains(&(g.slot_offset(5), Some(2000))));
+    assert!(starts.contains(&(g.slot_offset(9), Some(5000))));
+    assert!(starts.windows(2).all(|w| w[0].0 < w[1].0), "{starts:?}");
+    let total: u64 = out.iter().map(|io| io.len).sum();
+    assert_eq!(total, 3 * 4096 + g.slot_payload_capacity() + 4096 + 8192);
+}
+
+/// Buffered: a shorter put into a slot still dirty leaves the earlier put's pages past its
+/// end dirty, and writeback writes them; a load of a dirty slot comes from the page cache.
+#[test]
+fn buffered_keeps_a_longer_dirty_extent_and_reads_dirty_slots_from_the_cache() {
+    let mut b = small(LRU, ONE);
+    b.io = IoMode::Buffered;
+    b.writeback_puts = 8;
+    let g = b.geometry(64 << 20, 0).unwrap();
+    let mut sh = IoShaper::new(&b, g, 1);
+    let mut out = Vec::new();
+    let put = |slot, payload_len| LmOp::Put { slot, identity: slot, payload_len, tenant: 0, pid: None, popularity: 0.0 };
+    sh.shape(&put(5, 9000), &mut |io| out.push(*io));
+    sh.shape(&put(5, 2000), &mut |io| out.push(*io));
+    sh.shape(&LmOp::Load { slot: 5, payload_len: 2000 }, &mut |io| out.push(*io));
+    assert!(out.is_empty(), "a dirty slot is read from the page cache: {out:?}");
+    sh.shape(&LmOp::Load { slot: 7, payload_len: 2000 }, &mut |io| out.push(*io));
+    assert_eq!(out.iter().map(|io| (io.write, io.offset)).collect::<Vec<_>>(), vec![(false, g.slot_offset(7) + g.header_bytes)]);
+    out.clear();
+    sh.flush(&mut |io| out.push(*io));
+    assert_eq!(out.iter().map(|io| io.len).sum::<u64>(), 4096 + 12288, "the first put's third page is still dirty");
+    assert_eq!(out[0].header.map(|h| h.payload_len), Some(2000), "with the newest header");
+    // Written back: the next put starts a new extent.
+    out.clear();
+    sh.shape(&put(5, 2000), &mut |io| out.push(*io));
+    sh.flush(&mut |io| out.push(*io));
+    assert_eq!(out.iter().map(|io| io.len).sum::<u64>(), 4096 + 4096);
+}
+
+/// io_uring: a store's keys go out in batches of 64, every request once; with a window
+/// of 0 in submission order, with a larger one some payloads before their header but no
+/// request further back than the window.
+#[test]
+fn io_uring_batches_keys_and_reorders_within_the_window() {
+    let mut s = small(LRU, ONE);
+    s.io = IoMode::IoUring;
+    let g = s.geometry(256 << 20, 0).unwrap();
+    let put = |slot: u64| LmOp::Put { slot, identity: slot + 1, payload_len: 600_000, tenant: 0, pid: None, popularity: 0.0 };
+    // Submission order: per key the header, then two payload pieces.
+    let submitted = |keys: std::ops::Range<u64>| -> Vec<(u64, u64)> {
+        keys.flat_map(|k| {
+            let o = g.slot_offset(k);
+            [(o, 4096), (o + 4096, 524288), (o + 4096 + 524288, 602112 - 524288)]
+        })
+        .collect()
+    };
+    for window in [0u64, 8] {
+        s.uring_reorder_window = window;
+        let mut sh = IoShaper::new(&s, g, 3);
+        let mut out = Vec::new();
+        for k in 0..70 {
+            sh.shape(&put(k), &mut |io| out.push(*io));
+        }
+        // The first 64 keys went as one batch; the other 6 wait for the end of the store.
+        assert_eq!(out.len(), 64 * 3);
+        sh.end_store(&mut |io| out.push(*io));
+        assert_eq!(out.len(), 70 * 3);
+        let got: Vec<(u64, u64)> = out.iter().map(|io| (io.offset, io.len)).collect();
+        let want = submitted(0..70);
+        assert!(out.iter().all(|io| io.header.is_some() == (io.len == 4096)));
+        if window == 0 {
+            assert_eq!(got, want);
+            continue;
+        }
+        let mut sorted = got.clone();
+        sorted.sort_unstable();
+        let mut w2 = want.clone();
+        w2.sort_unstable();
+        assert_eq!(sorted, w2, "every request exactly once");
+        // Within its batch a request is delivered less than a window from where it was
+        // submitted (it ranks at its index plus less than the window).
+        let (first, second) = (&got[..64 * 3], &got[64 * 3..]);
+        let pos = |r: &(u64, u64), v: &[(u64, u64)]| v.iter().position(|x| x == r).unwrap();
+        for (i, r) in want[..64 * 3].iter().enumerate() {
+            assert!(pos(r, first).abs_diff(i) < window as usize, "{r:?} submitted {i}, delivered {}", pos(r, first));
+        }
+        assert!(second.iter().all(|r| want[64 * 3..].contains(r)), "batches do not mix");
+        let early = (0..70u64)
+            .filter(|&k| pos(&(g.slot_offset(k) + 4096, 524288), &got) < pos(&(g.slot_offset(k), 4096), &got))
+            .count();
+        assert!(early > 0, "some payload came before its header");
+    }
+    // A checkpoint writes the gathered keys first.
+    let mut sh = IoShaper::new(&s, g, 3);
+    let mut out = Vec::new();
+    sh.shape(&put(1), &mut |io| out.push(*io));
+    assert!(out.is_empty());
+    sh.shape(&LmOp::Checkpoint { seq: 1, json_bytes: 100, entries: &[], json: None }, &mut |io| out.push(*io));
+    assert_eq!(out.len(), 3 + 2);
+    assert!(out[3].offset < g.meta_total_bytes && out[4].checkpoint.is_some());
+}
+
+#[test]
+fn pid_affinity_reuses_a_buckets_own_slots() {
+    let s = small(
+        LRU,
+        r#"{"name": "a", "salt": "a:1", "share": 0.5, "universe": 4, "doc_chunks": [1, 8]},
+           {"name": "b", "salt": "B:2", "share": 0.5, "universe": 4, "doc_chunks": [1, 8]},
+           {"name": "c", "salt": "nosalt", "share": 0.2, "universe": 1, "doc_chunks": [1, 2]}"#,
+    );
+    let fdp = LmcacheFdpMode { data_pids: vec![2, 3, 4] };
+    let mut w = Workload::new(s, 64 << 20, 0, 4, Some(fdp)).unwrap();
+    let mut last_pid: HashMap<u64, u16> = HashMap::new();
+    let (mut same, mut other) = (0, 0);
+    for _ in 0..8000 {
+        w.step(&mut |op| {
+            if let LmOp::Put { slot, tenant, pid: Some(pid), .. } = *op {
+                // Buckets by the salt's prefix, case-folded; a salt without ':' gets none.
+                assert_eq!(pid == 0, tenant == 2);
+                match last_pid.get(&slot) {
+                    Some(&p) if p != 0 && pid != 0 => {
+                        if p == pid {
+                            same += 1
+                        } else {
+                            other += 1
+                        }
+                    }
+                    _ => {}
+                }
+                last_pid.insert(slot, pid);
+            }
+        });
+    }
+    // Reuses between the two data ids keep the slot within its id far more often than
+    // chance (half): the global pool is only the fallback when an id has no freed slot,
+    // and the salt-less tenant draws from it too.
+    assert!(2 * same > 3 * other, "same {same}, other {other}");
+    w.audit().unwrap();
+}
