@@ -22,7 +22,7 @@
 //! checkpoint epoch and the mailbox through which the data path tells the state thread about
 //! checkpoint header writes ([`crate::watch`]); a bitmap of the persistence pages whose
 //! records changed ([`crate::persist`]); and a bitmap of the slots whose header write
-//! completed with a stale tail behind it (early tails, [`crate::watch`]).
+//! completed with a stale tail behind it (early tails, `src/watch/tails.rs`).
 //!
 //! The trim handshake (see [`crate::watch`] for why it is safe): the state thread sets
 //! `TRIMMING` with a compare-and-swap on `life` that expects the slot confirmed and unchanged;
@@ -272,7 +272,7 @@ pub struct SlotTable {
     /// Per container: a payload write since the state thread last looked.
     touched: [AtomicBool; 2],
     /// Per container: writes to its header block planned in this run, times two, plus one
-    /// while the state thread zeroes that block (early evictions, [`crate::watch`]).
+    /// while the state thread zeroes that block (early evictions, `src/watch/evictions.rs`).
     container_guard: [AtomicU64; 2],
     /// One bit per persistence page of slot records.
     dirty: Box<[AtomicU64]>,

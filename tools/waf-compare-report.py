@@ -18,7 +18,7 @@ T0 = time.time()
 def step(what):
     print(f"waf-compare: report {time.time() - T0:5.1f} s {what}", file=sys.stderr)
 
-# The handle each policy gives fdpblk's own state (src/place.rs: region's OWN_STATE is 3; the
+# The handle each policy gives fdpblk's own state (src/place/region.rs: region's OWN_STATE is 3; the
 # others put it on their first handle). fdpblk handle h is placement-ID index h.
 OWN_STATE_HANDLE = {"none": 0, "region": 3, "lmcache-fdp": 0, "key-aware": 0}
 # The policy `fdpblk replay` re-runs a configuration's trace with: raw is the drive without

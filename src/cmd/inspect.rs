@@ -37,11 +37,15 @@ pub struct InspectSummary {
     /// Entries that repeat a key listed before in the same checkpoint: Python's `json.loads`
     /// (LMCache's) keeps the last of them, so the last one's verdict counts.
     pub duplicates: u64,
+    /// Keys not checked for repeats, each counted in `listed`: keys with a lone surrogate
+    /// (their text lost it, so two different keys may read the same) and keys past the first
+    /// [`MAX_TRACKED_KEYS`].
+    pub duplicates_unchecked: u64,
     pub header_mismatch: u64,
     pub checkpoint_seq: Option<u64>,
     /// Why LMCache would discard the whole checkpoint, if it would.
     pub rejected: Option<String>,
-    /// The JSON stopped decoding: `listed` counts the entries read before the error.
+    /// The JSON stopped decoding: `listed` counts the keys read before the error.
     pub undecodable: bool,
     /// The path LMCache must be configured with to load it (compared exactly).
     pub device_path: Option<String>,
@@ -101,16 +105,34 @@ pub fn inspect_entries<D: ReadAt + ?Sized>(
     copies: &[CopyStatus],
     on_entry: &mut dyn FnMut(&EntryReport) -> std::io::Result<()>,
 ) -> Result<InspectSummary, Box<dyn std::error::Error>> {
+    inspect_entries_tracking(dev, g, copies, MAX_TRACKED_KEYS, on_entry)
+}
+
+/// [`inspect_entries`], checking at most `max_tracked` keys for repeats.
+fn inspect_entries_tracking<D: ReadAt + ?Sized>(
+    dev: &D,
+    g: &Geometry,
+    copies: &[CopyStatus],
+    max_tracked: usize,
+    on_entry: &mut dyn FnMut(&EntryReport) -> std::io::Result<()>,
+) -> Result<InspectSummary, Box<dyn std::error::Error>> {
     let mut s = InspectSummary::default();
     let Some(newest) = newest_valid(copies) else { return Ok(s) };
     s.checkpoint_seq = newest.seq();
-    // Each key seen, with whether its last entry passed the header check: 17 bytes a key,
-    // bounded by the checkpoint's size (LMCache never writes a key twice; a hand-edited or
-    // foreign checkpoint may).
+    // Each key seen, with whether its last entry passed the header check (LMCache never writes
+    // a key twice; a hand-edited or foreign checkpoint may): about 21 bytes a key, at most
+    // `max_tracked` of them.
     let mut seen: std::collections::HashMap<[u8; 16], bool> = std::collections::HashMap::new();
     let read = read_entries(dev, g, newest, &JsonLimits::default(), &mut |e| {
         let r = check_entry(dev, g, e.key, e.key_lossy, e.offset, e.size);
-        match seen.insert(key_digest(e.key, e.key_lossy), r.header_ok) {
+        let digest = key_digest(e.key);
+        let repeat = if e.key_lossy || (seen.len() >= max_tracked && !seen.contains_key(&digest)) {
+            s.duplicates_unchecked += 1;
+            None
+        } else {
+            seen.insert(digest, r.header_ok)
+        };
+        match repeat {
             None => s.listed += 1,
             Some(was_ok) => {
                 s.duplicates += 1;
@@ -151,13 +173,15 @@ pub fn inspect_entries<D: ReadAt + ?Sized>(
     Ok(s)
 }
 
-/// A key's 128-bit BLAKE2b digest, for counting duplicates in bounded memory. A key that held a
-/// lone surrogate is told apart from the same text with U+FFFD (two different surrogates at
-/// one place still merge: such a key cannot load anyway).
-fn key_digest(key: &str, lossy: bool) -> [u8; 16] {
+/// The most keys `inspect` checks for repeats (about 90 MB): a real checkpoint (LMCache caps its
+/// JSON at 128 MiB, about 240 bytes an entry) lists fewer than 600 000; a hostile container
+/// could list hundreds of millions.
+pub const MAX_TRACKED_KEYS: usize = 4 << 20;
+
+/// A key's 128-bit BLAKE2b digest, for counting repeats in bounded memory.
+fn key_digest(key: &str) -> [u8; 16] {
     use blake2::digest::{Update, VariableOutput};
     let mut h = blake2::Blake2bVar::new(16).expect("16 is a valid BLAKE2b output size");
-    h.update(&[u8::from(lossy)]);
     h.update(key.as_bytes());
     let mut out = [0u8; 16];
     h.finalize_variable(&mut out).expect("the output is 16 bytes");
@@ -215,7 +239,7 @@ pub fn run(a: &InspectArgs) -> CmdResult {
         writeln!(
             w,
             "],\"summary\":{},\"fdpblk_state\":{}}}",
-            json!({"live": s.live, "listed": s.listed, "duplicates": s.duplicates, "header_mismatch": s.header_mismatch, "checkpoint_seq": s.checkpoint_seq,
+            json!({"live": s.live, "listed": s.listed, "duplicates": s.duplicates, "duplicates_unchecked": s.duplicates_unchecked, "header_mismatch": s.header_mismatch, "checkpoint_seq": s.checkpoint_seq,
                    "loader_rejects": s.rejected, "undecodable": s.undecodable, "device_path": s.device_path}),
             own_state(&dev).unwrap_or(serde_json::Value::Null)
         )?;
@@ -271,7 +295,11 @@ pub fn run(a: &InspectArgs) -> CmdResult {
                 "summary: {} live entries (checkpoint seq {seq}); {} more listed with a mismatched slot header, which LMCache's load drops{}",
                 s.live,
                 s.header_mismatch,
-                if s.duplicates > 0 { format!("; {} entries repeat a key listed before, and LMCache keeps the last of each", s.duplicates) } else { String::new() }
+                match (s.duplicates, s.duplicates_unchecked) {
+                    (0, 0) => String::new(),
+                    (d, 0) => format!("; {d} entries repeat a key listed before, and LMCache keeps the last of each"),
+                    (d, u) => format!("; {d} entries repeat a key listed before, and LMCache keeps the last of each ({u} keys not checked for repeats)"),
+                }
             )?,
             (Some(seq), Some(why)) if s.undecodable => writeln!(
                 w,
@@ -280,7 +308,7 @@ pub fn run(a: &InspectArgs) -> CmdResult {
             )?,
             (Some(seq), Some(why)) => writeln!(
                 w,
-                "summary: LMCache would discard checkpoint seq {seq} and start with an empty index: {why}; none of its {} entries would load",
+                "summary: LMCache would discard checkpoint seq {seq} and start with an empty index: {why}; none of its {} keys would load",
                 s.listed
             )?,
             (None, _) => writeln!(w, "summary: no valid checkpoint; LMCache would start with an empty index")?,
@@ -472,6 +500,8 @@ mod tests {
         let img = object_evict_with_json(|j| j.replacen(&key, &lossy_key, 1));
         let s = summary_of(&img);
         assert_eq!((s.listed, s.rejected.as_deref()), (plain.listed, None));
+        // Its text lost the surrogate, so it is not checked for repeats.
+        assert_eq!((s.duplicates, s.duplicates_unchecked, plain.duplicates_unchecked), (0, 1, 0));
         assert_eq!(s.live, plain.live - 1);
         assert_eq!(first_key(&img).1, Some("key has a lone surrogate escape, so no UTF-8 form: LMCache cannot load the entry"));
     }
@@ -505,6 +535,23 @@ mod tests {
         let last_good = object_evict_with_json(|j| j.replacen(&quoted(&k[0]), &quoted(&k[1]), 1));
         let s = summary_of(&last_good);
         assert_eq!((s.listed, s.duplicates, s.header_mismatch, s.live), (13, 1, 0, 13));
+        // A checkpoint LMCache would discard still counts each key once.
+        let rejected = object_evict_with_json(|j| j.replacen(&quoted(&k[1]), &quoted(&k[0]), 1).replacen(r#""version":1"#, r#""version":2"#, 1));
+        let s = summary_of(&rejected);
+        assert_eq!((s.listed, s.duplicates, s.live, s.duplicates_unchecked), (13, 1, 0, 0));
+        assert!(s.rejected.is_some());
+        // Past the keys it tracks, a key is counted without the check: here the repeat of the
+        // first key, which comes second, is still caught; with one key tracked it is too, and
+        // the other twelve are unchecked.
+        let tracked = |img: &[u8], max| {
+            let g = discover(img, &GeometryFlags::default()).unwrap().geometry;
+            let copies = read_copies(img, &g).unwrap();
+            inspect_entries_tracking(img, &g, &copies, max, &mut |_| Ok(())).unwrap()
+        };
+        let s = tracked(&last_bad, 1);
+        assert_eq!((s.listed, s.duplicates, s.duplicates_unchecked, s.live), (13, 1, 12, 12));
+        let s = tracked(&last_bad, 0);
+        assert_eq!((s.listed, s.duplicates, s.duplicates_unchecked, s.live), (14, 0, 14, 13));
     }
 
     /// A CRC-valid copy whose JSON does not decode: LMCache starts empty (it does not try the

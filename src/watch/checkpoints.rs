@@ -289,7 +289,7 @@ impl Watcher {
     /// checkpoint interval: with buffered writes a checkpoint's header could then reach the
     /// drive after slot writes of a later snapshot, which the deallocation rules assume it
     /// does not. O_DIRECT writes (MP mode) do not wait in the page cache.
-    pub(super) fn check_writeback(&mut self) {
+    fn check_writeback(&mut self) {
         const GAPS: u32 = 3;
         let (Some(interval), Some(delay)) = (self.interval, self.cfg.writeback.now()) else { return };
         self.writeback = Some(delay);

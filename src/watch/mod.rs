@@ -440,7 +440,8 @@ pub struct Watcher {
     trim_backlog: bool,
     /// Stale tails deallocated by this run, and their bytes (not persisted).
     tail_trims: u64,
-    /// Unwritten slots deallocated by this daemon ("Unwritten slots"), and their bytes.
+    /// Unwritten slots deallocated by this daemon ("Unwritten slots" in `unwritten.rs`), and
+    /// their bytes.
     reclaimed: u64,
     reclaimed_bytes: u64,
     /// The checkpoint epoch in which deallocating unwritten slots last failed: they pause

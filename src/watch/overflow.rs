@@ -16,7 +16,7 @@ impl Watcher {
     }
 
     /// The newest committed checkpoint, or an empty one when fdpblk started.
-    pub(super) fn baseline(&self) -> Commit {
+    fn baseline(&self) -> Commit {
         self.commit.clone().unwrap_or(Commit { seq: 0, payload_len: 0, entries: 0, at: self.started, puts_at: 0, fixed_bytes: FIXED_JSON_BYTES, epoch: 0, observed: false })
     }
 

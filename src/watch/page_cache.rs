@@ -56,7 +56,7 @@ impl Watcher {
         }
     }
 
-    pub(super) fn drop_cached_range(&self, off: u64, len: u64) -> Result<(), (std::path::PathBuf, std::io::Error)> {
+    fn drop_cached_range(&self, off: u64, len: u64) -> Result<(), (std::path::PathBuf, std::io::Error)> {
         use std::os::fd::AsRawFd;
         let Some(path) = &self.cfg.page_cache else { return Ok(()) };
         std::fs::File::open(path).and_then(|f| {

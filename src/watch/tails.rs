@@ -97,7 +97,7 @@ impl Watcher {
     }
 
     /// The tail of a slot whose payload is `payload_len` bytes (see [`Self::tail_of`]).
-    pub(super) fn tail_after(&self, payload_len: u64) -> Option<(u64, u64)> {
+    fn tail_after(&self, payload_len: u64) -> Option<(u64, u64)> {
         let g = &self.geom;
         let start = g.payload_end(payload_len);
         (start < g.slot_bytes).then(|| (start, g.slot_bytes - start))
@@ -268,12 +268,12 @@ impl Watcher {
     /// lost in a crash) would pass it over the bytes an early tail deallocated, where without
     /// fdpblk they still held that key's data. Such a tail waits in the round until no
     /// container lists the longer payload (see [`Watcher::trim_early_tails`]).
-    pub(super) fn listed_longer(&self, slot: u64, payload_len: u64) -> bool {
+    fn listed_longer(&self, slot: u64, payload_len: u64) -> bool {
         (0..2).any(|c| self.listed_longer_in(c, slot, payload_len))
     }
 
     /// [`Watcher::listed_longer`] for container `c` alone.
-    pub(super) fn listed_longer_in(&self, c: usize, slot: u64, payload_len: u64) -> bool {
+    fn listed_longer_in(&self, c: usize, slot: u64, payload_len: u64) -> bool {
         // The tail starts where this payload's last block ends; a listed one reaches to its own.
         let ours = self.geom.payload_end(payload_len);
         self.containers[c].listed_len(slot).is_some_and(|len| self.geom.payload_end(len) > ours)
@@ -290,7 +290,7 @@ impl Watcher {
 
     /// Flushes the drive so that the headers of the tails about to go are durable; on an
     /// error, tails pause until the next checkpoint. False when they must not go.
-    pub(super) fn flush_for_tails(&mut self) -> bool {
+    fn flush_for_tails(&mut self) -> bool {
         match self.dev.flush() {
             Ok(()) => true,
             Err(err) => {
@@ -303,7 +303,7 @@ impl Watcher {
 
     /// Deallocates the stale tail `[off, off + len)` of `slot`, whose trim CAS set `began`,
     /// and counts it; false after an error (tails pause until the next checkpoint).
-    pub(super) fn discard_tail(&mut self, slot: u64, began: u64, off: u64, len: u64, early: bool) -> bool {
+    fn discard_tail(&mut self, slot: u64, began: u64, off: u64, len: u64, early: bool) -> bool {
         let res = self.dev.discard(off, len);
         self.slots.end_tail_trim(slot, began, res.is_ok());
         match res {

@@ -150,7 +150,7 @@ impl Watcher {
 
     /// Deallocates a run of consecutive slots whose trim CAS set the `began` words; the count
     /// done, `None` after an error or when deallocation is no longer allowed.
-    pub(super) fn reclaim_run(&mut self, run: &[(u64, u64)]) -> Option<u64> {
+    fn reclaim_run(&mut self, run: &[(u64, u64)]) -> Option<u64> {
         let Some(&(first, _)) = run.first() else { return Some(0) };
         let g = self.geom;
         let allowed = self.trims_allowed() && self.layout_in_use();
