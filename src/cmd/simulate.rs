@@ -77,7 +77,8 @@ pub struct SimulateArgs {
     /// Measured window: this many device capacities of host writes.
     #[arg(long, default_value_t = 5.0)]
     pub measure: f64,
-    /// Also measure data lifetimes by write class (first-time / returning, partial, read).
+    /// Also measure data lifetimes by write class (first-time / returning, partial, read), and
+    /// show which streams' reclaim units garbage collection took and how full they were.
     #[arg(long)]
     pub explain: bool,
     /// Handles of the `clairvoyant` and `popularity` bounds, which split the data by lifetime
@@ -426,6 +427,23 @@ fn print_lifetimes(rs: &[RunResult]) {
     }
 }
 
+/// `--explain`: which streams' RUs garbage collection took, and how full they were.
+fn print_gc(rs: &[RunResult]) {
+    for r in rs {
+        let rows = r.gc_by_stream();
+        if rows.is_empty() {
+            continue;
+        }
+        let total: u64 = rows.iter().map(|x| x.1).sum();
+        println!();
+        println!("garbage collection, {} at {:.0} % (in the window): victims by the stream that filled them", r.label(), r.utilization * 100.0);
+        println!("{:<14} {:>8} {:>7} {:>18}", "stream", "victims", "share", "valid when taken");
+        for (stream, victims, _, valid) in rows {
+            println!("{:<14} {:>8} {:>6.1}% {:>18.3}", stream, victims, 100.0 * victims as f64 / total as f64, valid);
+        }
+    }
+}
+
 pub fn run(a: &SimulateArgs) -> CmdResult {
     let specs = plan(a)?;
     let results = run_all(&specs, a.jobs)?;
@@ -435,6 +453,9 @@ pub fn run(a: &SimulateArgs) -> CmdResult {
     } else {
         print_text(&results);
         print_lifetimes(&results);
+        if a.explain {
+            print_gc(&results);
+        }
     }
     if let Some(p) = &a.plot {
         crate::sim::plot::waf_vs_utilization(&results, p)?;

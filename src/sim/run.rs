@@ -12,7 +12,7 @@
 
 use super::dev::{DevInner, SimDev, WriteCombiner};
 use super::workload::{BlockIo, IoMode, IoShaper, LmOp, LmcacheFdpMode, Workload, WorkloadSpec, WorkloadStats};
-use super::{HandleType, Ssd, SsdConfig, SsdCounters, Victim};
+use super::{stream_owner, HandleType, RuOwner, Ssd, SsdConfig, SsdCounters, Victim};
 use crate::classify::Op;
 use crate::frontend::config::exported_bytes;
 use crate::frontend::queue::max_waiting;
@@ -647,6 +647,26 @@ impl RunResult {
     pub fn own_state_ratio(&self) -> f64 {
         self.own_state_bytes as f64 / self.lmcache_bytes.max(1) as f64
     }
+    /// GC in the window by the stream that filled each victim: (stream, victims, bytes
+    /// relocated, mean valid share of a victim when collected), streams without victims left
+    /// out.
+    pub fn gc_by_stream(&self) -> Vec<(String, u64, u64, f64)> {
+        let w = &self.window;
+        w.gc_victims_by_stream
+            .iter()
+            .zip(&w.relocated_bytes_by_stream)
+            .enumerate()
+            .filter(|(_, (v, _))| **v > 0)
+            .map(|(i, (&v, &r))| {
+                let name = match stream_owner(usize::from(self.drive.handles), i) {
+                    RuOwner::Host(h) => format!("handle {h}"),
+                    RuOwner::HandleGc(h) => format!("handle {h} GC"),
+                    RuOwner::SharedGc => "shared GC".to_string(),
+                };
+                (name, v, r, r as f64 / (v as f64 * self.drive.ru_bytes as f64))
+            })
+            .collect()
+    }
     pub fn events_per_s(&self) -> f64 {
         (self.block_requests + self.lm_ops) as f64 / self.wall_s.max(1e-9)
     }
@@ -659,6 +679,9 @@ impl RunResult {
             "waf_by_device_write": self.waf_by_device_write.iter().map(|x| round4(*x)).collect::<Vec<_>>(),
             "host_bytes": w.host_bytes, "media_bytes": w.media_bytes, "relocated_bytes": w.relocated_bytes,
             "gc_events": w.gc_events, "deallocated_bytes": w.deallocated_bytes,
+            "gc_by_stream": self.gc_by_stream().into_iter()
+                .map(|(stream, victims, relocated, valid)| json!({"stream": stream, "victims": victims, "relocated_bytes": relocated, "valid_share": round4(valid)}))
+                .collect::<Vec<_>>(),
             "lmcache_bytes": self.lmcache_bytes, "own_state_bytes": self.own_state_bytes,
             "own_state_ratio": self.own_state_ratio(), "trimmed_slots": self.trimmed_slots,
             "tail_trims": self.tail_trims,

@@ -291,6 +291,28 @@ pub struct SsdCounters {
     pub padding_bytes: u64,
     /// Host bytes per handle (rounded like `host_bytes`).
     pub host_bytes_by_handle: Vec<u64>,
+    /// GC victims by the stream that filled them ([`stream_owner`]: each handle's host
+    /// writes, then each PI handle's GC stream, then the GC stream the II handles share).
+    pub gc_victims_by_stream: Vec<u64>,
+    /// Bytes GC copied out of those victims, by the same streams.
+    pub relocated_bytes_by_stream: Vec<u64>,
+}
+
+/// Who fills the RUs of `stream` on a drive of `handles` handles (the streams of
+/// [`SsdCounters::gc_victims_by_stream`]).
+pub fn stream_owner(handles: usize, stream: usize) -> RuOwner {
+    if stream < handles {
+        RuOwner::Host(stream as u16)
+    } else if stream < 2 * handles {
+        RuOwner::HandleGc((stream - handles) as u16)
+    } else {
+        RuOwner::SharedGc
+    }
+}
+
+/// `now - earlier` element by element (a vector `earlier` lacks counts from 0).
+fn minus(now: &[u64], earlier: &[u64]) -> Vec<u64> {
+    now.iter().enumerate().map(|(i, b)| b - earlier.get(i).copied().unwrap_or(0)).collect()
 }
 
 impl SsdCounters {
@@ -305,12 +327,6 @@ impl SsdCounters {
 
     /// What happened between `earlier` (a clone of these counters taken before) and now.
     pub fn since(&self, earlier: &SsdCounters) -> SsdCounters {
-        let by = self
-            .host_bytes_by_handle
-            .iter()
-            .enumerate()
-            .map(|(i, b)| b - earlier.host_bytes_by_handle.get(i).copied().unwrap_or(0))
-            .collect();
         SsdCounters {
             host_bytes: self.host_bytes - earlier.host_bytes,
             host_request_bytes: self.host_request_bytes - earlier.host_request_bytes,
@@ -322,7 +338,9 @@ impl SsdCounters {
             deallocated_bytes: self.deallocated_bytes - earlier.deallocated_bytes,
             ru_updates: self.ru_updates - earlier.ru_updates,
             padding_bytes: self.padding_bytes - earlier.padding_bytes,
-            host_bytes_by_handle: by,
+            host_bytes_by_handle: minus(&self.host_bytes_by_handle, &earlier.host_bytes_by_handle),
+            gc_victims_by_stream: minus(&self.gc_victims_by_stream, &earlier.gc_victims_by_stream),
+            relocated_bytes_by_stream: minus(&self.relocated_bytes_by_stream, &earlier.relocated_bytes_by_stream),
         }
     }
 }
@@ -486,7 +504,12 @@ impl Ssd {
             open: vec![NONE; nrg * nstreams],
             free,
             clock: 0,
-            counters: SsdCounters { host_bytes_by_handle: vec![0; nh], ..Default::default() },
+            counters: SsdCounters {
+                host_bytes_by_handle: vec![0; nh],
+                gc_victims_by_stream: vec![0; nstreams],
+                relocated_bytes_by_stream: vec![0; nstreams],
+                ..Default::default()
+            },
             cfg,
         })
     }
@@ -781,6 +804,9 @@ impl Ssd {
         if c.host_bytes_by_handle.iter().sum::<u64>() != c.host_bytes {
             return Err("per-handle host bytes do not add up".into());
         }
+        if c.gc_victims_by_stream.iter().sum::<u64>() != c.gc_events || c.relocated_bytes_by_stream.iter().sum::<u64>() != c.relocated_bytes {
+            return Err("per-stream GC counts do not add up".into());
+        }
         Ok(())
     }
 
@@ -792,14 +818,7 @@ impl Ssd {
     }
 
     fn owner(&self, stream: u16) -> RuOwner {
-        let nh = self.cfg.handles.len() as u16;
-        if stream < nh {
-            RuOwner::Host(stream)
-        } else if stream < 2 * nh {
-            RuOwner::HandleGc(stream - nh)
-        } else {
-            RuOwner::SharedGc
-        }
+        stream_owner(self.cfg.handles.len(), usize::from(stream))
     }
 
     /// Drops the mapping of logical unit `lu`, if any.
@@ -986,6 +1005,9 @@ impl Ssd {
             }
         }
         let c = &mut self.counters;
+        let stream = self.ru_stream[vr] as usize;
+        c.gc_victims_by_stream[stream] += 1;
+        c.relocated_bytes_by_stream[stream] += moved * self.unit;
         c.relocated_bytes += moved * self.unit;
         c.media_bytes += moved * self.unit;
         c.erased_bytes += self.cfg.ru_bytes;

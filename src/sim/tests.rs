@@ -358,7 +358,11 @@ fn counters_stay_consistent_under_a_mixed_workload() {
         cfg.gc = GcConfig { victim, free_ru_low_watermark: 3 };
         let mut s = ssd(cfg);
         let mut rng = SplitMix64(11);
+        let mut halfway = None;
         for i in 0..60_000u64 {
+            if i == 30_000 {
+                halfway = Some(s.counters().clone());
+            }
             let off = rng.below(logical);
             let len = (1 + rng.below(6 * unit)).min(logical - off);
             match rng.below(20) {
@@ -375,6 +379,16 @@ fn counters_stay_consistent_under_a_mixed_workload() {
         assert_eq!(c.media_bytes, c.host_bytes + c.relocated_bytes);
         assert_eq!(c.erased_bytes, c.rus_erased * ru);
         assert_eq!(c.host_bytes_by_handle.iter().sum::<u64>(), c.host_bytes);
+        // GC by the stream that filled each victim: 3 host streams, 3 PI GC streams (handle 1's
+        // used), the shared one; victims of host writes and of GC alike, over any window.
+        assert_eq!((stream_owner(3, 2), stream_owner(3, 4), stream_owner(3, 6)), (RuOwner::Host(2), RuOwner::HandleGc(1), RuOwner::SharedGc));
+        for w in [c.clone(), c.since(halfway.as_ref().unwrap())] {
+            assert_eq!(w.gc_victims_by_stream.len(), 7);
+            assert_eq!(w.gc_victims_by_stream.iter().sum::<u64>(), w.gc_events);
+            assert_eq!(w.relocated_bytes_by_stream.iter().sum::<u64>(), w.relocated_bytes);
+            assert!(w.gc_victims_by_stream[..3].iter().sum::<u64>() > 0, "{victim:?}: {:?}", w.gc_victims_by_stream);
+            assert!(w.gc_victims_by_stream[4] + w.gc_victims_by_stream[6] > 0, "{victim:?}: {:?}", w.gc_victims_by_stream);
+        }
         assert!(c.host_bytes >= c.host_request_bytes);
         assert!(c.gc_events > 0 && c.ru_updates > 0 && c.deallocated_bytes > 0 && c.padding_bytes > 0);
         // Every mapped unit is counted in exactly one handle's or the shared GC stream's RUs.
