@@ -437,9 +437,9 @@ fn print_gc(rs: &[RunResult]) {
         let total: u64 = rows.iter().map(|x| x.1).sum();
         println!();
         println!("garbage collection, {} at {:.0} % (in the window): victims by the stream that filled them", r.label(), r.utilization * 100.0);
-        println!("{:<14} {:>8} {:>7} {:>18}", "stream", "victims", "share", "valid when taken");
-        for (stream, victims, _, valid) in rows {
-            println!("{:<14} {:>8} {:>6.1}% {:>18.3}", stream, victims, 100.0 * victims as f64 / total as f64, valid);
+        println!("{:<14} {:>8} {:>7} {:>18} {:>15}", "stream", "victims", "share", "valid when taken", "relocated GB");
+        for (stream, victims, relocated, valid) in rows {
+            println!("{:<14} {:>8} {:>6.1}% {:>18.3} {:>15.0}", stream, victims, 100.0 * victims as f64 / total as f64, valid, relocated as f64 / 1e9);
         }
     }
 }

@@ -390,7 +390,8 @@ impl TraceSsd {
             "waf_whole_trace": waf(c),
             "host_bytes": c.host_bytes, "media_bytes": c.media_bytes, "relocated_bytes": c.relocated_bytes,
             "deallocated_bytes": c.deallocated_bytes, "gc_events": c.gc_events,
-            "host_bytes_by_handle": c.host_bytes_by_handle, "gc_victims_by_stream": c.gc_victims_by_stream,
+            "host_bytes_by_handle": c.host_bytes_by_handle,
+            "gc_victims_by_stream": c.gc_victims_by_stream, "relocated_bytes_by_stream": c.relocated_bytes_by_stream,
             "logical_bytes": cfg.logical_bytes, "physical_bytes": cfg.physical_bytes, "ru_bytes": cfg.ru_bytes,
             "unit_bytes": cfg.unit_bytes, "handles": cfg.handles.len(),
         }))

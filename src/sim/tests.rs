@@ -388,6 +388,11 @@ fn counters_stay_consistent_under_a_mixed_workload() {
             assert_eq!(w.relocated_bytes_by_stream.iter().sum::<u64>(), w.relocated_bytes);
             assert!(w.gc_victims_by_stream[..3].iter().sum::<u64>() > 0, "{victim:?}: {:?}", w.gc_victims_by_stream);
             assert!(w.gc_victims_by_stream[4] + w.gc_victims_by_stream[6] > 0, "{victim:?}: {:?}", w.gc_victims_by_stream);
+            // Handles 0 and 2 are II: their GC streams never fill an RU.
+            assert_eq!(w.gc_victims_by_stream[3] + w.gc_victims_by_stream[5], 0, "{victim:?}");
+            for (v, r) in w.gc_victims_by_stream.iter().zip(&w.relocated_bytes_by_stream) {
+                assert!(*r <= v * ru, "{victim:?}: {r} bytes relocated out of {v} victims");
+            }
         }
         assert!(c.host_bytes >= c.host_request_bytes);
         assert!(c.gc_events > 0 && c.ru_updates > 0 && c.deallocated_bytes > 0 && c.padding_bytes > 0);
