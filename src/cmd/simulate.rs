@@ -78,7 +78,8 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 5.0)]
     pub measure: f64,
     /// Also measure data lifetimes by write class (first-time / returning, partial, read), and
-    /// show which streams' reclaim units garbage collection took and how full they were.
+    /// show which streams' reclaim units garbage collection took, how full and how old they
+    /// were, and what it relocated from them.
     #[arg(long)]
     pub explain: bool,
     /// Handles of the `clairvoyant` and `popularity` bounds, which split the data by lifetime
@@ -434,12 +435,20 @@ fn print_gc(rs: &[RunResult]) {
         if rows.is_empty() {
             continue;
         }
-        let total: u64 = rows.iter().map(|x| x.1).sum();
+        let total: u64 = rows.iter().map(|x| x.victims).sum();
         println!();
         println!("garbage collection, {} at {:.0} % (in the window): victims by the stream that filled them", r.label(), r.utilization * 100.0);
-        println!("{:<14} {:>8} {:>7} {:>18} {:>15}", "stream", "victims", "share", "valid when taken", "relocated GB");
-        for (stream, victims, relocated, valid) in rows {
-            println!("{:<14} {:>8} {:>6.1}% {:>18.3} {:>15.0}", stream, victims, 100.0 * victims as f64 / total as f64, valid, relocated as f64 / 1e9);
+        println!("{:<14} {:>8} {:>7} {:>17} {:>13} {:>22}", "stream", "victims", "share", "valid when taken", "relocated GB", "age when taken (drive)");
+        for g in rows {
+            println!(
+                "{:<14} {:>8} {:>6.1}% {:>17.3} {:>13.0} {:>22.3}",
+                g.stream,
+                g.victims,
+                100.0 * g.victims as f64 / total as f64,
+                g.valid_share,
+                g.relocated_bytes as f64 / 1e9,
+                g.age_drive_writes
+            );
         }
     }
 }

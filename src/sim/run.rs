@@ -574,6 +574,20 @@ impl HeaderOrder {
     }
 }
 
+/// What garbage collection took from one stream's reclaim units in a run's window.
+#[derive(Clone, Debug)]
+pub struct GcStream {
+    /// `handle H` (its host writes), `handle H GC` (a PI handle's relocations) or `shared GC`.
+    pub stream: String,
+    pub victims: u64,
+    pub relocated_bytes: u64,
+    /// Mean valid share of a victim when GC took it.
+    pub valid_share: f64,
+    /// Mean host bytes written between a victim's closing and its collection, in drive
+    /// capacities.
+    pub age_drive_writes: f64,
+}
+
 /// What one run measured (the window is the steady-state part).
 #[derive(Clone, Debug)]
 pub struct RunResult {
@@ -647,23 +661,29 @@ impl RunResult {
     pub fn own_state_ratio(&self) -> f64 {
         self.own_state_bytes as f64 / self.lmcache_bytes.max(1) as f64
     }
-    /// GC in the window by the stream that filled each victim: (stream, victims, bytes
-    /// relocated, mean valid share of a victim when collected), streams without victims left
+    /// GC in the window by the stream that filled each victim, streams without victims left
     /// out.
-    pub fn gc_by_stream(&self) -> Vec<(String, u64, u64, f64)> {
+    pub fn gc_by_stream(&self) -> Vec<GcStream> {
         let w = &self.window;
         w.gc_victims_by_stream
             .iter()
             .zip(&w.relocated_bytes_by_stream)
+            .zip(&w.victim_age_bytes_by_stream)
             .enumerate()
-            .filter(|(_, (v, _))| **v > 0)
-            .map(|(i, (&v, &r))| {
+            .filter(|(_, ((v, _), _))| **v > 0)
+            .map(|(i, ((&v, &r), &age))| {
                 let name = match stream_owner(usize::from(self.drive.handles), i) {
                     RuOwner::Host(h) => format!("handle {h}"),
                     RuOwner::HandleGc(h) => format!("handle {h} GC"),
                     RuOwner::SharedGc => "shared GC".to_string(),
                 };
-                (name, v, r, r as f64 / (v as f64 * self.drive.ru_bytes as f64))
+                GcStream {
+                    stream: name,
+                    victims: v,
+                    relocated_bytes: r,
+                    valid_share: r as f64 / (v as f64 * self.drive.ru_bytes as f64),
+                    age_drive_writes: age as f64 / v as f64 / self.drive.logical_bytes as f64,
+                }
             })
             .collect()
     }
@@ -680,7 +700,8 @@ impl RunResult {
             "host_bytes": w.host_bytes, "media_bytes": w.media_bytes, "relocated_bytes": w.relocated_bytes,
             "gc_events": w.gc_events, "deallocated_bytes": w.deallocated_bytes,
             "gc_by_stream": self.gc_by_stream().into_iter()
-                .map(|(stream, victims, relocated, valid)| json!({"stream": stream, "victims": victims, "relocated_bytes": relocated, "valid_share": round4(valid)}))
+                .map(|g| json!({"stream": g.stream, "victims": g.victims, "relocated_bytes": g.relocated_bytes,
+                                "valid_share": round4(g.valid_share), "age_drive_writes": round4(g.age_drive_writes)}))
                 .collect::<Vec<_>>(),
             "lmcache_bytes": self.lmcache_bytes, "own_state_bytes": self.own_state_bytes,
             "own_state_ratio": self.own_state_ratio(), "trimmed_slots": self.trimmed_slots,

@@ -296,6 +296,9 @@ pub struct SsdCounters {
     pub gc_victims_by_stream: Vec<u64>,
     /// Bytes GC copied out of those victims, by the same streams.
     pub relocated_bytes_by_stream: Vec<u64>,
+    /// Host bytes written between each victim's closing and its collection, summed by the
+    /// same streams (divided by the victims: how long GC let an RU's data die).
+    pub victim_age_bytes_by_stream: Vec<u64>,
 }
 
 /// Who fills the RUs of `stream` on a drive of `handles` handles (the streams of
@@ -341,6 +344,7 @@ impl SsdCounters {
             host_bytes_by_handle: minus(&self.host_bytes_by_handle, &earlier.host_bytes_by_handle),
             gc_victims_by_stream: minus(&self.gc_victims_by_stream, &earlier.gc_victims_by_stream),
             relocated_bytes_by_stream: minus(&self.relocated_bytes_by_stream, &earlier.relocated_bytes_by_stream),
+            victim_age_bytes_by_stream: minus(&self.victim_age_bytes_by_stream, &earlier.victim_age_bytes_by_stream),
         }
     }
 }
@@ -508,6 +512,7 @@ impl Ssd {
                 host_bytes_by_handle: vec![0; nh],
                 gc_victims_by_stream: vec![0; nstreams],
                 relocated_bytes_by_stream: vec![0; nstreams],
+                victim_age_bytes_by_stream: vec![0; nstreams],
                 ..Default::default()
             },
             cfg,
@@ -1008,6 +1013,7 @@ impl Ssd {
         let stream = self.ru_stream[vr] as usize;
         c.gc_victims_by_stream[stream] += 1;
         c.relocated_bytes_by_stream[stream] += moved * self.unit;
+        c.victim_age_bytes_by_stream[stream] += self.clock - self.ru_closed_at[vr];
         c.relocated_bytes += moved * self.unit;
         c.media_bytes += moved * self.unit;
         c.erased_bytes += self.cfg.ru_bytes;

@@ -390,9 +390,13 @@ fn counters_stay_consistent_under_a_mixed_workload() {
             assert!(w.gc_victims_by_stream[4] + w.gc_victims_by_stream[6] > 0, "{victim:?}: {:?}", w.gc_victims_by_stream);
             // Handles 0 and 2 are II: their GC streams never fill an RU.
             assert_eq!(w.gc_victims_by_stream[3] + w.gc_victims_by_stream[5], 0, "{victim:?}");
-            for (v, r) in w.gc_victims_by_stream.iter().zip(&w.relocated_bytes_by_stream) {
+            for ((v, r), age) in w.gc_victims_by_stream.iter().zip(&w.relocated_bytes_by_stream).zip(&w.victim_age_bytes_by_stream) {
                 assert!(*r <= v * ru, "{victim:?}: {r} bytes relocated out of {v} victims");
+                // An RU closes after its last write and is taken after the write that needs
+                // room: no older than the host bytes of the whole run each.
+                assert!(*age <= v * c.host_bytes && (*v > 0 || *age == 0), "{victim:?}: age {age} of {v} victims");
             }
+            assert!(w.victim_age_bytes_by_stream.iter().sum::<u64>() > 0, "{victim:?}");
         }
         assert!(c.host_bytes >= c.host_request_bytes);
         assert!(c.gc_events > 0 && c.ru_updates > 0 && c.deallocated_bytes > 0 && c.padding_bytes > 0);
