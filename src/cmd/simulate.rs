@@ -428,7 +428,8 @@ fn print_lifetimes(rs: &[RunResult]) {
     }
 }
 
-/// `--explain`: which streams' RUs garbage collection took, and how full they were.
+/// `--explain`: which streams' RUs garbage collection took, how full and how old they were,
+/// and what it relocated from them.
 fn print_gc(rs: &[RunResult]) {
     for r in rs {
         let rows = r.gc_by_stream();
