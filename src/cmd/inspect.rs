@@ -440,10 +440,22 @@ mod tests {
         img
     }
 
-    fn summary_of(img: &[u8]) -> InspectSummary {
+    /// Inspects an image with its discovered layout, checking at most `max_tracked` keys for
+    /// repeats; returns the summary and every entry's report.
+    fn inspect_image(img: &[u8], max_tracked: usize) -> (InspectSummary, Vec<EntryReport>) {
         let g = discover(img, &GeometryFlags::default()).unwrap().geometry;
         let copies = read_copies(img, &g).unwrap();
-        inspect_entries(img, &g, &copies, &mut |_| Ok(())).unwrap()
+        let mut got = Vec::new();
+        let s = inspect_entries_tracking(img, &g, &copies, max_tracked, &mut |r| {
+            got.push(r.clone());
+            Ok(())
+        })
+        .unwrap();
+        (s, got)
+    }
+
+    fn summary_of(img: &[u8]) -> InspectSummary {
+        inspect_image(img, MAX_TRACKED_KEYS).0
     }
 
     #[test]
@@ -482,15 +494,8 @@ mod tests {
         assert_eq!((s.live, s.listed, s.header_mismatch, s.rejected.as_deref()), (20, 20, 0, None));
         let plain = summary_of(&object_evict_with_json(|j| j.to_string()));
         let first_key = |img: &[u8]| {
-            let g = discover(img, &GeometryFlags::default()).unwrap().geometry;
-            let copies = read_copies(img, &g).unwrap();
-            let mut first = None;
-            inspect_entries(img, &g, &copies, &mut |r| {
-                first.get_or_insert((r.key.clone(), r.problem));
-                Ok(())
-            })
-            .unwrap();
-            first.unwrap()
+            let first = inspect_image(img, MAX_TRACKED_KEYS).1.swap_remove(0);
+            (first.key, first.problem)
         };
         let (key, problem) = first_key(&object_evict_with_json(|j| j.to_string()));
         assert_eq!(problem, None);
@@ -513,18 +518,7 @@ mod tests {
     fn a_key_listed_twice_counts_once_with_its_last_entry() {
         let plain = summary_of(&object_evict_with_json(|j| j.to_string()));
         assert_eq!((plain.live, plain.listed, plain.duplicates), (14, 14, 0));
-        let keys = |img: &[u8]| {
-            let g = discover(img, &GeometryFlags::default()).unwrap().geometry;
-            let copies = read_copies(img, &g).unwrap();
-            let mut keys = Vec::new();
-            inspect_entries(img, &g, &copies, &mut |r| {
-                keys.push(r.key.clone());
-                Ok(())
-            })
-            .unwrap();
-            keys
-        };
-        let k = keys(&object_evict_with_json(|j| j.to_string()));
+        let k: Vec<String> = inspect_image(&object_evict_with_json(|j| j.to_string()), MAX_TRACKED_KEYS).1.into_iter().map(|r| r.key).collect();
         let quoted = |k: &str| serde_json::to_string(k).unwrap();
         // The second entry names the first key: its slot's header is the second key's.
         let last_bad = object_evict_with_json(|j| j.replacen(&quoted(&k[1]), &quoted(&k[0]), 1));
@@ -543,11 +537,7 @@ mod tests {
         // Past the keys it tracks, a key is counted without the check: here the repeat of the
         // first key, which comes second, is still caught; with one key tracked it is too, and
         // the other twelve are unchecked.
-        let tracked = |img: &[u8], max| {
-            let g = discover(img, &GeometryFlags::default()).unwrap().geometry;
-            let copies = read_copies(img, &g).unwrap();
-            inspect_entries_tracking(img, &g, &copies, max, &mut |_| Ok(())).unwrap()
-        };
+        let tracked = |img: &[u8], max| inspect_image(img, max).0;
         let s = tracked(&last_bad, 1);
         assert_eq!((s.listed, s.duplicates, s.duplicates_unchecked, s.live), (13, 1, 12, 12));
         let s = tracked(&last_bad, 0);
