@@ -454,6 +454,24 @@ fn print_gc(rs: &[RunResult]) {
     }
 }
 
+/// `--explain`: how often LMCache put a key into the very slot a loadable checkpoint still
+/// listed for it, the case the early-tail rule guards against (docs/waf.md).
+fn print_reputs(rs: &[RunResult]) {
+    println!();
+    println!("re-puts into a slot a committed checkpoint still lists for the same key (whole run)");
+    for r in rs {
+        let l = &r.lmcache;
+        println!(
+            "{} at {:.0} %: {} of {} puts, {} of them over a shorter put's stale tail",
+            r.label(),
+            r.utilization * 100.0,
+            l.reputs_listed,
+            l.puts,
+            l.reputs_listed_over_tail
+        );
+    }
+}
+
 pub fn run(a: &SimulateArgs) -> CmdResult {
     let specs = plan(a)?;
     let results = run_all(&specs, a.jobs)?;
@@ -465,6 +483,7 @@ pub fn run(a: &SimulateArgs) -> CmdResult {
         print_lifetimes(&results);
         if a.explain {
             print_gc(&results);
+            print_reputs(&results);
         }
     }
     if let Some(p) = &a.plot {

@@ -721,6 +721,7 @@ impl RunResult {
                 "checkpoints": self.lmcache.checkpoints, "checkpoints_skipped_busy": self.lmcache.checkpoints_skipped_busy,
                 "checkpoints_overflow": self.lmcache.checkpoints_overflow, "checkpoint_bytes": self.lmcache.checkpoint_bytes,
                 "checkpoint_max_bytes": self.lmcache.checkpoint_max_bytes,
+                "reputs_listed": json!({"puts": self.lmcache.reputs_listed, "over_tail": self.lmcache.reputs_listed_over_tail}),
                 "max_slots": self.max_slots, "slots_ever_used": self.slots_ever_used, "live_slots_end": self.live_slots_end,
             },
             "stalled": self.stalled,

@@ -113,6 +113,14 @@ pub struct WorkloadStats {
     /// The largest checkpoint JSON written.
     pub checkpoint_max_bytes: u64,
     pub put_payload_bytes: u64,
+    /// Puts of a key into the very slot that a committed checkpoint in either container still
+    /// lists for that key (the key was deleted and put again, and the allocator handed it the
+    /// same slot): the precondition of the case the early-tail rule guards against.
+    pub reputs_listed: u64,
+    /// Of those, the ones where a put in between left the slot with a shorter payload than the
+    /// listed one: a stale tail that fdpblk could have deallocated early lay under the key's
+    /// listed payload.
+    pub reputs_listed_over_tail: u64,
 }
 
 /// Zipf(s) over ranks 1..=n by inverse CDF (binary search); s = 0 is uniform.
@@ -226,6 +234,18 @@ pub struct Workload {
     chunk_buf: Vec<(u64, u64, f64)>,
     new_keys: Vec<u32>,
     ops: Vec<LmOpOwned>,
+    /// Per container (seq 1 in container 0), what its committed checkpoint lists in each slot,
+    /// for `WorkloadStats::reputs_listed`.
+    listed: [Vec<Listed>; 2],
+}
+
+/// A slot as a committed checkpoint lists it (`identity` 0: not listed), and whether a put
+/// since left the slot with a shorter payload.
+#[derive(Clone, Copy, Debug, Default)]
+struct Listed {
+    identity: u64,
+    payload_len: u64,
+    shorter_since: bool,
 }
 
 /// `LmOp` without the borrowed checkpoint list (queued inside `step`).
@@ -320,6 +340,7 @@ impl Workload {
             chunk_buf: Vec::new(),
             new_keys: Vec::new(),
             ops: Vec::new(),
+            listed: [vec![Listed::default(); slots_n as usize], vec![Listed::default(); slots_n as usize]],
             spec,
         })
     }
@@ -519,6 +540,12 @@ impl Workload {
             return;
         }
         self.seq += 1;
+        let c = ((self.seq - 1) % 2) as usize;
+        self.listed[c].fill(Listed::default());
+        for e in &self.entries {
+            let r = &self.slots[e.slot as usize];
+            self.listed[c][e.slot as usize] = Listed { identity: r.identity, payload_len: r.payload_len, shorter_since: false };
+        }
         self.persisted_dirty = self.dirty;
         self.stats.checkpoints += 1;
         self.stats.checkpoint_bytes += json_bytes;
@@ -628,6 +655,16 @@ impl Workload {
             let sp = &self.tenants[t].spec;
             key_string(self.spec.mode, &self.quoted_model, self.spec.chunk_hash_bytes, &sp.salt, id, &mut self.key_buf);
             let identity = key_identity(self.spec.mode, &self.key_buf, id);
+            for c in 0..2 {
+                let l = &mut self.listed[c][s as usize];
+                if l.identity != 0 && l.identity == identity {
+                    self.stats.reputs_listed += 1;
+                    self.stats.reputs_listed_over_tail += u64::from(l.shorter_since);
+                }
+                if self.geometry.payload_end(payload_len) < self.geometry.payload_end(l.payload_len) {
+                    l.shorter_since = true;
+                }
+            }
             let r = &mut self.slots[s as usize];
             *r = SlotRec { id, identity, payload_len, tenant: t as u32, live: true, pid, prev: NONE, next: NONE };
             self.index.insert(id, s);

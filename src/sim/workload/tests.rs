@@ -405,3 +405,47 @@ fn pid_affinity_reuses_a_buckets_own_slots() {
     assert!(2 * same > 3 * other, "same {same}, other {other}");
     w.audit().unwrap();
 }
+
+#[test]
+fn reputs_into_a_listed_slot_are_counted_as_the_op_stream_shows_them() {
+    // Loads remove what they read, so a document asked for again is put again, and LIFO
+    // reuse often hands it a slot a checkpoint still lists for it.
+    let s = spec(
+        r#"{"mode": "non_mp", "slot_bytes": "1M", "meta_total_bytes": "4M", "write_rate_mb_s": 1, "remove_after_read": true,
+            "tenants": [{"zipf": 1.2, "universe": 0.5, "system_prompts": 1, "prefix_chunks": 0, "doc_chunks": [1, 3], "unique_tail_chunks": 0}]}"#,
+    );
+    let mut w = Workload::new(s, 64 << 20, 0, 5, None).unwrap();
+    let g = w.geometry;
+    // The oracle: what each container's committed checkpoint lists per slot, from the
+    // checkpoints' entries and the puts' lengths as emitted.
+    let n = g.max_slots as usize;
+    let mut len_now = vec![0u64; n];
+    let mut listed = [vec![(0u64, 0u64, false); n], vec![(0u64, 0u64, false); n]];
+    let (mut reputs, mut over_tail) = (0u64, 0u64);
+    for _ in 0..20_000 {
+        w.step(&mut |op| match *op {
+            LmOp::Put { slot, identity, payload_len, .. } => {
+                for c in &mut listed {
+                    let l = &mut c[slot as usize];
+                    if l.0 != 0 && l.0 == identity {
+                        reputs += 1;
+                        over_tail += u64::from(l.2);
+                    }
+                    l.2 |= g.payload_end(payload_len) < g.payload_end(l.1);
+                }
+                len_now[slot as usize] = payload_len;
+            }
+            LmOp::Checkpoint { seq, entries, .. } => {
+                let c = &mut listed[((seq - 1) % 2) as usize];
+                c.fill((0, 0, false));
+                for e in entries {
+                    c[e.slot as usize] = (e.identity, len_now[e.slot as usize], false);
+                }
+            }
+            _ => {}
+        });
+    }
+    w.audit().unwrap();
+    assert_eq!((w.stats.reputs_listed, w.stats.reputs_listed_over_tail), (reputs, over_tail));
+    assert!(over_tail > 0 && reputs > over_tail, "{reputs} re-puts, {over_tail} over a tail");
+}
