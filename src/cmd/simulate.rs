@@ -428,8 +428,8 @@ fn print_lifetimes(rs: &[RunResult]) {
     }
 }
 
-/// `--explain`: which streams' RUs garbage collection took, how full and how old they were,
-/// and what it relocated from them.
+/// `--explain`: which streams' RUs garbage collection took, how full and how old they were
+/// (mean and percentiles), and what it relocated from them.
 fn print_gc(rs: &[RunResult]) {
     for r in rs {
         let rows = r.gc_by_stream();
@@ -439,16 +439,22 @@ fn print_gc(rs: &[RunResult]) {
         let total: u64 = rows.iter().map(|x| x.victims).sum();
         println!();
         println!("garbage collection, {} at {:.0} % (in the window): victims by the stream that filled them", r.label(), r.utilization * 100.0);
-        println!("{:<14} {:>8} {:>7} {:>17} {:>13} {:>22}", "stream", "victims", "share", "valid when taken", "relocated GB", "age when taken (drive)");
+        println!(
+            "{:<14} {:>8} {:>7} {:>17} {:>13} {:>22} {:>20} {:>20}",
+            "stream", "victims", "share", "valid when taken", "relocated GB", "age when taken (drive)", "valid p10/p50/p90", "age p10/p50/p90"
+        );
+        let q = |x: [f64; 3], d: usize| format!("{:.d$}/{:.d$}/{:.d$}", x[0], x[1], x[2]);
         for g in rows {
             println!(
-                "{:<14} {:>8} {:>6.1}% {:>17.3} {:>13.0} {:>22.3}",
+                "{:<14} {:>8} {:>6.1}% {:>17.3} {:>13.0} {:>22.3} {:>20} {:>20}",
                 g.stream,
                 g.victims,
                 100.0 * g.victims as f64 / total as f64,
                 g.valid_share,
                 g.relocated_bytes as f64 / 1e9,
-                g.age_drive_writes
+                g.age_drive_writes,
+                q(g.valid_quantiles, 3),
+                q(g.age_quantiles, 3)
             );
         }
     }

@@ -32,7 +32,7 @@ pub mod workload;
 
 pub use analytic::{analytic_waf_alpha, analytic_waf_uniform, valid_fraction};
 pub use ssd::{
-    GcConfig, HandleType, Location, RuOwner, stream_owner, RuhUsage, SimError, Ssd, SsdConfig, SsdCounters, Victim, MAX_HANDLES,
+    GcConfig, HandleType, Location, RuOwner, stream_owner, AGE_HIST_STEP, AGE_HIST_BUCKETS, VALID_HIST_BUCKETS, RuhUsage, SimError, Ssd, SsdConfig, SsdCounters, Victim, MAX_HANDLES,
 };
 
 /// A small, fast, seedable generator (SplitMix64) for reproducible workloads.

@@ -12,7 +12,7 @@
 
 use super::dev::{DevInner, SimDev, WriteCombiner};
 use super::workload::{BlockIo, IoMode, IoShaper, LmOp, LmcacheFdpMode, Workload, WorkloadSpec, WorkloadStats};
-use super::{stream_owner, HandleType, RuOwner, Ssd, SsdConfig, SsdCounters, Victim};
+use super::{stream_owner, HandleType, RuOwner, Ssd, SsdConfig, SsdCounters, Victim, AGE_HIST_STEP};
 use crate::classify::Op;
 use crate::frontend::config::exported_bytes;
 use crate::frontend::queue::max_waiting;
@@ -586,6 +586,26 @@ pub struct GcStream {
     /// Mean host bytes written between a victim's closing and its collection, in drive
     /// capacities.
     pub age_drive_writes: f64,
+    /// The 10th, 50th and 90th percentile of that age (to [`AGE_HIST_STEP`]).
+    pub age_quantiles: [f64; 3],
+    /// The 10th, 50th and 90th percentile of the valid share (to 0.01).
+    pub valid_quantiles: [f64; 3],
+}
+
+/// The 10th, 50th and 90th percentile of a histogram of buckets `step` wide, each as its
+/// bucket's middle.
+pub(crate) fn quantiles(hist: &[u64], step: f64) -> [f64; 3] {
+    let n: u64 = hist.iter().sum();
+    [0.1, 0.5, 0.9].map(|p| {
+        // The smallest bucket with at least p of the victims at or below it.
+        let want = ((p * n as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        let b = hist.iter().position(|&c| {
+            seen += c;
+            seen >= want
+        });
+        b.map_or(f64::NAN, |b| (b as f64 + 0.5) * step)
+    })
 }
 
 /// What one run measured (the window is the steady-state part).
@@ -683,6 +703,8 @@ impl RunResult {
                     relocated_bytes: r,
                     valid_share: r as f64 / (v as f64 * self.drive.ru_bytes as f64),
                     age_drive_writes: age as f64 / v as f64 / self.drive.logical_bytes as f64,
+                    age_quantiles: quantiles(&w.victim_age_hist_by_stream[i], AGE_HIST_STEP),
+                    valid_quantiles: quantiles(&w.victim_valid_hist_by_stream[i], 0.01),
                 }
             })
             .collect()
@@ -701,7 +723,8 @@ impl RunResult {
             "gc_events": w.gc_events, "deallocated_bytes": w.deallocated_bytes,
             "gc_by_stream": self.gc_by_stream().into_iter()
                 .map(|g| json!({"stream": g.stream, "victims": g.victims, "relocated_bytes": g.relocated_bytes,
-                                "valid_share": round4(g.valid_share), "age_drive_writes": round4(g.age_drive_writes)}))
+                                "valid_share": round4(g.valid_share), "age_drive_writes": round4(g.age_drive_writes),
+                                "age_quantiles": g.age_quantiles.map(round4), "valid_quantiles": g.valid_quantiles.map(round4)}))
                 .collect::<Vec<_>>(),
             "lmcache_bytes": self.lmcache_bytes, "own_state_bytes": self.own_state_bytes,
             "own_state_ratio": self.own_state_ratio(), "trimmed_slots": self.trimmed_slots,

@@ -299,7 +299,21 @@ pub struct SsdCounters {
     /// Host bytes written between each victim's closing and its collection, summed by the
     /// same streams (divided by the victims: how long GC let an RU's data die).
     pub victim_age_bytes_by_stream: Vec<u64>,
+    /// Victims by the same streams and by their age when taken, in steps of
+    /// [`AGE_HIST_STEP`] drive writes (the last bucket holds everything older).
+    pub victim_age_hist_by_stream: Vec<Vec<u64>>,
+    /// Victims by the same streams and by their valid share when taken, in whole percent
+    /// (floored; bucket 100: a victim still full).
+    pub victim_valid_hist_by_stream: Vec<Vec<u64>>,
 }
+
+/// Width of a bucket of [`SsdCounters::victim_age_hist_by_stream`], in drive writes (host
+/// bytes / logical capacity).
+pub const AGE_HIST_STEP: f64 = 0.002;
+/// Buckets of [`SsdCounters::victim_age_hist_by_stream`]: ages up to 4 drive writes apart.
+pub const AGE_HIST_BUCKETS: usize = 2000;
+/// Buckets of [`SsdCounters::victim_valid_hist_by_stream`]: 0 to 100 %.
+pub const VALID_HIST_BUCKETS: usize = 101;
 
 /// Who fills the RUs of `stream` on a drive of `handles` handles (the streams of
 /// [`SsdCounters::gc_victims_by_stream`]).
@@ -316,6 +330,11 @@ pub fn stream_owner(handles: usize, stream: usize) -> RuOwner {
 /// `now - earlier` element by element (a vector `earlier` lacks counts from 0).
 fn minus(now: &[u64], earlier: &[u64]) -> Vec<u64> {
     now.iter().enumerate().map(|(i, b)| b - earlier.get(i).copied().unwrap_or(0)).collect()
+}
+
+/// [`minus`] for each stream's histogram.
+fn minus_hist(now: &[Vec<u64>], earlier: &[Vec<u64>]) -> Vec<Vec<u64>> {
+    now.iter().enumerate().map(|(i, h)| minus(h, earlier.get(i).map_or(&[][..], |e| &e[..]))).collect()
 }
 
 impl SsdCounters {
@@ -345,6 +364,8 @@ impl SsdCounters {
             gc_victims_by_stream: minus(&self.gc_victims_by_stream, &earlier.gc_victims_by_stream),
             relocated_bytes_by_stream: minus(&self.relocated_bytes_by_stream, &earlier.relocated_bytes_by_stream),
             victim_age_bytes_by_stream: minus(&self.victim_age_bytes_by_stream, &earlier.victim_age_bytes_by_stream),
+            victim_age_hist_by_stream: minus_hist(&self.victim_age_hist_by_stream, &earlier.victim_age_hist_by_stream),
+            victim_valid_hist_by_stream: minus_hist(&self.victim_valid_hist_by_stream, &earlier.victim_valid_hist_by_stream),
         }
     }
 }
@@ -513,6 +534,8 @@ impl Ssd {
                 gc_victims_by_stream: vec![0; nstreams],
                 relocated_bytes_by_stream: vec![0; nstreams],
                 victim_age_bytes_by_stream: vec![0; nstreams],
+                victim_age_hist_by_stream: vec![vec![0; AGE_HIST_BUCKETS]; nstreams],
+                victim_valid_hist_by_stream: vec![vec![0; VALID_HIST_BUCKETS]; nstreams],
                 ..Default::default()
             },
             cfg,
@@ -812,6 +835,11 @@ impl Ssd {
         if c.gc_victims_by_stream.iter().sum::<u64>() != c.gc_events || c.relocated_bytes_by_stream.iter().sum::<u64>() != c.relocated_bytes {
             return Err("per-stream GC counts do not add up".into());
         }
+        for (i, v) in c.gc_victims_by_stream.iter().enumerate() {
+            if c.victim_age_hist_by_stream[i].iter().sum::<u64>() != *v || c.victim_valid_hist_by_stream[i].iter().sum::<u64>() != *v {
+                return Err(format!("stream {i}: the victims' age or valid-share histogram does not add up to its victims"));
+            }
+        }
         Ok(())
     }
 
@@ -1013,7 +1041,11 @@ impl Ssd {
         let stream = self.ru_stream[vr] as usize;
         c.gc_victims_by_stream[stream] += 1;
         c.relocated_bytes_by_stream[stream] += moved * self.unit;
-        c.victim_age_bytes_by_stream[stream] += self.clock - self.ru_closed_at[vr];
+        let age = self.clock - self.ru_closed_at[vr];
+        c.victim_age_bytes_by_stream[stream] += age;
+        let age_bucket = (age as f64 / self.cfg.logical_bytes as f64 / AGE_HIST_STEP) as usize;
+        c.victim_age_hist_by_stream[stream][age_bucket.min(AGE_HIST_BUCKETS - 1)] += 1;
+        c.victim_valid_hist_by_stream[stream][(moved * 100 / u64::from(self.upr)) as usize] += 1;
         c.relocated_bytes += moved * self.unit;
         c.media_bytes += moved * self.unit;
         c.erased_bytes += self.cfg.ru_bytes;

@@ -397,6 +397,18 @@ fn counters_stay_consistent_under_a_mixed_workload() {
                 assert!(*age <= v * c.host_bytes && (*v > 0 || *age == 0), "{victim:?}: age {age} of {v} victims");
             }
             assert!(w.victim_age_bytes_by_stream.iter().sum::<u64>() > 0, "{victim:?}");
+            // Each victim lands in one bucket of its stream's age and valid-share histograms,
+            // and its stream's mean age lies within the buckets it filled.
+            for (i, &v) in w.gc_victims_by_stream.iter().enumerate() {
+                let (ages, valid) = (&w.victim_age_hist_by_stream[i], &w.victim_valid_hist_by_stream[i]);
+                assert_eq!((ages.iter().sum::<u64>(), valid.iter().sum::<u64>()), (v, v), "{victim:?} stream {i}");
+                if v > 0 {
+                    let mean = w.victim_age_bytes_by_stream[i] as f64 / v as f64 / logical as f64 / AGE_HIST_STEP;
+                    let lo = ages.iter().position(|&c| c > 0).unwrap() as f64;
+                    let hi = ages.iter().rposition(|&c| c > 0).unwrap() as f64 + 1.0;
+                    assert!(lo <= mean && (mean <= hi || hi == AGE_HIST_BUCKETS as f64), "{victim:?} stream {i}: mean {mean} outside [{lo}, {hi})");
+                }
+            }
         }
         assert!(c.host_bytes >= c.host_request_bytes);
         assert!(c.gc_events > 0 && c.ru_updates > 0 && c.deallocated_bytes > 0 && c.padding_bytes > 0);
@@ -643,4 +655,19 @@ fn two_tb_target() {
     }
     // Slot-aligned writes: the unit size changes the speed, not the result.
     assert!(wafs.windows(2).all(|w| w[0] == w[1]), "{wafs:?}");
+}
+
+#[test]
+fn gc_percentiles_come_from_the_histogram() {
+    use super::run::quantiles;
+    // Ten victims: one in bucket 0, eight in bucket 3, one in bucket 9.
+    let mut h = vec![0u64; 10];
+    h[0] = 1;
+    h[3] = 8;
+    h[9] = 1;
+    assert_eq!(quantiles(&h, 0.5), [0.25, 1.75, 1.75]);
+    // Eleven: the 10th percentile is the 2nd victim (bucket 3), the 90th the 10th (bucket 9).
+    h[9] = 2;
+    assert_eq!(quantiles(&h, 0.5), [1.75, 1.75, 4.75]);
+    assert!(quantiles(&[0, 0], 1.0).iter().all(|q| q.is_nan()));
 }
