@@ -240,7 +240,6 @@ impl Watcher {
         Ok(Some(ValidCopy { seq: h.seq, payload_len: h.payload_len, entries: meta.entries, fixed_bytes, listed, listed_len }))
     }
 
-    /// A checkpoint LMCache committed through fdpblk (read back and verified).
     /// Whether a checkpoint read back whole (header `h`, its write's `epoch`) is newer than
     /// the commit on record: its header write came later (read-backs complete out of order),
     /// and its seq is higher, or 1 (LMCache starting a new index), or one more than the seq
@@ -258,6 +257,7 @@ impl Watcher {
         (epoch.wrapping_sub(c.epoch) as i32) > 0 && (h.seq > c.seq || h.seq == 1 || successor)
     }
 
+    /// A checkpoint LMCache committed through fdpblk (read back and verified).
     pub(super) fn committed(&mut self, h: CheckpointHeader, entries: u64, fixed_bytes: u64, epoch: u32) {
         let now = Instant::now();
         // The first checkpoint after a baseline found at start comes any time after the start.

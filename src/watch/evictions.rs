@@ -93,8 +93,9 @@ impl Watcher {
 
     /// Counts slots by state, relabels confirmed ones live/evicted, and returns, when `allow`,
     /// the trim candidates (confirmed and listed by neither container) and the early evictions
-    /// (confirmed, listed only by the older container), and the slots whose stale tail may go
-    /// (confirmed, listed, tail not yet deallocated).
+    /// (confirmed, listed only by the older container), and, whether or not `allow`, the slots
+    /// whose stale tail may go (confirmed, listed, tail not yet deallocated; `trim_tails`
+    /// checks the rest).
     pub(super) fn sweep(&mut self, allow: bool) -> Sweep {
         let mut s = Summary::default();
         let mut out = Vec::new();

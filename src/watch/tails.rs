@@ -8,9 +8,16 @@
 //! longer payload overwrites them. Once the current contents are **confirmed** (1) and **not
 //! written since** (2, the same CAS), and the header on the drive carries them (5), the
 //! slot's bytes past `payload_len` rounded up to `block_align` are deallocated: no LMCache
-//! process reads past that (`Watcher::trim_tails` says why). Conditions 3 and 4 are not
-//! needed: a container listing the slot names either these contents or contents whose header
-//! is gone, which LMCache's load drops.
+//! process reads past that (`Watcher::trim_tails` says why). Nor may either container list
+//! a payload in the slot that reaches past the current one ([`Watcher::listed_longer`]; a
+//! container not read back lists everything): such an entry fails LMCache's header check
+//! only while the slot's header stays the current one, and the same key put into the slot
+//! again would bring it back (see "Early tails" below). The older container can list one:
+//! LMCache may snapshot it before a delete and a shorter put into the slot, and write it
+//! after them, so that the next checkpoint confirms the shorter put while the older one still
+//! lists the longer. Such a tail waits until LMCache overwrites that container (or, with early
+//! tails, the early-tail round zeroes it). Conditions 3 and 4 are not needed otherwise: a
+//! container lists the slot with these contents or with contents whose header is gone.
 //!
 //! No tail of a slot goes, on this path or the early one, while the slot holds **orphan**
 //! bytes ([`SlotTable::note_orphan`]): payload bytes that no known header expected when they
@@ -110,8 +117,10 @@ impl Watcher {
     /// drive carries the confirmed identity and length (read before the CAS). LMCache reads a
     /// slot's payload only through an index entry whose identity and length match the header
     /// (a loaded checkpoint's other entries are dropped by its header check), and reads
-    /// `payload_len` rounded up to `block_align`: no process can read past it. A put into the
-    /// slot during the deallocation is held by its queue until it returned, like a slot trim.
+    /// `payload_len` rounded up to `block_align`: no process can read past it. No container
+    /// lists a longer payload there, whose key put into the slot again would pass that check
+    /// over the tail (the module doc). A put into the slot during the deallocation is held by
+    /// its queue until it returned, like a slot trim.
     pub(super) fn trim_tails(&mut self, candidates: Vec<(u64, u64)>) {
         if self.tail_error_epoch == Some(self.seen_epoch) {
             return; // paused after an error until the next checkpoint
@@ -132,6 +141,9 @@ impl Watcher {
             let Some(e) = self.slots.entry(slot) else { continue };
             let off = g.slot_offset(slot);
             let Ok(Some(h)) = self.header_on_drive(off, &e, &mut hdr) else { continue };
+            if self.listed_longer(slot, h.payload_len) {
+                continue; // the next sweep after that container changed takes it
+            }
             let Some((start, len)) = self.tail_after(h.payload_len) else { continue };
             if !self.slots.cas_life(slot, l, l | life::TRIMMING) {
                 continue;
@@ -268,7 +280,7 @@ impl Watcher {
     /// lost in a crash) would pass it over the bytes an early tail deallocated, where without
     /// fdpblk they still held that key's data. Such a tail waits in the round until no
     /// container lists the longer payload (see [`Watcher::trim_early_tails`]).
-    fn listed_longer(&self, slot: u64, payload_len: u64) -> bool {
+    pub(super) fn listed_longer(&self, slot: u64, payload_len: u64) -> bool {
         (0..2).any(|c| self.listed_longer_in(c, slot, payload_len))
     }
 

@@ -228,6 +228,13 @@ impl Rig {
         self
     }
 
+    /// The same rig with only the confirmed rule for stale tails.
+    fn without_early_tails(mut self) -> Rig {
+        self.cfg.early_tails = false;
+        self.w = Watcher::new(self.g, self.slots.clone(), self.dev.clone(), self.cfg.clone(), Some(self.region), OWN);
+        self
+    }
+
     fn write(&mut self, offset: u64, data: &[u8]) {
         for c in 0..2u8 {
             let at = self.g.container_offset(c);
@@ -1144,6 +1151,47 @@ fn long_key_then_short_header(early_evictions: bool, between: impl FnOnce(&mut R
     }
     let off = r.g.slot_offset(s);
     (r, off, payload(&k1, 0, long)[BA as usize..].to_vec())
+}
+
+/// Slot s holds K1 (long). LMCache snapshots a checkpoint listing K1, then deletes K1 and
+/// puts K2 (short) into s before it writes that checkpoint; the next one lists K2 and
+/// confirms it. The confirmed path must not take K2's tail while the older container still
+/// lists K1 there: after a LMCache restarted with its index rejected writes seq 1 over the
+/// newer container, a later LMCache loads the older one, and K1 put into s again, its
+/// payload past K2's lost in a crash, would pass the header check over deallocated bytes.
+#[test]
+fn a_confirmed_tail_waits_while_the_older_container_lists_a_longer_payload() {
+    let mut r = Rig::new(SLOTS, META, true).without_early_evictions().without_early_tails();
+    r.checkpoint();
+    r.step();
+    r.fillers(4);
+    let k1 = r.new_key(false);
+    let long = 3 * BA - 10;
+    let s = r.put_sized(k1.clone(), long).unwrap();
+    assert!(r.snapshot()); // lists K1 in s
+    r.delete_key(&k1);
+    let k2 = r.new_key(false);
+    assert_eq!(r.put_sized(k2, 100), Some(s));
+    r.ckpt_payload();
+    r.ckpt_header();
+    r.step();
+    r.checkpoint_dirty(); // lists K2 and confirms it; the older container lists K1
+    for _ in 0..2 {
+        r.step();
+    }
+    assert!(r.slots.get(s).unwrap().confirmed);
+    let off = r.g.slot_offset(s);
+    let k1_tail = payload(&k1, 0, long)[BA as usize..].to_vec();
+    assert!(r.dev.peek(off + 2 * BA, k1_tail.len()) == k1_tail, "K1's bytes past K2's payload, while the older container lists K1 there");
+    // The next checkpoint overwrites the older container: the tail goes.
+    let tails = r.w.tail_trims();
+    r.checkpoint_dirty();
+    for _ in 0..2 {
+        r.step();
+    }
+    assert_eq!(r.w.tail_trims(), tails + 1, "the tail waited, and then went");
+    assert!(r.dev.peek(off + 2 * BA, k1_tail.len()).iter().all(|&b| b == 0));
+    r.verify_all();
 }
 
 /// Slot s holds K1 (long), listed by a checkpoint. LMCache deletes K1 and puts K2 (short)
