@@ -154,8 +154,8 @@ pub struct AddArgs {
     /// Placement policy: key-aware (3 handles), region (4), none (1), lmcache-fdp (8).
     #[arg(long, default_value = "key-aware")]
     pub policy: String,
-    /// auto: the geometry of the LMCache checkpoint on the device (flags must agree);
-    /// lmcache: from the flags.
+    /// auto: the geometry of the LMCache checkpoint on the device (flags must agree), or, on
+    /// a device without one, learned from LMCache's first checkpoint; lmcache: from the flags.
     #[arg(long, default_value = "auto")]
     pub layout: String,
     #[command(flatten)]
@@ -182,8 +182,9 @@ pub struct AddArgs {
     #[arg(long, default_value_t = 5000)]
     pub header_wait_us: u64,
     /// Do not deallocate: neither the slots LMCache evicted (by default fdpblk trims a slot
-    /// once LMCache's committed checkpoints no longer list it) nor, on a device no fdpblk used
-    /// before, the slots LMCache's first checkpoint does not list (data left from before).
+    /// once LMCache's committed checkpoints no longer list it), nor the stale tails behind
+    /// shorter payloads, nor, on a device no fdpblk used before, the slots LMCache's first
+    /// checkpoint does not list (data left from before).
     #[arg(long)]
     pub no_trim: bool,
     /// Add a backing that `add` would refuse as someone else's data: one that holds a file
@@ -197,7 +198,8 @@ pub struct AddArgs {
     #[arg(long)]
     pub force: bool,
     /// Deallocate a stale tail (bytes past a shorter new payload) only once a checkpoint
-    /// confirmed the slot, not as soon as the new header is durable. Early tails rely on
+    /// confirmed the slot, not once the new header is durable and a checkpoint written after
+    /// the put was read back. Early tails rely on
     /// LMCache's header check at load (`meta_verify_on_load`, on by default), and on LMCache
     /// reading its checkpoint when it starts (`load_checkpoint_on_init`, on by default): use
     /// this flag where either is turned off.

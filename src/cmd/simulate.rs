@@ -29,7 +29,8 @@ pub struct SimulateArgs {
     pub trim: String,
     /// Trim rules with --trim on, comma-separated: `slots` (evicted slots, issue #6's
     /// two-checkpoint rule), `tails` (a confirmed slot's bytes past its payload),
-    /// `early-tails` (the same bytes as soon as the slot's new header is durable) and
+    /// `early-tails` (the same bytes once the slot's new header is durable and a checkpoint
+    /// written after the put was read back) and
     /// `early-evictions` (with `slots`: an evicted slot once the newest checkpoint lacks it,
     /// the older container zeroed first) and `unwritten` (with `slots`: slots no checkpoint
     /// lists and LMCache has not written, which matter on a --precondition drive; not in the
@@ -77,9 +78,10 @@ pub struct SimulateArgs {
     /// Measured window: this many device capacities of host writes.
     #[arg(long, default_value_t = 5.0)]
     pub measure: f64,
-    /// Also measure data lifetimes by write class (first-time / returning, partial, read), and
-    /// show which streams' reclaim units garbage collection took, how full and how old they
-    /// were, and what it relocated from them.
+    /// Also measure data lifetimes by write class (first-time / returning, partial, read), show
+    /// which streams' reclaim units garbage collection took, how full and how old they were
+    /// (mean and percentiles), and what it relocated from them, and count the puts of a key
+    /// into a slot a committed checkpoint still lists for it.
     #[arg(long)]
     pub explain: bool,
     /// Handles of the `clairvoyant` and `popularity` bounds, which split the data by lifetime
