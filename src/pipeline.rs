@@ -371,6 +371,9 @@ impl Pipeline {
     }
 
     fn place(&mut self, e: &Extent) -> Handle {
+        // The header generation this write is judged against; another queue may record a
+        // new header before it is placed (see `judged_on_a_replaced_header`).
+        let judged = e.kind.slot().and_then(|s| self.slots.get(s)).map(|h| h.generation);
         if let Some(slot) = e.kind.slot() {
             // Every write to a slot (its header's through `record_header`) is stamped.
             let header = matches!(e.kind, ExtentKind::SlotHeader { header, .. } if header.valid().is_some());
@@ -445,6 +448,9 @@ impl Pipeline {
             ExtentKind::SlotPayload { slot } => {
                 let known = self.slots.expects_payload(slot);
                 let h = self.slot_handle(slot);
+                if self.judged_on_a_replaced_header(slot, e, judged) {
+                    return h;
+                }
                 if known {
                     self.slots.payload_written(slot, e.len);
                 } else {
@@ -458,6 +464,9 @@ impl Pipeline {
                 h
             }
             ExtentKind::SlotPadding { slot } => {
+                if self.judged_on_a_replaced_header(slot, e, judged) {
+                    return self.slot_handle(slot);
+                }
                 // Past a payload that is complete: a longer put's bytes ahead of its header,
                 // which its header takes as written (as for the part over the old payload).
                 if !self.within_payload(slot, e) && !self.slots.expects_payload(slot) && self.slots.headers_seen() {
@@ -472,6 +481,26 @@ impl Pipeline {
     /// True when extent `e` of `slot` ends within the current header's payload rounded up to
     /// `block_align` (LMCache's O_DIRECT padding included): it leaves the header and any
     /// deallocated tail as they are.
+    /// True, after marking the bytes as orphans, when another queue recorded a header for
+    /// `slot` since this payload or padding write was judged against header generation
+    /// `judged`, and the bytes do not lie within the new header's payload. They were taken
+    /// as the old header's payload (its tail bits kept), and the new header, shorter, would
+    /// put them in its stale tail: they may be a later put's payload ahead of its header
+    /// (buffered writeback, two queues). Read after the payload count (`expects_payload`):
+    /// a header stores its generation before its count, so a count seen here is the
+    /// generation's read next, or an older one's.
+    fn judged_on_a_replaced_header(&mut self, slot: u64, e: &Extent, judged: Option<u16>) -> bool {
+        let now = self.slots.get(slot).map(|h| h.generation);
+        if now == judged || (self.within_payload(slot, e) && self.slots.get(slot).map(|h| h.generation) == now) {
+            return false;
+        }
+        if self.slots.note_write(slot) {
+            self.trim_waits.push(slot);
+        }
+        self.slots.note_orphan(slot, self.orphan_end(slot, e));
+        true
+    }
+
     fn within_payload(&self, slot: u64, e: &Extent) -> bool {
         let g = &self.geom;
         let Some(cur) = self.slots.get(slot) else { return false };
@@ -906,6 +935,46 @@ mod tests {
         s.add(&q1.stats());
         assert_eq!(s.payload_fallbacks, 1); // the fio-like write before any header
         assert_eq!(s.handle_bytes[RegionPolicy::SLOTS as usize], 3 * 4096 + 4 * 8192);
+    }
+
+    /// Queue 1 judges a payload write against slot 1's complete long header; before it places
+    /// the bytes, queue 0 records a shorter header (buffered writeback hands fdpblk pages of
+    /// two puts on two queues). Bytes past the new payload must not count as its payload, or
+    /// its early tail would deallocate them (they may be a later put's, ahead of its header).
+    #[test]
+    fn a_payload_judged_against_a_header_replaced_meanwhile_is_orphaned() {
+        use crate::slot_table::life;
+        let g = geom();
+        let slots = Arc::new(SlotTable::new(g.max_slots));
+        let mut q0 = Pipeline::with_slots(g, Box::new(RegionPolicy), slots.clone());
+        let mut q1 = Pipeline::with_slots(g, Box::new(RegionPolicy), slots.clone());
+        let mut segs = Vec::new();
+        let mut write = |q: &mut Pipeline, slot: u64, off: u64, len: u64, data: Option<&[u8]>| {
+            q.plan(&Request { op: Op::Write, offset: g.slot_offset(slot) + off, len, data }, &mut segs, HeaderWait::Expired).unwrap();
+        };
+        let long = SlotHeader { identity: 1, payload_len: 61440 }.encode(4096);
+        let short = SlotHeader { identity: 2, payload_len: 8192 }.encode(4096);
+        for slot in [1, 2, 3] {
+            write(&mut q0, slot, 0, 4096, Some(&long));
+            write(&mut q0, slot, 4096, 61440, None);
+        }
+        let judged = |slot| slots.get(slot).map(|h| h.generation);
+        let at = |slot, off, len| Extent { offset: g.slot_offset(slot) + 4096 + off, len, kind: ExtentKind::SlotPayload { slot } };
+        // Past the new, shorter payload: orphan bytes, and no stale tail.
+        let was = judged(1);
+        write(&mut q0, 1, 0, 4096, Some(&short));
+        assert_ne!(slots.life(1) & life::STALE_TAIL, 0);
+        assert!(q1.judged_on_a_replaced_header(1, &at(1, 16384, 8192), was));
+        assert!(slots.is_orphan(1));
+        assert_eq!(slots.life(1) & (life::STALE_TAIL | life::HEADER_DONE), 0);
+        // Within the new payload: its own.
+        let was = judged(2);
+        write(&mut q0, 2, 0, 4096, Some(&short));
+        assert!(!q1.judged_on_a_replaced_header(2, &at(2, 0, 8192), was));
+        assert!(!slots.is_orphan(2));
+        // No header since: nothing to do.
+        assert!(!q1.judged_on_a_replaced_header(3, &at(3, 16384, 8192), judged(3)));
+        assert!(!slots.is_orphan(3));
     }
 
     #[test]

@@ -28,6 +28,8 @@
 //! `TRIMMING` with a compare-and-swap on `life` that expects the slot confirmed and unchanged;
 //! every write first updates `life` (new stamp, confirmation cleared), so it either makes that
 //! CAS fail or sees `TRIMMING` and is held by the queue until the deallocation has completed.
+//! (A write within the current payload leaves a stale tail's CAS able to succeed; it lies
+//! outside that tail: claim C in [`crate::watch`].)
 
 use crate::layout::slot_header::SlotHeader;
 use crate::layout::checkpoint_header::CheckpointHeader;

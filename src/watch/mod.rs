@@ -88,6 +88,12 @@
 //! (new stamp, confirmation cleared; for a header, after storing the new identity). If that
 //! update comes before fdpblk's CAS, the CAS fails. If after, the writer sees `TRIMMING` and
 //! its queue holds the write until the deallocation returned, so the write lands after it.
+//! One kind of write leaves a CAS for a stale tail able to succeed: a write within the
+//! current header's payload keeps the tail bits (`HEADER_DONE`, `STALE_TAIL`) and, in the
+//! same epoch, the `life` word unchanged. It is excluded by range, not by the CAS: the tail
+//! starts where that payload ends (both rounded up to `block_align`, the length checked
+//! against the header on the drive), and a payload write judged against a header that
+//! another queue replaced before it was placed counts as orphan bytes (`Pipeline::place`).
 //! The slot header read (5) happens before the CAS, so a slot changed outside fdpblk's view
 //! (another writer of the backing device while fdpblk was stopped) is not trimmed.
 //!
