@@ -526,7 +526,10 @@ impl Persist {
             let page_is = |pg: &[u8]| page_header(pg).is_some_and(|(inst, q, i, _)| inst == s.instance && q == seq && u64::from(i) == idx);
             let mut read = || dev.read_at(p.page_off(idx, copy), &mut pg[..BLOCK as usize]).is_ok() && page_is(&pg);
             if !read() && !read() {
+                // The first cycle commits it empty: its committed copy would otherwise come
+                // back at the next load, records this run never held among them.
                 lost_pages += 1;
+                p.forced.push(idx);
                 continue;
             }
             let payload = &pg[PAGE_HEADER..CRC_AT];
@@ -597,6 +600,18 @@ impl Persist {
         if self.flush_owed {
             dev.flush()?;
             self.flush_owed = false;
+        }
+        if self.sb_both {
+            // The superblocks did not read at load, so `next_seq` comes from the pages alone.
+            // A new superblock must number above both old ones: written into one copy before
+            // a crash, one numbered below a clean superblock left in the other would lose the
+            // next load to it, which would then trust that old state's confirmations.
+            let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
+            dev.read_at(self.region.offset, &mut b[..2 * BLOCK as usize])
+                .map_err(|e| io::Error::other(format!("own state: reading the old superblocks before replacing them: {e}")))?;
+            for s in [&b[..BLOCK as usize], &b[BLOCK as usize..]].map(Superblock::decode).into_iter().flatten() {
+                self.next_seq = self.next_seq.max(s.seq.saturating_add(1));
+            }
         }
         let l = self.layout;
         let recs = slots.take_dirty_pages();

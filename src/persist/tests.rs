@@ -598,6 +598,33 @@ fn unreadable_superblocks_are_both_replaced() {
     assert!(l.found && !l.clean && v.get(1).is_none());
 }
 
+/// The same, where the old clean superblock's seq is above every page's (cycles that changed
+/// nothing write only a superblock) and the new state's first cycle gets only its first
+/// superblock copy out before a crash: that copy must still outrank the old clean one, whose
+/// confirmations a load would otherwise trust.
+#[test]
+fn a_replacing_superblock_outranks_the_old_clean_one_after_a_crash_between_the_copies() {
+    let (g, region, dev) = three_saved_cycles();
+    let t = SlotTable::new(g.max_slots);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    for _ in 0..3 {
+        p.cycle(&dev, &t, &Counters::default(), true, true).unwrap().unwrap();
+    }
+    let old = dev.image();
+    assert!(load(&g, old.clone(), region).2.clean);
+    dev.set_fail_reads(Some(0..8192));
+    let u = SlotTable::new(g.max_slots);
+    let (p2, l) = Persist::load(&dev, region, &g, &u, 3);
+    assert!(!l.found);
+    dev.set_fail_reads(None);
+    p2.unwrap().cycle(&dev, &u, &Counters::default(), false, true).unwrap().unwrap();
+    // The crash: superblock copy 1 still holds the old clean state.
+    let mut img = dev.image();
+    img[4096..8192].copy_from_slice(&old[4096..8192]);
+    let (_, _, l, _) = load(&g, img, region);
+    assert!(!l.clean, "the old clean state won the load: {l:?}");
+}
+
 /// A superblock that is there but does not decode (a newer fdpblk's version, or both copies
 /// torn) is a state that could not be read: not "no fdpblk ever saved here", which would let
 /// the watcher take every slot no checkpoint lists for unwritten.
@@ -677,11 +704,18 @@ fn a_page_that_fails_its_second_read_is_noted() {
     let page0 = p.page_off(0, p.current[0]);
     let bad = SecondReadFails(dev, page0);
     let u = SlotTable::new(g.max_slots);
-    let (_, l) = Persist::load(&bad, region, &g, &u, 3);
+    let (p2, l) = Persist::load(&bad, region, &g, &u, 3);
     assert!(l.found, "{l:?}");
     assert!(l.note.as_deref().is_some_and(|n| n.contains("1 page(s)")), "{l:?}");
     assert!(u.get(3).is_none(), "the page that failed starts empty");
     assert_eq!(u.get(far).unwrap().identity, 8, "the others are restored");
+    // The first cycle commits that page empty, so its old copy does not come back with a
+    // later load (here, a clean stop with nothing else changed).
+    p2.unwrap().cycle(&bad, &u, &Counters::default(), true, true).unwrap().unwrap();
+    let (v, _, l, _) = load(&g, bad.0.image(), region);
+    assert!(l.found && l.clean);
+    assert!(v.get(3).is_none(), "the lost page's old records came back");
+    assert_eq!(v.get(far).unwrap().identity, 8);
 }
 
 /// What is read from the device may be hostile past its checksums: pages and superblocks

@@ -107,7 +107,8 @@ impl Policy for LmcacheFdpPolicy {
                     }
                     return Self::NO_DIRECTIVE;
                 }
-                previous.map_or(Self::NO_DIRECTIVE, |p| p.handle)
+                // A handle restored from state another policy saved may lie past ours.
+                previous.map_or(Self::NO_DIRECTIVE, |p| if p.handle < Self::HANDLES { p.handle } else { Self::NO_DIRECTIVE })
             }
             Target::Outside | Target::OwnState => Self::NO_DIRECTIVE,
         }

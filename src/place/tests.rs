@@ -263,6 +263,11 @@ fn lmcache_fdp_emulation_follows_the_writer_then_checkpoint_tenants() {
     assert_eq!(&got[..4], &[4, 5, 6, 7], "buckets 9 and 4 took ids 2 and 3");
     assert!(got[4..].iter().all(|&h| h == LmcacheFdpPolicy::NO_DIRECTIVE));
     assert_eq!(p.bucket_handle.len(), 6);
+    // A payload without its header follows the slot's record, unless that handle, restored
+    // from state another policy saved, lies past this policy's.
+    let prev = |handle| SlotEntry { handle, generation: 1, ..Default::default() };
+    assert_eq!(p.place(&Target::Slot { slot: 30, header: None, previous: Some(&prev(5)) }), 5);
+    assert_eq!(p.place(&Target::Slot { slot: 30, header: None, previous: Some(&prev(9)) }), LmcacheFdpPolicy::NO_DIRECTIVE);
 }
 
 #[test]
