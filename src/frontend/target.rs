@@ -283,16 +283,23 @@ pub fn block_align_error(g: &Geometry, lba: u64, backing: &Path) -> Option<Strin
 /// commands ([`lock_backing`]) share one deadline, 60 s after the first try.
 pub fn open_backing(cfg: &DeviceConfig, recover: bool) -> Result<Backing, String> {
     let deadline = Instant::now() + EARLIER_COMMANDS_WAIT;
+    // An `add` right after a `del`: the stopped daemon may still be closing the backing (its
+    // process is reported gone once its main thread is, before every thread has closed its
+    // files), so a claim held elsewhere is tried again for a few seconds before it is refused.
+    let held_until = if recover { deadline } else { Instant::now() + ADD_HELD_WAIT };
     loop {
         match open_backing_once(cfg, recover, deadline) {
-            Err((e, true)) if recover && Instant::now() < deadline => {
-                tracing::debug!("{e}: waiting for the earlier daemon's writes to complete");
+            Err((e, true)) if Instant::now() < held_until && (recover || !STOP_REQUESTED.load(Ordering::SeqCst)) => {
+                tracing::debug!("{e}: waiting for the earlier holder to let go");
                 std::thread::sleep(Duration::from_millis(200));
             }
             r => return r.map_err(|(e, _)| e),
         }
     }
 }
+
+/// How long `add` tries again a backing held elsewhere (see [`open_backing`]).
+const ADD_HELD_WAIT: Duration = Duration::from_secs(5);
 
 /// One try of [`open_backing`]: the error, and whether it was a claim held elsewhere. The
 /// wait for an earlier daemon's commands ends at `deadline`, shared with the wait for its claim.
@@ -916,6 +923,44 @@ mod tests {
         assert!(claimed && e.contains("another running fdpblk daemon"), "{e}");
         drop(first);
         assert!(open_backing_once(&cfg, false, Instant::now()).is_ok());
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// `add` right after `del`: the earlier daemon lets go of the backing a moment later.
+    #[test]
+    fn add_waits_a_moment_for_a_backing_whose_holder_lets_go() {
+        let path = std::env::temp_dir().join(format!("fdpblk-held-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        let cfg = DeviceConfig {
+            id: 0,
+            name: None,
+            backing: path.clone(),
+            engine: crate::frontend::config::EngineKind::Plain,
+            policy: "none".into(),
+            queues: 1,
+            depth: 1,
+            io_buf_bytes: 4096,
+            lba_shift: 9,
+            backing_bytes: 4096,
+            exported_bytes: 0,
+            geometry: None,
+            layout_flags: Default::default(),
+            streams: Vec::new(),
+            pids: Vec::new(),
+            header_wait_us: 0,
+            trim: false,
+            early_tails: false,
+            early_evictions: false,
+            persist_interval_ms: 0,
+        };
+        let earlier = hold_alive_lock(&path).unwrap();
+        let lets_go = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(600));
+            drop(earlier);
+        });
+        let got = open_backing(&cfg, false);
+        lets_go.join().unwrap();
+        assert!(got.is_ok(), "{:?}", got.err());
         let _ = std::fs::remove_file(&path);
     }
 
