@@ -464,12 +464,13 @@ impl Pipeline {
                 h
             }
             ExtentKind::SlotPadding { slot } => {
+                // Past a payload that is complete: a longer put's bytes ahead of its header,
+                // which its header takes as written (as for the part over the old payload).
+                let ahead = !self.within_payload(slot, e) && !self.slots.expects_payload(slot) && self.slots.headers_seen();
                 if self.judged_on_a_replaced_header(slot, e, judged) {
                     return self.slot_handle(slot);
                 }
-                // Past a payload that is complete: a longer put's bytes ahead of its header,
-                // which its header takes as written (as for the part over the old payload).
-                if !self.within_payload(slot, e) && !self.slots.expects_payload(slot) && self.slots.headers_seen() {
+                if ahead {
                     self.slots.payload_ahead(slot, e.len);
                     self.counters.payload_fallbacks.fetch_add(1, Relaxed);
                 }
@@ -478,9 +479,6 @@ impl Pipeline {
         }
     }
 
-    /// True when extent `e` of `slot` ends within the current header's payload rounded up to
-    /// `block_align` (LMCache's O_DIRECT padding included): it leaves the header and any
-    /// deallocated tail as they are.
     /// True, after marking the bytes as orphans, when another queue recorded a header for
     /// `slot` since this payload or padding write was judged against header generation
     /// `judged`, and the bytes do not lie within the new header's payload. They were taken
@@ -488,7 +486,8 @@ impl Pipeline {
     /// put them in its stale tail: they may be a later put's payload ahead of its header
     /// (buffered writeback, two queues). Read after the payload count (`expects_payload`):
     /// a header stores its generation before its count, so a count seen here is the
-    /// generation's read next, or an older one's.
+    /// generation's read next, or an older one's. Call it after the placement has read what
+    /// it needs of the slot's current header.
     fn judged_on_a_replaced_header(&mut self, slot: u64, e: &Extent, judged: Option<u16>) -> bool {
         let now = self.slots.get(slot).map(|h| h.generation);
         if now == judged || (self.within_payload(slot, e) && self.slots.get(slot).map(|h| h.generation) == now) {
@@ -501,6 +500,9 @@ impl Pipeline {
         true
     }
 
+    /// True when extent `e` of `slot` ends within the current header's payload rounded up to
+    /// `block_align` (LMCache's O_DIRECT padding included): it leaves the header and any
+    /// deallocated tail as they are.
     fn within_payload(&self, slot: u64, e: &Extent) -> bool {
         let g = &self.geom;
         let Some(cur) = self.slots.get(slot) else { return false };

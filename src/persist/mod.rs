@@ -601,18 +601,6 @@ impl Persist {
             dev.flush()?;
             self.flush_owed = false;
         }
-        if self.sb_both {
-            // The superblocks did not read at load, so `next_seq` comes from the pages alone.
-            // A new superblock must number above both old ones: written into one copy before
-            // a crash, one numbered below a clean superblock left in the other would lose the
-            // next load to it, which would then trust that old state's confirmations.
-            let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
-            dev.read_at(self.region.offset, &mut b[..2 * BLOCK as usize])
-                .map_err(|e| io::Error::other(format!("own state: reading the old superblocks before replacing them: {e}")))?;
-            for s in [&b[..BLOCK as usize], &b[BLOCK as usize..]].map(Superblock::decode).into_iter().flatten() {
-                self.next_seq = self.next_seq.max(s.seq.saturating_add(1));
-            }
-        }
         let l = self.layout;
         let recs = slots.take_dirty_pages();
         let hist = slots.history().take_dirty_pages();
@@ -627,6 +615,24 @@ impl Persist {
         pages.dedup();
         if pages.is_empty() && !force {
             return Ok(None);
+        }
+        if self.sb_both {
+            // The superblocks did not read at load, so `next_seq` comes from the pages alone.
+            // A new superblock must number above both old ones: written into one copy before
+            // a crash, one numbered below a clean superblock left in the other would lose the
+            // next load to it, which would then trust that old state's confirmations. Each
+            // copy that reads now counts; one that does not goes first (its seq is unknown).
+            let mut b = AlignedBuf::zeroed(BLOCK as usize);
+            for c in 0..2u64 {
+                match dev.read_at(self.region.offset + c * BLOCK, &mut b[..BLOCK as usize]) {
+                    Ok(()) => {
+                        if let Some(s) = Superblock::decode(&b[..BLOCK as usize]) {
+                            self.next_seq = self.next_seq.max(s.seq.saturating_add(1));
+                        }
+                    }
+                    Err(_) => self.sb_copy = 1 - c as u8, // `write_cycle` writes copy 1 - sb_copy first
+                }
+            }
         }
         let seq = self.next_seq;
         if seq >= MAX_SEQ {

@@ -593,12 +593,12 @@ pub struct GcStream {
 }
 
 /// The 10th, 50th and 90th percentile of a histogram of buckets `step` wide, each as its
-/// bucket's middle.
+/// bucket's middle (the last bucket of the age histogram also holds everything older).
 pub(crate) fn quantiles(hist: &[u64], step: f64) -> [f64; 3] {
     let n: u64 = hist.iter().sum();
-    [0.1, 0.5, 0.9].map(|p| {
-        // The smallest bucket with at least p of the victims at or below it.
-        let want = ((p * n as f64).ceil() as u64).max(1);
+    [10u64, 50, 90].map(|pct| {
+        // The smallest bucket with at least pct % of the victims at or below it.
+        let want = (n * pct).div_ceil(100).max(1);
         let mut seen = 0;
         let b = hist.iter().position(|&c| {
             seen += c;
@@ -704,7 +704,8 @@ impl RunResult {
                     valid_share: r as f64 / (v as f64 * self.drive.ru_bytes as f64),
                     age_drive_writes: age as f64 / v as f64 / self.drive.logical_bytes as f64,
                     age_quantiles: quantiles(&w.victim_age_hist_by_stream[i], AGE_HIST_STEP),
-                    valid_quantiles: quantiles(&w.victim_valid_hist_by_stream[i], 0.01),
+                    // Bucket 100 (a victim still full) reads 1, not its middle.
+                    valid_quantiles: quantiles(&w.victim_valid_hist_by_stream[i], 0.01).map(|q| q.min(1.0)),
                 }
             })
             .collect()

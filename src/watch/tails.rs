@@ -15,8 +15,8 @@
 //! again would bring it back (see "Early tails" below). The older container can list one:
 //! LMCache may snapshot it before a delete and a shorter put into the slot, and write it
 //! after them, so that the next checkpoint confirms the shorter put while the older one still
-//! lists the longer. Such a tail waits until LMCache overwrites that container (or, with early
-//! tails, the early-tail round zeroes it). Conditions 3 and 4 are not needed otherwise: a
+//! lists the longer. Such a tail waits until LMCache overwrites that container (the
+//! early-tail round may zero it sooner, for a slot it still holds). Conditions 3 and 4 are not needed otherwise: a
 //! container lists the slot with these contents or with contents whose header is gone.
 //!
 //! No tail of a slot goes, on this path or the early one, while the slot holds **orphan**
@@ -139,6 +139,9 @@ impl Watcher {
             // One snapshot of the record, checked against the header on the drive; the range
             // comes from that header's own (full-width) length.
             let Some(e) = self.slots.entry(slot) else { continue };
+            if self.listed_longer(slot, e.payload_len) {
+                continue; // checked again below with the drive's length; this saves the read
+            }
             let off = g.slot_offset(slot);
             let Ok(Some(h)) = self.header_on_drive(off, &e, &mut hdr) else { continue };
             if self.listed_longer(slot, h.payload_len) {

@@ -119,7 +119,7 @@ pub struct WorkloadStats {
     pub reputs_listed: u64,
     /// Of those, the ones where a put in between left the slot with a shorter payload than the
     /// listed one: a stale tail that fdpblk could have deallocated early lay under the key's
-    /// listed payload.
+    /// listed payload (an upper bound: a longer put since may have covered that tail again).
     pub reputs_listed_over_tail: u64,
 }
 
@@ -655,16 +655,20 @@ impl Workload {
             let sp = &self.tenants[t].spec;
             key_string(self.spec.mode, &self.quoted_model, self.spec.chunk_hash_bytes, &sp.salt, id, &mut self.key_buf);
             let identity = key_identity(self.spec.mode, &self.key_buf, id);
+            // Once per put, whether one container lists the key here or both do.
+            let (mut listed, mut over_tail) = (false, false);
             for c in 0..2 {
                 let l = &mut self.listed[c][s as usize];
                 if l.identity != 0 && l.identity == identity {
-                    self.stats.reputs_listed += 1;
-                    self.stats.reputs_listed_over_tail += u64::from(l.shorter_since);
+                    listed = true;
+                    over_tail |= l.shorter_since;
                 }
                 if self.geometry.payload_end(payload_len) < self.geometry.payload_end(l.payload_len) {
                     l.shorter_since = true;
                 }
             }
+            self.stats.reputs_listed += u64::from(listed);
+            self.stats.reputs_listed_over_tail += u64::from(over_tail);
             let r = &mut self.slots[s as usize];
             *r = SlotRec { id, identity, payload_len, tenant: t as u32, live: true, pid, prev: NONE, next: NONE };
             self.index.insert(id, s);
