@@ -892,14 +892,12 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
-    #[test]
-    fn a_second_daemon_on_a_file_backing_is_refused() {
-        let path = std::env::temp_dir().join(format!("fdpblk-file-{}", std::process::id()));
-        std::fs::write(&path, vec![0u8; 4096]).unwrap();
-        let cfg = DeviceConfig {
+    /// A device config on the 4 KiB file `path` (the backing checks only).
+    fn file_backing(path: &Path) -> DeviceConfig {
+        DeviceConfig {
             id: 0,
             name: None,
-            backing: path.clone(),
+            backing: path.to_path_buf(),
             engine: crate::frontend::config::EngineKind::Plain,
             policy: "none".into(),
             queues: 1,
@@ -917,7 +915,14 @@ mod tests {
             early_tails: false,
             early_evictions: false,
             persist_interval_ms: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn a_second_daemon_on_a_file_backing_is_refused() {
+        let path = std::env::temp_dir().join(format!("fdpblk-file-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        let cfg = file_backing(&path);
         let first = open_backing_once(&cfg, false, Instant::now()).map_err(|e| e.0).unwrap();
         let (e, claimed) = open_backing_once(&cfg, false, Instant::now()).err().expect("a second daemon on the same file");
         assert!(claimed && e.contains("another running fdpblk daemon"), "{e}");
@@ -931,28 +936,7 @@ mod tests {
     fn add_waits_a_moment_for_a_backing_whose_holder_lets_go() {
         let path = std::env::temp_dir().join(format!("fdpblk-held-{}", std::process::id()));
         std::fs::write(&path, vec![0u8; 4096]).unwrap();
-        let cfg = DeviceConfig {
-            id: 0,
-            name: None,
-            backing: path.clone(),
-            engine: crate::frontend::config::EngineKind::Plain,
-            policy: "none".into(),
-            queues: 1,
-            depth: 1,
-            io_buf_bytes: 4096,
-            lba_shift: 9,
-            backing_bytes: 4096,
-            exported_bytes: 0,
-            geometry: None,
-            layout_flags: Default::default(),
-            streams: Vec::new(),
-            pids: Vec::new(),
-            header_wait_us: 0,
-            trim: false,
-            early_tails: false,
-            early_evictions: false,
-            persist_interval_ms: 0,
-        };
+        let cfg = file_backing(&path);
         let earlier = hold_alive_lock(&path).unwrap();
         let lets_go = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(600));
