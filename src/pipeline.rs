@@ -371,9 +371,12 @@ impl Pipeline {
     }
 
     fn place(&mut self, e: &Extent) -> Handle {
-        // The header generation this write is judged against; another queue may record a
-        // new header before it is placed (see `judged_on_a_replaced_header`).
-        let judged = e.kind.slot().and_then(|s| self.slots.get(s)).map(|h| h.generation);
+        // The header generation a payload or padding write is judged against; another queue
+        // may record a new header before it is placed (see `judged_on_a_replaced_header`).
+        let judged = match e.kind {
+            ExtentKind::SlotPayload { slot } | ExtentKind::SlotPadding { slot } => self.slots.generation(slot),
+            _ => None,
+        };
         if let Some(slot) = e.kind.slot() {
             // Every write to a slot (its header's through `record_header`) is stamped.
             let header = matches!(e.kind, ExtentKind::SlotHeader { header, .. } if header.valid().is_some());
@@ -489,8 +492,8 @@ impl Pipeline {
     /// generation's read next, or an older one's. Call it after the placement has read what
     /// it needs of the slot's current header.
     fn judged_on_a_replaced_header(&mut self, slot: u64, e: &Extent, judged: Option<u16>) -> bool {
-        let now = self.slots.get(slot).map(|h| h.generation);
-        if now == judged || (self.within_payload(slot, e) && self.slots.get(slot).map(|h| h.generation) == now) {
+        let now = self.slots.generation(slot);
+        if now == judged || (self.within_payload(slot, e) && self.slots.generation(slot) == now) {
             return false;
         }
         if self.slots.note_write(slot) {
@@ -960,7 +963,7 @@ mod tests {
             write(&mut q0, slot, 0, 4096, Some(&long));
             write(&mut q0, slot, 4096, 61440, None);
         }
-        let judged = |slot| slots.get(slot).map(|h| h.generation);
+        let judged = |slot| slots.generation(slot);
         let at = |slot, off, len| Extent { offset: g.slot_offset(slot) + 4096 + off, len, kind: ExtentKind::SlotPayload { slot } };
         // Past the new, shorter payload: orphan bytes, and no stale tail.
         let was = judged(1);

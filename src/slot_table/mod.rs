@@ -358,6 +358,13 @@ impl SlotTable {
         e.has_header().then_some(e)
     }
 
+    /// The generation of the slot's current header (one load, for the data path); None
+    /// before any header.
+    pub fn generation(&self, slot: u64) -> Option<u16> {
+        let i = usize::try_from(slot).ok()?;
+        Some(meta_generation(self.meta.get(i)?.load(Ordering::Acquire))).filter(|&g| g != 0)
+    }
+
     /// The record whether or not a header was seen (for persistence and the state thread).
     pub fn entry(&self, slot: u64) -> Option<SlotEntry> {
         let i = usize::try_from(slot).ok()?;
