@@ -192,16 +192,34 @@ pub fn start_time(pid: u32) -> Option<u64> {
     stat.rsplit_once(')')?.1.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
-/// True if `pid` runs; a zombie (dead, not yet reaped) counts as dead.
+/// True if `pid` runs. A zombie (dead, not yet reaped) counts as dead, unless it is only the
+/// main thread that exited: while other threads of the process still run (a daemon tearing
+/// down after its main thread returned, or being killed), they still hold its files.
 pub fn pid_alive(pid: u32) -> bool {
     if pid == 0 {
         return false;
     }
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state letter follows the parenthesised command name.
-        Ok(stat) => stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()).is_some_and(|c| c != 'Z' && c != 'X'),
-        Err(_) => false,
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state letter follows the parenthesised command name.
+    match stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()) {
+        Some('Z') => other_threads(pid),
+        Some(c) => c != 'X',
+        None => false,
     }
+}
+
+/// Whether process `pid` has a thread other than its main one that has not exited.
+fn other_threads(pid: u32) -> bool {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().any(|t| {
+        t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).is_some_and(|tid| {
+            tid != pid
+                && fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+                    .ok()
+                    .and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()))
+                    .is_some_and(|c| c != 'Z' && c != 'X')
+        })
+    })
 }
 
 #[cfg(test)]
@@ -239,6 +257,49 @@ mod tests {
         assert!(!Daemon { pid: 0, start: None }.alive());
         let v = serde_json::json!({"pid": me, "pid_start": start});
         assert_eq!(Daemon::from_state(&v), Daemon { pid: me, start: Some(start) });
+    }
+
+    #[test]
+    fn a_process_whose_main_thread_exited_is_alive_while_another_thread_runs() {
+        let mut fds = [0; 2];
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        let [rd, wr] = fds;
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork");
+        if child == 0 {
+            // The child: a thread that waits for the parent's byte (or its end of the pipe
+            // closing), then the main thread alone exits (SYS_exit, not exit_group), leaving
+            // a zombie leader.
+            unsafe { libc::close(wr) };
+            std::thread::spawn(move || {
+                let mut b = [0u8; 1];
+                unsafe { libc::read(rd, b.as_mut_ptr().cast(), 1) };
+                unsafe { libc::_exit(0) };
+            });
+            unsafe { libc::syscall(libc::SYS_exit, 0) };
+            unreachable!();
+        }
+        unsafe { libc::close(rd) };
+        let pid = child as u32;
+        let state = || fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while state() != Some('Z') && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let (leader_gone, alive_then) = (state() == Some('Z'), pid_alive(pid));
+        // Let the thread go whatever was seen, so a failure leaves no process behind.
+        assert_eq!(unsafe { libc::write(wr, [1u8].as_ptr().cast(), 1) }, 1);
+        unsafe { libc::close(wr) };
+        while other_threads(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // Before reaping: every thread exited, the process is a zombie.
+        let alive_after = pid_alive(pid);
+        let mut status = 0;
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(leader_gone, "the child's main thread never exited");
+        assert!(alive_then, "the main thread exited, another still runs");
+        assert!(!alive_after, "every thread exited: dead, though not reaped");
     }
 
     #[test]
