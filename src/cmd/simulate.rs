@@ -49,8 +49,8 @@ pub struct SimulateArgs {
     /// Reclaim unit size; `auto` scales a 6 GB RU on a 1.88 TB drive to --device-size.
     #[arg(long, default_value = "auto")]
     pub ru_size: String,
-    /// Mapping unit of the FTL model; `auto`: the largest power of two up to 1 MiB dividing the
-    /// slot size.
+    /// Mapping unit of the FTL model; `auto`: the largest power of two up to 1 MiB dividing both
+    /// the slot size and meta_total_bytes.
     #[arg(long, default_value = "auto")]
     pub unit: String,
     /// Reclaim unit handles of the drive.
