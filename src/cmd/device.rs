@@ -590,7 +590,7 @@ fn raise_fd_limit(queues: u16) {
 fn add_device(a: &AddArgs) -> CmdResult {
     need_ublk_driver()?;
     raise_fd_limit(a.queues);
-    if a.number >= 0 && ublk_exists(a.number) {
+    if a.number >= 0 && target::device_exists(a.number) {
         return Err(format!("ublk device {} already exists; pick another -n or `fdpblk del -n {}`", a.number, a.number).into());
     }
     if let Some(name) = &a.name {
@@ -720,10 +720,6 @@ fn ublk_ids() -> Vec<i32> {
     ids
 }
 
-pub(crate) fn ublk_exists(id: i32) -> bool {
-    Path::new(&format!("/dev/ublkc{id}")).exists() || Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists()
-}
-
 /// Waits up to `secs` for `cond`.
 fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
     for _ in 0..secs * 20 {
@@ -760,7 +756,7 @@ pub fn del(a: &DelArgs) -> CmdResult {
 
 fn del_one(id: i32) -> Result<(), String> {
     let read = state::read_state(id);
-    if !ublk_exists(id) {
+    if !target::device_exists(id) {
         match (&read, state::state_path(id).exists()) {
             (Ok((c, _)), _) => state::remove_state(c), // the device is gone already
             // A corrupt state file of a device that is gone: nothing else to clean.
@@ -784,29 +780,40 @@ fn del_one(id: i32) -> Result<(), String> {
     let users = holders(Path::new(&state::bdev_path(id)), own);
     if !users.is_empty() {
         tracing::warn!(
-            "{} is open by {}: deleting it fails their I/O from now on, and the device (and its id) stays until they close it (to replace fdpblk under a running LMCache, kill the daemon and recover instead: deploy/README.md)",
+            "{} is open by {}: deleting it fails their I/O from now on, and its id stays taken until they close it (to replace fdpblk under a running LMCache, kill the daemon and recover instead: deploy/README.md)",
             state::bdev_path(id),
             users.join(", ")
         );
     }
-    let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {e}"))?;
+    let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {}", target::ublk_error(&e)))?;
+    // The daemon serving it: the state file's, or (with `/run` cleared) the device's own
+    // fdpblk server.
+    let daemon = match &read {
+        Ok((_, pid)) => Some(*pid).filter(state::Daemon::alive),
+        Err(_) => ublk_server(id).filter(|(_, comm)| comm.starts_with("fdpblk")).map(|(pid, _)| state::Daemon { pid: pid as u32, start: state::start_time(pid as u32) }),
+    };
     // Stopping makes the daemon drain its queues, delete the device and exit.
     let _ = ctrl.kill_dev();
-    let daemon = read.as_ref().ok().map(|(_, pid)| *pid).filter(state::Daemon::alive);
     if let Some(pid) = daemon {
         // It drains its queues (NVMe commands the drive is slow with: up to its 40 s limit)
-        // and writes its state, which may be large; it then deletes the device itself. An
-        // open device waits for its users instead (warned above): no point waiting for that.
-        if !wait_for(10, || !pid.alive()) && users.is_empty() {
+        // and writes its state, which may be large; it then deletes the device itself.
+        if !wait_for(10, || !pid.alive()) {
             eprintln!("fdpblk: device {id}: its daemon (pid {pid}) is still stopping (draining its queues, writing its state); waiting up to 60 s more");
-            wait_for(60, || !pid.alive());
+            // Never deleted under a daemon still running: it deletes its device by id once
+            // done, which by then could be another device's.
+            if !wait_for(60, || !pid.alive()) {
+                return Err(format!(
+                    "device {id}: its daemon (pid {pid}) is still stopping after 70 s; wait for it, or kill it (`kill -9 {pid}`: the driver then holds the device, nothing is lost) and `fdpblk del -n {id}` again"
+                ));
+            }
         }
     }
-    if ublk_exists(id) {
-        let _ = ctrl.del_dev();
+    // A daemon that died (or one that stopped without deleting) leaves the device to us.
+    if target::device_exists(id) {
+        target::delete_device(&ctrl)?;
     }
     drop(ctrl);
-    if !wait_for(10, || !ublk_exists(id)) {
+    if !wait_for(10, || !target::device_exists(id)) {
         return Err(format!("ublk device {id} did not go away; is its daemon stuck? (kill it, then `fdpblk del -n {id}`)"));
     }
     match &read {
@@ -843,7 +850,7 @@ fn dev_state(id: i32, name: Option<&str>) -> (&'static str, Option<String>) {
             )),
         ),
         Ok(_) => ("dead", Some(format!("stopped: `fdpblk del -n {id}` deletes it"))),
-        Err(_) if !ublk_exists(id) => ("gone", None),
+        Err(_) if !target::device_exists(id) => ("gone", None),
         Err(e) => ("unknown", Some(format!("the ublk driver does not answer ({e}); run as root"))),
     }
 }
@@ -869,7 +876,7 @@ fn ublk_server(id: i32) -> Option<(i32, String)> {
 /// Whether device `id` is fdpblk's and its daemon `ours` died: the device is still there, and
 /// no other ublk server took its id.
 pub(crate) fn orphaned(id: i32, ours: &state::Daemon) -> bool {
-    !ours.alive() && ublk_exists(id) && foreign_server(id, ours).is_none()
+    !ours.alive() && target::device_exists(id) && foreign_server(id, ours).is_none()
 }
 
 /// The live server of device `id` when it is not the fdpblk daemon `ours` (of `id`'s state

@@ -97,6 +97,59 @@ pub(crate) fn ublk_error(e: &UblkError) -> String {
     }
 }
 
+/// Deletes this daemon's stopped device and its state files, unless both are another's by now:
+/// a `del` that gave up waiting for this daemon may have deleted the device, and the id been
+/// given to a new one (whose server, and state file, is another process).
+fn finish_device(ctrl: UblkCtrl, cfg: &DeviceConfig) {
+    let me = std::process::id();
+    let id = cfg.id;
+    let server = UblkCtrl::new_simple(id).ok().map(|c| c.dev_info().ublksrv_pid);
+    if server.is_some_and(|p| p > 0 && p as u32 != me) {
+        tracing::warn!("device {id} is served by pid {} now, not by this daemon: left alone", server.unwrap_or(0));
+        ctrl.disown();
+        return;
+    }
+    if let Err(e) = delete_device(&ctrl) {
+        tracing::warn!("{e}; delete it with `fdpblk del -n {id}`");
+    }
+    if state::read_state(id).is_ok_and(|(_, d)| d.pid == me) {
+        state::remove_state(cfg);
+    }
+}
+
+/// Deletes ublk device `ctrl` without waiting for its users. The driver's plain delete unlinks
+/// the device at once but answers only when the last opener of `/dev/ublkbN` has closed it
+/// (LMCache may hold it for hours: `del`, `down` and a stopping daemon would hang); its
+/// asynchronous delete (Linux 6.9 on) answers at once, and the id stays taken until then.
+/// Where the driver refuses that, the plain one runs on a thread left behind and this waits
+/// up to 10 s for the unlink. Either way `ctrl` no longer deletes on drop (an added device's
+/// handle would, waiting, or delete a device that took the id meanwhile).
+pub(crate) fn delete_device(ctrl: &UblkCtrl) -> Result<(), String> {
+    let id = ctrl.dev_info().dev_id as i32;
+    let Err(e) = ctrl.del_dev_async() else { return Ok(()) };
+    ctrl.disown();
+    if !device_exists(id) {
+        return Ok(());
+    }
+    tracing::debug!("device {id}: asynchronous delete refused ({}); deleting on a thread", ublk_error(&e));
+    std::thread::spawn(move || match UblkCtrl::new_simple(id) {
+        Ok(c) => c.del_dev().map(drop).map_err(|e| ublk_error(&e)),
+        Err(e) => Err(ublk_error(&e)),
+    });
+    for _ in 0..200 {
+        if !device_exists(id) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!("ublk device {id} could not be deleted: {}", ublk_error(&e)))
+}
+
+/// Whether ublk device `id` exists (its char device, or its sysfs entry where no node is made).
+pub(crate) fn device_exists(id: i32) -> bool {
+    Path::new(&format!("/dev/ublkc{id}")).exists() || Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists()
+}
+
 /// How long a queue going down waits for its NVMe commands: past the kernel's NVMe I/O
 /// timeout (30 s), after which the driver aborts or resets and completes them.
 const PASSTHROUGH_DRAIN: Duration = Duration::from_secs(40);
@@ -607,12 +660,11 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             drop(claim);
             drop(alive);
             // Deleted before its state files go (an added one would also go with `ctrl`, a
-            // recovered one not at all): deleting waits while LMCache still holds the device
-            // open, and until then `list`, `down` and the name link still show it.
+            // recovered one not at all), without waiting for users that still hold it open
+            // (their I/O fails; the id stays taken until they close it).
             // A signal from here on must not stop a device that takes this id next.
             DEVICE_ID.store(-1, Ordering::SeqCst);
-            let _ = ctrl.del_dev();
-            state::remove_state(&shared.cfg);
+            finish_device(ctrl, &shared.cfg);
             Ok(())
         }
         Err(e) => {
@@ -626,8 +678,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             // A stop signal during a recovery's start leaves a stopped device that nothing
             // else would delete (an added one goes with `ctrl`).
             if recover && STOP_REQUESTED.load(Ordering::SeqCst) {
-                let _ = ctrl.del_dev();
-                state::remove_state(&shared.cfg);
+                finish_device(ctrl, &shared.cfg);
             }
             let why = shared.queue_failed.lock().unwrap_or_else(|e| e.into_inner()).take();
             Err(fail(match why {
