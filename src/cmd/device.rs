@@ -681,7 +681,10 @@ fn recover_device(a: &IdArgs) -> CmdResult {
     // The driver quiesces the device once it notices the daemon's exit: give it a moment.
     let mut st = sys::UBLK_S_DEV_LIVE;
     for _ in 0..50 {
-        let ctrl = UblkCtrl::new_simple(a.number).map_err(|e| format!("no ublk device {}: {e}; see `fdpblk list`", a.number))?;
+        let ctrl = UblkCtrl::new_simple(a.number).map_err(|e| match target::device_exists(a.number) {
+            true => format!("ublk device {}: {}", a.number, target::ublk_error(&e)),
+            false => format!("no ublk device {}: {}; see `fdpblk list`", a.number, target::ublk_error(&e)),
+        })?;
         st = u32::from(ctrl.dev_info().state);
         if st != sys::UBLK_S_DEV_LIVE {
             break;

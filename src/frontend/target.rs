@@ -49,16 +49,19 @@ struct Shared {
 
 impl Shared {
     /// Writes the device's state file (for `list`, `recover`) with the layout as known now,
-    /// learned or not.
-    fn write_state_file(&self) {
+    /// learned or not; the error says what it costs.
+    fn write_state_file(&self) -> Result<(), String> {
         let _one_writer = self.state_file.lock().unwrap_or_else(|e| e.into_inner());
         let mut c = self.cfg.clone();
         if c.geometry.is_none() {
             c.geometry = self.layout.known().map(|k| k.geometry);
         }
-        if let Err(e) = state::write_state(&c, std::process::id()) {
-            tracing::warn!("cannot write {}: {e}", state::state_path(c.id).display());
-        }
+        state::write_state(&c, std::process::id()).map_err(|e| {
+            format!(
+                "cannot write {}: {e}: without it a daemon that dies cannot be recovered, and `fdpblk add` could start a second device on the backing; free space in /run",
+                state::state_path(c.id).display()
+            )
+        })
     }
 
     /// A queue cannot start: remember why, and tell the device start, which waits until every
@@ -616,7 +619,15 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         move |qid, dev: &UblkDev| queue_main(qid, dev, &q_shared),
         move |_ctrl: &UblkCtrl| {
             let c = &d_shared.cfg;
-            d_shared.write_state_file();
+            // No added device runs without its state file: stopped at once, the add fails. A
+            // recovered one keeps serving the I/O the driver held (its old file stays).
+            let saved = match d_shared.write_state_file() {
+                Err(e) if recover => {
+                    tracing::error!("device {}: {e}", c.id);
+                    Ok(())
+                }
+                r => r,
+            };
             state::record_fdp_baseline(c);
             if let Some(name) = &c.name {
                 if let Err(e) = state::link_name(name, c.id) {
@@ -629,10 +640,17 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             // while it started is seen here (the thread sets the flag before it reads the id).
             DEVICE_ID.store(c.id, Ordering::SeqCst);
             let stopping = STOP_REQUESTED.load(Ordering::SeqCst);
-            if let Some(n) = notify2.lock().ok().and_then(|mut n| n.take()) {
-                n(if stopping { Err(format!("device {}: a stop signal came while it started; stopped", c.id)) } else { Ok(c.id) });
+            if let Err(e) = &saved {
+                tracing::error!("device {}: {e}; stopping it", c.id);
             }
-            if stopping {
+            if let Some(n) = notify2.lock().ok().and_then(|mut n| n.take()) {
+                n(match &saved {
+                    Err(e) => Err(format!("device {}: {e}; stopped", c.id)),
+                    Ok(()) if stopping => Err(format!("device {}: a stop signal came while it started; stopped", c.id)),
+                    Ok(()) => Ok(c.id),
+                });
+            }
+            if stopping || saved.is_err() {
                 tracing::info!("device {}: a stop signal came while it started: stopping it", c.id);
                 let _ = _ctrl.kill_dev();
             }
@@ -803,8 +821,10 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
         c.header_bytes,
         shared.layout.learning_writes.load(Ordering::Relaxed)
     );
-    // `list` and `recover` see the layout from now on.
-    shared.write_state_file();
+    // `list` and `recover` see the layout from now on (else a recovery learns it again).
+    if let Err(e) = shared.write_state_file() {
+        tracing::warn!("{e}");
+    }
     w.run(stop, clean);
 }
 
@@ -905,8 +925,14 @@ fn spawn_signal_thread() {
             continue;
         }
         tracing::info!("signal {sig}: stopping device {id}");
-        if let Ok(ctrl) = UblkCtrl::new_simple(id) {
-            let _ = ctrl.kill_dev();
+        // Tried twice: the control handle needs descriptors, which a daemon at its limit
+        // may free a moment later.
+        let stop = || UblkCtrl::new_simple(id).and_then(|c| c.kill_dev());
+        if let Err(e) = stop().or_else(|_| {
+            std::thread::sleep(Duration::from_millis(200));
+            stop()
+        }) {
+            tracing::error!("signal {sig}: cannot stop device {id}: {}; stop it with `fdpblk del -n {id}`", ublk_error(&e));
         }
     });
 }

@@ -114,6 +114,13 @@ expect "add with the new geometry" quiet fdpblk_add --backing "$NS_DEV" -n 0 "${
 expect "served with meta_total_bytes 2 MiB" bash -c "$FDPBLK list --json | grep -q '\"meta_total_bytes\":2097152'"
 expect "del" "$FDPBLK" del -n 0
 expect "its daemon exits" daemons_gone
+# A state file that cannot be written (here a directory in its place; /run full alike): no
+# device runs without one, since a daemon that dies could then be neither recovered nor
+# kept from a second device on its backing.
+mkdir -p /run/fdpblk/0.json
+refuse "state file not written" "cannot write /run/fdpblk/0.json.*free space in /run" add --backing "$NS_DEV" -n 0
+rmdir /run/fdpblk/0.json
+expect "its daemon exits" daemons_gone
 
 expect "rmmod ublk_drv" rmmod ublk_drv
 refuse "no ublk driver" "modprobe ublk_drv" add --backing "$NS_DEV" "${GEO[@]}"
