@@ -79,6 +79,19 @@ fn replay_json_fields() {
     assert_eq!(code, 0);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["handles"]["0"], 4096 * 2 + 61440);
+    // The same trace on standard input: spooled to a file in TMPDIR, replayed alike, removed.
+    let spool_dir = dir.join("tmp");
+    std::fs::create_dir_all(&spool_dir).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fdpblk"))
+        .args(["replay", "--json", "--policy", "none", "--slot-bytes", "64K", "--meta-total-bytes", "1M", "-"])
+        .env("TMPDIR", &spool_dir)
+        .stdin(std::fs::File::open(&trace).unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let from_stdin: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(from_stdin, v);
+    assert_eq!(std::fs::read_dir(&spool_dir).unwrap().count(), 0, "the spool is removed");
     std::fs::remove_dir_all(dir).ok();
 }
 

@@ -23,7 +23,7 @@ use crate::pipeline::{class_report, HeaderWait, Pipeline, Request, Segment};
 use crate::place::{policy_by_name, POLICY_NAMES};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 
 /// One parsed trace line.
@@ -486,26 +486,49 @@ fn furthest_byte(furthest: &mut u64, t: &TraceRequest) {
 }
 
 /// A trace file is read twice, in bounded memory: once for what it holds and how far it
-/// reaches (which the device's size may come from), once to replay it. Standard input is
-/// read once and held in memory.
-fn scan_trace(a: &ReplayArgs) -> Result<(Option<Vec<TraceRequest>>, TraceInfo, u64), String> {
+/// reaches (which the device's size may come from), once to replay it.
+fn scan_trace(a: &ReplayArgs, trace: &Path) -> Result<(TraceInfo, u64), String> {
     let mut furthest = 0;
-    if a.trace.as_os_str() == "-" {
-        let (trace, info) = read_trace_from(open_trace(&a.trace)?, a.format, a.blk_event, a.blk_device)?;
-        trace.iter().for_each(|t| furthest_byte(&mut furthest, t));
-        return Ok((Some(trace), info, furthest));
-    }
-    let info = visit_trace(open_trace(&a.trace)?, a.format, a.blk_event, a.blk_device, &mut |t| {
+    let info = visit_trace(open_trace(trace)?, a.format, a.blk_event, a.blk_device, &mut |t| {
         furthest_byte(&mut furthest, &t);
         Ok(())
     })?;
-    Ok((None, info, furthest))
+    Ok((info, furthest))
 }
 
-/// Replays the trace file again from its start, read on a thread as the pipeline goes.
-fn replay_file(a: &ReplayArgs, scanned: &TraceInfo, geometry: Geometry, size: u64, ssd: Option<crate::sim::dev::TraceSsd>) -> Result<ReplayReport, String> {
-    let (tx, rx) = std::sync::mpsc::sync_channel(1 << 12);
-    let (path, format, event, device) = (a.trace.clone(), a.format, a.blk_event, a.blk_device);
+/// Standard input copied to a file (removed on drop), so that it too is read twice in bounded
+/// memory rather than held: a long trace piped from blkparse would not fit.
+struct SpooledTrace(std::path::PathBuf);
+
+impl SpooledTrace {
+    fn from(mut input: impl Read) -> Result<SpooledTrace, String> {
+        let dir = std::env::temp_dir();
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let path = dir.join(format!("fdpblk-replay-{}-{nanos}.trace", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| format!("cannot spool standard input to {} ({e}); set TMPDIR to a writable directory, or give the trace as a file", path.display()))?;
+        let spool = SpooledTrace(path);
+        std::io::copy(&mut input, &mut f)
+            .and_then(|_| f.flush())
+            .map_err(|e| format!("cannot spool standard input to {} ({e}); free space there (TMPDIR), or give the trace as a file", spool.0.display()))?;
+        Ok(spool)
+    }
+}
+
+impl Drop for SpooledTrace {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Replays the trace file again from its start, read on a thread as the pipeline goes (a
+/// short queue: a JSON-lines request carries up to 512 KiB of data).
+fn replay_file(a: &ReplayArgs, trace: &Path, scanned: &TraceInfo, geometry: Geometry, size: u64, ssd: Option<crate::sim::dev::TraceSsd>) -> Result<ReplayReport, String> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(256);
+    let (path, format, event, device) = (trace.to_path_buf(), a.format, a.blk_event, a.blk_device);
     let reader = std::thread::spawn(move || {
         visit_trace(open_trace(&path)?, format, event, device, &mut |t| tx.send(t).map_err(|_| "replay stopped".to_string()))
     });
@@ -514,7 +537,7 @@ fn replay_file(a: &ReplayArgs, scanned: &TraceInfo, geometry: Geometry, size: u6
     if again != *scanned {
         return Err(format!(
             "trace {} changed while replay read it (it is read twice: for its extent, then to replay it); replay a trace that is complete",
-            a.trace.display()
+            trace.display()
         ));
     }
     Ok(report)
@@ -525,7 +548,9 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
     if policy_by_name(&a.policy).is_none() {
         return Err(format!("unknown --policy {}; choose one of {}", a.policy, POLICY_NAMES.join(", ")).into());
     }
-    let (held, info, furthest) = scan_trace(a)?;
+    let spool = if a.trace.as_os_str() == "-" { Some(SpooledTrace::from(std::io::stdin().lock())?) } else { None };
+    let trace = spool.as_ref().map_or(a.trace.as_path(), |s| s.0.as_path());
+    let (info, furthest) = scan_trace(a, trace)?;
     let flags = a.geometry.flags();
     let (geometry, size) = match &a.device {
         Some(path) => {
@@ -592,10 +617,7 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
     } else {
         None
     };
-    let report = match held {
-        Some(trace) => replay_into(geometry, &a.policy, size, trace, ssd)?,
-        None => replay_file(a, &info, geometry, size, ssd)?,
-    };
+    let report = replay_file(a, trace, &info, geometry, size, ssd)?;
     let note = (!info.carries_data && report.pipeline.op(Op::Write).requests > 0).then(|| no_data_note(report.policy));
     if a.json {
         let mut v = report.to_json();
@@ -838,7 +860,7 @@ mod tests {
     }
 
     /// A trace file is replayed as it is read, and gives what the trace held in memory gives;
-    /// standard input is held in memory.
+    /// standard input goes through a spooled file the same way.
     #[test]
     fn a_trace_file_replays_as_it_is_read_like_one_in_memory() {
         use clap::Parser;
@@ -855,21 +877,29 @@ mod tests {
             _ => unreachable!(),
         };
         let a = args(tmp.to_str().unwrap());
-        let (held, info, furthest) = scan_trace(&a).unwrap();
-        assert!(held.is_none(), "a file is not held");
+        let (info, furthest) = scan_trace(&a, &a.trace).unwrap();
         assert_eq!(info.lines, lines.len());
         let (trace, in_memory_info) = read_trace_from(lines.join("\n").as_bytes(), TraceFormat::Auto, a.blk_event, None).unwrap();
         assert_eq!(info, in_memory_info);
         assert_eq!(furthest, trace.iter().filter(|t| t.op != Op::Flush).map(|t| t.offset + t.len).max().unwrap());
         let g = discover(&std::fs::read(&img).unwrap(), &GeometryFlags::default()).unwrap().geometry;
         let size = std::fs::metadata(&img).unwrap().len();
-        let streamed = replay_file(&a, &info, g, size, None).unwrap();
+        let streamed = replay_file(&a, &a.trace, &info, g, size, None).unwrap();
         let held = replay(g, "key-aware", size, trace).unwrap();
         assert!(streamed.requests > 0);
         assert_eq!(streamed.to_json(), held.to_json());
         // Read again, the file must be what the first pass read.
         let shorter = TraceInfo { lines: info.lines - 1, ..info.clone() };
-        assert!(replay_file(&a, &shorter, g, size, None).unwrap_err().contains("changed while replay read it"));
+        assert!(replay_file(&a, &a.trace, &shorter, g, size, None).unwrap_err().contains("changed while replay read it"));
+        // Standard input, spooled: the same requests, and the spool goes with its guard.
+        let spool = SpooledTrace::from(lines.join("\n").as_bytes()).unwrap();
+        let (spooled_info, _) = scan_trace(&a, &spool.0).unwrap();
+        assert_eq!(spooled_info, info);
+        let from_spool = replay_file(&a, &spool.0, &spooled_info, g, size, None).unwrap();
+        assert_eq!(from_spool.to_json(), held.to_json());
+        let spooled = spool.0.clone();
+        drop(spool);
+        assert!(!spooled.exists(), "the spool is removed");
         std::fs::remove_file(&tmp).unwrap();
     }
 
