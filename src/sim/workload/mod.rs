@@ -258,6 +258,9 @@ enum LmOpOwned {
     Tick { now_s: f64 },
 }
 
+/// The most documents of all tenants together (popularity tables of 8 bytes each: 1 GiB).
+const MAX_DOCS: u64 = 1 << 27;
+
 impl Workload {
     /// LMCache on a device of `device_bytes`, allowed `capacity_bytes` of it (0 = all).
     /// `fdp`: emulate LMCache's built-in FDP mode (placement ids, pid_affinity reuse).
@@ -273,6 +276,18 @@ impl Workload {
         if slots_n >= u64::from(NONE) {
             return err("too many slots for the model (2^32)");
         }
+        // Each tenant's documents get a popularity table (8 bytes each): bounded before any
+        // is built, so that a large universe over small slots is an error, not an abort.
+        let docs_of = |t: &spec::TenantSpec| -> f64 {
+            let mean_doc = f64::from(t.doc_chunks_min + t.doc_chunks_max) / 2.0;
+            if t.doc_chunks_max == 0 { 1.0 } else { ((t.universe * slots_n as f64) / mean_doc.max(1.0)).ceil().max(1.0) }
+        };
+        let all_docs: f64 = spec.tenants.iter().map(docs_of).sum();
+        if all_docs > MAX_DOCS as f64 {
+            return err(format!(
+                "the tenants' \"universe\" makes {all_docs:.0} documents over {slots_n} slots, more than the {MAX_DOCS} the model holds in memory; lower \"universe\", raise \"doc_chunks\" or \"slot_bytes\", or simulate a smaller device (--device-size)"
+            ));
+        }
         let total_share: f64 = spec.tenants.iter().map(|t| t.share).sum();
         let mut acc = 0.0;
         let tenant_cdf = spec
@@ -285,12 +300,7 @@ impl Workload {
             .collect();
         let mut tenants = Vec::new();
         for (i, t) in spec.tenants.iter().enumerate() {
-            let mean_doc = f64::from(t.doc_chunks_min + t.doc_chunks_max) / 2.0;
-            let docs = if t.doc_chunks_max == 0 {
-                1
-            } else {
-                ((t.universe * slots_n as f64) / mean_doc.max(1.0)).ceil().max(1.0) as u64
-            };
+            let docs = docs_of(t) as u64;
             let tseed = mix64(seed ^ mix64(i as u64 + 1));
             let pop = Popularity::new(docs, t.zipf);
             let mut prompt_mass = vec![0.0; t.system_prompts.max(1) as usize];

@@ -179,6 +179,7 @@ fn check_keys(v: &Value, what: &str, allowed: &[&str]) -> Result<(), String> {
 const MAX_UNIVERSE: f64 = 100.0;
 const MAX_PROMPTS: u32 = 1_000_000;
 const MAX_REQUEST_CHUNKS: u32 = 65_536;
+pub(super) const MAX_TENANTS: usize = 4096;
 
 impl WorkloadSpec {
     pub fn from_json_str(text: &str) -> Result<WorkloadSpec, String> {
@@ -278,6 +279,9 @@ impl WorkloadSpec {
         let tenants_v = v.get("tenants").and_then(Value::as_array).ok_or("\"tenants\" must be a non-empty list")?;
         if tenants_v.is_empty() {
             return err("\"tenants\" must be a non-empty list");
+        }
+        if tenants_v.len() > MAX_TENANTS {
+            return err(format!("\"tenants\" lists {} tenants; the model takes at most {MAX_TENANTS}", tenants_v.len()));
         }
         let mut tenants = Vec::new();
         for (i, t) in tenants_v.iter().enumerate() {
@@ -418,7 +422,12 @@ impl WorkloadSpec {
             capacity_bytes,
         }
         .validate(device_bytes)
-        .map_err(|e| e.to_string())
+        .map_err(|e| {
+            // The rule's text names `add`'s flags: here the values come from the workload file.
+            ["block_align", "header_bytes", "slot_bytes", "meta_total_bytes"]
+                .iter()
+                .fold(e.to_string(), |s, f| s.replace(&format!("--{}", f.replace('_', "-")), &format!("the workload's \"{f}\"")))
+        })
     }
 
     /// Bytes of one checkpoint JSON entry of tenant `t` (`"key":{...},`), for a slot at `offset`

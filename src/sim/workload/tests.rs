@@ -27,6 +27,22 @@ fn drive(mut w: Workload, n: usize) -> (Vec<String>, Workload) {
     (ops, w)
 }
 
+/// A workload whose tables would not fit in memory is an error naming the fields to change,
+/// before anything is allocated; so are too many tenants and a layout LMCache refuses.
+#[test]
+fn a_workload_too_large_for_memory_is_refused_naming_the_fix() {
+    // 8 KiB slots on 1.88 TB: 229 million slots, a universe of 100 single-chunk documents each.
+    let huge = spec(r#"{"slot_bytes": "8K", "meta_total_bytes": "4M", "tenants": [{"universe": 100, "doc_chunks": [1, 1]}]}"#);
+    let e = Workload::new(huge, 1_880_000_000_000, 0, 1, None).err().expect("refused");
+    assert!(e.contains("\"universe\"") && e.contains("--device-size"), "{e}");
+    let tenants = vec![r#"{"universe": 1}"#; spec::MAX_TENANTS + 1].join(",");
+    let e = WorkloadSpec::from_json_str(&format!(r#"{{"slot_bytes": "1M", "meta_total_bytes": "4M", "tenants": [{tenants}]}}"#)).unwrap_err();
+    assert!(e.contains("at most 4096"), "{e}");
+    let odd = spec(r#"{"slot_bytes": "1M", "meta_total_bytes": "4M", "header_bytes": "6K", "tenants": [{"universe": 1}]}"#);
+    let e = odd.geometry(64 << 20, 0).unwrap_err();
+    assert!(e.contains("the workload's \"header_bytes\"") && !e.contains("--header-bytes"), "{e}");
+}
+
 #[test]
 fn shipped_workloads_parse() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/workloads");
