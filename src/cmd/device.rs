@@ -78,10 +78,13 @@ fn with_erase_hint(e: DiscoverError, backing: &Path, is_bdev: bool, is_chardev: 
         let then = if flag.is_some() { "then add again" } else { "if the other one is LMCache's layout; then add again" };
         return format!("{e}. Erase the old copy's header (the current checkpoint stays) {then}: {erase}");
     }
-    let (DiscoverError::Conflict { meta_bytes, .. } | DiscoverError::CheckpointTooBig { meta_bytes, .. }) = e else { return e.to_string() };
+    let (DiscoverError::Conflict { meta_bytes, .. } | DiscoverError::CheckpointTooBig { meta_bytes, .. } | DiscoverError::ImpossibleCheckpoint { meta_bytes, .. }) = e else {
+        return e.to_string();
+    };
     let erase = erase_checkpoint_command(meta_bytes, backing, is_bdev, is_chardev);
     let change = match e {
         DiscoverError::Conflict { .. } => "changed to the new value",
+        DiscoverError::ImpossibleCheckpoint { .. } => "is as you give it with the flags",
         _ => "changed for this device",
     };
     format!("{e}. If LMCache's configuration {change} (LMCache then starts with an empty cache), erase its old checkpoint first: {erase}")

@@ -48,6 +48,10 @@ pub enum DiscoverError {
     /// LMCache's checkpoint on the device lays out more than the device holds.
     CheckpointTooBig { meta_bytes: u64, slot_bytes: u64, capacity: u64 },
     Geometry(GeometryError),
+    /// The checkpoint's own values (with any flags that agree) break a rule LMCache itself
+    /// enforces: a damaged or hand-made checkpoint, which a flag cannot override (it would
+    /// conflict), so the way out is to erase it.
+    ImpossibleCheckpoint { error: GeometryError, meta_bytes: u64 },
     /// LMCache's newest checkpoint is valid JSON beyond the parser's bounds.
     Unparsable(JsonError),
     /// The two valid copies hold different layouts: LMCache restarted with a new one (starting
@@ -75,6 +79,10 @@ impl fmt::Display for DiscoverError {
                 "the LMCache checkpoint on the device lays out {meta_bytes} bytes of metadata and {slot_bytes}-byte slots, no slot of which fits in the device's {capacity} bytes; give the whole device LMCache wrote (is this a truncated image?)"
             ),
             Self::Geometry(e) => e.fmt(f),
+            Self::ImpossibleCheckpoint { error, .. } => write!(
+                f,
+                "the LMCache checkpoint on the device lists a layout LMCache itself refuses ({error}): it is damaged or not LMCache's"
+            ),
             Self::TwoLayouts { field, flag: Some(flag), stale_value, stale, stale_seq, current_seq, .. } => write!(
                 f,
                 "--{} {flag} matches LMCache's checkpoint seq {current_seq}, but the other container (copy {stale}) still holds an older layout's checkpoint with a higher seq ({stale_seq}, {field} {stale_value}), which LMCache's loader would take first and discard: LMCache was restarted with a new layout and has not overwritten it yet",
@@ -143,8 +151,18 @@ pub fn discover<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags) -> Result<Di
     };
     // capacity_bytes is not part of LMCache's mismatch check; an explicit flag wins.
     let capacity_bytes = flags.capacity_bytes.or(m.capacity_bytes).unwrap_or(0);
-    let geometry =
-        GeometryConfig { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes }.validate(size)?;
+    let geometry = GeometryConfig { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes }.validate(size).map_err(|error| {
+        // A rule broken by the checkpoint's own values (a too-small device aside, which a
+        // truncated image explains): no flag fixes that, since a flag would conflict.
+        let from_checkpoint = [(flags.block_align, m.block_align), (flags.header_bytes, m.header_bytes), (flags.slot_bytes, m.slot_bytes), (flags.meta_total_bytes, m.meta_total_bytes)]
+            .iter()
+            .any(|(flag, ck)| flag.is_none() && ck.is_some());
+        match error {
+            GeometryError::DeviceTooSmall { .. } | GeometryError::TooManySlots { .. } => DiscoverError::Geometry(error),
+            _ if from_checkpoint => DiscoverError::ImpossibleCheckpoint { error, meta_bytes },
+            _ => DiscoverError::Geometry(error),
+        }
+    })?;
     let any_flag = flags.block_align.is_some()
         || flags.header_bytes.is_some()
         || flags.slot_bytes.is_some()
@@ -339,6 +357,11 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
             Err(GeometryError::DeviceTooSmall { meta_total_bytes, capacity, slot_bytes }) if get("block_align") == Some(a) => {
                 return Err(DiscoverError::CheckpointTooBig { meta_bytes: meta_total_bytes, slot_bytes, capacity })
             }
+            // Its own values break a rule LMCache enforces: damaged, said so (flags would
+            // only conflict with it).
+            Err(error) if get("block_align") == Some(a) && !matches!(error, GeometryError::TooManySlots { .. }) => {
+                return Err(DiscoverError::ImpossibleCheckpoint { error, meta_bytes: meta_total_bytes.min(size) })
+            }
             Err(_) => {}
         }
     }
@@ -407,6 +430,32 @@ mod tests {
         erased[..1 << 20].fill(0);
         assert_eq!(discover(&erased, &bigger).unwrap().source, GeometrySource::Flags);
         assert_eq!(discover(&erased, &bad).unwrap_err().to_string(), DiscoverError::NoCheckpoint { missing: "--meta-total-bytes" }.to_string());
+    }
+
+    /// A checkpoint with a valid CRC whose own values break LMCache's rules (header_bytes not
+    /// a multiple of block_align): said so, not blamed on a flag that would then conflict.
+    #[test]
+    fn a_checkpoint_with_an_impossible_layout_is_named_as_such() {
+        let (mut img, _) = fixture("object-evict");
+        let size = img.len() as u64;
+        for at in [0usize, 524288] {
+            let h = CheckpointHeader::parse(&img[at..at + 32], size).unwrap();
+            let range = at + 4096..at + 4096 + h.payload_len as usize;
+            let json = String::from_utf8(img[range.clone()].to_vec()).unwrap();
+            assert!(json.contains(r#""header_bytes":4096"#));
+            let json = json.replace(r#""header_bytes":4096"#, r#""header_bytes":1000"#);
+            img[range].copy_from_slice(json.as_bytes());
+            img[at + 28..at + 32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
+        }
+        let layout = GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(1 << 20), ..Default::default() };
+        for flags in [GeometryFlags::default(), layout] {
+            let e = discover(&img, &flags).unwrap_err();
+            assert!(matches!(e, DiscoverError::ImpossibleCheckpoint { meta_bytes: 1048576, .. }), "{e}");
+            assert!(e.to_string().contains("header_bytes 1000") && e.to_string().contains("damaged"), "{e}");
+        }
+        // The flag for it conflicts, as before: the erase (named by `add`) is the way out.
+        let fixed = GeometryFlags { header_bytes: Some(4096), ..layout };
+        assert!(matches!(discover(&img, &fixed).unwrap_err(), DiscoverError::Conflict { field: "header_bytes", .. }));
     }
 
     /// object-evict restarted with 32 KiB slots: LMCache wrote seq 1 into copy 0 and copy 1
