@@ -810,6 +810,13 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<se
     if 2 * BLOCK + 2 * max_slots.div_ceil(RECORDS_PER_PAGE) * BLOCK > region.len {
         return None;
     }
+    // Nor past the slots of its own size the device holds: the table then takes memory in
+    // proportion to the device, as the daemon's own does.
+    let exported = crate::frontend::config::exported_bytes(size, 512)?;
+    let cfg = crate::layout::GeometryConfig { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0 };
+    if !cfg.validate(exported).is_ok_and(|v| v.max_slots >= max_slots) {
+        return None;
+    }
     let g = Geometry { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0, container_bytes: meta_total_bytes / 2, max_slots };
     let slots = SlotTable::new(max_slots);
     let (_, loaded) = Persist::load(&ro, region, &g, &slots, 0);

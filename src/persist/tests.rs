@@ -367,6 +367,17 @@ fn summary_reads_the_state_at_the_tail_of_an_image() {
     }
     assert!(rewritten > 0);
     assert!(summary(&img, size).is_none());
+    // Nor one whose slots, at its own slot size, would not fit in the device: the region
+    // could hold their records, the device not the slots.
+    for copy in 0..2 {
+        let b = &mut img[sb_at + copy * 4096..sb_at + (copy + 1) * 4096];
+        if let Some(mut sb) = Superblock::decode(b) {
+            sb.geometry[4] = 150_000;
+            sb.encode(b);
+        }
+    }
+    assert!(2 * 4096 + 2 * 150_000u64.div_ceil(RECORDS_PER_PAGE) * 4096 <= region.len, "the region alone would take it");
+    assert!(summary(&img, size).is_none());
 }
 
 /// A cycle that wrote the tag pages and died before its superblock leaves them forced for the
