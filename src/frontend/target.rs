@@ -660,6 +660,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // the state as clean. Not after a failed start: libublk returns without joining the
     // queue threads, and a recovery's may be serving re-issued writes that a clean state
     // saved now would miss (the next run would trust it).
+    FINISHING.store(true, Ordering::SeqCst);
     clean_stop.store(res.is_ok(), Ordering::SeqCst);
     watch_stop.store(true, Ordering::Relaxed);
     if let Some(k) = shared.layout.known() {
@@ -878,6 +879,8 @@ fn stats_loop(shared: &Shared, stop: &AtomicBool) {
 
 /// A stop signal came: the device is stopped as soon as it has started, if it had not yet.
 static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
+/// The queues are done: the daemon saves its state, deletes its device and exits.
+static FINISHING: AtomicBool = AtomicBool::new(false);
 /// The device the signal thread stops: -1 until it has started (or been taken over).
 static DEVICE_ID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
@@ -917,6 +920,10 @@ fn spawn_signal_thread() {
         }
         // The flag first, then the id: either the start sees the flag or this sees the id.
         STOP_REQUESTED.store(true, Ordering::SeqCst);
+        if FINISHING.load(Ordering::SeqCst) {
+            tracing::info!("signal {sig}: the device is stopped already; saving the state, then exiting");
+            continue;
+        }
         let id = DEVICE_ID.load(Ordering::SeqCst);
         if id < 0 {
             // Not started yet: the start stops it (a held device is not stopped under the
