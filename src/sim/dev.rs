@@ -341,26 +341,18 @@ pub struct TraceSsd {
     window_start: Option<SsdCounters>,
 }
 
-/// The model maps each logical and physical unit in 4 bytes: a drive whose map would take more
-/// than half of `ram` (a size taken from a trace's furthest byte, which one stray line can set)
-/// is refused before the allocation could exhaust memory.
-fn model_fits(size: u64, physical: u64, unit: u64, ram: Option<u64>) -> Result<(), String> {
-    let need = size.div_ceil(unit).saturating_add(physical.div_ceil(unit)).saturating_mul(4);
-    match ram {
-        Some(ram) if need > ram / 2 => Err(format!(
-            "modelling a {size}-byte drive in {unit}-byte units takes about {} MiB, more than half of this machine's {} MiB: give --device-size (the traced drive's size) or replay on a machine with more memory",
-            need >> 20,
-            ram >> 20
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// This machine's memory in bytes, where the system says.
-fn physical_memory() -> Option<u64> {
-    // SAFETY: sysconf reads a system value.
-    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
-    (pages > 0 && page > 0).then(|| (pages as u64).saturating_mul(page as u64))
+/// The model maps each logical and physical unit in 4 bytes and keeps about 40 bytes per RU:
+/// a drive whose tables would pass `budget` (a size taken from a trace's furthest byte, which
+/// one stray line can set) is refused before the allocation could exhaust memory.
+fn model_fits(size: u64, physical: u64, unit: u64, ru: u64, budget: Option<u64>) -> Result<(), String> {
+    let units = size.div_ceil(unit).saturating_add(physical.div_ceil(unit));
+    let need = units.saturating_mul(4).saturating_add(physical.div_ceil(ru.max(1)).saturating_mul(40));
+    super::memory::check(
+        &format!("modelling a {size}-byte drive in {unit}-byte units"),
+        need,
+        budget,
+        "give --device-size (the traced drive's size) or a larger --ssd-ru-size, or replay on a machine with more memory",
+    )
 }
 
 impl TraceSsd {
@@ -375,7 +367,7 @@ impl TraceSsd {
         let ru = ru_bytes.unwrap_or((size as f64 * super::run::RU_PER_DEVICE) as u64);
         let ru = (ru / unit).max(1) * unit;
         let physical = super::SsdConfig::physical_for_op(size, op);
-        model_fits(size, physical, unit, physical_memory())?;
+        model_fits(size, physical, unit, ru, super::memory::budget())?;
         let cfg = super::SsdConfig::new(size, physical, unit, ru, handles.max(8), super::HandleType::InitiallyIsolated);
         let ssd = Ssd::new(cfg).map_err(|e| format!("{e} (for a replay: --ssd-op, --ssd-ru-size, or --device-size for the traced drive's size)"))?;
         Ok(TraceSsd { ssd, combiner: WriteCombiner::default(), warmup_bytes: 0, window_start: Some(SsdCounters::default()) })
@@ -440,12 +432,14 @@ mod tests {
     #[test]
     fn a_drive_whose_map_would_not_fit_in_memory_is_refused_naming_device_size() {
         const GIB: u64 = 1 << 30;
-        // 2 TB in 4 KiB units: about 2 GiB of map for each side, 4 GiB in all.
-        let e = model_fits(2_000_000_000_000, 2_150_000_000_000, 4096, Some(4 * GIB)).unwrap_err();
-        assert!(e.contains("--device-size") && e.contains("3864 MiB"), "{e}");
-        assert!(model_fits(2_000_000_000_000, 2_150_000_000_000, 4096, Some(16 * GIB)).is_ok());
-        assert!(model_fits(u64::MAX, u64::MAX, 4096, Some(64 * GIB)).is_err(), "no overflow");
-        assert!(model_fits(GIB, GIB, 4096, None).is_ok(), "unknown memory: not refused");
+        // 2 TB in 4 KiB units and 6 GB RUs: about 2 GiB of map for each side, 4 GiB in all.
+        let e = model_fits(2_000_000_000_000, 2_150_000_000_000, 4096, 6 << 30, Some(2 * GIB)).unwrap_err();
+        assert!(e.contains("--device-size") && e.contains("3865 MiB"), "{e}");
+        assert!(model_fits(2_000_000_000_000, 2_150_000_000_000, 4096, 6 << 30, Some(8 * GIB)).is_ok());
+        // One-unit RUs: their tables count too.
+        assert!(model_fits(2_000_000_000_000, 2_150_000_000_000, 4096, 4096, Some(8 * GIB)).is_err());
+        assert!(model_fits(u64::MAX, u64::MAX, 4096, 4096, Some(64 * GIB)).is_err(), "no overflow");
+        assert!(model_fits(GIB, GIB, 4096, 4096, None).is_ok(), "unknown memory: not refused");
     }
 
     #[test]

@@ -25,6 +25,7 @@
 
 pub mod analytic;
 pub mod dev;
+mod memory;
 pub mod plot;
 pub mod run;
 pub mod ssd;

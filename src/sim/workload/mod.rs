@@ -261,6 +261,18 @@ enum LmOpOwned {
 /// The most documents of all tenants together (popularity tables of 8 bytes each: 1 GiB).
 const MAX_DOCS: u64 = 1 << 27;
 
+/// The workload model's tables: about 128 bytes per slot (its record, the two containers'
+/// listings, the index) and 8 per document, against `budget`.
+fn workload_fits(slots: u64, docs: u64, budget: Option<u64>) -> Result<(), String> {
+    let need = slots.saturating_mul(128).saturating_add(docs.saturating_mul(8));
+    crate::sim::memory::check(
+        &format!("the workload model of {slots} slots"),
+        need,
+        budget,
+        "raise \"slot_bytes\" or simulate a smaller device (--device-size)",
+    )
+}
+
 impl Workload {
     /// LMCache on a device of `device_bytes`, allowed `capacity_bytes` of it (0 = all).
     /// `fdp`: emulate LMCache's built-in FDP mode (placement ids, pid_affinity reuse).
@@ -288,6 +300,7 @@ impl Workload {
                 "the tenants' \"universe\" makes {all_docs:.0} documents over {slots_n} slots, more than the {MAX_DOCS} the model holds in memory; lower \"universe\", raise \"doc_chunks\" or \"slot_bytes\", or simulate a smaller device (--device-size)"
             ));
         }
+        workload_fits(slots_n, all_docs as u64, crate::sim::memory::budget())?;
         let total_share: f64 = spec.tenants.iter().map(|t| t.share).sum();
         let mut acc = 0.0;
         let tenant_cdf = spec

@@ -38,6 +38,10 @@ fn a_workload_too_large_for_memory_is_refused_naming_the_fix() {
     let tenants = vec![r#"{"universe": 1}"#; spec::MAX_TENANTS + 1].join(",");
     let e = WorkloadSpec::from_json_str(&format!(r#"{{"slot_bytes": "1M", "meta_total_bytes": "4M", "tenants": [{tenants}]}}"#)).unwrap_err();
     assert!(e.contains("at most 4096"), "{e}");
+    // Its slot tables alone: 229 million 8 KiB slots take about 28 GiB.
+    let e = workload_fits(229_000_000, 1, Some(16 << 30)).unwrap_err();
+    assert!(e.contains("\"slot_bytes\"") && e.contains("--device-size"), "{e}");
+    assert!(workload_fits(229_000_000, 1, Some(64 << 30)).is_ok());
     let odd = spec(r#"{"slot_bytes": "1M", "meta_total_bytes": "4M", "header_bytes": "6K", "tenants": [{"universe": 1}]}"#);
     let e = odd.geometry(64 << 20, 0).unwrap_err();
     assert!(e.contains("the workload's \"header_bytes\"") && !e.contains("--header-bytes"), "{e}");
