@@ -509,6 +509,16 @@ fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, Stri
                 libc::setsid();
                 libc::unshare(libc::CLONE_NEWNS);
             }
+            // Descriptors the caller left open (a shell's) would stay open as long as the
+            // daemon runs: one on a ublk device would keep its id taken after its deletion.
+            let inherited: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+                .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).filter(|&fd: &i32| fd > 2 && fd != fds[1]).collect())
+                .unwrap_or_default();
+            for fd in inherited {
+                // SAFETY: closes a descriptor nothing in this process uses (the directory's
+                // own is closed already: EBADF, ignored).
+                unsafe { libc::close(fd) };
+            }
             let _ = std::env::set_current_dir("/");
             super::daemon_log::redirect(Path::new(state::RUN_DIR));
             use std::os::fd::FromRawFd;
@@ -670,6 +680,16 @@ pub fn recover(a: &IdArgs) -> CmdResult {
 fn recover_device(a: &IdArgs) -> CmdResult {
     need_ublk_driver()?;
     let (cfg, pid) = state::read_state(a.number)?;
+    if policy_by_name(&cfg.policy).is_none() {
+        return Err(format!(
+            "device {} was created with placement policy {:?}, which this version of fdpblk lacks ({}): recover it with the version that created it, or `fdpblk del -n {}` (its held I/O fails) and add it again",
+            a.number,
+            cfg.policy,
+            POLICY_NAMES.join(", "),
+            a.number
+        )
+        .into());
+    }
     raise_fd_limit(cfg.queues);
     // A killed daemon may still be tearing down its rings for a moment.
     for _ in 0..50 {
@@ -792,12 +812,14 @@ fn del_one(id: i32) -> Result<(), String> {
         );
     }
     let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {}", target::ublk_error(&e)))?;
-    // The daemon serving it: the state file's, or (with `/run` cleared) the device's own
-    // fdpblk server.
-    let daemon = match &read {
-        Ok((_, pid)) => Some(*pid).filter(state::Daemon::alive),
-        Err(_) => ublk_server(id).filter(|(_, comm)| comm.starts_with("fdpblk")).map(|(pid, _)| state::Daemon { pid: pid as u32, start: state::start_time(pid as u32) }),
-    };
+    // The daemon serving it: the state file's, else an fdpblk process holding its char
+    // device (`/run` cleared, or a recovery that has not yet written its state file).
+    let daemon = read.as_ref().ok().map(|(_, d)| *d).filter(state::Daemon::alive).or_else(|| {
+        state::openers(Path::new(&format!("/dev/ublkc{id}")))
+            .into_iter()
+            .find(|(_, comm)| comm.starts_with("fdpblk"))
+            .map(|(pid, _)| state::Daemon { pid, start: state::start_time(pid) })
+    });
     // Stopping makes the daemon drain its queues, delete the device and exit.
     let _ = ctrl.kill_dev();
     if let Some(pid) = daemon {
@@ -822,26 +844,19 @@ fn del_one(id: i32) -> Result<(), String> {
     if !wait_for(10, || !target::device_exists(id)) {
         return Err(format!("ublk device {id} did not go away; is its daemon stuck? (kill it, then `fdpblk del -n {id}`)"));
     }
-    match &read {
-        Ok((c, _)) => state::remove_state(c),
-        Err(_) => state::remove_state_files(id),
+    // The state file goes unless it is another device's by now (the id, free once the device
+    // went, may have been taken by an add since).
+    match (&read, state::read_state(id)) {
+        (Ok((_, before)), Ok((c, now))) if now == *before => state::remove_state(&c),
+        (Err(_), Err(_)) => state::remove_state_files(id),
+        _ => {}
     }
     Ok(())
 }
 
-/// The processes that hold `dev` open: "name (pid N)" each.
+/// The processes that hold `dev` open, but `skip`: "name (pid N)" each.
 fn holders(dev: &Path, skip: Option<u32>) -> Vec<String> {
-    let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
-    let mut out = Vec::new();
-    for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).filter(|&p| p != std::process::id() && Some(p) != skip) else { continue };
-        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
-        if fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == dev)) {
-            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
-            out.push(format!("{} (pid {pid})", comm.trim()));
-        }
-    }
-    out
+    state::openers(dev).into_iter().filter(|&(pid, _)| Some(pid) != skip).map(|(pid, comm)| format!("{comm} (pid {pid})")).collect()
 }
 
 /// The driver's state of device `id` (one word) and what an operator can do about it.

@@ -24,6 +24,7 @@ use crate::place::{policy_by_name, POLICY_NAMES};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// One parsed trace line.
@@ -505,9 +506,11 @@ impl SpooledTrace {
         let dir = std::env::temp_dir();
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
         let path = dir.join(format!("fdpblk-replay-{}-{nanos}.trace", std::process::id()));
+        // Only this user may read it: a trace carries the cache's data.
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(&path)
             .map_err(|e| format!("cannot spool standard input to {} ({e}); set TMPDIR to a writable directory, or give the trace as a file", path.display()))?;
         let spool = SpooledTrace(path);

@@ -148,12 +148,9 @@ impl DeviceConfig {
             name: v.get("name").and_then(Value::as_str).map(String::from),
             backing: PathBuf::from(v.get("backing").and_then(Value::as_str).ok_or("device config lacks \"backing\"")?),
             engine: v.get("engine").and_then(Value::as_str).and_then(EngineKind::parse).ok_or("bad \"engine\"")?,
-            policy: v
-                .get("policy")
-                .and_then(Value::as_str)
-                .filter(|p| crate::place::POLICY_NAMES.contains(p))
-                .ok_or_else(|| format!("bad \"policy\" (one of {})", crate::place::POLICY_NAMES.join(", ")))?
-                .to_string(),
+            // Not checked against this version's policies here: `list`, `up` and the check for
+            // a backing in use must still see the device (`recover` refuses it, naming why).
+            policy: v.get("policy").and_then(Value::as_str).ok_or("device config lacks \"policy\"")?.to_string(),
             // The ranges `add` allows: a state file edited by hand (or by another version) is
             // refused here rather than run with wrapped values.
             queues: within(u("queues")?, "queues", 1, 32)? as u16,
@@ -257,12 +254,11 @@ mod tests {
             let e = DeviceConfig::from_json(&v).unwrap_err();
             assert!(e.contains(key) && e.contains(&bad.to_string()), "{e}");
         }
-        // A policy this version does not have (another version's state file): refused here,
-        // not when `recover` builds it.
+        // A policy this version does not have (another version's state file) still reads:
+        // the device stays visible to `list`, `up` and the backing-in-use check.
         let mut v = p.to_json();
         v["policy"] = json!("tenant-aware");
-        let e = DeviceConfig::from_json(&v).unwrap_err();
-        assert!(e.contains("policy") && e.contains("key-aware"), "{e}");
+        assert_eq!(DeviceConfig::from_json(&v).unwrap().policy, "tenant-aware");
         // A device still learning its layout.
         let l = DeviceConfig { geometry: None, layout_flags: GeometryFlags::default(), ..c.clone() };
         assert_eq!(DeviceConfig::from_json(&l.to_json()).unwrap(), l);

@@ -192,6 +192,28 @@ pub fn start_time(pid: u32) -> Option<u64> {
     stat.rsplit_once(')')?.1.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
+/// The processes other than this one that hold `path` open, with their names.
+pub fn openers(path: &Path) -> Vec<(u32, String)> {
+    openers_where(|t| t == path)
+}
+
+/// The processes other than this one with a descriptor whose link (`/proc/PID/fd/N`) passes
+/// `is_it`. A deleted node's reads "PATH (deleted)"; seen from another mount namespace (the
+/// daemon's own), a path outside it reads from its mount's root ("/ublkb0 (deleted)").
+pub fn openers_where(is_it: impl Fn(&Path) -> bool) -> Vec<(u32, String)> {
+    let Ok(procs) = fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).filter(|&p| p != std::process::id()) else { continue };
+        let Ok(fds) = fs::read_dir(p.path().join("fd")) else { continue };
+        if fds.flatten().any(|fd| fs::read_link(fd.path()).is_ok_and(|t| is_it(&t))) {
+            let comm = fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            out.push((pid, comm.trim().to_string()));
+        }
+    }
+    out
+}
+
 /// True if `pid` runs. A zombie (dead, not yet reaped) counts as dead, unless it is only the
 /// main thread that exited: while other threads of the process still run (a daemon tearing
 /// down after its main thread returned, or being killed), they still hold its files.
@@ -270,14 +292,20 @@ mod tests {
             // The child: a thread that waits for the parent's byte (or its end of the pipe
             // closing), then the main thread alone exits (SYS_exit, not exit_group), leaving
             // a zombie leader.
-            unsafe { libc::close(wr) };
-            std::thread::spawn(move || {
-                let mut b = [0u8; 1];
-                unsafe { libc::read(rd, b.as_mut_ptr().cast(), 1) };
-                unsafe { libc::_exit(0) };
+            // Nothing in the child may unwind into the test harness's copy.
+            let spawned = std::panic::catch_unwind(|| {
+                unsafe { libc::close(wr) };
+                std::thread::spawn(move || {
+                    let mut b = [0u8; 1];
+                    unsafe { libc::read(rd, b.as_mut_ptr().cast(), 1) };
+                    unsafe { libc::_exit(0) };
+                })
             });
+            if spawned.is_err() {
+                unsafe { libc::_exit(2) };
+            }
             unsafe { libc::syscall(libc::SYS_exit, 0) };
-            unreachable!();
+            unsafe { libc::_exit(3) };
         }
         unsafe { libc::close(rd) };
         let pid = child as u32;

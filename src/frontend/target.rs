@@ -57,8 +57,13 @@ impl Shared {
             c.geometry = self.layout.known().map(|k| k.geometry);
         }
         state::write_state(&c, std::process::id()).map_err(|e| {
+            let fix = match e.raw_os_error() {
+                Some(libc::ENOSPC) | Some(libc::EDQUOT) => "free space in /run".to_string(),
+                Some(libc::EROFS) => "/run is read-only: mount it writable".to_string(),
+                _ => format!("make {} writable by this user, with nothing in the way of the file", state::state_path(c.id).parent().map_or("/run/fdpblk".into(), |d| d.display().to_string())),
+            };
             format!(
-                "cannot write {}: {e}: without it a daemon that dies cannot be recovered, and `fdpblk add` could start a second device on the backing; free space in /run",
+                "cannot write {}: {e}: without it a daemon that dies cannot be recovered, and `fdpblk add` could start a second device on the backing; {fix}",
                 state::state_path(c.id).display()
             )
         })
@@ -81,13 +86,30 @@ impl Shared {
     }
 }
 
-/// libublk's error with its cause: its own text ("other IO failure") drops the errno.
-pub(crate) fn ublk_error(e: &UblkError) -> String {
-    let errno = match e {
+/// The errno of a libublk error (0 where it has none).
+fn errno_of(e: &UblkError) -> i32 {
+    match e {
         UblkError::IOError(io) => io.raw_os_error().unwrap_or(0),
         UblkError::UringIOError(n) | UblkError::OtherError(n) => n.unsigned_abs() as i32,
         _ => 0,
-    };
+    }
+}
+
+/// Whether id `id` belongs to a device that was deleted while still open: the driver still
+/// knows it, but its nodes are gone.
+fn id_held_by_deleted_device(id: i32) -> bool {
+    !device_exists(id) && UblkCtrl::new_simple(id).is_ok()
+}
+
+/// The processes that still hold the deleted `/dev/ublkbN` open ("name (pid N)" each).
+fn deleted_holders(id: i32) -> Vec<String> {
+    let name = format!("ublkb{id} (deleted)");
+    state::openers_where(|t| t.file_name().is_some_and(|n| n == name.as_str())).into_iter().map(|(pid, comm)| format!("{comm} (pid {pid})")).collect()
+}
+
+/// libublk's error with its cause: its own text ("other IO failure") drops the errno.
+pub(crate) fn ublk_error(e: &UblkError) -> String {
+    let errno = errno_of(e);
     let text = match e {
         UblkError::IOError(io) => io.to_string(),
         _ if errno == 0 => e.to_string(),
@@ -100,22 +122,27 @@ pub(crate) fn ublk_error(e: &UblkError) -> String {
     }
 }
 
-/// Deletes this daemon's stopped device and its state files, unless both are another's by now:
-/// a `del` that gave up waiting for this daemon may have deleted the device, and the id been
-/// given to a new one (whose server, and state file, is another process).
+/// Deletes this daemon's stopped device, its state file and its name link. The id is still
+/// this device's: `del` never deletes under a running daemon (the driver names no server for a
+/// stopped device, so the id itself cannot tell). The state file may be a new device's all
+/// the same (one added after a deletion by other means): it stays then.
 fn finish_device(ctrl: UblkCtrl, cfg: &DeviceConfig) {
     let me = std::process::id();
     let id = cfg.id;
-    let server = UblkCtrl::new_simple(id).ok().map(|c| c.dev_info().ublksrv_pid);
-    if server.is_some_and(|p| p > 0 && p as u32 != me) {
-        tracing::warn!("device {id} is served by pid {} now, not by this daemon: left alone", server.unwrap_or(0));
+    if device_exists(id) {
+        if let Err(e) = delete_device(&ctrl) {
+            tracing::warn!("{e}; delete it with `fdpblk del -n {id}`");
+        }
+    } else {
         ctrl.disown();
-        return;
     }
-    if let Err(e) = delete_device(&ctrl) {
-        tracing::warn!("{e}; delete it with `fdpblk del -n {id}`");
-    }
-    if state::read_state(id).is_ok_and(|(_, d)| d.pid == me) {
+    // The state file goes if it is this daemon's (or its dead predecessor's, or unreadable);
+    // the name link with it, if it still names this device.
+    let ours = match state::read_state(id) {
+        Ok((_, d)) => d.pid == me || !d.alive(),
+        Err(_) => true,
+    };
+    if ours {
         state::remove_state(cfg);
     }
 }
@@ -123,10 +150,11 @@ fn finish_device(ctrl: UblkCtrl, cfg: &DeviceConfig) {
 /// Deletes ublk device `ctrl` without waiting for its users. The driver's plain delete unlinks
 /// the device at once but answers only when the last opener of `/dev/ublkbN` has closed it
 /// (LMCache may hold it for hours: `del`, `down` and a stopping daemon would hang); its
-/// asynchronous delete (Linux 6.9 on) answers at once, and the id stays taken until then.
-/// Where the driver refuses that, the plain one runs on a thread left behind and this waits
-/// up to 10 s for the unlink. Either way `ctrl` no longer deletes on drop (an added device's
-/// handle would, waiting, or delete a device that took the id meanwhile).
+/// asynchronous delete answers at once, and the id stays taken until then. Where the driver
+/// does not know that command (before Linux 6.9, and 6.9 and 6.10 without the stable fix),
+/// the plain one runs on a thread left behind and this waits up to 10 s for the unlink.
+/// Either way `ctrl` no longer deletes on drop (an added device's handle would, waiting, or
+/// delete a device that took the id meanwhile).
 pub(crate) fn delete_device(ctrl: &UblkCtrl) -> Result<(), String> {
     let id = ctrl.dev_info().dev_id as i32;
     let Err(e) = ctrl.del_dev_async() else { return Ok(()) };
@@ -134,18 +162,25 @@ pub(crate) fn delete_device(ctrl: &UblkCtrl) -> Result<(), String> {
     if !device_exists(id) {
         return Ok(());
     }
-    tracing::debug!("device {id}: asynchronous delete refused ({}); deleting on a thread", ublk_error(&e));
-    std::thread::spawn(move || match UblkCtrl::new_simple(id) {
-        Ok(c) => c.del_dev().map(drop).map_err(|e| ublk_error(&e)),
-        Err(e) => Err(ublk_error(&e)),
+    // ENOTSUPP (524), the kernel's own "not supported", is what old drivers answer.
+    if ![libc::EOPNOTSUPP, libc::EINVAL, 524].contains(&errno_of(&e)) {
+        return Err(format!("ublk device {id} could not be deleted: {}", ublk_error(&e)));
+    }
+    tracing::debug!("device {id}: asynchronous delete unknown to the driver ({}); deleting on a thread", ublk_error(&e));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(UblkCtrl::new_simple(id).and_then(|c| c.del_dev()).map(drop).map_err(|e| ublk_error(&e)));
     });
     for _ in 0..200 {
         if !device_exists(id) {
             return Ok(());
         }
+        if let Ok(Err(e)) = rx.try_recv() {
+            return Err(format!("ublk device {id} could not be deleted: {e}"));
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Err(format!("ublk device {id} could not be deleted: {}", ublk_error(&e)))
+    Err(format!("ublk device {id} did not go within 10 s of its delete; is its daemon stuck? (kill it, then `fdpblk del -n {id}`)"))
 }
 
 /// Whether ublk device `id` exists (its char device, or its sysfs entry where no node is made).
@@ -339,9 +374,10 @@ pub fn block_align_error(g: &Geometry, lba: u64, backing: &Path) -> Option<Strin
 /// commands ([`lock_backing`]) share one deadline, 60 s after the first try.
 pub fn open_backing(cfg: &DeviceConfig, recover: bool) -> Result<Backing, String> {
     let deadline = Instant::now() + EARLIER_COMMANDS_WAIT;
-    // An `add` right after a `del`: the stopped daemon may still be closing the backing (its
-    // process is reported gone once its main thread is, before every thread has closed its
-    // files), so a claim held elsewhere is tried again for a few seconds before it is refused.
+    // An `add` right after a `del`: the stopped daemon may still be closing the backing (the
+    // kernel closes a process's files after its last thread has exited, a moment after `del`
+    // saw it go), so a claim held elsewhere is tried again for a few seconds before it is
+    // refused.
     let held_until = if recover { deadline } else { Instant::now() + ADD_HELD_WAIT };
     loop {
         match open_backing_once(cfg, recover, deadline) {
@@ -508,16 +544,39 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     abort_on_queue_panic();
     let Backing { file: backing, _claim: claim, _alive: alive } = open_backing(&cfg, recover).map_err(fail)?;
     let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
-    let ctrl = UblkCtrlBuilder::default()
-        .name("fdpblk")
-        .id(cfg.id)
-        .nr_queues(cfg.queues)
-        .depth(cfg.depth)
-        .io_buf_bytes(cfg.io_buf_bytes)
-        .ctrl_flags(u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE))
-        .dev_flags(dev_flags)
-        .build()
-        .map_err(|e| fail(format!("creating ublk device {}: {}", cfg.id, ublk_error(&e))))?;
+    let build = || {
+        UblkCtrlBuilder::default()
+            .name("fdpblk")
+            .id(cfg.id)
+            .nr_queues(cfg.queues)
+            .depth(cfg.depth)
+            .io_buf_bytes(cfg.io_buf_bytes)
+            .ctrl_flags(u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE))
+            .dev_flags(dev_flags)
+            .build()
+    };
+    // A deleted device keeps its id until its last user closes it (a probe after `del`, or
+    // LMCache still holding it): an add with that id waits a moment, then names them. Found
+    // before adding: libublk answers a refused add by deleting the device of that id, which
+    // for this one waits for its users (and would take a live device with it).
+    if !recover && cfg.id >= 0 {
+        let held_until = Instant::now() + ADD_HELD_WAIT;
+        while id_held_by_deleted_device(cfg.id) {
+            if Instant::now() >= held_until || STOP_REQUESTED.load(Ordering::SeqCst) {
+                let who = deleted_holders(cfg.id);
+                let who = if who.is_empty() { String::new() } else { format!(" (by {})", who.join(", ")) };
+                return Err(fail(format!(
+                    "ublk device id {} is still taken: the deleted /dev/ublkb{} is still open{who}; close it, or add without -n (another id)",
+                    cfg.id, cfg.id
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        if device_exists(cfg.id) {
+            return Err(fail(format!("ublk device {} already exists; pick another -n or `fdpblk del -n {}`", cfg.id, cfg.id)));
+        }
+    }
+    let ctrl = build().map_err(|e| fail(format!("creating ublk device {}: {}", cfg.id, ublk_error(&e))))?;
     if recover {
         ctrl.start_user_recover().map_err(|e| fail(format!("starting recovery of device {}: {}", cfg.id, ublk_error(&e))))?;
     }
@@ -534,7 +593,10 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             }
         }
     }
-    let mut policy = SharedPolicy::new(policy_by_name(&cfg.policy).expect("policy validated before the device was created"));
+    let Some(first) = policy_by_name(&cfg.policy) else {
+        return Err(fail(format!("device {id}: placement policy {:?} is not one of this version's ({})", cfg.policy, crate::place::POLICY_NAMES.join(", "))));
+    };
+    let mut policy = SharedPolicy::new(first);
     let outside = policy.place(&Target::Outside);
     let layout = Arc::new(LayoutCell::new(policy, outside));
     // Made here, before any queue runs: a failure (io_uring set-up, eventfd) is an error of
@@ -629,7 +691,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
                 r => r,
             };
             state::record_fdp_baseline(c);
-            if let Some(name) = &c.name {
+            if let Some(name) = c.name.as_ref().filter(|_| saved.is_ok()) {
                 if let Err(e) = state::link_name(name, c.id) {
                     tracing::warn!("cannot link {}: {e}", state::name_path(name).display());
                 }

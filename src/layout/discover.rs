@@ -153,10 +153,10 @@ pub fn discover<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags) -> Result<Di
     let capacity_bytes = flags.capacity_bytes.or(m.capacity_bytes).unwrap_or(0);
     let geometry = GeometryConfig { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes }.validate(size).map_err(|error| {
         // A rule broken by the checkpoint's own values (a too-small device aside, which a
-        // truncated image explains): no flag fixes that, since a flag would conflict.
-        let from_checkpoint = [(flags.block_align, m.block_align), (flags.header_bytes, m.header_bytes), (flags.slot_bytes, m.slot_bytes), (flags.meta_total_bytes, m.meta_total_bytes)]
-            .iter()
-            .any(|(flag, ck)| flag.is_none() && ck.is_some());
+        // truncated image explains): no flag fixes that, since a flag would conflict. Not so
+        // where a flag filled in a field the checkpoint lacks: that flag may be the culprit.
+        let fields = [(flags.block_align, m.block_align), (flags.header_bytes, m.header_bytes), (flags.slot_bytes, m.slot_bytes), (flags.meta_total_bytes, m.meta_total_bytes)];
+        let from_checkpoint = fields.iter().any(|(flag, ck)| flag.is_none() && ck.is_some()) && !fields.iter().any(|(flag, ck)| flag.is_some() && ck.is_none());
         match error {
             GeometryError::DeviceTooSmall { .. } | GeometryError::TooManySlots { .. } => DiscoverError::Geometry(error),
             _ if from_checkpoint => DiscoverError::ImpossibleCheckpoint { error, meta_bytes },

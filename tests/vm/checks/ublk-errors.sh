@@ -78,9 +78,11 @@ expect "and it names who holds it open: $out" grep -q "/dev/ublkb0 is open by ba
 if grep -q 'fdpblk (pid' <<<"$out"; then not_ok "del named itself: $out"; else ok "not del itself"; fi
 expect "its daemon exits while the device is still open" daemons_gone
 expect "the device is unlinked and listed no more" bash -c "[[ ! -e /dev/ublkb0 && ! -e /run/fdpblk/0.json ]] && $FDPBLK list --json | jq -e 'length == 0' >/dev/null"
+# Its id stays taken while it is open: an add with it waits 5 s, then names who holds it.
+refuse "id of a deleted device still open" "id 0 is still taken: the deleted /dev/ublkb0 is still open \\(by .*bash \\(pid $$\\).*close it, or add without -n" add --backing "$NS_DEV" -n 0
 exec 3<&-
-# The driver frees the id once its last user has closed the device.
-readd() { for _ in $(seq 50); do "$FDPBLK" add "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done; fdpblk_add "$@"; }
+# The driver frees the id once its last user has closed the device (add waits for it).
+readd() { fdpblk_add "$@"; }
 expect "closed: the id is free again" readd --backing "$NS_DEV" -n 0
 # The same with a daemon that was killed: del deletes the device the driver held for
 # recovery, without waiting for the user holding it open.
@@ -118,7 +120,7 @@ expect "its daemon exits" daemons_gone
 # device runs without one, since a daemon that dies could then be neither recovered nor
 # kept from a second device on its backing.
 mkdir -p /run/fdpblk/0.json
-refuse "state file not written" "cannot write /run/fdpblk/0.json.*free space in /run" add --backing "$NS_DEV" -n 0
+refuse "state file not written" "cannot write /run/fdpblk/0.json.*nothing in the way of the file" add --backing "$NS_DEV" -n 0
 rmdir /run/fdpblk/0.json
 expect "its daemon exits" daemons_gone
 
