@@ -3,6 +3,8 @@ use fdpblk::cli::{Cli, Command};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Before anything opens a file: what the caller left open (a background daemon closes it).
+    fdpblk::cmd::device::note_inherited_fds();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // Colour codes only on a terminal: a daemon's log file and journald get plain text, and so

@@ -474,6 +474,18 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     })
 }
 
+/// The descriptors above stderr this process was started with, noted by `main` before it
+/// opens anything.
+static INHERITED_FDS: std::sync::OnceLock<Vec<i32>> = std::sync::OnceLock::new();
+
+pub fn note_inherited_fds() {
+    let fds = std::fs::read_dir("/proc/self/fd").map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect::<Vec<i32>>()).unwrap_or_default();
+    // The directory's own descriptor is among them, closed by now: kept out by checking each.
+    // SAFETY: F_GETFD only reads a descriptor's flags.
+    let open: Vec<i32> = fds.into_iter().filter(|&fd| fd > 2 && unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0).collect();
+    let _ = INHERITED_FDS.set(open);
+}
+
 /// Runs `body` as a daemon: fork, new session, its own mount namespace (a ublk server must
 /// not share one with the device's users), stdio to /dev/null and a log file. The parent
 /// waits for the child's first word — the device id or an error — and prints it.
@@ -511,12 +523,9 @@ fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, Stri
             }
             // Descriptors the caller left open (a shell's) would stay open as long as the
             // daemon runs: one on a ublk device would keep its id taken after its deletion.
-            let inherited: Vec<i32> = std::fs::read_dir("/proc/self/fd")
-                .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).filter(|&fd: &i32| fd > 2 && fd != fds[1]).collect())
-                .unwrap_or_default();
-            for fd in inherited {
-                // SAFETY: closes a descriptor nothing in this process uses (the directory's
-                // own is closed already: EBADF, ignored).
+            // Only those: this process's own (libublk's control ring) are still in use.
+            for &fd in INHERITED_FDS.get().into_iter().flatten().filter(|&&fd| fd != fds[1]) {
+                // SAFETY: a descriptor this process was started with and never used.
                 unsafe { libc::close(fd) };
             }
             let _ = std::env::set_current_dir("/");
@@ -801,17 +810,6 @@ fn del_one(id: i32) -> Result<(), String> {
     if let Some((pid, comm)) = foreign {
         return Err(format!("ublk device {id} is served by {comm} (pid {pid}), not by fdpblk: stop it with its own server"));
     }
-    // The daemon itself opens the device now and then (its state thread drops cached pages).
-    let own = read.as_ref().ok().map(|(_, d)| d).filter(|d| d.alive()).map(|d| d.pid);
-    let users = holders(Path::new(&state::bdev_path(id)), own);
-    if !users.is_empty() {
-        tracing::warn!(
-            "{} is open by {}: deleting it fails their I/O from now on, and its id stays taken until they close it (to replace fdpblk under a running LMCache, kill the daemon and recover instead: deploy/README.md)",
-            state::bdev_path(id),
-            users.join(", ")
-        );
-    }
-    let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {}", target::ublk_error(&e)))?;
     // The daemon serving it: the state file's, else an fdpblk process holding its char
     // device (`/run` cleared, or a recovery that has not yet written its state file).
     let daemon = read.as_ref().ok().map(|(_, d)| *d).filter(state::Daemon::alive).or_else(|| {
@@ -820,6 +818,16 @@ fn del_one(id: i32) -> Result<(), String> {
             .find(|(_, comm)| comm.starts_with("fdpblk"))
             .map(|(pid, _)| state::Daemon { pid, start: state::start_time(pid) })
     });
+    // The daemon itself opens the device now and then (its state thread drops cached pages).
+    let users = holders(Path::new(&state::bdev_path(id)), daemon.map(|d| d.pid));
+    if !users.is_empty() {
+        tracing::warn!(
+            "{} is open by {}: deleting it fails their I/O from now on, and its id stays taken until they close it (to replace fdpblk under a running LMCache, kill the daemon and recover instead: deploy/README.md)",
+            state::bdev_path(id),
+            users.join(", ")
+        );
+    }
+    let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {}", target::ublk_error(&e)))?;
     // Stopping makes the daemon drain its queues, delete the device and exit.
     let _ = ctrl.kill_dev();
     if let Some(pid) = daemon {

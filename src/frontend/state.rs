@@ -192,21 +192,37 @@ pub fn start_time(pid: u32) -> Option<u64> {
     stat.rsplit_once(')')?.1.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
-/// The processes other than this one that hold `path` open, with their names.
+/// The processes other than this one that hold `path` open, with their names. A device node
+/// is matched by its device number (a process in another mount namespace, such as fdpblk's
+/// daemon, shows its path from its own mount's root).
 pub fn openers(path: &Path) -> Vec<(u32, String)> {
-    openers_where(|t| t == path)
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let node = fs::metadata(path).ok().filter(|m| m.file_type().is_block_device() || m.file_type().is_char_device());
+    match node {
+        Some(m) => {
+            let (rdev, block) = (m.rdev(), m.file_type().is_block_device());
+            let same_kind = move |t: std::fs::FileType| if block { t.is_block_device() } else { t.is_char_device() };
+            openers_of(|fd| fs::metadata(fd).is_ok_and(|f| f.rdev() == rdev && same_kind(f.file_type())))
+        }
+        None => openers_where(|t| t == path),
+    }
 }
 
 /// The processes other than this one with a descriptor whose link (`/proc/PID/fd/N`) passes
 /// `is_it`. A deleted node's reads "PATH (deleted)"; seen from another mount namespace (the
 /// daemon's own), a path outside it reads from its mount's root ("/ublkb0 (deleted)").
 pub fn openers_where(is_it: impl Fn(&Path) -> bool) -> Vec<(u32, String)> {
+    openers_of(|fd| fs::read_link(fd).is_ok_and(|t| is_it(&t)))
+}
+
+/// The processes other than this one with a descriptor (its `/proc/PID/fd/N`) that passes `is_it`.
+fn openers_of(is_it: impl Fn(&Path) -> bool) -> Vec<(u32, String)> {
     let Ok(procs) = fs::read_dir("/proc") else { return Vec::new() };
     let mut out = Vec::new();
     for p in procs.flatten() {
         let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).filter(|&p| p != std::process::id()) else { continue };
         let Ok(fds) = fs::read_dir(p.path().join("fd")) else { continue };
-        if fds.flatten().any(|fd| fs::read_link(fd.path()).is_ok_and(|t| is_it(&t))) {
+        if fds.flatten().any(|fd| is_it(&fd.path())) {
             let comm = fs::read_to_string(p.path().join("comm")).unwrap_or_default();
             out.push((pid, comm.trim().to_string()));
         }
@@ -328,6 +344,25 @@ mod tests {
         assert!(leader_gone, "the child's main thread never exited");
         assert!(alive_then, "the main thread exited, another still runs");
         assert!(!alive_after, "every thread exited: dead, though not reaped");
+    }
+
+    #[test]
+    fn openers_of_a_device_node_are_found_by_its_device_number_whatever_the_path() {
+        let dir = std::env::temp_dir().join(format!("fdpblk-openers-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        // Another path to /dev/null's node: what another mount namespace's path amounts to.
+        let other_path = dir.join("null-elsewhere");
+        std::os::unix::fs::symlink("/dev/null", &other_path).unwrap();
+        let mut child = std::process::Command::new("sleep").arg("30").stdin(std::process::Stdio::null()).spawn().unwrap();
+        let pid = child.id();
+        let found = openers(&other_path).iter().any(|&(p, _)| p == pid);
+        let by_link_text = openers_where(|t| t == other_path.as_path()).iter().any(|&(p, _)| p == pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        fs::remove_dir_all(&dir).unwrap();
+        assert!(found, "the child holds /dev/null open");
+        assert!(!by_link_text, "its descriptor's link names /dev/null, not the other path");
     }
 
     #[test]

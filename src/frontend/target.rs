@@ -95,6 +95,24 @@ fn errno_of(e: &UblkError) -> i32 {
     }
 }
 
+/// An exclusive lock on `/run/fdpblk/.add.lock`, taken by every add around its creation of
+/// the device.
+fn add_lock() -> Result<std::fs::File, String> {
+    let path = Path::new(state::RUN_DIR).join(".add.lock");
+    let _ = std::fs::create_dir_all(state::RUN_DIR);
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {} ({e}); make {} writable", path.display(), state::RUN_DIR))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(format!("cannot lock {}: {}", path.display(), std::io::Error::last_os_error()));
+    }
+    Ok(f)
+}
+
 /// Whether id `id` belongs to a device that was deleted while still open: the driver still
 /// knows it, but its nodes are gone.
 fn id_held_by_deleted_device(id: i32) -> bool {
@@ -122,27 +140,30 @@ pub(crate) fn ublk_error(e: &UblkError) -> String {
     }
 }
 
-/// Deletes this daemon's stopped device, its state file and its name link. The id is still
-/// this device's: `del` never deletes under a running daemon (the driver names no server for a
-/// stopped device, so the id itself cannot tell). The state file may be a new device's all
-/// the same (one added after a deletion by other means): it stays then.
+/// Deletes this daemon's stopped device, its state file and its name link, unless the id is
+/// another device's by now (this one deleted under it by other means, and the id given to a
+/// new one): a live device served by another process, or a state file naming another live
+/// daemon. (A stopped device, this one, reports no server.)
 fn finish_device(ctrl: UblkCtrl, cfg: &DeviceConfig) {
     let me = std::process::id();
     let id = cfg.id;
-    if device_exists(id) {
-        if let Err(e) = delete_device(&ctrl) {
-            tracing::warn!("{e}; delete it with `fdpblk del -n {id}`");
-        }
-    } else {
-        ctrl.disown();
-    }
-    // The state file goes if it is this daemon's (or its dead predecessor's, or unreadable);
-    // the name link with it, if it still names this device.
-    let ours = match state::read_state(id) {
+    let state_ours = match state::read_state(id) {
         Ok((_, d)) => d.pid == me || !d.alive(),
         Err(_) => true,
     };
-    if ours {
+    let info = ctrl.read_dev_info().ok().map(|_| ctrl.dev_info());
+    let another_live = info.is_some_and(|i| u32::from(i.state) == sys::UBLK_S_DEV_LIVE && i.ublksrv_pid as u32 != me);
+    if !device_exists(id) {
+        ctrl.disown();
+    } else if another_live || !state_ours {
+        tracing::warn!("device {id} is another's now: left alone");
+        ctrl.disown();
+        return;
+    } else if let Err(e) = delete_device(&ctrl) {
+        tracing::warn!("{e}; delete it with `fdpblk del -n {id}`");
+    }
+    // The name link goes with the state file, if it still names this device.
+    if state_ours {
         state::remove_state(cfg);
     }
 }
@@ -559,6 +580,9 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // LMCache still holding it): an add with that id waits a moment, then names them. Found
     // before adding: libublk answers a refused add by deleting the device of that id, which
     // for this one waits for its users (and would take a live device with it).
+    // One add at a time from the check to the add (held until `build` returns): another
+    // fdpblk taking the id in between would make this add fail, and libublk delete theirs.
+    let one_add = if recover { None } else { Some(add_lock().map_err(fail)?) };
     if !recover && cfg.id >= 0 {
         let held_until = Instant::now() + ADD_HELD_WAIT;
         while id_held_by_deleted_device(cfg.id) {
@@ -577,6 +601,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         }
     }
     let ctrl = build().map_err(|e| fail(format!("creating ublk device {}: {}", cfg.id, ublk_error(&e))))?;
+    drop(one_add);
     if recover {
         ctrl.start_user_recover().map_err(|e| fail(format!("starting recovery of device {}: {}", cfg.id, ublk_error(&e))))?;
     }
