@@ -113,16 +113,22 @@ fn add_lock() -> Result<std::fs::File, String> {
     Ok(f)
 }
 
-/// Whether id `id` belongs to a device that was deleted while still open: the driver still
-/// knows it, but its nodes are gone.
+/// Whether id `id` belongs to a device that was deleted while still open: its nodes are gone,
+/// and a process still holds one. (Asking the driver would do too, but libublk's handle then
+/// logs a line for the missing JSON file of every id asked about; a holder this process cannot
+/// see, in a PID namespace other than its own or its children's, is missed.)
 fn id_held_by_deleted_device(id: i32) -> bool {
-    !device_exists(id) && UblkCtrl::new_simple(id).is_ok()
+    !device_exists(id) && !deleted_holders(id).is_empty()
 }
 
-/// The processes that still hold the deleted `/dev/ublkbN` open ("name (pid N)" each).
+/// The processes that still hold the deleted `/dev/ublkbN` (or its old daemon `/dev/ublkcN`)
+/// open ("name (pid N)" each).
 fn deleted_holders(id: i32) -> Vec<String> {
-    let name = format!("ublkb{id} (deleted)");
-    state::openers_where(|t| t.file_name().is_some_and(|n| n == name.as_str())).into_iter().map(|(pid, comm)| format!("{comm} (pid {pid})")).collect()
+    let names = [format!("ublkb{id} (deleted)"), format!("ublkc{id} (deleted)")];
+    state::openers_where(|t| t.file_name().is_some_and(|n| names.iter().any(|m| n == m.as_str())))
+        .into_iter()
+        .map(|(pid, comm)| format!("{comm} (pid {pid})"))
+        .collect()
 }
 
 /// libublk's error with its cause: its own text ("other IO failure") drops the errno.
