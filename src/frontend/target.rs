@@ -569,25 +569,16 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     block_signals();
     spawn_signal_thread();
     abort_on_queue_panic();
+    // Before the device is touched (a state file of another version may name any policy).
+    let Some(first_policy) = policy_by_name(&cfg.policy) else {
+        return Err(fail(format!("device {}: placement policy {:?} is not one of this version's ({})", cfg.id, cfg.policy, crate::place::POLICY_NAMES.join(", "))));
+    };
     let Backing { file: backing, _claim: claim, _alive: alive } = open_backing(&cfg, recover).map_err(fail)?;
     let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
-    let build = || {
-        UblkCtrlBuilder::default()
-            .name("fdpblk")
-            .id(cfg.id)
-            .nr_queues(cfg.queues)
-            .depth(cfg.depth)
-            .io_buf_bytes(cfg.io_buf_bytes)
-            .ctrl_flags(u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE))
-            .dev_flags(dev_flags)
-            .build()
-    };
+    // One add at a time from the id check to the device's creation: libublk answers a refused
+    // add by deleting the device of that id (waiting for its users), so the id must be free.
     // A deleted device keeps its id until its last user closes it (a probe after `del`, or
-    // LMCache still holding it): an add with that id waits a moment, then names them. Found
-    // before adding: libublk answers a refused add by deleting the device of that id, which
-    // for this one waits for its users (and would take a live device with it).
-    // One add at a time from the check to the add (held until `build` returns): another
-    // fdpblk taking the id in between would make this add fail, and libublk delete theirs.
+    // LMCache still holding it): an add with that id waits a moment, then names them.
     let one_add = if recover { None } else { Some(add_lock().map_err(fail)?) };
     if !recover && cfg.id >= 0 {
         let held_until = Instant::now() + ADD_HELD_WAIT;
@@ -606,7 +597,16 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             return Err(fail(format!("ublk device {} already exists; pick another -n or `fdpblk del -n {}`", cfg.id, cfg.id)));
         }
     }
-    let ctrl = build().map_err(|e| fail(format!("creating ublk device {}: {}", cfg.id, ublk_error(&e))))?;
+    let ctrl = UblkCtrlBuilder::default()
+        .name("fdpblk")
+        .id(cfg.id)
+        .nr_queues(cfg.queues)
+        .depth(cfg.depth)
+        .io_buf_bytes(cfg.io_buf_bytes)
+        .ctrl_flags(u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE))
+        .dev_flags(dev_flags)
+        .build()
+        .map_err(|e| fail(format!("creating ublk device {}: {}", cfg.id, ublk_error(&e))))?;
     drop(one_add);
     if recover {
         ctrl.start_user_recover().map_err(|e| fail(format!("starting recovery of device {}: {}", cfg.id, ublk_error(&e))))?;
@@ -624,10 +624,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             }
         }
     }
-    let Some(first) = policy_by_name(&cfg.policy) else {
-        return Err(fail(format!("device {id}: placement policy {:?} is not one of this version's ({})", cfg.policy, crate::place::POLICY_NAMES.join(", "))));
-    };
-    let mut policy = SharedPolicy::new(first);
+    let mut policy = SharedPolicy::new(first_policy);
     let outside = policy.place(&Target::Outside);
     let layout = Arc::new(LayoutCell::new(policy, outside));
     // Made here, before any queue runs: a failure (io_uring set-up, eventfd) is an error of
