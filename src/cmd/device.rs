@@ -613,7 +613,7 @@ fn add_device(a: &AddArgs) -> CmdResult {
     need_ublk_driver()?;
     raise_fd_limit(a.queues);
     if a.number >= 0 && target::device_exists(a.number) {
-        return Err(format!("ublk device {} already exists; pick another -n or `fdpblk del -n {}`", a.number, a.number).into());
+        return Err(target::id_exists(a.number).into());
     }
     if let Some(name) = &a.name {
         // Two devices under one name would point LMCache's device_path at the wrong backing.
@@ -690,14 +690,7 @@ fn recover_device(a: &IdArgs) -> CmdResult {
     need_ublk_driver()?;
     let (cfg, pid) = state::read_state(a.number)?;
     if policy_by_name(&cfg.policy).is_none() {
-        return Err(format!(
-            "device {} was created with placement policy {:?}, which this version of fdpblk lacks ({}): recover it with the version that created it, or `fdpblk del -n {}` (its held I/O fails) and add it again",
-            a.number,
-            cfg.policy,
-            POLICY_NAMES.join(", "),
-            a.number
-        )
-        .into());
+        return Err(target::unknown_policy(&cfg).into());
     }
     raise_fd_limit(cfg.queues);
     // A killed daemon may still be tearing down its rings for a moment.

@@ -113,6 +113,22 @@ fn add_lock() -> Result<std::fs::File, String> {
     Ok(f)
 }
 
+/// The error for an add whose id a device has.
+pub(crate) fn id_exists(id: i32) -> String {
+    format!("ublk device {id} already exists; pick another -n or `fdpblk del -n {id}`")
+}
+
+/// The error for a device whose saved config names a policy this version lacks.
+pub(crate) fn unknown_policy(cfg: &DeviceConfig) -> String {
+    format!(
+        "device {} was created with placement policy {:?}, which this version of fdpblk lacks ({}): recover it with the version that created it, or `fdpblk del -n {}` (its held I/O fails) and add it again",
+        cfg.id,
+        cfg.policy,
+        crate::place::POLICY_NAMES.join(", "),
+        cfg.id
+    )
+}
+
 /// Whether id `id` belongs to a device that was deleted while still open: its nodes are gone,
 /// and a process still holds one. (Asking the driver would do too, but libublk's handle then
 /// logs a line for the missing JSON file of every id asked about; a holder this process cannot
@@ -570,9 +586,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     spawn_signal_thread();
     abort_on_queue_panic();
     // Before the device is touched (a state file of another version may name any policy).
-    let Some(first_policy) = policy_by_name(&cfg.policy) else {
-        return Err(fail(format!("device {}: placement policy {:?} is not one of this version's ({})", cfg.id, cfg.policy, crate::place::POLICY_NAMES.join(", "))));
-    };
+    let Some(first_policy) = policy_by_name(&cfg.policy) else { return Err(fail(unknown_policy(&cfg))) };
     let Backing { file: backing, _claim: claim, _alive: alive } = open_backing(&cfg, recover).map_err(fail)?;
     let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
     // One add at a time from the id check to the device's creation: libublk answers a refused
@@ -594,7 +608,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             std::thread::sleep(Duration::from_millis(500));
         }
         if device_exists(cfg.id) {
-            return Err(fail(format!("ublk device {} already exists; pick another -n or `fdpblk del -n {}`", cfg.id, cfg.id)));
+            return Err(fail(id_exists(cfg.id)));
         }
     }
     let ctrl = UblkCtrlBuilder::default()
