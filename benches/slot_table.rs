@@ -76,14 +76,16 @@ fn memory() {
         // The state thread keeps one bit per slot per container, and a third while parsing.
         let bitsets = 3 * n.div_ceil(64) as usize * 8;
         println!(
-            "memory: {n:>10} slots: slot table {:>11} bytes = {:.2} bytes/slot (records 28, history {} entries = {:.2}); with the state thread's bitsets {:.2} bytes/slot",
+            "memory: {n:>10} slots: slot table {:>11} bytes = {:.2} bytes/slot (records 32, history {} entries = {:.2}); with the state thread's bitsets {:.2} bytes/slot",
             table,
             table as f64 / n as f64,
             t.history().capacity(),
             t.history().capacity() as f64 * 8.0 / n as f64,
             (table + bitsets) as f64 / n as f64
         );
-        assert_eq!(t.heap_bytes(), table - (table - t.heap_bytes()), "heap_bytes");
+        // heap_bytes counts every per-slot array; what it leaves out (the tag table, the
+        // mailbox) is a few KiB whatever the slot count.
+        assert!(t.heap_bytes() <= table && table - t.heap_bytes() < 64 << 10, "heap_bytes {} against {table} allocated", t.heap_bytes());
         drop(t);
     }
     // key-aware's loads per identity at their bound: both generations full of distinct
@@ -96,6 +98,8 @@ fn memory() {
         for id in 0..2 * n {
             p.observe(&Observation::Read { slot: id % n, identity: Some(id.wrapping_mul(0x9e37_79b9_7f4a_7c15)), len: 1, slot_reads: 1 });
         }
+        // The generation let go of last is freed by the policy's owner off its lock.
+        drop(p.take_retired());
         let book = NOW.load(Relaxed) - before;
         println!(
             "memory: {n:>10} slots: key-aware read book {:>11} bytes = {:.2} bytes/slot ({} identities)",

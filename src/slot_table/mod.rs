@@ -1,7 +1,7 @@
 //! What fdpblk knows about each slot, shared by all queue threads and the state thread
 //! without a lock.
 //!
-//! Per slot (28 bytes in four atomic words, plus a u16 of `orphans` and two bits of dirty
+//! Per slot (32 bytes in four atomic words, plus a u16 of `orphans` and two bits of dirty
 //! bitmaps):
 //! - `identity`: the identity of the slot's current header;
 //! - `meta`: payload_len (32 bits) | handle the header was placed on (16) | header writes seen
@@ -14,7 +14,9 @@
 //! - `remaining`: payload sectors (512 bytes: 31 bits cover any payload the 32-bit
 //!   `payload_len` of a record holds, up to 4 GiB) of the current header not yet written; or,
 //!   with its top bit (`CREDIT`), payload sectors placed while no header expected any (ahead
-//!   of their header, past the header wait), which the next header counts as written.
+//!   of their header, past the header wait), which the next header counts as written. The
+//!   upper 32 bits hold the generation of the header that set the count, so that a trim
+//!   clearing an old put's count can never take a new put's equal one.
 //!
 //! Beside the slots: a bounded history of identities that left their slot (overwritten or
 //! evicted), with their tags, so that a key that returns after eviction is recognised
@@ -191,8 +193,20 @@ fn reads_worth_saving(n: u8) -> bool {
     n <= 4 || n.is_power_of_two() || n == u8::MAX
 }
 
-/// The top bit of a slot's `remaining`: the rest counts payload sectors ahead of a header.
+/// The top bit of a slot's `remaining` count: the rest counts payload sectors ahead of a header.
 const CREDIT: u32 = 1 << 31;
+/// The count half of a `remaining` word (the upper half is the header generation that set it).
+const COUNT: u64 = u32::MAX as u64;
+
+/// The count of a `remaining` word.
+fn count_of(word: u64) -> u32 {
+    (word & COUNT) as u32
+}
+
+/// `word` with its count changed by `f` (None: unchanged), its generation kept.
+fn with_count(word: u64, f: impl FnOnce(u32) -> Option<u32>) -> Option<u64> {
+    f(count_of(word)).map(|c| (word & !COUNT) | u64::from(c))
+}
 
 /// `bytes` as a count of `remaining`: 512-byte sectors, rounded up. A payload's pieces meet
 /// on sector boundaries (requests are whole sectors, and `add` takes no `block_align` below
@@ -209,13 +223,6 @@ fn zeroed_u64(n: usize) -> Box<[AtomicU64]> {
     let b = vec![0u64; n].into_boxed_slice();
     // SAFETY: AtomicU64 has the size, alignment and bit validity of u64 (asserted above).
     unsafe { Box::from_raw(Box::into_raw(b) as *mut [AtomicU64]) }
-}
-
-fn zeroed_u32(n: usize) -> Box<[AtomicU32]> {
-    const _: () = assert!(std::mem::align_of::<AtomicU32>() == std::mem::align_of::<u32>());
-    let b = vec![0u32; n].into_boxed_slice();
-    // SAFETY: AtomicU32 has the size, alignment and bit validity of u32 (asserted above).
-    unsafe { Box::from_raw(Box::into_raw(b) as *mut [AtomicU32]) }
 }
 
 fn zeroed_u16(n: usize) -> Box<[AtomicU16]> {
@@ -258,9 +265,10 @@ pub struct SlotTable {
     identity: Box<[AtomicU64]>,
     meta: Box<[AtomicU64]>,
     life: Box<[AtomicU64]>,
-    /// Payload bytes of the current header not yet written; 0 = the put is complete, so a
-    /// further payload write most likely belongs to a new put whose header is still to come.
-    remaining: Box<[AtomicU32]>,
+    /// Payload bytes of the current header not yet written (in the low half; the high half is
+    /// the generation of the header that set it); 0 = the put is complete, so a further
+    /// payload write most likely belongs to a new put whose header is still to come.
+    remaining: Box<[AtomicU64]>,
     /// Set by the first LMCache slot header: before it (or with a foreign writer such as fio)
     /// no payload waits for a header that will never come.
     headers_seen: AtomicBool,
@@ -321,7 +329,7 @@ impl SlotTable {
             identity: zeroed_u64(n),
             meta: zeroed_u64(n),
             life: zeroed_u64(n),
-            remaining: zeroed_u32(n),
+            remaining: zeroed_u64(n),
             headers_seen: AtomicBool::new(false),
             history: IdentityHistory::new(IdentityHistory::capacity_for(max_slots)),
             tags: TagTable::default(),
@@ -343,7 +351,7 @@ impl SlotTable {
 
     /// Heap bytes this table holds (slot records, history, bitmaps; tag names excluded).
     pub fn heap_bytes(&self) -> usize {
-        self.identity.len() * 8 + self.meta.len() * 8 + self.life.len() * 8 + self.remaining.len() * 4
+        self.identity.len() * 8 + self.meta.len() * 8 + self.life.len() * 8 + self.remaining.len() * 8
             + self.history.heap_bytes()
             + self.dirty.len() * 8
             + self.completed.len() * 8
@@ -469,10 +477,10 @@ impl SlotTable {
         // header's handle, and a trim that ended before the touch cannot zero the count.
         // Bytes that came ahead of the header count as its own (if they were a later put's,
         // its count only ends early: the rest is placed as orphan bytes, which is safe).
-        let prev = self.remaining[i].swap(sectors(header.payload_len), Ordering::AcqRel);
+        let prev = count_of(self.remaining[i].swap(u64::from(generation) << 32 | u64::from(sectors(header.payload_len)), Ordering::AcqRel));
         if prev & CREDIT != 0 {
             let ahead = prev & !CREDIT;
-            let _ = self.remaining[i].fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| (v & CREDIT == 0).then(|| v.saturating_sub(ahead)));
+            let _ = self.remaining[i].fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| with_count(w, |v| (v & CREDIT == 0).then(|| v.saturating_sub(ahead))));
         }
         if !self.headers_seen.load(Ordering::Relaxed) {
             self.headers_seen.store(true, Ordering::Relaxed);
@@ -630,14 +638,14 @@ impl SlotTable {
     pub fn payload_written(&self, slot: u64, bytes: u64) {
         if let Some(r) = usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)) {
             let b = sectors(bytes);
-            let _ = r.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| (v & CREDIT == 0).then(|| v.saturating_sub(b)));
+            let _ = r.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| with_count(w, |v| (v & CREDIT == 0).then(|| v.saturating_sub(b))));
         }
     }
 
     /// True when the slot's current header still expects payload bytes.
     pub fn expects_payload(&self, slot: u64) -> bool {
         usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)).is_some_and(|r| {
-            let v = r.load(Ordering::Acquire);
+            let v = count_of(r.load(Ordering::Acquire));
             v > 0 && v & CREDIT == 0
         })
     }
@@ -647,8 +655,8 @@ impl SlotTable {
     pub fn payload_ahead(&self, slot: u64, bytes: u64) {
         if let Some(r) = usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)) {
             let b = sectors(bytes);
-            let _ = r.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                (v == 0 || v & CREDIT != 0).then(|| CREDIT | (v & !CREDIT).saturating_add(b).min(CREDIT - 1))
+            let _ = r.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                with_count(w, |v| (v == 0 || v & CREDIT != 0).then(|| CREDIT | (v & !CREDIT).saturating_add(b).min(CREDIT - 1)))
             });
         }
     }
@@ -816,11 +824,19 @@ impl SlotTable {
         if !unchanged {
             self.life[i].fetch_and(!life::TRIMMING, Ordering::AcqRel);
         }
-        // Only that old count goes: a put that came in during the trim keeps its own.
-        if trimmed && unchanged && left != 0 {
-            let _ = self.remaining[i].compare_exchange(left, 0, Ordering::AcqRel, Ordering::Relaxed);
+        if trimmed && unchanged {
+            self.clear_left_count(i, left);
         }
         self.mark_dirty(slot);
+    }
+
+    /// Clears the payload count `left` read before a trim, if the slot's `remaining` word is
+    /// still that one: a put that came in after the trim ended keeps its own count, also one
+    /// equal to the old (its header's generation is in the word).
+    fn clear_left_count(&self, i: usize, left: u64) {
+        if count_of(left) != 0 {
+            let _ = self.remaining[i].compare_exchange(left, left & !COUNT, Ordering::AcqRel, Ordering::Relaxed);
+        }
     }
 
     /// Ends a tail deallocation begun by a CAS to `began` (which has `TRIMMING`): `TRIMMING`

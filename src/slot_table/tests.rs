@@ -222,6 +222,34 @@ fn a_load_during_a_trim_does_not_undo_it_and_an_old_payload_count_goes() {
 }
 
 #[test]
+fn a_put_after_a_trim_keeps_an_equal_payload_count() {
+    // The window in `end_trim` between the slot's word checked unchanged (the trim stands,
+    // `TRIMMING` cleared) and the old put's unfinished count cleared: a new put of the same
+    // payload length that records its header there must keep its count.
+    let t = SlotTable::new(4);
+    t.record_header(1, &SlotHeader { identity: 5, payload_len: 8192 }, 0);
+    t.payload_written(1, 4096);
+    let left = t.remaining[1].load(Ordering::Acquire);
+    t.record_header(1, &SlotHeader { identity: 6, payload_len: 4096 }, 0);
+    assert_eq!(count_of(t.remaining[1].load(Ordering::Acquire)), count_of(left), "the same count as the old put's");
+    t.clear_left_count(1, left);
+    assert!(t.expects_payload(1), "the new put's payload count must stay");
+    // Unchanged, the old count goes.
+    let left = t.remaining[1].load(Ordering::Acquire);
+    t.clear_left_count(1, left);
+    assert!(!t.expects_payload(1));
+    // Payload written and ahead keep the header's generation.
+    t.record_header(2, &SlotHeader { identity: 7, payload_len: 8192 }, 0);
+    t.payload_written(2, 4096);
+    let g = t.remaining[2].load(Ordering::Acquire) >> 32;
+    assert_eq!(Some(g as u16), t.generation(2));
+    t.payload_written(2, 4096);
+    t.payload_ahead(2, 512);
+    assert_eq!(t.remaining[2].load(Ordering::Acquire) >> 32, g);
+    assert!(!t.expects_payload(2), "bytes ahead of a header are not expected payload");
+}
+
+#[test]
 fn a_repeated_header_write_is_not_a_new_epoch() {
     let t = SlotTable::new(4);
     let h = CheckpointHeader { magic: *b"LMCIDX01", version: 1, seq: 3, payload_len: 10, crc32: 7 };
