@@ -138,7 +138,8 @@ fail() { echo "FAIL $1${2:+ ($2)}"; FAILED=$((FAILED + 1)); }
 # QEMU's TCG vCPUs are host threads: on a loaded host one can go unscheduled for tens of
 # seconds, and the guest then logs an RCU stall while a check times out. Such a boot proves nothing either way, so its failed checks run once more
 # in a fresh boot (all of its checks when kernel-log failed, since that covers the whole boot),
-# and the second boot's result is the result. A failure without such a message is final.
+# and the second boot's result is the result. A failure without such a message, or with a
+# kernel bug beside it (KERNEL_BUG), is final.
 # (The clocksource watchdog's "remote CPU read timed out" is not enough: most boots here log it.)
 STARVED='rcu: INFO: rcu_(preempt|sched) (detected stalls|self-detected stall)|rcu_(preempt|sched) kthread (starved|timer wakeup didn.t happen)'
 RETRIED=0
@@ -148,6 +149,13 @@ starved() { # starved GDIR -> prints the first starvation message of that boot
     local text
     text=$(cat "$1.console" "$1/dmesg.log" 2>/dev/null || true)
     grep -a -m1 -oE "$STARVED" <<<"${text//$'\r'/}"
+}
+# A kernel bug in a starved boot is still a kernel bug: a ublk or driver hang is what starves
+# the guest, so such a boot's kernel-log failure stands (only what starvation itself logs,
+# stall reports, soft and workqueue lockups with their call traces, is retried).
+KERNEL_BUG='Oops|general protection|[Kk]ernel panic|kernel BUG at|WARNING: CPU|BUG: (unable to handle|kernel NULL|KASAN|UBSAN|scheduling while atomic|sleeping function|Bad page|bad page|spinlock|using smp_processor_id)|refcount_t:|list_(add|del) corruption'
+kernel_bug() { # kernel_bug GDIR -> prints the first kernel bug line of that boot's dmesg
+    grep -a -m1 -E "$KERNEL_BUG" "$1/dmesg.log" 2>/dev/null
 }
 boot_group() { # boot_group GDIR KERNEL FDP ARGS CHECK... -> GDIR/results, GDIR.out, GDIR.console
     local gdir=$1 k=$2 fdp=$3 args=$4 c rc=0 limit=60 t0 timing
@@ -204,6 +212,10 @@ for key in "${GROUPS_ORDER[@]}"; do
     done
     why=""
     ((${#failed[@]} == 0)) || why=$(starved "$gdir") || why=""
+    if [[ -n $why ]] && bug=$(kernel_bug "$gdir"); then
+        echo "NO RETRY$lab: the guest was starved (\"$why\") but its kernel also logged \"$bug\""
+        why=""
+    fi
     if [[ -z $why ]]; then
         report_group "$gdir" "$lab" "${checks[@]}" kernel-log
         continue

@@ -70,6 +70,7 @@ fn open(path: &std::path::Path, engine: Engine) -> Option<Device> {
     match Device::open(path, engine, false, 4096) {
         Ok(d) => Some(d),
         Err(e) if engine == Engine::IoUring => {
+            io_uring_missing(&e.to_string());
             eprintln!("note: io_uring unavailable here ({e}); io_uring part not run");
             None
         }
@@ -740,6 +741,12 @@ fn reopen_matches_lmcache_recovery() {
     }
 }
 
+/// CI must run the io_uring parts (the byte-for-byte match with LMCache's io_uring fixtures):
+/// there a missing io_uring fails the test instead of skipping those parts.
+fn io_uring_missing(why: &str) {
+    assert!(std::env::var_os("CI").is_none(), "io_uring is unavailable ({why}) and CI is set: the io_uring parts must run in CI; allow io_uring_setup (seccomp, kernel.io_uring_disabled)");
+}
+
 /// Whether this kernel lets us set up an io_uring (containers may forbid it).
 struct IoUringProbe;
 
@@ -748,6 +755,7 @@ impl IoUringProbe {
         match io_uring::IoUring::new(8) {
             Ok(_) => false,
             Err(e) => {
+                io_uring_missing(&e.to_string());
                 eprintln!("note: io_uring unavailable here ({e}); io_uring fixtures not replayed");
                 true
             }

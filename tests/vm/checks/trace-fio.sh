@@ -54,12 +54,30 @@ cap=$!
 for _ in $(seq 100); do grep -q tracing "$T/cap.err" && break; sleep 0.1; done
 expect "capture-blktrace.sh is tracing" grep -q "tracing $DEV until Ctrl-C or SIGTERM (events: issue,complete)" "$T/cap.err"
 s0=$(stats_settled)
-expect "rawblock-writer: puts, checkpoints, deletes, verify" quiet "$RBW" --device "$DEV" "${GEOM[@]}" \
+expect "rawblock-writer: puts, checkpoints, deletes, verify" bash -c '"$@" >"$0"' "$T/writer-posix.out" "$RBW" --device "$DEV" "${GEOM[@]}" \
     --engine posix --odirect --state "$T/writer.state" \
     put 12 --partial-every 5 checkpoint delete 4 reput 2 put 3 checkpoint verify stats
-expect "rawblock-writer: io_uring batch" quiet "$RBW" --device "$DEV" "${GEOM[@]}" \
+expect "rawblock-writer: io_uring batch" bash -c '"$@" >"$0"' "$T/writer-uring.out" "$RBW" --device "$DEV" "${GEOM[@]}" \
     --engine io_uring --odirect --state "$T/writer.state" put 6 checkpoint stats
 s1=$(stats_settled)
+# What the writer itself wrote, per class (its own count, not fdpblk's classifier): the sum of
+# both runs' last stats line.
+writer_bytes() { # writer_bytes CLASS...
+    local c n=0
+    for f in "$T/writer-posix.out" "$T/writer-uring.out"; do
+        for c in "$@"; do n=$((n + $(grep '^{' "$f" | tail -n1 | jq -r ".run.device_bytes.$c // 0"))); done
+    done
+    echo "$n"
+}
+for c in checkpoint_header checkpoint_payload slot_header slot_payload; do
+    n=$(delta "$s0" "$s1" ".classes.$c.bytes")
+    expect "fdpblk classified $c bytes ($n)" test "$n" -gt 0
+done
+# Written bytes by handle (`region`: checkpoints on 1, slot data on 2; the classes count reads too).
+expect_eq "fdpblk's checkpoint writes (handle 1) = the writer's" "$(delta "$s0" "$s1" '.handles["1"]')" \
+    "$(writer_bytes checkpoint_header checkpoint_payload)"
+expect_eq "fdpblk's slot writes (handle 2) = the writer's" "$(delta "$s0" "$s1" '.handles["2"]')" \
+    "$(writer_bytes slot_header slot_payload)"
 kill -TERM "$cap"
 rc=0
 wait "$cap" || rc=$?

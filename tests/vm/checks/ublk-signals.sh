@@ -3,9 +3,11 @@
 # vm-fdp: on
 # vm-timeout: 300
 # The daemon and its signals:
+# - SIGTERM to a started foreground daemon: exit 0, no device left;
 # - SIGTERM at any moment of the start (sent 0 to 0.6 s after `fdpblk add --foreground`, in
-#   steps of 25 ms) ends with the daemon gone and no ublk device left behind, never a device that
-#   started anyway with the signal lost;
+#   steps of 25 ms) ends with the daemon gone (killed by the signal before it took its signals,
+#   or exiting with no error but the stop signal's) and no ublk device left behind, never a
+#   device that started anyway with the signal lost;
 # - SIGHUP (a closed terminal) is ignored: the device keeps serving;
 # - a recovered daemon stopped by SIGTERM deletes its device and state files, as an added
 #   one does.
@@ -14,14 +16,43 @@
 GEO=(--slot-bytes 64K --meta-total-bytes 1M --policy region)
 no_device() { ! compgen -G "/dev/ublkb*" >/dev/null && ! compgen -G "/sys/class/ublk-char/ublkc*" >/dev/null; }
 
+# sig_stop_ok LABEL PID LOG: PID was sent SIGTERM; ok when it exits, by the signal before it
+# took its signals (143), cleanly (0), or naming the stop signal (1), with no other error.
+sig_stop_ok() {
+    local label=$1 pid=$2 log=$3 rc=0
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    expect "$label: the daemon exits" bash -c "! kill -0 $pid 2>/dev/null"
+    wait "$pid" 2>/dev/null || rc=$?
+    local other
+    other=$(grep '^fdpblk: ' "$log" | grep -v 'a stop signal came while it started' || true)
+    if [[ -z $other ]] && { ((rc == 0 || rc == 143)) || { ((rc == 1)) && grep -q 'a stop signal came while it started' "$log"; }; }; then
+        ok "$label: exit status $rc, no other error"
+    else
+        cat "$log"
+        not_ok "$label: exit status $rc, no other error"
+    fi
+}
+
+# Control: a device that started, then SIGTERM: a clean exit and no device left.
+"$FDPBLK" add --backing "$NS_DEV" -n 0 "${GEO[@]}" --foreground >/tmp/sig-started.log 2>&1 &
+pid=$!
+for _ in $(seq 300); do [[ -e /run/fdpblk/0.json && -e /dev/ublkb0 ]] && break; sleep 0.1; done
+expect "a foreground add starts its device" test -e /dev/ublkb0
+expect "SIGTERM to the started daemon" kill -TERM "$pid"
+sig_stop_ok "SIGTERM to the started daemon" "$pid" /tmp/sig-started.log
+expect "SIGTERM to the started daemon: it exited 0" bash -c "! grep -q '^fdpblk: ' /tmp/sig-started.log"
+for _ in $(seq 50); do no_device && break; sleep 0.1; done
+expect "SIGTERM to the started daemon: no device left" no_device
+
+started=0
 for delay in $(seq 0 0.025 0.6); do
     "$FDPBLK" add --backing "$NS_DEV" -n 0 "${GEO[@]}" --foreground >/tmp/sig-$delay.log 2>&1 &
     pid=$!
     sleep "$delay"
-    kill -TERM "$pid" 2>/dev/null
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    expect "SIGTERM ${delay}s into the start: the daemon exits" bash -c "! kill -0 $pid 2>/dev/null"
-    wait "$pid" 2>/dev/null || true
+    [[ -e /sys/class/ublk-char/ublkc0 ]] && started=$((started + 1))
+    # The daemon must still be there to take it (one that exited by itself failed to start).
+    expect "SIGTERM ${delay}s into the start: the daemon takes it" kill -TERM "$pid"
+    sig_stop_ok "SIGTERM ${delay}s into the start" "$pid" "/tmp/sig-$delay.log"
     for _ in $(seq 50); do no_device && break; sleep 0.1; done
     if no_device; then
         ok "SIGTERM ${delay}s into the start: no device left"
@@ -31,6 +62,7 @@ for delay in $(seq 0 0.025 0.6); do
         "$FDPBLK" del --all >/dev/null 2>&1 || true
     fi
 done
+echo "# the device existed at the signal in $started of 25 starts"
 
 dev=$(fdpblk_add --backing "$NS_DEV" -n 0 "${GEO[@]}")
 pid=$(daemon_pid 0)

@@ -14,16 +14,42 @@ fdpblk_add() {
     echo "$out"
 }
 
-# daemon_errors: the ERROR lines fdpblk's daemons logged since this check began (the log is
-# shared by the checks of one boot; its length is noted when this file is sourced).
-LOG_START=$(wc -l 2>/dev/null </run/fdpblk/daemon.log || echo 0)
-daemon_errors() { tail -n +$((LOG_START + 1)) /run/fdpblk/daemon.log 2>/dev/null | grep -c ' ERROR ' || true; }
+# daemon_log_since_start: what fdpblk's daemons logged since this check began (the log is
+# shared by the checks of one boot; its inode and size are noted when this file is sourced).
+# Past a rotation (daemon.log.1, at 16 MiB) the rest of the old file comes first; a log
+# emptied by the check is new from its start. Fails, naming why on stderr, when the log is
+# missing or was rotated twice: no check may read "no error" from a log it did not read.
+DAEMON_LOG=/run/fdpblk/daemon.log
+DAEMON_LOG_INODE=$(stat -c %i "$DAEMON_LOG" 2>/dev/null || echo none)
+DAEMON_LOG_BYTES=$(stat -c %s "$DAEMON_LOG" 2>/dev/null || echo 0)
+daemon_log_since_start() {
+    local inode size
+    inode=$(stat -c %i "$DAEMON_LOG" 2>/dev/null) || { echo "no $DAEMON_LOG (no background daemon logged)" >&2; return 1; }
+    size=$(stat -c %s "$DAEMON_LOG")
+    if [[ $inode == "$DAEMON_LOG_INODE" ]]; then
+        if ((size >= DAEMON_LOG_BYTES)); then tail -c +$((DAEMON_LOG_BYTES + 1)) "$DAEMON_LOG"; else cat "$DAEMON_LOG"; fi
+        return 0
+    fi
+    if [[ $DAEMON_LOG_INODE != none ]]; then
+        [[ $(stat -c %i "$DAEMON_LOG.1" 2>/dev/null) == "$DAEMON_LOG_INODE" ]] || { echo "$DAEMON_LOG was rotated more than once during this check" >&2; return 1; }
+        tail -c +$((DAEMON_LOG_BYTES + 1)) "$DAEMON_LOG.1"
+    fi
+    cat "$DAEMON_LOG"
+}
+# daemon_errors: the number of ERROR lines the daemons logged since this check began (or why
+# the log could not be read).
+daemon_errors() {
+    local text
+    text=$(daemon_log_since_start 2>&1) || { echo "unreadable log: $text"; return; }
+    grep -c ' ERROR ' <<<"$text" || true
+}
 # daemons_gone: waits up to 5 s for every fdpblk daemon to exit (`del` returns once the device
 # is gone; its daemon may still be closing the backing, which the next add opens exclusively).
 daemons_gone() { for _ in $(seq 50); do pgrep -x fdpblk >/dev/null || return 0; sleep 0.1; done; return 1; }
 # log_has PATTERN: whether the daemons logged a line matching PATTERN (grep -E) since this
-# check began (every check of a boot shares the log).
-log_has() { tail -n +$((LOG_START + 1)) /run/fdpblk/daemon.log 2>/dev/null | grep -qE -- "$1"; }
+# check began; log_lacks PATTERN: whether they did not, in a log that could be read.
+log_has() { local text; text=$(daemon_log_since_start) && grep -qE -- "$1" <<<"$text"; }
+log_lacks() { local text; text=$(daemon_log_since_start) && ! grep -qE -- "$1" <<<"$text"; }
 
 # daemon_pid ID: the pid serving device ID.
 daemon_pid() { sed -n 's/.*"pid":\([0-9]*\).*/\1/p' "/run/fdpblk/$1.json"; }
