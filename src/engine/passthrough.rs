@@ -486,11 +486,8 @@ impl PassthroughEngine {
                 io::Error::from_raw_os_error(-res).to_string()
             };
             tracing::error!(
-                "passthrough: {what} nsid {} slba {} cdw12 {:#x} cdw13 {:#x}: {why}{}",
-                c.nsid,
-                u64::from(c.cdw10) | (u64::from(c.cdw11) << 32),
-                c.cdw12,
-                c.cdw13,
+                "passthrough: {what} {}: {why}{}",
+                describe(c),
                 if more > 0 { format!(" ({more} more errors not logged)") } else { String::new() }
             );
             self.last_log.set(Some(now));
@@ -1065,9 +1062,39 @@ impl ReadAt for NsReader {
     }
 }
 
+/// A failed I/O command for the log: where it went, in the fields its opcode has (a
+/// deallocate's ranges are in its data buffer, CDW10/11 hold its range count and attribute).
+fn describe(c: &PassthruCmd) -> String {
+    use cmd::io_opc;
+    let slba = u64::from(c.cdw10) | (u64::from(c.cdw11) << 32);
+    match c.opcode {
+        io_opc::WRITE | io_opc::READ | io_opc::WRITE_ZEROES => format!(
+            "nsid {} slba {slba} blocks {} cdw12 {:#x} cdw13 {:#x}",
+            c.nsid,
+            u64::from(c.cdw12 & 0xffff) + 1,
+            c.cdw12,
+            c.cdw13
+        ),
+        io_opc::DSM => format!("nsid {} deallocate of {} ranges", c.nsid, (c.cdw10 & 0xff) + 1),
+        io_opc::FLUSH => format!("nsid {} flush", c.nsid),
+        op => format!("nsid {} opcode {op:#x} cdw10 {:#x} cdw11 {:#x} cdw12 {:#x} cdw13 {:#x}", c.nsid, c.cdw10, c.cdw11, c.cdw12, c.cdw13),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_command_is_logged_by_what_its_fields_hold() {
+        let w = cmd::write(1, 1 << 33, 16, Some(3), false).unwrap();
+        let d = describe(&w);
+        assert!(d.starts_with(&format!("nsid 1 slba {} blocks 16 ", 1u64 << 33)), "{d}");
+        // A deallocate's CDW10/11 are its range count and attribute, not an LBA.
+        let d = describe(&cmd::dsm_deallocate(1, 256).unwrap());
+        assert_eq!(d, "nsid 1 deallocate of 256 ranges");
+        assert_eq!(describe(&cmd::flush(2)), "nsid 2 flush");
+    }
 
     #[test]
     fn write_zeroes_is_offered_only_where_the_kernel_offers_it_for_the_namespace() {

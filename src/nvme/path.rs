@@ -128,8 +128,12 @@ pub fn resolve_names(sys: &Path, given: &Path, kind: DevKind, name: &str) -> Res
             (c, Some(name.to_string()))
         }
         DevKind::Generic => {
-            let c = ctrl_from_sysfs(sys, &sys.join("class/nvme-generic").join(name)).unwrap_or(format!("nvme{x}"));
             let b = format!("nvme{}", &name[2..]);
+            // A multipath head's generic device links to the subsystem and has no `multipath/`
+            // of its own: its block device's names the paths.
+            let c = ctrl_from_sysfs(sys, &sys.join("class/nvme-generic").join(name))
+                .or_else(|| ctrl_from_sysfs(sys, &sys.join("class/block").join(&b)))
+                .unwrap_or(format!("nvme{x}"));
             let b = sys.join("class/block").join(&b).exists().then_some(b);
             (c, b)
         }
@@ -260,9 +264,9 @@ mod tests {
         // Multipath: the head's name says subsystem 0, the controller is nvme1.
         let p = resolve_names(s, g, DevKind::Block, "nvme0n1").unwrap();
         assert_eq!(p.ctrl_name, "nvme1");
-        // ng0n1 → no controller link; multipath dir absent under the ng → falls back to the name.
+        // ng0n1 → no controller link, no multipath dir of its own: its head's paths (nvme1).
         let p = resolve_names(s, g, DevKind::Generic, "ng0n1").unwrap();
-        assert_eq!((p.ctrl_name.as_str(), p.block_name.as_deref()), ("nvme0", Some("nvme0n1")));
+        assert_eq!((p.ctrl_name.as_str(), p.block_name.as_deref()), ("nvme1", Some("nvme0n1")));
         // Without sysfs: names only.
         let p = resolve_names(Path::new("/nonexistent"), g, DevKind::Generic, "ng3n2").unwrap();
         assert_eq!((p.ctrl_name.as_str(), p.block_name), ("nvme3", None));
