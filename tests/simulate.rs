@@ -101,6 +101,8 @@ fn errors_name_the_fix() {
         (r#"{"tenants": [{"doc_chunks": [1, 4000000000]}]}"#, "doc_chunks"),
         (r#"{"write_rate_mb_s": 1e-300, "tenants": [{}]}"#, "write_rate_mb_s"),
         (r#"{"checkpoint_interval_s": 1e-300, "tenants": [{}]}"#, "checkpoint_interval_s"),
+        (r#"{"checkpoint_interval_s": 0.5, "tenants": [{}]}"#, "at most once a second"),
+        (r#"{"eviction": {"interval_s": 1e-12}, "tenants": [{}]}"#, "interval_s must be 0.01 to 86400"),
         (r#"{"chunk_hash_bytes": 4000000000, "tenants": [{}]}"#, "chunk_hash_bytes"),
         (r#"{"slot_bytes": 1000, "tenants": [{}]}"#, "larger than \"header_bytes\""),
     ] {
@@ -117,5 +119,35 @@ fn errors_name_the_fix() {
         let e = String::from_utf8_lossy(&out.stderr);
         assert!(e.contains(needle), "{flag} {value}: {e}");
     }
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// A drive whose maps would not fit the memory the process may use is refused before it is
+/// allocated (here under an 8 GiB address-space limit; the maps of a 12 TiB drive in 4 KiB
+/// units take about 25 GiB).
+#[test]
+fn a_drive_too_large_for_memory_is_refused_naming_the_fix() {
+    use std::os::unix::process::CommandExt;
+    let d = tmpdir("memory");
+    let w = d.join("tiny.json");
+    std::fs::write(&w, WORKLOAD).unwrap();
+    let mut cmd = fdpblk();
+    cmd.args(["simulate", "--workload", w.to_str().unwrap(), "--policy", "none", "--utilization", "100", "--device-size", "12T", "--unit", "4K"]);
+    // SAFETY: setrlimit only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            libc::getrlimit(libc::RLIMIT_AS, &mut l);
+            l.rlim_cur = l.rlim_max.min(8 << 30);
+            if libc::setrlimit(libc::RLIMIT_AS, &l) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("more than half of the memory") && e.contains("--unit"), "{e}");
     std::fs::remove_dir_all(&d).ok();
 }

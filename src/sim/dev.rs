@@ -341,15 +341,14 @@ pub struct TraceSsd {
     window_start: Option<SsdCounters>,
 }
 
-/// The model maps each logical and physical unit in 4 bytes and keeps about 40 bytes per RU:
-/// a drive whose tables would pass `budget` (a size taken from a trace's furthest byte, which
+/// A drive whose tables would pass `budget` (a size taken from a trace's furthest byte, which
 /// one stray line can set) is refused before the allocation could exhaust memory.
 fn model_fits(size: u64, physical: u64, unit: u64, ru: u64, budget: Option<u64>) -> Result<(), String> {
-    let units = size.div_ceil(unit).saturating_add(physical.div_ceil(unit));
-    let need = units.saturating_mul(4).saturating_add(physical.div_ceil(ru.max(1)).saturating_mul(40));
-    super::memory::check(
-        &format!("modelling a {size}-byte drive in {unit}-byte units"),
-        need,
+    super::memory::drive_fits(
+        size,
+        physical,
+        unit,
+        ru,
         budget,
         "give --device-size (the traced drive's size) or a larger --ssd-ru-size, or replay on a machine with more memory",
     )

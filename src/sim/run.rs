@@ -526,6 +526,10 @@ impl Sim {
     fn counters(&self) -> SsdCounters {
         self.dev.lock().ssd.counters().clone()
     }
+    /// The drive's host bytes so far (per request: the counters' histograms are not copied).
+    fn host_bytes(&self) -> u64 {
+        self.dev.lock().ssd.counters().host_bytes
+    }
     fn trims(&self) -> u64 {
         self.watcher.as_ref().map_or(0, |w| w.counters().trims)
     }
@@ -1076,13 +1080,21 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
             crate::frontend::config::reserved_tail_bytes(drive.logical_bytes)
         )
     })?;
+    let physical = SsdConfig::physical_for_op(drive.logical_bytes, drive.op);
+    super::memory::drive_fits(
+        drive.logical_bytes,
+        physical,
+        unit,
+        drive.ru_bytes,
+        super::memory::budget(),
+        "give a smaller --device-size or a larger --unit (the workload's block_align may force small units: use a slot_bytes with larger power-of-two factors)",
+    )?;
     let capacity = ((lm_device as f64 * spec.utilization) as u64).max(1);
     let fdp = (spec.policy == "lmcache-fdp").then(|| LmcacheFdpMode { data_pids: LmcacheFdpPolicy::data_handles() });
     let mut wl =
         Workload::new(w.clone(), lm_device, if spec.utilization >= 1.0 { 0 } else { capacity }, spec.seed, fdp)?;
     wl.emit_json(fdpblk);
     let geom = wl.geometry;
-    let physical = SsdConfig::physical_for_op(drive.logical_bytes, drive.op);
     let mut cfg = SsdConfig::new(drive.logical_bytes, physical, unit, drive.ru_bytes, drive.handles, drive.handle_type);
     cfg.gc.victim = drive.victim;
     cfg.hold_open_rus = drive.hold_open_rus;
@@ -1210,11 +1222,10 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
                 }
             }
             Some((w0, ..)) => {
-                let now = sim.counters();
-                let host = now.host_bytes - w0.host_bytes;
+                let host = sim.host_bytes() - w0.host_bytes;
                 let last = marks.last().map_or(0, |m| m.host_bytes - w0.host_bytes);
                 if host - last >= drive.logical_bytes {
-                    marks.push(now);
+                    marks.push(sim.counters());
                 }
                 if host >= measure_target {
                     break;

@@ -262,8 +262,10 @@ impl WorkloadSpec {
                 {
                     return err("eviction: trigger_watermark and eviction_ratio must be in (0, 1]");
                 }
-                if s.interval_s <= 0.0 {
-                    return err("eviction: interval_s must be > 0");
+                // A check per interval, each evicting at least one key: a tiny interval would
+                // queue billions of them per request (or stop advancing in floating point).
+                if !(0.01..=86400.0).contains(&s.interval_s) {
+                    return err("eviction: interval_s must be 0.01 to 86400 (LMCache checks every 1)");
                 }
                 Some(s)
             }
@@ -391,8 +393,9 @@ impl WorkloadSpec {
         if !(1.0..=1e6).contains(&spec.write_rate_mb_s) {
             return err("\"write_rate_mb_s\" must be 1 to 1000000");
         }
-        if !(0.1..=86400.0).contains(&spec.checkpoint_interval_s) {
-            return err("\"checkpoint_interval_s\" must be 0.1 to 86400");
+        // LMCache's checkpoint thread wakes every max(1, meta_checkpoint_interval_sec) seconds.
+        if !(1.0..=86400.0).contains(&spec.checkpoint_interval_s) {
+            return err("\"checkpoint_interval_s\" must be 1 to 86400 (LMCache checkpoints at most once a second)");
         }
         if !(0.0..=1.0).contains(&spec.checkpoint_idle_probability) {
             return err("\"checkpoint_idle_probability\" must be 0 to 1");
