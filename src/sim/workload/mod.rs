@@ -556,7 +556,7 @@ impl Workload {
                 return;
             }
         }
-        let json_bytes = self.snapshot();
+        let json_bytes = self.snapshot(self.geometry.payload_cap());
         if json_bytes > self.geometry.payload_cap() {
             // LMCache logs "payload too large" and writes nothing; it stays dirty (§11).
             self.stats.checkpoints_overflow += 1;
@@ -744,52 +744,49 @@ impl Workload {
         self.ops = ops;
     }
 
-    /// The live entries (into `self.entries`) and the checkpoint JSON's size; with
-    /// `emit_json`, the JSON itself (into `self.json`, compact like `json.dumps` with
-    /// `separators=(",", ":")`).
-    fn snapshot(&mut self) -> u64 {
+    /// The live entries (into `self.entries`) and the checkpoint JSON's size (exact: the
+    /// compact encoding's length, predicted per entry); with `emit_json` and a JSON no larger
+    /// than `cap`, the JSON itself (into `self.json`, compact like `json.dumps` with
+    /// `separators=(",", ":")`). One past the cap is never built: LMCache writes nothing then,
+    /// and a device's worth of entries would take hundreds of MB at every tick.
+    fn snapshot(&mut self, cap: u64) -> u64 {
         use std::io::Write as _;
         self.entries.clear();
         let g = self.geometry;
-        let head = json_head(&g, self.next_slot);
         let mut bytes = self.spec.json_fixed_bytes(&g, self.next_slot);
-        let mut json = std::mem::take(&mut self.json);
-        json.clear();
-        if self.emit_json {
-            json.extend_from_slice(head.as_bytes());
-        }
-        let mut first = true;
-        let mut key = std::mem::take(&mut self.key_buf);
         for (s, r) in self.slots.iter().enumerate() {
             if !r.live {
                 continue;
             }
             let t = r.tenant as usize;
-            let off = g.slot_offset(s as u64);
-            bytes += self.spec.entry_json_bytes(self.tenants[t].key_len, off, r.payload_len);
-            let salt = &self.tenants[t].spec.salt;
+            bytes += self.spec.entry_json_bytes(self.tenants[t].key_len, g.slot_offset(s as u64), r.payload_len);
             self.entries.push(LiveEntry { slot: s as u64, identity: r.identity, salt_bucket: self.tenants[t].salt_bucket });
-            if self.emit_json {
-                key_string(self.spec.mode, &self.quoted_model, self.spec.chunk_hash_bytes, salt, r.id, &mut key);
-                if !first {
-                    json.push(b',');
-                }
-                let _ = write!(
-                    json,
-                    r#""{key}":{{"offset":{off},"size":{},"shape":[2,32,256,1024],"dtype":"bfloat16","fmt":"KV_2LTD","cached_positions":null}}"#,
-                    r.payload_len
-                );
-            }
-            first = false;
-        }
-        self.key_buf = key;
-        if self.emit_json {
-            json.extend_from_slice(b"}}");
         }
         if !self.entries.is_empty() {
             bytes -= 1; // no comma after the last entry
         }
-        if self.emit_json {
+        let mut json = std::mem::take(&mut self.json);
+        json.clear();
+        if self.emit_json && bytes <= cap {
+            json.extend_from_slice(json_head(&g, self.next_slot).as_bytes());
+            let mut key = std::mem::take(&mut self.key_buf);
+            for (n, e) in self.entries.iter().enumerate() {
+                let r = &self.slots[e.slot as usize];
+                let salt = &self.tenants[r.tenant as usize].spec.salt;
+                key_string(self.spec.mode, &self.quoted_model, self.spec.chunk_hash_bytes, salt, r.id, &mut key);
+                if n > 0 {
+                    json.push(b',');
+                }
+                let _ = write!(
+                    json,
+                    r#""{key}":{{"offset":{},"size":{},"shape":[2,32,256,1024],"dtype":"bfloat16","fmt":"KV_2LTD","cached_positions":null}}"#,
+                    g.slot_offset(e.slot),
+                    r.payload_len
+                );
+            }
+            self.key_buf = key;
+            json.extend_from_slice(b"}}");
+            debug_assert_eq!(json.len() as u64, bytes, "the predicted JSON size");
             bytes = json.len() as u64;
         }
         self.json = json;

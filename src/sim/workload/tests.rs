@@ -470,3 +470,25 @@ fn reputs_into_a_listed_slot_are_counted_as_the_op_stream_shows_them() {
     // Some re-puts are listed by both containers: each counts once.
     assert!(over_tail > 0 && reputs > over_tail && both > 0, "{reputs} re-puts, {over_tail} over a tail, {both} listed twice");
 }
+
+#[test]
+fn a_checkpoint_past_its_container_is_not_written_nor_built() {
+    // 32 KiB containers hold about 100 entries: the first checkpoint (60 slots written at
+    // 1 MB/s) fits, the device's 250 slots do not.
+    let s = spec(&format!(r#"{{"slot_bytes": "1M", "meta_total_bytes": "64K", "write_rate_mb_s": 1, {LRU} "tenants": [{ONE}]}}"#));
+    let mut w = Workload::new(s, 256 << 20, 0, 2, None).unwrap();
+    w.emit_json(true);
+    let cap = w.geometry.payload_cap();
+    let mut written = 0;
+    for _ in 0..20000 {
+        w.step(&mut |op| {
+            if let LmOp::Checkpoint { json: Some(j), json_bytes, .. } = op {
+                assert!(*json_bytes <= cap && j.len() as u64 == *json_bytes);
+                written += 1;
+            }
+        });
+    }
+    assert!(written > 0, "the first checkpoints fit");
+    assert!(w.stats.checkpoints_overflow > 0, "later ones do not");
+    assert!(w.json.is_empty(), "the last, too large, was not built");
+}
