@@ -186,7 +186,8 @@ pub struct AddArgs {
     /// once LMCache's committed checkpoints no longer list it), nor the stale tails behind
     /// shorter payloads, nor, on a device no fdpblk used before, the slots LMCache's first
     /// checkpoint does not list (data left from before).
-    #[arg(long)]
+    /// `--no-trim=false` turns it off again over `no_trim = true` in a --config file.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub no_trim: bool,
     /// Add a backing that `add` would refuse as someone else's data: one that holds a file
     /// system, partition table, RAID or LVM signature (as blkid finds them) and neither
@@ -204,14 +205,16 @@ pub struct AddArgs {
     /// LMCache's header check at load (`meta_verify_on_load`, on by default), and on LMCache
     /// reading its checkpoint when it starts (`load_checkpoint_on_init`, on by default): use
     /// this flag where either is turned off.
-    #[arg(long)]
+    /// `--no-early-tails=false` turns it off again over `no_early_tails = true` in a --config file.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub no_early_tails: bool,
     /// Deallocate an evicted slot only once both checkpoint containers no longer list it (one
     /// to two checkpoint intervals after the eviction) and never touch LMCache's older
     /// checkpoint copy. By default, once LMCache's newest checkpoint lacks slots the older copy
     /// still lists, fdpblk zeroes the older copy's header (LMCache overwrites it at its next
     /// checkpoint anyway) and deallocates those slots.
-    #[arg(long)]
+    /// `--no-early-evictions=false` turns it off again over `no_early_evictions = true` in a --config file.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub no_early_evictions: bool,
     /// How often (ms) fdpblk writes its own state (what changed) to the reserved tail of the
     /// backing: 0 (only when the device starts and stops) or at least 50.

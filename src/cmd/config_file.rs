@@ -343,6 +343,14 @@ capacity_bytes = "1T"
         resolve_add(&mut b, &explicit).unwrap();
         assert_eq!((b.engine.as_str(), b.policy.as_str(), b.queues, b.depth), ("auto", "key-aware", 1, 128));
         assert!(!b.no_trim);
+        // A switch the file turns on is turned off again by `--switch=false`; a bare switch
+        // still turns it on.
+        let (mut c, explicit) =
+            add_args(&["fdpblk", "add", "--config", p.to_str().unwrap(), "--no-trim=false", "--no-early-tails=false", "--no-early-evictions"]);
+        resolve_add(&mut c, &explicit).unwrap();
+        assert_eq!((c.no_trim, c.no_early_tails, c.no_early_evictions), (false, false, true));
+        let (d, _) = add_args(&["fdpblk", "add", "--backing", "/dev/ng0n1", "--no-trim", "--slot-bytes", "64K"]);
+        assert!(d.no_trim && d.geometry.slot_bytes == Some(65536), "a bare switch takes no value");
     }
 
     #[test]

@@ -1062,11 +1062,15 @@ fn print_watch(v: &serde_json::Value) {
         n(&v["checkpoint_entries"]),
         n(&v["checkpoint_estimate_bytes"])
     );
-    if v["overflow_risk"] == true || v["checkpoint_stalled"] == true {
+    if v["overflow_risk"] == true {
         println!(
             "OVERFLOW RISK: LMCache's checkpoint {}; set LMCache's meta_total_bytes to at least {} (a new layout: LMCache starts empty)",
             if v["checkpoint_stalled"] == true { "stopped being written" } else { "is close to its container's size" },
             n(&v["meta_total_bytes_needed"])
+        );
+    } else if v["checkpoint_stalled"] == true {
+        println!(
+            "CHECKPOINT STALLED: LMCache writes slots but no checkpoint, and a restart would lose them; it checkpoints only when no I/O has been in flight for 100 ms at its tick: leave it idle moments, or lower meta_checkpoint_interval_sec"
         );
     }
     if v["writeback_risk"] == true {

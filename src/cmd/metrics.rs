@@ -205,7 +205,7 @@ impl Registry {
         // The state thread: LMCache's checkpoints, slots, deallocation, own state.
         for (metric, key, help) in [
             ("fdpblk_checkpoint_seq", "checkpoint_seq", "Sequence number of LMCache's newest checkpoint."),
-            ("fdpblk_checkpoint_age_seconds", "checkpoint_age_s", "Seconds since LMCache's newest checkpoint was written."),
+            ("fdpblk_checkpoint_age_seconds", "checkpoint_age_s", "Seconds since this daemon saw LMCache's newest checkpoint written, or found it at its start."),
             ("fdpblk_checkpoint_payload_bytes", "checkpoint_bytes", "JSON bytes of LMCache's newest checkpoint."),
             ("fdpblk_checkpoint_entries", "checkpoint_entries", "Entries in LMCache's newest checkpoint."),
             ("fdpblk_checkpoint_cap_bytes", "checkpoint_cap_bytes", "Largest checkpoint JSON LMCache writes; a larger one is skipped."),
@@ -213,7 +213,7 @@ impl Registry {
             (
                 "fdpblk_checkpoint_needed_meta_total_bytes",
                 "meta_total_bytes_needed",
-                "The meta_total_bytes LMCache needs so that its checkpoint fits (present while the overflow alarm is raised).",
+                "The meta_total_bytes LMCache needs so that its checkpoint fits (present while the overflow risk is raised).",
             ),
         ] {
             if let Some(v) = num(&st[key]) {

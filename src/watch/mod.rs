@@ -928,7 +928,8 @@ impl Watcher {
             "checkpoint_interval_s": self.interval.map(|i| (i.as_secs_f64() * 10.0).round() / 10.0),
             "writeback_delay_s": self.writeback.map(|d| d.map(|d| d.as_secs_f64())),
             "writeback_risk": self.writeback_risk,
-            "meta_total_bytes_needed": (self.risk || self.stalled).then(|| est.map(|e| self.meta_total_needed(e.bytes))).flatten(),
+            // Only for a checkpoint too large: a stall of a busy LMCache needs no new layout.
+            "meta_total_bytes_needed": self.risk.then(|| est.map(|e| self.meta_total_needed(e.bytes))).flatten(),
             "containers": containers,
             "slots": {
                 "max_slots": self.slots.len(), "with_header": s.with_header, "confirmed": s.confirmed,

@@ -5,13 +5,14 @@ use super::*;
 
 impl Watcher {
     /// The estimated size of LMCache's next checkpoint: entries of the newest committed one
-    /// plus every put since (deletes are not visible, so it errs high), times the observed
-    /// bytes per entry.
+    /// plus every put since (deletes are not visible, so it errs high), at most one per slot
+    /// (puts into slots that evictions freed replace entries), times the observed bytes per
+    /// entry.
     pub fn estimate(&self) -> Option<Estimate> {
         let c = self.baseline();
         let puts = self.slots.header_writes().saturating_sub(c.puts_at);
         let entry_bytes = if c.entries > 0 { c.payload_len.saturating_sub(c.fixed_bytes).max(1) as f64 / c.entries as f64 } else { DEFAULT_ENTRY_BYTES };
-        let entries = c.entries + puts;
+        let entries = c.entries.saturating_add(puts).min(self.geom.max_slots.max(c.entries));
         Some(Estimate { entries, bytes: c.fixed_bytes + (entries as f64 * entry_bytes).ceil() as u64, cap: self.geom.payload_cap(), entry_bytes })
     }
 
@@ -26,6 +27,11 @@ impl Watcher {
         let Some(e) = self.estimate() else { return };
         let threshold = RISK_FRACTION * e.cap as f64 - c.fixed_bytes as f64;
         let fit = (threshold / e.entry_bytes).floor().max(0.0) as u64;
+        if fit >= self.geom.max_slots.max(c.entries.saturating_add(1)) {
+            // Every slot listed still fits: no number of puts raises the alarm.
+            self.slots.set_alarm_at(u64::MAX);
+            return;
+        }
         self.slots.set_alarm_at(c.puts_at + fit.saturating_sub(c.entries).max(1));
     }
 

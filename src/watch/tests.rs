@@ -1932,6 +1932,35 @@ fn overflow_alarm_comes_before_the_first_skipped_checkpoint() {
 }
 
 #[test]
+fn puts_into_freed_slots_do_not_raise_the_overflow_alarm_past_the_slot_count() {
+    // 8 slots, whose 8 entries fit a 4 KiB container with room to spare: however many puts
+    // (each replacing a deleted entry) come without a checkpoint, LMCache's index never lists
+    // more than 8, so no overflow is ahead. The estimate counted every put.
+    let mut r = Rig::new(8, 8192, true);
+    for _ in 0..4 {
+        let k = r.new_key(false);
+        r.put(k);
+    }
+    r.step();
+    assert!(r.snapshot());
+    r.ckpt_payload();
+    r.ckpt_header();
+    r.step();
+    for _ in 0..200 {
+        if r.lmc.free.is_empty() {
+            r.delete(0);
+        }
+        let k = r.new_key(true);
+        assert!(r.put(k).is_some());
+        r.step();
+    }
+    let v = r.w.published().lock().unwrap().clone();
+    assert_eq!(v["overflow_risk"], false, "{v}");
+    assert!(v["meta_total_bytes_needed"].is_null());
+    assert!(v["checkpoint_estimate_bytes"].as_u64().unwrap() < r.g.payload_cap(), "{v}");
+}
+
+#[test]
 fn overflow_alarm_measured_on_a_one_entry_checkpoint_comes_before_the_overflow() {
     // The bytes per entry come from a checkpoint with a single entry: what the JSON costs
     // besides its entries must be measured, not assumed, or that entry looks far smaller.
