@@ -428,9 +428,16 @@ pub fn open_backing(cfg: &DeviceConfig, recover: bool) -> Result<Backing, String
                 tracing::debug!("{e}: waiting for the earlier holder to let go");
                 std::thread::sleep(Duration::from_millis(200));
             }
+            // The wait cut short by a stop: say so (the holder may have been about to let go).
+            Err((e, true)) if !recover && Instant::now() < held_until => return Err(stopped_while_waiting(&e)),
             r => return r.map_err(|(e, _)| e),
         }
     }
+}
+
+/// An add's wait for an earlier holder, ended by a stop signal before its time was up.
+fn stopped_while_waiting(e: &str) -> String {
+    format!("a stop signal came while it started, waiting for an earlier holder to let go ({e}); nothing was created")
 }
 
 /// How long `add` tries again a backing held elsewhere (see [`open_backing`]).
@@ -600,10 +607,11 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             if Instant::now() >= held_until || STOP_REQUESTED.load(Ordering::SeqCst) {
                 let who = deleted_holders(cfg.id);
                 let who = if who.is_empty() { String::new() } else { format!(" (by {})", who.join(", ")) };
-                return Err(fail(format!(
+                let e = format!(
                     "ublk device id {} is still taken: the deleted /dev/ublkb{} is still open{who}; close it, or add without -n (another id)",
                     cfg.id, cfg.id
-                )));
+                );
+                return Err(fail(if Instant::now() < held_until { stopped_while_waiting(&e) } else { e }));
             }
             std::thread::sleep(Duration::from_millis(500));
         }

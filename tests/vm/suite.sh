@@ -154,8 +154,11 @@ starved() { # starved GDIR -> prints the first starvation message of that boot
 # the guest, so such a boot's kernel-log failure stands (only what starvation itself logs,
 # stall reports, soft and workqueue lockups with their call traces, is retried).
 KERNEL_BUG='Oops|general protection|[Kk]ernel panic|kernel BUG at|WARNING: CPU|BUG: (unable to handle|kernel NULL|KASAN|UBSAN|scheduling while atomic|sleeping function|Bad page|bad page|spinlock|using smp_processor_id)|refcount_t:|list_(add|del) corruption'
-kernel_bug() { # kernel_bug GDIR -> prints the first kernel bug line of that boot's dmesg
-    grep -a -m1 -E "$KERNEL_BUG" "$1/dmesg.log" 2>/dev/null
+kernel_bug() { # kernel_bug GDIR -> prints the first kernel bug line of that boot
+    # The console too: a boot that hung never wrote its last dmesg.log.
+    local text
+    text=$(cat "$1.console" "$1/dmesg.log" 2>/dev/null || true)
+    grep -a -m1 -E "$KERNEL_BUG" <<<"${text//$'\r'/}"
 }
 boot_group() { # boot_group GDIR KERNEL FDP ARGS CHECK... -> GDIR/results, GDIR.out, GDIR.console
     local gdir=$1 k=$2 fdp=$3 args=$4 c rc=0 limit=60 t0 timing

@@ -45,7 +45,7 @@ for eng in passthrough:"$NG_DEV" streams:"$NS_DEV"; do
     if [[ $engine == passthrough ]]; then
         expect "passthrough: the log says commands were held for the reset" grep -q "controller is not live" /run/fdpblk/daemon.log
     fi
-    expect "$engine: no I/O error logged by fdpblk" bash -c "! grep -q ERROR /run/fdpblk/daemon.log"
+    expect "$engine: no I/O error logged by fdpblk" bash -c "test -s /run/fdpblk/daemon.log && ! grep -q ERROR /run/fdpblk/daemon.log"
     [[ $engine == passthrough ]] && grep -v "^$" /run/fdpblk/daemon.log | tail -5
     expect "$engine: del" "$FDPBLK" del -n 0
 done
@@ -69,7 +69,7 @@ for _ in $(seq 40); do [[ $(dev_stat trim.trims) -gt 0 ]] && break; sleep 0.25; 
 trims=$(dev_stat trim.trims)
 expect "lmcache: evicted slots were deallocated ($trims trims)" test "${trims:-0}" -gt 0
 expect "lmcache: the resets came during LMCache's I/O (commands held)" grep -q "controller is not live" /run/fdpblk/daemon.log
-expect "lmcache: no error logged by fdpblk" bash -c "! grep -q ERROR /run/fdpblk/daemon.log"
+expect "lmcache: no error logged by fdpblk" bash -c "test -s /run/fdpblk/daemon.log && ! grep -q ERROR /run/fdpblk/daemon.log"
 grep -E "WARN|ERROR" /run/fdpblk/daemon.log | tail -5 || true
 expect "lmcache: del" "$FDPBLK" del -n 0
 check_done
