@@ -72,7 +72,8 @@ pub struct SimulateArgs {
     /// Off: a handle takes an RU at its first write.
     #[arg(long)]
     pub hold_open_rus: bool,
-    /// Warm-up: LMCache writes this many times its capacity before measuring.
+    /// Warm-up: LMCache writes this many times its capacity before measuring (and the drive
+    /// at least its physical capacity, so that it has had to collect).
     #[arg(long, default_value_t = 2.0)]
     pub warmup: f64,
     /// Measured window: this many device capacities of host writes.

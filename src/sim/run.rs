@@ -1207,7 +1207,9 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
         }
         match &warm {
             None => {
-                if sim.lm_write_bytes >= warm_target {
+                // And at least the drive's physical capacity in host writes: before that it has
+                // never had to collect, and a window starting there would count those writes.
+                if sim.lm_write_bytes >= warm_target && sim.host_bytes() >= physical {
                     sim.flush();
                     if let Some(p) = &mut sim.probe {
                         p.recording = true;

@@ -759,7 +759,8 @@ impl Workload {
                 continue;
             }
             let t = r.tenant as usize;
-            bytes += self.spec.entry_json_bytes(self.tenants[t].key_len, g.slot_offset(s as u64), r.payload_len);
+            let key_len = self.spec.key_len_of(self.tenants[t].key_len, r.id);
+            bytes += self.spec.entry_json_bytes(key_len, g.slot_offset(s as u64), r.payload_len);
             self.entries.push(LiveEntry { slot: s as u64, identity: r.identity, salt_bucket: self.tenants[t].salt_bucket });
         }
         if !self.entries.is_empty() {

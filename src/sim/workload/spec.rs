@@ -441,7 +441,8 @@ impl WorkloadSpec {
         FIXED + key_len + digits(offset) + digits(size)
     }
 
-    /// Length of the encoded key string of tenant `t`.
+    /// Length of the encoded key string of tenant `t` (non-MP: less its chunk hash, see
+    /// [`Self::key_len_of`]).
     pub fn key_len(&self, t: usize) -> u64 {
         let salt = &self.tenants[t].salt;
         match self.mode {
@@ -456,10 +457,17 @@ impl WorkloadSpec {
                     + 2 * u64::from(self.chunk_hash_bytes)
                     + if salt.is_empty() { 0 } else { 1 + salt.len() as u64 }
             }
-            // <model>@<world>@<worker>@<hash hex>@<dtype>
-            Mode::NonMp => {
-                self.model_name.len() as u64 + 5 + 2 * u64::from(self.chunk_hash_bytes) + 1 + "bfloat16".len() as u64
-            }
+            // <model>@<world>@<worker>@<hash hex>@<dtype>, less the hash: Python's unpadded
+            // `f"{chunk_hash:x}"`, whose length is each key's ([`Self::key_len_of`]).
+            Mode::NonMp => self.model_name.len() as u64 + 5 + 1 + "bfloat16".len() as u64,
+        }
+    }
+
+    /// Bytes of the key of chunk `id` of a tenant whose keys take `key_len` ([`Self::key_len`]).
+    pub fn key_len_of(&self, key_len: u64, id: u64) -> u64 {
+        match self.mode {
+            Mode::Mp => key_len,
+            Mode::NonMp => key_len + u64::from((64 - id.leading_zeros()).div_ceil(4).max(1)),
         }
     }
 

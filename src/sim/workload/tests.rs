@@ -492,3 +492,30 @@ fn a_checkpoint_past_its_container_is_not_written_nor_built() {
     assert!(w.stats.checkpoints_overflow > 0, "later ones do not");
     assert!(w.json.is_empty(), "the last, too large, was not built");
 }
+
+#[test]
+fn a_non_mp_checkpoints_size_is_predicted_with_its_unpadded_chunk_hashes() {
+    // Legacy keys carry Python's `f"{chunk_hash:x}"`: one hash in 16 has fewer than 16 digits.
+    let s = spec(
+        r#"{"mode": "non_mp", "slot_bytes": "64K", "meta_total_bytes": "4M", "write_rate_mb_s": 1, "remove_after_read": true,
+            "tenants": [{"zipf": 0.9, "universe": 2, "system_prompts": 1, "prefix_chunks": 0, "doc_chunks": [1, 16], "unique_tail_chunks": 0}]}"#,
+    );
+    let mut sized = Workload::new(s.clone(), 256 << 20, 0, 3, None).unwrap();
+    let mut w = Workload::new(s, 256 << 20, 0, 3, None).unwrap();
+    w.emit_json(true);
+    let (mut predicted, mut got) = (Vec::new(), Vec::new());
+    for _ in 0..5000 {
+        sized.step(&mut |op| {
+            if let LmOp::Checkpoint { json_bytes, .. } = op {
+                predicted.push(*json_bytes);
+            }
+        });
+        w.step(&mut |op| {
+            if let LmOp::Checkpoint { json: Some(j), .. } = op {
+                got.push(j.len() as u64);
+            }
+        });
+    }
+    assert!(got.len() >= 2 && got.iter().all(|&n| n > 100 * 150), "{got:?}: checkpoints of hundreds of entries");
+    assert_eq!(predicted, got);
+}
