@@ -122,9 +122,10 @@ pub fn status_json(i: &FdpInfo) -> Value {
         json!(i
             .ruhs
             .iter()
-            .map(|d| json!({
-                "pid": d.pid, "ruhid": d.ruhid, "earutr": d.earutr, "ruamw": d.ruamw,
-            }))
+            .map(|d| {
+                let (rg, ph) = c.split_pid(d.pid);
+                json!({"pid": d.pid, "rg": rg, "ph": ph, "ruhid": d.ruhid, "earutr": d.earutr, "ruamw": d.ruamw})
+            })
             .collect::<Vec<_>>()),
     );
     put("hbmw", big(i.stats.hbmw));
@@ -186,10 +187,11 @@ pub fn status_text(i: &FdpInfo) -> String {
         opt(i.write_stream_granularity)
     );
     o += &format!("statistics:    HBMW {}, MBMW {}, MBE {}\n", i.stats.hbmw, i.stats.mbmw, i.stats.mbe);
-    o += &format!("placement identifiers ({}), in placement-handle order:\n", i.ruhs.len());
-    o += "  handle    PID  RUHID  EARUTR (s)  RUAMW (blocks)\n";
-    for (h, d) in i.ruhs.iter().enumerate() {
-        o += &format!("  {h:>6} {:>6} {:>6} {:>11} {:>15}\n", d.pid, d.ruhid, d.earutr, d.ruamw);
+    o += &format!("placement identifiers ({}), in the drive's order (RG: reclaim group, PH: placement handle):\n", i.ruhs.len());
+    o += "   index    PID     RG     PH  RUHID  EARUTR (s)  RUAMW (blocks)\n";
+    for (n, d) in i.ruhs.iter().enumerate() {
+        let (rg, ph) = c.split_pid(d.pid);
+        o += &format!("  {n:>6} {:>6} {rg:>6} {ph:>6} {:>6} {:>11} {:>15}\n", d.pid, d.ruhid, d.earutr, d.ruamw);
     }
     o
 }

@@ -145,6 +145,16 @@ impl FdpConfig {
     pub fn rgif(&self) -> u8 {
         self.fdpa & 0xf
     }
+    /// A placement identifier's reclaim group and placement handle: the group in its top
+    /// RGIF bits, the handle in the rest. The RUH Status log lists one descriptor per handle
+    /// per group, so its index is a handle only where there is one group.
+    pub fn split_pid(&self, pid: u16) -> (u16, u16) {
+        match u32::from(self.rgif().min(16)) {
+            0 => (0, pid),
+            16 => (pid, 0),
+            g => (pid >> (16 - g), pid & ((1u16 << (16 - g)) - 1)),
+        }
+    }
     /// FDP volatile write cache present.
     pub fn fdpvwc(&self) -> bool {
         self.fdpa & 0x10 != 0
@@ -534,10 +544,13 @@ mod tests {
         assert_eq!(log.configs.len(), 2);
         let c = &log.configs[0];
         assert_eq!((c.fdpa, c.rgif(), c.fdpvwc(), c.valid(), c.vss), (0x92, 2, true, true, 4));
+        // RGIF 2: the group in PID bits 15:14.
+        assert_eq!((c.split_pid(0x4001), c.split_pid(3)), ((1, 1), (0, 3)));
         assert_eq!((c.nrg, c.nruh, c.maxpids, c.nnss, c.runs, c.erutl), (4, 2, 15, 32, 1 << 30, 3600));
         assert_eq!(c.ruh_types, vec![RuhType::InitiallyIsolated, RuhType::PersistentlyIsolated]);
         let c = &log.configs[1];
         assert_eq!((c.nrg, c.nruh, c.runs, c.rgif(), c.fdpvwc()), (1, 3, 96 << 20, 0, false));
+        assert_eq!(c.split_pid(7), (0, 7));
         assert_eq!(c.ruh_types[2], RuhType::Other(7));
         assert_eq!(c.ruh_types[2].name(), "Reserved");
         // A longer buffer (a 4 KiB read) parses the same: SZE bounds the log.

@@ -128,7 +128,7 @@ jq_eq "stats ratio = mbmw / hbmw" "$a_s" '.media_host_ratio * 1000 | floor' "$a_
 
 # ---- text output and errors ------------------------------------------------------------------
 txt=$("$FDPBLK" fdp status "$NS_DEV") || not_ok "fdpblk fdp status (text) failed"
-expect "text status lists $NRUH placement identifiers" test "$(grep -cE '^ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+$' <<<"$txt")" -eq "$NRUH"
+expect "text status lists $NRUH placement identifiers" test "$(grep -cE '^ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+$' <<<"$txt")" -eq "$NRUH"
 expect "text stats prints HBMW" bash -c "'$FDPBLK' fdp stats $CTRL_DEV | grep -q '^HBMW'"
 
 err_case() { # DESC WANT_IN_MESSAGE CMD...
