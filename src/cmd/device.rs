@@ -1062,13 +1062,17 @@ fn print_watch(v: &serde_json::Value) {
         n(&v["checkpoint_entries"]),
         n(&v["checkpoint_estimate_bytes"])
     );
+    // A stall whose checkpoint still fits is LMCache's idle rule, also when it is close to the cap.
+    let stalled = v["checkpoint_stalled"] == true;
+    let past_cap = v["checkpoint_estimate_bytes"].as_u64().zip(v["checkpoint_cap_bytes"].as_u64()).is_some_and(|(e, c)| e >= c);
     if v["overflow_risk"] == true {
         println!(
             "OVERFLOW RISK: LMCache's checkpoint {}; set LMCache's meta_total_bytes to at least {} (a new layout: LMCache starts empty)",
-            if v["checkpoint_stalled"] == true { "stopped being written" } else { "is close to its container's size" },
+            if stalled && past_cap { "stopped being written: it no longer fits its container" } else { "is close to its container's size" },
             n(&v["meta_total_bytes_needed"])
         );
-    } else if v["checkpoint_stalled"] == true {
+    }
+    if stalled && !past_cap {
         println!(
             "CHECKPOINT STALLED: LMCache writes slots but no checkpoint, and a restart would lose them; it checkpoints only when no I/O has been in flight for 100 ms at its tick: leave it idle moments, or lower meta_checkpoint_interval_sec"
         );

@@ -12,8 +12,16 @@ impl Watcher {
         let c = self.baseline();
         let puts = self.slots.header_writes().saturating_sub(c.puts_at);
         let entry_bytes = if c.entries > 0 { c.payload_len.saturating_sub(c.fixed_bytes).max(1) as f64 / c.entries as f64 } else { DEFAULT_ENTRY_BYTES };
-        let entries = c.entries.saturating_add(puts).min(self.geom.max_slots.max(c.entries));
+        let entries = c.entries.saturating_add(puts).min(self.lmcache_slots().max(c.entries));
         Some(Estimate { entries, bytes: c.fixed_bytes + (entries as f64 * entry_bytes).ceil() as u64, cap: self.geom.payload_cap(), entry_bytes })
+    }
+
+    /// The most entries LMCache's index can hold: one per slot of its layout, which a larger
+    /// `capacity_bytes` in its checkpoint than fdpblk's (warned about) makes larger.
+    fn lmcache_slots(&self) -> u64 {
+        let g = &self.geom;
+        let theirs = self.capacity_warned.map_or(0, |c| c.saturating_sub(g.meta_total_bytes) / g.slot_bytes.max(1));
+        g.max_slots.max(theirs)
     }
 
     /// The newest committed checkpoint, or an empty one when fdpblk started.
@@ -27,7 +35,7 @@ impl Watcher {
         let Some(e) = self.estimate() else { return };
         let threshold = RISK_FRACTION * e.cap as f64 - c.fixed_bytes as f64;
         let fit = (threshold / e.entry_bytes).floor().max(0.0) as u64;
-        if fit >= self.geom.max_slots.max(c.entries.saturating_add(1)) {
+        if fit >= self.lmcache_slots().max(c.entries.saturating_add(1)) {
             // Every slot listed still fits: no number of puts raises the alarm.
             self.slots.set_alarm_at(u64::MAX);
             return;
@@ -76,7 +84,7 @@ impl Watcher {
                     self.meta_total_needed(e.bytes)
                 )
             } else {
-                "LMCache writes a checkpoint only when no I/O has been in flight for 100 ms at its (60 s) tick, so continuous traffic defers it; fix: leave LMCache idle moments, or lower meta_checkpoint_interval_sec".to_string()
+                "LMCache writes a checkpoint only when no I/O has been in flight for 100 ms at its tick (meta_checkpoint_interval_sec, 60 s by default), so continuous traffic defers it; fix: leave LMCache idle moments, or lower meta_checkpoint_interval_sec".to_string()
             };
             tracing::error!(
                 "device {dev}: LMCache wrote {puts} slots but no checkpoint for {}s (last seq {}): {cause}. A restart now loses those entries",

@@ -1942,9 +1942,7 @@ fn puts_into_freed_slots_do_not_raise_the_overflow_alarm_past_the_slot_count() {
         r.put(k);
     }
     r.step();
-    assert!(r.snapshot());
-    r.ckpt_payload();
-    r.ckpt_header();
+    r.checkpoint();
     r.step();
     for _ in 0..200 {
         if r.lmc.free.is_empty() {
@@ -1958,6 +1956,36 @@ fn puts_into_freed_slots_do_not_raise_the_overflow_alarm_past_the_slot_count() {
     assert_eq!(v["overflow_risk"], false, "{v}");
     assert!(v["meta_total_bytes_needed"].is_null());
     assert!(v["checkpoint_estimate_bytes"].as_u64().unwrap() < r.g.payload_cap(), "{v}");
+}
+
+#[test]
+fn the_overflow_estimate_takes_lmcaches_larger_capacity_for_its_slot_count() {
+    // LMCache's checkpoint says a capacity four times fdpblk's: its index can list about four
+    // times the slots, not 8, and puts past fdpblk's 8 count towards the estimate.
+    let mut r = Rig::new(8, 8192, true);
+    let cap = r.g.capacity_bytes;
+    let k = r.new_key(false);
+    r.put(k);
+    r.step();
+    assert!(r.snapshot());
+    let c = r.lmc.ckpt.as_mut().unwrap();
+    let json = String::from_utf8(c.json.clone()).unwrap();
+    c.json = json.replace(&format!("\"capacity_bytes\":{cap}"), &format!("\"capacity_bytes\":{}", cap * 4)).into_bytes();
+    r.ckpt_payload();
+    r.ckpt_header();
+    r.step();
+    assert_eq!(r.w.capacity_warned, Some(cap * 4));
+    for _ in 0..80 {
+        if r.lmc.free.is_empty() {
+            r.delete(0);
+        }
+        let k = r.new_key(false);
+        assert!(r.put(k).is_some());
+    }
+    r.step();
+    let theirs = (cap * 4 - r.g.meta_total_bytes) / r.g.slot_bytes;
+    assert!(theirs < 81, "the test needs LMCache's slot count below its puts: {theirs}");
+    assert_eq!(r.w.estimate().unwrap().entries, theirs, "one entry per slot of LMCache's layout");
 }
 
 #[test]
