@@ -58,7 +58,7 @@ Payload bytes are a function of (seed, key, content generation), so verify is ex
 #[derive(Parser, Debug)]
 #[command(
     name = "rawblock-writer",
-    about = "Issue LMCache 0.5.6 raw_block's exact I/O pattern against a block device or file",
+    about = "Write LMCache 0.5.6 raw_block's bytes in its write order to a block device or file (one thread; a run is not a whole LMCache process)",
     after_help = SCRIPT_HELP
 )]
 struct Args {
