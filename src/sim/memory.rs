@@ -17,7 +17,7 @@ pub fn budget() -> Option<u64> {
 fn address_space_limit() -> Option<u64> {
     let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes the struct given.
-    (unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut l) } == 0 && l.rlim_cur != libc::RLIM_INFINITY).then_some(l.rlim_cur as u64)
+    (unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut l) } == 0 && l.rlim_cur != libc::RLIM_INFINITY).then_some(l.rlim_cur)
 }
 
 /// The cgroup v2 `memory.max` of this process, when it is a number.
