@@ -544,6 +544,18 @@ impl Rig {
         self.ckpt_header();
     }
 
+    /// A checkpoint whose JSON says `capacity_bytes` `capacity` (an LMCache configured with
+    /// another capacity than the layout fdpblk took).
+    fn checkpoint_saying_capacity(&mut self, capacity: u64) {
+        let cap = self.g.capacity_bytes;
+        assert!(self.snapshot());
+        let c = self.lmc.ckpt.as_mut().unwrap();
+        let json = String::from_utf8(c.json.clone()).unwrap();
+        c.json = json.replace(&format!("\"capacity_bytes\":{cap}"), &format!("\"capacity_bytes\":{capacity}")).into_bytes();
+        self.ckpt_payload();
+        self.ckpt_header();
+    }
+
     /// LMCache's process ends (in-flight puts are lost; a checkpoint being written stays as
     /// far as it got) and a new one starts: it loads the newest valid checkpoint, dropping
     /// entries whose slot header does not match, or (`load` false, e.g. another device_path
@@ -1967,12 +1979,7 @@ fn the_overflow_estimate_takes_lmcaches_larger_capacity_for_its_slot_count() {
     let k = r.new_key(false);
     r.put(k);
     r.step();
-    assert!(r.snapshot());
-    let c = r.lmc.ckpt.as_mut().unwrap();
-    let json = String::from_utf8(c.json.clone()).unwrap();
-    c.json = json.replace(&format!("\"capacity_bytes\":{cap}"), &format!("\"capacity_bytes\":{}", cap * 4)).into_bytes();
-    r.ckpt_payload();
-    r.ckpt_header();
+    r.checkpoint_saying_capacity(cap * 4);
     r.step();
     assert_eq!(r.w.capacity_warned, Some(cap * 4));
     for _ in 0..80 {
@@ -2742,12 +2749,7 @@ fn a_larger_capacity_in_lmcaches_checkpoint_is_noted() {
     assert_eq!(r.w.capacity_warned, None, "LMCache's own capacity");
     for k in &keys[..2] {
         r.delete_key(k);
-        assert!(r.snapshot());
-        let c = r.lmc.ckpt.as_mut().unwrap();
-        let json = String::from_utf8(c.json.clone()).unwrap();
-        c.json = json.replace(&format!("\"capacity_bytes\":{cap}"), &format!("\"capacity_bytes\":{}", cap * 2)).into_bytes();
-        r.ckpt_payload();
-        r.ckpt_header();
+        r.checkpoint_saying_capacity(cap * 2);
         r.step();
         assert_eq!(r.w.capacity_warned, Some(cap * 2));
     }
