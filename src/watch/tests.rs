@@ -544,6 +544,16 @@ impl Rig {
         self.ckpt_header();
     }
 
+    /// A put of a new key, deleting the oldest entry first when no slot is free (as an
+    /// eviction would), without a checkpoint.
+    fn put_in_a_full_cache(&mut self, salted: bool) {
+        if self.lmc.free.is_empty() {
+            self.delete(0);
+        }
+        let k = self.new_key(salted);
+        assert!(self.put(k).is_some());
+    }
+
     /// A checkpoint whose JSON says `capacity_bytes` `capacity` (an LMCache configured with
     /// another capacity than the layout fdpblk took).
     fn checkpoint_saying_capacity(&mut self, capacity: u64) {
@@ -1957,11 +1967,7 @@ fn puts_into_freed_slots_do_not_raise_the_overflow_alarm_past_the_slot_count() {
     r.checkpoint();
     r.step();
     for _ in 0..200 {
-        if r.lmc.free.is_empty() {
-            r.delete(0);
-        }
-        let k = r.new_key(true);
-        assert!(r.put(k).is_some());
+        r.put_in_a_full_cache(true);
         r.step();
     }
     let v = r.w.published().lock().unwrap().clone();
@@ -1983,11 +1989,7 @@ fn the_overflow_estimate_takes_lmcaches_larger_capacity_for_its_slot_count() {
     r.step();
     assert_eq!(r.w.capacity_warned, Some(cap * 4));
     for _ in 0..80 {
-        if r.lmc.free.is_empty() {
-            r.delete(0);
-        }
-        let k = r.new_key(false);
-        assert!(r.put(k).is_some());
+        r.put_in_a_full_cache(false);
     }
     r.step();
     let theirs = (cap * 4 - r.g.meta_total_bytes) / r.g.slot_bytes;
