@@ -156,6 +156,13 @@ impl Device {
         })
     }
 
+    /// Test hook: the same file, opened read-only from here on, so that every write fails
+    /// (EBADF) as a failing device's would.
+    #[cfg(test)]
+    pub fn refuse_writes(&mut self) {
+        self.file = File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd())).unwrap();
+    }
+
     /// Appends a worker's logged writes, its batches numbered after this device's.
     pub fn absorb_log(&mut self, w: Device) {
         if let (Some(l), Some(wl)) = (&mut self.log, w.log) {

@@ -724,6 +724,12 @@ impl Writer {
         Ok(())
     }
 
+    /// A put whose writes failed, its slots freed again: LMCache's rollback advances the
+    /// dirty counter too (reference §9), so the next tick writes a checkpoint.
+    fn rolled_back(&mut self) {
+        self.dirty_total += 1;
+    }
+
     fn noop(&mut self) {
         self.total.puts_noop += 1;
         self.run.puts_noop += 1;
@@ -758,6 +764,7 @@ impl Writer {
                     self.put_reqs(slot, item.size, &hdr, &pay, dev, &mut reqs);
                     if let Err(e) = self.issue(dev, &reqs) {
                         self.free_slot(slot);
+                        self.rolled_back();
                         return Err(e);
                     }
                     drop(reqs);
@@ -805,6 +812,7 @@ impl Writer {
                         for s in slots {
                             self.free_slot(s);
                         }
+                        self.rolled_back();
                         return Err(e);
                     }
                     drop(reqs);
@@ -923,8 +931,11 @@ impl Writer {
                     self.free_slot(slot);
                 }
             }
-            if let (Some(e), None) = (r.err, &first_err) {
-                first_err = Some(format!("store task {} of {n}: {e}", j + 1));
+            if let Some(e) = r.err {
+                self.rolled_back();
+                if first_err.is_none() {
+                    first_err = Some(format!("store task {} of {n}: {e}", j + 1));
+                }
             }
         }
         // A call no thread reached (every thread stopped at a failure) is freed above.

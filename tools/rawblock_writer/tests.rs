@@ -789,3 +789,36 @@ fn identities_are_lmcaches_without_fdpblks_parser() {
     assert!(crate::model::lmcache_identity("no-at-signs").is_err());
     assert!(crate::model::lmcache_identity("m@1@0@xyz@bfloat16").is_err());
 }
+
+/// A put whose writes fail is rolled back (its slots free again, nothing indexed) and, as
+/// LMCache's rollback does, makes the next tick write a checkpoint: on both engines and on
+/// concurrent store tasks.
+#[test]
+fn failed_put_is_rolled_back_and_marks_the_index_dirty() {
+    for engine in [Engine::Posix, Engine::IoUring] {
+        for concurrent in [false, true] {
+            let size = 4 << 20;
+            let f = Scratch::new(&format!("rollback-{}-{concurrent}", engine.name()), size);
+            let Some(mut d) = open(&f.0, engine) else { continue };
+            let g = geom(65536, 1 << 20, size);
+            let mut w = Writer::new(g, opts(Dtype::U8, "/dev/ublkb0"));
+            put(&mut w, &mut d, 3);
+            assert!(matches!(w.checkpoint(&mut d).unwrap(), CheckpointOutcome::Written { .. }));
+            assert!(!w.is_dirty());
+            let (live, free, next) = (w.live(), w.free_slots().to_vec(), w.next_slot);
+            d.refuse_writes();
+            let items = w.plan_new(4, None, None, None).unwrap();
+            let err = if concurrent {
+                let mut a = items;
+                let b = a.split_off(2);
+                w.put_concurrent(&mut d, vec![a, b], 2).unwrap_err()
+            } else {
+                w.put_many(&mut d, items).unwrap_err()
+            };
+            let what = format!("{} concurrent={concurrent}: {err}", engine.name());
+            assert_eq!(w.live(), live, "{what}");
+            assert_eq!(w.free_slots().len() as u64 + g.max_slots - w.next_slot, free.len() as u64 + g.max_slots - next, "{what}");
+            assert!(w.is_dirty(), "a rolled-back put makes the next tick write: {what}");
+        }
+    }
+}
