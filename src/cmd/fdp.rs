@@ -237,8 +237,8 @@ fn events_text(kind: &str, r: &Result<FdpEventsLog, NvmeError>) -> String {
     match r {
         Err(e) => format!("{kind} events: not read: {e}\n"),
         Ok(l) => {
-            let mut o =
-                format!("{kind} events: {}{}\n", l.nevents, if l.truncated() { " (only the first shown)" } else { "" });
+            let shown = if l.truncated() { format!(" (only the first {} shown)", l.events.len()) } else { String::new() };
+            let mut o = format!("{kind} events: {}{shown}\n", l.nevents);
             for e in &l.events {
                 o += &format!("  {:#04x} {}", e.etype, e.type_name());
                 if e.pid_valid() {

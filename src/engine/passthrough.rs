@@ -899,11 +899,12 @@ pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String>
         let ctrl = dev.identify_ctrl().map_err(|e| e.to_string())?;
         let ns = dev.identify_ns(nsid).map_err(|e| e.to_string())?;
         let lba = ns.lba_size().map_err(|e| format!("identify namespace of {}: {e}", path.display()))?;
+        let bytes = ns.size_bytes().map_err(|e| format!("identify namespace of {}: {e}", path.display()))?;
         let block = dev.paths.block_name.clone();
         let mhs = sysfs_queue(block.as_deref(), "max_hw_sectors_kb").map(|v| v.min(u64::from(u32::MAX)) as u32);
         let max = crate::nvme::discover::max_transfer(lba, ctrl.mdts_bytes(), mhs);
         let ms = ns.format().map_or(0, |f| f.ms);
-        (nsid, lba, ns.nsze.saturating_mul(u64::from(lba)), max, block, Vec::new(), ms)
+        (nsid, lba, bytes, max, block, Vec::new(), ms)
     };
     data_only(path, nsid, ms)?;
     // Every page of a user buffer may be its own segment.

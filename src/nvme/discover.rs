@@ -16,6 +16,16 @@ use std::path::{Path, PathBuf};
 
 /// Largest log or status structure fdpblk reads (lengths come from the drive).
 pub const MAX_READ: u32 = 4 << 20;
+/// The most bytes of a log page read with one command: within every controller's MDTS.
+pub const LOG_PIECE: u32 = 4096;
+
+/// The pieces a log page of `len` bytes is read in: (log page offset, range of the buffer).
+fn log_pieces(len: u32) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> {
+    (0..len.div_ceil(LOG_PIECE)).map(move |i| {
+        let start = i * LOG_PIECE;
+        (u64::from(start), start as usize..(start + LOG_PIECE).min(len) as usize)
+    })
+}
 
 /// Everything that can go wrong talking to the drive; each message names the fix.
 #[derive(Debug)]
@@ -113,10 +123,17 @@ impl fmt::Display for NvmeError {
             ),
             NvmeError::NoConfig { index, count } => write!(
                 f,
-                "the active FDP configuration index {index} is not among the {count} configurations the drive lists"
+                "the active FDP configuration index {index} is not among the {count} configurations the drive lists \
+                 (the drive's FDP state is inconsistent): list them with `nvme fdp configs`, enable FDP again with a \
+                 listed index, or run `fdpblk add` without placement (--policy none)"
             ),
             NvmeError::TooLarge { what, len } => {
-                write!(f, "{what}: the drive reports {len} bytes, more than the {MAX_READ} fdpblk reads")
+                write!(
+                    f,
+                    "{what}: the drive reports {len} bytes, more than the {MAX_READ} fdpblk reads (a firmware fault \
+                     or far more configurations than any drive has); check it with `nvme fdp configs`, or run \
+                     `fdpblk add` without placement (--policy none)"
+                )
             }
         }
     }
@@ -258,10 +275,23 @@ impl NvmeDevice {
         Ok(FdpFeature::from_dw0(dw0))
     }
 
-    /// Reads `len` bytes of a log page (LSI = `lsi`, NSID 0).
+    /// Reads `len` bytes of a log page (LSI = `lsi`, NSID 0), in pieces of at most
+    /// [`LOG_PIECE`] bytes at increasing log page offsets: one command past the controller's
+    /// transfer limit (MDTS, never below 4 KiB) is refused, so a large configurations log of
+    /// a drive with many reclaim groups would not read whole. Offsets need LPA bit 2, which
+    /// every controller of NVMe 1.3 or later sets (and so every FDP drive).
     pub fn get_log(&self, what: &str, lid: u8, lsp: u8, lsi: u16, len: u32) -> Result<Vec<u8>, NvmeError> {
         let mut b = vec![0u8; len as usize];
-        self.admin_cmd(what, cmd::get_log_page(0, lid, lsp, lsi, 0, len)?, Data::FromDevice(&mut b))?;
+        for (offset, range) in log_pieces(len) {
+            let piece = &mut b[range];
+            let w = if offset == 0 && piece.len() == len as usize {
+                what.to_string()
+            } else {
+                format!("{what}, bytes {offset}..{} of {len}", offset + piece.len() as u64)
+            };
+            let c = cmd::get_log_page(0, lid, lsp, lsi, offset, piece.len() as u32)?;
+            self.admin_cmd(&w, c, Data::FromDevice(piece))?;
+        }
         Ok(b)
     }
 
@@ -308,10 +338,13 @@ impl NvmeDevice {
         let (Some(ns), Some(nsid)) = (&self.ns, self.nsid) else {
             return Err(NvmeError::NeedNamespace { path: self.paths.given.clone() });
         };
+        // The command has no offset: a status past the controller's transfer limit (MDTS)
+        // cannot be read at all, so a failure names its size.
         let io = |len: u32| -> Result<Vec<u8>, NvmeError> {
             let mut b = vec![0u8; len as usize];
+            let what = if len > LOG_PIECE { format!("{W}, {len} bytes in one command") } else { W.into() };
             ioctl::io(ns, cmd::ruh_status(nsid, len)?, Data::FromDevice(&mut b))
-                .map_err(|source| NvmeError::Command { what: W.into(), path: self.paths.given.clone(), source })?;
+                .map_err(|source| NvmeError::Command { what, path: self.paths.given.clone(), source })?;
             Ok(b)
         };
         let h = io(RuhStatus::HEADER as u32)?;
@@ -395,6 +428,8 @@ impl FdpInfo {
         }
         let ns = dev.identify_ns(nsid)?;
         let lba_size = dev.parse("identify namespace", ns.lba_size())?;
+        // Checked here so that `ns_bytes` never saturates.
+        dev.parse("identify namespace", ns.size_bytes())?;
         let endgid = ns.endgid.max(1);
         let feature = match dev.fdp_feature(endgid) {
             Ok(f) => f,
@@ -449,7 +484,7 @@ impl FdpInfo {
         })
     }
 
-    /// Namespace size in bytes.
+    /// Namespace size in bytes (checked against overflow by `discover`).
     pub fn ns_bytes(&self) -> u64 {
         self.nsze.saturating_mul(u64::from(self.lba_size))
     }
@@ -499,6 +534,19 @@ mod tests {
             source: PassthruError::Os(io::Error::from_raw_os_error(libc::ENOTTY)),
         };
         assert!(tty.to_string().contains("not an NVMe device"), "{tty}");
+    }
+
+    #[test]
+    fn log_pages_are_read_in_pieces_within_every_transfer_limit() {
+        let p = |len| log_pieces(len).collect::<Vec<_>>();
+        assert_eq!(p(16), vec![(0, 0..16)]);
+        assert_eq!(p(4096), vec![(0, 0..4096)]);
+        assert_eq!(p(4100), vec![(0, 0..4096), (4096, 4096..4100)]);
+        let big = p(MAX_READ);
+        assert_eq!(big.len(), (MAX_READ / LOG_PIECE) as usize);
+        assert!(big.iter().all(|(o, r)| *o == r.start as u64 && r.len() == LOG_PIECE as usize && o % 4 == 0));
+        assert_eq!(big.last().unwrap().1.end, MAX_READ as usize);
+        assert!(p(0).is_empty());
     }
 
     #[test]

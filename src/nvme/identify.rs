@@ -154,16 +154,31 @@ impl IdNs {
         })
     }
 
-    /// Logical block size in bytes (512 B to 2 GiB; the spec requires LBADS ≥ 9).
+    /// Logical block size in bytes: 512 B to 64 KiB (the spec requires LBADS ≥ 9; Linux
+    /// takes blocks up to 64 KiB, and every read buffer is at least one block).
     pub fn lba_size(&self) -> Result<u32, ParseError> {
         let f = self.format()?;
-        if !(9..=31).contains(&f.lbads) {
+        if !(9..=16).contains(&f.lbads) {
             return Err(ParseError::Invalid {
                 what: "identify namespace",
-                why: format!("LBA data size 2^{} is not a usable block size", f.lbads),
+                why: format!(
+                    "LBA data size 2^{} is not a usable block size (512 B to 64 KiB); format the namespace \
+                     with a 512 B or 4 KiB LBA format (`nvme id-ns -H` lists them, `nvme format --lbaf=N` selects one)",
+                    f.lbads
+                ),
             });
         }
         Ok(1u32 << f.lbads)
+    }
+
+    /// Namespace size in bytes (NSZE × block size), refused when it does not fit a file
+    /// offset (i64): no real drive comes near, so it is a corrupt identify.
+    pub fn size_bytes(&self) -> Result<u64, ParseError> {
+        let lba = u64::from(self.lba_size()?);
+        self.nsze.checked_mul(lba).filter(|&b| b <= i64::MAX as u64).ok_or_else(|| ParseError::Invalid {
+            what: "identify namespace",
+            why: format!("NSZE {} blocks of {lba} bytes is more than 2^63 bytes", self.nsze),
+        })
     }
 }
 
@@ -223,6 +238,18 @@ mod tests {
         assert_eq!((ns.nsze, ns.endgid, ns.format_index()), (0x20_0000, 7, 1));
         assert_eq!(ns.format().unwrap(), LbaFormat { ms: 8, lbads: 12, rp: 2 });
         assert_eq!(ns.lba_size().unwrap(), 4096);
+        assert_eq!(ns.size_bytes().unwrap(), 0x20_0000 << 12);
+        // Blocks past 64 KiB are refused (a 2 GiB block would size every read buffer), and
+        // a size past 2^63 bytes.
+        b[132 + 2] = 17;
+        assert!(IdNs::parse(&b).unwrap().lba_size().unwrap_err().to_string().contains("nvme format --lbaf"));
+        b[132 + 2] = 16;
+        assert_eq!(IdNs::parse(&b).unwrap().lba_size().unwrap(), 65536);
+        b[132 + 2] = 12;
+        b[0..8].copy_from_slice(&(1u64 << 51).to_le_bytes());
+        assert!(IdNs::parse(&b).unwrap().size_bytes().is_err());
+        b[0..8].copy_from_slice(&((1u64 << 51) - 1).to_le_bytes());
+        assert_eq!(IdNs::parse(&b).unwrap().size_bytes().unwrap(), ((1u64 << 51) - 1) << 12);
         // FLBAS high bits (6:5) extend the index past 16; beyond the list is an error.
         b[26] = 0x21;
         assert_eq!(IdNs::parse(&b).unwrap().format_index(), 17);
