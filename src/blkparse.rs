@@ -222,12 +222,15 @@ pub fn parse_line(line: &str) -> Result<Event, &'static str> {
     let rwbs = Rwbs::parse(next("no RWBS field")?)?;
     let mut range = None;
     let mut error = None;
-    let rest: Vec<&str> = t.take(4).collect();
+    let rest: Vec<&str> = t.take(8).collect();
     if let [sector, "+", blocks, ..] = rest.as_slice() {
         range = Some((num(sector, "sector is not a number")?, num(blocks, "block count is not a number")?));
     }
     if action == [b'C', 0] {
-        let bracket = rest.get(if range.is_some() { 3 } else { 0 });
+        // The error follows the range, or with `blkparse -t` the time since queueing:
+        // `C WS 2048 + 16 (    1234) [-5]`.
+        let after = &rest[if range.is_some() { 3 } else { 0 }..];
+        let bracket = after.iter().find(|b| b.starts_with('['));
         if let Some(e) = bracket.and_then(|b| b.strip_prefix('[')).and_then(|b| b.strip_suffix(']')) {
             let (neg, digits) = match e.strip_prefix('-') {
                 Some(d) => (true, d),
@@ -359,6 +362,11 @@ mod tests {
         assert_eq!(e.error, None);
         let c = parse_line("8,0 0 6 0.7 0 C WS 16384 + 8 [-5]").unwrap();
         assert_eq!(c.error, Some(-5));
+        // `blkparse -t` puts the time since queueing between the range and the error.
+        let t = parse_line("8,0 0 6 0.7 0 C WS 16384 + 8 (    1234) [-5]").unwrap();
+        assert_eq!((t.range, t.error), (Some((16384, 8)), Some(-5)));
+        let t = parse_line("8,0 0 6 0.7 0 C WS 16384 + 8 (1234) [0]").unwrap();
+        assert_eq!(t.error, Some(0));
         let f = parse_line("8,0 0 5 0.5 0 C FN [0]").unwrap();
         assert_eq!((f.rwbs.preflush, f.rwbs.kind, f.range, f.error), (true, RwKind::None, None, Some(0)));
         assert_eq!(Rwbs::parse("DE").unwrap().kind, RwKind::Discard);

@@ -111,6 +111,11 @@ pub struct ReplayArgs {
     /// blkparse traces: only the events of this device (MAJ,MIN), for a trace of several.
     #[arg(long, value_parser = parse_maj_min)]
     pub blk_device: Option<(u32, u32)>,
+    /// blkparse traces of a partition: its start in 512-byte sectors
+    /// (/sys/class/block/NAME/start), subtracted from every request, since blktrace reports a
+    /// partition's I/O in whole-disk sectors. tools/trace/capture-blktrace.sh prints it.
+    #[arg(long, default_value_t = 0)]
+    pub sector_offset: u64,
     #[arg(long)]
     pub json: bool,
     /// Placement policy.

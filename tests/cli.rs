@@ -92,6 +92,33 @@ fn replay_json_fields() {
     let from_stdin: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(from_stdin, v);
     assert_eq!(std::fs::read_dir(&spool_dir).unwrap().count(), 0, "the spool is removed");
+    // The same trace through a FIFO path (as `<(blkparse ...)` gives): spooled too. Read
+    // twice as a path, the second open would wait for a writer that has gone.
+    let fifo = dir.join("t.fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let (src, dst) = (trace.clone(), fifo.clone());
+    let writer = std::thread::spawn(move || std::fs::write(&dst, std::fs::read(&src).unwrap()).unwrap());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fdpblk"))
+        .args(["replay", "--json", "--policy", "none", "--slot-bytes", "64K", "--meta-total-bytes", "1M"])
+        .arg(&fifo)
+        .env("TMPDIR", &spool_dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().ok();
+            panic!("replay of a FIFO path did not end within 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(serde_json::from_slice::<Value>(&out.stdout).unwrap(), v);
+    assert_eq!(std::fs::read_dir(&spool_dir).unwrap().count(), 0, "the spool is removed");
     std::fs::remove_dir_all(dir).ok();
 }
 

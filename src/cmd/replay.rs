@@ -306,16 +306,29 @@ fn first_byte(r: &mut impl BufRead) -> Result<(Option<u8>, usize), String> {
     }
 }
 
+/// Which blkparse events a replay takes, and where they are.
+#[derive(Clone, Copy, Debug)]
+pub struct BlkFilter {
+    /// The event taken for each I/O.
+    pub event: BlkAction,
+    /// Only this device's events (MAJ,MIN).
+    pub device: Option<(u32, u32)>,
+    /// Sectors subtracted from every request: a partition's start, since blktrace reports a
+    /// partition's I/O in whole-disk sectors.
+    pub sector_offset: u64,
+}
+
+impl BlkFilter {
+    fn of(a: &ReplayArgs) -> BlkFilter {
+        BlkFilter { event: a.blk_event, device: a.blk_device, sector_offset: a.sector_offset }
+    }
+}
+
 /// Reads a trace in the format `format` (`Auto`: told by its first non-blank character),
 /// all of it in memory.
-pub fn read_trace_from(
-    r: impl BufRead,
-    format: TraceFormat,
-    event: BlkAction,
-    device: Option<(u32, u32)>,
-) -> Result<(Vec<TraceRequest>, TraceInfo), String> {
+pub fn read_trace_from(r: impl BufRead, format: TraceFormat, blk: BlkFilter) -> Result<(Vec<TraceRequest>, TraceInfo), String> {
     let mut out = Vec::new();
-    let info = visit_trace(r, format, event, device, &mut |t| {
+    let info = visit_trace(r, format, blk, &mut |t| {
         out.push(t);
         Ok(())
     })?;
@@ -328,8 +341,7 @@ pub fn read_trace_from(
 pub fn visit_trace(
     mut r: impl BufRead,
     format: TraceFormat,
-    event: BlkAction,
-    device: Option<(u32, u32)>,
+    blk: BlkFilter,
     each: &mut dyn FnMut(TraceRequest) -> Result<(), String>,
 ) -> Result<TraceInfo, String> {
     let (first, skipped) = first_byte(&mut r)?;
@@ -357,12 +369,19 @@ pub fn visit_trace(
                 continue;
             }
             let t = parse_trace_line(&line).map_err(|e| format!("trace line {lines}: {e}"))?;
+            if matches!(t.op, Op::Write | Op::Read) && t.len > MAX_IO_BYTES {
+                return Err(format!(
+                    "trace line {lines}: a {} of {} bytes; no block request moves more than {MAX_IO_BYTES} bytes, so the trace is damaged",
+                    t.op.name(),
+                    t.len
+                ));
+            }
             carries_data |= t.op == Op::Write && !t.data.is_empty();
             each(t)?;
         }
         Ok(TraceInfo { format: "json", lines, carries_data, ..Default::default() })
     } else {
-        read_blkparse(r, skipped, event, device, each)
+        read_blkparse(r, skipped, blk, each)
     }
 }
 
@@ -373,10 +392,11 @@ fn dev_name(d: (u32, u32)) -> String {
 fn read_blkparse(
     r: impl BufRead,
     skipped: usize,
-    event: BlkAction,
-    device: Option<(u32, u32)>,
+    blk: BlkFilter,
     each: &mut dyn FnMut(TraceRequest) -> Result<(), String>,
 ) -> Result<TraceInfo, String> {
+    let BlkFilter { event, device, sector_offset } = blk;
+    let base = sector_offset.saturating_mul(512);
     const MAX_DEVICES: usize = 64;
     let mut info = TraceInfo { format: "blkparse", event: Some(event), ..Default::default() };
     let mut ops = Vec::new();
@@ -423,11 +443,25 @@ fn read_blkparse(
             info.first_unusable.get_or_insert((n, "no block request (RWBS N without a flush)"));
             continue;
         }
+        // A partition's trace holds whole-disk sectors: before its start is another partition.
+        if ops.iter().any(|&(op, offset, _)| op != Op::Flush && offset < base) {
+            info.unusable += 1;
+            info.first_unusable.get_or_insert((n, "a request before --sector-offset (another partition's)"));
+            continue;
+        }
+        // blktrace shows a write-zeroes (`blkdiscard -z`) as a write: one past what any
+        // write carries is one, and moves no data.
+        if ops.iter().any(|&(op, _, len)| matches!(op, Op::Write | Op::Read) && len > MAX_IO_BYTES) {
+            info.unusable += 1;
+            info.first_unusable.get_or_insert((n, "a write larger than any write request (a write-zeroes, which blktrace shows as a write)"));
+            continue;
+        }
         info.taken += 1;
         if info.devices.len() < MAX_DEVICES && !info.devices.contains(&e.device()) {
             info.devices.push(e.device());
         }
         for &(op, offset, len) in &ops {
+            let offset = if op == Op::Flush { offset } else { offset - base };
             each(TraceRequest { op, offset, len, data: Vec::new() })?;
         }
     }
@@ -490,19 +524,21 @@ fn furthest_byte(furthest: &mut u64, t: &TraceRequest) {
 /// reaches (which the device's size may come from), once to replay it.
 fn scan_trace(a: &ReplayArgs, trace: &Path) -> Result<(TraceInfo, u64), String> {
     let mut furthest = 0;
-    let info = visit_trace(open_trace(trace)?, a.format, a.blk_event, a.blk_device, &mut |t| {
+    let info = visit_trace(open_trace(trace)?, a.format, BlkFilter::of(a), &mut |t| {
         furthest_byte(&mut furthest, &t);
         Ok(())
     })?;
     Ok((info, furthest))
 }
 
-/// Standard input copied to a file (removed on drop), so that it too is read twice in bounded
-/// memory rather than held: a long trace piped from blkparse would not fit.
+/// Standard input, or a trace path that is not a regular file (a FIFO, `<(blkparse ...)`,
+/// `/dev/stdin`), copied to a file (removed on drop), so that it too is read twice in bounded
+/// memory rather than held: a long trace piped from blkparse would not fit, and a pipe opened
+/// a second time would wait for a writer that has gone.
 struct SpooledTrace(std::path::PathBuf);
 
 impl SpooledTrace {
-    fn from(mut input: impl Read) -> Result<SpooledTrace, String> {
+    fn from(mut input: impl Read, what: &str) -> Result<SpooledTrace, String> {
         let dir = std::env::temp_dir();
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
         let path = dir.join(format!("fdpblk-replay-{}-{nanos}.trace", std::process::id()));
@@ -512,11 +548,11 @@ impl SpooledTrace {
             .create_new(true)
             .mode(0o600)
             .open(&path)
-            .map_err(|e| format!("cannot spool standard input to {} ({e}); set TMPDIR to a writable directory, or give the trace as a file", path.display()))?;
+            .map_err(|e| format!("cannot spool {what} to {} ({e}); set TMPDIR to a writable directory, or give the trace as a file", path.display()))?;
         let spool = SpooledTrace(path);
         std::io::copy(&mut input, &mut f)
             .and_then(|_| f.flush())
-            .map_err(|e| format!("cannot spool standard input to {} ({e}); free space there (TMPDIR), or give the trace as a file", spool.0.display()))?;
+            .map_err(|e| format!("cannot spool {what} to {} ({e}); free space there (TMPDIR), or give the trace as a file", spool.0.display()))?;
         Ok(spool)
     }
 }
@@ -531,9 +567,9 @@ impl Drop for SpooledTrace {
 /// short queue: a JSON-lines request carries up to 512 KiB of data).
 fn replay_file(a: &ReplayArgs, trace: &Path, scanned: &TraceInfo, geometry: Geometry, size: u64, ssd: Option<crate::sim::dev::TraceSsd>) -> Result<ReplayReport, String> {
     let (tx, rx) = std::sync::mpsc::sync_channel(256);
-    let (path, format, event, device) = (trace.to_path_buf(), a.format, a.blk_event, a.blk_device);
+    let (path, format, blk) = (trace.to_path_buf(), a.format, BlkFilter::of(a));
     let reader = std::thread::spawn(move || {
-        visit_trace(open_trace(&path)?, format, event, device, &mut |t| tx.send(t).map_err(|_| "replay stopped".to_string()))
+        visit_trace(open_trace(&path)?, format, blk, &mut |t| tx.send(t).map_err(|_| "replay stopped".to_string()))
     });
     let report = replay_into(geometry, &a.policy, size, rx, ssd)?;
     let again = reader.join().map_err(|_| "the trace reader panicked".to_string())??;
@@ -551,7 +587,13 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
     if policy_by_name(&a.policy).is_none() {
         return Err(format!("unknown --policy {}; choose one of {}", a.policy, POLICY_NAMES.join(", ")).into());
     }
-    let spool = if a.trace.as_os_str() == "-" { Some(SpooledTrace::from(std::io::stdin().lock())?) } else { None };
+    let spool = if a.trace.as_os_str() == "-" {
+        Some(SpooledTrace::from(std::io::stdin().lock(), "standard input")?)
+    } else {
+        let f = std::fs::File::open(&a.trace).map_err(|e| format!("cannot open trace {}: {e}", a.trace.display()))?;
+        let regular = f.metadata().map_err(|e| format!("trace {}: {e}", a.trace.display()))?.is_file();
+        if regular { None } else { Some(SpooledTrace::from(f, &format!("trace {}", a.trace.display()))?) }
+    };
     let trace = spool.as_ref().map_or(a.trace.as_path(), |s| s.0.as_path());
     let (info, furthest) = scan_trace(a, trace)?;
     let flags = a.geometry.flags();
@@ -684,9 +726,11 @@ fn print_text(r: &ReplayReport) {
             String::new()
         };
         println!(
-            "simulated SSD: WAF {}{window} (host {} bytes, media {} bytes, relocated {} bytes; RU {} bytes, {} handles)",
+            "simulated SSD: WAF {}{window} (host {} bytes in whole {}-byte units, the trace's {}; media {} bytes, relocated {} bytes; RU {} bytes, {} handles)",
             f(&s["waf"]),
             s["host_bytes"],
+            s["unit_bytes"],
+            s["host_request_bytes"],
             s["media_bytes"],
             s["relocated_bytes"],
             s["ru_bytes"],
@@ -733,7 +777,7 @@ mod tests {
     const BLK_SAMPLE: &str = include_str!("../../tests/data/blkparse/ublk-sample.txt");
 
     fn read(text: &str, f: TraceFormat, e: BlkAction, d: Option<(u32, u32)>) -> Result<(Vec<TraceRequest>, TraceInfo), String> {
-        read_trace_from(text.as_bytes(), f, e, d)
+        read_trace_from(text.as_bytes(), f, BlkFilter { event: e, device: d, sector_offset: 0 })
     }
 
     #[test]
@@ -794,6 +838,27 @@ mod tests {
         assert!(err.contains("1 failed completions"), "{err}");
         let err = read("8,0 1 1 0.1 7 D N 0 (12 00) [p]\n", TraceFormat::Auto, BlkAction::Issue, None).unwrap_err();
         assert!(err.contains("line 1: no block request"), "{err}");
+        // A 4 GiB write-zeroes shows as a write: unusable, named, not "damaged".
+        let wz = "8,0 1 1 0.1 7 D WS 0 + 8 [p]\n8,0 1 2 0.2 7 D WS 8 + 8388600 [blkdiscard]\n";
+        let (reqs, info) = read(wz, TraceFormat::Auto, BlkAction::Issue, None).unwrap();
+        assert_eq!((reqs.len(), info.unusable, info.first_unusable.unwrap().0), (1, 1, 2));
+        assert!(info.first_unusable.unwrap().1.contains("write-zeroes"));
+        // A partition starting at sector 2048: its requests come partition-relative, one
+        // before its start is another partition's.
+        let part = "259,1 1 1 0.1 7 D WS 2048 + 8 [p]\n259,1 1 2 0.2 7 D R 4096 + 16 [p]\n259,1 1 3 0.3 7 D WS 8 + 8 [p]\n259,1 1 4 0.4 7 D FN [p]\n";
+        let (reqs, info) = read_trace_from(
+            part.as_bytes(),
+            TraceFormat::Auto,
+            BlkFilter { event: BlkAction::Issue, device: None, sector_offset: 2048 },
+        )
+        .unwrap();
+        let got: Vec<(Op, u64, u64)> = reqs.iter().map(|t| (t.op, t.offset, t.len)).collect();
+        assert_eq!(got, vec![(Op::Write, 0, 4096), (Op::Read, 2048 * 512, 8192), (Op::Flush, 0, 0)]);
+        assert_eq!((info.unusable, info.first_unusable.unwrap().0), (1, 3));
+        // In a JSON trace the scan names the line.
+        let big = "{\"op\":\"write\",\"offset\":0,\"len\":4096}\n{\"op\":\"write\",\"offset\":0,\"len\":2147483648}\n";
+        let err = read(big, TraceFormat::Auto, BlkAction::Issue, None).unwrap_err();
+        assert!(err.starts_with("trace line 2: a write of 2147483648 bytes"), "{err}");
     }
 
     /// A line longer than blkparse writes is cut at `MAX_LINE`: one cut inside its block
@@ -882,7 +947,7 @@ mod tests {
         let a = args(tmp.to_str().unwrap());
         let (info, furthest) = scan_trace(&a, &a.trace).unwrap();
         assert_eq!(info.lines, lines.len());
-        let (trace, in_memory_info) = read_trace_from(lines.join("\n").as_bytes(), TraceFormat::Auto, a.blk_event, None).unwrap();
+        let (trace, in_memory_info) = read_trace_from(lines.join("\n").as_bytes(), TraceFormat::Auto, BlkFilter::of(&a)).unwrap();
         assert_eq!(info, in_memory_info);
         assert_eq!(furthest, trace.iter().filter(|t| t.op != Op::Flush).map(|t| t.offset + t.len).max().unwrap());
         let g = discover(&std::fs::read(&img).unwrap(), &GeometryFlags::default()).unwrap().geometry;
@@ -895,7 +960,7 @@ mod tests {
         let shorter = TraceInfo { lines: info.lines - 1, ..info.clone() };
         assert!(replay_file(&a, &a.trace, &shorter, g, size, None).unwrap_err().contains("changed while replay read it"));
         // Standard input, spooled: the same requests, and the spool goes with its guard.
-        let spool = SpooledTrace::from(lines.join("\n").as_bytes()).unwrap();
+        let spool = SpooledTrace::from(lines.join("\n").as_bytes(), "standard input").unwrap();
         let (spooled_info, _) = scan_trace(&a, &spool.0).unwrap();
         assert_eq!(spooled_info, info);
         let from_spool = replay_file(&a, &spool.0, &spooled_info, g, size, None).unwrap();

@@ -372,7 +372,8 @@ impl TraceSsd {
         Ok(TraceSsd { ssd, combiner: WriteCombiner::default(), warmup_bytes: 0, window_start: Some(SsdCounters::default()) })
     }
     /// Measures WAF only once the trace has written `bytes` (a fill, which costs no garbage
-    /// collection, would otherwise pull the figure toward 1).
+    /// collection, would otherwise pull the figure toward 1): the trace's own bytes, not the
+    /// drive's whole mapping units (which past 64 GiB are up to 1 MiB each).
     pub fn with_warmup(mut self, bytes: u64) -> Self {
         self.warmup_bytes = bytes;
         self.window_start = (bytes == 0).then(SsdCounters::default);
@@ -380,7 +381,7 @@ impl TraceSsd {
     }
     pub fn write(&mut self, s: Segment) -> Result<(), SimError> {
         self.combiner.push(s, &mut self.ssd)?;
-        if self.window_start.is_none() && self.ssd.counters().host_bytes >= self.warmup_bytes {
+        if self.window_start.is_none() && self.ssd.counters().host_request_bytes >= self.warmup_bytes {
             self.window_start = Some(self.ssd.counters().clone());
         }
         Ok(())
@@ -402,7 +403,9 @@ impl TraceSsd {
             "warmup_bytes": self.warmup_bytes,
             "window_host_bytes": window.as_ref().map(|w| w.host_bytes),
             "waf_whole_trace": waf(c),
-            "host_bytes": c.host_bytes, "media_bytes": c.media_bytes, "relocated_bytes": c.relocated_bytes,
+            // host_bytes counts whole mapping units (unit_bytes) as the model writes them;
+            // host_request_bytes is what the trace wrote.
+            "host_bytes": c.host_bytes, "host_request_bytes": c.host_request_bytes, "media_bytes": c.media_bytes, "relocated_bytes": c.relocated_bytes,
             "deallocated_bytes": c.deallocated_bytes, "gc_events": c.gc_events,
             "host_bytes_by_handle": c.host_bytes_by_handle,
             "gc_victims_by_stream": c.gc_victims_by_stream, "relocated_bytes_by_stream": c.relocated_bytes_by_stream,
@@ -439,6 +442,24 @@ mod tests {
         assert!(model_fits(2_000_000_000_000, 2_150_000_000_000, 4096, 4096, Some(8 * GIB)).is_err());
         assert!(model_fits(u64::MAX, u64::MAX, 4096, 4096, Some(64 * GIB)).is_err(), "no overflow");
         assert!(model_fits(GIB, GIB, 4096, 4096, None).is_ok(), "unknown memory: not refused");
+    }
+
+    /// The warm-up counts the trace's bytes: 4 KiB writes into 1 MiB units reach a 64 KiB
+    /// warm-up after 16 writes, not after the first (which writes a whole unit). The
+    /// combiner holds one run, so a write reaches the drive when the next one comes.
+    #[test]
+    fn warmup_counts_the_traces_bytes_not_whole_units() {
+        let mut t = TraceSsd { ssd: ssd(), combiner: WriteCombiner::with_cap(1), warmup_bytes: 0, window_start: None }
+            .with_warmup(64 << 10);
+        for i in 0..17 {
+            assert!(t.window_start.is_none(), "write {i}");
+            t.write(seg(i * (1 << 20), 4096, 1)).unwrap();
+        }
+        let start = t.window_start.clone().expect("the window starts once 16 writes reached the drive");
+        assert_eq!(start.host_request_bytes, 64 << 10);
+        let v = t.finish().unwrap();
+        assert_eq!((v["host_request_bytes"].as_u64(), v["unit_bytes"].as_u64()), (Some(17 * 4096), Some(1 << 20)));
+        assert_eq!(v["host_bytes"].as_u64(), Some(17 << 20));
     }
 
     #[test]

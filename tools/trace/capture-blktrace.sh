@@ -107,7 +107,12 @@ done
 grep -qs ' /sys/kernel/debug debugfs ' /proc/mounts ||
     die "debugfs is not mounted: mount -t debugfs debugfs /sys/kernel/debug"
 SYSDEV=/sys/class/block/$NAME
-[[ -e $SYSDEV/partition ]] && SYSDEV=$(readlink -f "$SYSDEV/..")
+# blktrace reports a partition's I/O in whole-disk sectors: replay subtracts its start.
+PART_START=
+if [[ -e $SYSDEV/partition ]]; then
+    PART_START=$(cat "$SYSDEV/start")
+    SYSDEV=$(readlink -f "$SYSDEV/..")
+fi
 [[ -d $SYSDEV/trace ]] || die "the kernel has no block I/O tracing for $NAME ($SYSDEV/trace missing; needs CONFIG_BLK_DEV_IO_TRACE)"
 [[ -n $OUT ]] || OUT=$NAME.blkparse.txt
 : >"$OUT" 2>/dev/null || die "cannot write $OUT"
@@ -172,6 +177,9 @@ parse=(-i "$NAME" -D "$DIR" -o "$OUT")
 blkparse "${parse[@]}" >/dev/null 2>"$DIR/blkparse.log" || die "blkparse failed: $(tr '\n' ' ' <"$DIR/blkparse.log")"
 events=$(grep -c '^ *[0-9]*,[0-9]* ' "$OUT" || true)
 echo "$PROG: $events events of $REAL in $OUT${IOLOG:+, fio replay log in $IOLOG}" >&2
+if [[ -n $PART_START ]]; then
+    echo "$PROG: $NAME is a partition starting at sector $PART_START and blktrace records whole-disk sectors: replay with --sector-offset $PART_START" >&2
+fi
 # blktrace ends with "Total: N events (dropped D), ..." per device.
 dropped=$(sed -n 's/.*Total:.*(dropped \([0-9]*\)).*/\1/p' "$DIR/blktrace.log" | head -n1)
 if [[ -n $dropped && $dropped != 0 ]]; then
