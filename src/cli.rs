@@ -116,6 +116,7 @@ pub struct ReplayArgs {
     /// partition's I/O in whole-disk sectors. tools/trace/capture-blktrace.sh prints it.
     #[arg(long, default_value_t = 0)]
     pub sector_offset: u64,
+    /// The report as one JSON object (fields in the README).
     #[arg(long)]
     pub json: bool,
     /// Placement policy.
@@ -233,8 +234,13 @@ pub struct AddArgs {
 
 #[derive(Args, Debug)]
 pub struct DelArgs {
+    /// The device's id (N of /dev/ublkbN).
     #[arg(short = 'n', long)]
     pub number: Option<i32>,
+    /// The device added with --name NAME (or `fdpblk up NAME`), whatever its id: what a
+    /// systemd unit knows (`fdpblk del --name %i`).
+    #[arg(long, conflicts_with_all = ["number", "all"])]
+    pub name: Option<String>,
     /// Delete every fdpblk device.
     #[arg(short = 'a', long)]
     pub all: bool,
@@ -242,23 +248,27 @@ pub struct DelArgs {
 
 #[derive(Args, Debug)]
 pub struct IdArgs {
+    /// The device's id (N of /dev/ublkbN).
     #[arg(short = 'n', long)]
     pub number: i32,
-    /// Stay in the foreground (recover only).
+    /// Stay in the foreground.
     #[arg(long)]
     pub foreground: bool,
 }
 
 #[derive(Args, Debug)]
 pub struct ListArgs {
+    /// One JSON array, an object per device.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Args, Debug)]
 pub struct StatsArgs {
+    /// The device's id (N of /dev/ublkbN).
     #[arg(short = 'n', long)]
     pub number: i32,
+    /// The daemon's stats as one JSON object.
     #[arg(long)]
     pub json: bool,
     /// Prometheus text exposition format (the metrics of `fdpblk metrics`, this device only).
@@ -274,6 +284,7 @@ pub struct NameArgs {
 
 #[derive(Args, Debug)]
 pub struct FeaturesArgs {
+    /// As one JSON object.
     #[arg(long)]
     pub json: bool,
 }

@@ -125,10 +125,11 @@ fn refuse_foreign_data(
             Ok(Some(target))
         }
         Ok(Some(what)) => Err(format!(
-            "backing {} holds {what} (blkid -p {}), and neither an LMCache checkpoint nor fdpblk's state: fdpblk would overwrite and deallocate it. Check that this is the right device; if its data may go, erase it first (wipefs -a {}) or add it with --force, which does that",
+            "backing {} holds {what} (blkid -p {}), and neither an LMCache checkpoint nor fdpblk's state: fdpblk would overwrite and deallocate it. Check that this is the right device; if its data may go, erase it first (wipefs -a {}) or {}, which does that",
             a.backing.display(),
             target.display(),
-            target.display()
+            target.display(),
+            with_force(a)
         )),
         Err(e) if a.force => {
             tracing::warn!("--force: cannot check {} for other data ({e}); adding it anyway", target.display());
@@ -136,8 +137,9 @@ fn refuse_foreign_data(
         }
         // Not knowing is not "nothing there".
         Err(e) => Err(format!(
-            "cannot check backing {} for other data ({e}): fdpblk refuses a device that may hold a file system; install util-linux (blkid), or add it with --force if its data may go",
-            a.backing.display()
+            "cannot check backing {} for other data ({e}): fdpblk refuses a device that may hold a file system; install util-linux (blkid), or {} if its data may go",
+            a.backing.display(),
+            with_force(a)
         )),
     }
 }
@@ -220,10 +222,23 @@ fn refuse_other_name(a: &AddArgs, device_path: Option<&str>, erase: impl FnOnce(
         return Ok(());
     }
     Err(format!(
-        "backing {} holds the LMCache cache of /dev/fdpblk/{theirs} (its checkpoint's device_path), not of {name}: check --backing (`backing` in the device's config file); to give this cache up and use the device for {name}, erase its checkpoint ({}) or add it with --force",
+        "backing {} holds the LMCache cache of /dev/fdpblk/{theirs} (its checkpoint's device_path), not of {name}: check --backing (`backing` in the device's config file); to give this cache up and use the device for {name}, erase its checkpoint ({}) or {}",
         a.backing.display(),
-        erase()
+        erase(),
+        with_force(a)
     ))
+}
+
+/// How to pass --force: a command-line flag only, so a device started from a config file
+/// (`fdpblk up`, a systemd unit) is added once by hand with it.
+fn with_force(a: &AddArgs) -> String {
+    match &a.config {
+        Some(c) => format!(
+            "add it with --force once by hand (`fdpblk add --config {} --force`; neither the config file nor `fdpblk up` takes it)",
+            c.display()
+        ),
+        None => "add it with --force".into(),
+    }
 }
 
 /// Turns `fdpblk add` arguments into a device config, checking everything first.
@@ -760,10 +775,17 @@ fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
 }
 
 pub fn del(a: &DelArgs) -> CmdResult {
-    let ids: Vec<i32> = match (a.number, a.all) {
-        (Some(n), false) => vec![n],
-        (None, true) => state::state_ids(),
-        _ => return Err("pass -n ID or --all".into()),
+    let ids: Vec<i32> = match (a.number, a.all, &a.name) {
+        (Some(n), false, None) => vec![n],
+        (None, true, None) => state::state_ids(),
+        (None, false, Some(name)) => {
+            let named = |id: &i32| state::read_state(*id).is_ok_and(|(c, _)| c.name.as_deref() == Some(name.as_str()));
+            match state::state_ids().into_iter().find(named) {
+                Some(id) => vec![id],
+                None => return Err(format!("no fdpblk device named {name}; see `fdpblk list`").into()),
+            }
+        }
+        _ => return Err("pass -n ID, --name NAME or --all".into()),
     };
     // --all goes on past a device it cannot delete, and reports them all at the end.
     let mut failed = Vec::new();
@@ -1039,7 +1061,7 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     if !daemon_up {
         // A script that reads only the exit status must not take a dead device for a live one.
         return Err(format!(
-            "the daemon of device {} is not running; recover the device: fdpblk recover -n {} (or fdpblk up NAME)",
+            "the daemon of device {} is not running; recover the device: under systemd `systemctl reset-failed fdpblk@NAME; systemctl start fdpblk@NAME` (its own restart does it unless the unit gave up), by hand fdpblk recover -n {} (or fdpblk up NAME)",
             a.number, a.number
         )
         .into());
@@ -1242,7 +1264,12 @@ mod tests {
         let path = img.to_str().unwrap();
         let base = ["--backing", path, "--engine", "plain", "--policy", "none", "--slot-bytes", "64K", "--meta-total-bytes", "1M"];
         let e = validate(&add_args(&base)).unwrap_err();
-        assert!(e.contains("--force"), "{e}");
+        assert!(e.contains("or add it with --force, which"), "{e}");
+        // From a config file (`fdpblk up`): the one command that passes --force.
+        let mut from_file = add_args(&base);
+        from_file.config = Some("/etc/fdpblk/kv0.toml".into());
+        let e = validate(&from_file).unwrap_err();
+        assert!(e.contains("once by hand (`fdpblk add --config /etc/fdpblk/kv0.toml --force`"), "{e}");
         let with = |extra: &[&str]| validate(&add_args(&[&base[..], extra].concat()));
         // Refused after the signature was found (by the buffers' memory), and by a flag that
         // is checked before the backing is opened.

@@ -117,7 +117,7 @@ impl Registry {
         self.add("fdpblk_device_info", "An fdpblk device: its ublk block device, backing, engine and placement policy (always 1).", Gauge, info, 1.0);
         self.add(
             "fdpblk_daemon_up",
-            "1 while the device's daemon runs; 0 when it died and the device waits for `fdpblk recover` (or `fdpblk up`).",
+            "1 while the device's daemon runs; 0 when it died and the device waits for recovery (its systemd unit's restart, `fdpblk up` or `fdpblk recover`).",
             Gauge,
             base(),
             if daemon_up { 1.0 } else { 0.0 },
@@ -196,7 +196,7 @@ impl Registry {
         if let Some(v) = num(&p["payload_fallbacks"]) {
             self.add(
                 "fdpblk_payload_fallbacks_total",
-                "Slot payload writes placed without their header (after --header-wait-us).",
+                "Slot payload writes placed without their header: after --header-wait-us, when half the queue's tags already held waiting payloads, and a longer put's bytes past the old payload ahead of its header.",
                 Counter,
                 base(),
                 v,

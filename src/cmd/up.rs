@@ -113,7 +113,7 @@ pub fn up(u: &UpArgs) -> CmdResult {
             // and fdpblk's saved state are on the backing).
             let a = a?;
             tracing::info!("device {name} ({}) was stopped when its daemon died: deleting it and adding it again", state::bdev_path(id));
-            device::del(&crate::cli::DelArgs { number: Some(id), all: false })?;
+            device::del(&crate::cli::DelArgs { number: Some(id), name: None, all: false })?;
             device::add(&a)
         }
         Found::Orphaned { id } => {
@@ -142,11 +142,11 @@ pub fn down(u: &UpArgs) -> CmdResult {
     match find(&name) {
         Found::None => println!("no fdpblk device named {name}; nothing to stop"),
         Found::Running { id, .. } => {
-            device::del(&DelArgs { number: Some(id), all: false })?;
+            device::del(&DelArgs { number: Some(id), name: None, all: false })?;
             println!("stopped {} ({name})", state::bdev_path(id));
         }
         Found::Orphaned { id } => println!(
-            "the daemon of {} ({name}) died: the device is kept for recovery; `fdpblk up {name}` recovers it, `fdpblk del -n {id}` deletes it",
+            "the daemon of {} ({name}) died: the device is kept for recovery; under systemd the unit's restart recovers it (`systemctl reset-failed fdpblk@{name}; systemctl start fdpblk@{name}` once it gave up), by hand `fdpblk up {name}`; `fdpblk del -n {id}` deletes it",
             state::bdev_path(id)
         ),
         Found::Stale { cfg } => state::remove_state(&cfg),

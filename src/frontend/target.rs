@@ -862,7 +862,7 @@ fn state_thread_guarded(shared: &Shared, body: impl FnOnce()) {
     if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         let why = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
         tracing::error!(
-            "device {}: the state thread failed ({why}); data I/O goes on, without deallocation, checkpoint awareness or saved state: restart the daemon (`fdpblk del`, then `add`) to bring them back",
+            "device {}: the state thread failed ({why}); data I/O goes on, without deallocation, checkpoint awareness or saved state: kill the daemon with SIGKILL (under systemd `systemctl kill --kill-who=main --signal=SIGKILL fdpblk@NAME`, whose restart recovers it; by hand then `fdpblk recover -n ID`) to bring them back without failing LMCache's I/O",
             shared.cfg.id
         );
         if let Some(k) = shared.layout.known() {

@@ -34,7 +34,12 @@ if command -v udevadm >/dev/null; then
     expect "ublkb1p1 exists" test -e /sys/class/block/ublkb1p1
     plinks=$(udevadm test --action=add /sys/class/block/ublkb1p1 2>&1 | sed -n 's/^DEVLINKS=//p')
     expect "udevadm test: no fdpblk link for the partition ublkb1p1 (DEVLINKS=$plinks)" bash -c "! grep -q /dev/fdpblk/ <<<'$plinks'"
-    expect "del device 1" "$FDPBLK" del -n 1
+    # By name, as an OnFailure= unit knows it (deploy/README.md).
+    expect "del --name kv1 deletes device 1" "$FDPBLK" del --name kv1
+    expect "device 1 is gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb1 ]] || exit 0; sleep 0.1; done; exit 1"
+    expect "device 3 (kv0) still runs" test -b /dev/ublkb3
+    out=$("$FDPBLK" del --name nosuch 2>&1) && rc=0 || rc=$?
+    expect "del --name of no device fails naming it ($out)" bash -c "test $rc -ne 0 && grep -q 'no fdpblk device named nosuch' <<<'$out'"
 else
     not_ok "udevadm missing in the guest (tests/vm/setup.sh installs udev)"
 fi
