@@ -66,7 +66,7 @@ pub fn check_entry<D: ReadAt + ?Sized>(dev: &D, g: &Geometry, key: &str, lossy: 
         Some((s, 0)) => s,
         // A slot LMCache's geometry has, past the end of this image or device.
         None if off >= g.meta_total_bytes && (off - g.meta_total_bytes).is_multiple_of(g.slot_bytes) => {
-            r.problem = Some("offset is beyond the device (a truncated image?)");
+            r.problem = Some("offset is beyond the device (a truncated image, or a checkpoint of a larger device)");
             return r;
         }
         _ => {
@@ -292,7 +292,7 @@ pub fn run(a: &InspectArgs) -> CmdResult {
         match (s.checkpoint_seq, &s.rejected) {
             (Some(seq), None) => writeln!(
                 w,
-                "summary: {} live entries (checkpoint seq {seq}); {} more listed with a mismatched slot header, which LMCache's load drops{}",
+                "summary: {} live entries (checkpoint seq {seq}); {} more listed that LMCache's load drops (a mismatched slot header, or a bad offset, size or key){}",
                 s.live,
                 s.header_mismatch,
                 match (s.duplicates, s.duplicates_unchecked) {
@@ -610,7 +610,7 @@ mod tests {
         let g = discover(&img, &GeometryFlags::default()).unwrap().geometry;
         let key = "x";
         let past = check_entry(&img, &g, key, false, Some(g.slot_offset(g.max_slots + 2)), Some(100));
-        assert_eq!(past.problem, Some("offset is beyond the device (a truncated image?)"));
+        assert_eq!(past.problem, Some("offset is beyond the device (a truncated image, or a checkpoint of a larger device)"));
         let odd = check_entry(&img, &g, key, false, Some(g.slot_offset(1) + 4096), Some(100));
         assert_eq!(odd.problem, Some("offset is not a slot start"));
     }
