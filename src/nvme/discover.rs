@@ -299,13 +299,22 @@ impl NvmeDevice {
     pub fn fdp_configs(&self, endgid: u16) -> Result<FdpConfigLog, NvmeError> {
         const W: &str = "get log page 0x20 (FDP configurations)";
         let h = self.get_log(W, lid::FDP_CONFIGS, 0, endgid, 16)?;
-        let (_, size) = self.parse(W, FdpConfigLog::header(&h))?;
-        if size > MAX_READ {
-            return Err(NvmeError::TooLarge { what: "FDP configurations log", len: u64::from(size) });
+        let (_, mut size) = self.parse(W, FdpConfigLog::header(&h))?;
+        // The log changes only when the drive's namespaces or FDP setup do; one that changed
+        // between the header and the whole read (its size differs) is read once more.
+        let mut again = true;
+        loop {
+            if size > MAX_READ {
+                return Err(NvmeError::TooLarge { what: "FDP configurations log", len: u64::from(size) });
+            }
+            let len = size.max(16).next_multiple_of(4);
+            let b = self.get_log(W, lid::FDP_CONFIGS, 0, endgid, len)?;
+            let (_, now) = self.parse(W, FdpConfigLog::header(&b))?;
+            if now == size || !again {
+                return self.parse(W, FdpConfigLog::parse(&b));
+            }
+            (size, again) = (now, false);
         }
-        let len = size.max(16).next_multiple_of(4);
-        let b = self.get_log(W, lid::FDP_CONFIGS, 0, endgid, len)?;
-        self.parse(W, FdpConfigLog::parse(&b))
     }
 
     /// Log 0x21: the header first, then 8 + 8 × NRUH bytes.
