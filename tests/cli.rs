@@ -115,9 +115,11 @@ fn replay_json_fields() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let out = child.wait_with_output().unwrap();
-    writer.join().unwrap();
+    // Checked before the writer is joined: had fdpblk never opened the FIFO, the writer
+    // would still wait in its open.
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(serde_json::from_slice::<Value>(&out.stdout).unwrap(), v);
+    writer.join().unwrap();
     assert_eq!(std::fs::read_dir(&spool_dir).unwrap().count(), 0, "the spool is removed");
     std::fs::remove_dir_all(dir).ok();
 }
@@ -127,6 +129,9 @@ fn bad_input_is_one_clear_line() {
     let cases: &[(&[&str], &str)] = &[
         (&["inspect", "/nonexistent/device"], "cannot open"),
         (&["replay", "/nonexistent/trace"], "cannot open trace"),
+        // Not a trace: refused, not copied into $TMPDIR until it fills.
+        (&["replay", "/"], "trace / is a directory, not a trace"),
+        (&["replay", "--sector-offset", "2048", "--slot-bytes", "64K", "--meta-total-bytes", "1M", "/dev/null"], "the trace is empty"),
     ];
     for (args, want) in cases {
         let (code, _, err) = fdpblk(args);
@@ -150,6 +155,10 @@ fn bad_input_is_one_clear_line() {
     let (code, _, err) = fdpblk(&["replay", "--slot-bytes", "64K", "--meta-total-bytes", "1M", trace.to_str().unwrap()]);
     assert_ne!(code, 0);
     assert!(err.contains("trace line 1: missing \"len\""), "{err}");
+    std::fs::write(&trace, "{\"op\":\"write\",\"offset\":0,\"len\":4096}\n").unwrap();
+    let (code, _, err) = fdpblk(&["replay", "--sector-offset", "2048", "--slot-bytes", "64K", "--meta-total-bytes", "1M", trace.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--sector-offset applies to blkparse traces"), "{err}");
     // One damaged line must not size the device or a buffer: each is refused, naming the fix.
     let geo = ["--slot-bytes", "64K", "--meta-total-bytes", "1M"];
     for (line, extra, want) in [

@@ -234,8 +234,10 @@ fn refuse_other_name(a: &AddArgs, device_path: Option<&str>, erase: impl FnOnce(
 fn with_force(a: &AddArgs) -> String {
     match &a.config {
         Some(c) => format!(
-            "add it with --force once by hand (`fdpblk add --config {} --force`; neither the config file nor `fdpblk up` takes it)",
-            c.display()
+            "add it with --force once by hand (`fdpblk add --config {} --force`, then `fdpblk del --name {name}`, then start it \
+             as before: `fdpblk up {name}` or its systemd unit; neither the config file nor `fdpblk up` takes --force)",
+            c.display(),
+            name = a.name.as_deref().unwrap_or("NAME")
         ),
         None => "add it with --force".into(),
     }
@@ -779,9 +781,17 @@ pub fn del(a: &DelArgs) -> CmdResult {
         (Some(n), false, None) => vec![n],
         (None, true, None) => state::state_ids(),
         (None, false, Some(name)) => {
-            let named = |id: &i32| state::read_state(*id).is_ok_and(|(c, _)| c.name.as_deref() == Some(name.as_str()));
-            match state::state_ids().into_iter().find(named) {
-                Some(id) => vec![id],
+            // The device whose daemon runs first: a state file a dead daemon left may name it too.
+            let mut named: Vec<(bool, i32)> = state::state_ids()
+                .into_iter()
+                .filter_map(|id| match state::read_state(id) {
+                    Ok((c, pid)) if c.name.as_deref() == Some(name.as_str()) => Some((!pid.alive(), id)),
+                    _ => None,
+                })
+                .collect();
+            named.sort();
+            match named.first() {
+                Some(&(_, id)) => vec![id],
                 None => return Err(format!("no fdpblk device named {name}; see `fdpblk list`").into()),
             }
         }
@@ -998,6 +1008,7 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     let saved = state::read_state(a.number).ok();
     // A daemon that died leaves its last figures behind (they stay for `recover`): say so.
     let daemon_up = saved.as_ref().is_some_and(|(_, pid)| pid.alive());
+    let name = saved.as_ref().and_then(|(cfg, _)| cfg.name.clone());
     v["daemon_up"] = json!(daemon_up);
     let age_s = std::fs::metadata(&p).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).map(|d| d.as_secs());
     v["stats_age_s"] = json!(age_s);
@@ -1060,9 +1071,16 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     print_watch(&v);
     if !daemon_up {
         // A script that reads only the exit status must not take a dead device for a live one.
+        let how = match &name {
+            Some(n) => format!(
+                "under systemd `systemctl reset-failed fdpblk@{n}; systemctl start fdpblk@{n}` (its own restart does it unless the unit gave up), by hand fdpblk up {n} (or fdpblk recover -n {})",
+                a.number
+            ),
+            None => format!("fdpblk recover -n {}", a.number),
+        };
         return Err(format!(
-            "the daemon of device {} is not running; recover the device: under systemd `systemctl reset-failed fdpblk@NAME; systemctl start fdpblk@NAME` (its own restart does it unless the unit gave up), by hand fdpblk recover -n {} (or fdpblk up NAME)",
-            a.number, a.number
+            "the daemon of device {} is not running; recover the device: {how}",
+            a.number
         )
         .into());
     }

@@ -451,9 +451,16 @@ fn read_blkparse(
         }
         // blktrace shows a write-zeroes (`blkdiscard -z`) as a write: one past what any
         // write carries is one, and moves no data.
-        if ops.iter().any(|&(op, _, len)| matches!(op, Op::Write | Op::Read) && len > MAX_IO_BYTES) {
+        if let Some(&(op, _, _)) = ops.iter().find(|&&(op, _, len)| matches!(op, Op::Write | Op::Read) && len > MAX_IO_BYTES) {
             info.unusable += 1;
-            info.first_unusable.get_or_insert((n, "a write larger than any write request (a write-zeroes, which blktrace shows as a write)"));
+            info.first_unusable.get_or_insert((
+                n,
+                if op == Op::Write {
+                    "a write larger than any write request (a write-zeroes, which blktrace shows as a write)"
+                } else {
+                    "a read larger than any block request"
+                },
+            ));
             continue;
         }
         info.taken += 1;
@@ -590,12 +597,28 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
     let spool = if a.trace.as_os_str() == "-" {
         Some(SpooledTrace::from(std::io::stdin().lock(), "standard input")?)
     } else {
+        use std::os::unix::fs::FileTypeExt;
         let f = std::fs::File::open(&a.trace).map_err(|e| format!("cannot open trace {}: {e}", a.trace.display()))?;
-        let regular = f.metadata().map_err(|e| format!("trace {}: {e}", a.trace.display()))?.is_file();
-        if regular { None } else { Some(SpooledTrace::from(f, &format!("trace {}", a.trace.display()))?) }
+        let t = f.metadata().map_err(|e| format!("trace {}: {e}", a.trace.display()))?.file_type();
+        if t.is_file() {
+            None
+        } else if t.is_fifo() || t.is_socket() || t.is_char_device() {
+            Some(SpooledTrace::from(f, &format!("trace {}", a.trace.display()))?)
+        } else {
+            return Err(format!(
+                "trace {} is a {}, not a trace: give the trace file (JSON lines or blkparse's text), or `-` for standard input",
+                a.trace.display(),
+                if t.is_dir() { "directory" } else { "block device" }
+            )
+            .into());
+        }
     };
+
     let trace = spool.as_ref().map_or(a.trace.as_path(), |s| s.0.as_path());
     let (info, furthest) = scan_trace(a, trace)?;
+    if a.sector_offset > 0 && info.format == "json" {
+        return Err("--sector-offset applies to blkparse traces (whole-disk sectors of a partition); a JSON trace's offsets are the device's own".into());
+    }
     let flags = a.geometry.flags();
     let (geometry, size) = match &a.device {
         Some(path) => {
@@ -721,7 +744,12 @@ fn print_text(r: &ReplayReport) {
     if let Some(s) = &r.ssd {
         let f = |v: &Value| v.as_f64().map_or("-".to_string(), |w| format!("{w:.3}"));
         let window = if s["warmup_bytes"].as_u64().unwrap_or(0) > 0 {
-            format!(" after the first {} host bytes ({} in the window; {} over the whole trace)", s["warmup_bytes"], s["window_host_bytes"], f(&s["waf_whole_trace"]))
+            format!(
+                " after the trace's first {} bytes ({} in the window; {} over the whole trace)",
+                s["warmup_bytes"],
+                s["window_host_request_bytes"],
+                f(&s["waf_whole_trace"])
+            )
         } else {
             String::new()
         };

@@ -861,9 +861,12 @@ fn open_state_dev(cfg: &DeviceConfig, backing: &std::fs::File) -> Result<Arc<dyn
 fn state_thread_guarded(shared: &Shared, body: impl FnOnce()) {
     if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         let why = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
+        let id = shared.cfg.id;
+        let unit = shared.cfg.name.as_deref().map_or(String::new(), |n| {
+            format!("under systemd `systemctl kill --kill-who=main --signal=SIGKILL fdpblk@{n}`, whose restart recovers it; ")
+        });
         tracing::error!(
-            "device {}: the state thread failed ({why}); data I/O goes on, without deallocation, checkpoint awareness or saved state: kill the daemon with SIGKILL (under systemd `systemctl kill --kill-who=main --signal=SIGKILL fdpblk@NAME`, whose restart recovers it; by hand then `fdpblk recover -n ID`) to bring them back without failing LMCache's I/O",
-            shared.cfg.id
+            "device {id}: the state thread failed ({why}); data I/O goes on, without deallocation, checkpoint awareness or saved state: kill the daemon with SIGKILL ({unit}by hand `kill -9` its pid, then `fdpblk recover -n {id}`) to bring them back without failing LMCache's I/O"
         );
         if let Some(k) = shared.layout.known() {
             k.slots.release_holds();

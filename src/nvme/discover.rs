@@ -21,9 +21,10 @@ pub const LOG_PIECE: u32 = 4096;
 
 /// The pieces a log page of `len` bytes is read in: (log page offset, range of the buffer).
 fn log_pieces(len: u32) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> {
-    (0..len.div_ceil(LOG_PIECE)).map(move |i| {
-        let start = i * LOG_PIECE;
-        (u64::from(start), start as usize..(start + LOG_PIECE).min(len) as usize)
+    let (len, piece) = (u64::from(len), u64::from(LOG_PIECE));
+    (0..len.div_ceil(piece)).map(move |i| {
+        let start = i * piece;
+        (start, start as usize..(start + piece).min(len) as usize)
     })
 }
 
@@ -281,6 +282,21 @@ impl NvmeDevice {
     /// a drive with many reclaim groups would not read whole. Offsets need LPA bit 2, which
     /// every controller of NVMe 1.3 or later sets (and so every FDP drive).
     pub fn get_log(&self, what: &str, lid: u8, lsp: u8, lsi: u16, len: u32) -> Result<Vec<u8>, NvmeError> {
+        // A controller without offsets would answer every piece with the log's first bytes.
+        if len > LOG_PIECE && !self.identify_ctrl()?.log_offsets_supported() {
+            return Err(NvmeError::Parse {
+                what: what.to_string(),
+                path: self.admin_path.clone(),
+                source: ParseError::Invalid {
+                    what: "identify controller",
+                    why: format!(
+                        "the log is {len} bytes, more than one {LOG_PIECE}-byte read, and the controller takes no log page \
+                         offset (LPA bit 2 clear, so it predates NVMe 1.3): update its firmware, or run `fdpblk add` \
+                         without placement (--policy none)"
+                    ),
+                },
+            });
+        }
         let mut b = vec![0u8; len as usize];
         for (offset, range) in log_pieces(len) {
             let piece = &mut b[range];

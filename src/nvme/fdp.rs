@@ -721,7 +721,8 @@ mod tests {
         };
         let base = two_configs();
         for i in 0..20_000 {
-            // Every tenth input as long as an identify structure, to get past its length check.
+            // Every tenth random input as long as an identify structure, to get past its
+            // length check (half of the draws mutate `base` instead).
             let len = if i % 10 == 0 { 4096 + (rnd() % 200) as usize } else { (rnd() % 400) as usize };
             let mut b: Vec<u8> = if rnd() % 2 == 0 {
                 (0..len).map(|_| rnd() as u8).collect()

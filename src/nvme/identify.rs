@@ -48,6 +48,8 @@ pub struct IdCtrl {
     pub ctratt: u32,
     pub endgidmax: u16,
     pub oncs: u16,
+    /// Log Page Attributes (byte 261); bit 2: Get Log Page takes an offset (extended data).
+    pub lpa: u8,
     /// Command Retry Delay Times 1..3, in 100 ms units: how long a host waits before it
     /// retries a command the controller failed with CRD 1..3 (the kernel enables this, ACRE,
     /// when CRDT1 is set).
@@ -69,6 +71,7 @@ impl IdCtrl {
             ctratt: le32(b, 96),
             endgidmax: le16(b, 340),
             oncs: le16(b, 520),
+            lpa: b[261],
             crdt: [le16(b, 128), le16(b, 130), le16(b, 132)],
         })
     }
@@ -76,6 +79,12 @@ impl IdCtrl {
     /// The controller supports Flexible Data Placement (CTRATT bit 19).
     pub fn fdp_supported(&self) -> bool {
         self.ctratt & CTRATT_FDPS != 0
+    }
+
+    /// Get Log Page takes a log page offset (LPA bit 2), which every controller of NVMe 1.3
+    /// or later sets.
+    pub fn log_offsets_supported(&self) -> bool {
+        self.lpa & (1 << 2) != 0
     }
 
     /// Dataset Management supported (ONCS bit 2).
@@ -155,7 +164,8 @@ impl IdNs {
     }
 
     /// Logical block size in bytes: 512 B to 64 KiB (the spec requires LBADS ≥ 9; Linux
-    /// takes blocks up to 64 KiB, and every read buffer is at least one block).
+    /// block devices take at most 64 KiB, from about 6.15 on, the page size before; and
+    /// every passthrough read buffer is at least one block).
     pub fn lba_size(&self) -> Result<u32, ParseError> {
         let f = self.format()?;
         if !(9..=16).contains(&f.lbads) {
@@ -203,6 +213,7 @@ mod tests {
         b[96..100].copy_from_slice(&(CTRATT_FDPS | CTRATT_EGS).to_le_bytes());
         b[340..342].copy_from_slice(&4u16.to_le_bytes());
         b[520..522].copy_from_slice(&0x0cu16.to_le_bytes());
+        b[261] = 0x0e;
         // CRDT1..3 at bytes 128..134 (after the 16-byte FRU GUID at 112); 134.. is reserved.
         b[128..134].copy_from_slice(&[5, 0, 0x10, 0x27, 1, 0]);
         b[134..140].copy_from_slice(&[9, 9, 9, 9, 9, 9]);
@@ -213,7 +224,9 @@ mod tests {
             (0x1b36, "SER123", "Ctrl", "1.0")
         );
         assert_eq!((c.mdts, c.cntlid, c.endgidmax), (5, 3, 4));
-        assert!(c.fdp_supported() && c.dsm_supported() && c.write_zeroes_supported());
+        assert!(c.fdp_supported() && c.dsm_supported() && c.write_zeroes_supported() && c.log_offsets_supported());
+        b[261] = 0x0b;
+        assert!(!IdCtrl::parse(&b).unwrap().log_offsets_supported());
         assert_eq!(c.mdts_bytes(), Some(128 << 10));
         b[96] = 0;
         b[98] = 0;

@@ -402,6 +402,7 @@ impl TraceSsd {
             "waf": window.as_ref().and_then(waf),
             "warmup_bytes": self.warmup_bytes,
             "window_host_bytes": window.as_ref().map(|w| w.host_bytes),
+            "window_host_request_bytes": window.as_ref().map(|w| w.host_request_bytes),
             "waf_whole_trace": waf(c),
             // host_bytes counts whole mapping units (unit_bytes) as the model writes them;
             // host_request_bytes is what the trace wrote.
