@@ -358,6 +358,17 @@ fn check_kit(dir: &Path) -> Result<(), String> {
     if !unit_text.contains(&format!("{CONFIG_DIR}/NAME.toml")) {
         return Err(format!("fdpblk@.service: its comment must name {CONFIG_DIR}/NAME.toml, where `fdpblk up` reads"));
     }
+    // The optional OnFailure= drop-in: releases the device only once the unit gave up, so it
+    // needs RestartMode=direct (systemd 254+ would run it at every crash), and its release
+    // unit deletes the device by instance name.
+    let on_failure = unit_keys(&std::fs::read_to_string(dir.join("fdpblk@.service.d/on-failure.conf")).map_err(|e| e.to_string())?);
+    if get(&on_failure, "OnFailure") != ["fdpblk-release@%i.service"] || get(&on_failure, "RestartMode") != ["direct"] {
+        return Err("fdpblk@.service.d/on-failure.conf: needs OnFailure=fdpblk-release@%i.service and RestartMode=direct (without it systemd 254+ releases the device at every crash)".into());
+    }
+    let release = unit_keys(&std::fs::read_to_string(dir.join("fdpblk-release@.service")).map_err(|e| e.to_string())?);
+    if get(&release, "Type") != ["oneshot"] || get(&release, "ExecStart") != [format!("{bin} del --name %i").as_str()] {
+        return Err(format!("fdpblk-release@.service: needs Type=oneshot and ExecStart={bin} del --name %i"));
+    }
     let rules = std::fs::read_to_string(dir.join("99-fdpblk.rules")).map_err(|e| e.to_string())?;
     if !rules.contains(&format!("PROGRAM=\"{bin} name %n\"")) {
         return Err(format!("99-fdpblk.rules: PROGRAM must run {bin}, like the units"));
@@ -462,7 +473,7 @@ fn tensor_parallel_drift_is_caught() {
 /// Each kind of drift makes the check fail, with a message that says which file.
 #[test]
 fn drift_is_caught() {
-    let cases: [(&str, &str, &str, &str); 10] = [
+    let cases: [(&str, &str, &str, &str); 12] = [
         ("lmcache/lmcache-nonmp.yaml", "rust_raw_block.slot_bytes: 33558528", "rust_raw_block.slot_bytes: 33562624", "lmcache-nonmp.yaml: geometry"),
         ("lmcache/lmcache-nonmp.yaml", "\"/dev/fdpblk/kv0\"", "\"/dev/ublkb0\"", "is not fdpblk's stable name"),
         ("lmcache/lmcache-nonmp.yaml", "  rust_raw_block.meta_total_bytes: 268435456\n", "", "lmcache-nonmp.yaml: geometry"),
@@ -473,12 +484,25 @@ fn drift_is_caught() {
         ("fdpblk.example.toml", "name = \"kv0\"", "name = \"kv1\"", "is not fdpblk's stable name /dev/fdpblk/kv1"),
         ("lmcache/fdpblk-kv0.conf", "Wants=fdpblk@kv0.service", "Requires=fdpblk@kv0.service", "Wants= must be"),
         ("fdpblk@.service", "ExecStop=/usr/local/bin/fdpblk down %i", "ExecStop=/usr/local/bin/fdpblk del --all", "ExecStop="),
+        ("fdpblk@.service.d/on-failure.conf", "RestartMode=direct", "RestartMode=normal", "on-failure.conf: needs"),
+        ("fdpblk-release@.service", "del --name %i", "del -n 0", "fdpblk-release@.service: needs"),
     ];
     for (file, from, to, want) in cases {
         let tmp = std::env::temp_dir().join(format!("fdpblk-deploy-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(tmp.join("lmcache")).unwrap();
-        for f in ["fdpblk.example.toml", "fdpblk@.service", "fdpblk-metrics.service", "99-fdpblk.rules", "lmcache/lmcache-nonmp.yaml", "lmcache/mp-l2-adapter.json", "lmcache/fdpblk-kv0.conf"] {
+        std::fs::create_dir_all(tmp.join("fdpblk@.service.d")).unwrap();
+        for f in [
+            "fdpblk.example.toml",
+            "fdpblk@.service",
+            "fdpblk@.service.d/on-failure.conf",
+            "fdpblk-release@.service",
+            "fdpblk-metrics.service",
+            "99-fdpblk.rules",
+            "lmcache/lmcache-nonmp.yaml",
+            "lmcache/mp-l2-adapter.json",
+            "lmcache/fdpblk-kv0.conf",
+        ] {
             std::fs::copy(deploy_dir().join(f), tmp.join(f)).unwrap();
         }
         let p = tmp.join(file);

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
-# vm-timeout: 150
+# vm-timeout: 300
 # deploy/'s units under a real systemd (PID 1 of a PID namespace in the guest):
 # systemd-analyze verify is silent; fdpblk@demo starts /dev/fdpblk/demo from
 # /etc/fdpblk/demo.toml (Type=notify); after kill -9 of its daemon systemd restarts the unit,
 # `fdpblk up` recovers the same device and all data written before and during the crash
-# reads back; fdpblk-metrics writes the textfile; systemctl stop deletes the device cleanly.
+# reads back (with the OnFailure= drop-in installed: one crash is recovered, not released);
+# fdpblk-metrics writes the textfile; systemctl stop deletes the device cleanly; a unit
+# killed until it gives up has its device deleted by fdpblk-release@.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool systemctl systemd-analyze unshare nsenter pgrep
@@ -23,6 +25,12 @@ meta_total_bytes = "1M"
 EOF
 verify=$(systemd-analyze verify fdpblk@demo.service fdpblk-metrics.service 2>&1)
 expect_eq "systemd-analyze verify fdpblk@demo.service fdpblk-metrics.service (no warnings)" "$verify" ""
+# The optional OnFailure= drop-in and its release unit. RestartMode= is unknown before
+# systemd 254 (the guest's may be older): that warning alone is expected.
+install -D -m 0644 "$repo/deploy/fdpblk@.service.d/on-failure.conf" /etc/systemd/system/fdpblk@.service.d/on-failure.conf
+install -m 0644 "$repo/deploy/fdpblk-release@.service" /etc/systemd/system/
+verify=$(systemd-analyze verify fdpblk@demo.service fdpblk-release@demo.service 2>&1 | grep -Ev "Unknown key (name )?'RestartMode'" || true)
+expect_eq "systemd-analyze verify with the on-failure drop-in and fdpblk-release@demo.service" "$verify" ""
 
 # systemd with only an empty target: what runs is what the units pull in.
 printf '[Unit]\nDescription=fdpblk VM check\n' >/etc/systemd/system/fdpblk-vmcheck.target
@@ -111,7 +119,31 @@ expect_eq "fdpblk@demo inactive (not failed)" "$(sc is-active fdpblk@demo)" inac
 expect "device deleted" bash -c "for i in \$(seq 50); do [[ -e $dev ]] || exit 0; sleep 0.1; done; exit 1"
 expect "stable name removed" test ! -e /dev/fdpblk/demo
 expect "state removed" test ! -e "/run/fdpblk/$id.json"
+expect_eq "fdpblk-release@demo did not run for a clean stop" "$(sc show -p ActiveEnterTimestampMonotonic --value fdpblk-release@demo)" 0
+
+# A unit that gives up (StartLimitBurst=5 in 60 s): the drop-in's OnFailure= runs
+# fdpblk-release@demo, which deletes the held device, so LMCache's I/O fails, not hangs.
+expect "start again" sc start fdpblk@demo
+dev=$(readlink /dev/fdpblk/demo || true)
+[[ $dev == /dev/ublkb* ]] || check_fatal "no /dev/fdpblk/demo after the second start"
+gave_up=
+for k in $(seq 8); do
+    before=$(sc show -p NRestarts --value fdpblk@demo)
+    sc kill --kill-who=main --signal=SIGKILL fdpblk@demo >/dev/null 2>&1 || true
+    # Each kill waits for the restart it causes (a recovered, active unit) or the failure.
+    for _ in $(seq 300); do
+        st=$(sc is-active fdpblk@demo || true)
+        [[ $st == failed ]] && gave_up=$k && break 2
+        [[ $st == active && $(sc show -p NRestarts --value fdpblk@demo) -gt $before ]] && break
+        sleep 0.2
+    done
+done
+expect "fdpblk@demo gave up after repeated kills (at kill ${gave_up:-none})" test -n "$gave_up"
+expect "fdpblk-release@demo deleted the device" bash -c "for i in \$(seq 150); do [[ -e $dev ]] || exit 0; sleep 0.2; done; exit 1"
+expect_eq "fdpblk-release@demo succeeded" "$(sc show -p Result --value fdpblk-release@demo)" success
+sc reset-failed fdpblk@demo >/dev/null 2>&1 || true
 stop_systemd
 trap - EXIT
-rm -f /etc/systemd/system/fdpblk@.service /etc/systemd/system/fdpblk-metrics.service /etc/systemd/system/fdpblk-vmcheck.target
+rm -rf /etc/systemd/system/fdpblk@.service /etc/systemd/system/fdpblk-metrics.service /etc/systemd/system/fdpblk-vmcheck.target \
+    /etc/systemd/system/fdpblk@.service.d /etc/systemd/system/fdpblk-release@.service
 check_done
