@@ -85,6 +85,17 @@ fn transient(res: i32) -> bool {
         r => !cmd::NvmeStatus(r as u16).dnr(),
     }
 }
+/// A completion's result as the rest of the engine reads it: a status whose status code is
+/// Successful Completion (only its More or other flag bits set) is a success, as the kernel's
+/// own NVMe driver takes it (`nvme_error_status` looks at SCT/SC alone).
+fn command_result(res: i32) -> i32 {
+    if res > 0 && cmd::NvmeStatus(res as u16).code() == 0 {
+        0
+    } else {
+        res
+    }
+}
+
 /// The errno a failed command's result becomes for ublk, which turns it into the block
 /// status the kernel's own NVMe driver gives the same NVMe status (`nvme_error_status`, as
 /// of Linux 6.x).
@@ -704,7 +715,7 @@ impl PassthroughEngine {
         let mut slab = self.slab.borrow_mut();
         for _ in 0..2 {
             for cqe in ring.completion() {
-                slab.complete(cqe.user_data(), cqe.result());
+                slab.complete(cqe.user_data(), command_result(cqe.result()));
             }
             let pending = !ring.submission().is_empty();
             if !pending && !ring.submission().cq_overflow() {
@@ -1135,6 +1146,13 @@ mod tests {
         ] {
             assert_eq!(errno_of(res), want, "result {res:#x}");
         }
+        // Successful Completion with only the More bit (13) or DNR set is a success; any
+        // other status stays what it was.
+        assert_eq!(command_result(1 << 13), 0);
+        assert_eq!(command_result((1 << 13) | dnr), 0);
+        assert_eq!(command_result(0x281 | (1 << 13)), 0x281 | (1 << 13));
+        assert_eq!(command_result(-libc::EINTR), -libc::EINTR);
+        assert_eq!(command_result(0), 0);
     }
 
     fn chunks(off: u64, len: u64, shift: u8, max: u32) -> Vec<(u64, u32, Range<usize>)> {

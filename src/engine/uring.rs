@@ -92,6 +92,11 @@ impl UringEngine {
     async fn submit(q: &UblkQueue<'_>, sqe: squeue::Entry) -> i32 {
         for _ in 0..EAGAIN_RETRIES {
             let res = q.ublk_submit_sqe(sqe.clone()).await;
+            // EBUSY would reach the block layer as "device busy" (BLK_STS_DEV_RESOURCE), a
+            // retry it never makes for a completed request: an I/O error, as passthrough has.
+            if res == -libc::EBUSY {
+                return -libc::EIO;
+            }
             if res != -libc::EAGAIN {
                 return res;
             }

@@ -316,6 +316,15 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
         let done = || tasks.iter().all(|t| t.is_finished());
         if let Err(e) = libublk::wait_and_handle_io_events(&q, Some(20), run_ops, done).await {
             tracing::error!("queue {qid}: {}", ublk_error(&e));
+            // The io_uring engine's reads and writes go on the queue's own ring: a tag task
+            // still waiting may have one in flight into its buffer, which dropping the task
+            // would free. Leak them instead (the queue is going down; its ring's teardown
+            // waits for the I/O).
+            if !matches!(ctx.engine, QueueEngine::Passthrough(_)) && !tasks.iter().all(|t| t.is_finished()) {
+                tracing::error!("queue {qid}: tag tasks still had I/O in flight; their buffers are kept until the process exits");
+                std::mem::forget(tasks);
+                return;
+            }
         }
         drop(reaper);
         // A tag task owns the buffer its NVMe commands read into or write from: a queue that
