@@ -75,6 +75,9 @@ fn retry_delay(res: i32, crdt: &[Duration; 3]) -> Duration {
 /// Resubmissions of a command that failed in a way worth another try (as the kernel's own
 /// block path retries, `nvme_max_retries`): passthrough requests are never retried by it.
 const TRANSIENT_RETRIES: usize = 5;
+/// How long one request's commands are retried in all (the kernel's own I/O timeout is 30 s
+/// per command): past it a transient failure fails the request.
+const REQUEST_RETRY_TIME: Duration = Duration::from_secs(30);
 
 /// A completion worth resubmitting: the kernel had no room now (-EAGAIN), the command was
 /// cancelled by a controller reset (-EINTR), or the drive failed it without Do Not Retry.
@@ -383,10 +386,14 @@ impl PassthroughEngine {
     }
 
     /// `depth` is the ublk queue depth; the ring holds two commands per tag, and more are
-    /// queued by submitting early when it is full.
+    /// queued by submitting early when it is full. The completion queue holds what every tag
+    /// may have in flight ([`WINDOW`] each, up to the kernel's 65536): past it completions
+    /// go to the kernel's overflow list, whose atomic allocation may fail under memory
+    /// pressure and lose one.
     pub fn new(fd: RawFd, nsid: u32, lba_shift: u8, max_transfer: u32, pids: Vec<u16>, depth: u16) -> io::Result<Self> {
         let entries = (u32::from(depth.max(1)) * 2).next_power_of_two().clamp(8, 4096);
-        let ring = IoUring::<squeue::Entry128, cqueue::Entry32>::builder().setup_cqsize(entries * 4).build(entries)?;
+        let cq = (u32::from(depth.max(1)) * WINDOW as u32).next_power_of_two().clamp(entries * 4, 65536);
+        let ring = IoUring::<squeue::Entry128, cqueue::Entry32>::builder().setup_cqsize(cq).build(entries)?;
         // SAFETY: eventfd returns a new descriptor or -1.
         let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if efd < 0 {
@@ -509,10 +516,14 @@ impl PassthroughEngine {
     }
 
     /// `res`, or the result of sending `c` again while it failed in a transient way (after
-    /// the delay the drive asked for, if any).
-    async fn retried(&self, q: &UblkQueue<'_>, c: &PassthruCmd, mut res: i32) -> i32 {
+    /// the delay the drive asked for, if any), until the request's retry time runs out at
+    /// `until`.
+    async fn retried(&self, q: &UblkQueue<'_>, c: &PassthruCmd, mut res: i32, until: Instant) -> i32 {
         let mut tries = 0;
-        while transient(res) && tries < if res == -libc::EAGAIN { EAGAIN_RETRIES } else { TRANSIENT_RETRIES } {
+        while transient(res)
+            && tries < if res == -libc::EAGAIN { EAGAIN_RETRIES } else { TRANSIENT_RETRIES }
+            && Instant::now() < until
+        {
             tries += 1;
             let d = retry_delay(res, &self.crdt);
             if !d.is_zero() && !sleep_for(q, d).await {
@@ -561,6 +572,10 @@ impl PassthroughEngine {
         let mut waiting: Option<PassthruCmd> = None;
         // One wait for the whole request: its commands wait out the same reset together.
         let mut hold = reset::Hold::default();
+        // And one retry time: a window's commands are retried one after another, each up to
+        // TRANSIENT_RETRIES times after the drive's delay (up to 5 s), which for 64 commands
+        // would keep LMCache's request waiting for half an hour.
+        let until = Instant::now() + REQUEST_RETRY_TIME;
         loop {
             let mut ops: Vec<(PassthruCmd, Op<'_>)> = Vec::new();
             while err == 0 && ops.len() < WINDOW {
@@ -587,7 +602,7 @@ impl PassthroughEngine {
             }
             self.submit();
             for (c, op) in ops {
-                let mut res = self.retried(q, &c, op.await).await;
+                let mut res = self.retried(q, &c, op.await, until).await;
                 // A controller reset fails the passthrough commands in flight (cancelled, or
                 // refused with EINVAL or EFAULT while the kernel rebuilds the namespace, also
                 // for a moment after the controller is live again) where the block path would
@@ -605,7 +620,7 @@ impl PassthroughEngine {
                         break;
                     }
                     if self.controller_live() {
-                        res = self.retried(q, &c, self.send(&c).await).await;
+                        res = self.retried(q, &c, self.send(&c).await, until).await;
                     }
                 }
                 if err == 0 {

@@ -480,7 +480,9 @@ fn open_backing_once(cfg: &DeviceConfig, recover: bool, deadline: Instant) -> Re
         Some(libc::EACCES | libc::EPERM) => (format!("cannot open backing {}: {e}; run as root", cfg.backing.display()), false),
         _ => (format!("cannot open backing {}: {e}", cfg.backing.display()), false),
     })?;
-    if is_chardev {
+    // A file's I/O descriptor too: an earlier daemon's io_uring writes hold it past its exit,
+    // and one landing after a reissued write would put old data back.
+    if is_chardev || is_file {
         // A recovery waits on through a stop (the device it holds is then started and
         // stopped); an add has made nothing yet and gives up.
         let stop = (!recover).then_some(&STOP_REQUESTED);
