@@ -205,7 +205,7 @@ impl Registry {
         // The state thread: LMCache's checkpoints, slots, deallocation, own state.
         for (metric, key, help) in [
             ("fdpblk_checkpoint_seq", "checkpoint_seq", "Sequence number of LMCache's newest checkpoint."),
-            ("fdpblk_checkpoint_age_seconds", "checkpoint_age_s", "Seconds since this daemon saw LMCache's newest checkpoint written, or found it at its start."),
+            ("fdpblk_checkpoint_age_seconds", "checkpoint_age_s", "Seconds since fdpblk saw LMCache's newest checkpoint written (across daemon restarts, through its own state), or first found it on the device."),
             ("fdpblk_checkpoint_payload_bytes", "checkpoint_bytes", "JSON bytes of LMCache's newest checkpoint."),
             ("fdpblk_checkpoint_entries", "checkpoint_entries", "Entries in LMCache's newest checkpoint."),
             ("fdpblk_checkpoint_cap_bytes", "checkpoint_cap_bytes", "Largest checkpoint JSON LMCache writes; a larger one is skipped."),

@@ -28,8 +28,9 @@
 //! shutdown) | seq u64 | instance u64 | block_align, header_bytes, slot_bytes,
 //! meta_total_bytes, max_slots (u64 each) | R, H, T, history capacity (u32 each) | trims,
 //! trim_bytes, evictions, persist cycles, own bytes written (u64 each) | handles u16, 6 zero
-//! bytes | trims per handle (u64 × handles, at most 64) | zeros | CRC-32 of bytes 0..4092
-//! at 4092.
+//! bytes | trims per handle (u64 × handles, at most 64, from byte 136) | at byte 648: the seq
+//! of LMCache's newest checkpoint fdpblk saw and when (u64 each; Unix seconds, 0 = none; older
+//! superblocks hold zeros there) | zeros | CRC-32 of bytes 0..4092 at 4092.
 //!
 //! ## Persist cycle (incremental, crash-consistent)
 //!
@@ -85,6 +86,8 @@ pub const MAX_HANDLES: usize = 64;
 /// million years to get there, and the bound keeps `seq + 1` from overflowing. A cycle that
 /// would write this seq fails instead, so a superblock is never written that a load refuses.
 const MAX_SEQ: u64 = 1 << 63;
+/// Where the superblock keeps the newest checkpoint seen: past the 64 handles' trim counts.
+const CHECKPOINT_SEEN_AT: usize = 136 + 8 * MAX_HANDLES;
 /// Largest run of pages written in one request.
 const MAX_RUN: usize = 256;
 
@@ -117,6 +120,9 @@ pub struct Counters {
     pub cycles: u64,
     pub own_bytes: u64,
     pub trims_by_handle: Vec<u64>,
+    /// LMCache's newest checkpoint fdpblk saw (its seq) and when (Unix seconds): its age
+    /// goes on across a daemon restart.
+    pub checkpoint_seen: Option<(u64, u64)>,
 }
 
 impl Counters {
@@ -205,6 +211,10 @@ impl Superblock {
         for (i, v) in c.trims_by_handle.iter().take(n).enumerate() {
             b[136 + 8 * i..144 + 8 * i].copy_from_slice(&v.to_le_bytes());
         }
+        if let Some((seq, at)) = c.checkpoint_seen.filter(|&(_, at)| at > 0) {
+            b[CHECKPOINT_SEEN_AT..CHECKPOINT_SEEN_AT + 8].copy_from_slice(&seq.to_le_bytes());
+            b[CHECKPOINT_SEEN_AT + 8..CHECKPOINT_SEEN_AT + 16].copy_from_slice(&at.to_le_bytes());
+        }
         let crc = crc32fast::hash(&b[..CRC_AT]);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     }
@@ -236,6 +246,7 @@ impl Superblock {
                 cycles: u64at(b, 112),
                 own_bytes: u64at(b, 120),
                 trims_by_handle: (0..n).map(|i| u64at(b, 136 + 8 * i)).collect(),
+                checkpoint_seen: Some((u64at(b, CHECKPOINT_SEEN_AT), u64at(b, CHECKPOINT_SEEN_AT + 8))).filter(|&(_, at)| at > 0),
             },
         })
     }

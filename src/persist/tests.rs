@@ -92,7 +92,13 @@ fn round_trip_and_incremental() {
     let mut p = p.unwrap();
     let mut rng = Rng(42);
     mutate(&t, &mut rng, 300);
-    let c = Counters { trims: 5, trim_bytes: 5 * 65536, trims_by_handle: vec![0, 2, 3], ..Counters::default() };
+    let c = Counters {
+        trims: 5,
+        trim_bytes: 5 * 65536,
+        trims_by_handle: vec![0, 2, 3],
+        checkpoint_seen: Some((41, 1_700_000_000)),
+        ..Counters::default()
+    };
     let r = p.cycle(&dev, &t, &c, true, false).unwrap().unwrap();
     assert!(r.pages > 3);
     // Nothing changed: nothing written.
@@ -108,6 +114,7 @@ fn round_trip_and_incremental() {
     let (u, _, l, _) = load(&g, dev.image(), region);
     assert!(l.found && l.clean);
     assert_eq!(l.counters.trims, 5);
+    assert_eq!(l.counters.checkpoint_seen, Some((41, 1_700_000_000)));
     assert_eq!(l.counters.trims_by_handle, vec![0, 2, 3]);
     assert_eq!(first_diff(&snapshot(&u), &snapshot(&t)), None, "records are {} bytes", t.len() * RECORD_BYTES);
     assert_eq!(u.get(7).unwrap().identity, 77);

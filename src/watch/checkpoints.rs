@@ -281,6 +281,7 @@ impl Watcher {
             epoch,
             observed: true,
         });
+        self.counters.checkpoint_seen = Some((h.seq, unix_now()));
         self.stalled = false;
         self.arm_alarm();
     }

@@ -228,6 +228,11 @@ impl WritebackDelay {
     }
 }
 
+/// Wall-clock seconds (Unix time), what a checkpoint's sighting is kept in across a restart.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
 /// The longest a dirty page waits for writeback without memory pressure or a sync: it expires
 /// after `expire` centiseconds and the flusher looks every `every` (0: never, unbounded).
 pub fn kernel_writeback_delay(expire: u64, every: u64) -> Option<Duration> {
@@ -569,9 +574,19 @@ impl Watcher {
             };
         }
         w.mark_unwritten();
-        // Baseline for the overflow estimate: the newest valid checkpoint on the device.
-        if let Some(v) = w.newest() {
-            w.commit = Some(Commit { seq: v.seq, payload_len: v.payload_len, entries: v.entries, at: now, puts_at: 0, fixed_bytes: v.fixed_bytes, epoch: w.seen_epoch, observed: false });
+        // Baseline for the overflow estimate: the newest valid checkpoint on the device. Its
+        // age goes on from when an earlier daemon saw it written (kept in the own state); one
+        // no daemon saw counts from now.
+        if let Some((seq, payload_len, entries, fixed_bytes)) = w.newest().map(|v| (v.seq, v.payload_len, v.entries, v.fixed_bytes)) {
+            let unix = unix_now();
+            let at = match w.counters.checkpoint_seen {
+                Some((s, seen)) if s == seq && seen <= unix => now.checked_sub(Duration::from_secs(unix - seen)).unwrap_or(now),
+                _ => {
+                    w.counters.checkpoint_seen = Some((seq, unix));
+                    now
+                }
+            };
+            w.commit = Some(Commit { seq, payload_len, entries, at, puts_at: 0, fixed_bytes, epoch: w.seen_epoch, observed: false });
         }
         w.arm_alarm();
         // From now on a crash leaves an unclean state: confirmations are not trusted then.

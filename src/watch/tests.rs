@@ -709,6 +709,33 @@ fn evicted_slots_are_trimmed_after_two_checkpoints() {
     assert_eq!(v["since_start"]["evictions"].as_u64(), Some(0));
 }
 
+/// LMCache's newest checkpoint keeps its age across a daemon restart (the own state keeps
+/// when it was seen): a stalled LMCache stays visible after fdpblk restarts. One the saved
+/// state did not see (another seq) counts from the start.
+#[test]
+fn checkpoint_age_goes_on_across_a_daemon_restart() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    r.checkpoint();
+    r.step();
+    let seq = r.w.published().lock().unwrap()["checkpoint_seq"].as_u64().unwrap();
+    assert_eq!(r.w.counters().checkpoint_seen.map(|(s, _)| s), Some(seq), "seen when written");
+    // As if it was written 600 s ago.
+    r.w.counters.checkpoint_seen = Some((seq, unix_now() - 600));
+    r.restart_fdpblk(true);
+    r.w.publish();
+    let age = r.w.published().lock().unwrap()["checkpoint_age_s"].as_f64().unwrap();
+    assert!((600.0..700.0).contains(&age), "age {age} s after the restart");
+    // Saved for another seq: this one was never seen written, so it counts from the start.
+    r.w.counters.checkpoint_seen = Some((seq + 5, unix_now() - 600));
+    r.restart_fdpblk(true);
+    r.w.publish();
+    let age = r.w.published().lock().unwrap()["checkpoint_age_s"].as_f64().unwrap();
+    assert!(age < 60.0, "age {age} s of a checkpoint found at the start");
+    assert_eq!(r.w.counters().checkpoint_seen.map(|(s, _)| s), Some(seq));
+}
+
 #[test]
 fn evicted_slots_go_early_once_the_newest_checkpoint_lacks_them() {
     let (mut r, keys) = rig_with_keys(6, 3);
