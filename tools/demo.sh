@@ -18,8 +18,9 @@ cd "$(dirname "$0")/.."
 fixtures=${fixtures:-../shared/fixtures/lmcache-0.5.6}
 [[ -d $fixtures ]] || { echo "demo: no LMCache fixtures at $fixtures; pass their directory as the first argument" >&2; exit 1; }
 [[ -x target/release/fdpblk ]] || echo "== building fdpblk (the first build takes a few minutes)"
-cargo build --release --quiet --bins ||
-    { echo "demo: the build failed; it needs a C compiler and libclang (Debian: apt-get install gcc libc6-dev libclang-dev)" >&2; exit 1; }
+# --locked, as the tests build: the versions in Cargo.lock, never a rewritten lock file.
+cargo build --release --locked --quiet --bins ||
+    { echo "demo: the build failed (above); it needs a C compiler and libclang (Debian: apt-get install gcc libc6-dev libclang-dev)" >&2; exit 1; }
 bin=target/release/fdpblk
 scen=$fixtures/object-evict
 

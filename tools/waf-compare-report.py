@@ -301,6 +301,10 @@ def consistency(rows):
                 ck = raw["classes"]["checkpoint_header"] + raw["classes"]["checkpoint_payload"]
                 eq("fio-static: metadata bytes on placement ID 1", r["fdp"]["bytes_by_pid_index"].get("1"), ck)
                 eq("fio-static: slot bytes on placement ID 2", r["fdp"]["bytes_by_pid_index"].get("2"), raw["workload_write_bytes"] - ck)
+        if "sim_reads_of_deallocated_bytes" in r:
+            # LMCache never reads a slot fdpblk deallocated: on the merged traces, a read of
+            # deallocated bytes means the two captures were merged out of order.
+            eq(f"{c}: reads of deallocated bytes on the simulated drive", r["sim_reads_of_deallocated_bytes"], 0)
         f = r.get("fdpblk")
         if f:
             eq(f"{c}: fdpblk's write bytes = blktrace on the ublk device", f["write_bytes"], r["workload_write_bytes"])

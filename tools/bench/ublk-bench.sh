@@ -30,8 +30,14 @@ randr() { # DEV -> IOPS
 # table gives the median over the rounds, with the spread of the raw device's own figures.
 ROUNDS=${ROUNDS:-3}
 RES=$(mktemp)
+# A failed run leaves no device or temp file behind.
+trap 'rm -f "$RES"; "$FDPBLK" del -n 0 >/dev/null 2>&1 || true; [[ -z $RUBLK ]] || "$RUBLK" del -n 1 >/dev/null 2>&1 || true' EXIT
 measure() { # ROUND LABEL DEV
-    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$(seqw "$3")" "$(randr "$3")" >>"$RES"
+    # Assignments, not arguments: a failed fio run stops the script here (set -e).
+    local w r
+    w=$(seqw "$3")
+    r=$(randr "$3")
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$w" "$r" >>"$RES"
 }
 
 NG=${NG:-/dev/ng0n1}
@@ -49,6 +55,8 @@ for round in $(seq "$ROUNDS"); do
     if [[ -n $RUBLK ]]; then
         "$RUBLK" add loop -n 1 -f "$NS" -q 2 -d 128 >/dev/null
         for _ in $(seq 50); do [[ -b /dev/ublkb1 ]] && break; sleep 0.1; done
+        # Else fio would create a regular file there and measure memory.
+        [[ -b /dev/ublkb1 ]] || { echo "ublk-bench: rublk's /dev/ublkb1 did not appear" >&2; exit 1; }
         measure "$round" "rublk loop" /dev/ublkb1
         "$RUBLK" del -n 1
     fi

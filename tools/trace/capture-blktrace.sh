@@ -157,16 +157,26 @@ fi
 # wait returns early on a trapped signal: pass it on, then wait for blktrace to flush.
 # A signal that came before a wait began (during start-up, or between two waits) is passed on
 # first, so that no wait blocks on a blktrace that was never told to stop.
+# Its exit status comes from the wait that reaped it (one cut short by a signal returns
+# above 128 and the loop waits again).
+bt_rc=
 while kill -0 "$BT_PID" 2>/dev/null; do
     if ((stop)); then
         kill -INT "$BT_PID" 2>/dev/null || true
         stop=0
     fi
-    wait "$BT_PID" 2>/dev/null || true
+    if wait "$BT_PID" 2>/dev/null; then bt_rc=0; else bt_rc=$?; fi
 done
-wait "$BT_PID" 2>/dev/null || true
+if [[ -z $bt_rc ]] || ((bt_rc > 128)); then
+    # 127: reaped by an earlier wait whose status was lost to the signal; not known.
+    if wait "$BT_PID" 2>/dev/null; then bt_rc=0; else rc=$?; if ((rc == 127)); then bt_rc=; else bt_rc=$rc; fi; fi
+fi
 BT_PID=
 trap - INT TERM
+# blktrace stops cleanly (status 0) on our SIGINT or at the end of -w.
+if [[ -n $bt_rc && $bt_rc != 0 ]]; then
+    die "blktrace failed (exit status $bt_rc), so the trace may be cut short: $(tr '\n' ' ' <"$DIR/blktrace.log")"
+fi
 
 # blktrace keeps running when it cannot map its output files, and records nothing.
 if grep -qE 'setup_mmap|failed read' "$DIR/blktrace.log"; then

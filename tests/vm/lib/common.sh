@@ -135,14 +135,17 @@ vm_initramfs() {
 
 file_is_static() {
     # An ELF without a PT_INTERP program header is static.
-    ! readelf -l "$1" 2>/dev/null | grep -q 'Requesting program interpreter' && readelf -h "$1" >/dev/null 2>&1
+    # grep on the whole output, not a pipe: `grep -q` exits at its match, and under
+    # pipefail the writer's SIGPIPE would fail the test.
+    ! grep -q 'Requesting program interpreter' <<<"$(readelf -l "$1" 2>/dev/null)" && readelf -h "$1" >/dev/null 2>&1
 }
 
 # vm_qemu_ok: QEMU is installed and emulates FDP.
 vm_qemu_ok() {
     command -v qemu-system-x86_64 >/dev/null 2>&1 || return 1
-    qemu-system-x86_64 -device nvme-subsys,help 2>/dev/null | grep -q 'fdp.runs' || return 1
-    qemu-system-x86_64 -device nvme-ns,help 2>/dev/null | grep -q 'fdp.ruhs' || return 1
+    # Whole outputs, not pipes (see file_is_static).
+    grep -q 'fdp.runs' <<<"$(qemu-system-x86_64 -device nvme-subsys,help 2>/dev/null)" || return 1
+    grep -q 'fdp.ruhs' <<<"$(qemu-system-x86_64 -device nvme-ns,help 2>/dev/null)" || return 1
 }
 
 # vm_build_wstream -> path of bin/wstream, rebuilt when tools/wstream.c is newer.
