@@ -1,6 +1,7 @@
 //! `fdpblk add | recover | del | list | stats | features`: the device lifecycle.
 //! Everything is validated before a device is created; a failure creates nothing.
 
+use super::up::Found;
 use super::CmdResult;
 use crate::cli::{AddArgs, DelArgs, IdArgs, ListArgs};
 use crate::device::ReadAt;
@@ -780,21 +781,11 @@ pub fn del(a: &DelArgs) -> CmdResult {
     let ids: Vec<i32> = match (a.number, a.all, &a.name) {
         (Some(n), false, None) => vec![n],
         (None, true, None) => state::state_ids(),
-        (None, false, Some(name)) => {
-            // The device whose daemon runs first: a state file a dead daemon left may name it too.
-            let mut named: Vec<(bool, i32)> = state::state_ids()
-                .into_iter()
-                .filter_map(|id| match state::read_state(id) {
-                    Ok((c, pid)) if c.name.as_deref() == Some(name.as_str()) => Some((!pid.alive(), id)),
-                    _ => None,
-                })
-                .collect();
-            named.sort();
-            match named.first() {
-                Some(&(_, id)) => vec![id],
-                None => return Err(format!("no fdpblk device named {name}; see `fdpblk list`").into()),
-            }
-        }
+        (None, false, Some(name)) => match super::up::find(name) {
+            Found::Running { id, .. } | Found::Orphaned { id } => vec![id],
+            Found::Stale { cfg } => vec![cfg.id],
+            Found::None => return Err(format!("no fdpblk device named {name}; see `fdpblk list`").into()),
+        },
         _ => return Err("pass -n ID, --name NAME or --all".into()),
     };
     // --all goes on past a device it cannot delete, and reports them all at the end.

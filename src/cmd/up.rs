@@ -83,20 +83,31 @@ pub(crate) enum Found {
 }
 
 pub(crate) fn find(name: &str) -> Found {
+    // A state file that a dead daemon left may name it too: a running device first, then
+    // one held for recovery, then a stale file.
+    let rank = |f: &Found| match f {
+        Found::Running { .. } => 0,
+        Found::Orphaned { .. } => 1,
+        _ => 2,
+    };
+    let mut best = Found::None;
     for id in state::state_ids() {
         let Ok((cfg, pid)) = state::read_state(id) else { continue };
         if cfg.name.as_deref() != Some(name) {
             continue;
         }
-        return if pid.alive() {
+        let f = if pid.alive() {
             Found::Running { id, pid: pid.pid }
         } else if device::orphaned(id, &pid) {
             Found::Orphaned { id }
         } else {
             Found::Stale { cfg: Box::new(cfg) }
         };
+        if matches!(best, Found::None) || rank(&f) < rank(&best) {
+            best = f;
+        }
     }
-    Found::None
+    best
 }
 
 pub fn up(u: &UpArgs) -> CmdResult {
