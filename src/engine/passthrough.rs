@@ -75,8 +75,9 @@ fn retry_delay(res: i32, crdt: &[Duration; 3]) -> Duration {
 /// Resubmissions of a command that failed in a way worth another try (as the kernel's own
 /// block path retries, `nvme_max_retries`): passthrough requests are never retried by it.
 const TRANSIENT_RETRIES: usize = 5;
-/// How long one request's commands are retried in all (the kernel's own I/O timeout is 30 s
-/// per command): past it a transient failure fails the request.
+/// How long one request's commands may spend being retried in all (the kernel's own I/O
+/// timeout is 30 s per command): past it a transient failure fails the request. Time spent
+/// retrying, not since the request began: a Write Zeroes of a terabyte runs for minutes.
 const REQUEST_RETRY_TIME: Duration = Duration::from_secs(30);
 
 /// A completion worth resubmitting: the kernel had no room now (-EAGAIN), the command was
@@ -516,20 +517,22 @@ impl PassthroughEngine {
     }
 
     /// `res`, or the result of sending `c` again while it failed in a transient way (after
-    /// the delay the drive asked for, if any), until the request's retry time runs out at
-    /// `until`.
-    async fn retried(&self, q: &UblkQueue<'_>, c: &PassthruCmd, mut res: i32, until: Instant) -> i32 {
+    /// the delay the drive asked for, if any), while the request's retry time (`spent` of
+    /// [`REQUEST_RETRY_TIME`]) lasts.
+    async fn retried(&self, q: &UblkQueue<'_>, c: &PassthruCmd, mut res: i32, spent: &mut Duration) -> i32 {
         let mut tries = 0;
         while transient(res)
             && tries < if res == -libc::EAGAIN { EAGAIN_RETRIES } else { TRANSIENT_RETRIES }
-            && Instant::now() < until
+            && *spent < REQUEST_RETRY_TIME
         {
             tries += 1;
+            let start = Instant::now();
             let d = retry_delay(res, &self.crdt);
             if !d.is_zero() && !sleep_for(q, d).await {
                 break;
             }
             res = self.send(c).await;
+            *spent += start.elapsed();
         }
         res
     }
@@ -575,7 +578,7 @@ impl PassthroughEngine {
         // And one retry time: a window's commands are retried one after another, each up to
         // TRANSIENT_RETRIES times after the drive's delay (up to 5 s), which for 64 commands
         // would keep LMCache's request waiting for half an hour.
-        let until = Instant::now() + REQUEST_RETRY_TIME;
+        let mut spent = Duration::ZERO;
         loop {
             let mut ops: Vec<(PassthruCmd, Op<'_>)> = Vec::new();
             while err == 0 && ops.len() < WINDOW {
@@ -602,7 +605,7 @@ impl PassthroughEngine {
             }
             self.submit();
             for (c, op) in ops {
-                let mut res = self.retried(q, &c, op.await, until).await;
+                let mut res = self.retried(q, &c, op.await, &mut spent).await;
                 // A controller reset fails the passthrough commands in flight (cancelled, or
                 // refused with EINVAL or EFAULT while the kernel rebuilds the namespace, also
                 // for a moment after the controller is live again) where the block path would
@@ -620,7 +623,7 @@ impl PassthroughEngine {
                         break;
                     }
                     if self.controller_live() {
-                        res = self.retried(q, &c, self.send(&c).await, until).await;
+                        res = self.retried(q, &c, self.send(&c).await, &mut spent).await;
                     }
                 }
                 if err == 0 {
