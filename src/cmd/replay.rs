@@ -118,6 +118,14 @@ impl ReplayReport {
 /// The largest read or write a trace may hold: far above any block request (the kernel splits
 /// at max_sectors_kb, a few MiB), so only a damaged trace has larger ones.
 const MAX_IO_BYTES: u64 = 1 << 30;
+/// A read or write past [`MAX_IO_BYTES`]: why the trace is damaged. Checked when a trace
+/// file is scanned (naming its line) and again for requests handed to [`replay_into`]
+/// directly, before anything is sized by them.
+fn oversized(t: &TraceRequest) -> Option<String> {
+    (matches!(t.op, Op::Write | Op::Read) && t.len > MAX_IO_BYTES).then(|| {
+        format!("a {} of {} bytes; no block request moves more than {MAX_IO_BYTES} bytes, so the trace is damaged", t.op.name(), t.len)
+    })
+}
 /// Reads are replayed in pieces of this size.
 const READ_PIECE: u64 = 1 << 20;
 
@@ -145,12 +153,8 @@ pub fn replay_into(
     let mut read_buf = Vec::new();
     for t in trace {
         requests += 1;
-        if matches!(t.op, Op::Write | Op::Read) && t.len > MAX_IO_BYTES {
-            return Err(format!(
-                "request {requests}: a {} of {} bytes; no block request moves more than {MAX_IO_BYTES} bytes, so the trace is damaged",
-                t.op.name(),
-                t.len
-            ));
+        if let Some(why) = oversized(&t) {
+            return Err(format!("request {requests}: {why}"));
         }
         let req = Request { op: t.op, offset: t.offset, len: t.len, data: Some(&t.data) };
         segments.clear();
@@ -369,12 +373,8 @@ pub fn visit_trace(
                 continue;
             }
             let t = parse_trace_line(&line).map_err(|e| format!("trace line {lines}: {e}"))?;
-            if matches!(t.op, Op::Write | Op::Read) && t.len > MAX_IO_BYTES {
-                return Err(format!(
-                    "trace line {lines}: a {} of {} bytes; no block request moves more than {MAX_IO_BYTES} bytes, so the trace is damaged",
-                    t.op.name(),
-                    t.len
-                ));
+            if let Some(why) = oversized(&t) {
+                return Err(format!("trace line {lines}: {why}"));
             }
             carries_data |= t.op == Op::Write && !t.data.is_empty();
             each(t)?;
