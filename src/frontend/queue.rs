@@ -117,6 +117,13 @@ fn fetched(res: i32) {
     }
 }
 
+/// Whether a request lies inside the exported device. The block layer already refuses I/O
+/// past a device's end; checked again because fdpblk's own state lives right behind it, on
+/// the same backing, where a stray request would overwrite the slot table.
+fn within(offset: u64, len: u64, exported: u64) -> bool {
+    offset.checked_add(len).is_some_and(|end| end <= exported)
+}
+
 /// Nanoseconds on one clock for every queue of the process.
 fn since_start_ns() -> u64 {
     static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -143,6 +150,9 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
     };
     if (op == Op::Read || op == Op::Write) && len as usize > buf.len() {
         return -libc::EINVAL;
+    }
+    if !within(offset, len, q.dev.tgt.dev_size) {
+        return -libc::EIO;
     }
     segments.clear();
     let data = (op == Op::Write).then(|| &buf[..len as usize]);
@@ -228,6 +238,17 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_past_the_exported_end_are_refused() {
+        let size = 1 << 30;
+        assert!(within(0, size, size));
+        assert!(within(size - 4096, 4096, size));
+        assert!(within(size, 0, size), "a flush has no range");
+        assert!(!within(size - 4096, 8192, size), "it would reach fdpblk's own state");
+        assert!(!within(size, 512, size));
+        assert!(!within(u64::MAX - 511, 1024, size), "no overflow");
+    }
 
     #[test]
     fn failed_requests_are_counted_and_logged_at_most_once_a_second() {
