@@ -352,6 +352,8 @@ pub struct PassthroughEngine {
     last_reset_log: Cell<Option<Instant>>,
     /// The controller's Command Retry Delay Times (CRDT1..3).
     crdt: [Duration; 3],
+    /// Whether an unmapping Write Zeroes carries DEAC (the namespace's DLFEAT allows it).
+    deac: bool,
 }
 
 impl PassthroughEngine {
@@ -359,11 +361,18 @@ impl PassthroughEngine {
     /// controller reset failed are sent again once it is live.
     /// Also waits the controller's Command Retry Delay before retrying a command whose
     /// status asks for it.
+    /// An unmapping Write Zeroes carries DEAC only where the namespace says it may (DLFEAT,
+    /// as Linux decides for the block device); elsewhere the drive writes the zeroes.
     pub fn with_controller_of(mut self, ng: &Path) -> Self {
         self.ctrl_state = reset::ControllerState::of(ng);
-        match crate::nvme::NvmeDevice::open(ng).and_then(|d| d.identify_ctrl()) {
+        let dev = crate::nvme::NvmeDevice::open(ng);
+        match dev.as_ref().map_err(|e| e.to_string()).and_then(|d| d.identify_ctrl().map_err(|e| e.to_string())) {
             Ok(id) => self.crdt = id.crdt.map(|t| Duration::from_millis(100 * u64::from(t))),
             Err(e) => tracing::warn!("passthrough: no Command Retry Delay Times ({e}): failed commands are retried at once"),
+        }
+        match dev.as_ref().map_err(|e| e.to_string()).and_then(|d| d.identify_ns(self.nsid).map_err(|e| e.to_string())) {
+            Ok(ns) => self.deac = ns.write_zeroes_deallocates(),
+            Err(e) => tracing::warn!("passthrough: no Deallocate Logical Block Features ({e}): Write Zeroes writes zeroes, never deallocates"),
         }
         self
     }
@@ -421,6 +430,7 @@ impl PassthroughEngine {
             ctrl_state: None,
             last_reset_log: Cell::new(None),
             crdt: [Duration::ZERO; 3],
+            deac: false,
         })
     }
 
@@ -709,14 +719,16 @@ impl PassthroughEngine {
         res
     }
 
-    /// Write Zeroes; with `unmap` the drive may deallocate (DEAC), otherwise it writes zeroes.
+    /// Write Zeroes; with `unmap`, on a namespace that allows it, the drive may deallocate
+    /// (DEAC), otherwise it writes zeroes.
     pub async fn write_zeroes(&self, q: &UblkQueue<'_>, off: u64, len: u64, unmap: bool) -> i32 {
         let chunks = match split(off, len, self.lba_shift, self.write_zeroes_max) {
             Ok(c) => c,
             Err(e) => return e,
         };
         let nsid = self.nsid;
-        let cmds = chunks.map(|c| cmd::write_zeroes(nsid, c.slba, c.nlb, !unmap).map_err(|_| -libc::EINVAL));
+        let nounmap = !(unmap && self.deac);
+        let cmds = chunks.map(|c| cmd::write_zeroes(nsid, c.slba, c.nlb, nounmap).map_err(|_| -libc::EINVAL));
         self.run(q, "write zeroes", cmds).await
     }
 

@@ -152,6 +152,9 @@ fn identify_matches_nvme_cli() {
         assert_eq!(u64::from(ns.flbas), txt_num(t, "flbas"));
         assert_eq!(ns.lbafs.len() as u64, txt_num(t, "nlbaf") + 1);
         assert_eq!(u64::from(ns.endgid), txt_num(t, "endgid"));
+        // QEMU: deallocated blocks read zeroes, but Write Zeroes takes no DEAC (bit 3).
+        assert_eq!(u64::from(ns.dlfeat), txt_num(t, "dlfeat"));
+        assert!(!ns.write_zeroes_deallocates());
         assert_eq!(u64::from(ns.lba_size().unwrap()), c.lba);
         assert_eq!(ns.nsze * c.lba, 1 << 30);
     }

@@ -18,6 +18,7 @@
 //! | id_ns | NSZE / NCAP / NUSE | 0 / 8 / 16 | 8 each (logical blocks) |
 //! | id_ns | NLBAF | 25 | 1 (0-based) |
 //! | id_ns | FLBAS | 26 | 1 (format index = bits 3:0 + bits 6:5 << 4, as libnvme's `nvme_id_ns_flbas_to_lbaf_inuse`) |
+//! | id_ns | DLFEAT | 33 | 1 (bits 2:0: what a deallocated block reads, 1 = zeroes; bit 3: Write Zeroes takes DEAC) |
 //! | id_ns | ENDGID | 102 | 2 |
 //! | id_ns | LBAF[i] | 128 + 4 i | 4: MS u16, LBADS u8 (2^n bytes), RP u8 — LBADS is bits 23:16 |
 
@@ -131,6 +132,8 @@ pub struct IdNs {
     /// The formats (NLBAF + 1 of them, at most 64).
     pub lbafs: Vec<LbaFormat>,
     pub endgid: u16,
+    /// Deallocate Logical Block Features.
+    pub dlfeat: u8,
 }
 
 impl IdNs {
@@ -146,7 +149,14 @@ impl IdNs {
                 LbaFormat { ms: le16(b, o), lbads: b[o + 2], rp: b[o + 3] & 3 }
             })
             .collect();
-        Ok(IdNs { nsze: le64(b, 0), ncap: le64(b, 8), nuse: le64(b, 16), flbas: b[26], lbafs, endgid: le16(b, 102) })
+        Ok(IdNs { nsze: le64(b, 0), ncap: le64(b, 8), nuse: le64(b, 16), flbas: b[26], lbafs, endgid: le16(b, 102), dlfeat: b[33] })
+    }
+
+    /// Whether a Write Zeroes may carry DEAC: the namespace takes it (DLFEAT bit 3) and its
+    /// deallocated blocks read as zeroes (bits 2:0 = 1). Linux's own rule (`NVME_NS_DEAC`):
+    /// the spec makes DEAC a no-op otherwise, and some drives mishandle it.
+    pub fn write_zeroes_deallocates(&self) -> bool {
+        self.dlfeat & 0x7 == 1 && self.dlfeat & 0x8 != 0
     }
 
     /// Index of the LBA format in use (FLBAS bits 3:0, and bits 6:5 as index bits 5:4).
@@ -252,6 +262,12 @@ mod tests {
         assert_eq!(ns.format().unwrap(), LbaFormat { ms: 8, lbads: 12, rp: 2 });
         assert_eq!(ns.lba_size().unwrap(), 4096);
         assert_eq!(ns.size_bytes().unwrap(), 0x20_0000 << 12);
+        // DEAC only where the namespace takes it and deallocated blocks read zeroes.
+        for (dlfeat, deac) in [(0x00, false), (0x01, false), (0x08, false), (0x0a, false), (0x09, true), (0x19, true)] {
+            b[33] = dlfeat;
+            assert_eq!(IdNs::parse(&b).unwrap().write_zeroes_deallocates(), deac, "DLFEAT {dlfeat:#x}");
+        }
+        b[33] = 0;
         // Blocks past 64 KiB are refused (a 2 GiB block would size every read buffer), and
         // a size past 2^63 bytes.
         b[132 + 2] = 17;
