@@ -95,6 +95,26 @@ pub struct DeviceConfig {
 }
 
 impl DeviceConfig {
+    /// Checks that the saved handle map names a stream (streams engine) or placement
+    /// identifier (passthrough) for each of a policy's `handles`: the engines send a handle
+    /// past the map without placement, where it would mix with the drive's default handle.
+    /// A one-handle policy needs none (no directive at all).
+    pub fn check_handle_map(&self, handles: u16) -> Result<(), String> {
+        let (what, have) = match self.engine {
+            EngineKind::Streams => ("write streams", self.streams.len()),
+            EngineKind::Passthrough => ("placement identifiers", self.pids.len()),
+            EngineKind::Plain => return Ok(()),
+        };
+        if handles > 1 && have < usize::from(handles) {
+            return Err(format!(
+                "device {}: policy {} places writes on {handles} handles, but its saved config maps {have} to {what} \
+                 (a state file edited by hand or written by another version): `fdpblk del -n {}` and add it again",
+                self.id, self.policy, self.id
+            ));
+        }
+        Ok(())
+    }
+
     pub fn to_json(&self) -> Value {
         let geometry = self.geometry.map(|g| {
             let g = g.config();
@@ -161,16 +181,8 @@ impl DeviceConfig {
             exported_bytes: exported,
             geometry,
             layout_flags,
-            streams: v
-                .get("streams")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_u64).map(|s| s as u8).collect())
-                .unwrap_or_default(),
-            pids: v
-                .get("pids")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_u64).filter_map(|p| u16::try_from(p).ok()).collect())
-                .unwrap_or_default(),
+            streams: numbers(v, "streams", 1, 255)?.into_iter().map(|s| s as u8).collect(),
+            pids: numbers(v, "pids", 0, 0xffff)?.into_iter().map(|p| p as u16).collect(),
             header_wait_us: u("header_wait_us").unwrap_or(5000),
             trim: v.get("trim").and_then(Value::as_bool).unwrap_or(true),
             early_tails: v.get("early_tails").and_then(Value::as_bool).unwrap_or(true),
@@ -178,6 +190,19 @@ impl DeviceConfig {
             persist_interval_ms: u("persist_interval_ms").unwrap_or(5000),
         })
     }
+}
+
+/// The array `key` of numbers in `lo..=hi` (absent: empty); anything else is refused, not
+/// skipped or wrapped: a handle map with a hole would place writes on the wrong handle.
+fn numbers(v: &Value, key: &str, lo: u64, hi: u64) -> Result<Vec<u64>, String> {
+    let Some(a) = v.get(key).filter(|a| !a.is_null()) else { return Ok(Vec::new()) };
+    let a = a.as_array().ok_or_else(|| format!("device config's \"{key}\" is not a list"))?;
+    a.iter()
+        .map(|n| {
+            let n = n.as_u64().ok_or_else(|| format!("device config's \"{key}\" holds {n}, not a number"))?;
+            within(n, key, lo, hi)
+        })
+        .collect()
 }
 
 /// `v` when it lies in `lo..=hi`, else an error naming the key.
@@ -254,6 +279,20 @@ mod tests {
             let e = DeviceConfig::from_json(&v).unwrap_err();
             assert!(e.contains(key) && e.contains(&bad.to_string()), "{e}");
         }
+        // A handle map with values no engine can send is refused, not wrapped or skipped.
+        for (key, bad) in [("streams", json!([1, 2, 300])), ("streams", json!([0, 1])), ("pids", json!([1, "2"])), ("pids", json!(7))] {
+            let mut v = p.to_json();
+            v[key] = bad.clone();
+            let e = DeviceConfig::from_json(&v).unwrap_err();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
+        // Every handle of the policy must be mapped, or it would go out without placement.
+        assert!(c.check_handle_map(4).is_ok() && p.check_handle_map(4).is_ok());
+        assert!(c.check_handle_map(5).unwrap_err().contains("maps 4 to write streams"));
+        let unmapped = DeviceConfig { pids: vec![0, 1], ..p.clone() };
+        assert!(unmapped.check_handle_map(3).unwrap_err().contains("maps 2 to placement identifiers"));
+        assert!(DeviceConfig { streams: Vec::new(), ..c.clone() }.check_handle_map(1).is_ok(), "policy none");
+        assert!(DeviceConfig { engine: EngineKind::Plain, streams: Vec::new(), ..c.clone() }.check_handle_map(8).is_ok());
         // A policy this version does not have (another version's state file) still reads:
         // the device stays visible to `list`, `up` and the backing-in-use check.
         let mut v = p.to_json();

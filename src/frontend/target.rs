@@ -605,6 +605,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     abort_on_queue_panic();
     // Before the device is touched (a state file of another version may name any policy).
     let Some(first_policy) = policy_by_name(&cfg.policy) else { return Err(fail(unknown_policy(&cfg))) };
+    cfg.check_handle_map(first_policy.handles()).map_err(fail)?;
     let Backing { file: backing, _claim: claim, _alive: alive } = open_backing(&cfg, recover).map_err(fail)?;
     let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
     // One add at a time from the id check to the device's creation: libublk answers a refused
