@@ -97,7 +97,8 @@ impl fmt::Display for NvmeError {
             ),
             NvmeError::Command { what, path, source: PassthruError::Status(s) } if s.code() == 0x29 => write!(
                 f,
-                "{what} on {}: {s}: FDP is disabled on this drive; enable it: nvme set-feature CTRL -f 0x1D --value=ENDGID --cdw12=1 -s (Flexible Data Placement, per endurance group)",
+                "{what} on {}: {s}: FDP is disabled on this drive's endurance group; `fdpblk fdp status` on one of its \
+                 namespaces (/dev/ngXnY) names the command that enables it, or run `fdpblk add` without placement (--policy none)",
                 path.display()
             ),
             NvmeError::Command { what, path, source } => write!(f, "{what} on {}: {source}", path.display()),
@@ -306,7 +307,14 @@ impl NvmeDevice {
                 format!("{what}, bytes {offset}..{} of {len}", offset + piece.len() as u64)
             };
             let c = cmd::get_log_page(0, lid, lsp, lsi, offset, piece.len() as u32)?;
-            self.admin_cmd(&w, c, Data::FromDevice(piece))?;
+            match self.admin_cmd(&w, c, Data::FromDevice(piece)) {
+                // Every log read here is an FDP log of endurance group `lsi`: the error can
+                // name the command that enables FDP there.
+                Err(NvmeError::Command { source: PassthruError::Status(s), .. }) if is_fdp_disabled_status(s) => {
+                    return Err(NvmeError::FdpDisabled { ctrl: self.admin_path.clone(), endgid: lsi });
+                }
+                r => r?,
+            };
         }
         Ok(b)
     }
@@ -559,6 +567,12 @@ mod tests {
             source: PassthruError::Os(io::Error::from_raw_os_error(libc::ENOTTY)),
         };
         assert!(tty.to_string().contains("not an NVMe device"), "{tty}");
+        let off = NvmeError::Command {
+            what: "x".into(),
+            path: "/dev/nvme0".into(),
+            source: PassthruError::Status(NvmeStatus(0x29)),
+        };
+        assert!(off.to_string().contains("`fdpblk fdp status`") && !off.to_string().contains("ENDGID"), "{off}");
     }
 
     #[test]
