@@ -127,6 +127,8 @@ case $REPO/ in
 esac
 cd "$REPO"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/fdpblk-vm-suite.XXXXXX")
+# Said first: a run that is killed keeps what it has so far there.
+echo "vm suite: logs in $RES (removed at the end when every check passed, unless --keep)"
 PASSED=0 FAILED=0
 SUITE_T0=$(date +%s.%N)
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
