@@ -444,6 +444,45 @@ pub fn open_backing(cfg: &DeviceConfig, recover: bool) -> Result<Backing, String
     }
 }
 
+/// The backing's size now: a namespace's char device from Identify Namespace (it has no
+/// BLKGETSIZE64), a block device or file as `add` measured it.
+fn backing_size_now(path: &Path, file: &std::fs::File) -> Result<u64, String> {
+    use crate::device::ReadAt;
+    use std::os::unix::fs::FileTypeExt;
+    let is_chardev = file.metadata().is_ok_and(|m| m.file_type().is_char_device());
+    let size = if is_chardev {
+        let dev = crate::nvme::NvmeDevice::open(path).map_err(|e| e.to_string())?;
+        let nsid = dev.nsid().ok_or_else(|| format!("{} is not an NVMe namespace", path.display()))?;
+        let ns = dev.identify_ns(nsid).map_err(|e| e.to_string())?;
+        ns.size_bytes().map_err(|e| e.to_string())
+    } else {
+        file.size().map_err(|e| e.to_string())
+    };
+    size.map_err(|e| format!("cannot read the size of backing {}: {e}", path.display()))
+}
+
+/// The backing must still be as large as when the device was added: its reserved tail (fdpblk's
+/// own state) and LMCache's slots lie where that size put them. Smaller, the path now names
+/// a resized namespace, a truncated file or another device (NVMe names can change at boot),
+/// and serving it would fail LMCache's I/O past the end or write into someone else's data.
+/// Larger is fine: the bytes past the saved size are left alone.
+fn backing_size_unchanged(cfg: &DeviceConfig, now_bytes: u64) -> Result<(), String> {
+    if now_bytes >= cfg.backing_bytes {
+        return Ok(());
+    }
+    Err(format!(
+        "device {}: backing {} is {now_bytes} bytes now, smaller than the {} it had when the device was added: \
+         the namespace was resized, the file truncated, or the path now names another device (NVMe names can change \
+         at boot; a /dev/disk/by-id path does not). Nothing was written. Give the device its backing back \
+         (`fdpblk list` shows the saved config), or `fdpblk del -n {}` and add it again on this backing, \
+         which LMCache then fills from empty",
+        cfg.id,
+        cfg.backing.display(),
+        cfg.backing_bytes,
+        cfg.id
+    ))
+}
+
 /// An add's wait for an earlier holder, ended by a stop signal before its time was up.
 fn stopped_while_waiting(e: &str) -> String {
     format!("a stop signal came while it started, waiting for an earlier holder to let go ({e}); nothing was created")
@@ -607,6 +646,8 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     let Some(first_policy) = policy_by_name(&cfg.policy) else { return Err(fail(unknown_policy(&cfg))) };
     cfg.check_handle_map(first_policy.handles()).map_err(fail)?;
     let Backing { file: backing, _claim: claim, _alive: alive } = open_backing(&cfg, recover).map_err(fail)?;
+    let now_bytes = backing_size_now(&cfg.backing, &backing).map_err(fail)?;
+    backing_size_unchanged(&cfg, now_bytes).map_err(fail)?;
     let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
     // One add at a time from the id check to the device's creation: libublk answers a refused
     // add by deleting the device of that id (waiting for its users), so the id must be free.
@@ -1127,6 +1168,22 @@ mod tests {
             early_evictions: false,
             persist_interval_ms: 0,
         }
+    }
+
+    #[test]
+    fn a_backing_smaller_than_when_added_is_refused() {
+        let path = std::env::temp_dir().join(format!("fdpblk-size-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 8192]).unwrap();
+        let cfg = DeviceConfig { backing_bytes: 8192, ..file_backing(&path) };
+        let f = std::fs::File::open(&path).unwrap();
+        assert_eq!(backing_size_now(&path, &f).unwrap(), 8192);
+        backing_size_unchanged(&cfg, 8192).unwrap();
+        backing_size_unchanged(&cfg, 1 << 20).unwrap();
+        // Truncated (or another, smaller device under the same name).
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
+        let e = backing_size_unchanged(&cfg, backing_size_now(&path, &f).unwrap()).unwrap_err();
+        assert!(e.contains("4096 bytes now, smaller than the 8192") && e.contains("Nothing was written"), "{e}");
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

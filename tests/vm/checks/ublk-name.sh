@@ -65,6 +65,14 @@ expect "stats --json counts it" bash -c "for i in \$(seq 30); do $FDPBLK stats -
 expect "stats text names it" bash -c "$FDPBLK stats -n 9 | grep -q '^FAILED REQUESTS per queue'"
 expect "and its metric" bash -c "$FDPBLK stats -n 9 --prometheus | grep -q '^fdpblk_queue_errors_total{.*} [1-9]'"
 expect "the daemon logged it" log_has "a request failed \\(op 0, 4096 bytes at byte 16777216\\)"
+# Its daemon killed, the cut backing is refused by recover before anything is written to it.
+pid9=$(daemon_pid 9)
+expect "SIGKILL device 9's daemon" kill -KILL "$pid9"
+expect "it exits" bash -c "for i in \$(seq 100); do kill -0 $pid9 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
+out=$("$FDPBLK" recover -n 9 2>&1) && rc=0 || rc=$?
+expect "recover refuses a backing smaller than when added ($out)" test "$rc" -ne 0
+expect "and names both sizes" grep -q "is 1048576 bytes now, smaller than the 67108864 it had when the device was added" <<<"$out"
+expect_eq "the cut file was not written" "$(stat -c %s /var/tmp/fail.img)" 1048576
 expect "del device 9" "$FDPBLK" del -n 9
 pid=$(daemon_pid 3)
 expect "SIGTERM the daemon" kill -TERM "$pid"
