@@ -120,8 +120,8 @@ fn fetched(res: i32) {
 /// Whether a request lies inside the exported device. The block layer already refuses I/O
 /// past a device's end; checked again because fdpblk's own state lives right behind it, on
 /// the same backing, where a stray request would overwrite the slot table.
-fn within(offset: u64, len: u64, exported: u64) -> bool {
-    offset.checked_add(len).is_some_and(|end| end <= exported)
+fn within(start_sector: u64, len: u64, exported: u64) -> bool {
+    start_sector.checked_mul(512).and_then(|offset| offset.checked_add(len)).is_some_and(|end| end <= exported)
 }
 
 /// Nanoseconds on one clock for every queue of the process.
@@ -151,7 +151,8 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
     if (op == Op::Read || op == Op::Write) && len as usize > buf.len() {
         return -libc::EINVAL;
     }
-    if !within(offset, len, q.dev.tgt.dev_size) {
+    // A flush has no range: the kernel leaves its sector at -1.
+    if op != Op::Flush && !within(iod.start_sector, len, q.dev.tgt.dev_size) {
         return -libc::EIO;
     }
     segments.clear();
@@ -241,13 +242,16 @@ mod tests {
 
     #[test]
     fn requests_past_the_exported_end_are_refused() {
-        let size = 1 << 30;
+        let size = 1u64 << 30;
+        let sector = |b: u64| b / 512;
         assert!(within(0, size, size));
-        assert!(within(size - 4096, 4096, size));
-        assert!(within(size, 0, size), "a flush has no range");
-        assert!(!within(size - 4096, 8192, size), "it would reach fdpblk's own state");
-        assert!(!within(size, 512, size));
-        assert!(!within(u64::MAX - 511, 1024, size), "no overflow");
+        assert!(within(sector(size - 4096), 4096, size));
+        assert!(within(sector(size), 0, size));
+        assert!(!within(sector(size - 4096), 8192, size), "it would reach fdpblk's own state");
+        assert!(!within(sector(size), 512, size));
+        assert!(!within(u64::MAX, 0, size), "a flush's sector (-1)");
+        assert!(!within((1 << 55) + 8, 4096, size), "a sector whose byte offset wraps to 4096");
+        assert!(!within(sector(u64::MAX - 511), 1024, size), "no overflow");
     }
 
     #[test]
