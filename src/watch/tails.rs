@@ -289,6 +289,11 @@ impl Watcher {
 
     /// [`Watcher::listed_longer`] for container `c` alone.
     fn listed_longer_in(&self, c: usize, slot: u64, payload_len: u64) -> bool {
+        // A container whose new payload came without its header yet lists, once that header
+        // lands, what LMCache snapshotted: anything, as far as fdpblk knows.
+        if self.awaiting_header[c] {
+            return true;
+        }
         // The tail starts where this payload's last block ends; a listed one reaches to its own.
         let ours = self.geom.payload_end(payload_len);
         self.containers[c].listed_len(slot).is_some_and(|len| self.geom.payload_end(len) > ours)
