@@ -768,6 +768,11 @@ impl Watcher {
                 && self.slots.take_touched(copy)
             {
                 if let Read::Done(c) = self.read_container(copy, None, None) {
+                    // Written, and no checkpoint there: LMCache's payload may have come
+                    // before its header, as into a container fdpblk zeroed (below).
+                    if matches!(c, Container::Empty) {
+                        self.awaiting_header[usize::from(copy)] = true;
+                    }
                     self.containers[usize::from(copy)] = c;
                     changed = true;
                 }

@@ -862,6 +862,29 @@ fn a_zeroed_header_block_left_in_the_page_cache_deallocates_nothing_early() {
     r.verify_all();
 }
 
+/// The older container zeroed, but its cached block could not be dropped: unknown, with
+/// zeroes on the drive. LMCache's seq 4 then goes there with its header held back: read
+/// again, the container is empty, and it awaits that header as one zeroed cleanly would.
+#[test]
+fn an_unknown_container_rewritten_without_its_header_yet_stops_deallocation() {
+    let (mut r, keys) = rig_with_keys(6, 3);
+    r.faults = true;
+    r.cfg.page_cache = Some(std::path::PathBuf::from("/nonexistent/ublkb0"));
+    r.w = Watcher::new(r.g, r.slots.clone(), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
+    r.evict_first_behind_two_checkpoints(&keys);
+    assert_eq!(r.w.containers_invalidated(), 0, "zeroed on the drive, but unknown");
+    let late = checkpoint_with_late_header(&mut r); // seq 4 lists keys[1]
+    r.step();
+    assert!(!r.w.trims_allowed(), "container {} awaits its header", Geometry::copy_for_seq(4));
+    let b = r.delete_key(&keys[1]);
+    let trims = r.trims;
+    r.checkpoint(); // seq 5 lacks slot b; seq 4's header is still to come
+    r.step();
+    assert_eq!(r.trims, trims);
+    assert_eq!(r.state(b), SlotState::Evicted);
+    finish_late_header(&mut r, &late, b);
+}
+
 /// LMCache's seq 4: snapshot and payload written, its header held back (buffered I/O writes
 /// back pages in any order). Returns the header, for the caller to write later.
 fn checkpoint_with_late_header(r: &mut Rig) -> Vec<u8> {
@@ -1271,6 +1294,50 @@ fn an_early_tail_waits_while_a_checkpoint_lists_a_longer_payload_in_the_slot() {
     assert!(r.dev.peek(off + 2 * BA, k1_tail.len()).iter().all(|&b| b == 0));
     r.put_payload(0);
     r.put_commit(0);
+    r.verify_all();
+}
+
+/// Container 1 was zeroed (an early eviction) and LMCache wrote seq 4 there, its header held
+/// back by writeback: once that header lands, seq 4 is loadable and lists K1 (long) in slot
+/// s. K2 (short) takes s and seq 5 (container 0) lists it: K2's tail must wait for seq 4's
+/// header and then for a checkpoint over it, as a container that lists K1 would make it.
+#[test]
+fn an_early_tail_waits_while_a_zeroed_container_awaits_its_header() {
+    let (mut r, _) = rig_with_keys(6, 4);
+    let k1 = r.new_key(false);
+    let long = 3 * BA - 10;
+    let s = r.put_sized(k1.clone(), long).unwrap();
+    for _ in 0..3 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    assert_eq!(r.invalidated, 1, "container 1 (seq 2) zeroed for seq 3 when a filler went");
+    let late = checkpoint_with_late_header(&mut r); // seq 4 lists K1 in s
+    r.step();
+    r.delete_key(&k1);
+    let k2 = r.new_key(false);
+    assert!(r.start_put(k2, 100));
+    assert_eq!(r.lmc.puts[0].slot, s);
+    r.put_header(0);
+    r.put_payload(0);
+    r.put_commit(0);
+    let off = r.g.slot_offset(s);
+    let k1_tail = payload(&k1, 0, long)[BA as usize..].to_vec();
+    r.checkpoint(); // seq 5 -> container 0, listing K2 in s
+    for _ in 0..2 {
+        r.step();
+    }
+    assert_eq!(r.dev.peek(off + 2 * BA, k1_tail.len()), k1_tail, "seq 4's header may still come, listing K1 in s");
+    r.write(r.g.container_offset(Geometry::copy_for_seq(4)), &late);
+    for _ in 0..2 {
+        r.step();
+    }
+    assert_eq!(r.dev.peek(off + 2 * BA, k1_tail.len()), k1_tail, "seq 4 lists K1 in s");
+    r.checkpoint_dirty(); // seq 6 -> container 1, over seq 4
+    for _ in 0..2 {
+        r.step();
+    }
+    assert!(r.dev.peek(off + 2 * BA, k1_tail.len()).iter().all(|&b| b == 0), "the tail waited, and then went");
     r.verify_all();
 }
 
