@@ -29,7 +29,7 @@ use crate::pipeline::{Pipeline, PipelineCounters};
 use crate::place::{Handle, SharedPolicy};
 use crate::slot_table::SlotTable;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::{Acquire, Relaxed, Release}};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The layout once known, with the slot table sized for it.
@@ -49,6 +49,10 @@ pub struct LayoutCell {
     /// Writes served while learning (requests, bytes).
     pub learning_writes: AtomicU64,
     pub learning_bytes: AtomicU64,
+    /// Writes served while learning that have completed (failed ones too: part of one may
+    /// have landed). The learner looks again only when this moved: nothing else changes
+    /// the device.
+    learning_done: AtomicU64,
     /// Why the learned layout was refused, if it was.
     refused: Mutex<Option<String>>,
 }
@@ -62,6 +66,7 @@ impl LayoutCell {
             learning_handle,
             learning_writes: AtomicU64::new(0),
             learning_bytes: AtomicU64::new(0),
+            learning_done: AtomicU64::new(0),
             refused: Mutex::new(None),
         }
     }
@@ -100,6 +105,16 @@ impl LayoutCell {
     pub fn note_learning_write(&self, bytes: u64) {
         self.learning_writes.fetch_add(1, Relaxed);
         self.learning_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    /// Counts a write served while learning that completed, with or without an error.
+    pub fn note_learning_done(&self) {
+        self.learning_done.fetch_add(1, Release);
+    }
+
+    /// How many writes served while learning have completed.
+    pub fn learning_done(&self) -> u64 {
+        self.learning_done.load(Acquire)
     }
 
     pub fn refuse(&self, why: String) {

@@ -161,7 +161,8 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
     if ctx.pipeline.borrow().is_none() {
         *ctx.pipeline.borrow_mut() = ctx.layout.pipeline();
     }
-    let slot_io = if ctx.pipeline.borrow().is_some() {
+    let learning = ctx.pipeline.borrow().is_none();
+    let slot_io = if !learning {
         let deadline = Instant::now() + ctx.header_wait;
         let mut waited = false;
         loop {
@@ -215,12 +216,19 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
     match op {
         Op::Write => {
             let fua = op_flags & sys::UBLK_IO_F_FUA != 0;
+            let mut res = len as i32;
             for s in segments.iter() {
                 let rel = (s.offset - offset) as usize;
-                let res = ctx.engine.write(q, s.offset, &buf[rel..rel + s.len as usize], s.handle, fua).await;
+                res = ctx.engine.write(q, s.offset, &buf[rel..rel + s.len as usize], s.handle, fua).await;
                 if res < 0 {
-                    return res;
+                    break;
                 }
+            }
+            if learning {
+                ctx.layout.note_learning_done();
+            }
+            if res < 0 {
+                return res;
             }
             if let Some((slots, _, _, headers)) = &slot_io {
                 for &(slot, generation) in headers {

@@ -933,9 +933,19 @@ fn state_thread_guarded(shared: &Shared, body: impl FnOnce()) {
 fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBool, clean: &AtomicBool) {
     let cfg = &shared.cfg;
     let mut refused = false;
+    // The learning writes completed by the last look that found nothing, and when: until
+    // another one completes the device is as it was, and a look would read the same (a torn
+    // checkpoint read whole, up to its 64 MiB, every second while LMCache is idle). Looked at
+    // again after 30 s all the same, in case a read failed.
+    let mut looked_at: Option<(u64, Instant)> = None;
     let g: Geometry = loop {
         if stop.load(Ordering::Relaxed) {
             return;
+        }
+        let done = shared.layout.learning_done();
+        if looked_at.is_some_and(|(d, at)| d == done && at.elapsed() < Duration::from_secs(30)) && !refused {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
         }
         let look = learn::look(&ExportedReader { dev: &*dev, size: cfg.exported_bytes }, &cfg.layout_flags).and_then(|g| match g {
             Some(g) => block_align_error(&g, 1u64 << cfg.lba_shift, &cfg.backing).map_or(Ok(Some(g)), Err),
@@ -943,7 +953,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
         });
         match look {
             Ok(Some(g)) => break g,
-            Ok(None) => {}
+            Ok(None) => looked_at = Some((done, Instant::now())),
             Err(e) => {
                 if !refused {
                     tracing::error!("device {}: LMCache's checkpoint cannot be used: {e}; writes stay unclassified", cfg.id);
