@@ -37,8 +37,13 @@ pub struct QueueCtx {
 /// How many of a queue's `depth` tags may hold payloads for their headers. When LMCache's
 /// io_uring batches exhaust the tags, the kernel hands later writes to worker threads in any
 /// order: a header can then queue behind payloads that wait for it on every tag, and each
-/// wait would run out. Half the tags keep requests flowing.
-pub fn max_waiting(depth: u16) -> u16 {
+/// wait would run out. Half the tags keep requests flowing. The one tag of a device with one
+/// queue of depth 1 never waits: no header could reach it meanwhile, and each wait would run
+/// its whole time.
+pub fn max_waiting(depth: u16, queues: u16) -> u16 {
+    if depth <= 1 && queues <= 1 {
+        return 0;
+    }
     (depth / 2).max(1)
 }
 
@@ -247,6 +252,13 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lone_tag_never_waits_for_a_header() {
+        assert_eq!(max_waiting(1, 1), 0);
+        assert_eq!(max_waiting(1, 2), 1, "the header may come on the other queue");
+        assert_eq!((max_waiting(2, 1), max_waiting(128, 1), max_waiting(4096, 4)), (1, 64, 2048));
+    }
 
     #[test]
     fn requests_past_the_exported_end_are_refused() {

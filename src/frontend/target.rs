@@ -288,7 +288,7 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
         header_wait: Duration::from_micros(shared.cfg.header_wait_us),
         stats: shared.queues.get(usize::from(qid)).cloned().unwrap_or_default(),
         waiting: std::cell::Cell::new(0),
-        max_waiting: super::queue::max_waiting(shared.cfg.depth),
+        max_waiting: super::queue::max_waiting(shared.cfg.depth, shared.cfg.queues),
     });
     let exe = Rc::new(smol::LocalExecutor::new());
     let mut tasks = Vec::new();

@@ -1169,7 +1169,7 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
         // placements: their payloads always find their headers.
         hold_cap: match w.io {
             IoMode::IoUring if spec.policy == "lmcache-fdp" || is_bound(&spec.policy) => usize::MAX,
-            IoMode::IoUring => usize::from(max_waiting(w.ublk_queue_depth)),
+            IoMode::IoUring => usize::from(max_waiting(w.ublk_queue_depth, 1)), // one ublk queue
             _ => 0,
         },
         held_peak: 0,
