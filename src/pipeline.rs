@@ -449,13 +449,13 @@ impl Pipeline {
                 None => self.slot_handle(slot),
             },
             ExtentKind::SlotPayload { slot } => {
-                let known = self.slots.expects_payload(slot);
+                let known = self.slots.expected_payload(slot);
                 let h = self.slot_handle(slot);
                 if self.judged_on_a_replaced_header(slot, e, judged) {
                     return h;
                 }
-                if known {
-                    self.slots.payload_written(slot, e.len);
+                if let Some(generation) = known {
+                    self.slots.payload_written(slot, e.len, generation);
                 } else {
                     // Placed without its header: maybe a later put's payload.
                     self.slots.note_orphan(slot, self.orphan_end(slot, e));

@@ -634,20 +634,28 @@ impl SlotTable {
         self.headers_seen.load(Ordering::Relaxed)
     }
 
-    /// Counts `bytes` of payload written for the slot's current header.
-    pub fn payload_written(&self, slot: u64, bytes: u64) {
+    /// Counts `bytes` of payload written for header `generation` (from [`Self::expected_payload`]):
+    /// not if another queue's newer header has taken the count meanwhile, whose own payload
+    /// it is not.
+    pub fn payload_written(&self, slot: u64, bytes: u64, generation: u16) {
         if let Some(r) = usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)) {
             let b = sectors(bytes);
-            let _ = r.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| with_count(w, |v| (v & CREDIT == 0).then(|| v.saturating_sub(b))));
+            let _ = r.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                with_count(w, |v| (v & CREDIT == 0 && (w >> 32) as u16 == generation).then(|| v.saturating_sub(b)))
+            });
         }
+    }
+
+    /// The generation of the slot's current header when it still expects payload bytes.
+    pub fn expected_payload(&self, slot: u64) -> Option<u16> {
+        let w = usize::try_from(slot).ok().and_then(|i| self.remaining.get(i))?.load(Ordering::Acquire);
+        let v = count_of(w);
+        (v > 0 && v & CREDIT == 0).then_some((w >> 32) as u16)
     }
 
     /// True when the slot's current header still expects payload bytes.
     pub fn expects_payload(&self, slot: u64) -> bool {
-        usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)).is_some_and(|r| {
-            let v = count_of(r.load(Ordering::Acquire));
-            v > 0 && v & CREDIT == 0
-        })
+        self.expected_payload(slot).is_some()
     }
 
     /// Counts `bytes` of payload placed in `slot` while no header expected any: the next

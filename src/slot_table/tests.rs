@@ -104,8 +104,8 @@ fn record_and_generations() {
     let e = t.get(1).unwrap();
     assert_eq!((e.identity, e.payload_len, e.handle, e.generation), (99, 8181, 3, 1));
     assert_eq!((e.state, e.writes, e.reads, e.seen_before), (SlotState::Unknown, 1, 0, false));
-    assert!(t.expects_payload(1));
-    t.payload_written(1, 8192);
+    assert_eq!(t.expected_payload(1), Some(1));
+    t.payload_written(1, 8192, 1);
     assert!(!t.expects_payload(1));
     t.record_header(1, &h, 2);
     assert_eq!(t.get(1).unwrap().generation, 2);
@@ -118,10 +118,19 @@ fn record_and_generations() {
     // Payloads past 2 GiB (a long chunk of a large model) are still counted to their end.
     let big = SlotHeader { identity: 7, payload_len: (3 << 30) + 100 };
     t.record_header(2, &big, 1);
-    t.payload_written(2, 5 << 29);
+    t.payload_written(2, 5 << 29, 1);
     assert!(t.expects_payload(2), "2.5 of 3 GiB written");
-    t.payload_written(2, (1 << 29) + 4096);
+    t.payload_written(2, (1 << 29) + 4096, 1);
     assert!(!t.expects_payload(2));
+    // A piece judged on header 1, counted after header 2 took the slot (another queue):
+    // it is not header 2's payload, whose count stays whole.
+    t.record_header(3, &h, 0);
+    let judged = t.expected_payload(3).unwrap();
+    t.record_header(3, &h, 0);
+    t.payload_written(3, 8192, judged);
+    assert_eq!(t.expected_payload(3), Some(judged + 1), "the newer header still expects all of its payload");
+    t.payload_written(3, 8192, judged + 1);
+    assert!(!t.expects_payload(3));
 }
 
 #[test]
@@ -198,7 +207,7 @@ fn a_load_during_a_trim_does_not_undo_it_and_an_old_payload_count_goes() {
     let t = SlotTable::new(4);
     // A put whose payload never all came: 4096 of 8192 bytes written.
     t.record_header(1, &SlotHeader { identity: 5, payload_len: 8192 }, 0);
-    t.payload_written(1, 4096);
+    t.payload_written(1, 4096, 1);
     let l = t.life(1);
     assert!(t.cas_life(1, l, life::with_state(l | life::CONFIRMED, SlotState::Evicted)));
     let l = t.life(1);
@@ -228,7 +237,7 @@ fn a_put_after_a_trim_keeps_an_equal_payload_count() {
     // payload length that records its header there must keep its count.
     let t = SlotTable::new(4);
     t.record_header(1, &SlotHeader { identity: 5, payload_len: 8192 }, 0);
-    t.payload_written(1, 4096);
+    t.payload_written(1, 4096, 1);
     let left = t.remaining[1].load(Ordering::Acquire);
     t.record_header(1, &SlotHeader { identity: 6, payload_len: 4096 }, 0);
     assert_eq!(count_of(t.remaining[1].load(Ordering::Acquire)), count_of(left), "the same count as the old put's");
@@ -240,10 +249,10 @@ fn a_put_after_a_trim_keeps_an_equal_payload_count() {
     assert!(!t.expects_payload(1));
     // Payload written and ahead keep the header's generation.
     t.record_header(2, &SlotHeader { identity: 7, payload_len: 8192 }, 0);
-    t.payload_written(2, 4096);
+    t.payload_written(2, 4096, 1);
     let g = t.remaining[2].load(Ordering::Acquire) >> 32;
     assert_eq!(Some(g as u16), t.generation(2));
-    t.payload_written(2, 4096);
+    t.payload_written(2, 4096, 1);
     t.payload_ahead(2, 512);
     assert_eq!(t.remaining[2].load(Ordering::Acquire) >> 32, g);
     assert!(!t.expects_payload(2), "bytes ahead of a header are not expected payload");
