@@ -845,13 +845,19 @@ fn a_failed_flush_after_zeroing_the_older_container_deallocates_nothing() {
     zeroing_fails(|d| d.set_fail_flushes(Some(1)), |d| d.set_fail_flushes(None));
 }
 
-#[test]
-fn a_zeroed_header_block_left_in_the_page_cache_deallocates_nothing_early() {
+/// Six keys and three fillers on a device whose cached pages cannot be dropped (here: no
+/// such device node), so a zeroed container stays unknown.
+fn rig_with_an_undroppable_page_cache() -> (Rig, Vec<String>) {
     let (mut r, keys) = rig_with_keys(6, 3);
     r.faults = true;
-    // The ublk device's cached pages cannot be dropped (here: no such device node).
     r.cfg.page_cache = Some(std::path::PathBuf::from("/nonexistent/ublkb0"));
     r.w = Watcher::new(r.g, r.slots.clone(), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
+    (r, keys)
+}
+
+#[test]
+fn a_zeroed_header_block_left_in_the_page_cache_deallocates_nothing_early() {
+    let (mut r, keys) = rig_with_an_undroppable_page_cache();
     let a = r.evict_first_behind_two_checkpoints(&keys);
     assert_eq!((r.trims, r.w.containers_invalidated(), r.w.early_evictions()), (0, 0, 0));
     assert!(!r.w.trims_allowed(), "the container is unknown until LMCache writes it again");
@@ -867,10 +873,7 @@ fn a_zeroed_header_block_left_in_the_page_cache_deallocates_nothing_early() {
 /// again, the container is empty, and it awaits that header as one zeroed cleanly would.
 #[test]
 fn an_unknown_container_rewritten_without_its_header_yet_stops_deallocation() {
-    let (mut r, keys) = rig_with_keys(6, 3);
-    r.faults = true;
-    r.cfg.page_cache = Some(std::path::PathBuf::from("/nonexistent/ublkb0"));
-    r.w = Watcher::new(r.g, r.slots.clone(), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
+    let (mut r, keys) = rig_with_an_undroppable_page_cache();
     r.evict_first_behind_two_checkpoints(&keys);
     assert_eq!(r.w.containers_invalidated(), 0, "zeroed on the drive, but unknown");
     let late = checkpoint_with_late_header(&mut r); // seq 4 lists keys[1]
