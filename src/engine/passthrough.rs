@@ -356,6 +356,14 @@ pub struct PassthroughEngine {
     deac: bool,
 }
 
+/// A query of an opened NVMe device; the open's error or the query's, as text.
+fn ask<T>(
+    dev: &Result<crate::nvme::NvmeDevice, crate::nvme::NvmeError>,
+    query: impl FnOnce(&crate::nvme::NvmeDevice) -> Result<T, crate::nvme::NvmeError>,
+) -> Result<T, String> {
+    dev.as_ref().map_err(|e| e.to_string()).and_then(|d| query(d).map_err(|e| e.to_string()))
+}
+
 impl PassthroughEngine {
     /// Watches the state of the controller behind `ng` (`/dev/ngXnY`), so that commands a
     /// controller reset failed are sent again once it is live.
@@ -366,11 +374,11 @@ impl PassthroughEngine {
     pub fn with_controller_of(mut self, ng: &Path) -> Self {
         self.ctrl_state = reset::ControllerState::of(ng);
         let dev = crate::nvme::NvmeDevice::open(ng);
-        match dev.as_ref().map_err(|e| e.to_string()).and_then(|d| d.identify_ctrl().map_err(|e| e.to_string())) {
+        match ask(&dev, |d| d.identify_ctrl()) {
             Ok(id) => self.crdt = id.crdt.map(|t| Duration::from_millis(100 * u64::from(t))),
             Err(e) => tracing::warn!("passthrough: no Command Retry Delay Times ({e}): failed commands are retried at once"),
         }
-        match dev.as_ref().map_err(|e| e.to_string()).and_then(|d| d.identify_ns(self.nsid).map_err(|e| e.to_string())) {
+        match ask(&dev, |d| d.identify_ns(self.nsid)) {
             Ok(ns) => self.deac = ns.write_zeroes_deallocates(),
             Err(e) => tracing::warn!("passthrough: no Deallocate Logical Block Features ({e}): Write Zeroes writes zeroes, never deallocates"),
         }

@@ -473,7 +473,7 @@ fn backing_size_unchanged(cfg: &DeviceConfig, now_bytes: u64) -> Result<(), Stri
     Err(format!(
         "device {}: backing {} is {now_bytes} bytes now, smaller than the {} it had when the device was added: \
          the namespace was resized, the file truncated, or the path now names another device (NVMe names can change \
-         at boot; a /dev/disk/by-id path does not). Nothing was written. Give the device its backing back \
+         at boot). Nothing was written. Give the device its backing back \
          (`fdpblk list` shows the saved config), or `fdpblk del -n {}` and add it again on this backing, \
          which LMCache then fills from empty",
         cfg.id,
