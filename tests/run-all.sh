@@ -21,23 +21,25 @@ cargo test --release --locked
 cargo build --release --locked --benches
 
 step "the demo (the README's main command)"
-tools/demo.sh >target/demo.log 2>&1 || { tail -n 30 target/demo.log; echo "tools/demo.sh failed" >&2; exit 1; }
+# demo_fail WHY: the end of the demo's output, then WHY, and the run fails.
+demo_fail() { tail -n 60 target/demo.log; echo "$1" >&2; exit 1; }
+tools/demo.sh >target/demo.log 2>&1 || demo_fail "tools/demo.sh failed"
 # Its first two steps: the image's checkpoints and entries all read back, and every policy
 # replays LMCache's capture without an error, `region` on its checkpoint and slot handles.
-demo_check() { grep -Eq "$1" target/demo.log || { tail -n 60 target/demo.log; echo "demo: no line matching '$1' ($2)" >&2; exit 1; }; }
+demo_check() { grep -Eq "$1" target/demo.log || demo_fail "demo: no line matching '$1' ($2)"; }
 demo_check '^summary: [1-9][0-9]* live entries \(checkpoint seq [0-9]+\); 0 more listed that LMCache' "step 1: inspect reads every listed entry"
 [[ $(grep -c '^  copy [01]  seq [0-9]*  payload_len [0-9]*  crc ok$' target/demo.log) == 2 ]] ||
-    { tail -n 60 target/demo.log; echo "demo: step 1 did not find both checkpoint copies intact" >&2; exit 1; }
+    demo_fail "demo: step 1 did not find both checkpoint copies intact"
 for p in none region key-aware; do
     demo_check "^policy $p: [1-9][0-9]* requests, 0 engine errors, 0 payload fallbacks$" "step 2: replay with policy $p"
 done
 [[ $(awk '/^-- policy region/ { r = 1 } /^-- policy key-aware/ { r = 0 } r && /^handle/ { h = 1; next } r && h && NF == 2 { print $1 }' target/demo.log | tr '\n' ' ') == "1 2 " ]] ||
-    { tail -n 60 target/demo.log; echo "demo: step 2: policy region did not place on handles 1 (checkpoints) and 2 (slots)" >&2; exit 1; }
+    demo_fail "demo: step 2: policy region did not place on handles 1 (checkpoints) and 2 (slots)"
 # Its last table: the drive without fdpblk, and with key-aware placement and deallocation.
 none=$(awk '$1 == "none" && NF == 2 { print $2 }' target/demo.log)
 ka=$(awk '$1 == "key-aware" && $2 == "+" && $3 == "trim" && NF == 4 { print $4 }' target/demo.log)
 awk -v n="$none" -v k="$ka" 'BEGIN { exit !(n > 1 && k > 0 && k < n) }' ||
-    { tail -n 30 target/demo.log; echo "demo: WAF none '$none', key-aware + trim '$ka': want key-aware + trim below none" >&2; exit 1; }
+    demo_fail "demo: WAF none '$none', key-aware + trim '$ka': want key-aware + trim below none"
 # The demo runs docs/waf.md's headline workload: its figures must be the ones published there.
 want_none=$(sed -n 's/^| `none` (the drive without fdpblk) | \([0-9.]*\) |$/\1/p' docs/waf.md)
 want_ka=$(sed -n 's/^| `key-aware` + trim | \*\*\([0-9.]*\)\*\* |$/\1/p' docs/waf.md)
