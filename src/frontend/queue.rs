@@ -125,7 +125,7 @@ fn fetched(res: i32) {
 /// Whether a request lies inside the exported device. The block layer already refuses I/O
 /// past a device's end; checked again because fdpblk's own state lives right behind it, on
 /// the same backing, where a stray request would overwrite the slot table.
-fn within(start_sector: u64, len: u64, exported: u64) -> bool {
+fn in_exported_range(start_sector: u64, len: u64, exported: u64) -> bool {
     start_sector.checked_mul(512).and_then(|offset| offset.checked_add(len)).is_some_and(|end| end <= exported)
 }
 
@@ -157,7 +157,7 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         return -libc::EINVAL;
     }
     // A flush has no range: the kernel leaves its sector at -1.
-    if op != Op::Flush && !within(iod.start_sector, len, q.dev.tgt.dev_size) {
+    if op != Op::Flush && !in_exported_range(iod.start_sector, len, q.dev.tgt.dev_size) {
         return -libc::EIO;
     }
     segments.clear();
@@ -264,14 +264,14 @@ mod tests {
     fn requests_past_the_exported_end_are_refused() {
         let size = 1u64 << 30;
         let sector = |b: u64| b / 512;
-        assert!(within(0, size, size));
-        assert!(within(sector(size - 4096), 4096, size));
-        assert!(within(sector(size), 0, size));
-        assert!(!within(sector(size - 4096), 8192, size), "it would reach fdpblk's own state");
-        assert!(!within(sector(size), 512, size));
-        assert!(!within(u64::MAX, 0, size), "a flush's sector (-1)");
-        assert!(!within((1 << 55) + 8, 4096, size), "a sector whose byte offset wraps to 4096");
-        assert!(!within(sector(u64::MAX - 511), 1024, size), "no overflow");
+        assert!(in_exported_range(0, size, size));
+        assert!(in_exported_range(sector(size - 4096), 4096, size));
+        assert!(in_exported_range(sector(size), 0, size));
+        assert!(!in_exported_range(sector(size - 4096), 8192, size), "it would reach fdpblk's own state");
+        assert!(!in_exported_range(sector(size), 512, size));
+        assert!(!in_exported_range(u64::MAX, 0, size), "a flush's sector (-1)");
+        assert!(!in_exported_range((1 << 55) + 8, 4096, size), "a sector whose byte offset wraps to 4096");
+        assert!(!in_exported_range(sector(u64::MAX - 511), 1024, size), "no overflow");
     }
 
     #[test]
