@@ -464,6 +464,15 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     if let Some(e) = geometry.and_then(|g| crate::frontend::target::block_align_error(&g, lba, &a.backing)) {
         return Err(e);
     }
+    // Checked at every daemon start: the node's name may come to name another namespace.
+    let backing_identity = if is_bdev || is_chardev {
+        crate::nvme::discover::identity_of(&a.backing).unwrap_or_else(|e| {
+            tracing::warn!("cannot identify the NVMe namespace {} ({e}): a restarting daemon will not check that it is still the same drive", a.backing.display());
+            None
+        })
+    } else {
+        None
+    };
     if let Some(target) = to_wipe {
         tracing::warn!("--force: erasing the signatures on {} (wipefs -a)", target.display());
         wipe_signatures(&target)?;
@@ -479,6 +488,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         io_buf_bytes: io_buf as u32,
         lba_shift: lba.trailing_zeros() as u8,
         backing_bytes,
+        backing_identity,
         exported_bytes: exported,
         geometry,
         layout_flags: flags,

@@ -70,6 +70,10 @@ pub struct DeviceConfig {
     pub io_buf_bytes: u32,
     pub lba_shift: u8,
     pub backing_bytes: u64,
+    /// What names the backing's NVMe namespace whatever its node
+    /// ([`crate::nvme::discover::namespace_identity`]), checked at every daemon start; `None`
+    /// for a file, a device that is no NVMe namespace, or a config of an older version.
+    pub backing_identity: Option<String>,
     pub exported_bytes: u64,
     /// LMCache's layout; `None` while fdpblk learns it from LMCache's first checkpoint
     /// (`--layout auto` on a device without one; see [`super::learn`]).
@@ -125,7 +129,8 @@ impl DeviceConfig {
         json!({
             "id": self.id, "name": self.name, "backing": self.backing, "engine": self.engine.name(),
             "policy": self.policy, "queues": self.queues, "depth": self.depth, "io_buf_bytes": self.io_buf_bytes,
-            "lba_shift": self.lba_shift, "backing_bytes": self.backing_bytes, "exported_bytes": self.exported_bytes,
+            "lba_shift": self.lba_shift, "backing_bytes": self.backing_bytes, "backing_identity": self.backing_identity,
+            "exported_bytes": self.exported_bytes,
             "geometry": geometry,
             "layout_flags": {"block_align": f.block_align, "header_bytes": f.header_bytes, "slot_bytes": f.slot_bytes,
                              "meta_total_bytes": f.meta_total_bytes, "capacity_bytes": f.capacity_bytes},
@@ -178,6 +183,10 @@ impl DeviceConfig {
             io_buf_bytes: within(u("io_buf_bytes")?, "io_buf_bytes", 512, 32 << 20)? as u32,
             lba_shift: within(u("lba_shift")?, "lba_shift", 9, 12)? as u8,
             backing_bytes: u("backing_bytes")?,
+            backing_identity: match v.get("backing_identity") {
+                None | Some(Value::Null) => None,
+                Some(i) => Some(i.as_str().ok_or("device config's \"backing_identity\" is not a string")?.to_string()),
+            },
             exported_bytes: exported,
             geometry,
             layout_flags,
@@ -242,6 +251,7 @@ mod tests {
             io_buf_bytes: 524288,
             lba_shift: 9,
             backing_bytes: (1 << 30) + (8 << 20),
+            backing_identity: Some("model \"QEMU NVMe Ctrl\" serial \"fdp0\" nsid 1".into()),
             exported_bytes: 1 << 30,
             geometry: Some(geometry),
             layout_flags: GeometryFlags { slot_bytes: Some(65536), ..Default::default() },
@@ -263,6 +273,11 @@ mod tests {
         assert!(DeviceConfig::from_json(&old).unwrap().early_tails, "and have early tails");
         old.as_object_mut().unwrap().remove("early_evictions");
         assert!(DeviceConfig::from_json(&old).unwrap().early_evictions, "and early evictions");
+        old.as_object_mut().unwrap().remove("backing_identity");
+        assert_eq!(DeviceConfig::from_json(&old).unwrap().backing_identity, None, "and no saved identity to check");
+        let mut bad = c.to_json();
+        bad["backing_identity"] = json!(7);
+        assert!(DeviceConfig::from_json(&bad).unwrap_err().contains("backing_identity"));
         let p = DeviceConfig {
             engine: EngineKind::Passthrough,
             backing: "/dev/ng0n1".into(),

@@ -1,7 +1,7 @@
 //! Creating (or recovering) the ublk device and running its queues until it stops.
 
-use std::path::Path;
-use super::config::DeviceConfig;
+use std::path::{Path, PathBuf};
+use super::config::{DeviceConfig, EngineKind};
 use super::learn::{self, ExportedReader, Known, LayoutCell};
 use super::queue::{io_task, QueueCtx, QueueStats};
 use super::state;
@@ -483,6 +483,43 @@ fn backing_size_unchanged(cfg: &DeviceConfig, now_bytes: u64) -> Result<(), Stri
     ))
 }
 
+/// The backing must still be the NVMe namespace the device was added on: the same size
+/// proves nothing (drives of one model are), and a node name can come to name another
+/// namespace (names change at boot, or when a controller is removed and another added), or
+/// one deleted and made again; LMCache's index would then be served someone else's bytes.
+/// `find` looks for the node of a kind that has the saved identity now, for the error.
+fn backing_identity_unchanged(
+    cfg: &DeviceConfig,
+    saved: &str,
+    now: Result<Option<String>, String>,
+    find: impl FnOnce(crate::nvme::path::DevKind) -> Option<PathBuf>,
+) -> Result<(), String> {
+    let now = match now {
+        Ok(Some(now)) if now == saved => return Ok(()),
+        Ok(Some(now)) => format!("is now the namespace {now}"),
+        Ok(None) => "is no NVMe namespace now".to_string(),
+        Err(e) => {
+            return Err(format!(
+                "device {}: cannot tell whether backing {} is still the namespace it was added on ({saved}): {e}. \
+                 Nothing was written; run `fdpblk recover -n {}` again once the drive answers",
+                cfg.id,
+                cfg.backing.display(),
+                cfg.id
+            ))
+        }
+    };
+    let kind = if cfg.engine == EngineKind::Passthrough { crate::nvme::path::DevKind::Generic } else { crate::nvme::path::DevKind::Block };
+    let went = match find(kind) {
+        Some(p) => format!("that namespace is {} now: `fdpblk del -n {}` and add the device again on it (LMCache's checkpoint there is kept)", p.display(), cfg.id),
+        None => format!("no node names that namespace now: give the device its drive back, or `fdpblk del -n {}` and add it again", cfg.id),
+    };
+    Err(format!(
+        "device {}: backing {} {now}, not the one the device was added on ({saved}). Nothing was written; {went}",
+        cfg.id,
+        cfg.backing.display()
+    ))
+}
+
 /// An add's wait for an earlier holder, ended by a stop signal before its time was up.
 fn stopped_while_waiting(e: &str) -> String {
     format!("a stop signal came while it started, waiting for an earlier holder to let go ({e}); nothing was created")
@@ -648,6 +685,10 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     let Backing { file: backing, _claim: claim, _alive: alive } = open_backing(&cfg, recover).map_err(fail)?;
     let now_bytes = backing_size_now(&cfg.backing, &backing).map_err(fail)?;
     backing_size_unchanged(&cfg, now_bytes).map_err(fail)?;
+    if let Some(saved) = &cfg.backing_identity {
+        let now = crate::nvme::discover::identity_of(&cfg.backing).map_err(|e| e.to_string());
+        backing_identity_unchanged(&cfg, saved, now, |kind| crate::nvme::discover::find_namespace(saved, kind)).map_err(fail)?;
+    }
     let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
     // One add at a time from the id check to the device's creation: libublk answers a refused
     // add by deleting the device of that id (waiting for its users), so the id must be free.
@@ -1167,6 +1208,7 @@ mod tests {
             io_buf_bytes: 4096,
             lba_shift: 9,
             backing_bytes: 4096,
+            backing_identity: None,
             exported_bytes: 0,
             geometry: None,
             layout_flags: Default::default(),
@@ -1194,6 +1236,33 @@ mod tests {
         let e = backing_size_unchanged(&cfg, backing_size_now(&path, &f).unwrap()).unwrap_err();
         assert!(e.contains("4096 bytes now, smaller than the 8192") && e.contains("Nothing was written"), "{e}");
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn another_namespace_under_the_saved_name_is_refused() {
+        use crate::nvme::path::DevKind;
+        let saved = r#"model "M" serial "A1" nsid 1"#;
+        let cfg = DeviceConfig { id: 4, backing: "/dev/ng0n1".into(), engine: EngineKind::Passthrough, ..file_backing(Path::new("/x")) };
+        let nowhere = |_: DevKind| -> Option<PathBuf> { None };
+        backing_identity_unchanged(&cfg, saved, Ok(Some(saved.into())), |_| panic!("no search when it matches")).unwrap();
+        // Another drive of the same model under the name: where the saved one went is named.
+        let e = backing_identity_unchanged(&cfg, saved, Ok(Some(r#"model "M" serial "B2" nsid 1"#.into())), |k| {
+            assert_eq!(k, DevKind::Generic, "passthrough looks for a char device");
+            Some("/dev/ng1n1".into())
+        })
+        .unwrap_err();
+        assert!(e.contains(r#"is now the namespace model "M" serial "B2" nsid 1, not the one the device was added on (model "M" serial "A1" nsid 1)"#), "{e}");
+        assert!(e.contains("Nothing was written") && e.contains("/dev/ng1n1 now: `fdpblk del -n 4`"), "{e}");
+        let e = backing_identity_unchanged(&cfg, saved, Ok(None), nowhere).unwrap_err();
+        assert!(e.contains("is no NVMe namespace now") && e.contains("no node names that namespace now"), "{e}");
+        let streams = DeviceConfig { engine: EngineKind::Streams, ..cfg.clone() };
+        let _ = backing_identity_unchanged(&streams, saved, Ok(None), |k| {
+            assert_eq!(k, DevKind::Block, "streams looks for a block device");
+            None
+        });
+        // Unanswered, it is not taken as the same drive.
+        let e = backing_identity_unchanged(&cfg, saved, Err("identify failed".into()), nowhere).unwrap_err();
+        assert!(e.contains("cannot tell whether") && e.contains("identify failed") && e.contains("recover -n 4"), "{e}");
     }
 
     #[test]

@@ -245,6 +245,14 @@ impl NvmeDevice {
         self.parse("identify namespace", IdNs::parse(&b))
     }
 
+    /// What names this namespace whatever node the kernel gave it (NVMe names can change at
+    /// boot or after a controller comes back): see [`namespace_identity`]. None for a
+    /// controller path.
+    pub fn identity(&self) -> Result<Option<String>, NvmeError> {
+        let Some(nsid) = self.nsid else { return Ok(None) };
+        Ok(Some(namespace_identity(&self.identify_ctrl()?, nsid, &self.identify_ns(nsid)?)))
+    }
+
     /// The active namespace ids (the first 1024).
     pub fn active_nsids(&self) -> Result<Vec<u32>, NvmeError> {
         let mut b = vec![0u8; IDENTIFY_LEN];
@@ -432,6 +440,44 @@ pub struct FdpInfo {
 
 fn sysfs_num(block: &str, attr: &str) -> Option<u64> {
     std::fs::read_to_string(Path::new("/sys/block").join(block).join("queue").join(attr)).ok()?.trim().parse().ok()
+}
+
+/// A namespace's identity: its NVM subsystem's model and serial number (the same through
+/// every controller of the subsystem), the namespace id, and the namespace's NGUID and EUI64
+/// where the drive reports them (a namespace deleted and made again gets new ones).
+pub fn namespace_identity(ctrl: &IdCtrl, nsid: u32, ns: &IdNs) -> String {
+    let mut id = format!("model \"{}\" serial \"{}\" nsid {nsid}", ctrl.model, ctrl.serial);
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    if ns.nguid.iter().any(|&x| x != 0) {
+        id += &format!(" nguid {}", hex(&ns.nguid));
+    }
+    if ns.eui64.iter().any(|&x| x != 0) {
+        id += &format!(" eui64 {}", hex(&ns.eui64));
+    }
+    id
+}
+
+/// The identity ([`namespace_identity`]) of the NVMe namespace `path` names; None where it
+/// names none (a file, a block device of another kind, a partition, a controller).
+pub fn identity_of(path: &Path) -> Result<Option<String>, NvmeError> {
+    match resolve(path) {
+        Ok(p) if p.kind != DevKind::Controller => NvmeDevice::open(path)?.identity(),
+        Ok(_) | Err(PathError::NotNvme(..) | PathError::Partition(..)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The device node of `kind` (`/dev/ngXnY` or `/dev/nvmeXnY`) whose namespace has `identity`
+/// now, if one has: where a renamed namespace went.
+pub fn find_namespace(identity: &str, kind: DevKind) -> Option<PathBuf> {
+    let mut nodes: Vec<PathBuf> = std::fs::read_dir("/dev")
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| super::path::kind_of_name(n) == Some(kind)))
+        .map(|e| e.path())
+        .collect();
+    nodes.sort();
+    nodes.into_iter().find(|n| identity_of(n).ok().flatten().as_deref() == Some(identity))
 }
 
 /// The smaller of the limits that are known, and of 65536 blocks; at least one block.

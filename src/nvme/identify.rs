@@ -134,6 +134,10 @@ pub struct IdNs {
     pub endgid: u16,
     /// Deallocate Logical Block Features.
     pub dlfeat: u8,
+    /// Namespace Globally Unique Identifier (bytes 104..120; zeroes = not reported).
+    pub nguid: [u8; 16],
+    /// IEEE Extended Unique Identifier (bytes 120..128; zeroes = not reported).
+    pub eui64: [u8; 8],
 }
 
 impl IdNs {
@@ -149,7 +153,23 @@ impl IdNs {
                 LbaFormat { ms: le16(b, o), lbads: b[o + 2], rp: b[o + 3] & 3 }
             })
             .collect();
-        Ok(IdNs { nsze: le64(b, 0), ncap: le64(b, 8), nuse: le64(b, 16), flbas: b[26], lbafs, endgid: le16(b, 102), dlfeat: b[33] })
+        let mut nguid = [0u8; 16];
+        let mut eui64 = [0u8; 8];
+        if let Some(id) = b.get(104..128) {
+            nguid.copy_from_slice(&id[..16]);
+            eui64.copy_from_slice(&id[16..]);
+        }
+        Ok(IdNs {
+            nsze: le64(b, 0),
+            ncap: le64(b, 8),
+            nuse: le64(b, 16),
+            flbas: b[26],
+            lbafs,
+            endgid: le16(b, 102),
+            dlfeat: b[33],
+            nguid,
+            eui64,
+        })
     }
 
     /// Whether a Write Zeroes may carry DEAC: the namespace takes it (DLFEAT bit 3) and its

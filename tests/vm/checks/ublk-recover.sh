@@ -6,7 +6,8 @@
 # verify passes: 5 times on the block device's engine, 3 times with NVMe passthrough (whose
 # recovered daemon first waits for the killed one's commands to leave the drive: its lock
 # on the char device goes with the last of them). In-flight I/O is re-issued by the driver,
-# nothing is lost.
+# nothing is lost. A recover that finds another namespace under the saved name (a saved
+# identity that is not the drive's) is refused before it writes anything.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool fio
@@ -43,6 +44,17 @@ for i in $(seq "$first" "$last"); do
                 bash -c "test $rc -ne 0 && grep -q 'belongs to /dev/ublkb0, whose daemon died' <<<\"\$1\"" _ "$out"
         done
         expect "round $i: no device 1 was made" test ! -e /dev/ublkb1
+        # Another namespace under the saved name (NVMe names can change at boot or when a
+        # controller comes back): told by a saved identity that is not this drive's.
+        saved=$(jq -r .config.backing_identity /run/fdpblk/0.json)
+        expect "round $i: add saved the namespace's identity ($saved)" grep -q '^model "QEMU NVMe Ctrl" serial "[^"]*" nsid 1$' <<<"$saved"
+        cp /run/fdpblk/0.json /tmp/recover-state.json
+        jq -c '.config.backing_identity = "model \"QEMU NVMe Ctrl\" serial \"other\" nsid 1"' /tmp/recover-state.json >/run/fdpblk/0.json
+        out=$("$FDPBLK" recover -n 0 2>&1) && rc=0 || rc=$?
+        expect "round $i: recover refuses another namespace under the saved name ($out)" \
+            bash -c "test $rc -ne 0 && grep -qF 'is now the namespace $saved, not the one the device was added on' <<<\"\$1\"" _ "$out"
+        expect "round $i: and says nothing was written" grep -q "Nothing was written" <<<"$out"
+        cp /tmp/recover-state.json /run/fdpblk/0.json
     fi
     if "$FDPBLK" recover -n 0 >"/tmp/recover-$i.log" 2>&1; then
         ok "round $i: fdpblk recover"
