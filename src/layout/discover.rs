@@ -2,7 +2,7 @@
 //! flags named like LMCache's config keys, or both — where a flag and the checkpoint disagree,
 //! that is an error (LMCache itself would discard its whole index over such a mismatch).
 
-use super::checkpoint::{newest_valid, read_copies, read_entries, CopyStatus};
+use super::checkpoint::{newest_valid, payload_crc, read_copies, read_entries, CopyStatus};
 use super::checkpoint_header::CheckpointHeader;
 use super::checkpoint_json::{CheckpointMeta, JsonError, JsonLimits};
 use super::geometry::{DEFAULT_BLOCK_ALIGN, DEFAULT_HEADER_BYTES};
@@ -246,10 +246,25 @@ fn find_checkpoint<D: ReadAt + ?Sized>(
             return Ok(None);
         }
     }
-    match provisional_from_copies(dev, flags, size)? {
-        Some(geom) => checkpoint_at(dev, geom),
-        None => Ok(None),
+    // A copy whose own fields are damaged (its CRC fails: LMCache skips it) must not hide a
+    // valid one elsewhere, nor stand for the checkpoint while another copy is sound.
+    let mut damaged = None;
+    for at in std::iter::once(0).chain(COPY1_CANDIDATES.map(|shift| 1u64 << shift)) {
+        let Some(hint) = geometry_hint_at(dev, flags, size, at)? else { continue };
+        match hint.layout {
+            Ok(g) if at == 0 || g.container_offset(1) == at => {
+                if let Some(found) = checkpoint_at(dev, g)? {
+                    return Ok(Some(found));
+                }
+            }
+            Ok(_) => {}
+            Err(e) if hint.crc_ok => return Err(e),
+            Err(e) => {
+                damaged.get_or_insert(e);
+            }
+        }
     }
+    damaged.map_or(Ok(None), Err)
 }
 
 /// Step 2: with a layout, the copy the loader would trust, and its fields.
@@ -288,26 +303,13 @@ fn provisional_from_flags(flags: &GeometryFlags, size: u64) -> Option<Geometry> 
 /// from 1 MiB to 2 GiB (LMCache's defaults are 128 and 256 MiB).
 const COPY1_CANDIDATES: std::ops::RangeInclusive<u32> = 19..=30;
 
-/// The layout as written in the checkpoint copies themselves: copy 0 at offset 0, else copy 1
-/// at one of the usual places. Only the geometry fields are read (they precede `entries`),
-/// so a copy whose payload is torn or fails its CRC still tells where everything is.
-fn provisional_from_copies<D: ReadAt + ?Sized>(
-    dev: &D,
-    flags: &GeometryFlags,
-    size: u64,
-) -> Result<Option<Geometry>, DiscoverError> {
-    if let Some(g) = geometry_hint_at(dev, flags, size, 0)? {
-        return Ok(Some(g));
-    }
-    for shift in COPY1_CANDIDATES {
-        let at = 1u64 << shift;
-        if let Some(g) = geometry_hint_at(dev, flags, size, at)? {
-            if g.container_offset(1) == at {
-                return Ok(Some(g));
-            }
-        }
-    }
-    Ok(None)
+/// What one container's own JSON says of the layout (copy 0 at offset 0, else copy 1 at one
+/// of the usual places), and whether that copy passes its CRC. Only the geometry fields are
+/// read (they precede `entries`), so a copy whose payload is torn still tells where
+/// everything is; one that fails its CRC is believed only where nothing sound says otherwise.
+struct Hint {
+    layout: Result<Geometry, DiscoverError>,
+    crc_ok: bool,
 }
 
 /// Reads the container header at `at`, finds its JSON one block later (trying each possible
@@ -317,7 +319,7 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
     flags: &GeometryFlags,
     size: u64,
     at: u64,
-) -> Result<Option<Geometry>, DiscoverError> {
+) -> Result<Option<Hint>, DiscoverError> {
     const PREFIX: u64 = 64 * 1024;
     if at.saturating_add(64) > size {
         return Ok(None);
@@ -345,25 +347,29 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
         let (Some(slot_bytes), Some(meta_total_bytes)) = (get("slot_bytes"), get("meta_total_bytes")) else { continue };
         let cfg = GeometryConfig {
             block_align: get("block_align").unwrap_or(a),
-            header_bytes: get("header_bytes").unwrap_or(DEFAULT_HEADER_BYTES),
+            header_bytes: get("header_bytes").or(flags.header_bytes).unwrap_or(DEFAULT_HEADER_BYTES),
             slot_bytes,
             meta_total_bytes,
             capacity_bytes: 0,
         };
-        match cfg.validate(size) {
-            Ok(g) => return Ok(Some(g)),
+        let layout = match cfg.validate(size) {
+            Ok(g) => Ok(g),
             // A checkpoint that is LMCache's (its JSON begins where its block_align says) on
             // a device too small for its layout: that is the error, not "no checkpoint".
             Err(GeometryError::DeviceTooSmall { meta_total_bytes, capacity, slot_bytes }) if get("block_align") == Some(a) => {
-                return Err(DiscoverError::CheckpointTooBig { meta_bytes: meta_total_bytes, slot_bytes, capacity })
+                Err(DiscoverError::CheckpointTooBig { meta_bytes: meta_total_bytes, slot_bytes, capacity })
             }
+            // A layout LMCache takes but fdpblk does not serve: not damage, nothing to erase.
+            Err(error @ GeometryError::BlockAlignTooLarge(_)) if get("block_align") == Some(a) => Err(DiscoverError::Geometry(error)),
             // Its own values break a rule LMCache enforces: damaged, said so (flags would
             // only conflict with it).
             Err(error) if get("block_align") == Some(a) && !matches!(error, GeometryError::TooManySlots { .. }) => {
-                return Err(DiscoverError::ImpossibleCheckpoint { error, meta_bytes: meta_total_bytes.min(size) })
+                Err(DiscoverError::ImpossibleCheckpoint { error, meta_bytes: meta_total_bytes.min(size) })
             }
-            Err(_) => {}
-        }
+            Err(_) => continue,
+        };
+        let crc_ok = h.payload_len <= size - start && payload_crc(dev, start, h.payload_len)? == h.crc32;
+        return Ok(Some(Hint { layout, crc_ok }));
     }
     Ok(None)
 }
@@ -619,6 +625,25 @@ mod tests {
         let copies = d.copies.unwrap();
         assert_eq!(copies[0].crc_ok, Some(false));
         assert_eq!(d.checkpoint.unwrap().next_slot, Some(16));
+    }
+
+    #[test]
+    fn a_corrupt_older_copy_does_not_hide_the_valid_newer_one() {
+        // Copy 0 (seq 1) with a damaged geometry field and its CRC left stale: LMCache skips
+        // it and loads copy 1 (seq 2). Impossible, it was taken for the checkpoint (an erase
+        // advised); possible but wrong, copy 1 was looked for in the wrong place.
+        for (from, to) in [(r#""slot_bytes":65536"#, r#""slot_bytes":75536"#), (r#""meta_total_bytes":1048576"#, r#""meta_total_bytes":2097152"#)] {
+            let (mut img, _) = fixture("object-evict");
+            let json = String::from_utf8_lossy(&img[4096..4096 + 3730]).replace(from, to);
+            assert_eq!(json.len(), 3730, "{from} is in copy 0 and keeps its length");
+            img[4096..4096 + 3730].copy_from_slice(json.as_bytes());
+            let d = discover(&img, &GeometryFlags::default()).unwrap();
+            assert_eq!((d.geometry.slot_bytes, d.geometry.meta_total_bytes), (65536, 1 << 20), "{to}");
+            assert_eq!(newest_valid(d.copies.as_ref().unwrap()).unwrap().seq(), Some(2), "{to}");
+            // With copy 1 gone too, the damaged copy is all there is, and it is named.
+            img[524288..524288 + 4096].fill(0);
+            assert!(discover(&img, &GeometryFlags::default()).is_err(), "{to}");
+        }
     }
 
     #[test]
