@@ -15,8 +15,8 @@ use libublk::ctrl::UblkCtrl;
 use libublk::sys;
 use serde_json::json;
 use std::io::{Read, Write};
-use std::os::unix::fs::FileTypeExt;
-use std::path::Path;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
 
 /// A view of the backing device limited to the exported bytes: LMCache sees only those.
 struct Exported<'a>(&'a std::fs::File, u64);
@@ -222,11 +222,19 @@ fn refuse_other_name(a: &AddArgs, device_path: Option<&str>, erase: impl FnOnce(
     if theirs == name || a.force {
         return Ok(());
     }
+    // --force writes nothing here: the checkpoint keeps naming the other device until LMCache
+    // writes one through this name, and every add before that (`up` after a reboot) asks
+    // again. Erasing it is what sticks, and all a config file can do.
+    let force = match a.config {
+        Some(_) => String::new(),
+        None => format!(
+            ", or add it with --force (this add only: until LMCache writes a checkpoint through /dev/fdpblk/{name}, the next add refuses again)"
+        ),
+    };
     Err(format!(
-        "backing {} holds the LMCache cache of /dev/fdpblk/{theirs} (its checkpoint's device_path), not of {name}: check --backing (`backing` in the device's config file); to give this cache up and use the device for {name}, erase its checkpoint ({}) or {}",
+        "backing {} holds the LMCache cache of /dev/fdpblk/{theirs} (its checkpoint's device_path), not of {name}: check --backing (`backing` in the device's config file); to give this cache up and use the device for {name}, erase its checkpoint ({}){force}",
         a.backing.display(),
         erase(),
-        with_force(a)
     ))
 }
 
@@ -281,6 +289,11 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let is_chardev = meta.file_type().is_char_device();
     if !is_bdev && !is_chardev && !meta.file_type().is_file() {
         return Err(format!("backing {} is neither a block device nor a file; pass an NVMe namespace (/dev/nvmeXnY, /dev/ngXnY) or a file", a.backing.display()));
+    }
+    if is_bdev {
+        if let Some(id) = ublk_disk_of(meta.rdev()) {
+            return Err(ublk_backing_error(&a.backing, id, state::read_state(id).ok().map(|(c, _)| c.backing)));
+        }
     }
     let engine = match a.engine.as_str() {
         // A char device can only be driven by passthrough (which refuses one that is not NVMe).
@@ -434,6 +447,13 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
                 Ok(_) | Err(DiscoverError::NoCheckpoint { .. }) => {
                     to_wipe = refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
                 }
+                // LMCache's (its CRC holds), past what fdpblk parses: the error under `auto`
+                // sends the operator here. Served on the flags; the state thread cannot read
+                // it either, so nothing is deallocated while it stands.
+                Err(DiscoverError::Unparsable(e)) => tracing::warn!(
+                    "LMCache's checkpoint on {} is beyond what fdpblk parses ({e}): serving the layout of the flags, unchecked against it (device_path too); fdpblk deallocates nothing until LMCache replaces it with one it can read",
+                    a.backing.display()
+                ),
                 Err(e) => return Err(with_erase_hint(e, &a.backing, is_bdev, is_chardev)),
             }
             Some(GeometryConfig {
@@ -649,6 +669,14 @@ fn add_device(a: &AddArgs) -> CmdResult {
             super::up::Found::Running { id, .. } => {
                 return Err(format!("--name {name} is taken by {}; pick another name or `fdpblk del -n {id}` first", state::bdev_path(id)).into())
             }
+            // Its daemon died while stopping it: nothing is held for a recovery.
+            super::up::Found::Orphaned { id } if ublk_stopped(id) => {
+                return Err(format!(
+                    "--name {name} is taken by {}, which its daemon stopped before it died: `fdpblk del -n {id}` deletes it, then add again (`fdpblk up {name}` does both)",
+                    state::bdev_path(id)
+                )
+                .into())
+            }
             super::up::Found::Orphaned { id } => {
                 return Err(format!(
                     "--name {name} is taken by {}, whose daemon died; `fdpblk recover -n {id}` (or `fdpblk up {name}`) brings it back, `fdpblk del -n {id}` deletes it",
@@ -665,6 +693,31 @@ fn add_device(a: &AddArgs) -> CmdResult {
     }
     let cfg = validate(a)?;
     daemonize(a.foreground, move |notify| target::run(cfg, false, notify))
+}
+
+/// The ublk device (`/dev/ublkbN`) block device `rdev` is, or is a partition of.
+fn ublk_disk_of(rdev: u64) -> Option<i32> {
+    let dir = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev))).ok()?;
+    let disk = if dir.join("partition").exists() { dir.parent()? } else { &dir };
+    ublk_disk_id(disk.file_name()?.to_str()?)
+}
+
+/// The id of ublk disk `name` (`ublkb3` -> 3).
+fn ublk_disk_id(name: &str) -> Option<i32> {
+    name.strip_prefix("ublkb").filter(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()))?.parse().ok()
+}
+
+/// A ublk device as a backing: an fdpblk device's is the path LMCache writes to, and a new
+/// device on it would put its own state and deallocations over that device's cache.
+fn ublk_backing_error(backing: &Path, id: i32, under: Option<PathBuf>) -> String {
+    let what = match under {
+        Some(b) => format!("fdpblk device {id}, whose backing is {}", b.display()),
+        None => format!("ublk device {id}"),
+    };
+    format!(
+        "backing {} is {what}: that is a path for LMCache's device_path, not a backing; give the NVMe namespace or file itself (`fdpblk list` shows each device's backing)",
+        backing.display()
+    )
 }
 
 /// What identifies the storage behind a backing path: the namespace's block device for an
@@ -830,7 +883,7 @@ fn del_one(id: i32) -> Result<(), String> {
     // another ublk server's: never fdpblk's to stop.
     let foreign = match &read {
         Ok((c, daemon)) => foreign_server(id, daemon).inspect(|_| state::remove_state(c)),
-        Err(_) if state::state_path(id).exists() => None,
+        // A corrupt state file tells nothing either: its id may have been taken since.
         Err(_) => ublk_server(id).filter(|(_, c)| !c.starts_with("fdpblk")),
     };
     if let Some((pid, comm)) = foreign {
@@ -1266,6 +1319,18 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_ublk_device_is_no_backing() {
+        assert_eq!(ublk_disk_id("ublkb0"), Some(0));
+        assert_eq!(ublk_disk_id("ublkb12"), Some(12));
+        for other in ["nvme0n1", "ublkc0", "ublkb", "ublkb1p1", "vda"] {
+            assert_eq!(ublk_disk_id(other), None, "{other}");
+        }
+        let e = ublk_backing_error(Path::new("/dev/fdpblk/kv0"), 0, Some("/dev/nvme0n1".into()));
+        assert!(e.contains("/dev/fdpblk/kv0 is fdpblk device 0, whose backing is /dev/nvme0n1") && e.contains("device_path"), "{e}");
+        assert!(ublk_backing_error(Path::new("/dev/ublkb3"), 3, None).contains("is ublk device 3:"));
+    }
+
     fn scratch(tag: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("fdpblk-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -1330,6 +1395,30 @@ mod tests {
 
     /// A checkpoint written through /dev/fdpblk/kv1 is kv1's cache: adding its backing as
     /// kv0 (configs with swapped backings) is refused unless --force.
+    #[test]
+    fn a_checkpoint_past_the_parsers_bounds_is_served_on_the_flags() {
+        let dir = scratch("unparsable");
+        let img = dir.join("kv.img");
+        // Valid JSON LMCache loads, with a key past fdpblk's 64 KiB string bound.
+        let json = format!(
+            r#"{{"version":1,"device_path":"/dev/fdpblk/kv0","capacity_bytes":33554432,"block_align":4096,"header_bytes":4096,"slot_bytes":65536,"meta_total_bytes":1048576,"meta_magic":"LMCIDX01","meta_version":1,"data_base_offset":1048576,"next_slot":1,"entries":{{"{}":{{"offset":1048576,"size":1}}}}}}"#,
+            "k".repeat(70 * 1024)
+        );
+        let mut bytes = crate::layout::checkpoint_header::CheckpointHeader::encode_for(1, json.as_bytes(), 4096);
+        bytes.extend_from_slice(json.as_bytes());
+        std::fs::write(&img, &bytes).unwrap();
+        std::fs::File::options().write(true).open(&img).unwrap().set_len(64 << 20).unwrap();
+        let path = img.to_str().unwrap();
+        let base = ["--backing", path, "--engine", "plain", "--policy", "none"];
+        let with = |extra: &[&str]| validate(&add_args(&[&base[..], extra].concat()));
+        let e = with(&[]).unwrap_err();
+        assert!(e.contains("--layout lmcache --slot-bytes"), "{e}");
+        // What that error says to do works.
+        let c = with(&["--layout", "lmcache", "--slot-bytes", "64K", "--meta-total-bytes", "1M"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.geometry.unwrap().slot_bytes, 65536);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn a_cache_written_through_another_name_is_refused_without_force() {
         let dir = scratch("othername");

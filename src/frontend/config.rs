@@ -169,8 +169,12 @@ impl DeviceConfig {
             capacity_bytes: fu("capacity_bytes"),
         };
         Ok(Self {
-            id: v.get("id").and_then(Value::as_i64).ok_or("device config lacks \"id\"")? as i32,
-            name: v.get("name").and_then(Value::as_str).map(String::from),
+            id: v.get("id").and_then(Value::as_i64).and_then(|i| i32::try_from(i).ok()).ok_or("device config lacks \"id\" (a device id)")?,
+            // It names a link under /dev/fdpblk/: checked as `add --name` checks it.
+            name: match v.get("name").and_then(Value::as_str) {
+                Some(n) => Some(super::state::check_name(n).map(|()| n.to_string()).map_err(|e| format!("device config's \"name\" {e}"))?),
+                None => None,
+            },
             backing: PathBuf::from(v.get("backing").and_then(Value::as_str).ok_or("device config lacks \"backing\"")?),
             engine: v.get("engine").and_then(Value::as_str).and_then(EngineKind::parse).ok_or("bad \"engine\"")?,
             // Not checked against this version's policies here: `list`, `up` and the check for
@@ -278,6 +282,13 @@ mod tests {
         let mut bad = c.to_json();
         bad["backing_identity"] = json!(7);
         assert!(DeviceConfig::from_json(&bad).unwrap_err().contains("backing_identity"));
+        // A state file edited by hand: an id that wraps into another, a name that leaves /dev/fdpblk.
+        for (key, bad) in [("id", json!(4294967300u64)), ("id", json!("4")), ("name", json!("../sda"))] {
+            let mut v = c.to_json();
+            v[key] = bad;
+            let e = DeviceConfig::from_json(&v).unwrap_err();
+            assert!(e.contains(key), "{e}");
+        }
         let p = DeviceConfig {
             engine: EngineKind::Passthrough,
             backing: "/dev/ng0n1".into(),

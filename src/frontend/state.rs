@@ -76,6 +76,9 @@ pub fn read_state(id: i32) -> Result<(DeviceConfig, Daemon), String> {
     let fix = |e: String| format!("{} is corrupt: {e}; `fdpblk del -n {id}` deletes the device (I/O it holds fails), then `fdpblk add` (or `fdpblk up NAME`) starts it again", p.display());
     let v: Value = serde_json::from_str(&text).map_err(|e| fix(e.to_string()))?;
     let cfg = DeviceConfig::from_json(&v["config"]).map_err(fix)?;
+    if cfg.id != id {
+        return Err(fix(format!("it names device {}", cfg.id)));
+    }
     Ok((cfg, Daemon::from_state(&v)))
 }
 

@@ -69,6 +69,8 @@ expect "the checkpoint's own geometry is accepted" quiet fdpblk_add --backing "$
 KEEP0=1 refuse "backing in use" "in use" add --backing "$NS_DEV" -n 1
 KEEP0=1 refuse "passthrough on a namespace in use" "$NG_DEV is in use: its namespace $NS_DEV" add --backing "$NG_DEV" -n 1 --engine passthrough
 KEEP0=1 refuse "device id taken" "already exists" add --backing /var/tmp/small.img -n 0 --engine plain --policy none "${GEO[@]}"
+# LMCache's device path given as a backing: a device on it would write over device 0's cache.
+KEEP0=1 refuse "an fdpblk device as backing" "backing /dev/ublkb0 is fdpblk device 0, whose backing is $NS_DEV: .*device_path" add --backing /dev/ublkb0 -n 1 --engine plain --policy none
 # Deleting a device someone holds open (here this shell) says who: their I/O fails from now on.
 # Neither del nor the daemon waits for them to close it (LMCache may hold it for hours).
 exec 3</dev/ublkb0
