@@ -835,11 +835,20 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
                 r => r,
             };
             state::record_fdp_baseline(c);
-            if let Some(name) = c.name.as_ref().filter(|_| saved.is_ok()) {
-                if let Err(e) = state::link_name(name, c.id) {
-                    tracing::warn!("cannot link {}: {e}", state::name_path(name).display());
+            // The name is LMCache's device_path: an added device without it fails, as
+            // without its state file (`ready` would start LMCache on a missing path).
+            let linked = match c.name.as_ref().filter(|_| saved.is_ok()) {
+                Some(name) => state::link_name(name, c.id).map_err(|e| format!("cannot link {} to it: {e}", state::name_path(name).display())),
+                None => Ok(()),
+            };
+            let saved = match (saved, linked) {
+                (Ok(()), Err(e)) if recover => {
+                    tracing::error!("device {}: {e}", c.id);
+                    Ok(())
                 }
-            }
+                (Ok(()), Err(e)) => Err(e),
+                (saved, _) => saved,
+            };
             let s = d_shared.clone();
             *st.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::spawn(move || stats_loop(&s, &d_stop)));
             // From here the signal thread stops the device itself; a stop signal that came

@@ -43,6 +43,15 @@ if command -v udevadm >/dev/null; then
 else
     not_ok "udevadm missing in the guest (tests/vm/setup.sh installs udev)"
 fi
+# A name that cannot be linked (something else at /dev/fdpblk/NAME) fails the add, as a
+# missing state file does: LMCache's device_path would not exist.
+mkdir -p /dev/fdpblk/kv2
+truncate -s 64M /var/tmp/kv2.img
+out=$("$FDPBLK" add --backing /var/tmp/kv2.img --engine plain --policy none -n 1 --name kv2 "${GEO[@]}" 2>&1) && rc=0 || rc=$?
+expect "add fails where its name cannot be linked ($out)" bash -c "test $rc -ne 0 && grep -q 'cannot link /dev/fdpblk/kv2 to it' <<<\"\$1\"" _ "$out"
+# (Its daemon deletes the device, then its state file, after the add has answered.)
+expect "and leaves no device nor state file" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb1 || -e /run/fdpblk/1.json ]] || exit 0; sleep 0.1; done; exit 1"
+rmdir /dev/fdpblk/kv2
 expect "list --json names it" bash -c "$FDPBLK list --json | grep -q '\"name\":\"kv0\"'"
 head -c 1048576 /dev/urandom >/tmp/p
 expect "write through the stable name" dd if=/tmp/p of=/dev/fdpblk/kv0 bs=1M seek=8 count=1 oflag=direct status=none
