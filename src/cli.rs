@@ -185,7 +185,7 @@ pub struct AddArgs {
     /// Stay in the foreground instead of daemonizing.
     #[arg(long)]
     pub foreground: bool,
-    /// How long (µs) a payload write waits for its slot header before it is placed anyway.
+    /// How long (µs, at most 1000000) a payload write waits for its slot header before it is placed anyway.
     #[arg(long, default_value_t = 5000)]
     pub header_wait_us: u64,
     /// Do not deallocate: neither the slots LMCache evicted (by default fdpblk trims a slot

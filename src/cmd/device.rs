@@ -107,9 +107,8 @@ fn refuse_foreign_data(
             .is_ok_and(|r| crate::persist::state_present(&r, backing_bytes)),
         None => crate::persist::state_present(file, backing_bytes),
     };
-    if ours {
-        return Ok(None);
-    }
+    // fdpblk's state alone does not vouch for the rest: a device given a partition table or a
+    // file system since it was fdpblk's keeps that state at its end (blkid looks anyway).
     // blkid reads the block device; a char device's is its namespace's.
     let target = if is_chardev { crate::nvme::path::namespace_block_device(&a.backing) } else { Some(a.backing.clone()) };
     let Some(target) = target else {
@@ -126,12 +125,15 @@ fn refuse_foreign_data(
             Ok(Some(target))
         }
         Ok(Some(what)) => Err(format!(
-            "backing {} holds {what} (blkid -p {}), and neither an LMCache checkpoint nor fdpblk's state: fdpblk would overwrite and deallocate it. Check that this is the right device; if its data may go, erase it first (wipefs -a {}) or {}, which does that",
+            "backing {} holds {what} (blkid -p {}), and {}: fdpblk would overwrite and deallocate it. Check that this is the right device; if its data may go, erase it first (wipefs -a {}) or {}, which does that",
             a.backing.display(),
             target.display(),
+            if ours { "no LMCache checkpoint (only fdpblk's state from an earlier use)" } else { "neither an LMCache checkpoint nor fdpblk's state" },
             target.display(),
             with_force(a)
         )),
+        // What said "ours" before blkid was asked still does.
+        Err(_) if ours => Ok(None),
         Err(e) if a.force => {
             tracing::warn!("--force: cannot check {} for other data ({e}); adding it anyway", target.display());
             Ok(None)

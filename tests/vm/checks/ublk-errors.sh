@@ -48,7 +48,8 @@ refuse "stats unknown id" "no stats for device 7" stats -n 7
 
 # Someone else's data (here a swap signature) and neither LMCache's checkpoint nor fdpblk's
 # state: a typo in --backing. Refused, naming blkid, wipefs and --force, through the block and
-# the char device; --force adds it, and once fdpblk's state is there no --force is needed.
+# the char device; --force adds it, and once fdpblk's state is there no --force is needed,
+# unless other data came since.
 expect "blank tail" blkdiscard -z -o $(( $(blockdev --getsize64 "$NS_DEV") - (16 << 20) )) "$NS_DEV"
 expect "a swap signature on the drive" quiet mkswap "$NS_DEV"
 refuse "someone else's data" "holds a swap \(other\) signature \(blkid -p $NS_DEV\).*wipefs -a $NS_DEV\) or add it with --force" add --backing "$NS_DEV" "${GEO[@]}"
@@ -61,6 +62,10 @@ expect "its daemon exits" daemons_gone
 expect "fdpblk's state is there: no --force needed" quiet fdpblk_add --backing "$NS_DEV" -n 0 "${GEO[@]}"
 expect "del" "$FDPBLK" del -n 0
 expect "its daemon exits" daemons_gone
+# Given other data since (fdpblk's state stays at the end): that data is still refused.
+expect "a swap signature over the device fdpblk used" quiet mkswap "$NS_DEV"
+refuse "someone else's data over fdpblk's old state" "holds a swap .*no LMCache checkpoint \(only fdpblk's state from an earlier use\)" add --backing "$NS_DEV" "${GEO[@]}"
+expect "wipefs" quiet wipefs -a "$NS_DEV"
 
 # A checkpoint LMCache wrote says slot_bytes 65536: a different flag is a conflict.
 expect "LMCache image on the drive" dd if="$FIXTURES/object-evict/device.img" of="$NS_DEV" bs=1M oflag=direct status=none
