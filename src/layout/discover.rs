@@ -247,24 +247,33 @@ fn find_checkpoint<D: ReadAt + ?Sized>(
         }
     }
     // A copy whose own fields are damaged (its CRC fails: LMCache skips it) must not hide a
-    // valid one elsewhere, nor stand for the checkpoint while another copy is sound.
-    let mut damaged = None;
+    // sound one elsewhere: sound copies' layouts first, then damaged ones', then the
+    // damaged ones' errors.
+    let mut damaged_layouts = Vec::new();
+    let mut damaged_error = None;
     for at in std::iter::once(0).chain(COPY1_CANDIDATES.map(|shift| 1u64 << shift)) {
         let Some(hint) = geometry_hint_at(dev, flags, size, at)? else { continue };
-        match hint.layout {
-            Ok(g) if at == 0 || g.container_offset(1) == at => {
-                if let Some(found) = checkpoint_at(dev, g)? {
-                    return Ok(Some(found));
+        match hint {
+            Hint::Layout(g) if at == 0 || g.container_offset(1) == at => {
+                let copies = read_copies(dev, &g)?;
+                if copies[usize::from(at != 0)].is_valid() {
+                    return checkpoint_in(dev, g, copies);
                 }
+                damaged_layouts.push((g, copies));
             }
-            Ok(_) => {}
-            Err(e) if hint.crc_ok => return Err(e),
-            Err(e) => {
-                damaged.get_or_insert(e);
+            Hint::Layout(_) => {}
+            Hint::Error { error, crc_ok: true } => return Err(error),
+            Hint::Error { error, crc_ok: false } => {
+                damaged_error.get_or_insert(error);
             }
         }
     }
-    damaged.map_or(Ok(None), Err)
+    for (g, copies) in damaged_layouts {
+        if let Some(found) = checkpoint_in(dev, g, copies)? {
+            return Ok(Some(found));
+        }
+    }
+    damaged_error.map_or(Ok(None), Err)
 }
 
 /// Step 2: with a layout, the copy the loader would trust, and its fields.
@@ -272,7 +281,15 @@ fn checkpoint_at<D: ReadAt + ?Sized>(
     dev: &D,
     geom: Geometry,
 ) -> Result<Option<(CheckpointMeta, [CopyStatus; 2], Geometry)>, DiscoverError> {
-    let copies = read_copies(dev, &geom)?;
+    checkpoint_in(dev, geom, read_copies(dev, &geom)?)
+}
+
+/// [`checkpoint_at`] with the copies already read there.
+fn checkpoint_in<D: ReadAt + ?Sized>(
+    dev: &D,
+    geom: Geometry,
+    copies: [CopyStatus; 2],
+) -> Result<Option<(CheckpointMeta, [CopyStatus; 2], Geometry)>, DiscoverError> {
     let Some(newest) = newest_valid(&copies) else { return Ok(None) };
     let meta = match read_entries(dev, &geom, newest, &JsonLimits::default(), &mut |_| Ok(())) {
         Ok(m) => m,
@@ -304,12 +321,13 @@ fn provisional_from_flags(flags: &GeometryFlags, size: u64) -> Option<Geometry> 
 const COPY1_CANDIDATES: std::ops::RangeInclusive<u32> = 19..=30;
 
 /// What one container's own JSON says of the layout (copy 0 at offset 0, else copy 1 at one
-/// of the usual places), and whether that copy passes its CRC. Only the geometry fields are
-/// read (they precede `entries`), so a copy whose payload is torn still tells where
-/// everything is; one that fails its CRC is believed only where nothing sound says otherwise.
-struct Hint {
-    layout: Result<Geometry, DiscoverError>,
-    crc_ok: bool,
+/// of the usual places). Only the geometry fields are read (they precede `entries`), so a
+/// copy whose payload is torn still tells where everything is; one that fails its CRC is
+/// believed only where nothing sound says otherwise.
+enum Hint {
+    Layout(Geometry),
+    /// A layout that cannot be, and whether its copy passes its CRC (then it is LMCache's).
+    Error { error: DiscoverError, crc_ok: bool },
 }
 
 /// Reads the container header at `at`, finds its JSON one block later (trying each possible
@@ -352,24 +370,25 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
             meta_total_bytes,
             capacity_bytes: 0,
         };
-        let layout = match cfg.validate(size) {
-            Ok(g) => Ok(g),
+        let error = match cfg.validate(size) {
+            Ok(g) => return Ok(Some(Hint::Layout(g))),
             // A checkpoint that is LMCache's (its JSON begins where its block_align says) on
             // a device too small for its layout: that is the error, not "no checkpoint".
             Err(GeometryError::DeviceTooSmall { meta_total_bytes, capacity, slot_bytes }) if get("block_align") == Some(a) => {
-                Err(DiscoverError::CheckpointTooBig { meta_bytes: meta_total_bytes, slot_bytes, capacity })
+                DiscoverError::CheckpointTooBig { meta_bytes: meta_total_bytes, slot_bytes, capacity }
             }
             // A layout LMCache takes but fdpblk does not serve: not damage, nothing to erase.
-            Err(error @ GeometryError::BlockAlignTooLarge(_)) if get("block_align") == Some(a) => Err(DiscoverError::Geometry(error)),
+            Err(error @ GeometryError::BlockAlignTooLarge(_)) if get("block_align") == Some(a) => DiscoverError::Geometry(error),
             // Its own values break a rule LMCache enforces: damaged, said so (flags would
             // only conflict with it).
             Err(error) if get("block_align") == Some(a) && !matches!(error, GeometryError::TooManySlots { .. }) => {
-                Err(DiscoverError::ImpossibleCheckpoint { error, meta_bytes: meta_total_bytes.min(size) })
+                DiscoverError::ImpossibleCheckpoint { error, meta_bytes: meta_total_bytes.min(size) }
             }
             Err(_) => continue,
         };
+        // Only here, on the way to an error: at most the whole device, once per place.
         let crc_ok = h.payload_len <= size - start && payload_crc(dev, start, h.payload_len)? == h.crc32;
-        return Ok(Some(Hint { layout, crc_ok }));
+        return Ok(Some(Hint::Error { error, crc_ok }));
     }
     Ok(None)
 }
@@ -640,9 +659,14 @@ mod tests {
             let d = discover(&img, &GeometryFlags::default()).unwrap();
             assert_eq!((d.geometry.slot_bytes, d.geometry.meta_total_bytes), (65536, 1 << 20), "{to}");
             assert_eq!(newest_valid(d.copies.as_ref().unwrap()).unwrap().seq(), Some(2), "{to}");
-            // With copy 1 gone too, the damaged copy is all there is, and it is named.
+            // With copy 1 gone too, nothing sound is left: an impossible layout is named, a
+            // possible one finds no checkpoint where it says.
             img[524288..524288 + 4096].fill(0);
-            assert!(discover(&img, &GeometryFlags::default()).is_err(), "{to}");
+            let e = discover(&img, &GeometryFlags::default()).unwrap_err();
+            match to.contains("slot_bytes") {
+                true => assert!(matches!(e, DiscoverError::ImpossibleCheckpoint { .. }), "{to}: {e}"),
+                false => assert!(matches!(e, DiscoverError::NoCheckpoint { .. }), "{to}: {e}"),
+            }
         }
     }
 
