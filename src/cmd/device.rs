@@ -486,15 +486,11 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     if let Some(e) = geometry.and_then(|g| crate::frontend::target::block_align_error(&g, lba, &a.backing)) {
         return Err(e);
     }
-    // Checked at every daemon start: the node's name may come to name another namespace.
-    let backing_identity = if is_bdev || is_chardev {
-        crate::nvme::discover::identity_of(&a.backing).unwrap_or_else(|e| {
-            tracing::warn!("cannot identify the NVMe namespace {} ({e}): a restarting daemon will not check that it is still the same drive", a.backing.display());
-            None
-        })
-    } else {
+    // Checked at every daemon start: the path may come to name another namespace or file.
+    let backing_identity = target::backing_identity(&a.backing).unwrap_or_else(|e| {
+        tracing::warn!("cannot identify backing {} ({e}): a restarting daemon will not check that it is still the same one", a.backing.display());
         None
-    };
+    });
     if let Some(target) = to_wipe {
         tracing::warn!("--force: erasing the signatures on {} (wipefs -a)", target.display());
         wipe_signatures(&target)?;
@@ -1395,8 +1391,6 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// A checkpoint written through /dev/fdpblk/kv1 is kv1's cache: adding its backing as
-    /// kv0 (configs with swapped backings) is refused unless --force.
     #[test]
     fn a_checkpoint_past_the_parsers_bounds_is_served_on_the_flags() {
         let dir = scratch("unparsable");
@@ -1421,6 +1415,8 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A checkpoint written through /dev/fdpblk/kv1 is kv1's cache: adding its backing as
+    /// kv0 (configs with swapped backings) is refused unless --force.
     #[test]
     fn a_cache_written_through_another_name_is_refused_without_force() {
         let dir = scratch("othername");

@@ -70,9 +70,9 @@ pub struct DeviceConfig {
     pub io_buf_bytes: u32,
     pub lba_shift: u8,
     pub backing_bytes: u64,
-    /// What names the backing's NVMe namespace whatever its node
-    /// ([`crate::nvme::discover::namespace_identity`]), checked at every daemon start; `None`
-    /// for a file, a device that is no NVMe namespace, or a config of an older version.
+    /// What names the backing whatever its path ([`crate::frontend::target::backing_identity`]:
+    /// an NVMe namespace's identity, a file's inode), checked at every daemon start; `None`
+    /// for a block device of another kind, or a config of an older version.
     pub backing_identity: Option<String>,
     pub exported_bytes: u64,
     /// LMCache's layout; `None` while fdpblk learns it from LMCache's first checkpoint
@@ -255,7 +255,7 @@ mod tests {
             io_buf_bytes: 524288,
             lba_shift: 9,
             backing_bytes: (1 << 30) + (8 << 20),
-            backing_identity: Some("model \"QEMU NVMe Ctrl\" serial \"fdp0\" nsid 1".into()),
+            backing_identity: Some("NVMe namespace model \"QEMU NVMe Ctrl\" serial \"fdp0\" nsid 1".into()),
             exported_bytes: 1 << 30,
             geometry: Some(geometry),
             layout_flags: GeometryFlags { slot_bytes: Some(65536), ..Default::default() },

@@ -185,7 +185,9 @@ pub fn link_name(name: &str, id: i32) -> io::Result<()> {
     let tmp = Path::new(NAME_DIR).join(format!(".{name}.{}.tmp", std::process::id()));
     let _ = fs::remove_file(&tmp);
     std::os::unix::fs::symlink(bdev_path(id), &tmp)?;
-    fs::rename(tmp, link)
+    fs::rename(&tmp, &link).inspect_err(|_| {
+        let _ = fs::remove_file(&tmp);
+    })
 }
 
 /// When process `pid` started (`/proc/PID/stat` field 22, clock ticks after boot).

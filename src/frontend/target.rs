@@ -483,24 +483,51 @@ fn backing_size_unchanged(cfg: &DeviceConfig, now_bytes: u64) -> Result<(), Stri
     ))
 }
 
-/// The backing must still be the NVMe namespace the device was added on: the same size
-/// proves nothing (drives of one model are), and a node name can come to name another
-/// namespace (names change at boot, or when a controller is removed and another added), or
-/// one deleted and made again; LMCache's index would then be served someone else's bytes.
-/// `find` looks for the node of a kind that has the saved identity now, for the error.
+/// Prefix of a saved NVMe namespace identity ([`backing_identity`]).
+const NAMESPACE: &str = "NVMe namespace ";
+
+/// How long a restarting daemon asks again a backing that does not answer Identify.
+const IDENTIFY_WAIT: Duration = Duration::from_secs(30);
+
+/// What names the backing whatever its path, saved by `add` and checked at every daemon
+/// start (`None`: nothing to check, a block device of another kind): an NVMe namespace's
+/// identity ([`crate::nvme::discover::namespace_identity`]), or a file's inode and file
+/// system (a file deleted and made again under the path is another). A file's holds within
+/// one boot, as do the devices that check it (their state lives in /run). Saved strings are
+/// compared whole: a change of this format must still accept the ones saved before.
+pub fn backing_identity(path: &Path) -> Result<Option<String>, String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if meta.file_type().is_file() {
+        let mut id = format!("file inode {} on device {}:{}", meta.ino(), libc::major(meta.dev()), libc::minor(meta.dev()));
+        // A freed inode number is soon handed out again; its birth time tells the two apart
+        // where the file system keeps one.
+        if let Ok(t) = meta.created().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).map_err(std::io::Error::other)) {
+            id += &format!(" made {}.{:09}", t.as_secs(), t.subsec_nanos());
+        }
+        return Ok(Some(id));
+    }
+    crate::nvme::discover::identity_of(path).map(|id| id.map(|id| format!("{NAMESPACE}{id}"))).map_err(|e| e.to_string())
+}
+
+/// The backing must still be what the device was added on: the same size proves nothing
+/// (drives of one model are), and a node name can come to name another NVMe namespace
+/// (when a controller is removed and another added while the device waits), one deleted
+/// and made again, or a file made again; LMCache's index would then be served other bytes.
+/// `find` looks for the node of a kind that has a saved namespace now, for the error.
 fn backing_identity_unchanged(
     cfg: &DeviceConfig,
     saved: &str,
     now: Result<Option<String>, String>,
-    find: impl FnOnce(crate::nvme::path::DevKind) -> Option<PathBuf>,
+    find: impl FnOnce(&str, crate::nvme::path::DevKind) -> Option<PathBuf>,
 ) -> Result<(), String> {
     let now = match now {
         Ok(Some(now)) if now == saved => return Ok(()),
-        Ok(Some(now)) => format!("is now the namespace {now}"),
-        Ok(None) => "is no NVMe namespace now".to_string(),
+        Ok(Some(now)) => format!("is now the {now}"),
+        Ok(None) => "is neither an NVMe namespace nor a file now".to_string(),
         Err(e) => {
             return Err(format!(
-                "device {}: cannot tell whether backing {} is still the namespace it was added on ({saved}): {e}. \
+                "device {}: cannot tell whether backing {} is still the one it was added on ({saved}): {e}. \
                  Nothing was written; run `fdpblk recover -n {}` again once the drive answers",
                 cfg.id,
                 cfg.backing.display(),
@@ -509,12 +536,17 @@ fn backing_identity_unchanged(
         }
     };
     let kind = if cfg.engine == EngineKind::Passthrough { crate::nvme::path::DevKind::Generic } else { crate::nvme::path::DevKind::Block };
-    let went = match find(kind) {
-        Some(p) => format!("that namespace is {} now: `fdpblk del -n {}` and add the device again on it (LMCache's checkpoint there is kept)", p.display(), cfg.id),
-        None => format!("no node names that namespace now: give the device its drive back, or `fdpblk del -n {}` and add it again", cfg.id),
+    let went = match saved.strip_prefix(NAMESPACE).map(|ns| find(ns, kind)) {
+        Some(Some(p)) => format!(
+            "that namespace is {} now: `fdpblk del -n {}` and add the device again on it (`backing` in its config file, for `fdpblk up`; LMCache's checkpoint there is kept)",
+            p.display(),
+            cfg.id
+        ),
+        Some(None) => format!("no node names that namespace now: give the device its drive back, or `fdpblk del -n {}` and add it again", cfg.id),
+        None => format!("give the device its file back, or `fdpblk del -n {}` and add it again (LMCache then fills it from empty)", cfg.id),
     };
     Err(format!(
-        "device {}: backing {} {now}, not the one the device was added on ({saved}). Nothing was written; {went}",
+        "device {}: backing {} {now}, not the {saved} the device was added on. Nothing was written; {went}",
         cfg.id,
         cfg.backing.display()
     ))
@@ -682,13 +714,21 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // Before the device is touched (a state file of another version may name any policy).
     let Some(first_policy) = policy_by_name(&cfg.policy) else { return Err(fail(unknown_policy(&cfg))) };
     cfg.check_handle_map(first_policy.handles()).map_err(fail)?;
+    // Before the backing is opened (where a node now naming a mounted namespace would be
+    // waited for as "in use"). An add read it just now, from the same path.
+    if let Some(saved) = cfg.backing_identity.as_deref().filter(|_| recover) {
+        // A controller that is resetting answers no Identify for a while: asked again.
+        let asked_until = Instant::now() + IDENTIFY_WAIT;
+        let mut now = backing_identity(&cfg.backing);
+        while now.is_err() && Instant::now() < asked_until && !STOP_REQUESTED.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_secs(1));
+            now = backing_identity(&cfg.backing);
+        }
+        backing_identity_unchanged(&cfg, saved, now, crate::nvme::discover::find_namespace).map_err(fail)?;
+    }
     let Backing { file: backing, _claim: claim, _alive: alive } = open_backing(&cfg, recover).map_err(fail)?;
     let now_bytes = backing_size_now(&cfg.backing, &backing).map_err(fail)?;
     backing_size_unchanged(&cfg, now_bytes).map_err(fail)?;
-    if let Some(saved) = &cfg.backing_identity {
-        let now = crate::nvme::discover::identity_of(&cfg.backing).map_err(|e| e.to_string());
-        backing_identity_unchanged(&cfg, saved, now, |kind| crate::nvme::discover::find_namespace(saved, kind)).map_err(fail)?;
-    }
     let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
     // One add at a time from the id check to the device's creation: libublk answers a refused
     // add by deleting the device of that id (waiting for its users), so the id must be free.
@@ -838,7 +878,8 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             // The name is LMCache's device_path: an added device without it fails, as
             // without its state file (`ready` would start LMCache on a missing path).
             let linked = match c.name.as_ref().filter(|_| saved.is_ok()) {
-                Some(name) => state::link_name(name, c.id).map_err(|e| format!("cannot link {} to it: {e}", state::name_path(name).display())),
+                Some(name) => state::link_name(name, c.id)
+                    .map_err(|e| format!("cannot link {} to it: {e}; remove what is there", state::name_path(name).display())),
                 None => Ok(()),
             };
             let saved = match (saved, linked) {
@@ -1250,28 +1291,50 @@ mod tests {
     #[test]
     fn another_namespace_under_the_saved_name_is_refused() {
         use crate::nvme::path::DevKind;
-        let saved = r#"model "M" serial "A1" nsid 1"#;
+        let saved = r#"NVMe namespace model "M" serial "A1" nsid 1"#;
         let cfg = DeviceConfig { id: 4, backing: "/dev/ng0n1".into(), engine: EngineKind::Passthrough, ..file_backing(Path::new("/x")) };
-        let nowhere = |_: DevKind| -> Option<PathBuf> { None };
-        backing_identity_unchanged(&cfg, saved, Ok(Some(saved.into())), |_| panic!("no search when it matches")).unwrap();
+        let nowhere = |_: &str, _: DevKind| -> Option<PathBuf> { None };
+        backing_identity_unchanged(&cfg, saved, Ok(Some(saved.into())), |_, _| panic!("no search when it matches")).unwrap();
         // Another drive of the same model under the name: where the saved one went is named.
-        let e = backing_identity_unchanged(&cfg, saved, Ok(Some(r#"model "M" serial "B2" nsid 1"#.into())), |k| {
-            assert_eq!(k, DevKind::Generic, "passthrough looks for a char device");
+        let e = backing_identity_unchanged(&cfg, saved, Ok(Some(r#"NVMe namespace model "M" serial "B2" nsid 1"#.into())), |ns, k| {
+            assert_eq!((ns, k), (r#"model "M" serial "A1" nsid 1"#, DevKind::Generic), "passthrough looks for a char device");
             Some("/dev/ng1n1".into())
         })
         .unwrap_err();
-        assert!(e.contains(r#"is now the namespace model "M" serial "B2" nsid 1, not the one the device was added on (model "M" serial "A1" nsid 1)"#), "{e}");
+        assert!(
+            e.contains(r#"is now the NVMe namespace model "M" serial "B2" nsid 1, not the NVMe namespace model "M" serial "A1" nsid 1 the device was added on"#),
+            "{e}"
+        );
         assert!(e.contains("Nothing was written") && e.contains("/dev/ng1n1 now: `fdpblk del -n 4`"), "{e}");
         let e = backing_identity_unchanged(&cfg, saved, Ok(None), nowhere).unwrap_err();
-        assert!(e.contains("is no NVMe namespace now") && e.contains("no node names that namespace now"), "{e}");
+        assert!(e.contains("is neither an NVMe namespace nor a file now") && e.contains("no node names that namespace now"), "{e}");
         let streams = DeviceConfig { engine: EngineKind::Streams, ..cfg.clone() };
-        let _ = backing_identity_unchanged(&streams, saved, Ok(None), |k| {
+        let _ = backing_identity_unchanged(&streams, saved, Ok(None), |_, k| {
             assert_eq!(k, DevKind::Block, "streams looks for a block device");
             None
         });
         // Unanswered, it is not taken as the same drive.
         let e = backing_identity_unchanged(&cfg, saved, Err("identify failed".into()), nowhere).unwrap_err();
         assert!(e.contains("cannot tell whether") && e.contains("identify failed") && e.contains("recover -n 4"), "{e}");
+    }
+
+    #[test]
+    fn a_file_made_again_under_the_saved_path_is_refused() {
+        let path = std::env::temp_dir().join(format!("fdpblk-ident-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 8192]).unwrap();
+        let saved = backing_identity(&path).unwrap().unwrap();
+        assert!(saved.starts_with("file inode "), "{saved}");
+        let cfg = DeviceConfig { id: 2, ..file_backing(&path) };
+        let nowhere = |_: &str, _: crate::nvme::path::DevKind| -> Option<PathBuf> { panic!("a file is not looked for") };
+        backing_identity_unchanged(&cfg, &saved, backing_identity(&path), nowhere).unwrap();
+        // Deleted and made again, the same size: another file (kept open, the old inode
+        // cannot be handed out again).
+        let _old = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, vec![0u8; 8192]).unwrap();
+        let e = backing_identity_unchanged(&cfg, &saved, backing_identity(&path), nowhere).unwrap_err();
+        assert!(e.contains("is now the file inode") && e.contains("give the device its file back, or `fdpblk del -n 2`"), "{e}");
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

@@ -51,6 +51,7 @@ out=$("$FDPBLK" add --backing /var/tmp/kv2.img --engine plain --policy none -n 1
 expect "add fails where its name cannot be linked ($out)" bash -c "test $rc -ne 0 && grep -q 'cannot link /dev/fdpblk/kv2 to it' <<<\"\$1\"" _ "$out"
 # (Its daemon deletes the device, then its state file, after the add has answered.)
 expect "and leaves no device nor state file" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb1 || -e /run/fdpblk/1.json ]] || exit 0; sleep 0.1; done; exit 1"
+expect "nor a temporary link" bash -c "! compgen -G '/dev/fdpblk/.kv2.*'"
 rmdir /dev/fdpblk/kv2
 expect "list --json names it" bash -c "$FDPBLK list --json | grep -q '\"name\":\"kv0\"'"
 head -c 1048576 /dev/urandom >/tmp/p
@@ -82,6 +83,16 @@ out=$("$FDPBLK" recover -n 9 2>&1) && rc=0 || rc=$?
 expect "recover refuses a backing smaller than when added ($out)" test "$rc" -ne 0
 expect "and names both sizes" grep -q "is 1048576 bytes now, smaller than the 67108864 it had when the device was added" <<<"$out"
 expect_eq "the cut file was not written" "$(stat -c %s /var/tmp/fail.img)" 1048576
+# Made again at its size (another file under the path): refused too, by its identity. (The
+# old file is held open meanwhile, so that the new one cannot get its inode number.)
+exec 4</var/tmp/fail.img
+rm /var/tmp/fail.img
+truncate -s 64M /var/tmp/fail.img
+out=$("$FDPBLK" recover -n 9 2>&1) && rc=0 || rc=$?
+expect "recover refuses another file under the saved path ($out)" \
+    bash -c 'test "$1" -ne 0 && grep -Eq "backing /var/tmp/fail.img is now the file inode [0-9]+ on device [0-9]+:[0-9]+( made [0-9.]+)?, not the file inode" <<<"$2"' _ "$rc" "$out"
+expect_eq "nor was it written" "$(du -k /var/tmp/fail.img | cut -f1)" 0
+exec 4<&-
 expect "del device 9" "$FDPBLK" del -n 9
 pid=$(daemon_pid 3)
 expect "SIGTERM the daemon" kill -TERM "$pid"

@@ -47,12 +47,13 @@ for i in $(seq "$first" "$last"); do
         # Another namespace under the saved name (NVMe names can change at boot or when a
         # controller comes back): told by a saved identity that is not this drive's.
         saved=$(jq -r .config.backing_identity /run/fdpblk/0.json)
-        expect "round $i: add saved the namespace's identity ($saved)" grep -q '^model "QEMU NVMe Ctrl" serial "[^"]*" nsid 1$' <<<"$saved"
+        expect "round $i: add saved the namespace's identity ($saved)" grep -q '^NVMe namespace model "QEMU NVMe Ctrl" serial "[^"]*" nsid 1$' <<<"$saved"
         cp /run/fdpblk/0.json /tmp/recover-state.json
-        jq -c '.config.backing_identity = "model \"QEMU NVMe Ctrl\" serial \"other\" nsid 1"' /tmp/recover-state.json >/run/fdpblk/0.json
+        fake='NVMe namespace model "QEMU NVMe Ctrl" serial "other" nsid 1'
+        jq -c --arg fake "$fake" '.config.backing_identity = $fake' /tmp/recover-state.json >/run/fdpblk/0.json
         out=$("$FDPBLK" recover -n 0 2>&1) && rc=0 || rc=$?
         expect "round $i: recover refuses another namespace under the saved name ($out)" \
-            bash -c "test $rc -ne 0 && grep -qF 'is now the namespace $saved, not the one the device was added on' <<<\"\$1\"" _ "$out"
+            bash -c 'test "$1" -ne 0 && grep -qF "$2" <<<"$3"' _ "$rc" "is now the $saved, not the $fake the device was added on" "$out"
         expect "round $i: and says nothing was written" grep -q "Nothing was written" <<<"$out"
         cp /tmp/recover-state.json /run/fdpblk/0.json
     fi
