@@ -720,8 +720,7 @@ fn ublk_backing_error(backing: &Path, id: i32, under: Option<PathBuf>) -> String
 
 /// What identifies the storage behind a backing path: the namespace's block device for an
 /// NVMe block or char device (`/dev/ng0n1` and `/dev/nvme0n1` are one), the inode for a file.
-fn backing_identity(p: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
+fn storage_key(p: &Path) -> Option<(u64, u64)> {
     let meta = std::fs::metadata(p).ok()?;
     let kind = meta.file_type();
     if kind.is_char_device() {
@@ -738,7 +737,7 @@ fn backing_identity(p: &Path) -> Option<(u64, u64)> {
 
 /// Whether two backing paths name the same storage.
 fn same_backing(a: &Path, b: &Path) -> bool {
-    backing_identity(a).is_some_and(|x| backing_identity(b) == Some(x))
+    storage_key(a).is_some_and(|x| storage_key(b) == Some(x))
 }
 
 /// Refuses a backing of an fdpblk device whose daemon died: a live daemon holds its backing
