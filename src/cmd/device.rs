@@ -487,10 +487,9 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         return Err(e);
     }
     // Checked at every daemon start: the path may come to name another namespace or file.
-    let backing_identity = target::backing_identity(&a.backing).unwrap_or_else(|e| {
-        tracing::warn!("cannot identify backing {} ({e}): a restarting daemon will not check that it is still the same one", a.backing.display());
-        None
-    });
+    let backing_identity = target::backing_identity(&a.backing).map_err(|e| {
+        format!("cannot identify backing {} ({e}), which a restarting daemon checks is still the same one", a.backing.display())
+    })?;
     if let Some(target) = to_wipe {
         tracing::warn!("--force: erasing the signatures on {} (wipefs -a)", target.display());
         wipe_signatures(&target)?;
