@@ -245,8 +245,8 @@ impl NvmeDevice {
         self.parse("identify namespace", IdNs::parse(&b))
     }
 
-    /// What names this namespace whatever node the kernel gave it (NVMe names can change at
-    /// boot or after a controller comes back): see [`namespace_identity`]. None for a
+    /// What names this namespace whatever node the kernel gave it (NVMe names can change when
+    /// a controller is removed and another added): see [`namespace_identity`]. None for a
     /// controller path.
     pub fn identity(&self) -> Result<Option<String>, NvmeError> {
         let Some(nsid) = self.nsid else { return Ok(None) };
