@@ -696,12 +696,7 @@ fn add_device(a: &AddArgs) -> CmdResult {
 fn ublk_disk_of(rdev: u64) -> Option<i32> {
     let dir = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev))).ok()?;
     let disk = if dir.join("partition").exists() { dir.parent()? } else { &dir };
-    ublk_disk_id(disk.file_name()?.to_str()?)
-}
-
-/// The id of ublk disk `name` (`ublkb3` -> 3).
-fn ublk_disk_id(name: &str) -> Option<i32> {
-    name.strip_prefix("ublkb").filter(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()))?.parse().ok()
+    state::ublk_disk_id(disk.file_name()?.to_str()?)
 }
 
 /// A ublk device as a backing: an fdpblk device's is the path LMCache writes to, and a new
@@ -1317,10 +1312,10 @@ mod tests {
 
     #[test]
     fn a_ublk_device_is_no_backing() {
-        assert_eq!(ublk_disk_id("ublkb0"), Some(0));
-        assert_eq!(ublk_disk_id("ublkb12"), Some(12));
+        assert_eq!(state::ublk_disk_id("ublkb0"), Some(0));
+        assert_eq!(state::ublk_disk_id("ublkb12"), Some(12));
         for other in ["nvme0n1", "ublkc0", "ublkb", "ublkb1p1", "vda"] {
-            assert_eq!(ublk_disk_id(other), None, "{other}");
+            assert_eq!(state::ublk_disk_id(other), None, "{other}");
         }
         let e = ublk_backing_error(Path::new("/dev/fdpblk/kv0"), 0, Some("/dev/nvme0n1".into()));
         assert!(e.contains("/dev/fdpblk/kv0 is fdpblk device 0, whose backing is /dev/nvme0n1") && e.contains("device_path"), "{e}");

@@ -21,6 +21,10 @@ pub fn stats_path(id: i32) -> PathBuf {
 pub fn bdev_path(id: i32) -> String {
     format!("/dev/ublkb{id}")
 }
+/// The id of ublk disk `name` (`ublkb3` -> 3).
+pub fn ublk_disk_id(name: &str) -> Option<i32> {
+    name.strip_prefix("ublkb").filter(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()))?.parse().ok()
+}
 pub fn name_path(name: &str) -> PathBuf {
     Path::new(NAME_DIR).join(name)
 }

@@ -113,6 +113,27 @@ fn add_lock() -> Result<std::fs::File, String> {
     Ok(f)
 }
 
+/// Links `/dev/fdpblk/NAME` to device `id`, unless another device has it. `add` checks the
+/// name before it starts a daemon, but two adds under one name can both pass that check: the
+/// first to link wins, the second is refused here. Under the add lock, and after this
+/// device's state file is written, so a link found here is another device's to keep or a
+/// stale one (its device gone, or its state file naming it no longer) to replace.
+fn claim_name(name: &str, id: i32) -> Result<(), String> {
+    let _one_at_a_time = add_lock()?;
+    if let Some(other) = name_holder(name).filter(|&other| other != id) {
+        return Err(format!("--name {name} is taken by {}, added at the same time; pick another name", state::bdev_path(other)));
+    }
+    state::link_name(name, id).map_err(|e| format!("cannot link {} to it: {e}; remove what is there", state::name_path(name).display()))
+}
+
+/// The device that `/dev/fdpblk/NAME` links to, when it exists and its state file names it so.
+fn name_holder(name: &str) -> Option<i32> {
+    let to = std::fs::read_link(state::name_path(name)).ok()?;
+    let id = state::ublk_disk_id(to.strip_prefix("/dev").ok()?.to_str()?)?;
+    let named = state::read_state(id).is_ok_and(|(cfg, _)| cfg.name.as_deref() == Some(name));
+    (named && device_exists(id)).then_some(id)
+}
+
 /// The error for an add whose id a device has.
 pub(crate) fn id_exists(id: i32) -> String {
     format!("ublk device {id} already exists; pick another -n or `fdpblk del -n {id}`")
@@ -878,8 +899,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             // The name is LMCache's device_path: an added device without it fails, as
             // without its state file (`ready` would start LMCache on a missing path).
             let linked = match c.name.as_ref().filter(|_| saved.is_ok()) {
-                Some(name) => state::link_name(name, c.id)
-                    .map_err(|e| format!("cannot link {} to it: {e}; remove what is there", state::name_path(name).display())),
+                Some(name) => claim_name(name, c.id),
                 None => Ok(()),
             };
             let saved = match (saved, linked) {

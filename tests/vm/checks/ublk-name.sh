@@ -114,6 +114,30 @@ expect "add under a name in use fails ($out)" test "$rc" -ne 0
 expect "the error names the device holding it" grep -q "kv0 is taken by /dev/ublkb5" <<<"$out"
 expect "no second device" test ! -e /dev/ublkb6
 expect_eq "link unchanged" "$(readlink /dev/fdpblk/kv0)" /dev/ublkb5
+# Two adds under one new name at once both pass add's own check: the daemons settle it, so
+# one device gets the name and the other add fails naming it. (Three rounds, different
+# devices first.)
+truncate -s 64M /var/tmp/race1.img /var/tmp/race2.img
+for round in 1 2 3; do
+    "$FDPBLK" add --backing /var/tmp/race1.img --engine plain --policy none -n 11 --name kvrace "${GEO[@]}" >/tmp/race1.out 2>&1 &
+    p1=$!
+    "$FDPBLK" add --backing /var/tmp/race2.img --engine plain --policy none -n 12 --name kvrace "${GEO[@]}" >/tmp/race2.out 2>&1 &
+    p2=$!
+    r1=0 r2=0
+    wait "$p1" || r1=$?
+    wait "$p2" || r2=$?
+    # (A refused daemon deletes its device, then its state file, after its add answered.)
+    for _ in $(seq 50); do [[ ! -e /run/fdpblk/11.json || ! -e /run/fdpblk/12.json ]] && break; sleep 0.1; done
+    outs="$(cat /tmp/race1.out /tmp/race2.out | tr '\n' ' ')"
+    if ((r1 == 0 && r2 != 0)); then win=11 lose=12; elif ((r1 != 0 && r2 == 0)); then win=12 lose=11; else win='' lose=''; fi
+    expect "round $round: one of two concurrent adds under one name succeeds (exits $r1 and $r2: $outs)" test -n "$win"
+    [[ -n $win ]] || { "$FDPBLK" del -n 11 >/dev/null 2>&1; "$FDPBLK" del -n 12 >/dev/null 2>&1; continue; }
+    expect "round $round: the other fails, naming the name taken" grep -q -- "--name kvrace is taken by /dev/ublkb$win" "/tmp/race$((lose - 10)).out"
+    expect_eq "round $round: the name links to the one added" "$(readlink /dev/fdpblk/kvrace)" "/dev/ublkb$win"
+    expect "round $round: the other's device and state file are gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb$lose || -e /run/fdpblk/$lose.json ]] || exit 0; sleep 0.1; done; exit 1"
+    expect "round $round: del the one added" "$FDPBLK" del -n "$win"
+    expect "round $round: the name is gone with it" bash -c "for i in \$(seq 50); do [[ -e /dev/fdpblk/kvrace ]] || exit 0; sleep 0.1; done; exit 1"
+done
 # A device whose state file went (a cleared /run) is still listed, and `del` removes it.
 pid=$(daemon_pid 5)
 mv /run/fdpblk/5.json /var/tmp/5.json
