@@ -11,8 +11,9 @@ NS_DEV=/dev/nvme0n1
 NG_DEV=/dev/ng0n1
 CTRL_DEV=/dev/nvme0
 
-ok() { echo "ok - $*"; }
-not_ok() { echo "not ok - $*"; CHECK_FAILS=$((CHECK_FAILS + 1)); }
+# Each line ends with the seconds since the check started, to see where a slow one spends them.
+ok() { echo "ok - $* [${SECONDS}s]"; }
+not_ok() { echo "not ok - $* [${SECONDS}s]"; CHECK_FAILS=$((CHECK_FAILS + 1)); }
 # expect DESC CMD...: ok when CMD succeeds.
 expect() {
     local desc=$1
