@@ -192,6 +192,7 @@ impl Watcher {
                         tracing::warn!("device {}: reading slot {slot}'s header before deallocating it: {err}; deallocation paused until the next checkpoint", self.cfg.device);
                         self.trim_error = true;
                     }
+                    self.trim_error_epoch = Some(self.seen_epoch);
                     return done;
                 }
             }
@@ -214,6 +215,7 @@ impl Watcher {
                         tracing::warn!("device {}: deallocating slot {slot}: {err}; deallocation paused until the next checkpoint", self.cfg.device);
                         self.trim_error = true;
                     }
+                    self.trim_error_epoch = Some(self.seen_epoch);
                     return done;
                 }
             }

@@ -483,6 +483,9 @@ pub struct Watcher {
     last_early_tails: Instant,
     /// Tail deallocation failed while this epoch was the newest seen: paused until the next.
     tail_error_epoch: Option<u32>,
+    /// The same for evicted slots (a failed header read, deallocation or flush): a drive that
+    /// refuses deallocation is not asked again, with a flush, at every round.
+    trim_error_epoch: Option<u32>,
     /// Completed headers whose early tail waits until no loadable checkpoint lists a longer
     /// payload in their slot (at most one per slot and header generation).
     deferred_tails: Vec<(u64, u16)>,
@@ -570,6 +573,7 @@ impl Watcher {
             last_written: None,
             last_early_tails: Instant::now(),
             tail_error_epoch: None,
+            trim_error_epoch: None,
             deferred_tails: Vec::new(),
             observer: None,
             published: Arc::new(Mutex::new(Value::Null)),
@@ -795,19 +799,23 @@ impl Watcher {
             }
         }
         if changed || std::mem::take(&mut self.need_sweep) || self.summary_at.elapsed() >= Duration::from_secs(10) {
-            let allow = self.trims_allowed();
+            let allow = self.trims_allowed() && self.trim_error_epoch != Some(self.seen_epoch);
             let Sweep { dead: candidates, early, basis, tails } = self.sweep(allow);
             // Set again by either pass of `trim` below that leaves slots for the next round.
             self.trim_backlog = false;
             // The checkpoints read back must survive a power loss before a slot goes on their
             // word (condition 3): LMCache never flushes, and a container back at older contents
             // could list the slot.
-            let durable = allow && (!candidates.is_empty() || !early.is_empty()) && self.flush_checkpoints();
+            let wanted = allow && (!candidates.is_empty() || !early.is_empty());
+            let durable = wanted && self.flush_checkpoints();
+            if wanted && !durable {
+                self.trim_error_epoch = Some(self.seen_epoch);
+            }
             if durable && !candidates.is_empty() {
                 self.trim(candidates);
             }
             // Slots only the older container lists go once it can no longer be loaded.
-            if let (true, Some(n)) = (durable && !early.is_empty() && self.trims_allowed(), basis) {
+            if let (true, Some(n)) = (durable && !early.is_empty() && self.trims_allowed() && self.trim_error_epoch != Some(self.seen_epoch), basis) {
                 if self.invalidate_container(1 - n as u8) {
                     self.early_evictions += self.trim(early);
                 }

@@ -139,6 +139,8 @@ struct Rig {
     slot_discards: u64,
     /// Checkpoint containers fdpblk zeroed (each checked against the oracle).
     invalidated: u64,
+    /// Flushes fdpblk issued.
+    flushes: u64,
     /// fdpblk's zeroings and tail deallocations in the order they reached the device:
     /// (`'z'`, container) and (`'t'`, slot).
     order: Vec<(char, u64)>,
@@ -210,6 +212,7 @@ impl Rig {
             reclaimed: 0,
             slot_discards: 0,
             invalidated: 0,
+            flushes: 0,
             order: Vec::new(),
             earlier: (0, 0),
             faults: false,
@@ -329,6 +332,7 @@ impl Rig {
     fn check_trims(&mut self) {
         for op in self.dev.take_log() {
             if matches!(op, MemOp::Flush) {
+                self.flushes += 1;
                 self.volatile.clear();
                 self.volatile_containers.clear();
             }
@@ -2038,6 +2042,14 @@ fn a_header_that_cannot_be_read_keeps_the_slot_confirmed_and_pauses_deallocation
     r.step();
     assert_eq!(r.trims, 0);
     assert!(r.slots.get(s).unwrap().confirmed, "a failed read is not a changed header");
+    // Paused until the next checkpoint, as the warning says: the rounds meanwhile (a sweep at
+    // least every 10 s) neither read the slot again nor flush for it.
+    let flushes = r.flushes;
+    for _ in 0..3 {
+        r.w.summary_at = Instant::now() - Duration::from_secs(11);
+        r.step();
+    }
+    assert_eq!(r.flushes, flushes, "no flush while paused");
     // Readable again: the slot goes at the next checkpoint.
     r.dev.set_fail_reads(None);
     r.checkpoint();
