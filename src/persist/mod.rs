@@ -260,6 +260,13 @@ fn page_header(b: &[u8]) -> Option<(u64, u64, u32, u32)> {
     Some((u64at(b, 8), u64at(b, 16), u32at(b, 24), u32at(b, 28)))
 }
 
+/// The seq that `b`, which fails `page_header`, claims, where it still names page `index` of
+/// state `instance` (unchecked: the checksum failed).
+fn damaged_page_of(b: &[u8], instance: u64, index: u64) -> Option<u64> {
+    let named = b.len() >= BLOCK as usize && &b[0..8] == PG_MAGIC && u64at(b, 8) == instance && u64::from(u32at(b, 24)) == index;
+    named.then(|| u64at(b, 16))
+}
+
 fn seal_page(b: &mut [u8], instance: u64, seq: u64, index: u64, kind: u32) {
     b[0..8].copy_from_slice(PG_MAGIC);
     b[8..16].copy_from_slice(&instance.to_le_bytes());
@@ -471,6 +478,8 @@ impl Persist {
         let mut buf = AlignedBuf::zeroed(pages.min(MAX_RUN as u64) as usize * BLOCK as usize);
         let mut chosen: Vec<Option<(u8, u64)>> = vec![None; pages as usize];
         let mut unreadable = None;
+        // Copies of this state's pages that fail their checksum: (page, the seq they claim).
+        let mut damaged: Vec<(u64, u64)> = Vec::new();
         for copy in 0..2u8 {
             let mut i = 0;
             while i < pages {
@@ -483,7 +492,12 @@ impl Persist {
                 }
                 for k in 0..n {
                     let pg = &b[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize];
-                    let Some((inst, seq, index, kind)) = page_header(pg) else { continue };
+                    let Some((inst, seq, index, kind)) = page_header(pg) else {
+                        if let Some(q) = usable.as_ref().and_then(|s| damaged_page_of(pg, s.instance, i + k)) {
+                            damaged.push((i + k, q));
+                        }
+                        continue;
+                    };
                     max_seq = max_seq.max(seq);
                     let Some(s) = &usable else { continue };
                     let idx = i + k;
@@ -522,7 +536,22 @@ impl Persist {
         p.instance = s.instance;
         p.seq = s.seq;
         loaded.found = true;
-        let trusted = s.clean && trust_clean;
+        // A damaged copy that claims a committed seq above the copy chosen for its page may
+        // have been that page's newest version (rotted since): the older copy would pass for
+        // it, so the state is not trusted this time. (A torn write of an unfinished cycle
+        // claims a seq above the commit.) Every damaged page is written again, so that a
+        // later commit's seq does not pass a torn copy's claim and make it suspect.
+        let mut suspect = 0u64;
+        for &(idx, q) in &damaged {
+            p.forced.push(idx);
+            suspect += u64::from(q <= s.seq && chosen[idx as usize].is_none_or(|(_, c)| q > c));
+        }
+        let trusted = s.clean && trust_clean && suspect == 0;
+        if s.clean && trust_clean && suspect > 0 {
+            loaded.note = Some(format!(
+                "{suspect} page(s) of the saved state have a damaged newest copy: its slot confirmations are not trusted this time"
+            ));
+        }
         loaded.clean = trusted;
         loaded.seq = s.seq;
         loaded.counters = s.counters.clone();

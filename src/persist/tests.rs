@@ -480,6 +480,40 @@ fn marking_a_clean_state_in_use_makes_it_untrusted() {
     assert!(!Persist::mark_in_use(&MemDev::new(region.len), region, 3).unwrap(), "no state");
 }
 
+#[test]
+fn a_damaged_newest_page_copy_makes_a_clean_state_untrusted_once() {
+    let g = geom(300);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let confirm = |slot: u64, id: u64| {
+        t.record_header(slot, &SlotHeader { identity: id, payload_len: 9 }, 1);
+        let l = t.life(slot);
+        assert!(t.cas_life(slot, l, life::with_state(l | life::CONFIRMED, SlotState::Live)));
+    };
+    confirm(3, 9);
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    // Slot 3 again: page 0's newest version goes to its other copy.
+    confirm(3, 10);
+    p.cycle(&dev, &t, &Counters::default(), true, false).unwrap().unwrap();
+    let newest = p.page_off(0, p.current[0]);
+    let (u, _, l, _) = load(&g, dev.image(), region);
+    assert!(l.clean && u.get(3).unwrap().confirmed && u.get(3).unwrap().identity == 10);
+    // That copy rots (its checksum fails): the older one, which still passes, must not be
+    // trusted as the newest.
+    let mut img = dev.image();
+    img[(newest + 100) as usize] ^= 0x40;
+    let (u, p2, l, dev2) = load(&g, img, region);
+    assert!(l.found && !l.clean, "{l:?}");
+    assert!(l.note.as_deref().is_some_and(|n| n.contains("damaged newest copy")), "{l:?}");
+    assert!(!u.get(3).unwrap().confirmed, "the older copy's confirmation is dropped");
+    // The next cycle writes that page again: the load after it is trusted.
+    let mut p2 = p2.unwrap();
+    p2.cycle(&*dev2, &u, &Counters::default(), true, false).unwrap().unwrap();
+    assert!(load(&g, dev2.image(), region).2.clean);
+}
+
 /// A page copy that cannot be read may hold a page's newest version: the state is not used,
 /// and the next cycles (a new instance) never pick up the old pages.
 #[test]
