@@ -144,6 +144,11 @@ impl DeviceConfig {
         let gv = v.get("geometry").ok_or("device config lacks \"geometry\"")?;
         let gu = |k: &str| gv.get(k).and_then(Value::as_u64).ok_or_else(|| format!("device geometry lacks \"{k}\""));
         let exported = u("exported_bytes")?;
+        // Exported bytes past this would reach fdpblk's own state in the reserved tail.
+        let lba = 1u64 << within(u("lba_shift")?, "lba_shift", 9, 12)?;
+        if Some(exported) != exported_bytes(u("backing_bytes")?, lba) {
+            return Err(format!("device config's \"exported_bytes\" {exported} is not what its \"backing_bytes\" and \"lba_shift\" give"));
+        }
         let geometry = if gv.is_null() {
             None
         } else {
@@ -283,7 +288,8 @@ mod tests {
         bad["backing_identity"] = json!(7);
         assert!(DeviceConfig::from_json(&bad).unwrap_err().contains("backing_identity"));
         // A state file edited by hand: an id that wraps into another, a name that leaves /dev/fdpblk.
-        for (key, bad) in [("id", json!(4294967300u64)), ("id", json!("4")), ("name", json!("../sda"))] {
+        // An exported size that reaches into the reserved tail.
+        for (key, bad) in [("id", json!(4294967300u64)), ("id", json!("4")), ("name", json!("../sda")), ("exported_bytes", json!((1u64 << 30) + 4096))] {
             let mut v = c.to_json();
             v[key] = bad;
             let e = DeviceConfig::from_json(&v).unwrap_err();
