@@ -125,6 +125,15 @@ impl Watcher {
         if self.tail_error_epoch == Some(self.seen_epoch) {
             return; // paused after an error until the next checkpoint
         }
+        // Those a container still lists longer wait for it to change: no flush for them at
+        // every sweep (checked again below, with the length on the drive).
+        let candidates: Vec<(u64, u64)> = candidates
+            .into_iter()
+            .filter(|&(slot, _)| self.slots.entry(slot).is_some_and(|e| !self.listed_longer(slot, e.payload_len)))
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
         // The headers must be durable before their tails go (as for early tails).
         if !self.flush_for_tails() {
             return;

@@ -1293,6 +1293,13 @@ fn a_confirmed_tail_waits_while_the_older_container_lists_a_longer_payload() {
     let off = r.g.slot_offset(s);
     let k1_tail = payload(&k1, 0, long)[BA as usize..].to_vec();
     assert!(r.dev.peek(off + 2 * BA, k1_tail.len()) == k1_tail, "K1's bytes past K2's payload, while the older container lists K1 there");
+    // Meanwhile the sweeps (at least every 10 s) do not flush for a tail that must wait.
+    let flushes = r.flushes;
+    for _ in 0..3 {
+        r.w.summary_at = Instant::now() - Duration::from_secs(11);
+        r.step();
+    }
+    assert_eq!(r.flushes, flushes, "no flush for a tail a container lists longer");
     // The next checkpoint overwrites the older container: the tail goes.
     let tails = r.w.tail_trims();
     r.checkpoint_dirty();
