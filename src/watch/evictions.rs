@@ -74,19 +74,12 @@ pub(super) struct Sweep {
 impl Watcher {
     /// The container whose not listing a confirmed slot makes it an early eviction: the one
     /// written last in this run, when it holds a valid checkpoint whose seq is one higher than
-    /// the other's (the one LMCache loads, and the newest snapshot of the process writing),
-    /// and no checkpoint header block was read since the other's header was written.
+    /// the other's (the one LMCache loads, and the newest snapshot of the process writing).
     pub(super) fn early_eviction_basis(&self) -> Option<usize> {
         if !self.cfg.early_evictions {
             return None;
         }
         let n = usize::from(self.last_written?);
-        // Such a read may be a second LMCache process starting (a replaced pod while the old
-        // one still closes) that loaded the older checkpoint: its index holds what only that
-        // one lists until it writes its own, so the older container must stay loadable.
-        if self.container_reads[1 - n] != self.slots.checkpoint_reads() {
-            return None;
-        }
         let Container::Valid(v) = &self.containers[n] else { return None };
         match &self.containers[1 - n] {
             // Only the immediate predecessor: its header write has come and gone. With an

@@ -118,10 +118,7 @@
 //!   writes the backing device while fdpblk is stopped — assumed; 5 checks it per slot).
 //!
 //! Not proved, assumed: a single LMCache process per device, writing one checkpoint at a
-//! time (true for 0.5.6: the periodic thread, and `close()` after joining it). One overlap
-//! is allowed for: a process starting while the previous one writes its last checkpoint in
-//! `close()` (a replaced pod). It loads a container without writing; the older container is
-//! then not zeroed early (`early_eviction_basis`), so what it loaded stays listed.
+//! time (true for 0.5.6: the periodic thread, and `close()` after joining it).
 //!
 //! Claims A and B read "planned before" as "issued before": true for O_DIRECT (posix and
 //! io_uring: a put commits after its writes completed). Buffered writeback (the non-MP
@@ -471,10 +468,6 @@ pub struct Watcher {
     /// Per container: header-block writes planned in this run, as of its last event taken
     /// (what a zeroing expects; see [`SlotTable::begin_container_zeroing`]).
     container_writes: [u64; 2],
-    /// Per container: [`SlotTable::checkpoint_reads`] as of its last header write in this
-    /// run (0 for one not written in this run). A header-block read since then may be a
-    /// LMCache process loading that container's checkpoint: it is then not zeroed early.
-    container_reads: [u64; 2],
     /// The handle of fdpblk's own writes.
     own_handle: Handle,
     /// The container of the newest checkpoint header write taken in this run (its write
@@ -568,7 +561,6 @@ impl Watcher {
             early_evictions: 0,
             invalidations: 0,
             container_writes: [0; 2],
-            container_reads: [0; 2],
             own_handle,
             last_written: None,
             last_early_tails: Instant::now(),
@@ -724,7 +716,6 @@ impl Watcher {
             self.seen_epoch = self.seen_epoch.max(ev.epoch);
             self.last_written = Some(ev.copy);
             self.container_writes[usize::from(ev.copy)] = ev.writes;
-            self.container_reads[usize::from(ev.copy)] = ev.reads;
             self.awaiting_header[usize::from(ev.copy)] = false;
             // A newer write to the header block supersedes what was pending there.
             self.pending.retain(|p| p.ev.copy != ev.copy);

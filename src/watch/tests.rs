@@ -776,37 +776,6 @@ fn evicted_slots_go_early_once_the_newest_checkpoint_lacks_them() {
 }
 
 #[test]
-fn no_early_evictions_of_a_checkpoint_read_since_it_was_written() {
-    // A second LMCache process (a replaced pod starting while the old one closes) loads seq 2
-    // from container 1, then the old process's last checkpoint, seq 3, lacks two of its keys:
-    // container 1 is what the new process's index came from, and must stay as it is.
-    let (mut r, keys) = rig_with_keys(6, 3);
-    r.checkpoint(); // seq 1 -> container 0
-    r.step();
-    r.checkpoint_dirty(); // seq 2 -> container 1: confirms the first six
-    r.step();
-    let (c0, c1) = (r.g.container_offset(0), r.g.container_offset(1));
-    r.read(c0, BA);
-    r.read(c1, BA);
-    let (a, b) = (r.delete_key(&keys[0]), r.delete_key(&keys[1]));
-    r.checkpoint(); // seq 3 -> container 0 lacks them; container 1 (seq 2) still lists them
-    r.step();
-    r.step();
-    assert_eq!((r.trims, r.early_evictions, r.invalidated), (0, 0, 0));
-    // (Evicted: LMCache's newest checkpoint lacks them; only the older one still lists them.)
-    assert_eq!((r.state(a), r.state(b)), (SlotState::Evicted, SlotState::Evicted));
-    for s in [a, b] {
-        assert!(!r.dev.peek(r.g.slot_offset(s), r.g.slot_bytes as usize).iter().all(|&x| x == 0));
-    }
-    assert!(!r.dev.peek(r.g.container_offset(Geometry::copy_for_seq(2)), BA as usize).iter().all(|&x| x == 0));
-    // Seq 4 overwrites container 1: a and b are listed by neither container now, and go.
-    r.checkpoint_dirty();
-    r.step();
-    assert_eq!((r.state(a), r.state(b)), (SlotState::Trimmed, SlotState::Trimmed));
-    r.verify_all();
-}
-
-#[test]
 fn no_early_evictions_when_a_header_block_is_smaller_than_the_drives_block() {
     // block_align 512 on a drive of 4 KiB blocks: zeroing the header block would take the
     // start of the container's JSON with it.
