@@ -113,23 +113,19 @@ fn add_lock() -> Result<std::fs::File, String> {
     Ok(f)
 }
 
-/// Links `/dev/fdpblk/NAME` to device `id`, unless another device has it. `add` checks the
-/// name before it starts a daemon, but two adds under one name can both pass that check: the
-/// first to link wins, the second is refused here. Under the add lock, and after this
-/// device's state file is written, so a link found here is another device's to keep or a
-/// stale one (its device gone, or its state file naming it no longer) to replace.
-fn claim_name(name: &str, id: i32) -> Result<(), String> {
-    let _one_at_a_time = add_lock()?;
-    if let Some(other) = name_holder(name).filter(|&other| other != id) {
-        return Err(format!("--name {name} is taken by {}, added at the same time; pick another name", state::bdev_path(other)));
-    }
-    state::link_name(name, id).map_err(|e| format!("cannot link {} to it: {e}; remove what is there", state::name_path(name).display()))
+/// Why device `id` may not take `name`: another device has it. `add` checks the name before
+/// it starts a daemon, but two adds under one name can both pass that check; under the add
+/// lock, from this check to the link, the first to link keeps the name.
+fn name_taken(name: &str, id: i32) -> Option<String> {
+    let other = name_holder(name).filter(|&other| other != id)?;
+    Some(format!("--name {name} is taken by {}, added at the same time; pick another name", state::bdev_path(other)))
 }
 
 /// The device that `/dev/fdpblk/NAME` links to, when it exists and its state file names it so.
+/// (fdpblk's link is absolute, udev's rule makes a relative one: `../ublkb3`.)
 fn name_holder(name: &str) -> Option<i32> {
     let to = std::fs::read_link(state::name_path(name)).ok()?;
-    let id = state::ublk_disk_id(to.strip_prefix("/dev").ok()?.to_str()?)?;
+    let id = state::ublk_disk_id(to.file_name()?.to_str()?)?;
     let named = state::read_state(id).is_ok_and(|(cfg, _)| cfg.name.as_deref() == Some(name));
     (named && device_exists(id)).then_some(id)
 }
@@ -886,9 +882,22 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         move |qid, dev: &UblkDev| queue_main(qid, dev, &q_shared),
         move |_ctrl: &UblkCtrl| {
             let c = &d_shared.cfg;
+            // A name another device took meanwhile (`name_taken`) is checked before the state
+            // file is written, so that udev's rule (`fdpblk name N` reads it) never names this
+            // device after it; under the add lock until the link is made.
+            let name_lock = c.name.as_ref().map(|_| add_lock());
+            let taken = match (c.name.as_deref(), &name_lock) {
+                (Some(name), Some(Ok(_))) => name_taken(name, c.id),
+                (_, Some(Err(e))) => Some(e.clone()),
+                _ => None,
+            };
             // No added device runs without its state file: stopped at once, the add fails. A
             // recovered one keeps serving the I/O the driver held (its old file stays).
-            let saved = match d_shared.write_state_file() {
+            let saved = match (&taken, recover) {
+                (Some(e), false) => Err(e.clone()),
+                _ => d_shared.write_state_file(),
+            };
+            let saved = match saved {
                 Err(e) if recover => {
                     tracing::error!("device {}: {e}", c.id);
                     Ok(())
@@ -898,10 +907,13 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             state::record_fdp_baseline(c);
             // The name is LMCache's device_path: an added device without it fails, as
             // without its state file (`ready` would start LMCache on a missing path).
-            let linked = match c.name.as_ref().filter(|_| saved.is_ok()) {
-                Some(name) => claim_name(name, c.id),
-                None => Ok(()),
+            let linked = match (c.name.as_ref().filter(|_| saved.is_ok()), taken) {
+                (Some(_), Some(e)) => Err(e),
+                (Some(name), None) => state::link_name(name, c.id)
+                    .map_err(|e| format!("cannot link {} to it: {e}; remove what is there", state::name_path(name).display())),
+                (None, _) => Ok(()),
             };
+            drop(name_lock);
             let saved = match (saved, linked) {
                 (Ok(()), Err(e)) if recover => {
                     tracing::error!("device {}: {e}", c.id);

@@ -115,14 +115,20 @@ expect "the error names the device holding it" grep -q "kv0 is taken by /dev/ubl
 expect "no second device" test ! -e /dev/ublkb6
 expect_eq "link unchanged" "$(readlink /dev/fdpblk/kv0)" /dev/ublkb5
 # Two adds under one new name at once both pass add's own check: the daemons settle it, so
-# one device gets the name and the other add fails naming it. (Three rounds, different
-# devices first.)
+# one device gets the name and the other add fails naming it. (Three rounds; the add lock is
+# held while both start, so that both daemons get past add's check.)
 truncate -s 64M /var/tmp/race1.img /var/tmp/race2.img
+raced=0
 for round in 1 2 3; do
-    "$FDPBLK" add --backing /var/tmp/race1.img --engine plain --policy none -n 11 --name kvrace "${GEO[@]}" >/tmp/race1.out 2>&1 &
+    exec 7>/run/fdpblk/.add.lock
+    flock 7
+    "$FDPBLK" add --backing /var/tmp/race1.img --engine plain --policy none -n 11 --name kvrace "${GEO[@]}" >/tmp/race1.out 2>&1 7>&- &
     p1=$!
-    "$FDPBLK" add --backing /var/tmp/race2.img --engine plain --policy none -n 12 --name kvrace "${GEO[@]}" >/tmp/race2.out 2>&1 &
+    "$FDPBLK" add --backing /var/tmp/race2.img --engine plain --policy none -n 12 --name kvrace "${GEO[@]}" >/tmp/race2.out 2>&1 7>&- &
     p2=$!
+    sleep 3
+    flock -u 7
+    exec 7>&-
     r1=0 r2=0
     wait "$p1" || r1=$?
     wait "$p2" || r2=$?
@@ -133,11 +139,13 @@ for round in 1 2 3; do
     expect "round $round: one of two concurrent adds under one name succeeds (exits $r1 and $r2: $outs)" test -n "$win"
     [[ -n $win ]] || { "$FDPBLK" del -n 11 >/dev/null 2>&1; "$FDPBLK" del -n 12 >/dev/null 2>&1; continue; }
     expect "round $round: the other fails, naming the name taken" grep -q -- "--name kvrace is taken by /dev/ublkb$win" "/tmp/race$((lose - 10)).out"
+    grep -q "added at the same time" "/tmp/race$((lose - 10)).out" && raced=$((raced + 1))
     expect_eq "round $round: the name links to the one added" "$(readlink /dev/fdpblk/kvrace)" "/dev/ublkb$win"
     expect "round $round: the other's device and state file are gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb$lose || -e /run/fdpblk/$lose.json ]] || exit 0; sleep 0.1; done; exit 1"
     expect "round $round: del the one added" "$FDPBLK" del -n "$win"
     expect "round $round: the name is gone with it" bash -c "for i in \$(seq 50); do [[ -e /dev/fdpblk/kvrace ]] || exit 0; sleep 0.1; done; exit 1"
 done
+expect "the daemons, not add's own check, refused the second add ($raced of 3 rounds)" test "$raced" -ge 1
 # A device whose state file went (a cleared /run) is still listed, and `del` removes it.
 pid=$(daemon_pid 5)
 mv /run/fdpblk/5.json /var/tmp/5.json
