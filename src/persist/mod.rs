@@ -549,7 +549,7 @@ impl Persist {
         let trusted = s.clean && trust_clean && suspect == 0;
         if s.clean && trust_clean && suspect > 0 {
             loaded.note = Some(format!(
-                "{suspect} page(s) of the saved state have a damaged newest copy: its slot confirmations are not trusted this time"
+                "{suspect} page(s) of the saved state may have a damaged newest copy (a copy fails its checksum): its slot confirmations are not trusted this time"
             ));
         }
         loaded.clean = trusted;
