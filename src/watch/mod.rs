@@ -790,7 +790,7 @@ impl Watcher {
             }
         }
         if changed || std::mem::take(&mut self.need_sweep) || self.summary_at.elapsed() >= Duration::from_secs(10) {
-            let allow = self.trims_allowed() && self.trim_error_epoch != Some(self.seen_epoch);
+            let allow = self.slot_trims_allowed();
             let Sweep { dead: candidates, early, basis, tails } = self.sweep(allow);
             // Set again by either pass of `trim` below that leaves slots for the next round.
             self.trim_backlog = false;
@@ -806,7 +806,7 @@ impl Watcher {
                 self.trim(candidates);
             }
             // Slots only the older container lists go once it can no longer be loaded.
-            if let (true, Some(n)) = (durable && !early.is_empty() && self.trims_allowed() && self.trim_error_epoch != Some(self.seen_epoch), basis) {
+            if let (true, Some(n)) = (durable && !early.is_empty() && self.slot_trims_allowed(), basis) {
                 if self.invalidate_container(1 - n as u8) {
                     self.early_evictions += self.trim(early);
                 }
@@ -853,6 +853,12 @@ impl Watcher {
             && !self.awaiting_header.iter().any(|&a| a)
             && !self.slots.events_pending()
             && self.slots.epoch() == self.seen_epoch
+    }
+
+    /// True when evicted slots may go now: deallocation is allowed and not paused after an
+    /// error in this checkpoint's epoch (a trim in this round may have paused it).
+    fn slot_trims_allowed(&self) -> bool {
+        self.trims_allowed() && self.trim_error_epoch != Some(self.seen_epoch)
     }
 
     /// Runs a persist cycle now (`clean` at shutdown; `force` even if nothing changed, as is
