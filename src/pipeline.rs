@@ -190,6 +190,8 @@ pub struct Pipeline {
     container_waits: Vec<u8>,
     /// Slot headers the last planned request carries, as (slot, generation).
     headers: Vec<(u64, u16)>,
+    /// Checkpoint containers (bit `copy`) whose payload the last planned request changes.
+    containers: u8,
 }
 
 impl Pipeline {
@@ -203,7 +205,7 @@ impl Pipeline {
     pub fn with_slots(geom: Geometry, mut policy: Box<dyn Policy>, slots: Arc<SlotTable>) -> Self {
         policy.observe(&Observation::Layout { max_slots: geom.max_slots });
         let counters = Arc::new(PipelineCounters::new(policy.handles()));
-        Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new(), container_waits: Vec::new(), headers: Vec::new() }
+        Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new(), container_waits: Vec::new(), headers: Vec::new(), containers: 0 }
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -230,6 +232,7 @@ impl Pipeline {
         self.trim_waits.clear();
         self.container_waits.clear();
         self.headers.clear();
+        self.containers = 0;
         if matches!(req.op, Op::Discard | Op::WriteZeroes) {
             return Ok(self.plan_discard(req));
         }
@@ -302,6 +305,15 @@ impl Pipeline {
         for &(slot, generation) in &self.headers {
             self.slots.header_completed(slot, generation);
         }
+        self.slots.containers_written(self.containers);
+    }
+
+    /// Checkpoint containers (bit `copy`) whose payload the last planned write, discard or
+    /// write-zeroes changes: once it has reached the device (or failed), the caller reports
+    /// them with [`SlotTable::containers_written`] ([`Self::completed`] does it for the last
+    /// plan).
+    pub fn planned_containers(&self) -> u8 {
+        self.containers
     }
 
     /// Slots the last planned write touched while fdpblk was deallocating them: the caller
@@ -337,7 +349,10 @@ impl Pipeline {
                             self.container_waits.push(copy);
                         }
                     }
-                    ExtentKind::CheckpointPayload { copy } => self.slots.container_touched(copy),
+                    ExtentKind::CheckpointPayload { copy } => {
+                        self.containers |= 1 << copy;
+                        self.slots.container_touched(copy)
+                    }
                     ExtentKind::SlotHeader { slot, .. } | ExtentKind::SlotPayload { slot } | ExtentKind::SlotPadding { slot } => {
                         if self.slots.note_write(slot) {
                             self.trim_waits.push(slot);
@@ -419,6 +434,7 @@ impl Pipeline {
                 self.policy.place(&Target::Checkpoint { copy })
             }
             ExtentKind::CheckpointPayload { copy } => {
+                self.containers |= 1 << copy;
                 self.slots.container_touched(copy);
                 self.policy.place(&Target::Checkpoint { copy })
             }

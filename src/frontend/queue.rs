@@ -191,11 +191,11 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
             ctx.waiting.set(ctx.waiting.get() - 1);
         }
         // A write to a slot fdpblk is deallocating goes out only after the deallocation;
-        // the headers it carries are reported once it completed.
+        // the headers and containers it writes are reported once it completed.
         let p = ctx.pipeline.borrow();
         p.as_ref().and_then(|p| {
-            (!p.trim_waits().is_empty() || !p.container_waits().is_empty() || !p.planned_headers().is_empty())
-                .then(|| (p.slots().clone(), p.trim_waits().to_vec(), p.container_waits().to_vec(), p.planned_headers().to_vec()))
+            (!p.trim_waits().is_empty() || !p.container_waits().is_empty() || !p.planned_headers().is_empty() || p.planned_containers() != 0)
+                .then(|| (p.slots().clone(), p.trim_waits().to_vec(), p.container_waits().to_vec(), p.planned_headers().to_vec(), p.planned_containers()))
         })
     } else {
         // Learning the layout: unclassified, on the handle for bytes outside it.
@@ -205,7 +205,7 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         }
         None
     };
-    if let Some((slots, waits, containers, _)) = &slot_io {
+    if let Some((slots, waits, containers, _, _)) = &slot_io {
         for &slot in waits {
             while slots.trimming(slot) {
                 sleep(q, HEADER_POLL).await;
@@ -218,7 +218,7 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
             }
         }
     }
-    match op {
+    let res = match op {
         Op::Write => {
             let fua = op_flags & sys::UBLK_IO_F_FUA != 0;
             let mut res = len as i32;
@@ -232,21 +232,26 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
             if learning {
                 ctx.layout.note_learning_done();
             }
-            if res < 0 {
-                return res;
-            }
-            if let Some((slots, _, _, headers)) = &slot_io {
-                for &(slot, generation) in headers {
-                    slots.header_completed(slot, generation);
+            if res >= 0 {
+                if let Some((slots, _, _, headers, _)) = &slot_io {
+                    for &(slot, generation) in headers {
+                        slots.header_completed(slot, generation);
+                    }
                 }
+                res = len as i32;
             }
-            len as i32
+            res
         }
         Op::Read => ctx.engine.read(q, offset, &mut buf[..len as usize]).await,
         Op::Flush => ctx.engine.flush(q).await,
         Op::Discard => ctx.engine.discard(q, offset, len).await,
         Op::WriteZeroes => ctx.engine.write_zeroes(q, offset, len, op_flags & sys::UBLK_IO_F_NOUNMAP == 0).await,
+    };
+    // Failed too: part of it may have landed.
+    if let Some((slots, _, _, _, containers)) = &slot_io {
+        slots.containers_written(*containers);
     }
+    res
 }
 
 #[cfg(test)]

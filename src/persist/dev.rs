@@ -431,11 +431,21 @@ struct MemInner {
     fail_flushes_after: Option<u32>,
     /// The logical block it reports (512 unless set).
     block: u64,
+    /// Bytes read inside this range, counted (tests of how much a reader reads).
+    counted_reads: Option<(std::ops::Range<u64>, u64)>,
 }
 
 impl MemDev {
     pub fn new(size: u64) -> Self {
-        Self { inner: Mutex::new(MemInner { bytes: vec![0; size as usize], log: Vec::new(), keep_data: true, fail_writes: false, fail_reads: None, fail_flushes_after: None, block: 512 }) }
+        Self { inner: Mutex::new(MemInner { bytes: vec![0; size as usize], log: Vec::new(), keep_data: true, fail_writes: false, fail_reads: None, fail_flushes_after: None, block: 512, counted_reads: None }) }
+    }
+    /// Counts the bytes read inside `range` from now on (`None`: stops counting).
+    pub fn count_reads(&self, range: Option<std::ops::Range<u64>>) {
+        self.lock().counted_reads = range.map(|r| (r, 0));
+    }
+    /// Bytes read inside the range given to [`Self::count_reads`] since.
+    pub fn counted_reads(&self) -> u64 {
+        self.lock().counted_reads.as_ref().map_or(0, |c| c.1)
     }
     /// Reports `bytes` as its logical block (a 4Kn drive, say).
     pub fn set_block_bytes(&self, bytes: u64) {
@@ -492,7 +502,7 @@ impl MemDev {
 
 impl StateWriter for MemDev {
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        let g = self.lock();
+        let mut g = self.lock();
         let end = off.checked_add(buf.len() as u64).filter(|&e| e <= g.bytes.len() as u64);
         let Some(end) = end else {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"));
@@ -501,6 +511,9 @@ impl StateWriter for MemDev {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         buf.copy_from_slice(&g.bytes[off as usize..end as usize]);
+        if let Some((r, n)) = g.counted_reads.as_mut() {
+            *n += end.min(r.end).saturating_sub(off.max(r.start));
+        }
         Ok(())
     }
     fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {

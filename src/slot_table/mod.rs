@@ -743,11 +743,23 @@ impl SlotTable {
         self.container_guard[usize::from(copy & 1)].load(Ordering::SeqCst) & 1 != 0
     }
 
-    /// A write to container `copy`'s payload.
+    /// A write to container `copy`'s payload, planned or landed.
     pub fn container_touched(&self, copy: u8) {
         let t = &self.touched[usize::from(copy & 1)];
         if !t.load(Ordering::Relaxed) {
-            t.store(true, Ordering::Relaxed);
+            // Release: the state thread that takes the flag reads what the write landed.
+            t.store(true, Ordering::Release);
+        }
+    }
+
+    /// Writes to `containers`' payloads (bit `copy`) reached the device, or failed (part of
+    /// one may have landed). The state thread reads a checkpoint whose payload was not complete again
+    /// only after a write to it, and one planned before that read may land after it.
+    pub fn containers_written(&self, containers: u8) {
+        for copy in 0..2u8 {
+            if containers & (1 << copy) != 0 {
+                self.container_touched(copy);
+            }
         }
     }
 

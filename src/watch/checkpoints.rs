@@ -44,7 +44,7 @@ impl Watcher {
             }
             self.containers[usize::from(copy)] = match self.read_container(copy, None, None) {
                 Read::Done(c) => c,
-                Read::NotYet => Container::Unknown,
+                Read::NotYet | Read::Incomplete => Container::Unknown,
             };
         }
         // The baseline for the overflow estimate and the stats, as `new` sets it: under the
@@ -91,7 +91,7 @@ impl Watcher {
         match self.parse(copy, &h, confirm_epoch) {
             // Not the bytes the header vouches for: the payload is still on its way, or
             // LMCache is rewriting it.
-            Ok(None) => Read::NotYet,
+            Ok(None) => Read::Incomplete,
             Ok(Some(v)) => Read::Done(Container::Valid(Box::new(v))),
             Err(e) => {
                 tracing::warn!("device {}: checkpoint seq {} in container {copy} is not usable: {e}; no deallocation until it is replaced", self.cfg.device, h.seq);

@@ -276,13 +276,13 @@ const FIXED_JSON_BYTES: u64 = 320;
 const DEFAULT_ENTRY_BYTES: f64 = 240.0;
 /// Checkpoints are considered stalled after max(3 intervals, this).
 const STALL_MIN: Duration = Duration::from_secs(180);
-/// Active retries of an incomplete checkpoint stop after this; later only writes to the
-/// container (or a new header) trigger a look.
+/// Active retries of a checkpoint whose header block is not the one announced stop after
+/// this; later only writes to the container (or a new header) trigger a look. A payload that
+/// does not match its header's CRC is read again only after a write to it, at any time.
 const RETRY_WINDOW: Duration = Duration::from_secs(120);
 
-/// Reads of a written checkpoint container after which fdpblk says why it waits (at the 1 s
-/// backoff, about half a minute).
-const STUCK_READ_TRIES: u32 = 40;
+/// How long a written checkpoint may stay unreadable before fdpblk says why it waits.
+const STUCK_AFTER: Duration = Duration::from_secs(30);
 
 /// One container's known contents.
 #[derive(Clone, Debug)]
@@ -345,6 +345,14 @@ struct Pending {
     since: Instant,
     next: Instant,
     tries: u32,
+    /// The last read found the announced header and a payload not (yet) matching its CRC:
+    /// read again only after a write to the payload (each read may be 64 MiB).
+    payload_wait: bool,
+    /// The payload was written since the last read (or the write of one planned before it
+    /// landed).
+    written: bool,
+    /// Said why it waits.
+    warned: bool,
 }
 
 /// The newest committed checkpoint, for the overflow estimate.
@@ -387,8 +395,10 @@ pub struct Summary {
 /// Outcome of reading a container.
 enum Read {
     Done(Container),
-    /// The header or payload is not (yet) what the event announced.
+    /// The header is not (yet) what the event announced, or could not be read.
     NotYet,
+    /// The header is, but the payload is not (yet) the bytes its CRC vouches for.
+    Incomplete,
 }
 
 pub struct Watcher {
@@ -574,7 +584,7 @@ impl Watcher {
         for copy in 0..2u8 {
             w.containers[usize::from(copy)] = match w.read_container(copy, None, None) {
                 Read::Done(c) => c,
-                Read::NotYet => Container::Unknown,
+                Read::NotYet | Read::Incomplete => Container::Unknown,
             };
         }
         w.mark_unwritten();
@@ -721,18 +731,39 @@ impl Watcher {
             self.pending.retain(|p| p.ev.copy != ev.copy);
             self.containers[usize::from(ev.copy)] = Container::Unknown;
             let now = Instant::now();
-            self.pending.push(Pending { ev, since: now, next: now, tries: 0 });
+            self.pending.push(Pending { ev, since: now, next: now, tries: 0, payload_wait: false, written: false, warned: false });
             changed = true;
         }
         let now = Instant::now();
         let mut still = Vec::new();
         for mut p in std::mem::take(&mut self.pending) {
             let touched = self.slots.take_touched(p.ev.copy);
-            let due = if p.since.elapsed() < RETRY_WINDOW { p.next <= now } else { touched };
-            if !due && !touched {
+            p.written |= touched;
+            let in_window = p.since.elapsed() < RETRY_WINDOW;
+            let due = match (p.payload_wait, in_window) {
+                (true, _) => p.written && (p.next <= now || !in_window),
+                (false, true) => p.next <= now || touched,
+                (false, false) => touched,
+            };
+            if !p.warned && p.since.elapsed() >= STUCK_AFTER {
+                // Deallocation waits for this read: say why, once, where the header on the
+                // device is not one fdpblk reads (another meta_magic or version).
+                p.warned = true;
+                let why = if p.payload_wait {
+                    ": its payload does not match the CRC in its header (LMCache stopped while writing it?); it is read again when LMCache writes it".to_string()
+                } else {
+                    self.container_header_error(p.ev.copy).map_or(String::new(), |e| format!(": its header block: {e}"))
+                };
+                tracing::warn!(
+                    "device {}: checkpoint container {} written {:.0} s ago is still not a complete checkpoint after {} reads{why}; deallocation waits for it (fdpblk reads LMCache 0.5.6's LMCIDX01 version 1 checkpoints)",
+                    self.cfg.device, p.ev.copy, p.since.elapsed().as_secs_f64(), p.tries
+                );
+            }
+            if !due {
                 still.push(p);
                 continue;
             }
+            p.written = false;
             // Only the newest checkpoint confirms: an older one read back late (its header
             // held back by writeback past later snapshots) may list a key deleted and put
             // again into the same slot since, which the newest, snapshotted before that
@@ -747,17 +778,9 @@ impl Watcher {
                     self.containers[usize::from(p.ev.copy)] = c;
                     changed = true;
                 }
-                Read::NotYet => {
+                r @ (Read::NotYet | Read::Incomplete) => {
                     p.tries += 1;
-                    if p.tries == STUCK_READ_TRIES {
-                        // Deallocation waits for this read: say why, once, where the header on
-                        // the device is not one fdpblk reads (another meta_magic or version).
-                        let why = self.container_header_error(p.ev.copy).map_or(String::new(), |e| format!(": its header block: {e}"));
-                        tracing::warn!(
-                            "device {}: checkpoint container {} written {:.0} s ago is still not a complete checkpoint after {} reads{why}; deallocation waits for it (fdpblk reads LMCache 0.5.6's LMCIDX01 version 1 checkpoints)",
-                            self.cfg.device, p.ev.copy, p.since.elapsed().as_secs_f64(), p.tries
-                        );
-                    }
+                    p.payload_wait = matches!(r, Read::Incomplete);
                     let backoff = self.cfg.retry_base.saturating_mul(1 << p.tries.min(20)).min(Duration::from_secs(1));
                     p.next = Instant::now() + backoff;
                     still.push(p);
