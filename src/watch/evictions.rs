@@ -157,6 +157,12 @@ impl Watcher {
         let g = self.geom;
         let mut hdr = vec![0u8; SLOT_HEADER_PREFIX];
         let began = Instant::now();
+        // Slots whose header read failed before go last, so that one bad sector does not hold
+        // up every slot after it, epoch after epoch. An entry whose slot changed since (LMCache
+        // wrote it) is dropped.
+        self.unreadable_headers.retain(|&slot, was| self.slots.life(slot) == *was);
+        let (retried, mut candidates): (Vec<_>, Vec<_>) = candidates.into_iter().partition(|(slot, _)| self.unreadable_headers.contains_key(slot));
+        candidates.extend(retried);
         for (slot, l0) in candidates {
             if !self.trims_allowed() {
                 break;
@@ -172,15 +178,23 @@ impl Watcher {
             }
             let Some(e) = self.slots.entry(slot) else { continue };
             let off = g.slot_offset(slot);
-            match self.header_on_drive(off, &e, &mut hdr) {
+            let read = self.header_on_drive(off, &e, &mut hdr);
+            if read.is_ok() {
+                self.unreadable_headers.remove(&slot);
+            }
+            match read {
                 Ok(Some(_)) => {}
                 // Changed behind fdpblk's back: forget the confirmation.
                 Ok(None) => {
                     self.slots.cas_life(slot, l, life::with_state(l & !life::CONFIRMED, SlotState::Unknown));
                     continue;
                 }
-                // A read that failed tells nothing about the slot: keep it, pause.
+                // A read that failed tells nothing about the slot: keep it, pause, and try it
+                // after the others from then on (its sector may be bad).
                 Err(err) => {
+                    if self.unreadable_headers.len() < UNREADABLE_HEADERS_MAX {
+                        self.unreadable_headers.insert(slot, l);
+                    }
                     if !self.trim_error {
                         tracing::warn!("device {}: reading slot {slot}'s header before deallocating it: {err}; deallocation paused until the next checkpoint", self.cfg.device);
                         self.trim_error = true;

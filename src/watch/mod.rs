@@ -281,6 +281,10 @@ const STALL_MIN: Duration = Duration::from_secs(180);
 /// does not match its header's CRC is read again only after a write to it, at any time.
 const RETRY_WINDOW: Duration = Duration::from_secs(120);
 
+/// Evicted slots whose header could not be read that are tried after the others (beyond this
+/// many, they are tried in slot order again).
+const UNREADABLE_HEADERS_MAX: usize = 4096;
+
 /// How long a written checkpoint may stay unreadable before fdpblk says why it waits.
 const STUCK_AFTER: Duration = Duration::from_secs(30);
 
@@ -489,6 +493,11 @@ pub struct Watcher {
     /// The same for evicted slots (a failed header read, deallocation or flush): a drive that
     /// refuses deallocation is not asked again, with a flush, at every round.
     trim_error_epoch: Option<u32>,
+    /// Evicted slots whose header read failed, with their life word then: tried after the
+    /// others until a read succeeds or the slot changes (LMCache writes it again). At most one
+    /// is added per epoch (the failed read pauses the rest), and at most
+    /// [`UNREADABLE_HEADERS_MAX`] are kept.
+    unreadable_headers: std::collections::HashMap<u64, u64>,
     /// Completed headers whose early tail waits until no loadable checkpoint lists a longer
     /// payload in their slot (at most one per slot and header generation).
     deferred_tails: Vec<(u64, u16)>,
@@ -576,6 +585,7 @@ impl Watcher {
             last_early_tails: Instant::now(),
             tail_error_epoch: None,
             trim_error_epoch: None,
+            unreadable_headers: Default::default(),
             deferred_tails: Vec::new(),
             observer: None,
             published: Arc::new(Mutex::new(Value::Null)),

@@ -2083,6 +2083,34 @@ fn a_header_that_cannot_be_read_keeps_the_slot_confirmed_and_pauses_deallocation
     assert_eq!(r.state(s), SlotState::Trimmed);
 }
 
+/// A bad sector under one evicted slot's header pauses deallocation for the checkpoint it
+/// fails in; later rounds skip that slot, so the evicted slots after it still go.
+#[test]
+fn an_unreadable_header_does_not_hold_up_the_evicted_slots_after_it() {
+    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
+    let keys: Vec<String> = (0..2).map(|_| r.new_key(false)).collect();
+    let mut slots: Vec<u64> = keys.iter().map(|k| r.put(k.clone()).unwrap()).collect();
+    slots.sort();
+    r.fillers(6);
+    for _ in 0..2 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    let off = r.g.slot_offset(slots[0]);
+    r.dev.set_fail_reads(Some(off..off + BA));
+    for k in &keys {
+        r.delete_key(k);
+    }
+    for _ in 0..4 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    assert_eq!(r.state(slots[1]), SlotState::Trimmed, "the slot after the unreadable one went");
+    assert_ne!(r.state(slots[0]), SlotState::Trimmed);
+    assert!(r.slots.get(slots[0]).unwrap().confirmed, "a failed read is not a changed header");
+    r.verify_all();
+}
+
 #[test]
 fn overflow_alarm_comes_before_the_first_skipped_checkpoint() {
     // Containers of 4 KiB: about 20 entries fit.
