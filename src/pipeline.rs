@@ -579,16 +579,18 @@ impl Pipeline {
     pub fn execute(&mut self, engine: &mut dyn Engine, req: &Request<'_>) -> Result<(), Errno> {
         let mut segments = Vec::new();
         let _ = self.plan(req, &mut segments, HeaderWait::Expired);
-        match req.op {
+        let res = match req.op {
             Op::Write => {
                 let data = req.data.unwrap_or(&[]);
-                for s in segments {
+                let res = segments.iter().try_for_each(|s| {
                     let rel = (s.offset - req.offset) as usize;
                     let end = (rel + s.len as usize).min(data.len());
-                    engine.write(s.offset, s.len, data.get(rel..end).unwrap_or(&[]), s.handle)?;
+                    engine.write(s.offset, s.len, data.get(rel..end).unwrap_or(&[]), s.handle)
+                });
+                if res.is_ok() {
+                    self.completed();
                 }
-                self.completed();
-                Ok(())
+                res
             }
             Op::Read => {
                 let mut buf = vec![0u8; req.len as usize];
@@ -597,7 +599,10 @@ impl Pipeline {
             Op::Flush => engine.flush(),
             Op::Discard => engine.discard(req.offset, req.len),
             Op::WriteZeroes => engine.write_zeroes(req.offset, req.len),
-        }
+        };
+        // Failed too: part of it may have landed.
+        self.slots.containers_written(self.containers);
+        res
     }
 }
 

@@ -279,8 +279,11 @@ pub struct SlotTable {
     epoch: AtomicU32,
     mailbox: Mutex<Mailbox>,
     wake: Condvar,
-    /// Per container: a payload write since the state thread last looked.
+    /// Per container: a payload write planned since the state thread last looked.
     touched: [AtomicBool; 2],
+    /// Per container: a payload write landed (or failed) since the state thread's reader of
+    /// an incomplete checkpoint last looked.
+    landed: [AtomicBool; 2],
     /// Per container: writes to its header block planned in this run, times two, plus one
     /// while the state thread zeroes that block (early evictions, `src/watch/evictions.rs`).
     container_guard: [AtomicU64; 2],
@@ -337,6 +340,7 @@ impl SlotTable {
             mailbox: Mutex::new(Mailbox::default()),
             wake: Condvar::new(),
             touched: [AtomicBool::new(false), AtomicBool::new(false)],
+            landed: [AtomicBool::new(false), AtomicBool::new(false)],
             container_guard: [AtomicU64::new(0), AtomicU64::new(0)],
             dirty: zeroed_u64(pages.div_ceil(64)),
             header_writes: AtomicU64::new(0),
@@ -743,29 +747,36 @@ impl SlotTable {
         self.container_guard[usize::from(copy & 1)].load(Ordering::SeqCst) & 1 != 0
     }
 
-    /// A write to container `copy`'s payload, planned or landed.
+    /// A write to container `copy`'s payload is planned.
     pub fn container_touched(&self, copy: u8) {
         let t = &self.touched[usize::from(copy & 1)];
         if !t.load(Ordering::Relaxed) {
-            // Release: the state thread that takes the flag reads what the write landed.
-            t.store(true, Ordering::Release);
+            t.store(true, Ordering::Relaxed);
         }
     }
 
     /// Writes to `containers`' payloads (bit `copy`) reached the device, or failed (part of
-    /// one may have landed). The state thread reads a checkpoint whose payload was not complete again
-    /// only after a write to it, and one planned before that read may land after it.
+    /// one may have landed). The state thread reads a checkpoint whose payload did not match
+    /// its CRC again only after a write to it, and one planned before that read may land after
+    /// it: this flag brings the read that finds it.
     pub fn containers_written(&self, containers: u8) {
         for copy in 0..2u8 {
             if containers & (1 << copy) != 0 {
-                self.container_touched(copy);
+                // Release: the state thread that takes the flag, then reads, comes after the
+                // write's completion.
+                self.landed[usize::from(copy)].store(true, Ordering::Release);
             }
         }
     }
 
-    /// Takes and clears the payload-touched flag of container `copy`.
+    /// Takes and clears the payload-touched flag of container `copy` (a write planned).
     pub fn take_touched(&self, copy: u8) -> bool {
         self.touched[usize::from(copy & 1)].swap(false, Ordering::AcqRel)
+    }
+
+    /// Takes and clears the payload-landed flag of container `copy` (a write completed).
+    pub fn take_landed(&self, copy: u8) -> bool {
+        self.landed[usize::from(copy & 1)].swap(false, Ordering::AcqRel)
     }
 
     /// Takes the pending checkpoint events and the alarm flag.

@@ -22,15 +22,28 @@ struct CrcRead<R> {
     inner: R,
     crc: crc32fast::Hasher,
     bytes: u64,
+    /// The first read that failed: the payload is not known to be incomplete.
+    error: Option<String>,
 }
 
 impl<R: std::io::Read> std::io::Read for CrcRead<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
+        let n = self.inner.read(buf).inspect_err(|e| {
+            self.error.get_or_insert_with(|| e.to_string());
+        })?;
         self.crc.update(&buf[..n]);
         self.bytes += n as u64;
         Ok(n)
     }
+}
+
+/// Why a payload read back is not taken (yet).
+pub(super) enum Partial {
+    /// The bytes are not those the header's CRC vouches for: still on their way, or being
+    /// rewritten.
+    NotMatching,
+    /// Reading them failed: read again later.
+    ReadFailed(String),
 }
 
 impl Watcher {
@@ -67,8 +80,9 @@ impl Watcher {
         }
     }
 
-    /// Reads container `copy`. With `expect`, it must hold exactly that header and a payload
-    /// matching its CRC (else `NotYet`); `confirm_epoch` confirms matching slots (claim A).
+    /// Reads container `copy`. With `expect`, it must hold exactly that header (else `NotYet`)
+    /// and a payload matching its CRC (else `Incomplete`); `confirm_epoch` confirms matching
+    /// slots (claim A).
     pub(super) fn read_container(&mut self, copy: u8, expect: Option<CheckpointHeader>, confirm_epoch: Option<u32>) -> Read {
         let g = self.geom;
         let off = g.container_offset(copy);
@@ -91,8 +105,12 @@ impl Watcher {
         match self.parse(copy, &h, confirm_epoch) {
             // Not the bytes the header vouches for: the payload is still on its way, or
             // LMCache is rewriting it.
-            Ok(None) => Read::Incomplete,
-            Ok(Some(v)) => Read::Done(Container::Valid(Box::new(v))),
+            Ok(Err(Partial::NotMatching)) => Read::Incomplete,
+            Ok(Err(Partial::ReadFailed(e))) => {
+                tracing::warn!("device {}: reading checkpoint container {copy}'s payload: {e}", self.cfg.device);
+                Read::NotYet
+            }
+            Ok(Ok(v)) => Read::Done(Container::Valid(Box::new(v))),
             Err(e) => {
                 tracing::warn!("device {}: checkpoint seq {} in container {copy} is not usable: {e}; no deallocation until it is replaced", self.cfg.device, h.seq);
                 Read::Done(Container::Unknown)
@@ -101,9 +119,9 @@ impl Watcher {
     }
 
     /// Streams the JSON: which slots it lists; confirmations and tags for matching entries.
-    /// `Ok(None)`: the bytes parsed are not those the header's CRC vouches for (still on their
-    /// way, or being rewritten); nothing was confirmed.
-    pub(super) fn parse(&mut self, copy: u8, h: &CheckpointHeader, confirm_epoch: Option<u32>) -> Result<Option<ValidCopy>, String> {
+    /// `Ok(Err(_))`: the bytes parsed are not those the header's CRC vouches for, or could not
+    /// all be read; nothing was confirmed.
+    pub(super) fn parse(&mut self, copy: u8, h: &CheckpointHeader, confirm_epoch: Option<u32>) -> Result<Result<ValidCopy, Partial>, String> {
         let g = self.geom;
         let slots = &*self.slots;
         let mut listed = bitset(g.max_slots);
@@ -118,7 +136,7 @@ impl Watcher {
         // Confirmations wait until the CRC of the very bytes parsed matches the header's.
         let mut confirms: Vec<Confirm> = Vec::new();
         let dev = DevReader(&*self.dev);
-        let mut reader = CrcRead { inner: RegionReader::new(&dev, g.container_offset(copy) + g.block_align, h.payload_len), crc: crc32fast::Hasher::new(), bytes: 0 };
+        let mut reader = CrcRead { inner: RegionReader::new(&dev, g.container_offset(copy) + g.block_align, h.payload_len), crc: crc32fast::Hasher::new(), bytes: 0, error: None };
         let limits = JsonLimits { max_payload_bytes: g.payload_cap().max(h.payload_len), ..JsonLimits::default() };
         let meta = parse_checkpoint_json(&mut reader, &limits, &mut |e| {
             // LMCache writes both as plain integers, and its loader takes anything `int()`
@@ -177,12 +195,13 @@ impl Watcher {
         // A payload that does not parse may be one still on its way or being rewritten: if the
         // bytes read, and the rest, do not make the CRC, it is read again, not called unusable.
         let whole = |r: &mut CrcRead<_>| std::io::copy(r, &mut std::io::sink()).is_ok() && r.bytes == h.payload_len && r.crc.clone().finalize() == h.crc32;
+        let partial = |r: &mut CrcRead<_>| Ok(Err(r.error.take().map_or(Partial::NotMatching, Partial::ReadFailed)));
         let meta = match meta {
-            Err(_) if !whole(&mut reader) => return Ok(None),
+            Err(_) if !whole(&mut reader) => return partial(&mut reader),
             m => m.map_err(|e| e.to_string())?,
         };
         if !whole(&mut reader) {
-            return Ok(None);
+            return partial(&mut reader);
         }
         for c in confirms {
             if c.fresh {
@@ -237,7 +256,7 @@ impl Watcher {
         if let (Some(entries), Some(p)) = (live, self.observer.as_mut()) {
             p.observe(&Observation::Checkpoint { seq: h.seq, entries: &entries });
         }
-        Ok(Some(ValidCopy { seq: h.seq, payload_len: h.payload_len, entries: meta.entries, fixed_bytes, listed, listed_len }))
+        Ok(Ok(ValidCopy { seq: h.seq, payload_len: h.payload_len, entries: meta.entries, fixed_bytes, listed, listed_len }))
     }
 
     /// Whether a checkpoint read back whole (header `h`, its write's `epoch`) is newer than

@@ -278,8 +278,13 @@ const DEFAULT_ENTRY_BYTES: f64 = 240.0;
 const STALL_MIN: Duration = Duration::from_secs(180);
 /// Active retries of a checkpoint whose header block is not the one announced stop after
 /// this; later only writes to the container (or a new header) trigger a look. A payload that
-/// does not match its header's CRC is read again only after a write to it, at any time.
+/// does not match its header's CRC is read again after a write to it, at any time, and (in
+/// case a write came unseen, as while the layout was learned) every
+/// [`PAYLOAD_RECHECK`] within this window.
 const RETRY_WINDOW: Duration = Duration::from_secs(120);
+
+/// See [`RETRY_WINDOW`].
+const PAYLOAD_RECHECK: Duration = Duration::from_secs(30);
 
 /// Evicted slots whose header could not be read that are tried after the others (beyond this
 /// many, they are tried in slot order again).
@@ -350,8 +355,11 @@ struct Pending {
     next: Instant,
     tries: u32,
     /// The last read found the announced header and a payload not (yet) matching its CRC:
-    /// read again only after a write to the payload (each read may be 64 MiB).
+    /// read again only after a write to the payload (each read may be 64 MiB), or after
+    /// [`PAYLOAD_RECHECK`].
     payload_wait: bool,
+    /// When it was last read.
+    read_at: Instant,
     /// The payload was written since the last read (or the write of one planned before it
     /// landed).
     written: bool,
@@ -713,6 +721,31 @@ impl Watcher {
         self.trim_backlog || self.reclaim_ready()
     }
 
+    /// Says, once per checkpoint, why deallocation waits for one written [`STUCK_AFTER`] ago
+    /// that still does not read back complete.
+    fn warn_stuck(&mut self) {
+        for i in 0..self.pending.len() {
+            let p = &self.pending[i];
+            if p.warned || p.since.elapsed() < STUCK_AFTER {
+                continue;
+            }
+            let (copy, since, tries, payload_wait) = (p.ev.copy, p.since, p.tries, p.payload_wait);
+            let why = if payload_wait {
+                ": its payload does not match the CRC in its header (LMCache stopped while writing it?); it is read again when it is written".to_string()
+            } else {
+                // Where the header on the device is not one fdpblk reads (another meta_magic
+                // or version).
+                self.container_header_error(copy).map_or(String::new(), |e| format!(": its header block: {e}"))
+            };
+            tracing::warn!(
+                "device {}: checkpoint container {copy} written {:.0} s ago is still not a complete checkpoint after {tries} reads{why}; deallocation waits for it (fdpblk reads LMCache 0.5.6's LMCIDX01 version 1 checkpoints)",
+                self.cfg.device,
+                since.elapsed().as_secs_f64()
+            );
+            self.pending[i].warned = true;
+        }
+    }
+
     fn next_wakeup(&self) -> Duration {
         if self.trim_backlog() {
             return Duration::ZERO;
@@ -721,7 +754,10 @@ impl Watcher {
         let mut d = self.cfg.persist_interval.saturating_sub(self.last_persist.elapsed());
         for p in &self.pending {
             if p.since.elapsed() < RETRY_WINDOW {
-                d = d.min(p.next.saturating_duration_since(now));
+                // A payload waiting for a write is looked at by the next round (at most
+                // EARLY_TAILS_INTERVAL away): its flag does not wake this thread.
+                let at = if p.payload_wait && !p.written { p.read_at + PAYLOAD_RECHECK } else { p.next };
+                d = d.min(at.saturating_duration_since(now));
             }
         }
         d
@@ -741,39 +777,27 @@ impl Watcher {
             self.pending.retain(|p| p.ev.copy != ev.copy);
             self.containers[usize::from(ev.copy)] = Container::Unknown;
             let now = Instant::now();
-            self.pending.push(Pending { ev, since: now, next: now, tries: 0, payload_wait: false, written: false, warned: false });
+            self.pending.push(Pending { ev, since: now, next: now, tries: 0, payload_wait: false, read_at: now, written: false, warned: false });
             changed = true;
         }
         let now = Instant::now();
         let mut still = Vec::new();
         for mut p in std::mem::take(&mut self.pending) {
             let touched = self.slots.take_touched(p.ev.copy);
-            p.written |= touched;
+            p.written |= touched | self.slots.take_landed(p.ev.copy);
             let in_window = p.since.elapsed() < RETRY_WINDOW;
             let due = match (p.payload_wait, in_window) {
-                (true, _) => p.written && (p.next <= now || !in_window),
+                (true, true) => (p.written && p.next <= now) || p.read_at.elapsed() >= PAYLOAD_RECHECK,
+                (true, false) => p.written,
                 (false, true) => p.next <= now || touched,
                 (false, false) => touched,
             };
-            if !p.warned && p.since.elapsed() >= STUCK_AFTER {
-                // Deallocation waits for this read: say why, once, where the header on the
-                // device is not one fdpblk reads (another meta_magic or version).
-                p.warned = true;
-                let why = if p.payload_wait {
-                    ": its payload does not match the CRC in its header (LMCache stopped while writing it?); it is read again when LMCache writes it".to_string()
-                } else {
-                    self.container_header_error(p.ev.copy).map_or(String::new(), |e| format!(": its header block: {e}"))
-                };
-                tracing::warn!(
-                    "device {}: checkpoint container {} written {:.0} s ago is still not a complete checkpoint after {} reads{why}; deallocation waits for it (fdpblk reads LMCache 0.5.6's LMCIDX01 version 1 checkpoints)",
-                    self.cfg.device, p.ev.copy, p.since.elapsed().as_secs_f64(), p.tries
-                );
-            }
             if !due {
                 still.push(p);
                 continue;
             }
             p.written = false;
+            p.read_at = Instant::now();
             // Only the newest checkpoint confirms: an older one read back late (its header
             // held back by writeback past later snapshots) may list a key deleted and put
             // again into the same slot since, which the newest, snapshotted before that
@@ -798,11 +822,12 @@ impl Watcher {
             }
         }
         self.pending = still;
+        self.warn_stuck();
         // A container left unknown (torn at start-up) is looked at again when it is written.
         for copy in 0..2u8 {
             if matches!(self.containers[usize::from(copy)], Container::Unknown)
                 && !self.pending.iter().any(|p| p.ev.copy == copy)
-                && self.slots.take_touched(copy)
+                && (self.slots.take_touched(copy) | self.slots.take_landed(copy))
             {
                 if let Read::Done(c) = self.read_container(copy, None, None) {
                     // Written, and no checkpoint there: LMCache's payload may have come
