@@ -189,8 +189,11 @@ impl Watcher {
                     self.slots.cas_life(slot, l, life::with_state(l & !life::CONFIRMED, SlotState::Unknown));
                     continue;
                 }
-                // A read that failed tells nothing about the slot: keep it, pause, and try it
-                // after the others from then on (its sector may be bad).
+                // A read that failed tells nothing about the slot: keep it. Failing again,
+                // after the others went, it holds up nothing more.
+                Err(_) if self.unreadable_headers.contains_key(&slot) => continue,
+                // The first failure pauses deallocation (the drive may be failing), and the slot
+                // is tried after the others from then on (its sector may be bad).
                 Err(err) => {
                     if self.unreadable_headers.len() < UNREADABLE_HEADERS_MAX {
                         self.unreadable_headers.insert(slot, l);
