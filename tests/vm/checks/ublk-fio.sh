@@ -18,14 +18,14 @@ for engine in streams plain; do
         expect_eq "device path ($engine q$queues d$depth)" "$dev" /dev/ublkb0
         iod=$depth
         tag="$engine-q$queues-d$depth"
-        fio_verify "$tag-seq4k" "$dev" --rw=write --bs=4k --size=8M --iodepth="$iod"
-        fio_verify "$tag-rand4k" "$dev" --rw=randwrite --bs=4k --size=8M --offset=64M --iodepth="$iod"
+        fio_verify "$tag-seq4k" "$dev" --rw=write --bs=4k --size=4M --iodepth="$iod"
+        fio_verify "$tag-rand4k" "$dev" --rw=randwrite --bs=4k --size=4M --offset=64M --iodepth="$iod"
         fio_verify "$tag-seq1m" "$dev" --rw=write --bs=1m --size=16M --offset=128M --iodepth="$iod"
         fio_verify "$tag-rand1m" "$dev" --rw=randwrite --bs=1m --size=16M --offset=192M --iodepth="$iod"
         # 32 MiB blocks at depth 2: fio holds depth x bs of buffers in the 2 GiB guest.
         fio_verify "$tag-seq32m" "$dev" --rw=write --bs=32m --size=64M --offset=256M --iodepth=$((iod > 1 ? 2 : 1))
         # Bytes written through ublk equal the pipeline's write counter.
-        expect_written 0 $(((8 + 8 + 16 + 16 + 64) << 20)) "$tag: bytes counted by fdpblk"
+        expect_written 0 $(((4 + 4 + 16 + 16 + 64) << 20)) "$tag: bytes counted by fdpblk"
         expect "$tag: fdpblk del" "$FDPBLK" del -n 0
         expect "$tag: /dev/ublkb0 gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb0 ]] || exit 0; sleep 0.1; done; exit 1"
     done

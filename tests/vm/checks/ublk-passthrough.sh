@@ -77,13 +77,13 @@ for qdb in "1 1 256K" "2 64 32M"; do
     [[ $iobuf == *M ]] && want=$((want * 1024))
     ((want > mhs)) && want=$mhs
     expect_eq "$tag: largest request (max_sectors_kb, --io-buf-size $iobuf)" "$(cat /sys/block/ublkb0/queue/max_sectors_kb)" "$want"
-    fio_verify "$tag-seq4k" "$DEV" --rw=write --bs=4k --size=8M --iodepth="$depth"
-    fio_verify "$tag-rand4k" "$DEV" --rw=randwrite --bs=4k --size=8M --offset=64M --iodepth="$depth"
+    fio_verify "$tag-seq4k" "$DEV" --rw=write --bs=4k --size=4M --iodepth="$depth"
+    fio_verify "$tag-rand4k" "$DEV" --rw=randwrite --bs=4k --size=4M --offset=64M --iodepth="$depth"
     fio_verify "$tag-seq1m" "$DEV" --rw=write --bs=1m --size=32M --offset=128M --iodepth="$depth"
     fio_verify "$tag-rand1m" "$DEV" --rw=randwrite --bs=1m --size=32M --offset=192M --iodepth="$depth"
     # 32 MiB blocks at depth 2: fio holds depth x bs of buffers in the 2 GiB guest.
     fio_verify "$tag-seq32m" "$DEV" --rw=write --bs=32m --size=128M --offset=256M --iodepth=$((depth > 1 ? 2 : 1))
-    expect_written 0 $(((8 + 8 + 32 + 32 + 128) << 20)) "$tag: bytes counted by fdpblk"
+    expect_written 0 $(((4 + 4 + 32 + 32 + 128) << 20)) "$tag: bytes counted by fdpblk"
 
     # LBA identity: ublk offset X is namespace byte X, both ways, aligned and misaligned.
     for off in $((400 * MIB)) $((410 * MIB - 512)); do
