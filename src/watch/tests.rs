@@ -1124,12 +1124,9 @@ fn a_same_key_reput_written_during_a_checkpoint_is_not_confirmed_by_it() {
     r.verify_all();
 }
 
-/// LMCache stopped between a checkpoint's header and its payload (io_uring writes both at
-/// once): the header vouches for bytes that never come. Each read of such a payload may be
-/// 64 MiB, so it is read again only after a write to it, not at every retry; and a write
-/// planned before a read that lands after it still brings the read that finds it.
-#[test]
-fn a_payload_that_never_comes_is_read_again_only_after_a_write_to_it() {
+/// Six keys confirmed by two checkpoints; the first deleted and a third checkpoint
+/// snapshotted, not written yet.
+fn rig_snapshotting_after_two_checkpoints() -> Rig {
     let (mut r, keys) = rig_with_keys(6, 3);
     for _ in 0..2 {
         r.checkpoint();
@@ -1137,6 +1134,16 @@ fn a_payload_that_never_comes_is_read_again_only_after_a_write_to_it() {
     }
     r.delete_key(&keys[0]);
     assert!(r.snapshot());
+    r
+}
+
+/// LMCache stopped between a checkpoint's header and its payload (io_uring writes both at
+/// once): the header vouches for bytes that never come. Each read of such a payload may be
+/// 64 MiB, so it is read again only after a write to it, not at every retry; and a write
+/// planned before a read that lands after it still brings the read that finds it.
+#[test]
+fn a_payload_that_never_comes_is_read_again_only_after_a_write_to_it() {
+    let mut r = rig_snapshotting_after_two_checkpoints();
     let c = r.lmc.ckpt.clone().unwrap();
     let copy = Geometry::copy_for_seq(c.seq);
     let payload = r.g.container_offset(copy) + BA;
@@ -2139,13 +2146,7 @@ fn unreadable_header(early_evictions: bool) {
 /// way: it is read again on the timer, not only after a write to it.
 #[test]
 fn a_payload_read_that_fails_is_read_again_on_the_timer() {
-    let (mut r, keys) = rig_with_keys(6, 3);
-    for _ in 0..2 {
-        r.checkpoint();
-        r.step();
-    }
-    r.delete_key(&keys[0]);
-    assert!(r.snapshot());
+    let mut r = rig_snapshotting_after_two_checkpoints();
     let copy = Geometry::copy_for_seq(r.lmc.ckpt.as_ref().unwrap().seq);
     let payload = r.g.container_offset(copy) + BA;
     r.dev.set_fail_reads(Some(payload..payload + BA));
