@@ -461,21 +461,56 @@ pub fn open_backing(cfg: &DeviceConfig, recover: bool) -> Result<Backing, String
     }
 }
 
-/// The backing's size now: a namespace's char device from Identify Namespace (it has no
-/// BLKGETSIZE64), a block device or file as `add` measured it.
-fn backing_size_now(path: &Path, file: &std::fs::File) -> Result<u64, String> {
+/// What the backing is now, as `add` measured it.
+struct BackingNow {
+    bytes: u64,
+    /// Of a namespace or block device: its logical block size and metadata bytes per block.
+    blocks: Option<(u64, u16)>,
+}
+
+/// The backing's size and blocks now: a namespace's char device from Identify Namespace (it
+/// has no BLKGETSIZE64), a block device or file as `add` measured them.
+fn backing_now(path: &Path, file: &std::fs::File) -> Result<BackingNow, String> {
     use crate::device::ReadAt;
     use std::os::unix::fs::FileTypeExt;
-    let is_chardev = file.metadata().is_ok_and(|m| m.file_type().is_char_device());
-    let size = if is_chardev {
-        let dev = crate::nvme::NvmeDevice::open(path).map_err(|e| e.to_string())?;
-        let nsid = dev.nsid().ok_or_else(|| format!("{} is not an NVMe namespace", path.display()))?;
-        let ns = dev.identify_ns(nsid).map_err(|e| e.to_string())?;
-        ns.size_bytes().map_err(|e| e.to_string())
+    let kind = file.metadata().map(|m| m.file_type()).ok();
+    let now = if kind.is_some_and(|t| t.is_char_device()) {
+        (|| {
+            let dev = crate::nvme::NvmeDevice::open(path).map_err(|e| e.to_string())?;
+            let nsid = dev.nsid().ok_or_else(|| format!("{} is not an NVMe namespace", path.display()))?;
+            let ns = dev.identify_ns(nsid).map_err(|e| e.to_string())?;
+            let lba = ns.lba_size().map_err(|e| e.to_string())?;
+            let bytes = ns.size_bytes().map_err(|e| e.to_string())?;
+            Ok(BackingNow { bytes, blocks: Some((u64::from(lba), ns.format().map_or(0, |f| f.ms))) })
+        })()
     } else {
-        file.size().map_err(|e| e.to_string())
+        let blocks = kind.is_some_and(|t| t.is_block_device()).then(|| (crate::device::logical_block_bytes(file), 0));
+        file.size().map(|bytes| BackingNow { bytes, blocks }).map_err(|e| e.to_string())
     };
-    size.map_err(|e| format!("cannot read the size of backing {}: {e}", path.display()))
+    now.map_err(|e: String| format!("cannot read the size of backing {}: {e}", path.display()))
+}
+
+/// The backing's blocks must be those it had when the device was added: the passthrough engine
+/// turns byte offsets into LBAs with the saved size (other blocks would put every command at
+/// another place), the ublk device was made with it, and its commands carry no metadata. A
+/// namespace formatted again (`nvme format --lbaf`) keeps its name, serial and size.
+fn backing_blocks_unchanged(cfg: &DeviceConfig, blocks: Option<(u64, u16)>) -> Result<(), String> {
+    let want = 1u64 << cfg.lba_shift;
+    match blocks {
+        None => Ok(()),
+        Some((block, 0)) if block == want => Ok(()),
+        Some((block, ms)) => {
+            let meta = if ms > 0 { format!(" with {ms} bytes of metadata each") } else { String::new() };
+            Err(format!(
+                "device {}: backing {} now has {block}-byte blocks{meta}, not the {want}-byte blocks it had when the device was added: \
+                 it was formatted again, which erased LMCache's data and fdpblk's state. Nothing was written. `fdpblk del -n {}` \
+                 and add it again on this backing, which LMCache then fills from empty",
+                cfg.id,
+                cfg.backing.display(),
+                cfg.id
+            ))
+        }
+    }
 }
 
 /// The backing must still be as large as when the device was added: its reserved tail (fdpblk's
@@ -744,8 +779,9 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         backing_identity_unchanged(&cfg, saved, now, crate::nvme::discover::find_namespace).map_err(fail)?;
     }
     let Backing { file: backing, _claim: claim, _alive: alive } = open_backing(&cfg, recover).map_err(fail)?;
-    let now_bytes = backing_size_now(&cfg.backing, &backing).map_err(fail)?;
-    backing_size_unchanged(&cfg, now_bytes).map_err(fail)?;
+    let now = backing_now(&cfg.backing, &backing).map_err(fail)?;
+    backing_size_unchanged(&cfg, now.bytes).map_err(fail)?;
+    backing_blocks_unchanged(&cfg, now.blocks).map_err(fail)?;
     let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
     // One add at a time from the id check to the device's creation: libublk answers a refused
     // add by deleting the device of that id (waiting for its users), so the id must be free.
@@ -1305,17 +1341,28 @@ mod tests {
     }
 
     #[test]
+    fn a_backing_formatted_to_other_blocks_is_refused() {
+        let cfg = DeviceConfig { lba_shift: 12, ..file_backing(Path::new("/dev/ng0n1")) };
+        backing_blocks_unchanged(&cfg, None).unwrap();
+        backing_blocks_unchanged(&cfg, Some((4096, 0))).unwrap();
+        for (blocks, says) in [((512, 0), "512-byte blocks, not the 4096"), ((4096, 8), "4096-byte blocks with 8 bytes of metadata each")] {
+            let e = backing_blocks_unchanged(&cfg, Some(blocks)).unwrap_err();
+            assert!(e.contains(says) && e.contains("Nothing was written") && e.contains("fdpblk del -n"), "{e}");
+        }
+    }
+
+    #[test]
     fn a_backing_smaller_than_when_added_is_refused() {
         let path = std::env::temp_dir().join(format!("fdpblk-size-{}", std::process::id()));
         std::fs::write(&path, vec![0u8; 8192]).unwrap();
         let cfg = DeviceConfig { backing_bytes: 8192, ..file_backing(&path) };
         let f = std::fs::File::open(&path).unwrap();
-        assert_eq!(backing_size_now(&path, &f).unwrap(), 8192);
+        assert_eq!(backing_now(&path, &f).unwrap().bytes, 8192);
         backing_size_unchanged(&cfg, 8192).unwrap();
         backing_size_unchanged(&cfg, 1 << 20).unwrap();
         // Truncated (or another, smaller device under the same name).
         std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
-        let e = backing_size_unchanged(&cfg, backing_size_now(&path, &f).unwrap()).unwrap_err();
+        let e = backing_size_unchanged(&cfg, backing_now(&path, &f).unwrap().bytes).unwrap_err();
         assert!(e.contains("4096 bytes now, smaller than the 8192") && e.contains("Nothing was written"), "{e}");
         let _ = std::fs::remove_file(&path);
     }

@@ -7,7 +7,8 @@
 # recovered daemon first waits for the killed one's commands to leave the drive: its lock
 # on the char device goes with the last of them). In-flight I/O is re-issued by the driver,
 # nothing is lost. A recover that finds another namespace under the saved name (a saved
-# identity that is not the drive's) is refused before it writes anything.
+# identity that is not the drive's), or the namespace formatted to other blocks, is refused
+# before it writes anything.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool fio
@@ -79,4 +80,20 @@ expect "fdpblk del" "$FDPBLK" del -n 0
 
 rounds 1 5 --backing "$NS_DEV"
 rounds 6 8 --backing "$NG_DEV" --engine passthrough
+
+# A namespace formatted to other blocks while its daemon was dead keeps its name, serial and
+# size; a recovered passthrough daemon would put every command at another LBA.
+dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough --policy region --slot-bytes 64K --meta-total-bytes 1M)
+expect_eq "format: device" "$dev" /dev/ublkb0
+old=$(daemon_pid 0)
+expect "format: SIGKILL daemon $old" kill -9 "$old"
+for _ in $(seq 100); do kill -0 "$old" 2>/dev/null || break; sleep 0.1; done
+expect "format: the namespace to 4096-byte blocks (LBA format 4)" quiet nvme format /dev/nvme0 --namespace-id=1 --lbaf=4 --force
+out=$("$FDPBLK" recover -n 0 2>&1) && rc=0 || rc=$?
+expect "format: recover refuses the namespace's new blocks ($out)" \
+    bash -c 'test "$1" -ne 0 && grep -qF "now has 4096-byte blocks, not the 512-byte blocks it had" <<<"$2"' _ "$rc" "$out"
+expect "format: fdpblk del" "$FDPBLK" del -n 0
+# Back as it was for the checks after this one, whatever happened above.
+expect "format: the namespace back to 512-byte blocks" quiet nvme format /dev/nvme0 --namespace-id=1 --lbaf=0 --force
+expect_eq "format: 512-byte blocks again" "$(cat /sys/block/nvme0n1/queue/logical_block_size)" 512
 check_done
