@@ -41,8 +41,26 @@ use std::time::{Duration, Instant};
 
 /// Resubmissions of a command the kernel completed with -EAGAIN.
 const EAGAIN_RETRIES: usize = 8;
-/// Most commands of one request in flight at once (a request of more goes in windows).
+/// Most commands of one request in flight at once (a request of more goes in windows); fewer
+/// at a queue depth past 1024 ([`tag_window`]).
 const WINDOW: usize = 64;
+
+/// Commands one tag may have in flight: [`WINDOW`], or fewer where every tag's window would
+/// not fit the completion queue of `cq` entries (at a depth past 1024, against the kernel's
+/// 65536): past it completions go to the kernel's overflow list, whose atomic allocation may
+/// fail under memory pressure and lose one, leaving its request hanging.
+fn tag_window(depth: u16, cq: u32) -> usize {
+    (cq as usize / usize::from(depth.max(1))).clamp(1, WINDOW)
+}
+
+/// The ring's submission and completion queue entries for a queue of `depth` tags: two
+/// commands per tag (more are queued by submitting early when it is full), and a completion
+/// for what every tag may have in flight, up to the kernel's 65536.
+fn ring_entries(depth: u16) -> (u32, u32) {
+    let entries = (u32::from(depth.max(1)) * 2).next_power_of_two().clamp(8, 4096);
+    let cq = (u32::from(depth.max(1)) * WINDOW as u32).next_power_of_two().clamp(entries * 4, 65536);
+    (entries, cq)
+}
 /// Waits one [`reset::TICK`] on the queue's ring; false when the queue is stopping.
 async fn sleep_tick(q: &UblkQueue<'_>) -> bool {
     sleep_for(q, reset::TICK).await
@@ -354,6 +372,8 @@ pub struct PassthroughEngine {
     crdt: [Duration; 3],
     /// Whether an unmapping Write Zeroes carries DEAC (the namespace's DLFEAT allows it).
     deac: bool,
+    /// Commands one request may have in flight ([`tag_window`]).
+    window: usize,
 }
 
 /// A query of an opened NVMe device; the open's error or the query's, as text.
@@ -403,14 +423,9 @@ impl PassthroughEngine {
         self
     }
 
-    /// `depth` is the ublk queue depth; the ring holds two commands per tag, and more are
-    /// queued by submitting early when it is full. The completion queue holds what every tag
-    /// may have in flight ([`WINDOW`] each, up to the kernel's 65536): past it completions
-    /// go to the kernel's overflow list, whose atomic allocation may fail under memory
-    /// pressure and lose one.
+    /// `depth` is the ublk queue depth ([`ring_entries`], [`tag_window`]).
     pub fn new(fd: RawFd, nsid: u32, lba_shift: u8, max_transfer: u32, pids: Vec<u16>, depth: u16) -> io::Result<Self> {
-        let entries = (u32::from(depth.max(1)) * 2).next_power_of_two().clamp(8, 4096);
-        let cq = (u32::from(depth.max(1)) * WINDOW as u32).next_power_of_two().clamp(entries * 4, 65536);
+        let (entries, cq) = ring_entries(depth);
         let ring = IoUring::<squeue::Entry128, cqueue::Entry32>::builder().setup_cqsize(cq).build(entries)?;
         // SAFETY: eventfd returns a new descriptor or -1.
         let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -439,6 +454,7 @@ impl PassthroughEngine {
             last_reset_log: Cell::new(None),
             crdt: [Duration::ZERO; 3],
             deac: false,
+            window: tag_window(depth, cq),
         })
     }
 
@@ -584,7 +600,7 @@ impl PassthroughEngine {
     }
 
     /// Submits the commands, then awaits them: 0, or the first failure. They go out in
-    /// windows of at most [`WINDOW`] (fewer when the ring is full): a discard or Write Zeroes
+    /// windows of at most [`tag_window`] (fewer when the ring is full): a discard or Write Zeroes
     /// of gigabytes is thousands of commands, more than the ring holds at once.
     async fn run(&self, q: &UblkQueue<'_>, what: &str, cmds: impl Iterator<Item = Result<PassthruCmd, i32>>) -> i32 {
         let mut cmds = cmds.fuse();
@@ -599,7 +615,7 @@ impl PassthroughEngine {
         let mut spent = Duration::ZERO;
         loop {
             let mut ops: Vec<(PassthruCmd, Op<'_>)> = Vec::new();
-            while err == 0 && ops.len() < WINDOW {
+            while err == 0 && ops.len() < self.window {
                 let c = match waiting.take().map(Ok).or_else(|| cmds.next()) {
                     None => break,
                     Some(Err(e)) => {
@@ -1315,6 +1331,18 @@ mod tests {
         assert_eq!(split(512, 4096, 12, 4096).err(), Some(-libc::EINVAL));
         assert_eq!(split(u64::MAX - 511, 1024, 9, 4096).err(), Some(-libc::EINVAL));
         assert_eq!(split(0, 512, 40, 4096).err(), Some(-libc::EINVAL));
+    }
+
+    #[test]
+    fn every_tag_window_fits_the_completion_queue() {
+        for depth in [1u16, 64, 128, 1024, 1025, 2048, 4096] {
+            let (_, cq) = ring_entries(depth);
+            let w = tag_window(depth, cq);
+            assert!(usize::from(depth) * w <= cq as usize, "depth {depth}: {depth} x {w} commands > {cq} completions");
+            assert!(w >= 1);
+        }
+        assert_eq!(tag_window(128, 8192), WINDOW, "a usual depth keeps the whole window");
+        assert_eq!(tag_window(4096, 65536), 16);
     }
 
     #[test]
