@@ -5,6 +5,7 @@
 use crate::classify::Op;
 use crate::engine::queue::QueueEngine;
 use crate::pipeline::{HeaderWait, Pipeline, Request, Segment};
+use crate::slot_table::SlotTable;
 use io_uring::{opcode, types};
 use libublk::helpers::IoBuf;
 use libublk::io::UblkQueue;
@@ -141,6 +142,20 @@ async fn sleep(q: &UblkQueue<'_>, d: Duration) {
     let _ = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
 }
 
+/// What a request's planning leaves to do around its I/O, taken out of the pipeline (which
+/// the next request on this queue plans with while this one waits).
+struct SlotIo {
+    slots: Arc<SlotTable>,
+    /// Slots being deallocated: the request goes out after.
+    trim_waits: Vec<u64>,
+    /// Containers whose header block fdpblk is zeroing: the request goes out after.
+    container_waits: Vec<u8>,
+    /// Slot headers it carries, reported once it completed.
+    headers: Vec<(u64, u16)>,
+    /// Containers (bit `copy`) whose payload it changes, reported once it completed or failed.
+    containers: u8,
+}
+
 async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segments: &mut Vec<Segment>) -> i32 {
     ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
     let iod = q.get_iod(tag);
@@ -195,7 +210,13 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         let p = ctx.pipeline.borrow();
         p.as_ref().and_then(|p| {
             (!p.trim_waits().is_empty() || !p.container_waits().is_empty() || !p.planned_headers().is_empty() || p.planned_containers() != 0)
-                .then(|| (p.slots().clone(), p.trim_waits().to_vec(), p.container_waits().to_vec(), p.planned_headers().to_vec(), p.planned_containers()))
+                .then(|| SlotIo {
+                    slots: p.slots().clone(),
+                    trim_waits: p.trim_waits().to_vec(),
+                    container_waits: p.container_waits().to_vec(),
+                    headers: p.planned_headers().to_vec(),
+                    containers: p.planned_containers(),
+                })
         })
     } else {
         // Learning the layout: unclassified, on the handle for bytes outside it.
@@ -205,14 +226,14 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         }
         None
     };
-    if let Some((slots, waits, containers, _, _)) = &slot_io {
-        for &slot in waits {
+    if let Some(SlotIo { slots, trim_waits, container_waits, .. }) = &slot_io {
+        for &slot in trim_waits {
             while slots.trimming(slot) {
                 sleep(q, HEADER_POLL).await;
             }
         }
         // A checkpoint header write waits for fdpblk's zeroing of the same block to land.
-        for &copy in containers {
+        for &copy in container_waits {
             while slots.container_zeroing(copy) {
                 sleep(q, HEADER_POLL).await;
             }
@@ -233,7 +254,7 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
                 ctx.layout.note_learning_done();
             }
             if res >= 0 {
-                if let Some((slots, _, _, headers, _)) = &slot_io {
+                if let Some(SlotIo { slots, headers, .. }) = &slot_io {
                     for &(slot, generation) in headers {
                         slots.header_completed(slot, generation);
                     }
@@ -248,7 +269,7 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         Op::WriteZeroes => ctx.engine.write_zeroes(q, offset, len, op_flags & sys::UBLK_IO_F_NOUNMAP == 0).await,
     };
     // Failed too: part of it may have landed.
-    if let Some((slots, _, _, _, containers)) = &slot_io {
+    if let Some(SlotIo { slots, containers, .. }) = &slot_io {
         slots.containers_written(*containers);
     }
     res
