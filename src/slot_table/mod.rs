@@ -169,6 +169,11 @@ pub mod life {
     pub fn with_tag(l: u64, t: u16) -> u64 {
         (l & !TAG_MASK) | (u64::from(t) << TAG_SHIFT)
     }
+    /// True when `a` and `b` differ at most in their load count (no write, state change or
+    /// trim between them).
+    pub fn same_but_loads(a: u64, b: u64) -> bool {
+        (a ^ b) & !READS_MASK == 0
+    }
     /// Checkpoint epochs between a write stamped `stamp` and epoch `epoch`, modulo 2^24. A
     /// stamp newer than `epoch` (a write after the caller read the epoch) reads as 0, not as a
     /// distance wrapped to nearly 2^24; so does one 2^23 or more epochs old. Too small is the
@@ -827,10 +832,21 @@ impl SlotTable {
         self.index(slot).map_or(0, |i| self.life[i].load(Ordering::Acquire))
     }
 
-    /// Replaces `life` if it still equals `expected`; marks the record dirty.
+    /// Replaces `life` if it still equals `expected` but for its load count, which the new
+    /// word keeps; marks the record dirty. Loads change no contents, and the data path counts
+    /// them without a CAS: a confirmation parsed while LMCache loaded the slot (its checkpoint
+    /// load, or a lookup) would otherwise be lost until the next checkpoint. A `new` with
+    /// another count than `expected` needs the exact word.
     pub fn cas_life(&self, slot: u64, expected: u64, new: u64) -> bool {
         let Some(i) = self.index(slot) else { return false };
-        let ok = self.life[i].compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        let keeps_count = (expected ^ new) & life::READS_MASK == 0;
+        let ok = self.life[i]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| match cur ^ expected {
+                0 => Some(new),
+                d if keeps_count && d & !life::READS_MASK == 0 => Some((new & !life::READS_MASK) | (cur & life::READS_MASK)),
+                _ => None,
+            })
+            .is_ok();
         if ok && persisted_life(expected) != persisted_life(new) {
             self.mark_dirty(slot);
         }

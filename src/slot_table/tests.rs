@@ -342,3 +342,25 @@ fn tags_round_trip() {
     assert_eq!(u.name(2), Some(("m2".into(), "".into())));
     u.restore(&[5, 0, 200]); // malformed: no panic
 }
+
+/// A load counted by the data path between the state thread's read of a life word and its
+/// CAS does not undo the CAS (a confirmation would be lost until the next checkpoint); the
+/// count stays. A write in between does.
+#[test]
+fn a_load_between_read_and_cas_keeps_the_cas_and_its_count() {
+    let t = SlotTable::new(4);
+    let l = t.life(1);
+    assert_eq!(t.note_read(1), 1);
+    assert!(t.cas_life(1, l, l | life::CONFIRMED), "a load changes no contents");
+    let now = t.life(1);
+    assert_eq!(now & life::CONFIRMED, life::CONFIRMED);
+    assert_eq!((now & life::READS_MASK) >> life::READS_SHIFT, 1, "the load stays counted");
+    assert!(life::same_but_loads(now, l | life::CONFIRMED));
+    let l = t.life(1);
+    let _ = t.note_write(1);
+    assert!(!t.cas_life(1, l, l | life::TRIMMING), "a write in between fails the CAS");
+    // A caller that sets the count itself needs the exact word.
+    let l = t.life(1);
+    t.note_read(1);
+    assert!(!t.cas_life(1, l, l & !life::READS_MASK));
+}

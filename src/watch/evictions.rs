@@ -160,7 +160,7 @@ impl Watcher {
         // Slots whose header read failed before go last, so that one bad sector does not hold
         // up every slot after it, epoch after epoch. An entry whose slot changed since (LMCache
         // wrote it) is dropped.
-        self.unreadable_headers.retain(|&slot, was| self.slots.life(slot) == *was);
+        self.unreadable_headers.retain(|&slot, was| life::same_but_loads(self.slots.life(slot), *was));
         let (retried, mut candidates): (Vec<_>, Vec<_>) = candidates.into_iter().partition(|(slot, _)| self.unreadable_headers.contains_key(slot));
         candidates.extend(retried);
         for (slot, l0) in candidates {
@@ -173,7 +173,7 @@ impl Watcher {
                 break;
             }
             let l = self.slots.life(slot);
-            if l != l0 || l & life::CONFIRMED == 0 || l & life::TRIMMING != 0 {
+            if !life::same_but_loads(l, l0) || l & life::CONFIRMED == 0 || l & life::TRIMMING != 0 {
                 continue;
             }
             let Some(e) = self.slots.entry(slot) else { continue };

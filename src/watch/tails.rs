@@ -142,7 +142,7 @@ impl Watcher {
         let mut hdr = vec![0u8; SLOT_HEADER_PREFIX];
         for (slot, l0) in candidates {
             let l = self.slots.life(slot);
-            if l != l0 {
+            if !life::same_but_loads(l, l0) {
                 continue;
             }
             // One snapshot of the record, checked against the header on the drive; the range
@@ -259,9 +259,10 @@ impl Watcher {
             let off = g.slot_offset(slot);
             let Ok(Some(h)) = self.header_on_drive(off, &e, &mut hdr) else { continue };
             let Some((start, len)) = self.tail_after(h.payload_len) else { continue };
-            // The life word changes with loads and stamps too: retry while nothing but payload
-            // was written since the header completed (a write past the payload, such as the
-            // next put's payload ahead of its header, clears HEADER_DONE).
+            // The life word changes with stamps too (a load does not fail the CAS): retry
+            // while nothing but payload was written since the header completed (a write past
+            // the payload, such as the next put's payload ahead of its header, clears
+            // HEADER_DONE).
             let mut began = None;
             for _ in 0..8 {
                 let l = self.slots.life(slot);

@@ -713,6 +713,94 @@ fn evicted_slots_are_trimmed_after_two_checkpoints() {
     assert_eq!(v["since_start"]["evictions"].as_u64(), Some(0));
 }
 
+/// The state thread's device: while armed, its reads of a checkpoint payload past the
+/// parser's first 64 KiB count a load of every slot in `slots` (as the data path does for
+/// LMCache's reads), after the parse took those slots' entries from the first 64 KiB.
+struct LoadsDuringCheckpointRead {
+    dev: Arc<MemDev>,
+    table: Arc<SlotTable>,
+    payloads: [std::ops::Range<u64>; 2],
+    slots: std::ops::Range<u64>,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl StateWriter for LoadsDuringCheckpointRead {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        if self.armed.load(std::sync::atomic::Ordering::Relaxed) && self.payloads.iter().any(|r| r.contains(&off) && off >= r.start + 65536) {
+            for s in self.slots.clone() {
+                self.table.note_read(s);
+            }
+        }
+        self.dev.read_at(off, buf)
+    }
+    fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> std::io::Result<()> {
+        self.dev.write_at(off, buf, handle)
+    }
+    fn block_bytes(&self) -> u64 {
+        self.dev.block_bytes()
+    }
+    fn discard(&self, off: u64, len: u64) -> std::io::Result<()> {
+        self.dev.discard(off, len)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.dev.flush()
+    }
+    fn size(&self) -> u64 {
+        self.dev.size()
+    }
+}
+
+/// LMCache loads slots while fdpblk reads back the checkpoint that confirms them, after the
+/// parse took their entries and before it applied the confirmations (a load counts in the
+/// slot's life word): they are confirmed all the same, and go once evicted. (A lost
+/// confirmation waited for the next checkpoint listing the slot; a slot evicted before that
+/// stayed on the drive, and its stale tail too.)
+#[test]
+fn loads_during_the_read_back_do_not_lose_the_confirmation() {
+    // Enough entries for a payload past the parser's first 64 KiB read.
+    let mut r = Rig::new(600, 1 << 20, true).without_early_evictions();
+    let payload_of = |c: u8| {
+        let at = r.g.container_offset(c) + r.g.block_align;
+        at..r.g.container_offset(c) + r.g.container_bytes
+    };
+    let dev = Arc::new(LoadsDuringCheckpointRead {
+        dev: r.dev.clone(),
+        table: r.slots.clone(),
+        payloads: [payload_of(0), payload_of(1)],
+        slots: 0..6,
+        armed: false.into(),
+    });
+    r.w = Watcher::new(r.g, r.slots.clone(), dev.clone(), r.cfg.clone(), Some(r.region), OWN);
+    let keys: Vec<String> = (0..6).map(|_| r.new_key(false)).collect();
+    for k in &keys {
+        r.put(k.clone()).unwrap();
+    }
+    r.fillers(500);
+    r.checkpoint();
+    r.step();
+    let c = r.w.containers.iter().find_map(|c| match c {
+        Container::Valid(v) => Some(v.entries),
+        _ => None,
+    });
+    assert_eq!(c, Some(506));
+    dev.armed.store(true, std::sync::atomic::Ordering::Relaxed);
+    r.checkpoint_dirty(); // confirms the six, read back while LMCache loads them
+    r.step();
+    dev.armed.store(false, std::sync::atomic::Ordering::Relaxed);
+    for s in 0..6 {
+        assert!(r.slots.life(s) & life::READS_MASK != 0, "slot {s} was loaded during the read-back");
+        assert!(r.slots.get(s).unwrap().confirmed, "slot {s} confirmed despite the loads");
+    }
+    let a = r.delete_key(&keys[0]);
+    r.checkpoint();
+    r.step();
+    r.checkpoint_dirty();
+    r.step();
+    assert_eq!(r.trims, 1);
+    assert_eq!(r.state(a), SlotState::Trimmed);
+    r.verify_all();
+}
+
 /// LMCache's newest checkpoint keeps its age across a daemon restart (the own state keeps
 /// when it was seen): a stalled LMCache stays visible after fdpblk restarts. One the saved
 /// state did not see (another seq) counts from the start.
