@@ -36,6 +36,22 @@ daemon_log_since_start() {
     fi
     cat "$DAEMON_LOG"
 }
+# At a check's first failure: what the daemons warned of since it began, and device 0's
+# deallocation and slot counts, so that a failure in CI can be read from its log alone.
+declare -F check_lib_not_ok >/dev/null || eval "check_lib_$(declare -f not_ok)"
+not_ok() {
+    check_lib_not_ok "$@"
+    ((CHECK_FAILS == 1)) || return 0
+    local text
+    if text=$(daemon_log_since_start 2>&1); then
+        { grep -E ' (WARN|ERROR) ' <<<"$text" | tail -n 10 | sed 's/^/#   daemon: /'; } || true
+    fi
+    if [[ -e /run/fdpblk/0.stats.json ]]; then
+        { "$FDPBLK" stats -n 0 --json 2>/dev/null | jq -c '{checkpoint_seq, trim, slots}' | sed 's/^/#   stats -n 0: /'; } || true
+    fi
+    return 0
+}
+
 # daemon_errors: the number of ERROR lines the daemons logged since this check began (or why
 # the log could not be read).
 daemon_errors() {
