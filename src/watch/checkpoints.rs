@@ -17,6 +17,28 @@ struct Confirm {
     fresh: bool,
 }
 
+/// Applies a confirmation parsed from `c.was`. Besides loads (which `cas_life` takes), only
+/// the completion of the slot's header write may have come since: it sets `HEADER_DONE`
+/// and writes nothing (with buffered I/O LMCache commits a put before its header is written
+/// back). The confirmation stands over it; a failed CAS would drop it until the next
+/// checkpoint that lists the slot, and a slot deleted before that stays on the drive.
+fn confirm(slots: &SlotTable, c: &Confirm) {
+    let tag = life::tag(c.new);
+    let mut was = c.was;
+    for _ in 0..4 {
+        let new = life::with_state(life::with_tag(was | life::CONFIRMED, tag), SlotState::Live);
+        if slots.cas_life(c.slot, was, new) {
+            return;
+        }
+        let now = slots.life(c.slot);
+        let completed = now & !was & life::HEADER_DONE;
+        if !life::same_but_loads(now & !completed, was) {
+            return; // written (or trimmed) since the parse
+        }
+        was = now;
+    }
+}
+
 /// Hashes what the parser reads, so that what is parsed is what the CRC vouched for.
 struct CrcRead<R> {
     inner: R,
@@ -210,7 +232,7 @@ impl Watcher {
                 slots.settle_unseen(c.slot);
             }
             if c.new != c.was {
-                slots.cas_life(c.slot, c.was, c.new);
+                confirm(slots, &c);
             }
         }
         // Compared as Python's loader compares them: `65536.0 == 65536`.

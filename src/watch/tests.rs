@@ -714,22 +714,21 @@ fn evicted_slots_are_trimmed_after_two_checkpoints() {
 }
 
 /// The state thread's device: while armed, its reads of a checkpoint payload past the
-/// parser's first 64 KiB count a load of every slot in `slots` (as the data path does for
-/// LMCache's reads), after the parse took those slots' entries from the first 64 KiB.
-struct LoadsDuringCheckpointRead {
+/// parser's first 64 KiB run `during` on the slot table (what the data path does meanwhile),
+/// after the parse took the entries of the first 64 KiB and before it applied their
+/// confirmations.
+struct DuringCheckpointRead {
     dev: Arc<MemDev>,
     table: Arc<SlotTable>,
     payloads: [std::ops::Range<u64>; 2],
-    slots: std::ops::Range<u64>,
+    during: Box<dyn Fn(&SlotTable) + Send + Sync>,
     armed: std::sync::atomic::AtomicBool,
 }
 
-impl StateWriter for LoadsDuringCheckpointRead {
+impl StateWriter for DuringCheckpointRead {
     fn read_at(&self, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
         if self.armed.load(std::sync::atomic::Ordering::Relaxed) && self.payloads.iter().any(|r| r.contains(&off) && off >= r.start + 65536) {
-            for s in self.slots.clone() {
-                self.table.note_read(s);
-            }
+            (self.during)(&self.table);
         }
         self.dev.read_at(off, buf)
     }
@@ -750,6 +749,37 @@ impl StateWriter for LoadsDuringCheckpointRead {
     }
 }
 
+impl Rig {
+    /// A rig large enough for a checkpoint payload past the parser's first 64 KiB read, whose
+    /// state thread runs `during` while it reads one (see [`DuringCheckpointRead`]).
+    fn with_work_during_checkpoint_reads(during: impl Fn(&SlotTable) + Send + Sync + 'static) -> (Rig, Arc<DuringCheckpointRead>) {
+        let mut r = Rig::new(600, 1 << 20, true).without_early_evictions().without_early_tails();
+        let payload_of = |c: u8| r.g.container_offset(c) + r.g.block_align..r.g.container_offset(c) + r.g.container_bytes;
+        let dev = Arc::new(DuringCheckpointRead {
+            dev: r.dev.clone(),
+            table: r.slots.clone(),
+            payloads: [payload_of(0), payload_of(1)],
+            during: Box::new(during),
+            armed: false.into(),
+        });
+        r.w = Watcher::new(r.g, r.slots.clone(), dev.clone(), r.cfg.clone(), Some(r.region), OWN);
+        (r, dev)
+    }
+
+    /// Checkpoints 1 (listing `keys` first, then 500 fillers) and 2, which confirms them, read
+    /// back with `dev` armed.
+    fn confirm_during(&mut self, dev: &DuringCheckpointRead) {
+        self.fillers(500);
+        self.checkpoint();
+        self.step();
+        assert!(self.w.containers.iter().any(|c| matches!(c, Container::Valid(v) if v.entries > 500)));
+        dev.armed.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.checkpoint_dirty();
+        self.step();
+        dev.armed.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// LMCache loads slots while fdpblk reads back the checkpoint that confirms them, after the
 /// parse took their entries and before it applied the confirmations (a load counts in the
 /// slot's life word): they are confirmed all the same, and go once evicted. (A lost
@@ -757,36 +787,16 @@ impl StateWriter for LoadsDuringCheckpointRead {
 /// stayed on the drive, and its stale tail too.)
 #[test]
 fn loads_during_the_read_back_do_not_lose_the_confirmation() {
-    // Enough entries for a payload past the parser's first 64 KiB read.
-    let mut r = Rig::new(600, 1 << 20, true).without_early_evictions();
-    let payload_of = |c: u8| {
-        let at = r.g.container_offset(c) + r.g.block_align;
-        at..r.g.container_offset(c) + r.g.container_bytes
-    };
-    let dev = Arc::new(LoadsDuringCheckpointRead {
-        dev: r.dev.clone(),
-        table: r.slots.clone(),
-        payloads: [payload_of(0), payload_of(1)],
-        slots: 0..6,
-        armed: false.into(),
+    let (mut r, dev) = Rig::with_work_during_checkpoint_reads(|t| {
+        for s in 0..6 {
+            t.note_read(s);
+        }
     });
-    r.w = Watcher::new(r.g, r.slots.clone(), dev.clone(), r.cfg.clone(), Some(r.region), OWN);
     let keys: Vec<String> = (0..6).map(|_| r.new_key(false)).collect();
     for k in &keys {
         r.put(k.clone()).unwrap();
     }
-    r.fillers(500);
-    r.checkpoint();
-    r.step();
-    let c = r.w.containers.iter().find_map(|c| match c {
-        Container::Valid(v) => Some(v.entries),
-        _ => None,
-    });
-    assert_eq!(c, Some(506));
-    dev.armed.store(true, std::sync::atomic::Ordering::Relaxed);
-    r.checkpoint_dirty(); // confirms the six, read back while LMCache loads them
-    r.step();
-    dev.armed.store(false, std::sync::atomic::Ordering::Relaxed);
+    r.confirm_during(&dev);
     for s in 0..6 {
         assert!(r.slots.life(s) & life::READS_MASK != 0, "slot {s} was loaded during the read-back");
         assert!(r.slots.get(s).unwrap().confirmed, "slot {s} confirmed despite the loads");
@@ -798,6 +808,40 @@ fn loads_during_the_read_back_do_not_lose_the_confirmation() {
     r.step();
     assert_eq!(r.trims, 1);
     assert_eq!(r.state(a), SlotState::Trimmed);
+    r.verify_all();
+}
+
+/// With buffered I/O LMCache commits a put while its header is still in the page cache: the
+/// header write can complete (`HEADER_DONE`) while fdpblk reads back a checkpoint that
+/// confirms the put. The confirmation stands.
+#[test]
+fn a_header_write_completing_during_the_read_back_does_not_lose_the_confirmation() {
+    let (mut r, dev) = Rig::with_work_during_checkpoint_reads(|t| {
+        if let Some(g) = t.generation(0) {
+            t.header_completed(0, g);
+        }
+    });
+    let k = r.new_key(false);
+    assert!(r.start_put(k.clone(), 100));
+    assert_eq!(r.lmc.puts[0].slot, 0);
+    // The header is planned (on the device: written back) but its completion not yet seen.
+    let h = SlotHeader { identity: keys::identity(&k).unwrap(), payload_len: 100 }.encode(BA as usize);
+    let mut segs = Vec::new();
+    r.pipe.plan(&Request { op: Op::Write, offset: r.g.slot_offset(0), len: BA, data: Some(&h) }, &mut segs, crate::pipeline::HeaderWait::Expired).unwrap();
+    r.dev.poke(r.g.slot_offset(0), &h);
+    r.lmc.puts[0].hdr = true;
+    r.put_payload(0);
+    r.put_commit(0);
+    assert_eq!(r.slots.life(0) & (life::HEADER_DONE | life::STALE_TAIL), life::STALE_TAIL, "a fresh slot may hold a stale tail");
+    r.confirm_during(&dev);
+    assert_ne!(r.slots.life(0) & life::HEADER_DONE, 0, "completed during the read-back");
+    assert!(r.slots.get(0).unwrap().confirmed, "confirmed despite the completion");
+    r.delete_key(&k);
+    r.checkpoint();
+    r.step();
+    r.checkpoint_dirty();
+    r.step();
+    assert_eq!(r.state(0), SlotState::Trimmed);
     r.verify_all();
 }
 
