@@ -249,15 +249,32 @@ impl Watcher {
             return;
         }
         // Every header in `todo` completed before this flush, so the flush makes it durable.
+        // After an error the rest wait in `deferred_tails` for the pause to end: their
+        // completions are taken, and no later round would see them again.
         if !self.flush_for_tails() {
+            self.deferred_tails.extend(todo);
             return;
         }
         let g = self.geom;
         let mut hdr = vec![0u8; SLOT_HEADER_PREFIX];
-        for (slot, generation) in todo {
+        let mut todo = todo.into_iter();
+        while let Some((slot, generation)) = todo.next() {
             let Some(e) = current(self, slot, generation) else { continue };
             let off = g.slot_offset(slot);
-            let Ok(Some(h)) = self.header_on_drive(off, &e, &mut hdr) else { continue };
+            let h = match self.header_on_drive(off, &e, &mut hdr) {
+                Ok(Some(h)) => h,
+                Ok(None) => continue, // not this header on the drive: nothing to cut
+                // As a failed deallocation: paused until the next checkpoint, then again.
+                Err(err) => {
+                    if self.tail_error_epoch.is_none() {
+                        tracing::warn!("device {}: reading slot {slot}'s header before deallocating its stale tail: {err}; paused until the next checkpoint", self.cfg.device);
+                    }
+                    self.tail_error_epoch = Some(self.seen_epoch);
+                    self.deferred_tails.push((slot, generation));
+                    self.deferred_tails.extend(todo);
+                    return;
+                }
+            };
             let Some((start, len)) = self.tail_after(h.payload_len) else { continue };
             // The life word changes with stamps too (a load does not fail the CAS): retry
             // while nothing but payload was written since the header completed (a write past
@@ -282,6 +299,8 @@ impl Watcher {
                 continue;
             }
             if !self.discard_tail(slot, began, off + start, len, true) {
+                self.deferred_tails.push((slot, generation));
+                self.deferred_tails.extend(todo);
                 return;
             }
         }

@@ -845,6 +845,39 @@ fn a_header_write_completing_during_the_read_back_does_not_lose_the_confirmation
     r.verify_all();
 }
 
+/// An early tail whose round failed (its flush here, or its header read or deallocation) is
+/// tried again once the pause ends at the next checkpoint: its completion was taken, and the
+/// confirmed path never takes a key deleted before a second checkpoint listed it.
+#[test]
+fn an_early_tail_whose_round_failed_goes_after_the_pause() {
+    let mut r = Rig::new(SLOTS, META, true);
+    r.faults = true;
+    r.checkpoint();
+    r.step();
+    let a = r.new_key(false);
+    let s = r.put_sized(a.clone(), 3 * BA - 10).unwrap(); // fills the slot: no tail
+    r.step();
+    r.delete_key(&a);
+    let b = r.new_key(false);
+    assert_eq!(r.put_sized(b.clone(), 100), Some(s)); // leaves a stale tail
+    r.step();
+    let tails = r.tails;
+    r.dev.set_fail_flushes(Some(0));
+    r.checkpoint(); // written after the put: the early tail may go, but the flush fails
+    r.step();
+    r.step();
+    assert_eq!(r.tails, tails, "no tail without a flush");
+    r.dev.set_fail_flushes(None);
+    r.delete_key(&b); // never confirmed: only the early path can take its tail
+    r.checkpoint();
+    r.step();
+    r.step();
+    assert_eq!(r.tails, tails + 1, "the tail went once the pause ended");
+    assert!(r.dev.peek(r.g.slot_offset(s) + 2 * BA, 2 * BA as usize).iter().all(|&x| x == 0));
+    assert!(!r.slots.get(s).unwrap().confirmed);
+    r.verify_all();
+}
+
 /// LMCache's newest checkpoint keeps its age across a daemon restart (the own state keeps
 /// when it was seen): a stalled LMCache stays visible after fdpblk restarts. One the saved
 /// state did not see (another seq) counts from the start.
