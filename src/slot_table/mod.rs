@@ -843,7 +843,7 @@ impl SlotTable {
         let ok = self.life[i]
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| match cur ^ expected {
                 0 => Some(new),
-                d if keeps_count && d & !life::READS_MASK == 0 => Some((new & !life::READS_MASK) | (cur & life::READS_MASK)),
+                _ if keeps_count && life::same_but_loads(cur, expected) => Some((new & !life::READS_MASK) | (cur & life::READS_MASK)),
                 _ => None,
             })
             .is_ok();

@@ -266,10 +266,7 @@ impl Watcher {
                 Ok(None) => continue, // not this header on the drive: nothing to cut
                 // As a failed deallocation: paused until the next checkpoint, then again.
                 Err(err) => {
-                    if self.tail_error_epoch.is_none() {
-                        tracing::warn!("device {}: reading slot {slot}'s header before deallocating its stale tail: {err}; paused until the next checkpoint", self.cfg.device);
-                    }
-                    self.tail_error_epoch = Some(self.seen_epoch);
+                    self.pause_tails(format_args!("reading slot {slot}'s header before deallocating its stale tail: {err}"), false);
                     self.deferred_tails.push((slot, generation));
                     self.deferred_tails.extend(todo);
                     return;
@@ -343,8 +340,7 @@ impl Watcher {
         match self.dev.flush() {
             Ok(()) => true,
             Err(err) => {
-                tracing::warn!("device {}: flushing before deallocating stale tails: {err}; paused until the next checkpoint", self.cfg.device);
-                self.tail_error_epoch = Some(self.seen_epoch);
+                self.pause_tails(format_args!("flushing before deallocating stale tails: {err}"), true);
                 false
             }
         }
@@ -363,12 +359,18 @@ impl Watcher {
                 true
             }
             Err(err) => {
-                if self.tail_error_epoch.is_none() {
-                    tracing::warn!("device {}: deallocating the stale tail of slot {slot}: {err}; paused until the next checkpoint", self.cfg.device);
-                }
-                self.tail_error_epoch = Some(self.seen_epoch);
+                self.pause_tails(format_args!("deallocating the stale tail of slot {slot}: {err}"), false);
                 false
             }
         }
+    }
+
+    /// Pauses stale tails until the next checkpoint after an error, saying so (`always`, or
+    /// only for the first error of this daemon: a failing drive repeats it per slot).
+    fn pause_tails(&mut self, what: std::fmt::Arguments<'_>, always: bool) {
+        if always || self.tail_error_epoch.is_none() {
+            tracing::warn!("device {}: {what}; paused until the next checkpoint", self.cfg.device);
+        }
+        self.tail_error_epoch = Some(self.seen_epoch);
     }
 }
