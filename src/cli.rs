@@ -196,13 +196,14 @@ pub struct AddArgs {
     #[arg(long, num_args = 0..=1, require_equals = true, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub no_trim: bool,
     /// Add a backing that `add` would refuse as someone else's data: one that holds a file
-    /// system, partition table, RAID or LVM signature (as blkid finds them) and neither
-    /// LMCache's checkpoint nor fdpblk's state (the signatures are erased with wipefs -a, and
-    /// the data is overwritten and deallocated); one blkid cannot check; or, with --name, one
-    /// whose LMCache checkpoint was written through another name (that cache is given up:
-    /// LMCache loads it only through its own device_path). The first two apply only where no
-    /// checkpoint is found, the last only where one is, so one flag never overrides two
-    /// refusals at once. Command line only.
+    /// system, partition table, RAID or LVM signature (as blkid finds them) and no LMCache
+    /// checkpoint at its start (fdpblk's own state, or copy 1 of a checkpoint left behind
+    /// the signature, does not count; the signatures are erased with wipefs -a, and the data
+    /// is overwritten and deallocated); one blkid cannot check; or, with --name, one whose
+    /// LMCache checkpoint was written through another name (that cache is given up: LMCache
+    /// loads it only through its own device_path). The first two apply only where no
+    /// checkpoint is found or only its copy 1 is left, the last only where one is. Command
+    /// line only.
     #[arg(long)]
     pub force: bool,
     /// Deallocate a stale tail (bytes past a shorter new payload) only once a checkpoint

@@ -91,12 +91,35 @@ fn with_erase_hint(e: DiscoverError, backing: &Path, is_bdev: bool, is_chardev: 
     format!("{e}. If LMCache's configuration {change} (LMCache then starts with an empty cache), erase its old checkpoint first: {erase}")
 }
 
+/// What of LMCache's a device shows before blkid is asked.
+#[derive(Clone, Copy)]
+enum Lmcache {
+    /// No checkpoint (the layout comes from the flags, or is learned).
+    Nothing,
+    /// A valid copy 1 where copy 0's header block, the device's first, is not LMCache's:
+    /// something wrote over the start since (mkswap, a partition table, mkfs), and the copy
+    /// LMCache left behind it does not vouch for the rest.
+    Copy1Only,
+}
+
+/// Whether a discovered device still needs blkid's word, and what it shows of LMCache's:
+/// None where copy 0's header is LMCache's. A copy 0 whose header holds but whose JSON fails
+/// its CRC is LMCache's own torn write: its first block is LMCache's.
+fn needs_blkid(d: &crate::layout::discover::Discovered) -> Option<Lmcache> {
+    match (&d.source, &d.copies) {
+        (crate::layout::discover::GeometrySource::Flags, _) => Some(Lmcache::Nothing),
+        (_, Some(c)) if c[0].header.is_err() => Some(Lmcache::Copy1Only),
+        _ => None,
+    }
+}
+
 /// Refuses a backing that holds neither LMCache's checkpoint nor fdpblk's state but a file
 /// system, partition table, RAID or LVM member (what `blkid -p` finds), unless `--force`:
 /// fdpblk would write its state over the device's end and, after LMCache's first checkpoint,
 /// deallocate every slot that checkpoint does not list. That is a typo in `--backing` away.
 fn refuse_foreign_data(
     a: &AddArgs,
+    found: Lmcache,
     is_chardev: bool,
     file: &std::fs::File,
     probe: &Option<passthrough::NsProbe>,
@@ -128,7 +151,11 @@ fn refuse_foreign_data(
             "backing {} holds {what} (blkid -p {}), and {}: fdpblk would overwrite and deallocate it. Check that this is the right device; if its data may go, erase it first (wipefs -a {}) or {}, which does that",
             a.backing.display(),
             target.display(),
-            if ours { "no LMCache checkpoint (only fdpblk's state from an earlier use)" } else { "neither an LMCache checkpoint nor fdpblk's state" },
+            match (found, ours) {
+                (Lmcache::Copy1Only, _) => "only copy 1 of an LMCache checkpoint (the device's first block, copy 0's header, is not LMCache's)",
+                (Lmcache::Nothing, true) => "no LMCache checkpoint (only fdpblk's state from an earlier use)",
+                (Lmcache::Nothing, false) => "neither an LMCache checkpoint nor fdpblk's state",
+            },
             target.display(),
             with_force(a)
         )),
@@ -412,8 +439,8 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         "auto" => match discover(&*source, &flags) {
             Ok(d) => {
                 other_name(&d)?;
-                if matches!(d.source, crate::layout::discover::GeometrySource::Flags) {
-                    to_wipe = refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
+                if let Some(found) = needs_blkid(&d) {
+                    to_wipe = refuse_foreign_data(a, found, is_chardev, &file, &probe, backing_bytes)?;
                 }
                 Some(d.geometry)
             }
@@ -427,7 +454,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
                 ));
             }
             Err(DiscoverError::NoCheckpoint { missing }) => {
-                to_wipe = refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
+                to_wipe = refuse_foreign_data(a, Lmcache::Nothing, is_chardev, &file, &probe, backing_bytes)?;
                 // `list` and `stats` say `learning`; the daemon's log says it too.
                 tracing::debug!(
                     "no LMCache checkpoint on {} yet: fdpblk learns the layout from LMCache's first one (pass {missing} to place from the first write)",
@@ -445,9 +472,14 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             // Other errors too, as under `--layout auto`: a checkpoint that cannot be read or
             // does not fit the device is not a layout to serve on the flags' word.
             match discover(&*source, &flags) {
-                Ok(d) if !matches!(d.source, crate::layout::discover::GeometrySource::Flags) => other_name(&d)?,
-                Ok(_) | Err(DiscoverError::NoCheckpoint { .. }) => {
-                    to_wipe = refuse_foreign_data(a, is_chardev, &file, &probe, backing_bytes)?;
+                Ok(d) => {
+                    other_name(&d)?;
+                    if let Some(found) = needs_blkid(&d) {
+                        to_wipe = refuse_foreign_data(a, found, is_chardev, &file, &probe, backing_bytes)?;
+                    }
+                }
+                Err(DiscoverError::NoCheckpoint { .. }) => {
+                    to_wipe = refuse_foreign_data(a, Lmcache::Nothing, is_chardev, &file, &probe, backing_bytes)?;
                 }
                 // LMCache's (its CRC holds), past what fdpblk parses: the error under `auto`
                 // sends the operator here. Served on the flags; the state thread cannot read
@@ -1497,6 +1529,41 @@ mod tests {
         assert_eq!(deallocation_state(&json!({"enabled": true, "blocked_by": null})), "on");
         assert_eq!(deallocation_state(&json!({"enabled": true, "blocked_by": "slot_bytes differs"})), "on but blocked");
         assert_eq!(deallocation_state(&json!({"enabled": false, "blocked_by": null})), "off");
+    }
+
+    /// mkswap (like a partition table or mkfs) writes over the device's first block, copy 0's
+    /// header, and leaves copy 1 of LMCache's checkpoint valid behind it: that copy does not
+    /// vouch for the device, blkid is asked. A torn copy 0 (its JSON's CRC fails, its header
+    /// holds) is LMCache's own and needs no blkid.
+    #[test]
+    fn a_checkpoint_copy_1_left_behind_a_new_signature_does_not_skip_blkid() {
+        let dir = scratch("copy1");
+        let img = dir.join("evict.img");
+        std::fs::copy(crate::test_fixtures::fixtures_dir().join("object-evict/device.img"), &img).unwrap();
+        // Room for fdpblk's reserved tail behind LMCache's 4 MiB.
+        std::fs::OpenOptions::new().write(true).open(&img).unwrap().set_len(64 << 20).unwrap();
+        let path = img.to_str().unwrap();
+        for layout in [&["--layout", "auto"][..], &["--layout", "lmcache", "--slot-bytes", "64K", "--meta-total-bytes", "1M"]] {
+            let args = add_args(&[&["--backing", path, "--engine", "plain", "--policy", "none"][..], layout].concat());
+            validate(&args).unwrap();
+            // LMCache's torn write of copy 0's JSON: still LMCache's device.
+            let f = std::fs::OpenOptions::new().read(true).write(true).open(&img).unwrap();
+            use std::os::unix::fs::FileExt;
+            let mut b = [0u8; 1];
+            FileExt::read_exact_at(&f, &mut b, 4096).unwrap();
+            f.write_all_at(&[b[0] ^ 0xff], 4096).unwrap();
+            validate(&args).unwrap();
+            f.write_all_at(&b, 4096).unwrap();
+            drop(f);
+        }
+        assert!(std::process::Command::new(sbin_tool("mkswap")).arg(&img).output().unwrap().status.success());
+        let copies = crate::layout::checkpoint::read_copies(&std::fs::File::open(&img).unwrap(), &crate::test_fixtures::small_geometry()).unwrap();
+        assert!(copies[0].header.is_err() && copies[1].is_valid(), "the fixture's copy 1 survives mkswap");
+        for layout in [&["--layout", "auto"][..], &["--layout", "lmcache", "--slot-bytes", "64K", "--meta-total-bytes", "1M"]] {
+            let e = validate(&add_args(&[&["--backing", path, "--engine", "plain", "--policy", "none"][..], layout].concat())).unwrap_err();
+            assert!(e.contains("holds a swap") && e.contains("only copy 1 of an LMCache checkpoint"), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
