@@ -161,8 +161,10 @@ pub struct AddArgs {
     /// Placement policy: key-aware (3 handles), region (4), none (1), lmcache-fdp (8).
     #[arg(long, default_value = "key-aware")]
     pub policy: String,
-    /// auto: the geometry of the LMCache checkpoint on the device (flags must agree), or, on
-    /// a device without one, learned from LMCache's first checkpoint; lmcache: from the flags.
+    /// auto: the geometry of the LMCache checkpoint on the device (flags must agree); on a
+    /// device without one, the flags' where --slot-bytes and --meta-total-bytes are given
+    /// (placed from the first write), else learned from LMCache's first checkpoint; lmcache:
+    /// from the flags, never learned.
     #[arg(long, default_value = "auto")]
     pub layout: String,
     #[command(flatten)]
@@ -199,7 +201,8 @@ pub struct AddArgs {
     /// system, partition table, RAID or LVM signature (as blkid finds them) and no LMCache
     /// checkpoint at its start (fdpblk's own state, or copy 1 of a checkpoint left behind
     /// the signature, does not count; the signatures are erased with wipefs -a, and the data
-    /// is overwritten and deallocated); one blkid cannot check; or, with --name, one whose
+    /// is overwritten and deallocated); one blkid cannot run on (a namespace with no block
+    /// device at all is added with a warning: nothing for blkid to read); or, with --name, one whose
     /// LMCache checkpoint was written through another name (that cache is given up: LMCache
     /// loads it only through its own device_path). The first two apply only where no
     /// checkpoint is found or only its copy 1 is left, the last only where one is. Command
@@ -245,6 +248,11 @@ pub struct DelArgs {
     /// Delete every fdpblk device.
     #[arg(short = 'a', long)]
     pub all: bool,
+    /// Only a device whose daemon died (held by the driver for `recover`); one whose daemon
+    /// runs is kept. What fdpblk-release@NAME runs once fdpblk@NAME gave up restarting: a
+    /// device added by hand under that name, which made the unit's starts fail, stays.
+    #[arg(long)]
+    pub if_orphaned: bool,
 }
 
 #[derive(Args, Debug)]

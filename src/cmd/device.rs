@@ -324,11 +324,15 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             return Err(ublk_backing_error(&a.backing, id, state::read_state(id).ok().map(|(c, _)| c.backing)));
         }
     }
+    let partition = if is_bdev { partition_of(meta.rdev()) } else { None };
     let engine = match a.engine.as_str() {
         // A char device can only be driven by passthrough (which refuses one that is not NVMe).
         "auto" if is_chardev => EngineKind::Passthrough,
         "auto" if is_bdev && sysfs_queue_attr(&a.backing, "max_write_streams").unwrap_or(0) > 0 => EngineKind::Streams,
         "auto" => {
+            if let (Some(disk), true) = (&partition, policy.handles() > 1) {
+                return Err(partition_error(&a.backing, disk));
+            }
             if policy.handles() > 1 {
                 return Err(format!(
                     "{} offers no FDP placement (no write streams: needs an FDP drive with one reclaim group and Linux >= 6.16); use --policy none, or --engine plain to run without placement; on an FDP drive with an older kernel, pass its char device /dev/ngXnY as --backing (NVMe passthrough)",
@@ -363,6 +367,9 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     if engine == EngineKind::Streams {
         if !is_bdev {
             return Err(format!("--engine streams needs an NVMe block device (/dev/nvmeXnY); {} is not one", a.backing.display()));
+        }
+        if let Some(disk) = &partition {
+            return Err(partition_error(&a.backing, disk));
         }
         let max = sysfs_queue_attr(&a.backing, "max_write_streams").unwrap_or(0);
         if max == 0 {
@@ -725,6 +732,24 @@ fn add_device(a: &AddArgs) -> CmdResult {
 }
 
 /// The ublk device (`/dev/ublkbN`) block device `rdev` is, or is a partition of.
+/// The disk a partition is on (`nvme0n1` for `nvme0n1p2`); None for a whole disk.
+fn partition_of(rdev: u64) -> Option<String> {
+    let dir = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev))).ok()?;
+    if !dir.join("partition").exists() {
+        return None;
+    }
+    dir.parent()?.file_name()?.to_str().map(str::to_string)
+}
+
+/// FDP placement on a partition: write streams are the whole disk's, and passthrough
+/// addresses the namespace's LBAs, so neither reaches a partition.
+fn partition_error(backing: &Path, disk: &str) -> String {
+    format!(
+        "{} is a partition of /dev/{disk}, and FDP placement (write streams, NVMe passthrough) works on a whole namespace only: give fdpblk the whole namespace (/dev/{disk}, or its char device for passthrough; its partition table and every partition then go to fdpblk), or run on the partition without placement (--policy none, or --engine plain)",
+        backing.display()
+    )
+}
+
 fn ublk_disk_of(rdev: u64) -> Option<i32> {
     let dir = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev))).ok()?;
     let disk = if dir.join("partition").exists() { dir.parent()? } else { &dir };
@@ -877,6 +902,12 @@ pub fn del(a: &DelArgs) -> CmdResult {
     // --all goes on past a device it cannot delete, and reports them all at the end.
     let mut failed = Vec::new();
     for id in ids {
+        if a.if_orphaned {
+            if let Some(pid) = serving_daemon(id, &state::read_state(id)) {
+                println!("{} is served by its daemon (pid {pid}): kept (--if-orphaned deletes only a device whose daemon died)", state::bdev_path(id));
+                continue;
+            }
+        }
         if let Err(e) = del_one(id) {
             if !a.all {
                 return Err(e.into());
@@ -912,14 +943,7 @@ fn del_one(id: i32) -> Result<(), String> {
     if let Some((pid, comm)) = foreign {
         return Err(format!("ublk device {id} is served by {comm} (pid {pid}), not by fdpblk: stop it with its own server"));
     }
-    // The daemon serving it: the state file's, else an fdpblk process holding its char
-    // device (`/run` cleared, or a recovery that has not yet written its state file).
-    let daemon = read.as_ref().ok().map(|(_, d)| *d).filter(state::Daemon::alive).or_else(|| {
-        state::openers(Path::new(&format!("/dev/ublkc{id}")))
-            .into_iter()
-            .find(|(_, comm)| comm.starts_with("fdpblk"))
-            .map(|(pid, _)| state::Daemon { pid, start: state::start_time(pid) })
-    });
+    let daemon = serving_daemon(id, &read);
     // The daemon itself opens the device now and then (its state thread drops cached pages).
     let users = holders(Path::new(&state::bdev_path(id)), daemon.map(|d| d.pid));
     if !users.is_empty() {
@@ -962,6 +986,17 @@ fn del_one(id: i32) -> Result<(), String> {
         _ => {}
     }
     Ok(())
+}
+
+/// The daemon serving device `id`: its state file's, else an fdpblk process holding its
+/// char device (`/run` cleared, or a recovery that has not yet written its state file).
+fn serving_daemon(id: i32, read: &Result<(DeviceConfig, state::Daemon), String>) -> Option<state::Daemon> {
+    read.as_ref().ok().map(|(_, d)| *d).filter(state::Daemon::alive).or_else(|| {
+        state::openers(Path::new(&format!("/dev/ublkc{id}")))
+            .into_iter()
+            .find(|(_, comm)| comm.starts_with("fdpblk"))
+            .map(|(pid, _)| state::Daemon { pid, start: state::start_time(pid) })
+    })
 }
 
 /// The processes that hold `dev` open, but `skip`: "name (pid N)" each.
@@ -1076,12 +1111,22 @@ pub fn list(a: &ListArgs) -> CmdResult {
     Ok(())
 }
 
+/// The daemon's stats file, a JSON object (`stats` adds fields to it; indexing anything else
+/// would panic).
+fn parse_stats(p: &Path, text: &str) -> Result<serde_json::Value, String> {
+    // The daemon rewrites it every second (atomically): a corrupt one is not fdpblk's.
+    let corrupt = |e: &dyn std::fmt::Display| format!("{} is corrupt ({e}); the daemon rewrites it within a second if it runs, see `fdpblk list`", p.display());
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v) if v.is_object() => Ok(v),
+        Ok(_) => Err(corrupt(&"not a JSON object")),
+        Err(e) => Err(corrupt(&e)),
+    }
+}
+
 pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     let p = state::stats_path(a.number);
     let text = std::fs::read_to_string(&p).map_err(|e| format!("no stats for device {} ({}: {e}); is it running? see `fdpblk list`", a.number, p.display()))?;
-    // The daemon rewrites it every second (atomically): a corrupt one is not fdpblk's.
-    let mut v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| format!("{} is corrupt ({e}); the daemon rewrites it within a second if it runs, see `fdpblk list`", p.display()))?;
+    let mut v = parse_stats(&p, &text)?;
     let saved = state::read_state(a.number).ok();
     // A daemon that died leaves its last figures behind (they stay for `recover`): say so.
     let daemon_up = saved.as_ref().is_some_and(|(_, pid)| pid.alive());
@@ -1564,6 +1609,17 @@ mod tests {
             assert!(e.contains("holds a swap") && e.contains("only copy 1 of an LMCache checkpoint"), "{e}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A stats file that is valid JSON but not an object is as corrupt as one that is not JSON.
+    #[test]
+    fn a_stats_file_that_is_not_an_object_is_corrupt_not_a_panic() {
+        let p = Path::new("/run/fdpblk/0.stats.json");
+        for text in ["[]", "3", "null", "\"x\"", "{", ""] {
+            let e = parse_stats(p, text).unwrap_err();
+            assert!(e.starts_with("/run/fdpblk/0.stats.json is corrupt (") && e.contains("see `fdpblk list`"), "{text}: {e}");
+        }
+        assert!(parse_stats(p, r#"{"io":{}}"#).unwrap()["io"].is_object());
     }
 
     #[test]

@@ -124,7 +124,7 @@ pub fn up(u: &UpArgs) -> CmdResult {
             // and fdpblk's saved state are on the backing).
             let a = a?;
             tracing::info!("device {name} ({}) was stopped when its daemon died: deleting it and adding it again", state::bdev_path(id));
-            device::del(&crate::cli::DelArgs { number: Some(id), name: None, all: false })?;
+            device::del(&crate::cli::DelArgs { number: Some(id), name: None, all: false, if_orphaned: false })?;
             device::add(&a)
         }
         Found::Orphaned { id } => {
@@ -153,7 +153,7 @@ pub fn down(u: &UpArgs) -> CmdResult {
     match find(&name) {
         Found::None => println!("no fdpblk device named {name}; nothing to stop"),
         Found::Running { id, .. } => {
-            device::del(&DelArgs { number: Some(id), name: None, all: false })?;
+            device::del(&DelArgs { number: Some(id), name: None, all: false, if_orphaned: false })?;
             println!("stopped {} ({name})", state::bdev_path(id));
         }
         Found::Orphaned { id } => println!(

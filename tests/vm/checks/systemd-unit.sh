@@ -8,7 +8,8 @@
 # `fdpblk up` recovers the same device and all data written before and during the crash
 # reads back (with the OnFailure= drop-in installed: one crash is recovered, not released);
 # fdpblk-metrics writes the textfile; systemctl stop deletes the device cleanly; a unit
-# killed until it gives up has its device deleted by fdpblk-release@.
+# killed until it gives up has its device deleted by fdpblk-release@, and one whose starts
+# fail on a device added by hand under its name leaves that device running.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool systemctl systemd-analyze unshare nsenter pgrep
@@ -141,7 +142,28 @@ done
 expect "fdpblk@demo gave up after repeated kills (at kill ${gave_up:-none})" test -n "$gave_up"
 expect "fdpblk-release@demo deleted the device" bash -c "for i in \$(seq 150); do [[ -e $dev ]] || exit 0; sleep 0.2; done; exit 1"
 expect_eq "fdpblk-release@demo succeeded" "$(sc show -p Result --value fdpblk-release@demo)" success
-sc reset-failed fdpblk@demo >/dev/null 2>&1 || true
+sc reset-failed fdpblk@demo fdpblk-release@demo >/dev/null 2>&1 || true
+
+# A device added by hand under the unit's name makes the unit's starts fail (`up`: "already
+# runs") until it gives up: fdpblk-release@demo then keeps that device, whose daemon runs.
+expect "fdpblk add --config --name demo by hand" in_ns /usr/local/bin/fdpblk add --config /etc/fdpblk/demo.toml --name demo
+dev=$(readlink /dev/fdpblk/demo || true)
+[[ $dev == /dev/ublkb* ]] || check_fatal "no /dev/fdpblk/demo after the add by hand"
+release_ran() { sc show -p ExecMainStartTimestampMonotonic --value fdpblk-release@demo; }
+ran_before=$(release_ran)
+sc start fdpblk@demo >/dev/null 2>&1 || true
+released=
+for _ in $(seq 300); do
+    [[ $(sc is-active fdpblk@demo || true) == failed && $(release_ran) != "$ran_before" &&
+        $(sc is-active fdpblk-release@demo || true) == inactive ]] && released=1 && break
+    sleep 0.2
+done
+expect "fdpblk@demo gave up with the device added by hand, and fdpblk-release@demo ran" test -n "$released"
+expect_eq "fdpblk-release@demo succeeded (kept the device)" "$(sc show -p Result --value fdpblk-release@demo)" success
+expect_eq "the device added by hand is still live" "$(in_ns /usr/local/bin/fdpblk list --json | grep -o '"state":"[a-z]*' | head -1)" '"state":"live'
+expect "and still serves I/O" dd if=/tmp/a of=/dev/fdpblk/demo bs=1M seek=2 oflag=direct status=none
+expect "fdpblk del --name demo" in_ns /usr/local/bin/fdpblk del --name demo
+sc reset-failed fdpblk@demo fdpblk-release@demo >/dev/null 2>&1 || true
 stop_systemd
 trap - EXIT
 rm -rf /etc/systemd/system/fdpblk@.service /etc/systemd/system/fdpblk-metrics.service /etc/systemd/system/fdpblk-vmcheck.target \

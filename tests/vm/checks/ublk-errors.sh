@@ -66,6 +66,31 @@ expect "its daemon exits" daemons_gone
 expect "a swap signature over the device fdpblk used" quiet mkswap "$NS_DEV"
 refuse "someone else's data over fdpblk's old state" "holds a swap .*no LMCache checkpoint \(only fdpblk's state from an earlier use\)" add --backing "$NS_DEV" "${GEO[@]}"
 expect "wipefs" quiet wipefs -a "$NS_DEV"
+# mkswap over an LMCache drive: copy 0's header (the first block) is gone, copy 1 still holds
+# and does not vouch for the device.
+expect "LMCache image on the drive, then mkswap over it" bash -c "dd if='$FIXTURES/object-evict/device.img' of='$NS_DEV' bs=1M oflag=direct status=none && mkswap '$NS_DEV' >/dev/null"
+refuse "someone else's data over copy 1 of LMCache's checkpoint" "holds a swap .*only copy 1 of an LMCache checkpoint" add --backing "$NS_DEV" -n 0
+expect "wipefs" quiet wipefs -a "$NS_DEV"
+
+# A partition: FDP placement needs the whole namespace (write streams are the disk's).
+mbr_with_one_partition() {
+    python3 - "$NS_DEV" <<'PY'
+import os, struct, sys
+mbr = bytearray(512)
+mbr[446:462] = struct.pack("<B3sB3sII", 0, bytes(3), 0x83, bytes(3), 2048, 262144)
+mbr[510:512] = b"\x55\xaa"
+fd = os.open(sys.argv[1], os.O_WRONLY)
+os.pwrite(fd, bytes(mbr), 0)
+os.fsync(fd)
+os.close(fd)
+PY
+    blockdev --rereadpt "$NS_DEV" && for _ in $(seq 50); do [[ -b ${NS_DEV}p1 ]] && return; sleep 0.1; done; return 1
+}
+expect "a partition table with one partition" mbr_with_one_partition
+refuse "placement on a partition" "${NS_DEV}p1 is a partition of $NS_DEV, and FDP placement .* whole namespace only: .*--policy none, or --engine plain" add --backing "${NS_DEV}p1" "${GEO[@]}"
+refuse "write streams on a partition" "${NS_DEV}p1 is a partition of $NS_DEV" add --backing "${NS_DEV}p1" --engine streams "${GEO[@]}"
+refuse "the disk under it holds a partition table" "holds a dos partition table" add --backing "$NS_DEV" "${GEO[@]}"
+expect "wipefs and drop the partition" bash -c "wipefs -a '$NS_DEV' >/dev/null && blockdev --rereadpt '$NS_DEV' && for i in \$(seq 50); do [[ -e ${NS_DEV}p1 ]] || exit 0; sleep 0.1; done; exit 1"
 
 # A checkpoint LMCache wrote says slot_bytes 65536: a different flag is a conflict.
 expect "LMCache image on the drive" dd if="$FIXTURES/object-evict/device.img" of="$NS_DEV" bs=1M oflag=direct status=none
