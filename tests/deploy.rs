@@ -366,8 +366,8 @@ fn check_kit(dir: &Path) -> Result<(), String> {
         return Err("fdpblk@.service.d/on-failure.conf: needs OnFailure=fdpblk-release@%i.service and RestartMode=direct (without it systemd 254+ releases the device at every crash)".into());
     }
     let release = unit_keys(&std::fs::read_to_string(dir.join("fdpblk-release@.service")).map_err(|e| e.to_string())?);
-    if get(&release, "Type") != ["oneshot"] || get(&release, "ExecStart") != [format!("{bin} del --name %i").as_str()] {
-        return Err(format!("fdpblk-release@.service: needs Type=oneshot and ExecStart={bin} del --name %i"));
+    if get(&release, "Type") != ["oneshot"] || get(&release, "ExecStart") != [format!("{bin} del --name %i --if-orphaned").as_str()] {
+        return Err(format!("fdpblk-release@.service: needs Type=oneshot and ExecStart={bin} del --name %i --if-orphaned (a device added by hand under the name stays)"));
     }
     let rules = std::fs::read_to_string(dir.join("99-fdpblk.rules")).map_err(|e| e.to_string())?;
     if !rules.contains(&format!("PROGRAM=\"{bin} name %n\"")) {
@@ -485,7 +485,7 @@ fn drift_is_caught() {
         ("lmcache/fdpblk-kv0.conf", "Wants=fdpblk@kv0.service", "Requires=fdpblk@kv0.service", "Wants= must be"),
         ("fdpblk@.service", "ExecStop=/usr/local/bin/fdpblk down %i", "ExecStop=/usr/local/bin/fdpblk del --all", "ExecStop="),
         ("fdpblk@.service.d/on-failure.conf", "RestartMode=direct", "RestartMode=normal", "on-failure.conf: needs"),
-        ("fdpblk-release@.service", "del --name %i", "del -n 0", "fdpblk-release@.service: needs"),
+        ("fdpblk-release@.service", "del --name %i --if-orphaned", "del --name %i", "fdpblk-release@.service: needs"),
     ];
     for (file, from, to, want) in cases {
         let tmp = std::env::temp_dir().join(format!("fdpblk-deploy-{}", std::process::id()));

@@ -59,7 +59,11 @@ expect "--force adds it" quiet fdpblk_add --backing "$NS_DEV" -n 0 --force "${GE
 expect "and erased the signature (wipefs -a), so later starts do not stop at it" bash -c "blkid -p '$NS_DEV'; test \$? -eq 2"
 expect "del" "$FDPBLK" del -n 0
 expect "its daemon exits" daemons_gone
-expect "fdpblk's state is there: no --force needed" quiet fdpblk_add --backing "$NS_DEV" -n 0 "${GEO[@]}"
+# Through a link to the namespace (what /dev/disk/by-id/ holds; kernel names can change at
+# reboot): the link is followed, and the device's backing is the namespace.
+ln -sfn "$NS_DEV" /var/tmp/ns-link
+expect "fdpblk's state is there: no --force needed (added through a link)" quiet fdpblk_add --backing /var/tmp/ns-link -n 0 "${GEO[@]}"
+expect_eq "the link's namespace is the backing" "$("$FDPBLK" list --json | jq -r '.[0].backing')" "$NS_DEV"
 expect "del" "$FDPBLK" del -n 0
 expect "its daemon exits" daemons_gone
 # Given other data since (fdpblk's state stays at the end): that data is still refused.
