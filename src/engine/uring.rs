@@ -18,6 +18,17 @@ const EAGAIN_RETRIES: usize = 8;
 /// `BLKDISCARD` blocks until the drive is done, which for gigabytes can take long: it runs on
 /// a thread of its own, and the tag waits for it on the queue ring (an eventfd poll) while
 /// the queue's other tags go on.
+/// A discard's result when BLKDISCARD, tried after PUNCH_HOLE failed with `first`, failed
+/// with `e`: on a file (ENOTTY) or a device without discard (EOPNOTSUPP) the first error
+/// stands; any other is the drive's (EIO, a lost path) and is what the kernel is told, not
+/// "not supported", after which a caller may stop discarding without a word.
+fn discard_fallback_result(first: i32, e: &std::io::Error) -> i32 {
+    match e.raw_os_error() {
+        Some(libc::ENOTTY | libc::EOPNOTSUPP) | None => first,
+        Some(n) => -n,
+    }
+}
+
 async fn blkdiscard_off_queue(q: &UblkQueue<'_>, fd: i32, off: u64, len: u64) -> std::io::Result<()> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     // SAFETY: eventfd returns a new fd or -1.
@@ -158,8 +169,7 @@ impl UringEngine {
         if res != -libc::EOPNOTSUPP {
             return res;
         }
-        // On a file it fails (ENOTTY), and the first error stands.
-        blkdiscard_off_queue(q, self.fd, off, len).await.map_or(res, |()| 0)
+        blkdiscard_off_queue(q, self.fd, off, len).await.map_or_else(|e| discard_fallback_result(res, &e), |()| 0)
     }
 
     /// Zeroes; `unmap` lets the device deallocate (the block layer's default), NOUNMAP not.
@@ -178,5 +188,22 @@ impl UringEngine {
     async fn fallocate(&self, q: &UblkQueue<'_>, off: u64, len: u64, mode: i32) -> i32 {
         let op = opcode::Fallocate::new(BACKING, len).offset(off).mode(mode);
         Self::submit(q, op.build().flags(squeue::Flags::FIXED_FILE)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::discard_fallback_result;
+    use std::io::Error;
+
+    #[test]
+    fn a_failed_discard_fallback_reports_the_drives_error() {
+        let unsupported = -libc::EOPNOTSUPP;
+        assert_eq!(discard_fallback_result(unsupported, &Error::from_raw_os_error(libc::EIO)), -libc::EIO);
+        assert_eq!(discard_fallback_result(unsupported, &Error::from_raw_os_error(libc::ENOLINK)), -libc::ENOLINK);
+        // A file, or a device without discard either: still "not supported".
+        assert_eq!(discard_fallback_result(unsupported, &Error::from_raw_os_error(libc::ENOTTY)), unsupported);
+        assert_eq!(discard_fallback_result(unsupported, &Error::from_raw_os_error(libc::EOPNOTSUPP)), unsupported);
+        assert_eq!(discard_fallback_result(unsupported, &Error::other("no errno")), unsupported);
     }
 }
