@@ -570,6 +570,40 @@ pub fn note_inherited_fds() {
     let _ = INHERITED_FDS.set(open);
 }
 
+/// The daemon an `add` waits for, to which its stop signals go.
+static STARTING_DAEMON: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward_to_daemon(sig: libc::c_int) {
+    let pid = STARTING_DAEMON.load(std::sync::atomic::Ordering::SeqCst);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// Ctrl-C or SIGTERM to an `add` waiting for its daemon (in its own session, out of the
+/// terminal's reach) goes on to the daemon, which stops its start cleanly and reports it
+/// through the pipe: otherwise only the waiting process died and the device started anyway.
+/// A SIGINT the caller ignores (a background job of a script) stays ignored.
+fn forward_stop_signals(daemon: libc::pid_t) {
+    STARTING_DAEMON.store(daemon, std::sync::atomic::Ordering::SeqCst);
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: sigaction with a zeroed struct, a handler that only calls kill, and SA_RESTART
+        // so the pipe's read goes on; `old` receives the previous disposition.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = forward_to_daemon as extern "C" fn(libc::c_int) as usize;
+            act.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, &mut old);
+            if sig == libc::SIGINT && old.sa_sigaction == libc::SIG_IGN {
+                libc::sigaction(sig, &old, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
 /// Runs `body` as a daemon: fork, new session, its own mount namespace (a ublk server must
 /// not share one with the device's users), stdio to /dev/null and a log file. The parent
 /// waits for the child's first word — the device id or an error — and prints it.
@@ -630,8 +664,9 @@ fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, Stri
             }
             std::process::exit(0);
         }
-        _child => {
+        child => {
             use std::os::fd::FromRawFd;
+            forward_stop_signals(child);
             // SAFETY: fds[0] is the pipe's read end; the write end is closed here.
             unsafe { libc::close(fds[1]) };
             let mut pipe = unsafe { std::fs::File::from_raw_fd(fds[0]) };

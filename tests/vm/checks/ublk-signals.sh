@@ -10,7 +10,8 @@
 #   device that started anyway with the signal lost;
 # - SIGHUP (a closed terminal) is ignored: the device keeps serving;
 # - a recovered daemon stopped by SIGTERM deletes its device and state files, as an added
-#   one does.
+#   one does;
+# - SIGTERM to an `add` waiting for its daemon's start reaches the daemon: no device comes.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 GEO=(--slot-bytes 64K --meta-total-bytes 1M --policy region)
@@ -108,4 +109,23 @@ expect "then it exits" bash -c "! kill -0 $rpid 2>/dev/null"
 for _ in $(seq 50); do no_device && break; sleep 0.1; done
 if no_device; then ok "the device is deleted, not left held"; else cat /tmp/sig-recover.log; not_ok "the device is deleted, not left held"; fi
 expect "its state file is removed" test ! -e /run/fdpblk/0.json
+
+# SIGTERM to an `add` (not --foreground) whose daemon waits for a backing another process
+# has locked (as a killed daemon's NVMe commands hold it): the daemon runs in its own
+# session, out of the signal's reach, so `add` passes the signal on; the start stops, `add`
+# says so, and no device comes once the backing is free.
+exec 9<"$NG_DEV"
+flock -w 30 9 || check_fatal "cannot lock $NG_DEV"
+"$FDPBLK" add --backing "$NG_DEV" --engine passthrough -n 0 "${GEO[@]}" >/tmp/sig-add.log 2>&1 9<&- &
+apid=$!
+sleep 1
+expect "SIGTERM to the waiting add" kill -TERM "$apid"
+arc=0
+wait "$apid" || arc=$?
+exec 9<&-
+expect_eq "the add exits 1 (not killed: 143)" "$arc" 1
+expect "and says the start stopped" grep -q "^fdpblk: stopped by a signal while waiting for backing $NG_DEV; nothing was made" /tmp/sig-add.log
+sleep 6
+if no_device; then ok "no device started after the backing was let go"; else cat /tmp/sig-add.log; not_ok "no device started after the backing was let go"; "$FDPBLK" del --all >/dev/null 2>&1 || true; fi
+expect "no daemon is left" bash -c "! pgrep -x fdpblk"
 check_done
