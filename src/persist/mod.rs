@@ -428,6 +428,8 @@ impl Persist {
             handle,
         };
         let mut max_seq = 0u64;
+        // The highest seq a superblock copy claims that has the magic but does not decode.
+        let mut undecoded_seq = None;
         let sb = {
             let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
             match dev.read_at(region.offset, &mut b[..2 * BLOCK as usize]) {
@@ -441,6 +443,18 @@ impl Persist {
                     // both copies torn) is a state that could not be read, not "never used".
                     let magic = |i: usize| &b[i * BLOCK as usize..i * BLOCK as usize + 8] == SB_MAGIC;
                     loaded.none_saved = a.is_none() && c.is_none() && !magic(0) && !magic(1);
+                    // Whole (its CRC holds) yet not decoding: another version's, or a seq
+                    // past the bound. A torn one is an unfinished cycle's, which never
+                    // committed (a start serves only once its first cycle did).
+                    let whole = |i: usize| {
+                        let blk = &b[i * BLOCK as usize..(i + 1) * BLOCK as usize];
+                        crc32fast::hash(&blk[..CRC_AT]) == u32at(blk, CRC_AT)
+                    };
+                    undecoded_seq = [(0, a.is_none()), (1, c.is_none())]
+                        .into_iter()
+                        .filter(|&(i, none)| none && magic(i) && whole(i))
+                        .map(|(i, _)| u64at(&b[i * BLOCK as usize..], 16))
+                        .max();
                     if a.is_none() && c.is_none() && !loaded.none_saved {
                         let version = [0, 1].map(|i| u32at(&b[i * BLOCK as usize..], 8));
                         loaded.note = Some(format!(
@@ -546,10 +560,21 @@ impl Persist {
             p.forced.push(idx);
             suspect += u64::from(q <= s.seq && chosen[idx as usize].is_none_or(|(_, c)| q > c));
         }
-        let trusted = s.clean && trust_clean && suspect == 0;
+        // The other superblock copy, whole but not decoding, claims a seq at or above this
+        // one: it may be the newest state (a run of another fdpblk version that crashed),
+        // and the one taken does not vouch for a clean stop. The next
+        // superblock replaces both copies, so that the claim does not outlive this start.
+        let newer_undecoded = undecoded_seq.filter(|&q| q >= s.seq);
+        p.sb_both |= newer_undecoded.is_some();
+        let trusted = s.clean && trust_clean && suspect == 0 && newer_undecoded.is_none();
         if s.clean && trust_clean && suspect > 0 {
             loaded.note = Some(format!(
                 "{suspect} page(s) of the saved state may have a damaged newest copy (a copy fails its checksum): its slot confirmations are not trusted this time"
+            ));
+        } else if let Some(q) = newer_undecoded.filter(|_| s.clean && trust_clean) {
+            loaded.note = Some(format!(
+                "the other copy of the saved state's superblock claims seq {q}, at or above the {} loaded, but does not read (another fdpblk version's): its slot confirmations are not trusted this time",
+                s.seq
             ));
         }
         loaded.clean = trusted;

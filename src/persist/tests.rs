@@ -705,6 +705,49 @@ fn superblocks_of_another_version_or_torn_are_not_taken_for_a_never_used_device(
     assert!(l.none_saved && l.note.is_none());
 }
 
+/// A clean state in one superblock copy, and in the other a later, whole one that does not
+/// decode (a crashed run of another version; a seq past the bound): the clean one does not
+/// vouch for the stop, and the next superblock goes into both copies. A torn one (its CRC
+/// fails) is an unfinished cycle's and claims nothing (`crash_at_every_write_boundary_…`).
+#[test]
+fn a_newer_superblock_that_does_not_decode_makes_a_clean_state_untrusted() {
+    let (g, region, dev) = three_saved_cycles();
+    let img = dev.image();
+    assert!(load(&g, img.clone(), region).2.clean);
+    let sbs = [0usize, 1].map(|c| Superblock::decode(&img[c * 4096..(c + 1) * 4096]).unwrap());
+    let (newest, other) = if sbs[0].seq > sbs[1].seq { (0, 1) } else { (1, 0) };
+    let newer = |version: u32, seq: u64, keep_crc: bool| {
+        let mut img = img.clone();
+        let src = img[newest * 4096..(newest + 1) * 4096].to_vec();
+        let b = &mut img[other * 4096..(other + 1) * 4096];
+        b.copy_from_slice(&src);
+        b[8..12].copy_from_slice(&version.to_le_bytes());
+        b[12..16].copy_from_slice(&0u32.to_le_bytes());
+        b[16..24].copy_from_slice(&seq.to_le_bytes());
+        if keep_crc {
+            let crc = crc32fast::hash(&b[..CRC_AT]);
+            b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        }
+        img
+    };
+    let seq = sbs[newest].seq;
+    for (img, what) in [(newer(VERSION + 1, seq + 1, true), "another version"), (newer(VERSION, MAX_SEQ, true), "a seq past the bound")] {
+        let (u, p, l, mem) = load(&g, img, region);
+        assert!(l.found && !l.clean, "{what}: {l:?}");
+        assert!(l.note.as_deref().is_some_and(|n| n.contains("claims seq ")), "{what}: {:?}", l.note);
+        // The next superblock replaces both copies: the claim is gone.
+        p.unwrap().cycle(&*mem, &u, &Counters::default(), true, true).unwrap().unwrap();
+        let after = mem.image();
+        assert!([0usize, 1].iter().all(|&c| Superblock::decode(&after[c * 4096..(c + 1) * 4096]).is_some()), "{what}");
+        assert!(load(&g, after, region).2.clean, "{what}: clean again after a clean cycle");
+    }
+    // An older copy that does not decode claims nothing over the newest, nor does a torn one.
+    for img in [newer(VERSION + 1, seq - 1, true), newer(VERSION, seq + 1, false)] {
+        let (_, _, l, _) = load(&g, img, region);
+        assert!(l.found && l.clean, "{l:?}");
+    }
+}
+
 #[test]
 fn state_present_looks_for_a_superblock_magic_in_the_reserved_tail() {
     let size = 16u64 << 20;
