@@ -766,13 +766,16 @@ fn add_device(a: &AddArgs) -> CmdResult {
     daemonize(a.foreground, move |notify| target::run(cfg, false, notify))
 }
 
-/// The ublk device (`/dev/ublkbN`) block device `rdev` is, or is a partition of.
+/// Block device `rdev`'s sysfs directory, and whether it is a partition (listed under its disk).
+fn sysfs_block(rdev: u64) -> Option<(PathBuf, bool)> {
+    let dir = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev))).ok()?;
+    let partition = dir.join("partition").exists();
+    Some((dir, partition))
+}
+
 /// The disk a partition is on (`nvme0n1` for `nvme0n1p2`); None for a whole disk.
 fn partition_of(rdev: u64) -> Option<String> {
-    let dir = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev))).ok()?;
-    if !dir.join("partition").exists() {
-        return None;
-    }
+    let (dir, true) = sysfs_block(rdev)? else { return None };
     dir.parent()?.file_name()?.to_str().map(str::to_string)
 }
 
@@ -785,9 +788,10 @@ fn partition_error(backing: &Path, disk: &str) -> String {
     )
 }
 
+/// The ublk device (`/dev/ublkbN`) block device `rdev` is, or is a partition of.
 fn ublk_disk_of(rdev: u64) -> Option<i32> {
-    let dir = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev))).ok()?;
-    let disk = if dir.join("partition").exists() { dir.parent()? } else { &dir };
+    let (dir, partition) = sysfs_block(rdev)?;
+    let disk = if partition { dir.parent()? } else { &dir };
     state::ublk_disk_id(disk.file_name()?.to_str()?)
 }
 

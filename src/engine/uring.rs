@@ -15,9 +15,6 @@ const BACKING: types::Fixed = types::Fixed(1);
 /// Retries of a submission that the kernel answered with -EAGAIN.
 const EAGAIN_RETRIES: usize = 8;
 
-/// `BLKDISCARD` blocks until the drive is done, which for gigabytes can take long: it runs on
-/// a thread of its own, and the tag waits for it on the queue ring (an eventfd poll) while
-/// the queue's other tags go on.
 /// A discard's result when BLKDISCARD, tried after PUNCH_HOLE failed with `first`, failed
 /// with `e`: on a file (ENOTTY) or a device without discard (EOPNOTSUPP) the first error
 /// stands; any other is the drive's (EIO, a lost path) and is what the kernel is told, not
@@ -29,6 +26,9 @@ fn discard_fallback_result(first: i32, e: &std::io::Error) -> i32 {
     }
 }
 
+/// `BLKDISCARD` blocks until the drive is done, which for gigabytes can take long: it runs on
+/// a thread of its own, and the tag waits for it on the queue ring (an eventfd poll) while
+/// the queue's other tags go on.
 async fn blkdiscard_off_queue(q: &UblkQueue<'_>, fd: i32, off: u64, len: u64) -> std::io::Result<()> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     // SAFETY: eventfd returns a new fd or -1.

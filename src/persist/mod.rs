@@ -562,8 +562,8 @@ impl Persist {
         }
         // The other superblock copy, whole but not decoding, claims a seq at or above this
         // one: it may be the newest state (a run of another fdpblk version that crashed),
-        // and the one taken does not vouch for a clean stop. The next
-        // superblock replaces both copies, so that the claim does not outlive this start.
+        // and the one taken does not vouch for a clean stop. The next superblock replaces
+        // both copies, so that the claim does not outlive this start.
         let newer_undecoded = undecoded_seq.filter(|&q| q >= s.seq);
         p.sb_both |= newer_undecoded.is_some();
         let trusted = s.clean && trust_clean && suspect == 0 && newer_undecoded.is_none();
