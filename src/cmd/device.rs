@@ -113,8 +113,8 @@ fn needs_blkid(d: &crate::layout::discover::Discovered) -> Option<Lmcache> {
     }
 }
 
-/// Refuses a backing that holds neither LMCache's checkpoint nor fdpblk's state but a file
-/// system, partition table, RAID or LVM member (what `blkid -p` finds), unless `--force`:
+/// Refuses a backing that holds no LMCache checkpoint at its start ([`needs_blkid`]) but a
+/// file system, partition table, RAID or LVM member (what `blkid -p` finds), unless `--force`:
 /// fdpblk would write its state over the device's end and, after LMCache's first checkpoint,
 /// deallocate every slot that checkpoint does not list. That is a typo in `--backing` away.
 fn refuse_foreign_data(
