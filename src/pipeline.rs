@@ -618,6 +618,19 @@ pub fn class_report(stats: &PipelineStats) -> Vec<(Class, Counter)> {
 /// blocks (an O_DIRECT or NVMe command at an unaligned offset fails), so the bytes up to the
 /// next block boundary stay with the segment before. Returns how many bytes did (0 when
 /// the handles agree).
+/// Whether `segments` are the request `[offset, offset + len)` exactly: contiguous, in order,
+/// none empty. A write is acknowledged once its pieces are written.
+pub fn segments_tile(segments: &[Segment], offset: u64, len: u64) -> bool {
+    let mut pos = offset;
+    for s in segments {
+        if s.offset != pos || s.len == 0 {
+            return false;
+        }
+        pos += s.len;
+    }
+    pos == offset + len
+}
+
 fn push_segment(segments: &mut Vec<Segment>, offset: u64, len: u64, handle: Handle, block_align: u64) -> u64 {
     let block_align = block_align.max(1);
     match segments.last_mut() {
@@ -737,6 +750,35 @@ mod tests {
         assert_eq!(p.slots().life(2) & (STALE_TAIL | HEADER_DONE), 0);
         page(&mut p, &mut segs, g.container_offset(1), &zeros);
         assert_eq!(p.slots().take_events().0[0].header, None);
+    }
+
+    /// The queue acknowledges a write once its planned pieces are written: they must be the
+    /// whole request, whatever handles its bytes go to.
+    #[test]
+    fn planned_write_segments_tile_the_request() {
+        let seg = |offset, len| Segment { offset, len, handle: 1 };
+        assert!(segments_tile(&[seg(4096, 100), seg(4196, 4000)], 4096, 4100));
+        assert!(segments_tile(&[], 512, 0));
+        assert!(!segments_tile(&[seg(4096, 100), seg(4200, 3996)], 4096, 4100), "a gap");
+        assert!(!segments_tile(&[seg(4096, 100)], 4096, 4100), "short");
+        assert!(!segments_tile(&[seg(0, 4096)], 4096, 4096), "elsewhere");
+        assert!(!segments_tile(&[seg(4096, 0), seg(4096, 4096)], 4096, 4096), "an empty piece");
+        let g = geom();
+        let mut p = Pipeline::new(g, Box::new(RegionPolicy));
+        let hdr = SlotHeader { identity: 7, payload_len: 61440 }.encode(4096);
+        let mut segs = Vec::new();
+        p.plan(&Request { op: Op::Write, offset: g.slot_offset(1), len: 4096, data: Some(&hdr) }, &mut segs, HeaderWait::Allowed)
+            .unwrap();
+        // Writes of every size at 512-byte steps over the metadata, slot edges and slots.
+        let size = 4u64 << 20;
+        for offset in (0..size).step_by(24_576 + 512) {
+            for len in [512, 4096, 65536 + 512, 300 * 1024] {
+                let len = len.min(size - offset);
+                segs.clear();
+                p.plan(&Request { op: Op::Write, offset, len, data: None }, &mut segs, HeaderWait::Expired).unwrap();
+                assert!(segments_tile(&segs, offset, len), "write at {offset} of {len}: {segs:?}");
+            }
+        }
     }
 
     #[test]

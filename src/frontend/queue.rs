@@ -240,6 +240,11 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         }
     }
     let res = match op {
+        // A write is acknowledged once its pieces are: they must be the whole request.
+        Op::Write if !crate::pipeline::segments_tile(segments, offset, len) => {
+            tracing::error!("write at {offset} of {len} bytes: planned pieces {segments:?} do not cover it; failed with EIO (a bug: please report it)");
+            -libc::EIO
+        }
         Op::Write => {
             let fua = op_flags & sys::UBLK_IO_F_FUA != 0;
             let mut res = len as i32;

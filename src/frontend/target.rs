@@ -334,13 +334,13 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
         if let Err(e) = libublk::wait_and_handle_io_events(&q, Some(20), run_ops, done).await {
             tracing::error!("queue {qid}: {}", ublk_error(&e));
             // The io_uring engine's reads and writes go on the queue's own ring: a tag task
-            // still waiting may have one in flight into its buffer, which dropping the task
-            // would free. Leak them instead (the queue is going down; its ring's teardown
-            // waits for the I/O).
+            // still waiting may have one in flight into its buffer. Forgetting the task
+            // handles would not keep it: dropping the executor drops the tasks' futures, and
+            // their buffers, anyway. Exiting leaves the pages to the kernel until the I/O
+            // ends, as the passthrough drain below does.
             if !matches!(ctx.engine, QueueEngine::Passthrough(_)) && !tasks.iter().all(|t| t.is_finished()) {
-                tracing::error!("queue {qid}: tag tasks still had I/O in flight; their buffers are kept until the process exits");
-                std::mem::forget(tasks);
-                return;
+                tracing::error!("queue {qid}: tag tasks still had I/O in flight: aborting (`fdpblk recover` or `fdpblk del -n ID`)");
+                std::process::abort();
             }
         }
         drop(reaper);
