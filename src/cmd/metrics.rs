@@ -91,9 +91,9 @@ impl Registry {
     }
 
     /// Adds the metrics of one device: its saved config (`cfg`, from `/run/fdpblk/ID.json`),
-    /// whether its daemon runs, its stats (`/run/fdpblk/ID.stats.json`) and the drive's FDP
-    /// deltas since `add`.
-    pub fn add_device(&mut self, id: i32, cfg: Option<&Value>, daemon_up: bool, stats: Option<&Value>, fdp: Option<&Value>) {
+    /// whether its daemon runs, its stats (`/run/fdpblk/ID.stats.json`) and their age in
+    /// seconds, and the drive's FDP deltas since `add`.
+    pub fn add_device(&mut self, id: i32, cfg: Option<&Value>, daemon_up: bool, stats: Option<&Value>, stats_age_s: Option<f64>, fdp: Option<&Value>) {
         use Kind::{Counter, Gauge};
         let name = cfg
             .and_then(|c| c["name"].as_str())
@@ -122,6 +122,11 @@ impl Registry {
             base(),
             if daemon_up { 1.0 } else { 0.0 },
         );
+        // Also without stats that parse: a daemon that stopped writing them is what the age
+        // is there to alert on.
+        if let Some(age) = stats_age_s.filter(|_| daemon_up) {
+            self.add("fdpblk_stats_age_seconds", "Seconds since the daemon last wrote its stats, or since it started when it has written none (it writes them at least every second; more means it is stuck).", Gauge, base(), age);
+        }
         let Some(st) = stats.filter(|_| daemon_up) else { return };
         let num = |v: &Value| v.as_f64();
         let g = &st["geometry"];
@@ -287,16 +292,16 @@ impl Registry {
                 if state == "learning" { 1.0 } else { 0.0 },
             );
         }
-        if let Some(v) = num(&st["stats_age_s"]) {
-            self.add("fdpblk_stats_age_seconds", "Seconds since the daemon last wrote its stats (it does at least every second; more means it is stuck).", Gauge, base(), v);
-        }
         // Counters restart at 0 with each daemon (also after a recovery), as Prometheus
         // expects: the lifetime values `fdpblk stats` shows come back from the drive and can
         // go back by what a crash lost.
         let since = &st["since_start"];
+        // Every handle written has a series from 0, so that rate() sees its first trims.
         if let Some(h) = since["trim_handles"].as_object() {
-            for (handle, n) in h {
-                if let Some(v) = num(n) {
+            let written = p["handles"].as_object().into_iter().flat_map(|w| w.keys());
+            let handles: std::collections::BTreeSet<&String> = h.keys().chain(written).collect();
+            for handle in handles {
+                if let Some(v) = h.get(handle).map_or(Some(0.0), num) {
                     self.add("fdpblk_trims_total", "Slot deallocations per placement handle, since the daemon started.", Counter, with("handle", handle), v);
                 }
             }
@@ -360,13 +365,12 @@ fn collect(reg: &mut Registry, id: i32) -> Result<(), String> {
     })?;
     let saved: Value = serde_json::from_str(&state_text).map_err(|e| format!("{} is corrupt: {e}", state::state_path(id).display()))?;
     let up = state::Daemon::from_state(&saved).alive();
-    let mut stats: Option<Value> = std::fs::read_to_string(state::stats_path(id)).ok().and_then(|t| serde_json::from_str(&t).ok());
-    let age = std::fs::metadata(state::stats_path(id)).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
-    if let (Some(s), Some(age)) = (stats.as_mut().filter(|s| s.is_object()), age) {
-        s["stats_age_s"] = serde_json::json!(age.as_secs_f64().round());
-    }
+    let stats: Option<Value> = std::fs::read_to_string(state::stats_path(id)).ok().and_then(|t| serde_json::from_str(&t).ok());
+    // The stats file's age; before the daemon's first one, the age of its start (the state file).
+    let age_of = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok().map(|t| t.elapsed().map_or(0.0, |d| d.as_secs_f64().round()));
+    let age = age_of(&state::stats_path(id)).or_else(|| age_of(&state::state_path(id)));
     let fdp = if up { state::read_state(id).ok().and_then(|(cfg, _)| state::fdp_deltas(&cfg)) } else { None };
-    reg.add_device(id, Some(&saved["config"]), up, stats.as_ref(), fdp.as_ref());
+    reg.add_device(id, Some(&saved["config"]), up, stats.as_ref().filter(|s| s.is_object()), age, fdp.as_ref());
     Ok(())
 }
 
@@ -628,7 +632,6 @@ mod tests {
             "trim": {"enabled": true, "allowed_now": true, "blocked_by": null, "trims": 3, "trim_bytes": 196608,
                      "handles": {"2": 3}, "evictions": 4, "reclaimed": 6, "early_evictions": 1, "containers_invalidated": 1},
             "layout": {"state": "given", "writes_before_layout": 0, "bytes_before_layout": 0, "refused": null},
-            "stats_age_s": 1.0,
             "own_state": {"persisted": true, "seq": 9, "cycles": 9, "bytes_written": 40960, "loaded": true,
                           "loaded_clean": true, "region_offset": 1, "region_bytes": 2},
             "since_start": {"trims": 1, "trim_bytes": 65536, "trim_handles": {"2": 1}, "evictions": 2,
@@ -646,7 +649,7 @@ mod tests {
         st["trim"]["blocked_by"] = json!("LMCache's checkpoint says slot_bytes 131072");
         st["layout"]["state"] = json!("learning");
         let mut reg = Registry::default();
-        reg.add_device(0, Some(&config_json("kv0")), true, Some(&st), None);
+        reg.add_device(0, Some(&config_json("kv0")), true, Some(&st), Some(1.0), None);
         let doc = reg.render();
         let s = check_exposition(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
         assert_eq!(s[r#"fdpblk_trim_blocked{id="0",name="kv0"}"#], 1.0);
@@ -657,7 +660,7 @@ mod tests {
     fn device_metrics_follow_the_exposition_format() {
         let mut reg = Registry::default();
         let fdp = json!({"host_bytes": 3145728, "media_bytes": 3145728, "erased_bytes": 0, "media_host_ratio": 1.0});
-        reg.add_device(0, Some(&config_json("kv0")), true, Some(&stats_json()), Some(&fdp));
+        reg.add_device(0, Some(&config_json("kv0")), true, Some(&stats_json()), Some(1.0), Some(&fdp));
         let doc = reg.render();
         let s = check_exposition(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
         let get = |k: &str| *s.get(k).unwrap_or_else(|| panic!("no {k} in\n{doc}"));
@@ -674,6 +677,7 @@ mod tests {
         assert_eq!(get(r#"fdpblk_slots{id="0",name="kv0",state="live"}"#), 3.0);
         // Counters are this daemon's (the stats' lifetime values came back from the drive).
         assert_eq!(get(r#"fdpblk_trims_total{handle="2",id="0",name="kv0"}"#), 1.0);
+        assert_eq!(get(r#"fdpblk_trims_total{handle="1",id="0",name="kv0"}"#), 0.0, "a handle written starts at 0");
         assert_eq!(get(r#"fdpblk_trim_bytes_total{id="0",name="kv0"}"#), 65536.0);
         assert_eq!(get(r#"fdpblk_evictions_total{id="0",name="kv0"}"#), 2.0);
         assert_eq!(get(r#"fdpblk_own_state_cycles_total{id="0",name="kv0"}"#), 2.0);
@@ -697,12 +701,26 @@ mod tests {
         assert!(!doc.contains("meta_total_bytes_needed"), "absent while no alarm");
     }
 
+    /// A running daemon whose stats are missing or do not parse still has an age: the alert
+    /// on it is how a stuck daemon is noticed.
+    #[test]
+    fn a_running_daemon_without_stats_still_reports_their_age() {
+        let mut reg = Registry::default();
+        reg.add_device(0, Some(&config_json("kv0")), true, None, Some(42.0), None);
+        reg.add_device(1, Some(&config_json("dead")), false, None, Some(42.0), None);
+        let doc = reg.render();
+        let s = check_exposition(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
+        assert_eq!(s[r#"fdpblk_stats_age_seconds{id="0",name="kv0"}"#], 42.0);
+        assert!(!s.contains_key(r#"fdpblk_stats_age_seconds{id="1",name="dead"}"#), "a dead daemon has fdpblk_daemon_up 0 instead");
+        assert!(!doc.contains("fdpblk_slots"), "nothing else is made up");
+    }
+
     #[test]
     fn several_devices_keep_each_family_in_one_block() {
         let mut reg = Registry::default();
-        reg.add_device(0, Some(&config_json("kv0")), true, Some(&stats_json()), None);
-        reg.add_device(1, Some(&config_json("a\"b\\c")), true, Some(&stats_json()), None);
-        reg.add_device(2, Some(&config_json("dead")), false, Some(&stats_json()), None);
+        reg.add_device(0, Some(&config_json("kv0")), true, Some(&stats_json()), Some(1.0), None);
+        reg.add_device(1, Some(&config_json("a\"b\\c")), true, Some(&stats_json()), Some(1.0), None);
+        reg.add_device(2, Some(&config_json("dead")), false, Some(&stats_json()), Some(1.0), None);
         let doc = reg.render();
         let s = check_exposition(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
         assert_eq!(s[r#"fdpblk_slots{id="1",name="a\"b\\c",state="live"}"#], 3.0, "label values escaped and read back");
