@@ -29,14 +29,23 @@ pub fn name_path(name: &str) -> PathBuf {
     Path::new(NAME_DIR).join(name)
 }
 
-/// Writes a file atomically (temp file + rename), so readers never see half of it.
+/// Writes a file atomically (temp file + rename), so readers never see half of it. The temp
+/// file is this writer's own: the daemon, `fdpblk stats` and the metrics exporter may write
+/// the same file at once, and a shared one could be renamed while another writes it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir)?;
     }
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, bytes)?;
-    fs::rename(&tmp, path)
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp.{}.{n}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let written = fs::write(&tmp, bytes).and_then(|()| fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written
 }
 
 pub fn write_state(cfg: &DeviceConfig, pid: u32) -> io::Result<()> {
@@ -271,6 +280,31 @@ fn other_threads(pid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// Writers of one file at once (the daemon, `stats`, the metrics exporter) never leave a
+    /// reader half of one write, nor their temp files behind.
+    #[test]
+    fn concurrent_atomic_writes_leave_whole_files() {
+        let dir = std::env::temp_dir().join(format!("fdpblk-atomic-{}", std::process::id()));
+        let path = dir.join("0.stats.json");
+        let contents: Vec<Vec<u8>> = (0..4u8).map(|i| vec![b'a' + i; 64 << 10]).collect();
+        std::thread::scope(|s| {
+            for c in &contents {
+                let path = &path;
+                s.spawn(move || (0..200).for_each(|_| super::write_atomic(path, c).unwrap()));
+            }
+            s.spawn(|| {
+                for _ in 0..2000 {
+                    if let Ok(got) = std::fs::read(&path) {
+                        assert!(contents.contains(&got), "a torn file of {} bytes", got.len());
+                    }
+                }
+            });
+        });
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("0.stats.json")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn drive_deltas_count_from_add_and_from_a_reset_of_the_drive_statistics() {
         use crate::nvme::fdp::FdpStats;
