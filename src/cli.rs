@@ -125,8 +125,8 @@ pub struct ReplayArgs {
     /// Learn the geometry from this device or image's checkpoint (flags still apply).
     #[arg(long)]
     pub device: Option<PathBuf>,
-    /// Size of the replayed device; default: the device's size, else the end of the slot holding
-    /// the trace's furthest byte.
+    /// Size of the replayed device; default: the device's size, else --capacity-bytes, else the
+    /// end of the slot holding the trace's furthest byte.
     #[arg(long, value_parser = parse_size)]
     pub device_size: Option<u64>,
     /// Also run the placed writes into the FDP SSD model (garbage collection, WAF).

@@ -557,11 +557,53 @@ impl SpooledTrace {
             .open(&path)
             .map_err(|e| format!("cannot spool {what} to {} ({e}); set TMPDIR to a writable directory, or give the trace as a file", path.display()))?;
         let spool = SpooledTrace(path);
-        std::io::copy(&mut input, &mut f)
-            .and_then(|_| f.flush())
-            .map_err(|e| format!("cannot spool {what} to {} ({e}); free space there (TMPDIR), or give the trace as a file", spool.0.display()))?;
+        let cannot = |e: String| format!("cannot spool {what} to {} ({e}); free space there (TMPDIR), or give the trace as a file", spool.0.display());
+        spool_within(&mut input, &mut f, || free_bytes(&dir)).map_err(cannot)?;
+        f.flush().map_err(|e| cannot(e.to_string()))?;
         Ok(spool)
     }
+}
+
+/// Space a spool leaves free in its directory: `$TMPDIR` is often a tmpfs, whose pages are the
+/// host's memory, and an endless input (`/dev/zero`, a capture that never stops) must not
+/// take them all.
+const SPOOL_KEEP_FREE: u64 = 1 << 30;
+
+/// Copies `input` to `out`, checking every 64 MiB that the file system keeps
+/// [`SPOOL_KEEP_FREE`] free (`free()`; `None` when it cannot tell). Returns the bytes copied.
+fn spool_within(input: &mut impl Read, out: &mut impl Write, free: impl Fn() -> Option<u64>) -> Result<u64, String> {
+    const CHECK_EVERY: u64 = 64 << 20;
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut copied, mut next_check) = (0u64, 0u64);
+    loop {
+        if copied >= next_check {
+            if let Some(f) = free().filter(|&f| f < SPOOL_KEEP_FREE + CHECK_EVERY) {
+                return Err(format!(
+                    "{} MiB copied and {} MiB left free there: the trace does not end, or is too long to spool; write it to a file on a disk and pass its path",
+                    copied >> 20,
+                    f >> 20
+                ));
+            }
+            next_check = copied + CHECK_EVERY;
+        }
+        let n = match input.read(&mut buf) {
+            Ok(0) => return Ok(copied),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.to_string()),
+        };
+        out.write_all(&buf[..n]).map_err(|e| e.to_string())?;
+        copied += n as u64;
+    }
+}
+
+/// Bytes an unprivileged user may still write on the file system holding `dir`.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid NUL-terminated path and a statvfs the call fills.
+    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0).then(|| (st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
 impl Drop for SpooledTrace {
@@ -573,7 +615,7 @@ impl Drop for SpooledTrace {
 /// Replays the trace file again from its start, read on a thread as the pipeline goes (a
 /// short queue: a JSON-lines request carries up to 512 KiB of data).
 fn replay_file(a: &ReplayArgs, trace: &Path, scanned: &TraceInfo, geometry: Geometry, size: u64, ssd: Option<crate::sim::dev::TraceSsd>) -> Result<ReplayReport, String> {
-    let (tx, rx) = std::sync::mpsc::sync_channel(256);
+    let (tx, rx) = std::sync::mpsc::sync_channel(32);
     let (path, format, blk) = (trace.to_path_buf(), a.format, BlkFilter::of(a));
     let reader = std::thread::spawn(move || {
         visit_trace(open_trace(&path)?, format, blk, &mut |t| tx.send(t).map_err(|_| "replay stopped".to_string()))
@@ -772,6 +814,35 @@ mod tests {
     use super::*;
     use crate::layout::discover::GeometryFlags;
     use crate::place::RegionPolicy;
+
+    /// An input that does not end (`fdpblk replay /dev/zero`) stops once the spool's file
+    /// system is nearly full, instead of filling a tmpfs, i.e. the host's memory.
+    #[test]
+    fn a_spool_stops_before_its_file_system_fills() {
+        let free = std::cell::Cell::new(SPOOL_KEEP_FREE + (150 << 20));
+        let mut out = std::io::sink();
+        let mut endless = std::io::repeat(0).take(u64::MAX);
+        // The file system loses what is copied: stopped within one check interval of the floor.
+        let mut counted = CountingWriter(&mut out, &free);
+        let e = spool_within(&mut endless, &mut counted, || Some(free.get())).unwrap_err();
+        assert!(e.contains("128 MiB copied") && e.contains("write it to a file on a disk"), "{e}");
+        // An input that ends is copied whole; no figure for the free space copies it too.
+        let mut v = Vec::new();
+        assert_eq!(spool_within(&mut std::io::repeat(7).take(3 << 20), &mut v, || Some(u64::MAX)).unwrap(), 3 << 20);
+        assert_eq!(v.len(), 3 << 20);
+        assert_eq!(spool_within(&mut &b"abc"[..], &mut Vec::new(), || None).unwrap(), 3);
+    }
+
+    struct CountingWriter<'a, W: Write>(&'a mut W, &'a std::cell::Cell<u64>);
+    impl<W: Write> Write for CountingWriter<'_, W> {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.1.set(self.1.get().saturating_sub(b.len() as u64));
+            self.0.write(b)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.0.flush()
+        }
+    }
 
     /// The slot written last counts as a slot though its partial payload ends before it.
     #[test]

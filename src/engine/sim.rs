@@ -49,7 +49,8 @@ impl Engine for SimEngine {
             // Like an NVMe write with an invalid placement identifier.
             return Err(Errno(libc::EINVAL));
         }
-        *self.counters.bytes_by_handle.entry(handle).or_default() += len;
+        let b = self.counters.bytes_by_handle.entry(handle).or_default();
+        *b = b.saturating_add(len);
         self.counters.writes += 1;
         Ok(())
     }
@@ -57,7 +58,7 @@ impl Engine for SimEngine {
         self.check(offset, buf.len() as u64)?;
         buf.fill(0);
         self.counters.reads += 1;
-        self.counters.read_bytes += buf.len() as u64;
+        self.counters.read_bytes = self.counters.read_bytes.saturating_add(buf.len() as u64);
         Ok(())
     }
     fn flush(&mut self) -> Result<(), Errno> {
@@ -67,13 +68,13 @@ impl Engine for SimEngine {
     fn discard(&mut self, offset: u64, len: u64) -> Result<(), Errno> {
         self.check(offset, len)?;
         self.counters.discards += 1;
-        self.counters.discard_bytes += len;
+        self.counters.discard_bytes = self.counters.discard_bytes.saturating_add(len);
         Ok(())
     }
     fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), Errno> {
         self.check(offset, len)?;
         self.counters.write_zeroes += 1;
-        self.counters.write_zeroes_bytes += len;
+        self.counters.write_zeroes_bytes = self.counters.write_zeroes_bytes.saturating_add(len);
         Ok(())
     }
 }
