@@ -28,9 +28,11 @@ impl ControllerState {
         p.exists().then_some(Self(p))
     }
 
-    /// Serving I/O; true when the state cannot be read (then nothing is waited for).
+    /// Serving I/O, or never again (`dead`, `deleting`): nothing to wait for. False only while
+    /// the kernel brings the controller back (`resetting`, `connecting`, `new`); true when the
+    /// state cannot be read.
     pub fn live(&self) -> bool {
-        std::fs::read_to_string(&self.0).map_or(true, |s| s.trim() == "live")
+        std::fs::read_to_string(&self.0).map_or(true, |s| !matches!(s.trim(), "resetting" | "connecting" | "new"))
     }
 }
 
@@ -68,6 +70,21 @@ impl Hold {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A controller that is gone (dead, being deleted) is not waited for as a reset is.
+    #[test]
+    fn only_a_controller_coming_back_is_waited_for() {
+        let dir = std::env::temp_dir().join(format!("fdpblk-ctrl-state-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = ControllerState(dir.join("state"));
+        for (state, live) in [("live", true), ("resetting", false), ("connecting", false), ("new", false), ("dead", true), ("deleting", true), ("deleting (no IO)", true)] {
+            std::fs::write(&c.0, format!("{state}\n")).unwrap();
+            assert_eq!(c.live(), live, "{state}");
+        }
+        std::fs::remove_file(&c.0).unwrap();
+        assert!(c.live(), "unreadable: nothing to wait for");
+        std::fs::remove_dir(&dir).unwrap();
+    }
 
     #[test]
     fn refusals_are_told_from_drive_errors() {
