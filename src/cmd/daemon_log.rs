@@ -35,10 +35,17 @@ pub fn redirect(run_dir: &Path) {
     // SAFETY: dup2 onto the standard descriptors of this (daemon) process.
     unsafe {
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        libc::dup2(null, 0);
+        if null >= 0 {
+            libc::dup2(null, 0);
+        }
         let out = log.as_ref().map_or(null, |f| f.as_raw_fd());
-        libc::dup2(out, 1);
-        libc::dup2(out, 2);
+        if out >= 0 {
+            libc::dup2(out, 1);
+            libc::dup2(out, 2);
+        }
+        if null > 2 {
+            libc::close(null);
+        }
     }
     if log.is_ok() {
         ACTIVE.store(true, Ordering::Release);
