@@ -96,19 +96,21 @@ fn with_erase_hint(e: DiscoverError, backing: &Path, is_bdev: bool, is_chardev: 
 enum Lmcache {
     /// No checkpoint (the layout comes from the flags, or is learned).
     Nothing,
-    /// A valid copy 1 where copy 0's header block, the device's first, is not LMCache's:
-    /// something wrote over the start since (mkswap, a partition table, mkfs), and the copy
-    /// LMCache left behind it does not vouch for the rest.
+    /// A valid copy 1 where copy 0, at the device's start, is not a whole checkpoint:
+    /// something may have written over the start since (mkswap, a partition table, mkfs), and
+    /// the copy LMCache left behind it does not vouch for the rest.
     Copy1Only,
 }
 
 /// Whether a discovered device still needs blkid's word, and what it shows of LMCache's:
-/// None where copy 0's header is LMCache's. A copy 0 whose header holds but whose JSON fails
-/// its CRC is LMCache's own torn write: its first block is LMCache's.
+/// None where copy 0, at the device's start, is a valid checkpoint. A copy 0 whose header
+/// holds but whose JSON fails its CRC may be LMCache's torn write, or a partition table
+/// written behind the header's first bytes (parted keeps bytes 0-445 of a disk's first
+/// sector and puts GPT in the blocks after it): blkid tells, and finds nothing on LMCache's.
 fn needs_blkid(d: &crate::layout::discover::Discovered) -> Option<Lmcache> {
     match (&d.source, &d.copies) {
         (crate::layout::discover::GeometrySource::Flags, _) => Some(Lmcache::Nothing),
-        (_, Some(c)) if c[0].header.is_err() => Some(Lmcache::Copy1Only),
+        (_, Some(c)) if !c[0].is_valid() => Some(Lmcache::Copy1Only),
         _ => None,
     }
 }
@@ -152,7 +154,7 @@ fn refuse_foreign_data(
             a.backing.display(),
             target.display(),
             match (found, ours) {
-                (Lmcache::Copy1Only, _) => "only copy 1 of an LMCache checkpoint (the device's first block, copy 0's header, is not LMCache's)",
+                (Lmcache::Copy1Only, _) => "only copy 1 of an LMCache checkpoint (copy 0, at the device's start, is not a whole one)",
                 (Lmcache::Nothing, true) => "no LMCache checkpoint (only fdpblk's state from an earlier use)",
                 (Lmcache::Nothing, false) => "neither an LMCache checkpoint nor fdpblk's state",
             },
@@ -1630,7 +1632,7 @@ mod tests {
         for layout in [&["--layout", "auto"][..], &["--layout", "lmcache", "--slot-bytes", "64K", "--meta-total-bytes", "1M"]] {
             let args = add_args(&[&["--backing", path, "--engine", "plain", "--policy", "none"][..], layout].concat());
             validate(&args).unwrap();
-            // LMCache's torn write of copy 0's JSON: still LMCache's device.
+            // LMCache's torn write of copy 0's JSON: blkid finds nothing, the device is added.
             let f = std::fs::OpenOptions::new().read(true).write(true).open(&img).unwrap();
             use std::os::unix::fs::FileExt;
             let mut b = [0u8; 1];
@@ -1640,6 +1642,24 @@ mod tests {
             f.write_all_at(&b, 4096).unwrap();
             drop(f);
         }
+        // A signature written behind copy 0's header bytes, which survive (as parted keeps a
+        // disk's first 446 bytes), tearing its JSON: a swap signature's page past byte 1024.
+        let swap = dir.join("swap.img");
+        std::fs::write(&swap, vec![0u8; 1 << 20]).unwrap();
+        assert!(std::process::Command::new(sbin_tool("mkswap")).arg(&swap).output().unwrap().status.success());
+        let page = std::fs::read(&swap).unwrap();
+        let saved = std::fs::read(&img).unwrap();
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+            f.write_all_at(&page[1024..4096], 1024).unwrap();
+            f.write_all_at(&[saved[4096] ^ 0xff], 4096).unwrap();
+        }
+        let copies = crate::layout::checkpoint::read_copies(&std::fs::File::open(&img).unwrap(), &crate::test_fixtures::small_geometry()).unwrap();
+        assert!(copies[0].header.is_ok() && copies[0].crc_ok == Some(false) && copies[1].is_valid());
+        let e = validate(&add_args(&["--backing", path, "--engine", "plain", "--policy", "none"])).unwrap_err();
+        assert!(e.contains("holds a swap") && e.contains("only copy 1 of an LMCache checkpoint"), "{e}");
+        std::fs::write(&img, &saved).unwrap();
         assert!(std::process::Command::new(sbin_tool("mkswap")).arg(&img).output().unwrap().status.success());
         let copies = crate::layout::checkpoint::read_copies(&std::fs::File::open(&img).unwrap(), &crate::test_fixtures::small_geometry()).unwrap();
         assert!(copies[0].header.is_err() && copies[1].is_valid(), "the fixture's copy 1 survives mkswap");
