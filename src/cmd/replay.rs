@@ -558,7 +558,7 @@ impl SpooledTrace {
             .map_err(|e| format!("cannot spool {what} to {} ({e}); set TMPDIR to a writable directory, or give the trace as a file", path.display()))?;
         let spool = SpooledTrace(path);
         let cannot = |e: String| format!("cannot spool {what} to {} ({e}); free space there (TMPDIR), or give the trace as a file", spool.0.display());
-        spool_within(&mut input, &mut f, || free_bytes(&dir)).map_err(cannot)?;
+        spool_within(&mut input, &mut f, || space_of(&dir)).map_err(cannot)?;
         f.flush().map_err(|e| cannot(e.to_string()))?;
         Ok(spool)
     }
@@ -566,27 +566,38 @@ impl SpooledTrace {
 
 /// Space a spool leaves free in its directory: `$TMPDIR` is often a tmpfs, whose pages are the
 /// host's memory, and an endless input (`/dev/zero`, a capture that never stops) must not
-/// take them all.
+/// take them all. 1 GiB, or a twentieth of a smaller file system.
 const SPOOL_KEEP_FREE: u64 = 1 << 30;
 
-/// Copies `input` to `out`, checking every 64 MiB that the file system keeps
-/// [`SPOOL_KEEP_FREE`] free (`free()`; `None` when it cannot tell). Returns the bytes copied.
-fn spool_within(input: &mut impl Read, out: &mut impl Write, free: impl Fn() -> Option<u64>) -> Result<u64, String> {
+/// Copies `input` to `out` while the file system keeps its floor free (`space()`: bytes
+/// available and in all, `None` when it cannot tell), looking again at least every 64 MiB.
+/// Returns the bytes copied.
+fn spool_within(input: &mut impl Read, out: &mut impl Write, space: impl Fn() -> Option<(u64, u64)>) -> Result<u64, String> {
     const CHECK_EVERY: u64 = 64 << 20;
     let mut buf = vec![0u8; 1 << 20];
     let (mut copied, mut next_check) = (0u64, 0u64);
     loop {
+        let mut want = buf.len();
         if copied >= next_check {
-            if let Some(f) = free().filter(|&f| f < SPOOL_KEEP_FREE + CHECK_EVERY) {
-                return Err(format!(
-                    "{} MiB copied and {} MiB left free there: the trace does not end, or is too long to spool; write it to a file on a disk and pass its path",
-                    copied >> 20,
-                    f >> 20
-                ));
-            }
-            next_check = copied + CHECK_EVERY;
+            next_check = match space() {
+                None => copied + CHECK_EVERY,
+                Some((free, total)) => {
+                    let floor = SPOOL_KEEP_FREE.min(total / 20);
+                    let budget = free.saturating_sub(floor).min(CHECK_EVERY);
+                    if budget == 0 {
+                        return Err(format!(
+                            "{} MiB copied and {} MiB left free there, where replay keeps {} MiB free: the trace does not end, or is too long to spool; write it to a file on a disk and pass its path",
+                            copied >> 20,
+                            free >> 20,
+                            floor >> 20
+                        ));
+                    }
+                    copied + budget
+                }
+            };
         }
-        let n = match input.read(&mut buf) {
+        want = want.min((next_check - copied) as usize);
+        let n = match input.read(&mut buf[..want]) {
             Ok(0) => return Ok(copied),
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -597,13 +608,14 @@ fn spool_within(input: &mut impl Read, out: &mut impl Write, free: impl Fn() -> 
     }
 }
 
-/// Bytes an unprivileged user may still write on the file system holding `dir`.
-fn free_bytes(dir: &Path) -> Option<u64> {
+/// Bytes an unprivileged user may still write on the file system holding `dir`, and its size.
+fn space_of(dir: &Path) -> Option<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: a valid NUL-terminated path and a statvfs the call fills.
-    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0).then(|| (st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0)
+        .then(|| ((st.f_bavail as u64).saturating_mul(st.f_frsize as u64), (st.f_blocks as u64).saturating_mul(st.f_frsize as u64)))
 }
 
 impl Drop for SpooledTrace {
@@ -815,20 +827,28 @@ mod tests {
     use crate::layout::discover::GeometryFlags;
     use crate::place::RegionPolicy;
 
-    /// An input that does not end (`fdpblk replay /dev/zero`) stops once the spool's file
-    /// system is nearly full, instead of filling a tmpfs, i.e. the host's memory.
+    /// An input that does not end (`fdpblk replay /dev/zero`) stops at the spool's file
+    /// system's floor, instead of filling a tmpfs, i.e. the host's memory; a short one is
+    /// copied even where little is free.
     #[test]
-    fn a_spool_stops_before_its_file_system_fills() {
+    fn a_spool_stops_at_its_file_systems_floor() {
+        let total = 100u64 << 30;
         let free = std::cell::Cell::new(SPOOL_KEEP_FREE + (150 << 20));
         let mut out = std::io::sink();
         let mut endless = std::io::repeat(0).take(u64::MAX);
-        // The file system loses what is copied: stopped within one check interval of the floor.
+        // The file system loses what is copied: stopped exactly at the floor.
         let mut counted = CountingWriter(&mut out, &free);
-        let e = spool_within(&mut endless, &mut counted, || Some(free.get())).unwrap_err();
-        assert!(e.contains("128 MiB copied") && e.contains("write it to a file on a disk"), "{e}");
+        let e = spool_within(&mut endless, &mut counted, || Some((free.get(), total))).unwrap_err();
+        assert!(e.contains("150 MiB copied and 1024 MiB left free there, where replay keeps 1024 MiB free") && e.contains("write it to a file on a disk"), "{e}");
+        assert_eq!(free.get(), SPOOL_KEEP_FREE);
+        // A small file system keeps a twentieth: 1 KiB copies into a 1 GiB tmpfs 90 % full.
+        let mut v = Vec::new();
+        assert_eq!(spool_within(&mut std::io::repeat(7).take(1024), &mut v, || Some((100 << 20, 1 << 30))).unwrap(), 1024);
+        let e = spool_within(&mut std::io::repeat(7).take(1024), &mut v, || Some((50 << 20, 1 << 30))).unwrap_err();
+        assert!(e.starts_with("0 MiB copied and 50 MiB left free there, where replay keeps 51 MiB free"), "{e}");
         // An input that ends is copied whole; no figure for the free space copies it too.
         let mut v = Vec::new();
-        assert_eq!(spool_within(&mut std::io::repeat(7).take(3 << 20), &mut v, || Some(u64::MAX)).unwrap(), 3 << 20);
+        assert_eq!(spool_within(&mut std::io::repeat(7).take(3 << 20), &mut v, || Some((u64::MAX, u64::MAX))).unwrap(), 3 << 20);
         assert_eq!(v.len(), 3 << 20);
         assert_eq!(spool_within(&mut &b"abc"[..], &mut Vec::new(), || None).unwrap(), 3);
     }
