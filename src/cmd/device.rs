@@ -578,16 +578,38 @@ static STARTING_DAEMON: std::sync::atomic::AtomicI32 = std::sync::atomic::Atomic
 extern "C" fn forward_to_daemon(sig: libc::c_int) {
     let pid = STARTING_DAEMON.load(std::sync::atomic::Ordering::SeqCst);
     if pid > 0 {
-        // SAFETY: kill is async-signal-safe.
-        unsafe { libc::kill(pid, sig) };
+        // SAFETY: kill is async-signal-safe; errno is the interrupted code's, kept as it was.
+        unsafe {
+            let errno = *libc::__errno_location();
+            libc::kill(pid, sig);
+            *libc::__errno_location() = errno;
+        }
     }
 }
 
-/// Ctrl-C or SIGTERM to an `add` waiting for its daemon (in its own session, out of the
+/// SIGINT and SIGTERM, blocked from before the fork until [`forward_stop_signals`] is in
+/// place: one that comes in between waits instead of killing `add` (the parent) or the
+/// daemon before its signal thread takes them (it inherits the mask; the pending signal
+/// goes to that thread's sigwait). Returns the mask to restore.
+fn hold_stop_signals() -> libc::sigset_t {
+    // SAFETY: sigset operations on local sets, and sigprocmask on this single-threaded process.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    }
+}
+
+/// Ctrl-C or SIGTERM to an `add` (or a `recover`) waiting for its daemon (in its own session, out of the
 /// terminal's reach) goes on to the daemon, which stops its start cleanly and reports it
 /// through the pipe: otherwise only the waiting process died and the device started anyway.
-/// A SIGINT the caller ignores (a background job of a script) stays ignored.
-fn forward_stop_signals(daemon: libc::pid_t) {
+/// A SIGINT the caller ignores (a background job of a script) stays ignored. `held` is
+/// [`hold_stop_signals`]'s mask, restored once the handlers are in place.
+fn forward_stop_signals(daemon: libc::pid_t, held: &libc::sigset_t) {
     STARTING_DAEMON.store(daemon, std::sync::atomic::Ordering::SeqCst);
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: sigaction with a zeroed struct, a handler that only calls kill, and SA_RESTART
@@ -604,6 +626,8 @@ fn forward_stop_signals(daemon: libc::pid_t) {
             }
         }
     }
+    // SAFETY: restores this process's mask from before the fork; a held signal is handled now.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, held, std::ptr::null_mut()) };
 }
 
 /// Runs `body` as a daemon: fork, new session, its own mount namespace (a ublk server must
@@ -631,9 +655,15 @@ fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, Stri
     if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
         return Err(format!("cannot make the pipe to the daemon: {}", std::io::Error::last_os_error()).into());
     }
+    let held = hold_stop_signals();
     // SAFETY: no threads exist yet (validation is single-threaded), so fork is safe.
     match unsafe { libc::fork() } {
-        -1 => Err(format!("cannot start the daemon (fork): {}", std::io::Error::last_os_error()).into()),
+        -1 => {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: restores the mask hold_stop_signals changed.
+            unsafe { libc::sigprocmask(libc::SIG_SETMASK, &held, std::ptr::null_mut()) };
+            Err(format!("cannot start the daemon (fork): {e}").into())
+        }
         0 => {
             // SAFETY: child side; these calls only change this process.
             unsafe {
@@ -668,12 +698,14 @@ fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, Stri
         }
         child => {
             use std::os::fd::FromRawFd;
-            forward_stop_signals(child);
+            forward_stop_signals(child, &held);
             // SAFETY: fds[0] is the pipe's read end; the write end is closed here.
             unsafe { libc::close(fds[1]) };
             let mut pipe = unsafe { std::fs::File::from_raw_fd(fds[0]) };
             let mut line = String::new();
             let _ = pipe.read_to_string(&mut line);
+            // The daemon has answered: what it said stands, a later signal is not passed on.
+            STARTING_DAEMON.store(0, std::sync::atomic::Ordering::SeqCst);
             let line = line.lines().next().unwrap_or("");
             if let Some(id) = line.strip_prefix("ok ") {
                 let id: i32 = id.trim().parse().unwrap_or(-1);

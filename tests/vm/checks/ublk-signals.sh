@@ -116,9 +116,17 @@ expect "its state file is removed" test ! -e /run/fdpblk/0.json
 # says so, and no device comes once the backing is free.
 exec 9<"$NG_DEV"
 flock -w 30 9 || check_fatal "cannot lock $NG_DEV"
+waits_logged() {
+    local n
+    n=$(grep -c "waiting for an earlier daemon's commands to complete" /run/fdpblk/daemon.log 2>/dev/null) || true
+    echo "${n:-0}"
+}
+waits0=$(waits_logged)
 "$FDPBLK" add --backing "$NG_DEV" --engine passthrough -n 0 "${GEO[@]}" >/tmp/sig-add.log 2>&1 9<&- &
 apid=$!
-sleep 1
+# Signalled once its daemon waits for the lock (the add's checks can take a while here).
+for _ in $(seq 300); do (($(waits_logged) > waits0)) && break; sleep 0.1; done
+expect "the daemon waits for the locked backing" test "$(waits_logged)" -gt "$waits0"
 expect "SIGTERM to the waiting add" kill -TERM "$apid"
 arc=0
 wait "$apid" || arc=$?
