@@ -611,13 +611,6 @@ pub fn class_report(stats: &PipelineStats) -> Vec<(Class, Counter)> {
     Class::ALL.iter().map(|&c| (c, stats.classes[c.index()])).collect()
 }
 
-/// Appends `len` bytes at `offset` on `handle` to the segments, merging with the last one
-/// when it ends there on the same handle. A change of handle inside a `block_align` block
-/// (a payload's end and its padding, when another queue's new header for the slot changed
-/// its handle between the two look-ups) is not split there: the engines write whole logical
-/// blocks (an O_DIRECT or NVMe command at an unaligned offset fails), so the bytes up to the
-/// next block boundary stay with the segment before. Returns how many bytes did (0 when
-/// the handles agree).
 /// Whether `segments` are the request `[offset, offset + len)` exactly: contiguous, in order,
 /// none empty. A write is acknowledged once its pieces are written.
 pub fn segments_tile(segments: &[Segment], offset: u64, len: u64) -> bool {
@@ -631,6 +624,13 @@ pub fn segments_tile(segments: &[Segment], offset: u64, len: u64) -> bool {
     pos == offset + len
 }
 
+/// Appends `len` bytes at `offset` on `handle` to the segments, merging with the last one
+/// when it ends there on the same handle. A change of handle inside a `block_align` block
+/// (a payload's end and its padding, when another queue's new header for the slot changed
+/// its handle between the two look-ups) is not split there: the engines write whole logical
+/// blocks (an O_DIRECT or NVMe command at an unaligned offset fails), so the bytes up to the
+/// next block boundary stay with the segment before. Returns how many bytes did (0 when
+/// the handles agree).
 fn push_segment(segments: &mut Vec<Segment>, offset: u64, len: u64, handle: Handle, block_align: u64) -> u64 {
     let block_align = block_align.max(1);
     match segments.last_mut() {

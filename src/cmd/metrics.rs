@@ -366,7 +366,8 @@ fn collect(reg: &mut Registry, id: i32) -> Result<(), String> {
     let saved: Value = serde_json::from_str(&state_text).map_err(|e| format!("{} is corrupt: {e}", state::state_path(id).display()))?;
     let up = state::Daemon::from_state(&saved).alive();
     let stats: Option<Value> = std::fs::read_to_string(state::stats_path(id)).ok().and_then(|t| serde_json::from_str(&t).ok());
-    // The stats file's age; before the daemon's first one, the age of its start (the state file).
+    // The stats file's age; before the daemon's first one, that of its state file (written at
+    // its start, and again when it learns the layout or is recovered).
     let age_of = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok().map(|t| t.elapsed().map_or(0.0, |d| d.as_secs_f64().round()));
     let age = age_of(&state::stats_path(id)).or_else(|| age_of(&state::state_path(id)));
     let fdp = if up { state::read_state(id).ok().and_then(|(cfg, _)| state::fdp_deltas(&cfg)) } else { None };
@@ -411,8 +412,8 @@ pub fn run(a: &MetricsArgs) -> CmdResult {
         return Err(format!("--textfile {}: no directory {}; give node_exporter's --collector.textfile.directory", path.display(), dir.display()).into());
     }
     loop {
-        // The temporary file is `fdpblk.tmp` beside `fdpblk.prom`: not a *.prom, so the
-        // collector skips it.
+        // The temporary file is `fdpblk.prom.tmp.PID.N` beside `fdpblk.prom`: not a *.prom,
+        // so the collector skips it.
         state::write_atomic(path, all().render().as_bytes()).map_err(|e| {
             format!("cannot write {}: {e}; create its directory or pick another --textfile", path.display())
         })?;

@@ -319,8 +319,9 @@ pub struct Persist {
     /// other. (Not `seq % 2`: a failed cycle skips its seq, and the next superblock would then
     /// overwrite the newest committed one.)
     sb_copy: u8,
-    /// The superblocks could not be read at load: the next superblock goes into both copies,
-    /// so that no older one (another instance's, maybe clean) outranks this state.
+    /// The superblocks could not be read at load, or one is whole but of a form this version
+    /// does not decode (a newer one's): the next superblock goes into both copies, so that no
+    /// older one (another instance's, maybe clean) outranks this state.
     sb_both: bool,
     /// The last superblock was taken as committed because it read back, though its flush
     /// failed: it may sit only in the drive's volatile cache. The next cycle overwrites the
@@ -682,7 +683,8 @@ impl Persist {
             return Ok(None);
         }
         if self.sb_both {
-            // The superblocks did not read at load, so `next_seq` comes from the pages alone.
+            // The superblocks did not read (or decode) at load, so `next_seq` may come from the
+            // pages alone.
             // A new superblock must number above both old ones: written into one copy before
             // a crash, one numbered below a clean superblock left in the other would lose the
             // next load to it, which would then trust that old state's confirmations. Each
