@@ -93,7 +93,10 @@ expect "recover refuses another file under the saved path ($out)" \
     bash -c 'test "$1" -ne 0 && grep -Eq "backing /var/tmp/fail.img is now the file inode [0-9]+ on device [0-9]+:[0-9]+( made [0-9.]+)?, not the file inode" <<<"$2"' _ "$rc" "$out"
 expect_eq "nor was it written" "$(du -k /var/tmp/fail.img | cut -f1)" 0
 exec 4<&-
+# A writer killed between its write and its rename leaves its temp file: del takes it too.
+: >/run/fdpblk/9.stats.json.tmp.99999.0
 expect "del device 9" "$FDPBLK" del -n 9
+expect "and a temp file of its stats" test ! -e /run/fdpblk/9.stats.json.tmp.99999.0
 pid=$(daemon_pid 3)
 expect "SIGTERM the daemon" kill -TERM "$pid"
 expect "daemon exits" bash -c "for i in \$(seq 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
