@@ -6,8 +6,9 @@
 //! policy's handle for bytes outside the layout (the drive's default handle for the shipped
 //! policies). A learner thread looks for LMCache's first checkpoint (it is written within
 //! LMCache's checkpoint interval once there is anything to checkpoint) and, once one is
-//! valid on the drive (header, CRC and JSON, exactly as LMCache's loader would take it), sets
-//! the layout: each queue switches to a classifying pipeline at its next request and the state
+//! valid on the drive (header, CRC and JSON, exactly as LMCache's loader would take it) and
+//! the other copy is not one being written (a header whose JSON fails its CRC), sets the
+//! layout: each queue switches to a classifying pipeline at its next request and the state
 //! thread starts.
 //!
 //! Why the checkpoint and not the first slot headers: a header tells where one slot starts,
@@ -161,6 +162,11 @@ impl ReadAt for ExportedReader<'_> {
 /// yet, `Err` when there is one that the flags contradict (a one-line message with the fix).
 pub fn look(dev: &dyn ReadAt, flags: &GeometryFlags) -> Result<Option<Geometry>, String> {
     match discover(dev, flags) {
+        // A copy whose header is there but whose JSON fails its CRC is, on a device LMCache is
+        // writing, a checkpoint on its way (header and payload land in any order), maybe of a
+        // new layout: the valid other copy may be an earlier run's, of another layout
+        // (reference §4.1). Look again once it is whole; then both decide, as at `add`.
+        Ok(d) if d.copies.as_ref().is_some_and(|c| c.iter().any(|c| c.header.is_ok() && c.crc_ok == Some(false))) => Ok(None),
         Ok(d) => Ok(Some(d.geometry)),
         Err(DiscoverError::NoCheckpoint { .. }) => Ok(None),
         // A read error or a torn copy now may be a checkpoint on its way: look again later.
@@ -201,6 +207,35 @@ mod tests {
         let bad = GeometryFlags { slot_bytes: Some(want.slot_bytes * 2), ..Default::default() };
         let e = look(&img, &bad).unwrap_err();
         assert!(e.contains("--slot-bytes") && e.contains("conflicts"), "{e}");
+    }
+
+    /// LMCache restarted with a new slot_bytes writes its first checkpoint into copy 0 while
+    /// copy 1 still holds the old layout's, with a higher seq: half-written, copy 0 fails its
+    /// CRC and copy 1 alone is valid. Learned then, the old layout would be wrong.
+    #[test]
+    fn a_checkpoint_being_written_is_waited_for_not_learned_past() {
+        let (img, _) = fixture("object-evict");
+        let size = img.len() as u64;
+        let h = crate::layout::checkpoint_header::CheckpointHeader::parse(&img[..32], size).unwrap();
+        let json = String::from_utf8(img[4096..4096 + h.payload_len as usize].to_vec()).unwrap().replace(r#""slot_bytes":65536"#, r#""slot_bytes":32768"#);
+        let mut new = img.clone();
+        new[4096..4096 + json.len()].copy_from_slice(json.as_bytes());
+        new[12..20].copy_from_slice(&1u64.to_le_bytes());
+        new[28..32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
+        // Its header first, half its JSON so far.
+        let mut half = new.clone();
+        half[4096 + json.len() / 2..4096 + json.len()].fill(0);
+        assert_eq!(discover(&half, &GeometryFlags::default()).unwrap().geometry.slot_bytes, 65536, "what add's discovery takes");
+        assert_eq!(look(&half, &GeometryFlags::default()).unwrap(), None);
+        // Whole: two layouts, refused with the flag that tells them apart, as at add.
+        let e = look(&new, &GeometryFlags::default()).unwrap_err();
+        assert!(e.contains("--slot-bytes"), "{e}");
+        let g = look(&new, &GeometryFlags { slot_bytes: Some(32768), ..Default::default() });
+        assert!(g.is_err(), "the stale copy is named for erasing: {g:?}");
+        // Torn and of the same layout (a crash mid-write), it is waited for too.
+        let mut torn = img.clone();
+        torn[4096 + 400] ^= 1;
+        assert_eq!(look(&torn, &GeometryFlags::default()).unwrap(), None);
     }
 
     #[test]
