@@ -1092,6 +1092,7 @@ fn state_thread_guarded(shared: &Shared, body: impl FnOnce()) {
 fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBool, clean: &AtomicBool) {
     let cfg = &shared.cfg;
     let mut refused = false;
+    let mut last_refusal: Option<String> = None;
     // The learning writes completed by the last look that found nothing, and when: until
     // another one completes the device is as it was, and a look would read the same (a torn
     // checkpoint read whole, up to its 64 MiB, every second while LMCache is idle). Looked at
@@ -1113,12 +1114,14 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
         match look {
             Ok(Some(g)) => break g,
             Ok(None) => looked_at = Some((done, Instant::now())),
+            // Said again when the reason changes (stats show the latest).
             Err(e) => {
-                if !refused {
-                    tracing::error!("device {}: LMCache's checkpoint cannot be used: {e}; writes stay unclassified", cfg.id);
-                    shared.layout.refuse(e);
-                    refused = true;
+                if last_refusal.as_deref() != Some(e.as_str()) {
+                    tracing::error!("device {}: LMCache's checkpoint cannot be used: {e}; writes stay unclassified, and fdpblk looks again every 30 s (LMCache's next checkpoints may clear this; else delete the device and add it again as this says)", cfg.id);
+                    shared.layout.refuse(e.clone());
+                    last_refusal = Some(e);
                 }
+                refused = true;
             }
         }
         // Once a second; after a refusal every 30 s (each look reads the whole checkpoint).
@@ -1151,7 +1154,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
     w.reread_containers();
     let c = g.config();
     tracing::info!(
-        "device {}: layout learned from LMCache's checkpoint: slot_bytes {} meta_total_bytes {} block_align {} header_bytes {} ({} writes before it went unclassified)",
+        "device {}: layout learned from LMCache's checkpoint: slot_bytes {} meta_total_bytes {} block_align {} header_bytes {} ({} writes went unclassified before it)",
         cfg.id,
         c.slot_bytes,
         c.meta_total_bytes,
