@@ -106,6 +106,7 @@ pub fn status_json(i: &FdpInfo) -> Value {
     put("erutl", json!(c.erutl));
     put("ruht", json!(c.ruh_types.iter().map(|t| t.as_u8()).collect::<Vec<_>>()));
     put("lba_size", json!(i.lba_size));
+    put("lba_metadata", json!(i.lba_metadata));
     put("nsze", json!(i.nsze));
     put("ns_bytes", json!(i.ns_bytes()));
     put("ru_blocks", json!(i.ru_blocks()));

@@ -1,0 +1,72 @@
+//! `tools/waf-compare-report.py`'s consistency checks on a real drive's counts: a run that
+//! wrote a whole reclaim unit or more per placement ID (RUAMW is known modulo the RU), and an
+//! LBA format with metadata (HBMW counts it). The VM check `waf-compare` runs the exact case.
+
+use std::process::Command;
+
+/// Runs the report's `consistency()` on one fdpblk row built from `true_pid_bytes` (bytes
+/// each placement ID really got) and `handles` (fdpblk's counters), and prints each check as
+/// `ok|FAIL|skip what`.
+fn checks(ru: u64, lba_metadata: u64, true_pid_bytes: [u64; 3], handles: [u64; 3]) -> Vec<String> {
+    let script = r#"
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("report", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+ru, ms = int(sys.argv[2]), int(sys.argv[3])
+pids, handles = json.loads(sys.argv[4]), json.loads(sys.argv[5])
+own = 8192
+host = sum(pids)
+ublk = host - own
+row = {
+    "config": "region", "classified_bytes": ublk, "workload_write_bytes": ublk, "workload_source": "blktrace",
+    "drive_write_bytes_blktrace": host, "drive_write_bytes": host, "own_state_bytes": own,
+    "fdp": {"bytes_by_pid_index": {str(i): b % ru for i, b in enumerate(pids)}, "ru_bytes": ru,
+            "pid_bytes_below_one_ru": host < ru, "lba_metadata": ms},
+    "fdpblk": {"write_bytes": ublk, "own_state_bytes": own, "zeroed_container_bytes": 0,
+               "handles": {str(i): b for i, b in enumerate(handles) if b}, "own_state_handle": 1},
+}
+for k in m.consistency([row]):
+    print(("skip" if k.get("skipped") else "ok" if k["ok"] else "FAIL") + " " + k["what"])
+"#;
+    let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/waf-compare-report.py");
+    let out = Command::new("python3")
+        .args(["-c", script, tool, &ru.to_string(), &lba_metadata.to_string()])
+        .arg(format!("{true_pid_bytes:?}"))
+        .arg(format!("{handles:?}"))
+        .output()
+        .expect("python3 runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect()
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn below_one_reclaim_unit_every_check_is_exact() {
+    // Handle 1: checkpoints and fdpblk's 8 KiB of state; handle 2: slots.
+    let c = checks(64 * MIB, 0, [0, MIB + 8192, 9 * MIB], [0, MIB, 9 * MIB]);
+    assert!(c.iter().all(|l| l.starts_with("ok ") && !l.contains("modulo")), "{c:#?}");
+    let c = checks(64 * MIB, 0, [0, MIB + 8192, 9 * MIB], [0, MIB, 9 * MIB + 4096]);
+    assert!(c.iter().any(|l| l.starts_with("FAIL ") && l.contains("placement ID index 2")), "a counter 4 KiB high: {c:#?}");
+}
+
+#[test]
+fn past_a_reclaim_unit_placement_ids_are_checked_modulo_the_unit() {
+    // 10 MiB and 25 MiB on 4 MiB reclaim units: RUAMW shows 2 MiB and 1 MiB.
+    let c = checks(4 * MIB, 0, [0, 10 * MIB + 8192, 25 * MIB], [0, 10 * MIB, 25 * MIB]);
+    assert!(c.iter().all(|l| l.starts_with("ok ")), "{c:#?}");
+    assert!(c.iter().any(|l| l.contains("placement ID index 2") && l.contains("modulo the RU")), "{c:#?}");
+    // Off by 4 KiB is still caught modulo the unit.
+    let c = checks(4 * MIB, 0, [0, 10 * MIB + 8192, 25 * MIB], [0, 10 * MIB, 25 * MIB + 4096]);
+    assert!(c.iter().any(|l| l.starts_with("FAIL ") && l.contains("placement ID index 2")), "{c:#?}");
+}
+
+#[test]
+fn with_metadata_the_hbmw_checks_do_not_apply() {
+    let c = checks(64 * MIB, 8, [0, MIB + 8192, 9 * MIB], [0, MIB, 9 * MIB]);
+    for what in ["blktrace vs HBMW", "per-PID bytes (RUAMW) add up to HBMW", "drive bytes = ublk bytes"] {
+        assert!(c.iter().any(|l| l.starts_with("skip ") && l.contains(what)), "{what}: {c:#?}");
+    }
+    assert!(c.iter().any(|l| l.starts_with("ok ") && l.contains("placement ID index 2")), "{c:#?}");
+}
