@@ -5,9 +5,17 @@
 # Prints a markdown table: sequential 1 MiB writes (MiB/s) and 4 KiB random reads (IOPS).
 # Absolute numbers mean little under TCG emulation; the ratios are the result, taken within
 # each of ROUNDS rounds (default 3) and given as medians, next to the raw device's own spread.
+#
+# DESTROYS the data on the namespace: fio writes SIZE bytes to it raw, and fdpblk devices
+# (ids 0, and 1 for rublk) are made and deleted on it. In the QEMU guest it runs as is; on
+# any other host it refuses unless NS (and NG) name the namespace to sacrifice.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 FDPBLK=${FDPBLK:-target/release/fdpblk}
+if [[ -z ${NS:-} && $(cat /proc/sys/kernel/hostname) != fdpblk-vm ]]; then
+    echo "ublk-bench: this writes over the namespace it measures; outside the QEMU guest set NS=/dev/nvmeXnY and NG=/dev/ngXnY to one whose data may go" >&2
+    exit 1
+fi
 NS=${NS:-/dev/nvme0n1}
 # The peer: rublk's loop target, built by `tests/vm/setup.sh --peer`.
 CACHE=${FDPBLK_VM_CACHE:-/var/cache/fdpblk-vm}
@@ -29,9 +37,19 @@ randr() { # DEV -> IOPS
 # inside each round (the devices of one round ran minutes apart, the rounds further) and the
 # table gives the median over the rounds, with the spread of the raw device's own figures.
 ROUNDS=${ROUNDS:-3}
+NG=${NG:-/dev/ng0n1}
+# Nothing of anyone else's: the namespace unmounted, not an fdpblk backing, ids 0 and 1 free.
+[[ -z $(lsblk -nro MOUNTPOINT "$NS" 2>/dev/null | grep -v '^$' || true) ]] || { echo "ublk-bench: $NS (or a partition of it) is mounted" >&2; exit 1; }
+for b in "$NS" "$NG"; do
+    [[ -z $("$FDPBLK" list --json 2>/dev/null | grep -F "\"$b\"" || true) ]] || { echo "ublk-bench: $b backs a running fdpblk device (fdpblk list)" >&2; exit 1; }
+done
+for id in 0 1; do
+    [[ ! -e /dev/ublkc$id ]] || { echo "ublk-bench: ublk device $id exists; the benchmark uses ids 0 and 1" >&2; exit 1; }
+done
 RES=$(mktemp)
-# A failed run leaves no device or temp file behind.
-trap 'rm -f "$RES"; "$FDPBLK" del -n 0 >/dev/null 2>&1 || true; [[ -z $RUBLK ]] || "$RUBLK" del -n 1 >/dev/null 2>&1 || true' EXIT
+# A failed run leaves no device or temp file behind: only the devices this run made.
+MADE=()
+trap 'rm -f "$RES"; for m in "${MADE[@]}"; do case $m in fdpblk) "$FDPBLK" del -n 0 >/dev/null 2>&1 || true ;; rublk) "$RUBLK" del -n 1 >/dev/null 2>&1 || true ;; esac; done' EXIT
 measure() { # ROUND LABEL DEV
     # Assignments, not arguments: a failed fio run stops the script here (set -e).
     local w r
@@ -40,25 +58,28 @@ measure() { # ROUND LABEL DEV
     printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$w" "$r" >>"$RES"
 }
 
-NG=${NG:-/dev/ng0n1}
 for round in $(seq "$ROUNDS"); do
     measure "$round" "raw $NS" "$NS"
     for engine in streams passthrough plain; do
         policy=region backing=$NS
         [[ $engine == plain ]] && policy=none
         [[ $engine == passthrough ]] && backing=$NG
+        MADE=(fdpblk)
         dev=$("$FDPBLK" add --backing "$backing" -n 0 --engine "$engine" --policy "$policy" \
             --slot-bytes 64K --meta-total-bytes 1M -q 2 -d 128)
         measure "$round" "fdpblk $engine" "$dev"
         "$FDPBLK" del -n 0
+        MADE=()
     done
     if [[ -n $RUBLK ]]; then
+        MADE=(rublk)
         "$RUBLK" add loop -n 1 -f "$NS" -q 2 -d 128 >/dev/null
         for _ in $(seq 50); do [[ -b /dev/ublkb1 ]] && break; sleep 0.1; done
         # Else fio would create a regular file there and measure memory.
         [[ -b /dev/ublkb1 ]] || { echo "ublk-bench: rublk's /dev/ublkb1 did not appear" >&2; exit 1; }
         measure "$round" "rublk loop" /dev/ublkb1
         "$RUBLK" del -n 1
+        MADE=()
     fi
 done
 
