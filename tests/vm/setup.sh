@@ -103,7 +103,8 @@ mirror() {
 
 # apt_quiet CMD...: run an apt/dpkg command with its chatter in a log, shown on failure.
 # A fresh machine may be running its daily apt jobs at boot: wait for their lock, not fail.
-LOCK_WAIT=(-o DPkg::Lock::Timeout=600)
+# A download that fails on the way (a mirror's hiccup) is tried again, not the end of CI.
+LOCK_WAIT=(-o DPkg::Lock::Timeout=600 -o Acquire::Retries=3)
 
 apt_quiet() {
     local log rc=0
@@ -199,7 +200,7 @@ alt_apt() { # alt_apt SUITE: set ALT to a private apt configuration for SUITE
     ALT=(-o "Dir::Etc::SourceList=$a/etc/sources.list" -o Dir::Etc::SourceParts=/dev/null
         -o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache" -o Dir::State::status=/dev/null
         -o Dir::Etc::Preferences=/dev/null -o "Dir::Etc::PreferencesParts=$a/etc/preferences.d"
-        -o Debug::NoLocking=1)
+        -o Debug::NoLocking=1 -o Acquire::Retries=3)
     # Downloads land in the root-owned cache: no point sandboxing them as _apt.
     [[ $(id -u) -ne 0 ]] || ALT+=(-o APT::Sandbox::User=root)
 }
