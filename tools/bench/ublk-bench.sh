@@ -8,15 +8,18 @@
 #
 # DESTROYS the data on the namespace: fio writes SIZE bytes to it raw, and fdpblk devices
 # (ids 0, and 1 for rublk) are made and deleted on it. In the QEMU guest it runs as is; on
-# any other host it refuses unless NS (and NG) name the namespace to sacrifice.
+# any other host it refuses unless NS names the namespace to sacrifice (its /dev/ngXnY too).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 FDPBLK=${FDPBLK:-target/release/fdpblk}
 if [[ -z ${NS:-} && $(cat /proc/sys/kernel/hostname) != fdpblk-vm ]]; then
-    echo "ublk-bench: this writes over the namespace it measures; outside the QEMU guest set NS=/dev/nvmeXnY and NG=/dev/ngXnY to one whose data may go" >&2
+    echo "ublk-bench: this writes over the namespace it measures; outside the QEMU guest set NS=/dev/nvmeXnY to one whose data may go" >&2
     exit 1
 fi
 NS=${NS:-/dev/nvme0n1}
+# The passthrough round's char device is NS's own, never another namespace's.
+[[ $(basename "$NS") =~ ^nvme([0-9]+)n([0-9]+)$ ]] || { echo "ublk-bench: NS=$NS: give an NVMe namespace block device (/dev/nvmeXnY)" >&2; exit 1; }
+NG=/dev/ng${BASH_REMATCH[1]}n${BASH_REMATCH[2]}
 # The peer: rublk's loop target, built by `tests/vm/setup.sh --peer`.
 CACHE=${FDPBLK_VM_CACHE:-/var/cache/fdpblk-vm}
 RUBLK=${RUBLK:-$(command -v rublk || { [[ -x $CACHE/rublk/bin/rublk ]] && echo "$CACHE/rublk/bin/rublk"; } || true)}
@@ -37,7 +40,6 @@ randr() { # DEV -> IOPS
 # inside each round (the devices of one round ran minutes apart, the rounds further) and the
 # table gives the median over the rounds, with the spread of the raw device's own figures.
 ROUNDS=${ROUNDS:-3}
-NG=${NG:-/dev/ng0n1}
 # Nothing of anyone else's: the namespace unmounted, not an fdpblk backing, ids 0 and 1 free.
 [[ -z $(lsblk -nro MOUNTPOINT "$NS" 2>/dev/null | grep -v '^$' || true) ]] || { echo "ublk-bench: $NS (or a partition of it) is mounted" >&2; exit 1; }
 for b in "$NS" "$NG"; do
