@@ -670,6 +670,12 @@ fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, Stri
                 libc::close(fds[0]);
                 libc::setsid();
                 libc::unshare(libc::CLONE_NEWNS);
+                // A SIGINT the caller ignores may have come while it was held: setting the
+                // ignore again drops it, as the kernel would have without the hold.
+                let mut int: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(libc::SIGINT, std::ptr::null(), &mut int) == 0 && int.sa_sigaction == libc::SIG_IGN {
+                    libc::sigaction(libc::SIGINT, &int, std::ptr::null_mut());
+                }
             }
             // Descriptors the caller left open (a shell's) would stay open as long as the
             // daemon runs: one on a ublk device would keep its id taken after its deletion.
