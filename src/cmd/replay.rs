@@ -584,6 +584,10 @@ fn spool_within(input: &mut impl Read, out: &mut impl Write, space: impl Fn() ->
                 Some((free, total)) => {
                     let floor = SPOOL_KEEP_FREE.min(total / 20);
                     let budget = free.saturating_sub(floor).min(CHECK_EVERY);
+                    // At the floor: refused only if there is more to copy.
+                    if budget == 0 && input.read(&mut buf[..1]).map_err(|e| e.to_string())? == 0 {
+                        return Ok(copied);
+                    }
                     if budget == 0 {
                         return Err(format!(
                             "{} MiB copied and {} MiB left free there, where replay keeps {} MiB free: the trace does not end, or is too long to spool; write it to a file on a disk and pass its path",
@@ -846,6 +850,10 @@ mod tests {
         assert_eq!(spool_within(&mut std::io::repeat(7).take(1024), &mut v, || Some((100 << 20, 1 << 30))).unwrap(), 1024);
         let e = spool_within(&mut std::io::repeat(7).take(1024), &mut v, || Some((50 << 20, 1 << 30))).unwrap_err();
         assert!(e.starts_with("0 MiB copied and 50 MiB left free there, where replay keeps 51 MiB free"), "{e}");
+        // One that ends exactly at the floor is whole, not refused.
+        let free = std::cell::Cell::new(SPOOL_KEEP_FREE + (3 << 20));
+        let mut counted = CountingWriter(&mut out, &free);
+        assert_eq!(spool_within(&mut std::io::repeat(1).take(3 << 20), &mut counted, || Some((free.get(), total))).unwrap(), 3 << 20);
         // An input that ends is copied whole; no figure for the free space copies it too.
         let mut v = Vec::new();
         assert_eq!(spool_within(&mut std::io::repeat(7).take(3 << 20), &mut v, || Some((u64::MAX, u64::MAX))).unwrap(), 3 << 20);
