@@ -411,6 +411,8 @@ pub fn run(a: &MetricsArgs) -> CmdResult {
     if !dir.is_dir() {
         return Err(format!("--textfile {}: no directory {}; give node_exporter's --collector.textfile.directory", path.display(), dir.display()).into());
     }
+    // What an exporter killed mid-write left there.
+    state::remove_stale_temps(path);
     loop {
         // The temporary file is `fdpblk.prom.tmp.PID.N` beside `fdpblk.prom`: not a *.prom,
         // so the collector skips it.

@@ -48,6 +48,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     written
 }
 
+/// Removes the temp files [`write_atomic`] left beside `path` when a writer was killed
+/// between its write and its rename: those of processes that no longer run.
+pub fn remove_stale_temps(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else { return };
+    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    let prefix = format!("{name}.tmp.");
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let pid = e.file_name().to_str().and_then(|n| n.strip_prefix(prefix.as_str())?.split('.').next()?.parse::<i32>().ok());
+        // SAFETY: signal 0 only asks whether the process exists.
+        if pid.is_some_and(|p| p > 0 && unsafe { libc::kill(p, 0) } != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)) {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
 pub fn write_state(cfg: &DeviceConfig, pid: u32) -> io::Result<()> {
     let v = json!({"config": cfg.to_json(), "pid": pid, "pid_start": start_time(pid), "device": bdev_path(cfg.id),
                    "name_path": cfg.name.as_deref().map(name_path)});
@@ -288,6 +303,23 @@ fn other_threads(pid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// A killed writer's temp file goes; a running one's (this process's) stays.
+    #[test]
+    fn stale_temps_of_dead_writers_are_removed() {
+        let dir = std::env::temp_dir().join(format!("fdpblk-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("fdpblk.prom");
+        let dead = dir.join("fdpblk.prom.tmp.999999999.3");
+        let live = dir.join(format!("fdpblk.prom.tmp.{}.0", std::process::id()));
+        let other = dir.join("other.prom.tmp.999999999.3");
+        for f in [&dead, &live, &other] {
+            std::fs::write(f, b"x").unwrap();
+        }
+        super::remove_stale_temps(&path);
+        assert!(!dead.exists() && live.exists() && other.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// Writers of one file at once (the daemon, `stats`, the metrics exporter) never leave a
     /// reader half of one write, nor their temp files behind.
     #[test]
