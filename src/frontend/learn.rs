@@ -158,19 +158,39 @@ impl ReadAt for ExportedReader<'_> {
     }
 }
 
+/// What one look for LMCache's layout found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Looked {
+    Layout(Geometry),
+    /// No valid checkpoint yet.
+    Nothing,
+    /// A valid checkpoint, but this copy's header is there and its JSON fails its CRC.
+    HalfWritten(u8),
+}
+
 /// One look for LMCache's layout on the device: `Ok(None)` while there is no valid checkpoint
 /// yet, `Err` when there is one that the flags contradict (a one-line message with the fix).
 pub fn look(dev: &dyn ReadAt, flags: &GeometryFlags) -> Result<Option<Geometry>, String> {
+    look_why(dev, flags).map(|l| match l {
+        Looked::Layout(g) => Some(g),
+        _ => None,
+    })
+}
+
+/// [`look`], saying why nothing was found.
+pub fn look_why(dev: &dyn ReadAt, flags: &GeometryFlags) -> Result<Looked, String> {
     match discover(dev, flags) {
         // A copy whose header is there but whose JSON fails its CRC is, on a device LMCache is
         // writing, a checkpoint on its way (header and payload land in any order), maybe of a
         // new layout: the valid other copy may be an earlier run's, of another layout
         // (reference §4.1). Look again once it is whole; then both decide, as at `add`.
-        Ok(d) if d.copies.as_ref().is_some_and(|c| c.iter().any(|c| c.header.is_ok() && c.crc_ok == Some(false))) => Ok(None),
-        Ok(d) => Ok(Some(d.geometry)),
-        Err(DiscoverError::NoCheckpoint { .. }) => Ok(None),
+        Ok(d) => match d.copies.as_ref().and_then(|c| c.iter().find(|c| c.header.is_ok() && c.crc_ok == Some(false))) {
+            Some(c) => Ok(Looked::HalfWritten(c.copy)),
+            None => Ok(Looked::Layout(d.geometry)),
+        },
+        Err(DiscoverError::NoCheckpoint { .. }) => Ok(Looked::Nothing),
         // A read error or a torn copy now may be a checkpoint on its way: look again later.
-        Err(DiscoverError::Io(_)) => Ok(None),
+        Err(DiscoverError::Io(_)) => Ok(Looked::Nothing),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -227,6 +247,7 @@ mod tests {
         half[4096 + json.len() / 2..4096 + json.len()].fill(0);
         assert_eq!(discover(&half, &GeometryFlags::default()).unwrap().geometry.slot_bytes, 65536, "what add's discovery takes");
         assert_eq!(look(&half, &GeometryFlags::default()).unwrap(), None);
+        assert_eq!(look_why(&half, &GeometryFlags::default()).unwrap(), Looked::HalfWritten(0));
         // Whole: two layouts, refused with the flag that tells them apart, as at add.
         let e = look(&new, &GeometryFlags::default()).unwrap_err();
         assert!(e.contains("--slot-bytes"), "{e}");

@@ -682,6 +682,9 @@ fn hold_alive_lock(path: &Path) -> Result<std::fs::File, (String, bool)> {
     }
 }
 
+/// How long the learner sees a checkpoint copy half-written before it says so.
+const HALF_WRITTEN_SAY_AFTER: Duration = Duration::from_secs(120);
+
 /// How long a new daemon waits for an earlier one's NVMe commands to leave the drive (the
 /// kernel's NVMe I/O timeout is 30 s, then the command is aborted).
 const EARLIER_COMMANDS_WAIT: Duration = Duration::from_secs(60);
@@ -1093,6 +1096,8 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
     let cfg = &shared.cfg;
     let mut refused = false;
     let mut last_refusal: Option<String> = None;
+    // A copy seen half-written: which, since when, and whether that was said.
+    let mut half_written: Option<(u8, Instant, bool)> = None;
     // The learning writes completed by the last look that found nothing, and when: until
     // another one completes the device is as it was, and a look would read the same (a torn
     // checkpoint read whole, up to its 64 MiB, every second while LMCache is idle). Looked at
@@ -1107,13 +1112,30 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
             std::thread::sleep(Duration::from_millis(100));
             continue;
         }
-        let look = learn::look(&ExportedReader { dev: &*dev, size: cfg.exported_bytes }, &cfg.layout_flags).and_then(|g| match g {
-            Some(g) => block_align_error(&g, 1u64 << cfg.lba_shift, &cfg.backing).map_or(Ok(Some(g)), Err),
-            None => Ok(None),
+        let look = learn::look_why(&ExportedReader { dev: &*dev, size: cfg.exported_bytes }, &cfg.layout_flags).and_then(|l| match l {
+            learn::Looked::Layout(g) => block_align_error(&g, 1u64 << cfg.lba_shift, &cfg.backing).map_or(Ok(l), Err),
+            _ => Ok(l),
         });
         match look {
-            Ok(Some(g)) => break g,
-            Ok(None) => looked_at = Some((done, Instant::now())),
+            Ok(learn::Looked::Layout(g)) => break g,
+            Ok(l) => {
+                looked_at = Some((done, Instant::now()));
+                // A copy half-written for long: LMCache crashed writing it, or stopped; said
+                // once, as nothing is learned until its next checkpoint.
+                let copy = match l {
+                    learn::Looked::HalfWritten(c) => Some(c),
+                    _ => None,
+                };
+                match (half_written, copy) {
+                    (Some((c, since, said)), Some(now)) if c == now => {
+                        if !said && since.elapsed() >= HALF_WRITTEN_SAY_AFTER {
+                            tracing::warn!("device {}: LMCache's checkpoint copy {c} has been half-written (its JSON fails its CRC) for {} s; the layout is learned once LMCache's next checkpoint is whole, and writes stay unclassified until then", cfg.id, since.elapsed().as_secs());
+                            half_written = Some((c, since, true));
+                        }
+                    }
+                    (_, now) => half_written = now.map(|c| (c, Instant::now(), false)),
+                }
+            }
             // Said again when the reason changes (stats show the latest).
             Err(e) => {
                 if last_refusal.as_deref() != Some(e.as_str()) {
