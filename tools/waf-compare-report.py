@@ -317,12 +317,14 @@ def consistency(rows):
                wb["slot_header"] + wb["slot_payload"])
         if r["workload_source"] == "blktrace" and c == "raw" or "fdpblk" in r:
             hbmw_eq(f"{c}: drive bytes, blktrace vs HBMW", r["drive_write_bytes_blktrace"], r["drive_write_bytes"])
-        if fd["lba_metadata"]:
-            skip(f"{c}: per-PID bytes (RUAMW) add up to HBMW", f"the LBA format has {fd['lba_metadata']} metadata bytes per block, which HBMW counts")
-        else:
-            pid_eq(f"{c}: per-PID bytes (RUAMW) add up to HBMW", sum(fd["bytes_by_pid_index"].values()), r["drive_write_bytes"])
-        if c == "raw" and not fd["lba_metadata"]:
-            pid_eq("raw: all bytes on placement ID 0", fd["bytes_by_pid_index"].get("0"), r["drive_write_bytes"])
+        pid_checks = [(f"{c}: per-PID bytes (RUAMW) add up to HBMW", sum(fd["bytes_by_pid_index"].values()))]
+        if c == "raw":
+            pid_checks.append(("raw: all bytes on placement ID 0", fd["bytes_by_pid_index"].get("0")))
+        for what, got in pid_checks:
+            if fd["lba_metadata"]:
+                skip(what, f"the LBA format has {fd['lba_metadata']} metadata bytes per block, which HBMW counts")
+            else:
+                pid_eq(what, got, r["drive_write_bytes"])
         if c == "fio-static":
             raw = next((x for x in rows if x["config"] == "raw"), None)
             if raw:
