@@ -769,7 +769,8 @@ mod tests {
         let mut segs = Vec::new();
         p.plan(&Request { op: Op::Write, offset: g.slot_offset(1), len: 4096, data: Some(&hdr) }, &mut segs, HeaderWait::Allowed)
             .unwrap();
-        // Writes of every size at 512-byte steps over the metadata, slot edges and slots.
+        // Writes of four sizes, from 512 bytes to past a slot, at offsets stepping across the
+        // metadata, slot edges and slots.
         let size = 4u64 << 20;
         for offset in (0..size).step_by(24_576 + 512) {
             for len in [512, 4096, 65536 + 512, 300 * 1024] {

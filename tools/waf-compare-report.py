@@ -130,7 +130,7 @@ def fdp_delta(before, after):
         # RUAMW counts modulo the RU size: exact only while the per-PID sum is the host bytes.
         "pid_bytes_exact": sum(pids.values()) == host,
         # Below one RU in all, no placement ID can have written a whole one: the per-PID
-        # bytes are exact. Above, they are known modulo the RU only (a real drive's 1-6 GB RUs).
+        # bytes are exact. Above, they are known modulo the RU only (a PM9D3a's are about 6 GB).
         "pid_bytes_below_one_ru": host < rub * lba,
         # HBMW counts metadata bytes too ("host bytes with metadata written").
         "lba_metadata": before.get("lba_metadata", 0),

@@ -577,18 +577,17 @@ fn spool_within(input: &mut impl Read, out: &mut impl Write, space: impl Fn() ->
     let mut buf = vec![0u8; 1 << 20];
     let (mut copied, mut next_check) = (0u64, 0u64);
     loop {
-        let mut want = buf.len();
         if copied >= next_check {
             next_check = match space() {
                 None => copied + CHECK_EVERY,
                 Some((free, total)) => {
                     let floor = SPOOL_KEEP_FREE.min(total / 20);
                     let budget = free.saturating_sub(floor).min(CHECK_EVERY);
-                    // At the floor: refused only if there is more to copy.
-                    if budget == 0 && input.read(&mut buf[..1]).map_err(|e| e.to_string())? == 0 {
-                        return Ok(copied);
-                    }
                     if budget == 0 {
+                        // At the floor: refused only if there is more to copy.
+                        if input.read(&mut buf[..1]).map_err(|e| e.to_string())? == 0 {
+                            return Ok(copied);
+                        }
                         return Err(format!(
                             "{} MiB copied and {} MiB left free there, where replay keeps {} MiB free: the trace does not end, or is too long to spool; write it to a file on a disk and pass its path",
                             copied >> 20,
@@ -600,7 +599,7 @@ fn spool_within(input: &mut impl Read, out: &mut impl Write, space: impl Fn() ->
                 }
             };
         }
-        want = want.min((next_check - copied) as usize);
+        let want = buf.len().min((next_check - copied) as usize);
         let n = match input.read(&mut buf[..want]) {
             Ok(0) => return Ok(copied),
             Ok(n) => n,

@@ -178,15 +178,9 @@ fn deltas_since(base: &Value, endgid: u16, now: &crate::nvme::fdp::FdpStats) -> 
 
 /// Removes the run-time files of device `id` (not its name link, which needs its config).
 pub fn remove_state_files(id: i32) {
-    let files = [state_path(id), stats_path(id), fdp_baseline_path(id)];
-    // Also what a writer killed between its write and its rename left ([`write_atomic`]).
-    let temps: Vec<String> = files.iter().filter_map(|f| Some(format!("{}.tmp.", f.file_name()?.to_str()?))).collect();
-    for e in fs::read_dir(RUN_DIR).into_iter().flatten().flatten() {
-        if e.file_name().to_str().is_some_and(|n| temps.iter().any(|t| n.starts_with(t.as_str()))) {
-            let _ = fs::remove_file(e.path());
-        }
-    }
-    for f in files {
+    for f in [state_path(id), stats_path(id), fdp_baseline_path(id)] {
+        // Also what a writer killed between its write and its rename left.
+        remove_stale_temps(&f);
         let _ = fs::remove_file(f);
     }
 }

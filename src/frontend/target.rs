@@ -1094,7 +1094,7 @@ fn state_thread_guarded(shared: &Shared, body: impl FnOnce()) {
 /// the device's state file, and runs the state thread.
 fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBool, clean: &AtomicBool) {
     let cfg = &shared.cfg;
-    let mut refused = false;
+    // Why LMCache's checkpoint was refused, last said.
     let mut last_refusal: Option<String> = None;
     // A copy seen half-written: which, since when, and whether that was said.
     let mut half_written: Option<(u8, Instant, bool)> = None;
@@ -1108,7 +1108,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
             return;
         }
         let done = shared.layout.learning_done();
-        if looked_at.is_some_and(|(d, at)| d == done && at.elapsed() < Duration::from_secs(30)) && !refused {
+        if looked_at.is_some_and(|(d, at)| d == done && at.elapsed() < Duration::from_secs(30)) && last_refusal.is_none() {
             std::thread::sleep(Duration::from_millis(100));
             continue;
         }
@@ -1122,19 +1122,17 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
                 looked_at = Some((done, Instant::now()));
                 // A copy half-written for long: LMCache crashed writing it, or stopped; said
                 // once, as nothing is learned until its next checkpoint.
-                let copy = match l {
-                    learn::Looked::HalfWritten(c) => Some(c),
-                    _ => None,
-                };
-                match (half_written, copy) {
+                let copy = if let learn::Looked::HalfWritten(c) = l { Some(c) } else { None };
+                half_written = match (half_written, copy) {
                     (Some((c, since, said)), Some(now)) if c == now => {
-                        if !said && since.elapsed() >= HALF_WRITTEN_SAY_AFTER {
+                        let say = !said && since.elapsed() >= HALF_WRITTEN_SAY_AFTER;
+                        if say {
                             tracing::warn!("device {}: LMCache's checkpoint copy {c} has been half-written (its JSON fails its CRC) for {} s; the layout is learned once LMCache's next checkpoint is whole, and writes stay unclassified until then", cfg.id, since.elapsed().as_secs());
-                            half_written = Some((c, since, true));
                         }
+                        Some((c, since, said || say))
                     }
-                    (_, now) => half_written = now.map(|c| (c, Instant::now(), false)),
-                }
+                    (_, now) => now.map(|c| (c, Instant::now(), false)),
+                };
             }
             // Said again when the reason changes (stats show the latest).
             Err(e) => {
@@ -1143,11 +1141,10 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
                     shared.layout.refuse(e.clone());
                     last_refusal = Some(e);
                 }
-                refused = true;
             }
         }
         // Once a second; after a refusal every 30 s (each look reads the whole checkpoint).
-        for _ in 0..if refused { 300 } else { 10 } {
+        for _ in 0..if last_refusal.is_some() { 300 } else { 10 } {
             if stop.load(Ordering::Relaxed) {
                 return;
             }
