@@ -1228,7 +1228,11 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     }
     println!("device {}  engine {}  policy {}", state::bdev_path(a.number), v["engine"].as_str().unwrap_or(""), v["policy"].as_str().unwrap_or(""));
     let l = &v["layout"];
-    if l["state"] == "learning" && l["refused"].is_null() {
+    if let (Some(c), Some(s)) = (l["half_written"]["copy"].as_u64(), l["half_written"]["for_s"].as_u64()) {
+        println!(
+            "LAYOUT WAITING: LMCache's checkpoint copy {c} has been half-written (its JSON fails its CRC) for {s} s; the layout is learned from LMCache's next whole checkpoint"
+        );
+    } else if l["state"] == "learning" && l["refused"].is_null() {
         println!(
             "LAYOUT LEARNING: no LMCache checkpoint seen yet; {} writes ({} bytes) so far are neither placed by key nor deallocated",
             l["writes_before_layout"], l["bytes_before_layout"]

@@ -32,6 +32,7 @@ use crate::slot_table::SlotTable;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::{Acquire, Relaxed, Release}};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 /// The layout once known, with the slot table sized for it.
 pub struct Known {
@@ -56,6 +57,9 @@ pub struct LayoutCell {
     learning_done: AtomicU64,
     /// Why the learned layout was refused, if it was.
     refused: Mutex<Option<String>>,
+    /// A checkpoint copy the learner has found half-written for long (which, since when):
+    /// LMCache crashed writing it, and nothing is learned until its next checkpoint.
+    half_written: Mutex<Option<(u8, Instant)>>,
 }
 
 impl LayoutCell {
@@ -69,6 +73,7 @@ impl LayoutCell {
             learning_bytes: AtomicU64::new(0),
             learning_done: AtomicU64::new(0),
             refused: Mutex::new(None),
+            half_written: Mutex::new(None),
         }
     }
 
@@ -86,8 +91,14 @@ impl LayoutCell {
         let ok = self.known.set(known).is_ok();
         if ok {
             *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            self.half_written(None);
         }
         ok
+    }
+
+    /// Notes the copy found half-written for long (since `since`), or that none is.
+    pub fn half_written(&self, copy: Option<(u8, Instant)>) {
+        *self.half_written.lock().unwrap_or_else(|e| e.into_inner()) = copy;
     }
 
     /// A classifying pipeline for one queue, once the layout is known.
@@ -134,6 +145,8 @@ impl LayoutCell {
             "writes_before_layout": self.learning_writes.load(Relaxed),
             "bytes_before_layout": self.learning_bytes.load(Relaxed),
             "refused": *self.refused.lock().unwrap_or_else(|e| e.into_inner()),
+            "half_written": self.half_written.lock().unwrap_or_else(|e| e.into_inner())
+                .map(|(copy, since)| serde_json::json!({"copy": copy, "for_s": since.elapsed().as_secs()})),
         })
     }
 }
@@ -266,10 +279,16 @@ mod tests {
         let cell = LayoutCell::new(SharedPolicy::new(Box::new(KeyAwarePolicy::new())), 0);
         assert!(cell.pipeline().is_none());
         assert_eq!(cell.to_json(true)["state"], "learning");
+        assert!(cell.to_json(true)["half_written"].is_null());
+        // A copy the learner has found half-written for long is in stats until the layout is set.
+        cell.half_written(Some((1, Instant::now() - std::time::Duration::from_secs(130))));
+        let j = cell.to_json(true);
+        assert_eq!((j["half_written"]["copy"].as_u64(), j["half_written"]["for_s"].as_u64().is_some_and(|s| s >= 130)), (Some(1), true));
         cell.note_learning_write(4096);
         let slots = Arc::new(SlotTable::new(g.max_slots));
         assert!(cell.set(Known { geometry: g, slots: slots.clone() }));
         assert!(!cell.set(Known { geometry: g, slots }), "the layout is set once");
+        assert!(cell.to_json(true)["half_written"].is_null(), "a layout learned is no longer waited for");
         let mut q0 = cell.pipeline().unwrap();
         let _q1 = cell.pipeline().unwrap();
         assert_eq!(cell.counters().len(), 2);

@@ -1129,13 +1129,21 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
                         if say {
                             tracing::warn!("device {}: LMCache's checkpoint copy {c} has been half-written (its JSON fails its CRC) for {} s; the layout is learned once LMCache's next checkpoint is whole, and writes stay unclassified until then", cfg.id, since.elapsed().as_secs());
                         }
+                        if say {
+                            shared.layout.half_written(Some((c, since)));
+                        }
                         Some((c, since, said || say))
                     }
-                    (_, now) => now.map(|c| (c, Instant::now(), false)),
+                    (_, now) => {
+                        shared.layout.half_written(None);
+                        now.map(|c| (c, Instant::now(), false))
+                    }
                 };
             }
             // Said again when the reason changes (stats show the latest).
             Err(e) => {
+                half_written = None;
+                shared.layout.half_written(None);
                 if last_refusal.as_deref() != Some(e.as_str()) {
                     tracing::error!("device {}: LMCache's checkpoint cannot be used: {e}; writes stay unclassified, and fdpblk looks again every 30 s (LMCache's next checkpoints may clear this; else delete the device and add it again as this says)", cfg.id);
                     shared.layout.refuse(e.clone());
