@@ -241,6 +241,9 @@ pub struct TraceInfo {
     pub devices: Vec<(u32, u32)>,
     /// Whether any write carried data bytes (never for blkparse).
     pub carries_data: bool,
+    /// A hash of every request given (op, offset, length, data), so that a trace rewritten
+    /// between replay's two reads is told apart even where its line count stays.
+    pub digest: u64,
 }
 
 impl TraceInfo {
@@ -357,6 +360,26 @@ pub fn visit_trace(
     if first.is_none() {
         return Err("the trace is empty: give a JSON-lines trace or blkparse's output (see tools/trace/capture-blktrace.sh)".into());
     }
+    // Fixed keys (`new`): the same requests give the same digest in both reads.
+    let mut digest = std::hash::DefaultHasher::new();
+    let mut each = |t: TraceRequest| {
+        use std::hash::Hash;
+        (t.op, t.offset, t.len, &t.data).hash(&mut digest);
+        each(t)
+    };
+    let mut info = visit_format(r, json, skipped, blk, &mut each)?;
+    use std::hash::Hasher;
+    info.digest = digest.finish();
+    Ok(info)
+}
+
+fn visit_format(
+    r: impl BufRead,
+    json: bool,
+    skipped: usize,
+    blk: BlkFilter,
+    each: &mut dyn FnMut(TraceRequest) -> Result<(), String>,
+) -> Result<TraceInfo, String> {
     if json {
         let mut carries_data = false;
         let mut lines = skipped;
@@ -1085,6 +1108,14 @@ mod tests {
         // Read again, the file must be what the first pass read.
         let shorter = TraceInfo { lines: info.lines - 1, ..info.clone() };
         assert!(replay_file(&a, &a.trace, &shorter, g, size, None).unwrap_err().contains("changed while replay read it"));
+        // As many lines, two requests swapped: told apart by the requests' digest.
+        let mut moved = lines.clone();
+        let other = moved.iter().position(|l| *l != moved[0]).unwrap();
+        moved.swap(0, other);
+        let (_, moved_info) = read_trace_from(moved.join("\n").as_bytes(), TraceFormat::Auto, BlkFilter::of(&a)).unwrap();
+        assert_eq!((moved_info.lines, moved_info.format), (info.lines, info.format));
+        assert_ne!(moved_info.digest, info.digest);
+        assert!(replay_file(&a, &a.trace, &moved_info, g, size, None).unwrap_err().contains("changed while replay read it"));
         // Standard input, spooled: the same requests, and the spool goes with its guard.
         let spool = SpooledTrace::from(lines.join("\n").as_bytes(), "standard input").unwrap();
         let (spooled_info, _) = scan_trace(&a, &spool.0).unwrap();
