@@ -156,6 +156,12 @@ pub fn replay_into(
         if let Some(why) = oversized(&t) {
             return Err(format!("request {requests}: {why}"));
         }
+        // Past the device: the drive would refuse it, and planning a huge discard there
+        // would go through it a slot's worth at a time.
+        if t.op != Op::Flush && t.offset.checked_add(t.len).is_none_or(|end| end > size) {
+            errors += 1;
+            continue;
+        }
         let req = Request { op: t.op, offset: t.offset, len: t.len, data: Some(&t.data) };
         segments.clear();
         for e in pipeline.plan(&req, &mut segments, HeaderWait::Expired).unwrap_or(&[]) {
@@ -963,6 +969,21 @@ mod tests {
         let line = format!("{{\"op\":\"write\",\"offset\":0,\"len\":4096,\"data_hex\":\"{}\"}}", "0".repeat(2 << 20));
         let err = read(&line, TraceFormat::Auto, BlkAction::Issue, None).unwrap_err();
         assert!(err.contains("trace line 1: longer than 1048576 bytes"), "{err}");
+    }
+
+    /// A damaged trace's request past the device is an engine error, not planned: a huge
+    /// discard is not planned a slot's worth at a time first.
+    #[test]
+    fn requests_past_the_device_are_errors_without_being_planned() {
+        let size = 64 << 20;
+        let g = crate::layout::GeometryConfig { block_align: 4096, header_bytes: 4096, slot_bytes: 1 << 20, meta_total_bytes: 8 << 20, capacity_bytes: 0 }
+            .validate(size)
+            .unwrap();
+        let req = |op, offset, len| TraceRequest { op, offset, len, data: Vec::new() };
+        let trace = vec![req(Op::Discard, 0, 1 << 40), req(Op::Discard, u64::MAX, 2), req(Op::Write, size - 4096, 8192), req(Op::Discard, 0, size), req(Op::Flush, 0, 0)];
+        let rep = replay(g, "key-aware", size, trace).unwrap();
+        assert_eq!((rep.requests, rep.errors), (5, 3));
+        assert_eq!(rep.pipeline.op(Op::Discard).requests, 1, "only the discard within the device was planned");
     }
 
     #[test]
