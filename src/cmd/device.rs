@@ -1230,7 +1230,8 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     let l = &v["layout"];
     if let (Some(c), Some(s)) = (l["half_written"]["copy"].as_u64(), l["half_written"]["for_s"].as_u64()) {
         println!(
-            "LAYOUT WAITING: LMCache's checkpoint copy {c} has been half-written (its JSON fails its CRC) for {s} s; the layout is learned from LMCache's next whole checkpoint"
+            "LAYOUT WAITING: LMCache's checkpoint copy {c} has been half-written (its JSON fails its CRC) for {s} s; the layout is learned from LMCache's next whole checkpoint, and {} writes ({} bytes) so far are neither placed by key nor deallocated",
+            l["writes_before_layout"], l["bytes_before_layout"]
         );
     } else if l["state"] == "learning" && l["refused"].is_null() {
         println!(

@@ -133,6 +133,11 @@ impl LayoutCell {
         *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
     }
 
+    /// What refused the layout is gone; learning goes on.
+    pub fn clear_refusal(&self) {
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// `layout` in `fdpblk stats`.
     pub fn to_json(&self, learned: bool) -> serde_json::Value {
         let state = match (self.known.get(), learned) {

@@ -1087,6 +1087,22 @@ fn state_thread_guarded(shared: &Shared, body: impl FnOnce()) {
             k.slots.release_holds();
         }
     }
+    // Nothing looks for the layout any more: a wait shown in stats would never end.
+    shared.layout.half_written(None);
+}
+
+/// The learner's record of a checkpoint copy found half-written (which, since when, whether
+/// said) after a look that found `seen` half-written (or none), and whether to say it now: a
+/// copy half-written for long means LMCache crashed writing it, or stopped, and nothing is
+/// learned until its next checkpoint. Said once; another copy, or none, starts afresh.
+fn half_written_after(prev: Option<(u8, Instant, bool)>, seen: Option<u8>, now: Instant) -> (Option<(u8, Instant, bool)>, bool) {
+    match (prev, seen) {
+        (Some((c, since, said)), Some(s)) if c == s => {
+            let say = !said && now.saturating_duration_since(since) >= HALF_WRITTEN_SAY_AFTER;
+            (Some((c, since, said || say)), say)
+        }
+        (_, seen) => (seen.map(|c| (c, now, false)), false),
+    }
 }
 
 /// The learner, then the state thread: looks for LMCache's first checkpoint every second until
@@ -1120,25 +1136,18 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
             Ok(learn::Looked::Layout(g)) => break g,
             Ok(l) => {
                 looked_at = Some((done, Instant::now()));
-                // A copy half-written for long: LMCache crashed writing it, or stopped; said
-                // once, as nothing is learned until its next checkpoint.
+                // What refused the layout is gone (LMCache's checkpoint was erased or replaced):
+                // learning goes on, looking once a second again.
+                if last_refusal.take().is_some() {
+                    shared.layout.clear_refusal();
+                }
                 let copy = if let learn::Looked::HalfWritten(c) = l { Some(c) } else { None };
-                half_written = match (half_written, copy) {
-                    (Some((c, since, said)), Some(now)) if c == now => {
-                        let say = !said && since.elapsed() >= HALF_WRITTEN_SAY_AFTER;
-                        if say {
-                            tracing::warn!("device {}: LMCache's checkpoint copy {c} has been half-written (its JSON fails its CRC) for {} s; the layout is learned once LMCache's next checkpoint is whole, and writes stay unclassified until then", cfg.id, since.elapsed().as_secs());
-                        }
-                        if say {
-                            shared.layout.half_written(Some((c, since)));
-                        }
-                        Some((c, since, said || say))
-                    }
-                    (_, now) => {
-                        shared.layout.half_written(None);
-                        now.map(|c| (c, Instant::now(), false))
-                    }
-                };
+                let say;
+                (half_written, say) = half_written_after(half_written, copy, Instant::now());
+                if let (true, Some((c, since, _))) = (say, half_written) {
+                    tracing::warn!("device {}: LMCache's checkpoint copy {c} has been half-written (its JSON fails its CRC) for {} s; the layout is learned once LMCache's next checkpoint is whole, and writes stay unclassified until then", cfg.id, since.elapsed().as_secs());
+                }
+                shared.layout.half_written(half_written.filter(|h| h.2).map(|(c, since, _)| (c, since)));
             }
             // Said again when the reason changes (stats show the latest).
             Err(e) => {
@@ -1314,6 +1323,28 @@ fn spawn_signal_thread() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A copy half-written for 2 min is said once; another copy, none, or the copy made whole
+    /// starts afresh, so a copy 1 that follows a copy 0 waits its own 2 min.
+    #[test]
+    fn a_half_written_copy_is_said_once_after_two_minutes_of_the_same_copy() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let (h, say) = half_written_after(None, Some(0), at(0));
+        assert_eq!((h, say), (Some((0, at(0), false)), false));
+        let (h, say) = half_written_after(h, Some(0), at(119));
+        assert_eq!((h, say), (Some((0, at(0), false)), false), "not yet");
+        let (h, say) = half_written_after(h, Some(0), at(120));
+        assert_eq!((h, say), (Some((0, at(0), true)), true), "said at 2 min");
+        let (h, say) = half_written_after(h, Some(0), at(500));
+        assert_eq!((h, say), (Some((0, at(0), true)), false), "and only once");
+        // LMCache moved on to the other copy, which is half-written now: its own 2 min.
+        let (h, say) = half_written_after(h, Some(1), at(501));
+        assert_eq!((h, say), (Some((1, at(501), false)), false));
+        assert_eq!(half_written_after(h, Some(1), at(620)), (Some((1, at(501), false)), false));
+        // A look that finds the copy whole (or nothing) ends it.
+        assert_eq!(half_written_after(h, None, at(700)), (None, false));
+    }
 
     #[test]
     fn a_block_align_below_the_drives_block_is_refused_with_the_fix() {
