@@ -971,8 +971,8 @@ mod tests {
         assert!(err.contains("trace line 1: longer than 1048576 bytes"), "{err}");
     }
 
-    /// A damaged trace's request past the device is an engine error, not planned: a huge
-    /// discard is not planned a slot's worth at a time first.
+    /// A damaged trace's request past the device counts as an engine error without being
+    /// planned, so a huge discard costs nothing.
     #[test]
     fn requests_past_the_device_are_errors_without_being_planned() {
         let size = 64 << 20;
