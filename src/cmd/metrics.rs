@@ -291,6 +291,13 @@ impl Registry {
                 base(),
                 if state == "learning" { 1.0 } else { 0.0 },
             );
+            self.add(
+                "fdpblk_layout_half_written",
+                "1 while the layout waits on an LMCache checkpoint copy that has been half-written for 2 min or more (LMCache crashed writing it; nothing is learned until its next checkpoint).",
+                Gauge,
+                base(),
+                if st["layout"]["half_written"].is_object() { 1.0 } else { 0.0 },
+            );
         }
         // Counters restart at 0 with each daemon (also after a recovery), as Prometheus
         // expects: the lifetime values `fdpblk stats` shows come back from the drive and can
@@ -657,6 +664,13 @@ mod tests {
         let s = check_exposition(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
         assert_eq!(s[r#"fdpblk_trim_blocked{id="0",name="kv0"}"#], 1.0);
         assert_eq!(s[r#"fdpblk_layout_learning{id="0",name="kv0"}"#], 1.0);
+        assert_eq!(s[r#"fdpblk_layout_half_written{id="0",name="kv0"}"#], 0.0);
+        st["layout"]["half_written"] = json!({"copy": 0, "for_s": 130});
+        let mut reg = Registry::default();
+        reg.add_device(0, Some(&config_json("kv0")), true, Some(&st), Some(1.0), None);
+        let doc = reg.render();
+        let s = check_exposition(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
+        assert_eq!(s[r#"fdpblk_layout_half_written{id="0",name="kv0"}"#], 1.0);
     }
 
     #[test]
@@ -702,6 +716,33 @@ mod tests {
         assert_eq!(get(r#"fdpblk_unwritten_slots_reclaimed_total{id="0",name="kv0"}"#), 6.0);
         assert_eq!(get(r#"fdpblk_early_evictions_total{id="0",name="kv0"}"#), 1.0);
         assert!(!doc.contains("meta_total_bytes_needed"), "absent while no alarm");
+    }
+
+    /// deploy/README.md's table lists every metric family: a metric added here without a row
+    /// there fails. A row may shorten a name that shares the row's first one's prefix
+    /// (`fdpblk_checkpoint_seq`, `_age_seconds`).
+    #[test]
+    fn the_deploy_readme_lists_every_metric() {
+        let readme = include_str!("../../deploy/README.md");
+        let mut reg = Registry::default();
+        let fdp = json!({"host_bytes": 3145728, "media_bytes": 3145728, "erased_bytes": 0, "media_host_ratio": 1.0});
+        let mut st = stats_json();
+        st["overflow_risk"] = json!(true);
+        st["meta_total_bytes_needed"] = json!(1 << 30);
+        reg.add("fdpblk_devices", "", Kind::Gauge, Vec::new(), 1.0);
+        reg.add_device(0, Some(&config_json("kv0")), true, Some(&st), Some(1.0), Some(&fdp));
+        let listed = |name: &str| {
+            readme.contains(&format!("`{name}`")) || readme.contains(&format!("`{name}{{"))
+                || readme.lines().any(|row| {
+                    row.split('`').skip(1).step_by(2).filter(|c| c.starts_with('_')).any(|short| {
+                        let short = short.split('{').next().unwrap_or(short);
+                        name.strip_suffix(short).is_some_and(|prefix| row.contains(&format!("`{prefix}_")))
+                    })
+                })
+        };
+        assert!(reg.families.len() > 40, "the test's stats render most families");
+        let missing: Vec<&str> = reg.families.iter().map(|f| f.name).filter(|n| !listed(n)).collect();
+        assert!(missing.is_empty(), "deploy/README.md's metrics table lacks {missing:?}");
     }
 
     /// A running daemon whose stats are missing or do not parse still has an age: the alert
