@@ -658,19 +658,18 @@ mod tests {
         let mut st = stats_json();
         st["trim"]["blocked_by"] = json!("LMCache's checkpoint says slot_bytes 131072");
         st["layout"]["state"] = json!("learning");
-        let mut reg = Registry::default();
-        reg.add_device(0, Some(&config_json("kv0")), true, Some(&st), Some(1.0), None);
-        let doc = reg.render();
-        let s = check_exposition(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
+        let samples = |st: &Value| {
+            let mut reg = Registry::default();
+            reg.add_device(0, Some(&config_json("kv0")), true, Some(st), Some(1.0), None);
+            let doc = reg.render();
+            check_exposition(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"))
+        };
+        let s = samples(&st);
         assert_eq!(s[r#"fdpblk_trim_blocked{id="0",name="kv0"}"#], 1.0);
         assert_eq!(s[r#"fdpblk_layout_learning{id="0",name="kv0"}"#], 1.0);
         assert_eq!(s[r#"fdpblk_layout_half_written{id="0",name="kv0"}"#], 0.0);
         st["layout"]["half_written"] = json!({"copy": 0, "for_s": 130});
-        let mut reg = Registry::default();
-        reg.add_device(0, Some(&config_json("kv0")), true, Some(&st), Some(1.0), None);
-        let doc = reg.render();
-        let s = check_exposition(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
-        assert_eq!(s[r#"fdpblk_layout_half_written{id="0",name="kv0"}"#], 1.0);
+        assert_eq!(samples(&st)[r#"fdpblk_layout_half_written{id="0",name="kv0"}"#], 1.0);
     }
 
     #[test]

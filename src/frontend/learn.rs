@@ -90,7 +90,7 @@ impl LayoutCell {
     pub fn set(&self, known: Known) -> bool {
         let ok = self.known.set(known).is_ok();
         if ok {
-            *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            self.clear_refusal();
             self.half_written(None);
         }
         ok
