@@ -291,11 +291,16 @@ impl Watcher {
     /// `n`'s header after `n + 1`'s (pages go back in offset order, and `n + 1` may be in the
     /// lower container): once `n + 1` was read back, the seq tells those apart, since `n` is
     /// then neither higher than the commit `n + 1` nor the successor of the other container's
-    /// `n + 1`.
+    /// `n + 1`. For `n` = 1, the commit being the other container's seq 2 tells them apart:
+    /// seq 1 after it is taken as that late header, not as a new index. (A new index written
+    /// over an earlier process's seq 1 while that process's seq 2 is the commit is followed
+    /// from its own seq 2 on, one checkpoint later, as the successor of its seq 1.)
     pub(super) fn is_newer(&self, h: Option<CheckpointHeader>, epoch: u32, copy: u8) -> bool {
         let (Some(h), Some(c)) = (h, self.commit.as_ref()) else { return true };
-        let successor = matches!(&self.containers[usize::from(1 - copy.min(1))], Container::Valid(o) if o.seq.checked_add(1) == Some(h.seq));
-        (epoch.wrapping_sub(c.epoch) as i32) > 0 && (h.seq > c.seq || h.seq == 1 || successor)
+        let other = &self.containers[usize::from(1 - copy.min(1))];
+        let successor = matches!(other, Container::Valid(o) if o.seq.checked_add(1) == Some(h.seq));
+        let late_first = h.seq == 1 && c.seq == 2 && matches!(other, Container::Valid(o) if o.seq == 2);
+        (epoch.wrapping_sub(c.epoch) as i32) > 0 && (h.seq > c.seq || (h.seq == 1 && !late_first) || successor)
     }
 
     /// A checkpoint LMCache committed through fdpblk (read back and verified).

@@ -112,8 +112,9 @@
 //!   container's, LMCache's own rule for its next write, so an fdpblk started while the stale
 //!   copy is there follows the new process past it; a header of the same process delivered
 //!   late by writeback, once the newer one was read back, is one below the other container's
-//!   seq, never one above (before that, a late header is taken as newest by its higher seq, as
-//!   it always was).
+//!   seq, never one above, and a late seq 1 is not taken for a new index while the other
+//!   container's seq 2 is the commit (before that, a late header is taken as newest by its
+//!   higher seq, as it always was).
 //! - *fdpblk restart*: unclean, confirmations are dropped; clean, they are kept (nothing
 //!   writes the backing device while fdpblk is stopped — assumed; 5 checks it per slot).
 //!

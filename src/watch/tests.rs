@@ -1714,7 +1714,11 @@ fn rig_snapshotting_a_checkpoint() -> Rig {
 /// whole and read back; the rest of n is left to the test (returned). Also checks that
 /// n + 1 is the newest so far, and gives the published stats' `checkpoint_seq`.
 fn checkpoint_left_behind(first: fn(&mut Rig)) -> (Rig, Ckpt) {
-    let mut r = rig_snapshotting_a_checkpoint();
+    left_behind(rig_snapshotting_a_checkpoint(), first)
+}
+
+/// [`checkpoint_left_behind`] from `r`, which has taken checkpoint n's snapshot.
+fn left_behind(mut r: Rig, first: fn(&mut Rig)) -> (Rig, Ckpt) {
     first(&mut r);
     r.step();
     let late = r.lmc.ckpt.take().unwrap();
@@ -1743,6 +1747,22 @@ fn a_late_read_back_of_an_older_checkpoint_does_not_become_the_newest() {
     r.step();
     assert_eq!(r.w.published().lock().unwrap()["containers"][usize::from(copy)]["seq"], late.seq, "read back");
     assert_eq!(published_seq(&r), late.seq + 1, "the newest stays the newest");
+}
+
+#[test]
+fn the_first_checkpoint_header_written_back_after_the_second_stays_older() {
+    // Writeback out of offset order: checkpoint 2's header (container 1) reaches the drive
+    // before checkpoint 1's (container 0). Seq 1 on its own reads as a new index.
+    let mut r = Rig::new(SLOTS, META, true);
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    assert!(r.snapshot());
+    let (mut r, late) = left_behind(r, Rig::ckpt_payload);
+    assert_eq!(late.seq, 1);
+    r.write(r.g.container_offset(0), &CheckpointHeader::encode_for(1, &late.json, BA as usize));
+    r.step();
+    assert_eq!(r.w.published().lock().unwrap()["containers"][0]["seq"], 1, "read back");
+    assert_eq!(published_seq(&r), 2, "seq 1 came last but is older");
 }
 
 #[test]
@@ -2099,6 +2119,37 @@ fn a_new_index_is_followed_past_a_stale_higher_seq_found_at_start() {
         r.step();
     }
     assert!(r.trims > before, "LMCache's new index confirms and its eviction goes");
+    r.verify_all();
+}
+
+/// The one case a new index looks like a late header: the earlier process wrote exactly seq
+/// 1 and 2 (the commit), and the new one's seq 1 goes over its seq 1. Its seq 2 is then the
+/// successor of its seq 1 and is followed.
+#[test]
+fn a_new_index_over_an_earlier_seq_1_and_2_is_followed_from_its_seq_2() {
+    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
+    r.fillers(4);
+    for _ in 0..2 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    r.restart_lmcache(false);
+    let new: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
+    for k in &new {
+        r.put(k.clone());
+    }
+    r.checkpoint(); // seq 1 -> container 0; container 1 keeps the earlier seq 2
+    r.step();
+    let commit = |r: &Rig| r.w.commit.as_ref().map(|c| (c.seq, c.epoch)).unwrap();
+    let earlier = commit(&r);
+    assert_eq!(earlier.0, 2, "taken for the earlier process's late seq 1");
+    let k = r.new_key(false);
+    r.put(k);
+    r.checkpoint(); // seq 2 -> container 1, the successor of the new seq 1
+    r.step();
+    let now = commit(&r);
+    assert_eq!(now.0, 2);
+    assert_ne!(now.1, earlier.1, "the new index's seq 2 is the commit");
     r.verify_all();
 }
 
