@@ -107,6 +107,20 @@ enum Lmcache {
 /// holds but whose JSON fails its CRC may be LMCache's torn write, or a partition table
 /// written behind the header's first bytes (parted keeps bytes 0-445 of a disk's first
 /// sector and puts GPT in the blocks after it): blkid tells, and finds nothing on LMCache's.
+/// A checkpoint whose capacity_bytes is more than the device exports was written on a larger
+/// device: LMCache on the backing itself, before fdpblk reserved its tail. LMCache through
+/// the ublk device drops entries past its new last slot (or the whole index), and a
+/// `--capacity-bytes` cannot give the space back, so it is said once here.
+fn capacity_past_exported(d: &crate::layout::discover::Discovered, exported: u64, backing_bytes: u64, backing: &Path) -> Option<String> {
+    let theirs = d.checkpoint.as_ref()?.capacity_bytes.filter(|&c| c > exported)?;
+    Some(format!(
+        "LMCache's checkpoint on {} says capacity_bytes {theirs}, more than the {exported} bytes the fdpblk device exports (fdpblk keeps the backing's last {} bytes for its own state): it was written on a larger device, likely the backing itself without fdpblk. Through fdpblk LMCache has {} slots; what its index holds past them is lost when LMCache next starts",
+        backing.display(),
+        backing_bytes.saturating_sub(exported),
+        d.geometry.max_slots
+    ))
+}
+
 fn needs_blkid(d: &crate::layout::discover::Discovered) -> Option<Lmcache> {
     match (&d.source, &d.copies) {
         (crate::layout::discover::GeometrySource::Flags, _) => Some(Lmcache::Nothing),
@@ -451,6 +465,9 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
                 if let Some(found) = needs_blkid(&d) {
                     to_wipe = refuse_foreign_data(a, found, is_chardev, &file, &probe, backing_bytes)?;
                 }
+                if let Some(w) = capacity_past_exported(&d, exported, backing_bytes, &a.backing) {
+                    tracing::warn!("{w}");
+                }
                 Some(d.geometry)
             }
             // Learned from LMCache's first checkpoint while serving (`frontend::learn`).
@@ -477,37 +494,50 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             let (Some(slot_bytes), Some(meta_total_bytes)) = (flags.slot_bytes, flags.meta_total_bytes) else {
                 return Err("--layout lmcache needs --slot-bytes and --meta-total-bytes".into());
             };
-            // A checkpoint already on the device must agree with the flags.
-            // Other errors too, as under `--layout auto`: a checkpoint that cannot be read or
-            // does not fit the device is not a layout to serve on the flags' word.
+            let from_flags = || {
+                GeometryConfig {
+                    block_align: flags.block_align.unwrap_or(4096),
+                    header_bytes: flags.header_bytes.unwrap_or(4096),
+                    slot_bytes,
+                    meta_total_bytes,
+                    capacity_bytes: flags.capacity_bytes.unwrap_or(0),
+                }
+                .validate(exported)
+                .map_err(|e| e.to_string())
+            };
+            // A checkpoint already on the device must agree with the flags, and gives the
+            // fields they leave out (LMCache's header_bytes, block_align and capacity_bytes,
+            // not the defaults). Other errors too, as under `--layout auto`: a checkpoint
+            // that cannot be read or does not fit the device is not a layout to serve on the
+            // flags' word.
             match discover(&*source, &flags) {
                 Ok(d) => {
                     other_name(&d)?;
                     if let Some(found) = needs_blkid(&d) {
                         to_wipe = refuse_foreign_data(a, found, is_chardev, &file, &probe, backing_bytes)?;
                     }
+                    if let Some(w) = capacity_past_exported(&d, exported, backing_bytes, &a.backing) {
+                        tracing::warn!("{w}");
+                    }
+                    // Without a checkpoint, the flags' layout with the same defaults.
+                    Some(d.geometry)
                 }
                 Err(DiscoverError::NoCheckpoint { .. }) => {
                     to_wipe = refuse_foreign_data(a, Lmcache::Nothing, is_chardev, &file, &probe, backing_bytes)?;
+                    Some(from_flags()?)
                 }
                 // LMCache's (its CRC holds), past what fdpblk parses: the error under `auto`
                 // sends the operator here. Served on the flags; the state thread cannot read
                 // it either, so nothing is deallocated while it stands.
-                Err(DiscoverError::Unparsable(e)) => tracing::warn!(
-                    "LMCache's checkpoint on {} is beyond what fdpblk parses ({e}): serving the layout of the flags, unchecked against it (device_path too); fdpblk deallocates nothing until LMCache replaces it with one it can read",
-                    a.backing.display()
-                ),
+                Err(DiscoverError::Unparsable(e)) => {
+                    tracing::warn!(
+                        "LMCache's checkpoint on {} is beyond what fdpblk parses ({e}): serving the layout of the flags, unchecked against it (device_path too); fdpblk deallocates nothing until LMCache replaces it with one it can read",
+                        a.backing.display()
+                    );
+                    Some(from_flags()?)
+                }
                 Err(e) => return Err(with_erase_hint(e, &a.backing, is_bdev, is_chardev)),
             }
-            Some(GeometryConfig {
-                block_align: flags.block_align.unwrap_or(4096),
-                header_bytes: flags.header_bytes.unwrap_or(4096),
-                slot_bytes,
-                meta_total_bytes,
-                capacity_bytes: flags.capacity_bytes.unwrap_or(0),
-            }
-            .validate(exported)
-            .map_err(|e| e.to_string())?)
         }
         l => return Err(format!("unknown --layout {l}; use auto or lmcache")),
     };
@@ -1592,6 +1622,56 @@ mod tests {
             assert_eq!(c.geometry.unwrap().slot_bytes, 65536);
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `--layout lmcache` takes the fields its flags leave out from LMCache's checkpoint: it
+    /// used to take the defaults (a header_bytes of 4096 where LMCache's is 8192, and the whole
+    /// device where LMCache uses 32 MiB of it).
+    #[test]
+    fn layout_lmcache_takes_what_its_flags_leave_out_from_the_checkpoint() {
+        let dir = scratch("lmcachefill");
+        let img = dir.join("kv.img");
+        let json = br#"{"version":1,"device_path":"/dev/fdpblk/kv0","capacity_bytes":33554432,"block_align":4096,"header_bytes":8192,"slot_bytes":65536,"meta_total_bytes":1048576,"meta_magic":"LMCIDX01","meta_version":1,"data_base_offset":1048576,"next_slot":0,"entries":{}}"#;
+        let mut bytes = crate::layout::checkpoint_header::CheckpointHeader::encode_for(1, json, 4096);
+        bytes.extend_from_slice(json);
+        std::fs::write(&img, &bytes).unwrap();
+        std::fs::File::options().write(true).open(&img).unwrap().set_len(64 << 20).unwrap();
+        let path = img.to_str().unwrap();
+        let lmcache = ["--backing", path, "--engine", "plain", "--policy", "none", "--layout", "lmcache", "--slot-bytes", "64K", "--meta-total-bytes", "1M"];
+        let with = |extra: &[&str]| validate(&add_args(&[&lmcache[..], extra].concat()));
+        let g = with(&[]).unwrap_or_else(|e| panic!("{e}")).geometry.unwrap();
+        assert_eq!((g.header_bytes, g.capacity_bytes, g.max_slots), (8192, 33554432, 496));
+        let e = with(&["--header-bytes", "4096"]).unwrap_err();
+        assert!(e.contains("header_bytes"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// LMCache's checkpoint from the backing used without fdpblk says a capacity past what the
+    /// ublk device exports: `add` says so (the slots past the device's last are lost to
+    /// LMCache), where it used to cap it silently.
+    #[test]
+    fn a_checkpoint_of_a_larger_device_is_named_as_such() {
+        let image = |capacity: u64| {
+            let json = format!(
+                r#"{{"version":1,"device_path":"/dev/nvme0n1","capacity_bytes":{capacity},"block_align":4096,"header_bytes":4096,"slot_bytes":65536,"meta_total_bytes":1048576,"meta_magic":"LMCIDX01","meta_version":1,"data_base_offset":1048576,"next_slot":0,"entries":{{}}}}"#
+            );
+            let mut img = crate::layout::checkpoint_header::CheckpointHeader::encode_for(1, json.as_bytes(), 4096);
+            img.extend_from_slice(json.as_bytes());
+            img
+        };
+        let backing = 64u64 << 20;
+        let exported = exported_bytes(backing, 512).unwrap();
+        let found = |capacity: u64| {
+            let mut img = image(capacity);
+            img.resize(exported as usize, 0);
+            let d = crate::layout::discover::discover(&img, &Default::default()).unwrap();
+            capacity_past_exported(&d, exported, backing, Path::new("/dev/nvme0n1")).map(|w| (w, d.geometry.max_slots))
+        };
+        let (w, slots) = found(backing).expect("the whole backing is more than the device exports");
+        assert!(w.contains(&format!("capacity_bytes {backing}")) && w.contains(&format!("{slots} slots")), "{w}");
+        assert!(w.contains(&format!("last {} bytes", backing - exported)), "{w}");
+        assert_eq!(found(exported), None, "LMCache through the device");
+        assert_eq!(found(32 << 20), None, "a capacity_bytes below it");
     }
 
     #[test]

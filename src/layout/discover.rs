@@ -240,12 +240,11 @@ fn find_checkpoint<D: ReadAt + ?Sized>(
         if let Some(found) = checkpoint_at(dev, geom)? {
             return Ok(Some(found));
         }
-        // The flags leave block_align to its default: a checkpoint written with another one
-        // has its JSON elsewhere, and only the copies' own fields can tell where.
-        if flags.block_align.is_some() {
-            return Ok(None);
-        }
     }
+    // None there: a checkpoint written with another block_align has its JSON elsewhere, and
+    // one with another meta_total_bytes its copy 1; only the copies' own fields can tell
+    // where. Found, it conflicts with the flags (an error naming the field), rather than
+    // leaving the flags' layout to serve LMCache's other one.
     // A copy whose own fields are damaged (its CRC fails: LMCache skips it) must not hide a
     // sound one elsewhere: sound copies' layouts first, then damaged ones', then the
     // damaged ones' errors.
@@ -345,10 +344,9 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
     let mut hdr = [0u8; 32];
     dev.read_exact_at(&mut hdr, at)?;
     let Ok(h) = CheckpointHeader::parse(&hdr, size) else { return Ok(None) };
-    let aligns: Vec<u64> = match flags.block_align {
-        Some(a) => vec![a],
-        None => ALIGN_CANDIDATES.to_vec(),
-    };
+    // The flag's first, then the others: a checkpoint of another block_align is LMCache's
+    // all the same, and conflicts with the flag.
+    let aligns: Vec<u64> = flags.block_align.into_iter().chain(ALIGN_CANDIDATES.into_iter().filter(|&c| Some(c) != flags.block_align)).collect();
     for a in aligns {
         let Some(start) = at.checked_add(a) else { continue };
         let n = h.payload_len.min(PREFIX).min(size.saturating_sub(start));
@@ -569,9 +567,13 @@ mod tests {
         // ... and with --slot-bytes too, silently took a 4096-byte layout.
         let f = GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(1 << 20), ..Default::default() };
         assert_eq!(discover(&img, &f).unwrap().geometry.header_bytes, 8192);
-        // A block_align given by flag that disagrees: the checkpoint is not LMCache's for it.
-        let f = GeometryFlags { block_align: Some(4096), meta_total_bytes: Some(1 << 20), ..Default::default() };
-        assert!(discover(&img, &f).unwrap_err().to_string().contains("--slot-bytes"));
+        // A block_align given by flag that disagrees: an error naming it, with or without
+        // the other flags (with them, the flags' layout used to be served as it was).
+        for slot_bytes in [None, Some(65536)] {
+            let f = GeometryFlags { block_align: Some(4096), slot_bytes, meta_total_bytes: Some(1 << 20), ..Default::default() };
+            let e = discover(&img, &f).unwrap_err();
+            assert!(matches!(e, DiscoverError::Conflict { field: "block_align", flag: 4096, checkpoint: 8192, .. }), "{e}");
+        }
         // A checkpoint without block_align (LMCache always writes it; a hand-made one may not)
         // keeps the block size it was found with, not the default.
         let img = object_evict_aligned_8k_with(r#""header_bytes":8192"#);
@@ -681,6 +683,10 @@ mod tests {
         // With the metadata size given, copy 1 is read where the flags say.
         let f = GeometryFlags { meta_total_bytes: Some(1 << 20), ..Default::default() };
         assert_eq!(discover(&img, &f).unwrap().geometry.slot_bytes, 65536);
+        // Flags of another layout (whole, block_align too) do not hide copy 1: they conflict.
+        let other = GeometryFlags { block_align: Some(4096), slot_bytes: Some(65536), meta_total_bytes: Some(2 << 20), ..Default::default() };
+        let e = discover(&img, &other).unwrap_err();
+        assert!(matches!(e, DiscoverError::Conflict { field: "meta_total_bytes", flag: 2097152, checkpoint: 1048576, .. }), "{e}");
         // Both headers gone: nothing to learn from; the error names the flags.
         img[524288..524288 + 4096].fill(0);
         assert!(discover(&img, &GeometryFlags::default()).is_err());

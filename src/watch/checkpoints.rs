@@ -265,7 +265,7 @@ impl Watcher {
             if self.capacity_warned != Some(theirs) {
                 self.capacity_warned = Some(theirs);
                 tracing::warn!(
-                    "device {}: LMCache's checkpoint seq {} says capacity_bytes {theirs}, more than the {} fdpblk took its layout with: slots past slot {} are not placed by key nor deallocated; re-add the device with --capacity-bytes {theirs}",
+                    "device {}: LMCache's checkpoint seq {} says capacity_bytes {theirs}, more than the {} fdpblk took its layout with: slots past slot {} are not placed by key nor deallocated; re-add the device with --capacity-bytes {theirs} (unless that is more than the device exports: then LMCache wrote this checkpoint on a larger device, the backing without fdpblk, and its own through this device will say less)",
                     self.cfg.device, h.seq, g.capacity_bytes, g.max_slots.saturating_sub(1)
                 );
             }
