@@ -102,11 +102,6 @@ enum Lmcache {
     Copy1Only,
 }
 
-/// Whether a discovered device still needs blkid's word, and what it shows of LMCache's:
-/// None where copy 0, at the device's start, is a valid checkpoint. A copy 0 whose header
-/// holds but whose JSON fails its CRC may be LMCache's torn write, or a partition table
-/// written behind the header's first bytes (parted keeps bytes 0-445 of a disk's first
-/// sector and puts GPT in the blocks after it): blkid tells, and finds nothing on LMCache's.
 /// A checkpoint whose capacity_bytes is more than the device exports was written on a larger
 /// device: LMCache on the backing itself, before fdpblk reserved its tail. LMCache through
 /// the ublk device drops entries past its new last slot (or the whole index), and a
@@ -121,6 +116,11 @@ fn capacity_past_exported(d: &crate::layout::discover::Discovered, exported: u64
     ))
 }
 
+/// Whether a discovered device still needs blkid's word, and what it shows of LMCache's:
+/// None where copy 0, at the device's start, is a valid checkpoint. A copy 0 whose header
+/// holds but whose JSON fails its CRC may be LMCache's torn write, or a partition table
+/// written behind the header's first bytes (parted keeps bytes 0-445 of a disk's first
+/// sector and puts GPT in the blocks after it): blkid tells, and finds nothing on LMCache's.
 fn needs_blkid(d: &crate::layout::discover::Discovered) -> Option<Lmcache> {
     match (&d.source, &d.copies) {
         (crate::layout::discover::GeometrySource::Flags, _) => Some(Lmcache::Nothing),

@@ -244,10 +244,9 @@ fn find_checkpoint<D: ReadAt + ?Sized>(
     // None there: a checkpoint written with another block_align has its JSON elsewhere, and
     // one with another meta_total_bytes its copy 1; only the copies' own fields can tell
     // where. Found, it conflicts with the flags (an error naming the field), rather than
-    // leaving the flags' layout to serve LMCache's other one.
-    // A copy whose own fields are damaged (its CRC fails: LMCache skips it) must not hide a
-    // sound one elsewhere: sound copies' layouts first, then damaged ones', then the
-    // damaged ones' errors.
+    // leaving the flags' layout to serve LMCache's other one. A copy whose own fields are
+    // damaged (its CRC fails: LMCache skips it) must not hide a sound one elsewhere: sound
+    // copies' layouts first, then damaged ones', then the damaged ones' errors.
     let mut damaged_layouts = Vec::new();
     let mut damaged_error = None;
     for at in std::iter::once(0).chain(COPY1_CANDIDATES.map(|shift| 1u64 << shift)) {
