@@ -1519,6 +1519,16 @@ mod tests {
         dir
     }
 
+    /// A 64 MiB image `kv.img` in `dir` whose copy 0 is a checkpoint (seq 1) of `json`.
+    fn checkpoint_image(dir: &Path, json: &[u8]) -> PathBuf {
+        let img = dir.join("kv.img");
+        let mut bytes = crate::layout::checkpoint_header::CheckpointHeader::encode_for(1, json, 4096);
+        bytes.extend_from_slice(json);
+        std::fs::write(&img, &bytes).unwrap();
+        std::fs::File::options().write(true).open(&img).unwrap().set_len(64 << 20).unwrap();
+        img
+    }
+
     /// --force erases a signature only once nothing else refuses the device: a typo in
     /// another flag must not cost the device's file system.
     #[test]
@@ -1578,16 +1588,12 @@ mod tests {
     #[test]
     fn a_checkpoint_past_the_parsers_bounds_is_served_on_the_flags() {
         let dir = scratch("unparsable");
-        let img = dir.join("kv.img");
         // Valid JSON LMCache loads, with a key past fdpblk's 64 KiB string bound.
         let json = format!(
             r#"{{"version":1,"device_path":"/dev/fdpblk/kv0","capacity_bytes":33554432,"block_align":4096,"header_bytes":4096,"slot_bytes":65536,"meta_total_bytes":1048576,"meta_magic":"LMCIDX01","meta_version":1,"data_base_offset":1048576,"next_slot":1,"entries":{{"{}":{{"offset":1048576,"size":1}}}}}}"#,
             "k".repeat(70 * 1024)
         );
-        let mut bytes = crate::layout::checkpoint_header::CheckpointHeader::encode_for(1, json.as_bytes(), 4096);
-        bytes.extend_from_slice(json.as_bytes());
-        std::fs::write(&img, &bytes).unwrap();
-        std::fs::File::options().write(true).open(&img).unwrap().set_len(64 << 20).unwrap();
+        let img = checkpoint_image(&dir, json.as_bytes());
         let path = img.to_str().unwrap();
         let base = ["--backing", path, "--engine", "plain", "--policy", "none"];
         let with = |extra: &[&str]| validate(&add_args(&[&base[..], extra].concat()));
@@ -1604,12 +1610,8 @@ mod tests {
     #[test]
     fn a_cache_written_through_another_name_is_refused_without_force() {
         let dir = scratch("othername");
-        let img = dir.join("kv.img");
         let json = br#"{"version":1,"device_path":"/dev/fdpblk/kv1","capacity_bytes":33554432,"block_align":4096,"header_bytes":4096,"slot_bytes":65536,"meta_total_bytes":1048576,"meta_magic":"LMCIDX01","meta_version":1,"data_base_offset":1048576,"next_slot":0,"entries":{}}"#;
-        let mut bytes = crate::layout::checkpoint_header::CheckpointHeader::encode_for(1, json, 4096);
-        bytes.extend_from_slice(json);
-        std::fs::write(&img, &bytes).unwrap();
-        std::fs::File::options().write(true).open(&img).unwrap().set_len(64 << 20).unwrap();
+        let img = checkpoint_image(&dir, json);
         let path = img.to_str().unwrap();
         let base = ["--backing", path, "--engine", "plain", "--policy", "none"];
         let with = |extra: &[&str]| validate(&add_args(&[&base[..], extra].concat()));
@@ -1630,12 +1632,8 @@ mod tests {
     #[test]
     fn layout_lmcache_takes_what_its_flags_leave_out_from_the_checkpoint() {
         let dir = scratch("lmcachefill");
-        let img = dir.join("kv.img");
         let json = br#"{"version":1,"device_path":"/dev/fdpblk/kv0","capacity_bytes":33554432,"block_align":4096,"header_bytes":8192,"slot_bytes":65536,"meta_total_bytes":1048576,"meta_magic":"LMCIDX01","meta_version":1,"data_base_offset":1048576,"next_slot":0,"entries":{}}"#;
-        let mut bytes = crate::layout::checkpoint_header::CheckpointHeader::encode_for(1, json, 4096);
-        bytes.extend_from_slice(json);
-        std::fs::write(&img, &bytes).unwrap();
-        std::fs::File::options().write(true).open(&img).unwrap().set_len(64 << 20).unwrap();
+        let img = checkpoint_image(&dir, json);
         let path = img.to_str().unwrap();
         let lmcache = ["--backing", path, "--engine", "plain", "--policy", "none", "--layout", "lmcache", "--slot-bytes", "64K", "--meta-total-bytes", "1M"];
         let with = |extra: &[&str]| validate(&add_args(&[&lmcache[..], extra].concat()));
