@@ -9,6 +9,7 @@ use crate::engine::passthrough;
 use crate::frontend::config::{exported_bytes, reserved_tail_bytes, DeviceConfig, EngineKind};
 use crate::frontend::{state, target};
 use crate::layout::discover::{discover, DiscoverError};
+use crate::layout::geometry::{DEFAULT_BLOCK_ALIGN, DEFAULT_HEADER_BYTES};
 use crate::layout::GeometryConfig;
 use crate::place::{policy_by_name, POLICY_NAMES};
 use libublk::ctrl::UblkCtrl;
@@ -454,20 +455,24 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let flags = a.geometry.flags();
     // What --force erases, once nothing else can refuse the device.
     let mut to_wipe = None;
-    let other_name = |d: &crate::layout::discover::Discovered| {
+    // A discovered layout, under either --layout: refused if its cache is another device's
+    // or what blkid finds is not LMCache's; what --force then erases.
+    let discovered = |d: &crate::layout::discover::Discovered| -> Result<Option<PathBuf>, String> {
         let device_path = d.checkpoint.as_ref().and_then(|m| m.device_path.as_deref());
-        refuse_other_name(a, device_path, || erase_checkpoint_command(d.geometry.meta_total_bytes, &a.backing, is_bdev, is_chardev))
+        refuse_other_name(a, device_path, || erase_checkpoint_command(d.geometry.meta_total_bytes, &a.backing, is_bdev, is_chardev))?;
+        let wipe = match needs_blkid(d) {
+            Some(found) => refuse_foreign_data(a, found, is_chardev, &file, &probe, backing_bytes)?,
+            None => None,
+        };
+        if let Some(w) = capacity_past_exported(d, exported, backing_bytes, &a.backing) {
+            tracing::warn!("{w}");
+        }
+        Ok(wipe)
     };
     let geometry = match a.layout.as_str() {
         "auto" => match discover(&*source, &flags) {
             Ok(d) => {
-                other_name(&d)?;
-                if let Some(found) = needs_blkid(&d) {
-                    to_wipe = refuse_foreign_data(a, found, is_chardev, &file, &probe, backing_bytes)?;
-                }
-                if let Some(w) = capacity_past_exported(&d, exported, backing_bytes, &a.backing) {
-                    tracing::warn!("{w}");
-                }
+                to_wipe = discovered(&d)?;
                 Some(d.geometry)
             }
             // Learned from LMCache's first checkpoint while serving (`frontend::learn`).
@@ -496,8 +501,8 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             };
             let from_flags = || {
                 GeometryConfig {
-                    block_align: flags.block_align.unwrap_or(4096),
-                    header_bytes: flags.header_bytes.unwrap_or(4096),
+                    block_align: flags.block_align.unwrap_or(DEFAULT_BLOCK_ALIGN),
+                    header_bytes: flags.header_bytes.unwrap_or(DEFAULT_HEADER_BYTES),
                     slot_bytes,
                     meta_total_bytes,
                     capacity_bytes: flags.capacity_bytes.unwrap_or(0),
@@ -512,13 +517,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             // flags' word.
             match discover(&*source, &flags) {
                 Ok(d) => {
-                    other_name(&d)?;
-                    if let Some(found) = needs_blkid(&d) {
-                        to_wipe = refuse_foreign_data(a, found, is_chardev, &file, &probe, backing_bytes)?;
-                    }
-                    if let Some(w) = capacity_past_exported(&d, exported, backing_bytes, &a.backing) {
-                        tracing::warn!("{w}");
-                    }
+                    to_wipe = discovered(&d)?;
                     // Without a checkpoint, the flags' layout with the same defaults.
                     Some(d.geometry)
                 }
