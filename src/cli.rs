@@ -151,6 +151,12 @@ pub struct AddArgs {
     /// Backing NVMe namespace: /dev/ngXnY (passthrough) or /dev/nvmeXnY (write streams), or a file.
     #[arg(long, required_unless_present = "config", default_value = "", hide_default_value = true, value_parser = parse_path)]
     pub backing: PathBuf,
+    /// Refuse the backing unless it is this NVMe namespace, named by its identity or a part
+    /// that names one namespace: `serial "S" nsid N`, `nguid HEX` or `eui64 HEX`, as `fdpblk
+    /// fdp status DEV` prints it. Kernel names (/dev/ng0n1) can name another drive after a
+    /// reboot; `fdpblk up` warns when its config file pins none.
+    #[arg(long, value_name = "ID")]
+    pub backing_id: Option<String>,
     /// Read the flags from a TOML file (keys: the long flags with _ for -; see
     /// deploy/fdpblk.example.toml); flags given here override it.
     #[arg(long)]

@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 pub const CONFIG_DIR: &str = "/etc/fdpblk";
 
 /// The keys of a config file, in the order `fdpblk add --help` lists the flags.
-pub const KEYS: [&str; 19] = [
+pub const KEYS: [&str; 20] = [
     "backing",
+    "backing_id",
     "engine",
     "policy",
     "layout",
@@ -46,6 +47,7 @@ pub const KEYS: [&str; 19] = [
 pub struct ConfigFile {
     pub path: PathBuf,
     pub backing: Option<PathBuf>,
+    pub backing_id: Option<String>,
     pub engine: Option<String>,
     pub policy: Option<String>,
     pub layout: Option<String>,
@@ -99,6 +101,7 @@ impl ConfigFile {
             };
             match key.as_str() {
                 "backing" => c.backing = Some(PathBuf::from(string()?)),
+                "backing_id" => c.backing_id = Some(string()?),
                 "engine" => c.engine = Some(string()?),
                 "policy" => c.policy = Some(string()?),
                 "layout" => c.layout = Some(string()?),
@@ -163,10 +166,15 @@ impl ConfigFile {
         }
         set!(backing, engine, policy, layout, number, queues, depth, io_buf_size, header_wait_us, no_trim, no_early_tails, no_early_evictions, persist_interval_ms);
         set_geometry!(block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes);
-        if self.name.is_some() && !explicit("name") {
-            a.name = self.name.clone();
-            a.from_config.push("name");
+        macro_rules! set_option {
+            ($($field:ident),*) => {$(
+                if self.$field.is_some() && !explicit(stringify!($field)) {
+                    a.$field = self.$field.clone();
+                    a.from_config.push(stringify!($field));
+                }
+            )*};
         }
+        set_option!(name, backing_id);
     }
 }
 
@@ -196,6 +204,7 @@ pub fn name_config_keys(e: String, a: &AddArgs) -> String {
 fn example(key: &str) -> &'static str {
     match key {
         "backing" => "/dev/ng0n1",
+        "backing_id" => "serial \\\"S6X1NG0T123456\\\" nsid 1",
         "engine" => "auto",
         "policy" => "key-aware",
         "layout" => "auto",
@@ -286,6 +295,7 @@ mod tests {
 
     const FULL: &str = r#"
 backing = "/dev/ng0n1"
+backing_id = 'serial "fdp0" nsid 1'
 engine = "passthrough"
 policy = "region"
 layout = "lmcache"
@@ -312,6 +322,7 @@ capacity_bytes = "1T"
         let (mut a, explicit) = add_args(&["fdpblk", "add", "--config", p.to_str().unwrap()]);
         resolve_add(&mut a, &explicit).unwrap();
         assert_eq!(a.backing, PathBuf::from("/dev/ng0n1"));
+        assert_eq!(a.backing_id.as_deref(), Some(r#"serial "fdp0" nsid 1"#));
         assert_eq!((a.engine.as_str(), a.policy.as_str(), a.layout.as_str()), ("passthrough", "region", "lmcache"));
         assert_eq!(a.name.as_deref(), Some("kv0"));
         assert_eq!((a.number, a.queues, a.depth, a.io_buf_size), (3, 2, 64, 256 << 10));
@@ -382,7 +393,12 @@ capacity_bytes = "1T"
         let e = err("backing = \"/dev/ng0n1\"\nslot-bytes = 4096\n");
         assert!(e.contains("unknown key `slot-bytes`") && e.contains("`slot_bytes`"), "{e}");
         let e = err("bakcing = \"/dev/ng0n1\"\n");
-        assert!(e.contains("unknown key `bakcing`") && e.contains("backing, engine"), "{e}");
+        assert!(e.contains("unknown key `bakcing`") && e.contains("backing, backing_id, engine"), "{e}");
+        let e = err("backing_id = 1\n");
+        let example = r#"backing_id = "serial \"S6X1NG0T123456\" nsid 1""#;
+        assert!(e.contains(example), "{e}");
+        let read = ConfigFile::parse(p, example).unwrap();
+        assert_eq!(read.backing_id.as_deref(), Some(r#"serial "S6X1NG0T123456" nsid 1"#), "the example is valid TOML");
         let e = err("[geometry]\nslot_bytes = 4096\n");
         assert!(e.contains("unknown key `geometry`"), "{e}");
         let e = err("foreground = true\n");

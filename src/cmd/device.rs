@@ -11,6 +11,7 @@ use crate::frontend::{state, target};
 use crate::layout::discover::{discover, DiscoverError};
 use crate::layout::geometry::{DEFAULT_BLOCK_ALIGN, DEFAULT_HEADER_BYTES};
 use crate::layout::GeometryConfig;
+use crate::nvme::discover::NamespaceIdentity;
 use crate::place::{policy_by_name, POLICY_NAMES};
 use libublk::ctrl::UblkCtrl;
 use libublk::sys;
@@ -298,6 +299,55 @@ fn with_force(a: &AddArgs) -> String {
     }
 }
 
+/// `--backing-id`: the backing must be the namespace it names ([`crate::nvme::pin`]); an
+/// error names where that namespace is now, if any node has it. Without one, a config file
+/// (`fdpblk up` at every boot) whose backing is a kernel name that can come to name another
+/// drive gets a warning with the pin to add. `identify` and `find` are
+/// [`crate::nvme::discover::identity_of`] and [`crate::nvme::discover::find_namespace_where`]
+/// (a test's stand-ins otherwise).
+fn check_backing_pin<E: std::fmt::Display>(
+    a: &AddArgs,
+    identify: impl Fn(&Path) -> Result<Option<NamespaceIdentity>, E>,
+    find: impl FnOnce(&dyn Fn(&NamespaceIdentity) -> bool, crate::nvme::path::DevKind) -> Option<PathBuf>,
+) -> Result<(), String> {
+    use crate::nvme::pin::{suggested, BackingPin};
+    let backing = a.backing.display();
+    let Some(text) = &a.backing_id else {
+        let kernel_name = a.config.is_some() && !std::fs::symlink_metadata(&a.backing).is_ok_and(|m| m.file_type().is_symlink());
+        if let (true, Some(file), Ok(Some(id))) = (kernel_name, &a.config, identify(&a.backing)) {
+            tracing::warn!(
+                "backing {backing} is a kernel name, which can name another drive after a reboot; pin the namespace: add `{}` to {}",
+                suggested(&id).config_line(),
+                file.display()
+            );
+        }
+        return Ok(());
+    };
+    let pin = BackingPin::parse(text)?;
+    let id = match identify(&a.backing) {
+        Ok(Some(id)) => id,
+        Ok(None) => {
+            return Err(format!(
+                "--backing-id names an NVMe namespace, and backing {backing} is not one (a file, a partition or another kind of device): give the namespace, or leave --backing-id out"
+            ))
+        }
+        Err(e) => return Err(format!("--backing-id: cannot read the identity of backing {backing}: {e}")),
+    };
+    let Some(differs) = pin.mismatch(&id) else { return Ok(()) };
+    let kind = if std::fs::metadata(&a.backing).is_ok_and(|m| m.file_type().is_char_device()) {
+        crate::nvme::path::DevKind::Generic
+    } else {
+        crate::nvme::path::DevKind::Block
+    };
+    let now = match find(&|n| pin.mismatch(n).is_none(), kind) {
+        Some(p) => format!("the pinned namespace is {} now: set --backing to it", p.display()),
+        None => "no node names the pinned namespace now: check that its drive is in, or if it was replaced on purpose set --backing-id to this one's".into(),
+    };
+    Err(format!(
+        "backing {backing} is the NVMe namespace {id}, not the one --backing-id pins ({pin}): {differs}. Nothing was written; {now}"
+    ))
+}
+
 /// Turns `fdpblk add` arguments into a device config, checking everything first.
 pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     // The flags alone first: nothing is opened, let alone erased, for a typo.
@@ -341,6 +391,8 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             return Err(ublk_backing_error(&a.backing, id, state::read_state(id).ok().map(|(c, _)| c.backing)));
         }
     }
+    // Before anything else reads the backing: a wrong drive is named as such.
+    check_backing_pin(a, crate::nvme::discover::identity_of, |is, kind| crate::nvme::discover::find_namespace_where(is, kind))?;
     let partition = if is_bdev { partition_of(meta.rdev()) } else { None };
     let engine = match a.engine.as_str() {
         // A char device can only be driven by passthrough (which refuses one that is not NVMe).
@@ -1526,6 +1578,56 @@ mod tests {
         std::fs::write(&img, &bytes).unwrap();
         std::fs::File::options().write(true).open(&img).unwrap().set_len(64 << 20).unwrap();
         img
+    }
+
+    /// `--backing-id` refuses another namespace under the backing's name and says where the
+    /// pinned one is now; a file cannot be pinned; the pin is checked before anything reads
+    /// the backing (a bad pin on a real file stops `validate` before its geometry checks).
+    #[test]
+    fn a_pinned_backing_must_be_the_namespace_it_names() {
+        use crate::nvme::path::DevKind;
+        let ns = |serial: &str, nsid| NamespaceIdentity { model: "QEMU NVMe Ctrl".into(), serial: serial.into(), nsid, nguid: None, eui64: None };
+        let args = |pin: &str| add_args(&["--backing", "/dev/ng0n1", "--backing-id", pin]);
+        let on_ng0n1 = |_: &Path| Ok::<_, String>(Some(ns("fdp0", 1)));
+        let nowhere = |_: &dyn Fn(&NamespaceIdentity) -> bool, _: DevKind| None;
+        assert_eq!(check_backing_pin(&args("serial fdp0 nsid 1"), on_ng0n1, nowhere), Ok(()));
+        assert_eq!(check_backing_pin(&args(r#"NVMe namespace model "QEMU NVMe Ctrl" serial "fdp0" nsid 1"#), on_ng0n1, nowhere), Ok(()));
+        let e = check_backing_pin(&args("serial fdp1 nsid 1"), on_ng0n1, nowhere).unwrap_err();
+        assert_eq!(
+            e,
+            r#"backing /dev/ng0n1 is the NVMe namespace model "QEMU NVMe Ctrl" serial "fdp0" nsid 1, not the one --backing-id pins (serial "fdp1" nsid 1): serial "fdp0", not "fdp1". Nothing was written; no node names the pinned namespace now: check that its drive is in, or if it was replaced on purpose set --backing-id to this one's"#
+        );
+        // The node the pinned namespace has now, of the kind the backing was given as.
+        let on_ng1n1 = |is: &dyn Fn(&NamespaceIdentity) -> bool, kind: DevKind| {
+            assert_eq!(kind, DevKind::Block, "/dev/ng0n1 does not exist here: taken as a block device path");
+            is(&ns("fdp1", 1)).then(|| PathBuf::from("/dev/nvme1n1"))
+        };
+        let e = check_backing_pin(&args("serial fdp1 nsid 1"), on_ng0n1, on_ng1n1).unwrap_err();
+        assert!(e.ends_with("Nothing was written; the pinned namespace is /dev/nvme1n1 now: set --backing to it"), "{e}");
+        // From a config file, the error names the key (as add's other errors do).
+        let mut from_file = args("serial fdp0 nsid 2");
+        from_file.config = Some("/etc/fdpblk/kv0.toml".into());
+        from_file.from_config.push("backing_id");
+        let e = crate::cmd::config_file::name_config_keys(check_backing_pin(&from_file, on_ng0n1, nowhere).unwrap_err(), &from_file);
+        assert!(e.contains(": nsid 1, not 2.") && e.ends_with("(from `backing_id` in /etc/fdpblk/kv0.toml)"), "{e}");
+        let e = check_backing_pin(&args("nsid 1"), on_ng0n1, nowhere).unwrap_err();
+        assert!(e.contains("names no single namespace"), "{e}");
+        let e = check_backing_pin(&args("serial fdp0 nsid 1"), |_: &Path| Ok::<_, String>(None), nowhere).unwrap_err();
+        assert!(e.contains("is not one (a file, a partition"), "{e}");
+        let e = check_backing_pin(&args("serial fdp0 nsid 1"), |_: &Path| Err("Identify timed out"), nowhere).unwrap_err();
+        assert!(e.contains("cannot read the identity of backing /dev/ng0n1: Identify timed out"), "{e}");
+        // Unpinned: nothing to refuse (a kernel name in a config file gets a warning only).
+        assert_eq!(check_backing_pin(&add_args(&["--backing", "/dev/ng0n1"]), on_ng0n1, nowhere), Ok(()));
+        let mut unpinned = add_args(&["--backing", "/dev/ng0n1"]);
+        unpinned.config = Some("/etc/fdpblk/kv0.toml".into());
+        assert_eq!(check_backing_pin(&unpinned, on_ng0n1, nowhere), Ok(()));
+        // Through validate, on a file: refused before anything else is looked at.
+        let dir = scratch("pin");
+        let img = dir.join("kv.img");
+        std::fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
+        let e = validate(&add_args(&["--backing", img.to_str().unwrap(), "--policy", "none", "--backing-id", "serial fdp0 nsid 1"])).unwrap_err();
+        assert!(e.starts_with("--backing-id names an NVMe namespace, and backing ") && e.contains("leave --backing-id out"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// --force erases a signature only once nothing else refuses the device: a typo in

@@ -87,6 +87,9 @@ pub fn status_json(i: &FdpInfo) -> Value {
     put("model", json!(i.ctrl.model));
     put("serial", json!(i.ctrl.serial));
     put("firmware", json!(i.ctrl.firmware));
+    put("nguid", json!(i.identity.nguid));
+    put("eui64", json!(i.identity.eui64));
+    put("identity", json!(i.identity.to_string()));
     put("ctratt", json!(i.ctrl.ctratt));
     put("fdps", json!(i.ctrl.fdp_supported()));
     put("endgid", json!(i.endgid));
@@ -148,6 +151,7 @@ pub fn status_text(i: &FdpInfo) -> String {
         i.ctrl.serial,
         i.ctrl.firmware
     );
+    o += &format!("identity:      {} (fdpblk add --backing-id takes it, or its serial and nsid, nguid or eui64)\n", i.identity);
     o += &format!(
         "FDP:           supported, enabled; endurance group {}, configuration {} of {}\n",
         i.endgid, i.feature.config_index, i.num_configs

@@ -248,7 +248,7 @@ impl NvmeDevice {
     /// What names this namespace whatever node the kernel gave it (NVMe names can change when
     /// a controller is removed and another added): see [`namespace_identity`]. None for a
     /// controller path.
-    pub fn identity(&self) -> Result<Option<String>, NvmeError> {
+    pub fn identity(&self) -> Result<Option<NamespaceIdentity>, NvmeError> {
         let Some(nsid) = self.nsid else { return Ok(None) };
         Ok(Some(namespace_identity(&self.identify_ctrl()?, nsid, &self.identify_ns(nsid)?)))
     }
@@ -406,6 +406,8 @@ pub struct FdpInfo {
     pub block_name: Option<String>,
     pub nsid: u32,
     pub ctrl: IdCtrl,
+    /// What names the namespace whatever its node ([`NamespaceIdentity`]).
+    pub identity: NamespaceIdentity,
     pub endgid: u16,
     /// FDPE and FDPCIDX.
     pub feature: FdpFeature,
@@ -444,22 +446,41 @@ fn sysfs_num(block: &str, attr: &str) -> Option<u64> {
 
 /// A namespace's identity: its NVM subsystem's model and serial number (the same through
 /// every controller of the subsystem), the namespace id, and the namespace's NGUID and EUI64
-/// where the drive reports them (a namespace deleted and made again gets new ones).
-pub fn namespace_identity(ctrl: &IdCtrl, nsid: u32, ns: &IdNs) -> String {
-    let mut id = format!("model \"{}\" serial \"{}\" nsid {nsid}", ctrl.model, ctrl.serial);
-    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
-    if ns.nguid.iter().any(|&x| x != 0) {
-        id += &format!(" nguid {}", hex(&ns.nguid));
-    }
-    if ns.eui64.iter().any(|&x| x != 0) {
-        id += &format!(" eui64 {}", hex(&ns.eui64));
-    }
-    id
+/// where the drive reports them (a namespace deleted and made again gets new ones). Its text
+/// (`model "M" serial "S" nsid N[ nguid HEX][ eui64 HEX]`) is what `add` saves and a
+/// restarting daemon compares, and what `--backing-id` pins a part of ([`super::pin`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceIdentity {
+    pub model: String,
+    pub serial: String,
+    pub nsid: u32,
+    /// Lowercase hex; None where the drive reports zeroes.
+    pub nguid: Option<String>,
+    pub eui64: Option<String>,
 }
 
-/// The identity ([`namespace_identity`]) of the NVMe namespace `path` names; None where it
-/// names none (a file, a block device of another kind, a partition, a controller).
-pub fn identity_of(path: &Path) -> Result<Option<String>, NvmeError> {
+impl fmt::Display for NamespaceIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "model \"{}\" serial \"{}\" nsid {}", self.model, self.serial, self.nsid)?;
+        if let Some(h) = &self.nguid {
+            write!(f, " nguid {h}")?;
+        }
+        if let Some(h) = &self.eui64 {
+            write!(f, " eui64 {h}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The identity of namespace `nsid`, from the drive's Identify data.
+pub fn namespace_identity(ctrl: &IdCtrl, nsid: u32, ns: &IdNs) -> NamespaceIdentity {
+    let hex = |b: &[u8]| b.iter().any(|&x| x != 0).then(|| b.iter().map(|x| format!("{x:02x}")).collect::<String>());
+    NamespaceIdentity { model: ctrl.model.clone(), serial: ctrl.serial.clone(), nsid, nguid: hex(&ns.nguid), eui64: hex(&ns.eui64) }
+}
+
+/// The identity of the NVMe namespace `path` names; None where it names none (a file, a
+/// block device of another kind, a partition, a controller).
+pub fn identity_of(path: &Path) -> Result<Option<NamespaceIdentity>, NvmeError> {
     match resolve(path) {
         Ok(p) if p.kind != DevKind::Controller => NvmeDevice::open(path)?.identity(),
         Ok(_) | Err(PathError::NotNvme(..) | PathError::Partition(..)) => Ok(None),
@@ -468,8 +489,13 @@ pub fn identity_of(path: &Path) -> Result<Option<String>, NvmeError> {
 }
 
 /// The device node of `kind` (`/dev/ngXnY` or `/dev/nvmeXnY`) whose namespace has `identity`
-/// now, if one has: where a renamed namespace went.
+/// (its text) now, if one has: where a renamed namespace went.
 pub fn find_namespace(identity: &str, kind: DevKind) -> Option<PathBuf> {
+    find_namespace_where(|id| id.to_string() == identity, kind)
+}
+
+/// The first device node of `kind`, in name order, whose namespace `is` accepts.
+pub fn find_namespace_where(is: impl Fn(&NamespaceIdentity) -> bool, kind: DevKind) -> Option<PathBuf> {
     let mut nodes: Vec<PathBuf> = std::fs::read_dir("/dev")
         .ok()?
         .flatten()
@@ -477,7 +503,7 @@ pub fn find_namespace(identity: &str, kind: DevKind) -> Option<PathBuf> {
         .map(|e| e.path())
         .collect();
     nodes.sort();
-    nodes.into_iter().find(|n| identity_of(n).ok().flatten().as_deref() == Some(identity))
+    nodes.into_iter().find(|n| identity_of(n).ok().flatten().is_some_and(|id| is(&id)))
 }
 
 /// The smaller of the limits that are known, and of 65536 blocks; at least one block.
@@ -544,6 +570,7 @@ impl FdpInfo {
             controller: dev.admin_path().to_path_buf(),
             block_name: block.clone(),
             nsid,
+            identity: namespace_identity(&ctrl, nsid, &ns),
             endgid,
             feature,
             num_configs,

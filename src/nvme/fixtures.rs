@@ -161,7 +161,7 @@ fn identify_matches_nvme_cli() {
         assert_eq!(hex(&ns.nguid), txt(t, "nguid"));
         assert_eq!(hex(&ns.eui64), txt(t, "eui64"));
         // QEMU's drive reports neither: the identity is its subsystem's model and serial.
-        assert_eq!(super::discover::namespace_identity(&id, 1, &ns), r#"model "QEMU NVMe Ctrl" serial "fdp0" nsid 1"#);
+        assert_eq!(super::discover::namespace_identity(&id, 1, &ns).to_string(), r#"model "QEMU NVMe Ctrl" serial "fdp0" nsid 1"#);
     }
 }
 
@@ -170,16 +170,16 @@ fn identity_names_the_namespace() {
     let c = &captures()[0];
     let ctrl = IdCtrl::parse(c.id_ctrl).unwrap();
     let mut b = c.id_ns.to_vec();
-    let plain = super::discover::namespace_identity(&ctrl, 1, &IdNs::parse(&b).unwrap());
-    assert_ne!(plain, super::discover::namespace_identity(&ctrl, 2, &IdNs::parse(&b).unwrap()), "another namespace");
+    let plain = super::discover::namespace_identity(&ctrl, 1, &IdNs::parse(&b).unwrap()).to_string();
+    assert_ne!(plain, super::discover::namespace_identity(&ctrl, 2, &IdNs::parse(&b).unwrap()).to_string(), "another namespace");
     // A namespace made again under the same id gets a new NGUID / EUI64.
     b[104] = 0xab;
     b[127] = 0x01;
-    let made_again = super::discover::namespace_identity(&ctrl, 1, &IdNs::parse(&b).unwrap());
+    let made_again = super::discover::namespace_identity(&ctrl, 1, &IdNs::parse(&b).unwrap()).to_string();
     assert_eq!(made_again, format!("{plain} nguid ab{} eui64 {}01", "00".repeat(15), "00".repeat(7)));
     let mut other = c.id_ctrl.to_vec();
     other[4..8].copy_from_slice(b"fdp1");
-    assert_ne!(super::discover::namespace_identity(&IdCtrl::parse(&other).unwrap(), 1, &IdNs::parse(c.id_ns).unwrap()), plain, "another drive");
+    assert_ne!(super::discover::namespace_identity(&IdCtrl::parse(&other).unwrap(), 1, &IdNs::parse(c.id_ns).unwrap()).to_string(), plain, "another drive");
 }
 
 #[test]

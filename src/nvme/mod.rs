@@ -11,7 +11,9 @@
 //!   any input.
 //! - [`identify`]: the Identify Controller / Namespace fields fdpblk uses.
 //! - [`path`]: from `/dev/nvme0n1`, `/dev/ng0n1` or `/dev/nvme0` to the controller and names.
-//! - [`discover`]: [`NvmeDevice`] (single queries) and [`FdpInfo::discover`].
+//! - [`discover`]: [`NvmeDevice`] (single queries), [`FdpInfo::discover`] and a namespace's
+//!   identity.
+//! - [`pin`]: `--backing-id`, the namespace a device must be added on, by its identity.
 //! - [`reset`]: waiting out controller resets on the passthrough paths.
 
 pub mod cmd;
@@ -20,6 +22,7 @@ pub mod fdp;
 pub mod identify;
 pub mod ioctl;
 pub mod path;
+pub mod pin;
 pub mod reset;
 
 #[cfg(test)]
