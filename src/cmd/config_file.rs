@@ -201,6 +201,25 @@ pub fn name_config_keys(e: String, a: &AddArgs) -> String {
     format!("{e} (from {} in {})", keys.join(", "), file.display())
 }
 
+/// `key = value` as a line of a config file, for a message that suggests one: a TOML
+/// literal string, which keeps the value's `"` as they are, or, where the value holds a `'`
+/// or a control character, a basic string with escapes.
+pub fn toml_line(key: &str, value: &str) -> String {
+    if value.contains('\'') || value.contains(char::is_control) {
+        let escaped: String = value
+            .chars()
+            .map(|c| match c {
+                '"' | '\\' => format!("\\{c}"),
+                c if c.is_control() => format!("\\u{:04x}", c as u32),
+                c => c.to_string(),
+            })
+            .collect();
+        format!("{key} = \"{escaped}\"")
+    } else {
+        format!("{key} = '{value}'")
+    }
+}
+
 fn example(key: &str) -> &'static str {
     match key {
         "backing" => "/dev/ng0n1",
@@ -362,6 +381,17 @@ capacity_bytes = "1T"
         assert_eq!((c.no_trim, c.no_early_tails, c.no_early_evictions), (false, false, true));
         let (d, _) = add_args(&["fdpblk", "add", "--backing", "/dev/ng0n1", "--no-trim", "--slot-bytes", "64K"]);
         assert!(d.no_trim && d.geometry.slot_bytes == Some(65536), "a bare switch takes no value");
+    }
+
+    /// The line a warning suggests reads back, through the config file's parser, as the value.
+    #[test]
+    fn a_suggested_line_reads_back_as_its_value() {
+        assert_eq!(toml_line("backing_id", r#"serial "fdp0" nsid 1"#), r#"backing_id = 'serial "fdp0" nsid 1'"#);
+        for v in [r#"serial "fdp0" nsid 1"#, r#"serial "it's \ 1" nsid 1"#, "serial \"a\tb\" nsid 2", "", "'"] {
+            let line = toml_line("backing_id", v);
+            let read = ConfigFile::parse(Path::new("kv0.toml"), &line).unwrap_or_else(|e| panic!("{line}: {e}"));
+            assert_eq!(read.backing_id.as_deref(), Some(v), "{line}");
+        }
     }
 
     #[test]

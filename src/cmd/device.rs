@@ -12,6 +12,8 @@ use crate::layout::discover::{discover, DiscoverError};
 use crate::layout::geometry::{DEFAULT_BLOCK_ALIGN, DEFAULT_HEADER_BYTES};
 use crate::layout::GeometryConfig;
 use crate::nvme::discover::NamespaceIdentity;
+use crate::nvme::path::DevKind;
+use crate::nvme::pin::{suggested, BackingPin};
 use crate::place::{policy_by_name, POLICY_NAMES};
 use libublk::ctrl::UblkCtrl;
 use libublk::sys;
@@ -300,26 +302,20 @@ fn with_force(a: &AddArgs) -> String {
 }
 
 /// `--backing-id`: the backing must be the namespace it names ([`crate::nvme::pin`]); an
-/// error names where that namespace is now, if any node has it. Without one, a config file
-/// (`fdpblk up` at every boot) whose backing is a kernel name that can come to name another
-/// drive gets a warning with the pin to add. `identify` and `find` are
+/// error names where that namespace is now, if any node has it. `identify` and `find` are
 /// [`crate::nvme::discover::identity_of`] and [`crate::nvme::discover::find_namespace_where`]
-/// (a test's stand-ins otherwise).
+/// (a test's stand-ins otherwise); `kind` is the backing's (`/dev/ngXnY`: generic), whose
+/// nodes are searched first.
 fn check_backing_pin<E: std::fmt::Display>(
     a: &AddArgs,
+    kind: DevKind,
     identify: impl Fn(&Path) -> Result<Option<NamespaceIdentity>, E>,
-    find: impl FnOnce(&dyn Fn(&NamespaceIdentity) -> bool, crate::nvme::path::DevKind) -> Option<PathBuf>,
+    find: impl Fn(&dyn Fn(&NamespaceIdentity) -> bool, DevKind) -> Option<PathBuf>,
 ) -> Result<(), String> {
-    use crate::nvme::pin::{suggested, BackingPin};
     let backing = a.backing.display();
     let Some(text) = &a.backing_id else {
-        let kernel_name = a.config.is_some() && !std::fs::symlink_metadata(&a.backing).is_ok_and(|m| m.file_type().is_symlink());
-        if let (true, Some(file), Ok(Some(id))) = (kernel_name, &a.config, identify(&a.backing)) {
-            tracing::warn!(
-                "backing {backing} is a kernel name, which can name another drive after a reboot; pin the namespace: add `{}` to {}",
-                suggested(&id).config_line(),
-                file.display()
-            );
+        if let Some(w) = unpinned_warning(a, identify) {
+            tracing::warn!("{w}");
         }
         return Ok(());
     };
@@ -334,17 +330,31 @@ fn check_backing_pin<E: std::fmt::Display>(
         Err(e) => return Err(format!("--backing-id: cannot read the identity of backing {backing}: {e}")),
     };
     let Some(differs) = pin.mismatch(&id) else { return Ok(()) };
-    let kind = if std::fs::metadata(&a.backing).is_ok_and(|m| m.file_type().is_char_device()) {
-        crate::nvme::path::DevKind::Generic
-    } else {
-        crate::nvme::path::DevKind::Block
-    };
-    let now = match find(&|n| pin.mismatch(n).is_none(), kind) {
+    // The other kind too: a namespace without a block device has only its generic node.
+    let other = if kind == DevKind::Generic { DevKind::Block } else { DevKind::Generic };
+    let now = match find(&|n| pin.mismatch(n).is_none(), kind).or_else(|| find(&|n| pin.mismatch(n).is_none(), other)) {
         Some(p) => format!("the pinned namespace is {} now: set --backing to it", p.display()),
         None => "no node names the pinned namespace now: check that its drive is in, or if it was replaced on purpose set --backing-id to this one's".into(),
     };
     Err(format!(
         "backing {backing} is the NVMe namespace {id}, not the one --backing-id pins ({pin}): {differs}. Nothing was written; {now}"
+    ))
+}
+
+/// The warning for a config file (`fdpblk up`, at every boot) whose backing is a kernel name
+/// (not a link such as /dev/disk/by-id/…) of an NVMe namespace and pins none: that name can
+/// come to name another drive. It gives the line to add.
+fn unpinned_warning<E>(a: &AddArgs, identify: impl Fn(&Path) -> Result<Option<NamespaceIdentity>, E>) -> Option<String> {
+    let file = a.config.as_ref().filter(|_| a.backing_id.is_none())?;
+    if std::fs::symlink_metadata(&a.backing).is_ok_and(|m| m.file_type().is_symlink()) {
+        return None;
+    }
+    let id = identify(&a.backing).ok()??;
+    Some(format!(
+        "backing {} is a kernel name, which can name another drive after a reboot; pin the namespace: add `{}` to {}",
+        a.backing.display(),
+        super::config_file::toml_line("backing_id", &suggested(&id).to_string()),
+        file.display()
     ))
 }
 
@@ -392,7 +402,8 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         }
     }
     // Before anything else reads the backing: a wrong drive is named as such.
-    check_backing_pin(a, crate::nvme::discover::identity_of, |is, kind| crate::nvme::discover::find_namespace_where(is, kind))?;
+    let kind = if is_chardev { DevKind::Generic } else { DevKind::Block };
+    check_backing_pin(a, kind, crate::nvme::discover::identity_of, |is, kind| crate::nvme::discover::find_namespace_where(is, kind))?;
     let partition = if is_bdev { partition_of(meta.rdev()) } else { None };
     let engine = match a.engine.as_str() {
         // A char device can only be driven by passthrough (which refuses one that is not NVMe).
@@ -1585,48 +1596,86 @@ mod tests {
     /// the backing (a bad pin on a real file stops `validate` before its geometry checks).
     #[test]
     fn a_pinned_backing_must_be_the_namespace_it_names() {
-        use crate::nvme::path::DevKind;
         let ns = |serial: &str, nsid| NamespaceIdentity { model: "QEMU NVMe Ctrl".into(), serial: serial.into(), nsid, nguid: None, eui64: None };
         let args = |pin: &str| add_args(&["--backing", "/dev/ng0n1", "--backing-id", pin]);
-        let on_ng0n1 = |_: &Path| Ok::<_, String>(Some(ns("fdp0", 1)));
+        let check = |a: &AddArgs, find: &dyn Fn(&dyn Fn(&NamespaceIdentity) -> bool, DevKind) -> Option<PathBuf>| {
+            check_backing_pin(a, DevKind::Generic, |_: &Path| Ok::<_, String>(Some(ns("fdp0", 1))), find)
+        };
         let nowhere = |_: &dyn Fn(&NamespaceIdentity) -> bool, _: DevKind| None;
-        assert_eq!(check_backing_pin(&args("serial fdp0 nsid 1"), on_ng0n1, nowhere), Ok(()));
-        assert_eq!(check_backing_pin(&args(r#"NVMe namespace model "QEMU NVMe Ctrl" serial "fdp0" nsid 1"#), on_ng0n1, nowhere), Ok(()));
-        let e = check_backing_pin(&args("serial fdp1 nsid 1"), on_ng0n1, nowhere).unwrap_err();
+        assert_eq!(check(&args("serial fdp0 nsid 1"), &nowhere), Ok(()));
+        assert_eq!(check(&args(r#"NVMe namespace model "QEMU NVMe Ctrl" serial "fdp0" nsid 1"#), &nowhere), Ok(()));
+        let e = check(&args("serial fdp1 nsid 1"), &nowhere).unwrap_err();
         assert_eq!(
             e,
             r#"backing /dev/ng0n1 is the NVMe namespace model "QEMU NVMe Ctrl" serial "fdp0" nsid 1, not the one --backing-id pins (serial "fdp1" nsid 1): serial "fdp0", not "fdp1". Nothing was written; no node names the pinned namespace now: check that its drive is in, or if it was replaced on purpose set --backing-id to this one's"#
         );
-        // The node the pinned namespace has now, of the kind the backing was given as.
-        let on_ng1n1 = |is: &dyn Fn(&NamespaceIdentity) -> bool, kind: DevKind| {
-            assert_eq!(kind, DevKind::Block, "/dev/ng0n1 does not exist here: taken as a block device path");
-            is(&ns("fdp1", 1)).then(|| PathBuf::from("/dev/nvme1n1"))
+        // The node the pinned namespace has now: of the backing's kind first, else the other
+        // (a namespace with no block device has only its generic node).
+        let at = |kind: DevKind, node: &'static str| {
+            move |is: &dyn Fn(&NamespaceIdentity) -> bool, k: DevKind| (k == kind && is(&ns("fdp1", 1))).then(|| PathBuf::from(node))
         };
-        let e = check_backing_pin(&args("serial fdp1 nsid 1"), on_ng0n1, on_ng1n1).unwrap_err();
-        assert!(e.ends_with("Nothing was written; the pinned namespace is /dev/nvme1n1 now: set --backing to it"), "{e}");
-        // From a config file, the error names the key (as add's other errors do).
+        let e = check(&args("serial fdp1 nsid 1"), &at(DevKind::Generic, "/dev/ng1n1")).unwrap_err();
+        assert!(e.ends_with("Nothing was written; the pinned namespace is /dev/ng1n1 now: set --backing to it"), "{e}");
+        let on_block = |a: &AddArgs, find: &dyn Fn(&dyn Fn(&NamespaceIdentity) -> bool, DevKind) -> Option<PathBuf>| {
+            check_backing_pin(a, DevKind::Block, |_: &Path| Ok::<_, String>(Some(ns("fdp0", 1))), find)
+        };
+        let e = on_block(&args("serial fdp1 nsid 1"), &at(DevKind::Generic, "/dev/ng1n1")).unwrap_err();
+        assert!(e.ends_with("the pinned namespace is /dev/ng1n1 now: set --backing to it"), "{e}");
+        let both = |is: &dyn Fn(&NamespaceIdentity) -> bool, k: DevKind| {
+            is(&ns("fdp1", 1)).then(|| PathBuf::from(if k == DevKind::Block { "/dev/nvme1n1" } else { "/dev/ng1n1" }))
+        };
+        let e = on_block(&args("serial fdp1 nsid 1"), &both).unwrap_err();
+        assert!(e.ends_with("the pinned namespace is /dev/nvme1n1 now: set --backing to it"), "the backing's kind first: {e}");
+        // From a config file, the error names the keys (as add's other errors do).
         let mut from_file = args("serial fdp0 nsid 2");
         from_file.config = Some("/etc/fdpblk/kv0.toml".into());
-        from_file.from_config.push("backing_id");
-        let e = crate::cmd::config_file::name_config_keys(check_backing_pin(&from_file, on_ng0n1, nowhere).unwrap_err(), &from_file);
-        assert!(e.contains(": nsid 1, not 2.") && e.ends_with("(from `backing_id` in /etc/fdpblk/kv0.toml)"), "{e}");
-        let e = check_backing_pin(&args("nsid 1"), on_ng0n1, nowhere).unwrap_err();
+        from_file.from_config.extend(["backing", "backing_id"]);
+        let e = crate::cmd::config_file::name_config_keys(check(&from_file, &nowhere).unwrap_err(), &from_file);
+        assert!(e.contains(": nsid 1, not 2.") && e.ends_with("(from `backing`, `backing_id` in /etc/fdpblk/kv0.toml)"), "{e}");
+        let e = check(&args("nsid 1"), &nowhere).unwrap_err();
         assert!(e.contains("names no single namespace"), "{e}");
-        let e = check_backing_pin(&args("serial fdp0 nsid 1"), |_: &Path| Ok::<_, String>(None), nowhere).unwrap_err();
+        let e = check_backing_pin(&args("serial fdp0 nsid 1"), DevKind::Generic, |_: &Path| Ok::<_, String>(None), nowhere).unwrap_err();
         assert!(e.contains("is not one (a file, a partition"), "{e}");
-        let e = check_backing_pin(&args("serial fdp0 nsid 1"), |_: &Path| Err("Identify timed out"), nowhere).unwrap_err();
+        let e = check_backing_pin(&args("serial fdp0 nsid 1"), DevKind::Generic, |_: &Path| Err("Identify timed out"), nowhere).unwrap_err();
         assert!(e.contains("cannot read the identity of backing /dev/ng0n1: Identify timed out"), "{e}");
-        // Unpinned: nothing to refuse (a kernel name in a config file gets a warning only).
-        assert_eq!(check_backing_pin(&add_args(&["--backing", "/dev/ng0n1"]), on_ng0n1, nowhere), Ok(()));
-        let mut unpinned = add_args(&["--backing", "/dev/ng0n1"]);
-        unpinned.config = Some("/etc/fdpblk/kv0.toml".into());
-        assert_eq!(check_backing_pin(&unpinned, on_ng0n1, nowhere), Ok(()));
         // Through validate, on a file: refused before anything else is looked at.
         let dir = scratch("pin");
         let img = dir.join("kv.img");
         std::fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
         let e = validate(&add_args(&["--backing", img.to_str().unwrap(), "--policy", "none", "--backing-id", "serial fdp0 nsid 1"])).unwrap_err();
         assert!(e.starts_with("--backing-id names an NVMe namespace, and backing ") && e.contains("leave --backing-id out"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A config file whose backing is an NVMe kernel name and pins none is warned of, with
+    /// the line to add; not a command line, a pinned file, a link, or a backing that is no
+    /// namespace. The drive is asked only where a warning can follow.
+    #[test]
+    fn an_unpinned_kernel_name_in_a_config_file_gets_the_line_to_add() {
+        let asked = std::cell::Cell::new(0);
+        let ng0n1 = |_: &Path| {
+            asked.set(asked.get() + 1);
+            Ok::<_, String>(Some(NamespaceIdentity { model: "QEMU NVMe Ctrl".into(), serial: "fdp0".into(), nsid: 1, nguid: None, eui64: None }))
+        };
+        let from_file = |argv: &[&str]| {
+            let mut a = add_args(argv);
+            a.config = Some("/etc/fdpblk/kv0.toml".into());
+            a
+        };
+        assert_eq!(
+            unpinned_warning(&from_file(&["--backing", "/dev/ng0n1"]), ng0n1).as_deref(),
+            Some("backing /dev/ng0n1 is a kernel name, which can name another drive after a reboot; pin the namespace: add `backing_id = 'serial \"fdp0\" nsid 1'` to /etc/fdpblk/kv0.toml")
+        );
+        assert_eq!(asked.get(), 1);
+        assert_eq!(unpinned_warning(&add_args(&["--backing", "/dev/ng0n1"]), ng0n1), None, "typed by hand");
+        assert_eq!(unpinned_warning(&from_file(&["--backing", "/dev/ng0n1", "--backing-id", "serial fdp0 nsid 1"]), ng0n1), None, "pinned");
+        assert_eq!(asked.get(), 1, "neither asked the drive");
+        assert_eq!(unpinned_warning(&from_file(&["--backing", "/dev/ng0n1"]), |_: &Path| Ok::<_, String>(None)), None, "no namespace");
+        let dir = scratch("unpinned");
+        std::os::unix::fs::symlink("/dev/ng0n1", dir.join("nvme-eui.0025388b91c3e4f1")).unwrap();
+        let link = dir.join("nvme-eui.0025388b91c3e4f1");
+        assert_eq!(unpinned_warning(&from_file(&["--backing", link.to_str().unwrap()]), ng0n1), None, "a link that stays");
+        assert_eq!(asked.get(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

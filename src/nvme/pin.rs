@@ -22,6 +22,19 @@ pub struct BackingPin {
     pub eui64: Option<String>,
 }
 
+/// The fields of an identity, in the order its text gives them.
+const FIELDS: [&str; 5] = ["model", "serial", "nsid", "nguid", "eui64"];
+
+/// Whether a quoted value may end where `after` follows: at the end, or before a field.
+fn closes(after: &str) -> bool {
+    let next = after.trim_start();
+    if next.is_empty() {
+        return true;
+    }
+    after.starts_with(char::is_whitespace)
+        && FIELDS.iter().any(|f| next.strip_prefix(f).is_some_and(|r| r.is_empty() || r.starts_with(char::is_whitespace)))
+}
+
 /// The most a pin's text may hold (an identity is under 200 bytes).
 const MAX_LEN: usize = 1024;
 
@@ -34,31 +47,38 @@ impl BackingPin {
             return Err(format!("--backing-id: {} bytes, at most {MAX_LEN}; {EXAMPLE}", text.len()));
         }
         let mut rest = text.trim();
-        rest = rest.strip_prefix("NVMe namespace ").unwrap_or(rest);
+        rest = rest.strip_prefix("NVMe namespace ").unwrap_or(rest).trim_start();
         let mut pin = BackingPin::default();
         while !rest.is_empty() {
             let key_end = rest.find(char::is_whitespace).unwrap_or(rest.len());
             let key = &rest[..key_end];
             rest = rest[key_end..].trim_start();
-            let value = if let Some(quoted) = rest.strip_prefix('"') {
-                let end = quoted.find('"').ok_or_else(|| bad(format!("the value of `{key}` has no closing \"")))?;
+            let (value, quoted) = if let Some(quoted) = rest.strip_prefix('"') {
+                // A drive's model or serial may hold `"` and spaces (the identity's text does
+                // not escape them): the closing quote is the first one the end, or a space and
+                // a field's name, follows.
+                let end = quoted
+                    .match_indices('"')
+                    .map(|(i, _)| i)
+                    .find(|&i| closes(&quoted[i + 1..]))
+                    .ok_or_else(|| bad(format!("the value of `{key}` has no closing \"")))?;
                 rest = &quoted[end + 1..];
-                &quoted[..end]
+                (&quoted[..end], true)
             } else {
                 let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
                 let v = &rest[..end];
                 rest = &rest[end..];
-                v
+                (v, false)
             };
-            if value.is_empty() && !matches!(key, "model" | "serial") {
+            // An empty model or serial is written `""`; a key left without a value is a typo.
+            if value.is_empty() && !(quoted && matches!(key, "model" | "serial")) {
                 return Err(bad(format!("`{key}` has no value")));
             }
-            if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
-                return Err(bad(format!("put a space after the value of `{key}`")));
-            }
             rest = rest.trim_start();
+            // Also as udev's /dev/disk/by-id names show them (`eui.HEX`), and an NGUID in
+            // UUID form.
             let hex = |digits: usize| {
-                let v = value.to_ascii_lowercase();
+                let v = value.strip_prefix("eui.").unwrap_or(value).replace('-', "").to_ascii_lowercase();
                 if v.len() == digits && v.bytes().all(|b| b.is_ascii_hexdigit()) {
                     Ok(v)
                 } else {
@@ -74,7 +94,7 @@ impl BackingPin {
                 }
                 "nguid" if pin.nguid.is_none() => pin.nguid = Some(hex(32)?),
                 "eui64" if pin.eui64.is_none() => pin.eui64 = Some(hex(16)?),
-                "model" | "serial" | "nsid" | "nguid" | "eui64" => return Err(twice()),
+                k if FIELDS.contains(&k) => return Err(twice()),
                 k => return Err(bad(format!("unknown field `{k}`: use model, serial, nsid, nguid or eui64"))),
             }
         }
@@ -104,22 +124,6 @@ impl BackingPin {
             .or_else(|| text("nguid", &self.nguid, id.nguid.as_ref(), false))
             .or_else(|| text("eui64", &self.eui64, id.eui64.as_ref(), false))
     }
-
-    /// The pin as a line of a config file: a TOML literal string (its quotes stay as they
-    /// are), or a basic one with escapes where the text holds a `'`.
-    pub fn config_line(&self) -> String {
-        let text = self.to_string();
-        if text.contains('\'') || text.contains(char::is_control) {
-            let escaped: String = text.chars().map(|c| match c {
-                '"' | '\\' => format!("\\{c}"),
-                c if c.is_control() => format!("\\u{:04x}", c as u32),
-                c => c.to_string(),
-            }).collect();
-            format!("backing_id = \"{escaped}\"")
-        } else {
-            format!("backing_id = '{text}'")
-        }
-    }
 }
 
 impl fmt::Display for BackingPin {
@@ -144,14 +148,11 @@ impl fmt::Display for BackingPin {
     }
 }
 
-/// The pin a config file should carry for `id`: its NGUID or EUI64 where the drive reports
-/// one (they stay with the namespace), else its serial and nsid.
+/// The pin a config file should carry for `id`: its serial and nsid. Every drive reports
+/// them, and a serial is one drive's; some drives report the same NGUID or EUI64 on every
+/// unit (Linux's `NVME_QUIRK_BOGUS_NID`), so those alone could name another drive.
 pub fn suggested(id: &NamespaceIdentity) -> BackingPin {
-    match (&id.nguid, &id.eui64) {
-        (Some(g), _) => BackingPin { nguid: Some(g.clone()), ..Default::default() },
-        (None, Some(e)) => BackingPin { eui64: Some(e.clone()), ..Default::default() },
-        (None, None) => BackingPin { serial: Some(id.serial.clone()), nsid: Some(id.nsid), ..Default::default() },
-    }
+    BackingPin { serial: Some(id.serial.clone()), nsid: Some(id.nsid), ..Default::default() }
 }
 
 #[cfg(test)]
@@ -189,6 +190,25 @@ mod tests {
             assert_eq!(BackingPin::parse(text).unwrap().mismatch(&drive()), None, "{text}");
         }
         assert_eq!(BackingPin::parse("serial fdp0 nsid 1").unwrap().mismatch(&qemu()), None, "a serial without spaces needs no quotes");
+        // As udev names them under /dev/disk/by-id, and an NGUID in UUID form.
+        for text in ["eui64 eui.0025388b91c3e4f1", "nguid eui.36344830526001230025384500000001", "nguid 36344830-5260-0123-0025-384500000001"] {
+            assert_eq!(BackingPin::parse(text).unwrap().mismatch(&drive()), None, "{text}");
+        }
+        // The saved form with more than one space after its prefix.
+        assert_eq!(BackingPin::parse("NVMe namespace   serial fdp0 nsid 1").unwrap().mismatch(&qemu()), None);
+    }
+
+    /// A drive's model or serial is printable ASCII, `"` and spaces included, and the
+    /// identity's text does not escape them: its own text still pins it.
+    #[test]
+    fn quotes_and_spaces_inside_a_serial_are_part_of_it() {
+        for serial in ["a\"b", "a \"b\" c", "\"", ""] {
+            let id = NamespaceIdentity { serial: serial.into(), ..qemu() };
+            let pin = BackingPin::parse(&id.to_string()).unwrap();
+            assert_eq!(pin.serial.as_deref(), Some(serial));
+            assert_eq!(pin.mismatch(&id), None, "{id}");
+            assert_eq!(BackingPin::parse(&suggested(&id).to_string()).unwrap(), suggested(&id));
+        }
     }
 
     #[test]
@@ -213,7 +233,8 @@ mod tests {
             ("serial \"fdp0\"", "names no single namespace"),
             ("model \"QEMU NVMe Ctrl\" nsid 1", "names no single namespace"),
             ("serial \"fdp0 nsid 1", "has no closing \""),
-            ("serial \"fdp0\"nsid 1", "put a space after the value of `serial`"),
+            ("serial \"fdp0\"nsid 1", "has no closing \""),
+            ("nsid 1 serial", "`serial` has no value"),
             ("serial fdp0 nsid 0", "`nsid` is a namespace id from 1"),
             ("serial fdp0 nsid x", "`nsid` is a namespace id from 1"),
             ("serial fdp0 nsid", "`nsid` has no value"),
@@ -229,19 +250,11 @@ mod tests {
     }
 
     #[test]
-    fn the_suggested_pin_is_the_most_lasting_field_the_drive_reports() {
+    fn the_suggested_pin_is_the_serial_and_nsid() {
         assert_eq!(suggested(&qemu()).to_string(), "serial \"fdp0\" nsid 1");
-        assert_eq!(suggested(&drive()).to_string(), "nguid 36344830526001230025384500000001");
-        let eui_only = NamespaceIdentity { nguid: None, ..drive() };
-        assert_eq!(suggested(&eui_only).to_string(), "eui64 0025388b91c3e4f1");
-        assert_eq!(suggested(&qemu()).config_line(), r#"backing_id = 'serial "fdp0" nsid 1'"#);
-        let odd = NamespaceIdentity { serial: "it's \\ 1".into(), ..qemu() };
-        for id in [qemu(), drive(), eui_only, odd] {
-            let pin = suggested(&id);
-            assert_eq!(pin.mismatch(&id), None);
-            // The line a warning suggests reads back, through the config file's parser, as this pin.
-            let file: toml::Table = pin.config_line().parse().unwrap();
-            assert_eq!(BackingPin::parse(file["backing_id"].as_str().unwrap()).unwrap(), pin, "{}", pin.config_line());
-        }
+        // Not the NGUID or EUI64 alone: some drives report the same on every unit.
+        assert_eq!(suggested(&drive()).to_string(), "serial \"S6X1NG0T123456\" nsid 1");
+        let twin = NamespaceIdentity { serial: "S6X1NG0T999999".into(), ..drive() };
+        assert!(suggested(&drive()).mismatch(&twin).is_some(), "a unit with the same bogus NGUID is not pinned");
     }
 }

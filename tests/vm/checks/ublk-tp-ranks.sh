@@ -75,6 +75,7 @@ printf 'backing = "%s"\nslot_bytes = "64K"\nmeta_total_bytes = "1M"\n' "$NG_DEV"
 out=$("$FDPBLK" add --config /tmp/unpinned.toml --engine streams 2>&1) && rc=0 || rc=$?
 expect "an unpinned kernel name in a config file is warned of, with the pin to add ($out)" bash -c 'test "$1" -ne 0 && grep -qF "$2" <<<"$3"' _ "$rc" \
     "pin the namespace: add \`backing_id = 'serial \"$serial\" nsid 1'\` to /tmp/unpinned.toml" "$out"
+rm -f /tmp/unpinned.toml
 for r in 0 1; do
     fresh $((r + 1)) || check_fatal "blkdiscard of namespace $((r + 1))'s metadata region and reserved tail"
     rm -f "$OUT/tp-r$r.state"
