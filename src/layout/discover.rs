@@ -383,8 +383,11 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
             }
             Err(_) => continue,
         };
-        // Only here, on the way to an error: at most the whole device, once per place.
-        let crc_ok = h.payload_len <= size - start && payload_crc(dev, start, h.payload_len)? == h.crc32;
+        // Only here, on the way to an error. A payload longer than its own layout's container
+        // holds is one LMCache's loader skips: damaged without reading it (a torn length
+        // would otherwise have every look, the learner's every 30 s, read the device whole).
+        let cap = ((meta_total_bytes / 2) / a * a).saturating_sub(a);
+        let crc_ok = h.payload_len <= cap.min(size - start) && payload_crc(dev, start, h.payload_len)? == h.crc32;
         return Ok(Some(Hint::Error { error, crc_ok }));
     }
     Ok(None)
@@ -478,6 +481,42 @@ mod tests {
         // The flag for it conflicts, as before: the erase (named by `add`) is the way out.
         let fixed = GeometryFlags { header_bytes: Some(4096), ..layout };
         assert!(matches!(discover(&img, &fixed).unwrap_err(), DiscoverError::Conflict { field: "header_bytes", .. }));
+    }
+
+    /// A damaged copy whose length field reaches past its own container is not read whole
+    /// to check its CRC: LMCache's loader skips it for that length alone.
+    #[test]
+    fn a_damaged_copy_longer_than_its_container_is_not_read_whole() {
+        struct Counting<'a>(&'a [u8], std::cell::Cell<u64>);
+        impl ReadAt for Counting<'_> {
+            fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+                let n = self.0.read_at(buf, offset)?;
+                self.1.set(self.1.get() + n as u64);
+                Ok(n)
+            }
+            fn size(&self) -> std::io::Result<u64> {
+                self.0.size()
+            }
+        }
+        let (mut img, _) = fixture("object-evict");
+        img.resize(64 << 20, 0);
+        // Copy 0 with an impossible header_bytes, then its length torn to most of the device;
+        // copy 1 gone.
+        let json = String::from_utf8_lossy(&img[4096..4096 + 3730]).replace(r#""header_bytes":4096"#, r#""header_bytes":1000"#);
+        img[4096..4096 + 3730].copy_from_slice(json.as_bytes());
+        img[524288..524288 + 4096].fill(0);
+        let run = |img: &[u8]| {
+            let dev = Counting(img, Default::default());
+            let e = discover(&dev, &GeometryFlags::default()).unwrap_err();
+            (e, dev.1.get())
+        };
+        let (e, sound_len) = run(&img);
+        assert!(matches!(e, DiscoverError::ImpossibleCheckpoint { .. }), "{e}");
+        img[20..28].copy_from_slice(&((64u64 << 20) - 8192).to_le_bytes());
+        let (e, torn_len) = run(&img);
+        assert!(matches!(e, DiscoverError::ImpossibleCheckpoint { .. }), "still named: {e}");
+        // Its JSON's first 64 KiB at each block size tried, not the 64 MiB its length says.
+        assert!(torn_len < 1 << 20, "read {torn_len} bytes, {sound_len} with its true length");
     }
 
     /// object-evict restarted with 32 KiB slots: LMCache wrote seq 1 into copy 0 and copy 1
