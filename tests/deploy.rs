@@ -5,6 +5,7 @@
 
 use fdpblk::cmd::config_file::{ConfigFile, CONFIG_DIR};
 use fdpblk::layout::GeometryConfig;
+use fdpblk::nvme::pin::BackingPin;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
@@ -330,6 +331,11 @@ fn check_kit(dir: &Path) -> Result<(), String> {
     };
     // LMCache's rules hold on any device that fits the metadata region and one slot.
     ours.validate(meta_total_bytes + slot_bytes).map_err(|e| format!("fdpblk.example.toml: {e}"))?;
+    // The commented-out pin is one to copy: uncommented, the file takes it and so does `add`.
+    let text = std::fs::read_to_string(&toml_path).map_err(|e| e.to_string())?;
+    let pin = text.lines().find_map(|l| l.strip_prefix("# backing_id = ")).ok_or("fdpblk.example.toml: show a `# backing_id = ` line")?;
+    let pinned = ConfigFile::parse(&toml_path, &format!("backing_id = {pin}"))?;
+    BackingPin::parse(pinned.backing_id.as_deref().unwrap_or_default()).map_err(|e| format!("fdpblk.example.toml: {e}"))?;
     let path = format!("/dev/fdpblk/{name}");
     let mut non_mp_sides = non_mp(&dir.join("lmcache/lmcache-nonmp.yaml"))?;
     if non_mp_sides.len() != 1 {
@@ -473,7 +479,7 @@ fn tensor_parallel_drift_is_caught() {
 /// Each kind of drift makes the check fail, with a message that says which file.
 #[test]
 fn drift_is_caught() {
-    let cases: [(&str, &str, &str, &str); 12] = [
+    let cases: [(&str, &str, &str, &str); 13] = [
         ("lmcache/lmcache-nonmp.yaml", "rust_raw_block.slot_bytes: 33558528", "rust_raw_block.slot_bytes: 33562624", "lmcache-nonmp.yaml: geometry"),
         ("lmcache/lmcache-nonmp.yaml", "\"/dev/fdpblk/kv0\"", "\"/dev/ublkb0\"", "is not fdpblk's stable name"),
         ("lmcache/lmcache-nonmp.yaml", "  rust_raw_block.meta_total_bytes: 268435456\n", "", "lmcache-nonmp.yaml: geometry"),
@@ -482,6 +488,7 @@ fn drift_is_caught() {
         ("lmcache/mp-l2-adapter.json", "\"io_engine\": \"io_uring\"", "\"use_uring_cmd\": true", "use_uring_cmd"),
         ("fdpblk.example.toml", "slot_bytes = 33558528", "slot_bytes = 33558529", "slot_bytes 33558529 must be"),
         ("fdpblk.example.toml", "name = \"kv0\"", "name = \"kv1\"", "is not fdpblk's stable name /dev/fdpblk/kv1"),
+        ("fdpblk.example.toml", "# backing_id = 'serial \"S6X1NG0T123456\" nsid 1'", "# backing_id = 'serial \"S6X1NG0T123456\"'", "names no single namespace"),
         ("lmcache/fdpblk-kv0.conf", "Wants=fdpblk@kv0.service", "Requires=fdpblk@kv0.service", "Wants= must be"),
         ("fdpblk@.service", "ExecStop=/usr/local/bin/fdpblk down %i", "ExecStop=/usr/local/bin/fdpblk del --all", "ExecStop="),
         ("fdpblk@.service.d/on-failure.conf", "RestartMode=direct", "RestartMode=normal", "on-failure.conf: needs"),
