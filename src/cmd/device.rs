@@ -1598,9 +1598,11 @@ mod tests {
     fn a_pinned_backing_must_be_the_namespace_it_names() {
         let ns = |serial: &str, nsid| NamespaceIdentity { model: "QEMU NVMe Ctrl".into(), serial: serial.into(), nsid, nguid: None, eui64: None };
         let args = |pin: &str| add_args(&["--backing", "/dev/ng0n1", "--backing-id", pin]);
-        let check = |a: &AddArgs, find: &dyn Fn(&dyn Fn(&NamespaceIdentity) -> bool, DevKind) -> Option<PathBuf>| {
-            check_backing_pin(a, DevKind::Generic, |_: &Path| Ok::<_, String>(Some(ns("fdp0", 1))), find)
+        // The backing given as `kind`, whose namespace is fdp0's first.
+        let check_as = |kind: DevKind, a: &AddArgs, find: &dyn Fn(&dyn Fn(&NamespaceIdentity) -> bool, DevKind) -> Option<PathBuf>| {
+            check_backing_pin(a, kind, |_: &Path| Ok::<_, String>(Some(ns("fdp0", 1))), find)
         };
+        let check = |a: &AddArgs, find: &dyn Fn(&dyn Fn(&NamespaceIdentity) -> bool, DevKind) -> Option<PathBuf>| check_as(DevKind::Generic, a, find);
         let nowhere = |_: &dyn Fn(&NamespaceIdentity) -> bool, _: DevKind| None;
         assert_eq!(check(&args("serial fdp0 nsid 1"), &nowhere), Ok(()));
         assert_eq!(check(&args(r#"NVMe namespace model "QEMU NVMe Ctrl" serial "fdp0" nsid 1"#), &nowhere), Ok(()));
@@ -1616,15 +1618,12 @@ mod tests {
         };
         let e = check(&args("serial fdp1 nsid 1"), &at(DevKind::Generic, "/dev/ng1n1")).unwrap_err();
         assert!(e.ends_with("Nothing was written; the pinned namespace is /dev/ng1n1 now: set --backing to it"), "{e}");
-        let on_block = |a: &AddArgs, find: &dyn Fn(&dyn Fn(&NamespaceIdentity) -> bool, DevKind) -> Option<PathBuf>| {
-            check_backing_pin(a, DevKind::Block, |_: &Path| Ok::<_, String>(Some(ns("fdp0", 1))), find)
-        };
-        let e = on_block(&args("serial fdp1 nsid 1"), &at(DevKind::Generic, "/dev/ng1n1")).unwrap_err();
+        let e = check_as(DevKind::Block, &args("serial fdp1 nsid 1"), &at(DevKind::Generic, "/dev/ng1n1")).unwrap_err();
         assert!(e.ends_with("the pinned namespace is /dev/ng1n1 now: set --backing to it"), "{e}");
         let both = |is: &dyn Fn(&NamespaceIdentity) -> bool, k: DevKind| {
             is(&ns("fdp1", 1)).then(|| PathBuf::from(if k == DevKind::Block { "/dev/nvme1n1" } else { "/dev/ng1n1" }))
         };
-        let e = on_block(&args("serial fdp1 nsid 1"), &both).unwrap_err();
+        let e = check_as(DevKind::Block, &args("serial fdp1 nsid 1"), &both).unwrap_err();
         assert!(e.ends_with("the pinned namespace is /dev/nvme1n1 now: set --backing to it"), "the backing's kind first: {e}");
         // From a config file, the error names the keys (as add's other errors do).
         let mut from_file = args("serial fdp0 nsid 2");
