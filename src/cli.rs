@@ -153,8 +153,9 @@ pub struct AddArgs {
     pub backing: PathBuf,
     /// Refuse the backing unless it is this NVMe namespace, named by its identity or a part
     /// that names one namespace: `serial "S" nsid N`, `nguid HEX` or `eui64 HEX`, as `fdpblk
-    /// fdp status DEV` prints it. Kernel names (/dev/ng0n1) can name another drive after a
-    /// reboot; `fdpblk up` warns when its config file pins none.
+    /// fdp status DEV` prints it (without FDP: `nvme id-ctrl DEV`'s sn). Kernel names
+    /// (/dev/ng0n1) can name another drive after a reboot; `fdpblk up` and `add --config`
+    /// warn when their file gives one and pins none, printing the line to add.
     #[arg(long, value_name = "ID")]
     pub backing_id: Option<String>,
     /// Read the flags from a TOML file (keys: the long flags with _ for -; see

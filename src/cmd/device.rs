@@ -343,9 +343,10 @@ fn check_backing_pin<E: std::fmt::Display>(
 
 /// The warning for a config file (`fdpblk up`, at every boot) whose backing is a kernel name
 /// (not a link such as /dev/disk/by-id/…) of an NVMe namespace and pins none: that name can
-/// come to name another drive. It gives the line to add.
+/// come to name another drive. It gives the line to add (not for a backing typed on the
+/// command line, which the file's line would not be about).
 fn unpinned_warning<E>(a: &AddArgs, identify: impl Fn(&Path) -> Result<Option<NamespaceIdentity>, E>) -> Option<String> {
-    let file = a.config.as_ref().filter(|_| a.backing_id.is_none())?;
+    let file = a.config.as_ref().filter(|_| a.backing_id.is_none() && a.from_config.contains(&"backing"))?;
     if std::fs::symlink_metadata(&a.backing).is_ok_and(|m| m.file_type().is_symlink()) {
         return None;
     }
@@ -1659,6 +1660,7 @@ mod tests {
         let from_file = |argv: &[&str]| {
             let mut a = add_args(argv);
             a.config = Some("/etc/fdpblk/kv0.toml".into());
+            a.from_config.push("backing");
             a
         };
         assert_eq!(
@@ -1667,6 +1669,9 @@ mod tests {
         );
         assert_eq!(asked.get(), 1);
         assert_eq!(unpinned_warning(&add_args(&["--backing", "/dev/ng0n1"]), ng0n1), None, "typed by hand");
+        let mut typed_over_the_file = add_args(&["--backing", "/dev/ng0n1"]);
+        typed_over_the_file.config = Some("/etc/fdpblk/kv0.toml".into());
+        assert_eq!(unpinned_warning(&typed_over_the_file, ng0n1), None, "the file's backing is not the one served");
         assert_eq!(unpinned_warning(&from_file(&["--backing", "/dev/ng0n1", "--backing-id", "serial fdp0 nsid 1"]), ng0n1), None, "pinned");
         assert_eq!(asked.get(), 1, "neither asked the drive");
         assert_eq!(unpinned_warning(&from_file(&["--backing", "/dev/ng0n1"]), |_: &Path| Ok::<_, String>(None)), None, "no namespace");

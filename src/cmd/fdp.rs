@@ -151,7 +151,7 @@ pub fn status_text(i: &FdpInfo) -> String {
         i.ctrl.serial,
         i.ctrl.firmware
     );
-    o += &format!("identity:      {} (fdpblk add --backing-id takes it, or its serial and nsid, nguid or eui64)\n", i.identity);
+    o += &format!("identity:      {} (fdpblk add --backing-id takes it, or its serial and nsid)\n", i.identity);
     o += &format!(
         "FDP:           supported, enabled; endurance group {}, configuration {} of {}\n",
         i.endgid, i.feature.config_index, i.num_configs

@@ -2,7 +2,8 @@
 //! identity ([`NamespaceIdentity`]) rather than by a kernel name. `/dev/ng0n1` is the first
 //! namespace the kernel found; after a reboot with a drive added, removed or found late it can
 //! be another drive, and `fdpblk up` would hand that drive to LMCache to overwrite. A pin such
-//! as `serial "S6X1NG0T123456" nsid 1` or `eui64 0025388b91c3e4f1` refuses it instead.
+//! as `serial "S6X1NG0T123456" nsid 1` refuses it instead (what `up` suggests: an NGUID or
+//! EUI64 can be the same on every unit of a model).
 //!
 //! The text is the identity's own (`fdpblk fdp status` prints it): `model "M"`, `serial "S"`,
 //! `nsid N`, `nguid HEX`, `eui64 HEX`, in any order, any subset that names one namespace
@@ -38,7 +39,7 @@ fn closes(after: &str) -> bool {
 /// The most a pin's text may hold (an identity is under 200 bytes).
 const MAX_LEN: usize = 1024;
 
-const EXAMPLE: &str = "e.g. 'serial \"S6X1NG0T123456\" nsid 1', as `fdpblk fdp status DEV` prints it on its identity line";
+const EXAMPLE: &str = "e.g. 'serial \"S6X1NG0T123456\" nsid 1', as `fdpblk fdp status DEV` prints it on its identity line (without FDP: `nvme id-ctrl DEV` `sn`, and the namespace's id)";
 
 impl BackingPin {
     pub fn parse(text: &str) -> Result<Self, String> {

@@ -60,27 +60,31 @@ both_ranks() {
 rfield() { jq -c ".$3" "$OUT/tp-r$1-$2.json"; }
 
 # --backing-id pins a namespace by its identity: a kernel name that names the other one is
-# refused, naming the node the pinned one has now; each add below pins its own.
+# refused, naming the node the pinned one has now; each add below pins its own. Which nsid
+# a node has is asked, not assumed: the kernel names namespaces in the order its scan finds
+# them, and /dev/ng0n1 is namespace 2 in some boots (the very reason for a pin).
 serial=$("$FDPBLK" fdp status "$NG_DEV" --json | jq -r .serial)
+nsid=("$("$FDPBLK" fdp status "$NG_DEV" --json | jq -r .nsid)" "$("$FDPBLK" fdp status /dev/ng0n2 --json | jq -r .nsid)")
+expect "the two nodes are the two namespaces (${nsid[*]})" test "$(printf '%s\n' "${nsid[@]}" | sort | tr '\n' ' ')" = "1 2 "
 expect "fdp status prints the identity a pin takes" \
-    grep -qxF "identity:      model \"QEMU NVMe Ctrl\" serial \"$serial\" nsid 2 (fdpblk add --backing-id takes it, or its serial and nsid, nguid or eui64)" \
+    grep -qxF "identity:      model \"QEMU NVMe Ctrl\" serial \"$serial\" nsid ${nsid[1]} (fdpblk add --backing-id takes it, or its serial and nsid)" \
     <("$FDPBLK" fdp status /dev/ng0n2)
-out=$("$FDPBLK" add -n 0 --backing "$NG_DEV" --backing-id "serial \"$serial\" nsid 2" "${GEOM[@]}" 2>&1) && rc=0 || rc=$?
-expect "add on $NG_DEV pinned to namespace 2 is refused, naming /dev/ng0n2 ($out)" bash -c 'test "$1" -ne 0 && grep -qF "$2" <<<"$3"' _ "$rc" \
-    "nsid 1, not 2. Nothing was written; the pinned namespace is /dev/ng0n2 now: set --backing to it" "$out"
+out=$("$FDPBLK" add -n 0 --backing "$NG_DEV" --backing-id "serial \"$serial\" nsid ${nsid[1]}" "${GEOM[@]}" 2>&1) && rc=0 || rc=$?
+expect "add on $NG_DEV pinned to the other namespace is refused, naming /dev/ng0n2 ($out)" bash -c 'test "$1" -ne 0 && grep -qF "$2" <<<"$3"' _ "$rc" \
+    "nsid ${nsid[0]}, not ${nsid[1]}. Nothing was written; the pinned namespace is /dev/ng0n2 now: set --backing to it" "$out"
 expect "and no device was made" test ! -e /dev/ublkb0
 # A config file (`fdpblk up`) whose backing is a kernel name and pins none gets the line to
 # add (this add then stops at its engine: streams on a char device).
 printf 'backing = "%s"\nslot_bytes = "64K"\nmeta_total_bytes = "1M"\n' "$NG_DEV" >/tmp/unpinned.toml
 out=$("$FDPBLK" add --config /tmp/unpinned.toml --engine streams 2>&1) && rc=0 || rc=$?
 expect "an unpinned kernel name in a config file is warned of, with the pin to add ($out)" bash -c 'test "$1" -ne 0 && grep -qF "$2" <<<"$3"' _ "$rc" \
-    "pin the namespace: add \`backing_id = 'serial \"$serial\" nsid 1'\` to /tmp/unpinned.toml" "$out"
+    "pin the namespace: add \`backing_id = 'serial \"$serial\" nsid ${nsid[0]}'\` to /tmp/unpinned.toml" "$out"
 rm -f /tmp/unpinned.toml
 for r in 0 1; do
     fresh $((r + 1)) || check_fatal "blkdiscard of namespace $((r + 1))'s metadata region and reserved tail"
     rm -f "$OUT/tp-r$r.state"
     expect_eq "rank $r: fdpblk add kv$r on ${BACKING[$r]} (${ENGINE[$r]}), pinned to it" \
-        "$(fdpblk_add -n "$r" --name "kv$r" --backing "${BACKING[$r]}" --backing-id "serial \"$serial\" nsid $((r + 1))" --engine "${ENGINE[$r]}" "${GEOM[@]}")" "/dev/ublkb$r"
+        "$(fdpblk_add -n "$r" --name "kv$r" --backing "${BACKING[$r]}" --backing-id "serial \"$serial\" nsid ${nsid[$r]}" --engine "${ENGINE[$r]}" "${GEOM[@]}")" "/dev/ublkb$r"
 done
 
 # Both ranks at once: 40 puts (a third partial) and a checkpoint; one eviction and a second
