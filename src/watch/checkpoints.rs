@@ -148,6 +148,10 @@ impl Watcher {
         let slots = &*self.slots;
         let mut listed = bitset(g.max_slots);
         let mut listed_len = vec![0u32; g.max_slots as usize];
+        // A slot listed again (LMCache never does; a crafted checkpoint may, thousands of
+        // times) adds no live entry and no confirmation: both stay within one per slot, not
+        // one per entry. The first entry of a slot is the one kept.
+        let mut confirming = bitset(g.max_slots);
         let epoch_now = slots.epoch();
         // Epochs since commit `K`: the slot's stamp must be at least this + 2 epochs old.
         let need = confirm_epoch.map(|k| epoch_now.wrapping_sub(k)).filter(|&d| u64::from(d) + 2 < life::STAMP_MASK);
@@ -168,7 +172,9 @@ impl Watcher {
                 return Err(format!("entry {:?} has no plain integer offset and size", e.key.chars().take(200).collect::<String>()));
             };
             let Some((slot, 0)) = g.slot_of(off) else { return Ok(()) };
-            listed[(slot / 64) as usize] |= 1 << (slot % 64);
+            let (word, bit) = ((slot / 64) as usize, 1u64 << (slot % 64));
+            let again = listed[word] & bit != 0;
+            listed[word] |= bit;
             let n = u32::try_from(size.saturating_add(1)).unwrap_or(u32::MAX);
             if let Some(l) = listed_len.get_mut(slot as usize) {
                 *l = (*l).max(n);
@@ -176,7 +182,7 @@ impl Watcher {
             // An object key with a lone surrogate has no identity (its UTF-8 is LMCache's hash
             // input): listed, so protected, but never confirmed. A legacy key's is its hash's.
             let key = Key::parse(e.key).ok().filter(|k| !e.key_lossy || matches!(k, Key::Legacy(_)));
-            if let Some(live) = live.as_mut() {
+            if let Some(live) = live.as_mut().filter(|_| !again) {
                 if let Some(key) = &key {
                     let (identity, salt) = match key {
                         Key::Legacy(k) => (legacy_identity(k.chunk_hash_hex), ""),
@@ -189,7 +195,7 @@ impl Watcher {
                     live.push(LiveEntry { slot, identity, salt_bucket: last_bucket.1 });
                 }
             }
-            let Some(need) = need else { return Ok(()) };
+            let Some(need) = need.filter(|_| confirming[word] & bit == 0) else { return Ok(()) };
             let l = slots.life(slot);
             let Some(cur) = slots.entry(slot) else { return Ok(()) };
             if !cur.has_header() || cur.payload_len != size.min(u64::from(u32::MAX)) || l & life::TRIMMING != 0 {
@@ -211,6 +217,7 @@ impl Watcher {
                 last_tag = (model.to_string(), salt.to_string(), slots.tags().intern(&key.model_name(), salt));
             }
             let new = life::with_state(life::with_tag(l | life::CONFIRMED, last_tag.2), SlotState::Live);
+            confirming[word] |= bit;
             confirms.push(Confirm { slot, was: l, new, fresh });
             Ok(())
         });

@@ -2725,6 +2725,57 @@ fn randomized_interleavings_never_trim_a_live_slot() {
     assert!(early > n / 8 && early < tails, "the schedules exercise both tail rules ({early} of {tails} early)");
 }
 
+/// A checkpoint listing one slot under many keys (LMCache never writes one; a crafted or
+/// damaged one with a valid CRC can) costs the state thread one live entry and at most one
+/// confirmation per slot, not one per entry: such a checkpoint can hold millions of short
+/// entries. The key whose identity the slot's header holds is still confirmed, wherever the
+/// others stand.
+#[test]
+fn a_slot_listed_many_times_is_observed_and_confirmed_once() {
+    use crate::place::{Policy, SharedPolicy, Target};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    struct Counter(Arc<AtomicUsize>);
+    impl Policy for Counter {
+        fn name(&self) -> &'static str {
+            "counter"
+        }
+        fn handles(&self) -> u16 {
+            1
+        }
+        fn place(&mut self, _: &Target<'_>) -> Handle {
+            0
+        }
+        fn observes_checkpoints(&self) -> bool {
+            true
+        }
+        fn observe(&mut self, event: &Observation<'_>) {
+            if let Observation::Checkpoint { entries, .. } = event {
+                self.0.fetch_max(entries.len(), Ordering::Relaxed);
+            }
+        }
+    }
+    let mut r = Rig::new(SLOTS, 1 << 20, true).without_early_evictions();
+    let seen = Arc::new(AtomicUsize::new(0));
+    r.w.attach(SharedPolicy::new(Box::new(Counter(seen.clone()))));
+    let (k, other) = (r.new_key(false), r.new_key(true));
+    let slot = r.put(k.clone()).unwrap();
+    r.put(other).unwrap();
+    r.fillers(3);
+    // 300 other keys listing `slot`, ahead of the key it holds.
+    let dups: Vec<_> = (0..300).map(|_| (r.new_key(false), slot, BA - 100, 0)).collect();
+    r.lmc.index.splice(0..0, dups);
+    let entries = r.lmc.index.len();
+    r.checkpoint();
+    r.step();
+    r.checkpoint_dirty();
+    r.step();
+    assert!(r.w.containers.iter().any(|c| matches!(c, Container::Valid(v) if v.entries as usize >= entries - 1)));
+    assert_eq!(seen.load(Ordering::Relaxed), 2 + 3, "one live entry per slot, of {entries} entries");
+    assert!(r.slots.get(slot).unwrap().confirmed, "the key the header names is confirmed");
+    r.lmc.index.retain(|e| e.1 != slot || e.0 == k);
+    r.verify_all();
+}
+
 #[test]
 fn a_policy_that_observes_checkpoints_learns_tenants_from_them() {
     use crate::place::{KeyAwarePolicy, LmcacheFdpPolicy, Policy, SharedPolicy, Target};
