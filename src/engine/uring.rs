@@ -15,15 +15,23 @@ const BACKING: types::Fixed = types::Fixed(1);
 /// Retries of a submission that the kernel answered with -EAGAIN.
 const EAGAIN_RETRIES: usize = 8;
 
-/// A discard's result when BLKDISCARD, tried after PUNCH_HOLE failed with `first`, failed
-/// with `e`: on a file (ENOTTY) or a device without discard (EOPNOTSUPP) the first error
-/// stands; any other is the drive's (EIO, a lost path) and is what the kernel is told, not
-/// "not supported", after which a caller may stop discarding without a word.
-fn discard_fallback_result(first: i32, e: &std::io::Error) -> i32 {
+/// What the kernel is told of a failed BLKDISCARD: `None` where the backing takes no discard
+/// (a file: ENOTTY; a device without it: EOPNOTSUPP), so that PUNCH_HOLE may do instead; else
+/// the drive's error (EIO, a lost path), not "not supported", after which a caller may stop
+/// discarding without a word.
+fn blkdiscard_result(e: &std::io::Error) -> Option<i32> {
     match e.raw_os_error() {
-        Some(libc::ENOTTY | libc::EOPNOTSUPP) | None => first,
-        Some(n) => -n,
+        Some(libc::ENOTTY | libc::EOPNOTSUPP) => None,
+        Some(n) => Some(-n),
+        None => Some(-libc::EIO),
     }
+}
+
+/// Whether `fd` is a block device (else a regular file).
+fn is_block_device(fd: i32) -> bool {
+    // SAFETY: fstat writes one `stat` through the pointer; a zeroed one is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) }) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFBLK
 }
 
 /// `BLKDISCARD` blocks until the drive is done, which for gigabytes can take long: it runs on
@@ -80,17 +88,19 @@ async fn blkdiscard_off_queue(q: &UblkQueue<'_>, fd: i32, off: u64, len: u64) ->
 pub struct UringEngine {
     /// Logical handle -> write stream (1-based); `None` = the plain engine, no placement.
     streams: Option<Vec<u8>>,
-    /// The backing fd (also fixed file 1), for the discard fallback.
+    /// The backing fd (also fixed file 1), for BLKDISCARD.
     fd: i32,
+    /// The backing is a block device: a discard is BLKDISCARD.
+    block: bool,
 }
 
 impl UringEngine {
     pub fn plain(fd: i32) -> Self {
-        Self { streams: None, fd }
+        Self { streams: None, fd, block: is_block_device(fd) }
     }
     /// `streams[h]` is the write stream for logical handle `h`.
     pub fn streams(streams: Vec<u8>, fd: i32) -> Self {
-        Self { streams: Some(streams), fd }
+        Self { streams: Some(streams), fd, block: is_block_device(fd) }
     }
     pub fn name(&self) -> &'static str {
         if self.streams.is_some() {
@@ -159,17 +169,21 @@ impl UringEngine {
     }
 
     /// Deallocates (a discard from the ublk device; LMCache issues none, fdpblk's own
-    /// deallocation uses BLKDISCARD): `fallocate(PUNCH_HOLE)` on an NVMe namespace is Write
-    /// Zeroes, with the deallocate bit where the namespace reports it supported (DLFEAT),
-    /// else the drive writes the zeroes; on a file it frees blocks: reads return zeroes
-    /// afterwards. The BLKDISCARD fallback reads back zeroes only where DLFEAT says so. A drive without Write Zeroes refuses PUNCH_HOLE (the kernel
-    /// does not fall back): then BLKDISCARD.
+    /// deallocation uses BLKDISCARD too). On a block device: BLKDISCARD, which is Dataset
+    /// Management deallocate on an NVMe namespace, as the passthrough engine sends; not
+    /// `fallocate(PUNCH_HOLE)`, which there is Write Zeroes, and a drive whose DLFEAT does not
+    /// let it deallocate for one writes the zeroes (media writes, minutes for gigabytes). A
+    /// device without discard gets PUNCH_HOLE instead (zeroes, as before), as a file always
+    /// does: there it frees blocks, and reads return zeroes afterwards.
     pub async fn discard(&self, q: &UblkQueue<'_>, off: u64, len: u64) -> i32 {
-        let res = self.fallocate(q, off, len, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE).await;
-        if res != -libc::EOPNOTSUPP {
-            return res;
+        if self.block {
+            match blkdiscard_off_queue(q, self.fd, off, len).await.map_err(|e| blkdiscard_result(&e)) {
+                Ok(()) => return 0,
+                Err(Some(res)) => return res,
+                Err(None) => {}
+            }
         }
-        blkdiscard_off_queue(q, self.fd, off, len).await.map_or_else(|e| discard_fallback_result(res, &e), |()| 0)
+        self.fallocate(q, off, len, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE).await
     }
 
     /// Zeroes; `unmap` lets the device deallocate (the block layer's default), NOUNMAP not.
@@ -193,17 +207,25 @@ impl UringEngine {
 
 #[cfg(test)]
 mod tests {
-    use super::discard_fallback_result;
+    use super::{blkdiscard_result, is_block_device};
     use std::io::Error;
+    use std::os::fd::AsRawFd;
 
     #[test]
-    fn a_failed_discard_fallback_reports_the_drives_error() {
-        let unsupported = -libc::EOPNOTSUPP;
-        assert_eq!(discard_fallback_result(unsupported, &Error::from_raw_os_error(libc::EIO)), -libc::EIO);
-        assert_eq!(discard_fallback_result(unsupported, &Error::from_raw_os_error(libc::ENOLINK)), -libc::ENOLINK);
-        // A file, or a device without discard either: still "not supported".
-        assert_eq!(discard_fallback_result(unsupported, &Error::from_raw_os_error(libc::ENOTTY)), unsupported);
-        assert_eq!(discard_fallback_result(unsupported, &Error::from_raw_os_error(libc::EOPNOTSUPP)), unsupported);
-        assert_eq!(discard_fallback_result(unsupported, &Error::other("no errno")), unsupported);
+    fn a_failed_blkdiscard_reports_the_drives_error_or_falls_back() {
+        assert_eq!(blkdiscard_result(&Error::from_raw_os_error(libc::EIO)), Some(-libc::EIO));
+        assert_eq!(blkdiscard_result(&Error::from_raw_os_error(libc::ENOLINK)), Some(-libc::ENOLINK));
+        // The discard thread ended without a result: not known to be done.
+        assert_eq!(blkdiscard_result(&Error::other("no errno")), Some(-libc::EIO));
+        // A file, or a device without discard: PUNCH_HOLE instead.
+        assert_eq!(blkdiscard_result(&Error::from_raw_os_error(libc::ENOTTY)), None);
+        assert_eq!(blkdiscard_result(&Error::from_raw_os_error(libc::EOPNOTSUPP)), None);
+    }
+
+    #[test]
+    fn a_file_is_not_a_block_device() {
+        let f = std::fs::File::open("Cargo.toml").unwrap();
+        assert!(!is_block_device(f.as_raw_fd()));
+        assert!(!is_block_device(-1));
     }
 }

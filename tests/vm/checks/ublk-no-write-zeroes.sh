@@ -2,10 +2,10 @@
 # vm-kernel: new
 # vm-fdp: on
 # A backing drive without Write Zeroes (null_blk, memory-backed, with discard): the plain
-# engine's deallocation falls back from fallocate(PUNCH_HOLE), which such a drive refuses,
-# to BLKDISCARD, and an unmapping Write Zeroes falls back to ZERO_RANGE. Both complete
-# through /dev/ublkb0 and the range reads back as zeroes on the drive; the discard reaches it
-# as a discard (without the fallback a discard completes but does nothing).
+# engine's deallocation is BLKDISCARD (fallocate(PUNCH_HOLE), which such a drive refuses,
+# would complete doing nothing), and an unmapping Write Zeroes falls back to ZERO_RANGE.
+# Both complete through /dev/ublkb0 and the range reads back as zeroes on the drive; the
+# discard reaches it as a discard.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool dd cmp blkdiscard fallocate modprobe
@@ -40,7 +40,7 @@ write_pattern() {
 
 write_pattern discard
 d0=$(discards)
-expect "blkdiscard through $dev completes (BLKDISCARD fallback)" blkdiscard -o $((32 << 20)) -l 1048576 "$dev"
+expect "blkdiscard through $dev completes (BLKDISCARD)" blkdiscard -o $((32 << 20)) -l 1048576 "$dev"
 expect "the discard reached the drive as a discard ($d0 -> $(discards))" test "$(discards)" -gt "$d0"
 expect "the discarded range reads back as zeroes on the drive" zeroes_on_drive
 
