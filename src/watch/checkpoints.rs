@@ -150,7 +150,8 @@ impl Watcher {
         let mut listed_len = vec![0u32; g.max_slots as usize];
         // A slot listed again (LMCache never does; a crafted checkpoint may, thousands of
         // times) adds no live entry and no confirmation: both stay within one per slot, not
-        // one per entry. The first entry of a slot is the one kept.
+        // one per entry. A slot's first entry is its live entry; the first whose key its
+        // header holds, its confirmation.
         let mut confirming = bitset(g.max_slots);
         let epoch_now = slots.epoch();
         // Epochs since commit `K`: the slot's stamp must be at least this + 2 epochs old.
