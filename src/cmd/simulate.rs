@@ -97,6 +97,12 @@ pub struct SimulateArgs {
     /// the workload's `uring_reorder_window` (default 64; 0 or 1: in order).
     #[arg(long)]
     pub uring_reorder_window: Option<u64>,
+    /// Buffered I/O: whether a checkpoint's pages reach the device after the dirty slot pages
+    /// of the puts it lists (after-slots) or before them (before-slots), overriding the
+    /// workload's `checkpoint_writeback` (default after_slots). The kernel's order lies
+    /// between the two.
+    #[arg(long)]
+    pub checkpoint_writeback: Option<String>,
     /// Chance that a checkpoint tick finds LMCache idle (it skips busy ticks), overriding the
     /// workload's `checkpoint_idle_probability` (default 1: every tick checkpoints).
     #[arg(long)]
@@ -144,6 +150,16 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
             return Err(format!("--uring-reorder-window {w}: at most 1048576 requests"));
         }
         workload.uring_reorder_window = w;
+    }
+    if let Some(o) = &a.checkpoint_writeback {
+        workload.checkpoint_before_slots = match o.as_str() {
+            "after-slots" => false,
+            "before-slots" => true,
+            o => return Err(format!("--checkpoint-writeback {o}: use after-slots or before-slots")),
+        };
+    }
+    if workload.checkpoint_before_slots && workload.io != IoMode::Buffered {
+        return Err("checkpoint writeback before the slots needs buffered I/O (--io buffered or \"io\": \"buffered\" in the workload)".into());
     }
     if let Some(p) = a.checkpoint_idle {
         if !(0.0..=1.0).contains(&p) {

@@ -24,6 +24,8 @@ pub struct IoShaper {
     io: IoMode,
     max_req: u64,
     window: usize,
+    /// Buffered: a checkpoint goes out ahead of the dirty slot pages (`checkpoint_writeback`).
+    checkpoint_first: bool,
     /// Buffered: the latest dirty put per slot, in first-dirtied order, with the payload bytes
     /// dirty since the slot's last writeback: a shorter put leaves an earlier one's pages past
     /// its end dirty, and the kernel writes them back too.
@@ -46,6 +48,7 @@ impl IoShaper {
             io: spec.io,
             max_req: spec.max_request_bytes,
             window: spec.writeback_puts,
+            checkpoint_first: spec.checkpoint_before_slots,
             dirty: Vec::new(),
             dirty_pos: HashMap::new(),
             runs: Vec::new(),
@@ -122,8 +125,11 @@ impl IoShaper {
                 self.split(g.slot_offset(slot) + g.header_bytes, self.round(payload_len), None, false, out);
             }
             LmOp::Checkpoint { seq, json_bytes, json, .. } => {
-                // Payload first, then the header block (posix order); dirty slot pages first.
-                self.flush(out);
+                // Payload first, then the header block (posix order). Buffered: the dirty slot
+                // pages go before them, or right after (`checkpoint_writeback`).
+                if !self.checkpoint_first {
+                    self.flush(out);
+                }
                 let c = g.container_offset(Geometry::copy_for_seq(seq));
                 self.split(c + g.block_align, self.round(json_bytes), None, true, out);
                 let crc = json.map_or(0, crc32fast::hash);
@@ -134,6 +140,9 @@ impl IoShaper {
                 hb[20..28].copy_from_slice(&json_bytes.to_le_bytes());
                 hb[28..32].copy_from_slice(&crc.to_le_bytes());
                 out(&BlockIo { write: true, offset: c, len: g.block_align, header: None, checkpoint: Some(hb) });
+                if self.checkpoint_first {
+                    self.flush(out);
+                }
             }
             LmOp::Delete { .. } | LmOp::Tick { .. } => {}
         }

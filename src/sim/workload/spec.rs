@@ -95,6 +95,12 @@ pub struct WorkloadSpec {
     pub max_request_bytes: u64,
     /// Buffered I/O: puts whose dirty pages are written back together.
     pub writeback_puts: usize,
+    /// Buffered I/O: a checkpoint's pages reach the device ahead of the dirty slot pages of
+    /// the puts it lists (`"checkpoint_writeback": "before_slots"`: the kernel's writeback
+    /// sweep reaches the metadata region at the device's start first), not after them
+    /// (`"after_slots"`, the default). The kernel's order lies between the two: its
+    /// writeback goes round the device from where it last stopped.
+    pub checkpoint_before_slots: bool,
     /// io_uring: how far back (in requests) the kernel may deliver a request of a batch.
     pub uring_reorder_window: u64,
     /// io_uring: the ublk queue's depth (fdpblk's `-d`); half its tags may hold payloads
@@ -203,6 +209,7 @@ impl WorkloadSpec {
                 "meta_total_bytes",
                 "max_request_bytes",
                 "writeback_puts",
+                "checkpoint_writeback",
                 "uring_reorder_window",
                 "ublk_queue_depth",
                 "eviction",
@@ -372,6 +379,11 @@ impl WorkloadSpec {
             meta_total_bytes,
             max_request_bytes: get_size(v, "max_request_bytes", 512 << 10)?,
             writeback_puts: get_u32(v, "writeback_puts", 64)?.max(1) as usize,
+            checkpoint_before_slots: match get_str(v, "checkpoint_writeback", "after_slots")? {
+                "after_slots" => false,
+                "before_slots" => true,
+                s => return err(format!("\"checkpoint_writeback\": \"{s}\" is not after_slots or before_slots")),
+            },
             uring_reorder_window: u64::from(get_u32(v, "uring_reorder_window", DEFAULT_URING_REORDER_WINDOW)?),
             ublk_queue_depth: match get_u32(v, "ublk_queue_depth", 128)? {
                 d @ 1..=4096 => d as u16,

@@ -297,6 +297,35 @@ fn odirect_and_buffered_shapes() {
     assert_eq!(total, 3 * 4096 + g.slot_payload_capacity() + 4096 + 8192);
 }
 
+/// Buffered: a checkpoint's pages go out after the dirty slot pages of the puts it lists, or,
+/// with `"checkpoint_writeback": "before_slots"`, ahead of them; every page once either way.
+#[test]
+fn buffered_checkpoint_writeback_goes_after_or_before_the_dirty_slots() {
+    let order = |before: bool| {
+        let mut b = small(LRU, ONE);
+        b.io = IoMode::Buffered;
+        b.writeback_puts = 8;
+        b.checkpoint_before_slots = before;
+        let g = b.geometry(64 << 20, 0).unwrap();
+        let mut sh = IoShaper::new(&b, g, 1);
+        let mut out = Vec::new();
+        for slot in [3, 7] {
+            sh.shape(&LmOp::Put { slot, identity: slot, payload_len: 5000, tenant: 0, pid: None, popularity: 0.0 }, &mut |io| out.push(*io));
+        }
+        assert!(out.is_empty(), "held until writeback");
+        sh.shape(&LmOp::Checkpoint { seq: 1, json_bytes: 100, entries: &[], json: None }, &mut |io| out.push(*io));
+        sh.flush(&mut |io| out.push(*io));
+        out.iter().map(|io| if io.checkpoint.is_some() { 'c' } else if io.header.is_some() { 's' } else { '.' }).collect::<String>()
+    };
+    // Each slot one request from its header (header and payload pages adjacent); the
+    // checkpoint's payload, then its header block.
+    assert_eq!(order(false), "ss.c");
+    assert_eq!(order(true), ".css");
+    let spec_of = |v: &str| spec(&format!(r#"{{"mode": "non_mp", "io": "buffered", "checkpoint_writeback": "{v}", "tenants": [{{"name": "a"}}]}}"#));
+    assert!(spec_of("before_slots").checkpoint_before_slots);
+    assert!(!spec_of("after_slots").checkpoint_before_slots);
+}
+
 /// Buffered: a shorter put into a slot still dirty leaves the earlier put's pages past its
 /// end dirty, and writeback writes them; a load of a dirty slot comes from the page cache.
 #[test]
