@@ -93,12 +93,14 @@ pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), 
         let res = serve(q, tag, buf.as_mut_slice(), ctx, &mut segments).await;
         if res < 0 && ctx.stats.failed(res, since_start_ns()) {
             let iod = q.get_iod(tag);
+            // A flush has no range (its sector is -1).
+            let what = match iod.op_flags & 0xff {
+                sys::UBLK_IO_OP_FLUSH => "a flush".to_string(),
+                op => format!("op {op}, {} bytes at byte {}", u64::from(iod.nr_sectors) << 9, iod.start_sector << 9),
+            };
             tracing::warn!(
-                "queue {}: a request failed (op {}, {} bytes at byte {}): {} ({} failed so far on this queue; `fdpblk stats` counts them)",
+                "queue {}: a request failed ({what}): {} ({} failed so far on this queue; `fdpblk stats` counts them)",
                 q.get_qid(),
-                iod.op_flags & 0xff,
-                u64::from(iod.nr_sectors) << 9,
-                iod.start_sector << 9,
                 std::io::Error::from_raw_os_error(-res),
                 ctx.stats.errors.load(Ordering::Relaxed)
             );
