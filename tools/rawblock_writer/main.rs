@@ -34,11 +34,13 @@ use std::path::{Path, PathBuf};
 
 const SCRIPT_HELP: &str = "\
 COMMANDS (any number, run in order):
-  put N [--salt S] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W]
+  put N [--salt S] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W] [--with-checkpoint]
         N new keys in put_many calls of B keys (default: one call of all N, or one per
         worker); with --workers, the calls run at once on W threads, as LMCache MP's
-        store workers run store tasks (MP runs 2)
-  reput N [--live] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W]
+        store workers run store tasks (MP runs 2); with --with-checkpoint, a
+        checkpoint_now() snapshotted before the puts (so without them) is written on a
+        thread of its own while they are (LMCache writes outside its index lock)
+  reput N [--live] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W] [--with-checkpoint]
         put again the N most recently deleted keys, with new content; with --live,
         N indexed keys (LMCache acknowledges those without I/O)
   delete N [--random]   delete the N oldest keys (index order), or N random ones
@@ -159,8 +161,9 @@ pub enum Cmd {
         partial_every: Option<u64>,
         batch: Option<u64>,
         workers: u64,
+        checkpoint: bool,
     },
-    Reput { n: u64, live: bool, payload_bytes: Option<u64>, partial_every: Option<u64>, batch: Option<u64>, workers: u64 },
+    Reput { n: u64, live: bool, payload_bytes: Option<u64>, partial_every: Option<u64>, batch: Option<u64>, workers: u64, checkpoint: bool },
     Delete { n: u64, random: bool },
     Load { n: u64, random: bool, workers: u64 },
     Checkpoint,
@@ -170,8 +173,8 @@ pub enum Cmd {
     Stats,
 }
 
-const USAGE_PUT: &str = "put N [--salt S] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W]";
-const USAGE_REPUT: &str = "reput N [--live] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W]";
+const USAGE_PUT: &str = "put N [--salt S] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W] [--with-checkpoint]";
+const USAGE_REPUT: &str = "reput N [--live] [--payload-bytes B] [--partial-every K] [--batch B] [--workers W] [--with-checkpoint]";
 const USAGE_DELETE: &str = "delete N [--random]";
 const USAGE_LOAD: &str = "load N [--random] [--workers W]";
 /// More threads than this is not what LMCache runs, and only costs memory.
@@ -231,7 +234,7 @@ pub fn parse_script(tokens: &[String]) -> Result<Vec<Cmd>, String> {
                 let usage = if word == "put" { USAGE_PUT } else { USAGE_REPUT };
                 let n = count(&mut i, word, usage)?;
                 parse_opts(&mut i, &mut opts)?;
-                let (mut salt, mut pb, mut pe, mut batch, mut live, mut workers) = (None, None, None, None, false, 1);
+                let (mut salt, mut pb, mut pe, mut batch, mut live, mut workers, mut checkpoint) = (None, None, None, None, false, 1, false);
                 for (name, v) in &opts {
                     match (word, name.as_str()) {
                         ("put", "--salt") => salt = v.clone(),
@@ -246,13 +249,14 @@ pub fn parse_script(tokens: &[String]) -> Result<Vec<Cmd>, String> {
                         }
                         (_, "--workers") => workers = workers_opt(word, num(word, name, v)?)?,
                         ("reput", "--live") => live = true,
+                        (_, "--with-checkpoint") => checkpoint = true,
                         _ => return Err(format!("unknown option {name} for {word}: {usage}")),
                     }
                 }
                 if word == "put" {
-                    Cmd::Put { n, salt, payload_bytes: pb, partial_every: pe, batch, workers }
+                    Cmd::Put { n, salt, payload_bytes: pb, partial_every: pe, batch, workers, checkpoint }
                 } else {
-                    Cmd::Reput { n, live, payload_bytes: pb, partial_every: pe, batch, workers }
+                    Cmd::Reput { n, live, payload_bytes: pb, partial_every: pe, batch, workers, checkpoint }
                 }
             }
             "load" => {
@@ -313,14 +317,32 @@ impl Run {
         }
     }
 
+    /// What a checkpoint did; `entries`: the index's size at its snapshot.
+    fn checkpoint_said(&self, outcome: CheckpointOutcome, entries: usize) {
+        self.info(match outcome {
+            CheckpointOutcome::Written { seq, copy, payload_len } => {
+                format!("checkpoint: seq {seq} -> container {copy}, {payload_len} bytes of JSON, {entries} entries")
+            }
+            CheckpointOutcome::Skipped { payload_len, cap } => format!("checkpoint: skipped ({payload_len} bytes > {cap}); seq stays {}", self.w.seq),
+            CheckpointOutcome::Clean => "checkpoint: nothing changed since the last one; nothing written".into(),
+        });
+    }
+
     /// The items in put_many calls of `batch` keys (default: all in one, or one call per
     /// worker), one after another, or with `workers` > 1 on that many threads at once.
-    fn put_in_calls(&mut self, items: Vec<model::PutItem>, batch: Option<u64>, workers: u64) -> Result<(), String> {
+    /// With `checkpoint`, a checkpoint is written beside them (on a thread of its own).
+    fn put_in_calls(&mut self, items: Vec<model::PutItem>, batch: Option<u64>, workers: u64, checkpoint: bool) -> Result<(), String> {
         let per = batch.map_or(items.len().div_ceil(workers as usize).max(1), |b| b as usize);
         let mut calls = Vec::new();
         let mut it = items.into_iter().peekable();
         while it.peek().is_some() {
             calls.push(it.by_ref().take(per).collect::<Vec<_>>());
+        }
+        if checkpoint {
+            let live = self.w.live();
+            let outcome = self.w.put_concurrent_with_checkpoint(&mut self.dev, calls, workers as usize)?;
+            self.checkpoint_said(outcome, live);
+            return Ok(());
         }
         if workers > 1 {
             return self.w.put_concurrent(&mut self.dev, calls, workers as usize);
@@ -333,10 +355,10 @@ impl Run {
 
     fn exec(&mut self, c: &Cmd) -> Result<(), String> {
         match c {
-            Cmd::Put { n, salt, payload_bytes, partial_every, batch, workers } => {
+            Cmd::Put { n, salt, payload_bytes, partial_every, batch, workers, checkpoint } => {
                 let (p0, s0) = (self.w.run.puts, self.w.next_slot);
                 let items = self.w.plan_new(*n, salt.as_deref(), *payload_bytes, *partial_every)?;
-                self.put_in_calls(items, *batch, *workers)?;
+                self.put_in_calls(items, *batch, *workers, *checkpoint)?;
                 self.info(format!(
                     "put {n}: {} stored, next_slot {} (was {s0}), {} free",
                     self.w.run.puts - p0,
@@ -344,10 +366,10 @@ impl Run {
                     self.w.free_slots().len()
                 ));
             }
-            Cmd::Reput { n, live, payload_bytes, partial_every, batch, workers } => {
+            Cmd::Reput { n, live, payload_bytes, partial_every, batch, workers, checkpoint } => {
                 let (p0, q0) = (self.w.run.puts, self.w.run.puts_noop);
                 let items = self.w.plan_reput(*n, *live, *payload_bytes, *partial_every)?;
-                self.put_in_calls(items, *batch, *workers)?;
+                self.put_in_calls(items, *batch, *workers, *checkpoint)?;
                 self.info(format!(
                     "reput {n}: {} stored, {} already indexed (no I/O)",
                     self.w.run.puts - p0,
@@ -368,18 +390,10 @@ impl Run {
                 let got = self.w.load(&mut self.dev, &keys, *workers as usize)?;
                 self.info(format!("load {n}: {got} payloads read and checked"));
             }
-            Cmd::Checkpoint => match self.w.checkpoint(&mut self.dev)? {
-                CheckpointOutcome::Written { seq, copy, payload_len } => self.info(format!(
-                    "checkpoint: seq {seq} -> container {copy}, {payload_len} bytes of JSON, {} entries",
-                    self.w.live()
-                )),
-                CheckpointOutcome::Skipped { payload_len, cap } => {
-                    self.info(format!("checkpoint: skipped ({payload_len} bytes > {cap}); seq stays {}", self.w.seq))
-                }
-                CheckpointOutcome::Clean => {
-                    self.info("checkpoint: nothing changed since the last one; nothing written".into())
-                }
-            },
+            Cmd::Checkpoint => {
+                let outcome = self.w.checkpoint(&mut self.dev)?;
+                self.checkpoint_said(outcome, self.w.live());
+            }
             Cmd::Verify => {
                 let (n, inferred) = self.w.verify(&mut self.dev)?;
                 let extra = if inferred > 0 {

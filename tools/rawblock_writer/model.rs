@@ -192,6 +192,36 @@ pub struct PutItem {
     pub cached_positions: Value,
 }
 
+/// A checkpoint snapshotted and encoded, to be written outside the index lock (LMCache's
+/// `checkpoint_now()` writes while store workers may be writing their puts, reference §9).
+pub struct PreparedCheckpoint {
+    seq: u64,
+    copy: u8,
+    payload_len: u64,
+    /// The index's change count at the snapshot.
+    snapshot: u64,
+    /// The container's offset.
+    offset: u64,
+    block_align: u64,
+    pay: AlignedBuf,
+    hdr: AlignedBuf,
+}
+
+impl PreparedCheckpoint {
+    /// Payload, then header block.
+    fn reqs(&self) -> [(Class, WriteReq<'_>); 2] {
+        [
+            (Class::CheckpointPayload, WriteReq { offset: self.offset + self.block_align, data: self.pay.as_slice() }),
+            (Class::CheckpointHeader, WriteReq { offset: self.offset, data: self.hdr.as_slice() }),
+        ]
+    }
+
+    /// Writes it on `dev`: posix, the payload then the header block; io_uring, one batch.
+    pub fn write(&self, dev: &mut Device) -> Result<(), String> {
+        dev.write_group(&self.reqs().map(|(_, r)| r))
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CheckpointOutcome {
     Written { seq: u64, copy: u8, payload_len: u64 },
@@ -834,12 +864,37 @@ impl Writer {
     /// keeps the keys it wrote before the failure (posix: key by key; io_uring: whole chunks
     /// of up to 64 keys) and frees the others' slots; its thread stops.
     pub fn put_concurrent(&mut self, dev: &mut Device, calls: Vec<Vec<PutItem>>, workers: usize) -> Result<(), String> {
+        self.put_beside(dev, calls, workers, None)?.0
+    }
+
+    /// [`Writer::put_concurrent`] with a `checkpoint_now()` on a thread of its own: snapshotted
+    /// first (the puts are not in it), written while the store workers write. The outcome of
+    /// the checkpoint, once the puts are booked; the puts' error first.
+    pub fn put_concurrent_with_checkpoint(&mut self, dev: &mut Device, calls: Vec<Vec<PutItem>>, workers: usize) -> Result<CheckpointOutcome, String> {
+        for it in calls.iter().flatten() {
+            self.check_size(it)?;
+        }
+        let p = match self.prepare_checkpoint()? {
+            Ok(p) => p,
+            Err(outcome) => return self.put_concurrent(dev, calls, workers).map(|()| outcome),
+        };
+        let (puts, written) = self.put_beside(dev, calls, workers, Some(&p))?;
+        puts?;
+        written?;
+        Ok(self.checkpoint_written(p))
+    }
+
+    /// The store tasks and, with `checkpoint`, its writes beside them: the puts' result, then
+    /// the checkpoint writes'; `Err` where nothing was written.
+    fn put_beside(&mut self, dev: &mut Device, calls: Vec<Vec<PutItem>>, workers: usize, checkpoint: Option<&PreparedCheckpoint>) -> Result<(Result<(), String>, Result<(), String>), String> {
         for it in calls.iter().flatten() {
             self.check_size(it)?;
         }
         let threads = workers.clamp(1, calls.len().max(1));
         // Before any slot is taken: a failure here leaves the allocator as it was.
         let mut devs = (0..threads).map(|_| dev.worker()).collect::<Result<Vec<_>, _>>()?;
+        let mut ckpt_dev = checkpoint.map(|_| dev.worker()).transpose()?;
+        let mut written = Ok(());
         // Keys already indexed, or in an earlier call or key of this one, need no I/O.
         let mut seen = HashSet::new();
         let mut noops = 0;
@@ -887,6 +942,11 @@ impl Writer {
         let results: Vec<Mutex<PutResult>> = calls.iter().map(|_| Mutex::new(PutResult::default())).collect();
         let this = &*self;
         std::thread::scope(|sc| {
+            if let (Some(p), Some(d)) = (checkpoint, ckpt_dev.as_mut()) {
+                // The buffers' bytes, not the buffers (whose pointers are not Sync).
+                let (reqs, written) = (p.reqs().map(|(_, r)| r), &mut written);
+                sc.spawn(move || *written = d.write_group(&reqs));
+            }
             for d in devs.iter_mut() {
                 let (calls, slots, gens, next, results) = (&calls, &slots, &gens, &next, &results);
                 sc.spawn(move || loop {
@@ -914,7 +974,7 @@ impl Writer {
                 });
             }
         });
-        for d in devs {
+        for d in devs.into_iter().chain(ckpt_dev) {
             dev.absorb_log(d);
         }
         let mut first_err = None;
@@ -939,7 +999,7 @@ impl Writer {
             }
         }
         // A call no thread reached (every thread stopped at a failure) is freed above.
-        first_err.map_or(Ok(()), Err)
+        Ok((first_err.map_or(Ok(()), Err), written))
     }
 
     /// Writes one group of keys (their headers and payloads) with one `write_group` call on
@@ -1051,10 +1111,21 @@ impl Writer {
     /// exceeds a container; else the zero-padded payload at container + block_align, then the
     /// header block at the container (posix: two pwrites in that order; io_uring: one batch).
     pub fn checkpoint(&mut self, dev: &mut Device) -> Result<CheckpointOutcome, String> {
+        let p = match self.prepare_checkpoint()? {
+            Ok(p) => p,
+            Err(outcome) => return Ok(outcome),
+        };
+        p.write(dev)?;
+        Ok(self.checkpoint_written(p))
+    }
+
+    /// The snapshot and encoding of `checkpoint_now()`, which LMCache does under its index
+    /// lock; `Err` with the outcome (counted) where nothing is to be written.
+    pub fn prepare_checkpoint(&mut self) -> Result<Result<PreparedCheckpoint, CheckpointOutcome>, String> {
         if !self.is_dirty() {
             self.total.checkpoints_clean += 1;
             self.run.checkpoints_clean += 1;
-            return Ok(CheckpointOutcome::Clean);
+            return Ok(Err(CheckpointOutcome::Clean));
         }
         let g = self.geom;
         let json = self.snapshot_json();
@@ -1066,27 +1137,29 @@ impl Writer {
             );
             self.total.checkpoints_skipped += 1;
             self.run.checkpoints_skipped += 1;
-            return Ok(CheckpointOutcome::Skipped { payload_len: len, cap: g.payload_cap() });
+            return Ok(Err(CheckpointOutcome::Skipped { payload_len: len, cap: g.payload_cap() }));
         }
-        let snapshot = self.dirty_total;
         let seq = self.seq + 1;
         let copy = Geometry::copy_for_seq(seq);
-        let c_off = g.container_offset(copy);
         let a = g.block_align as usize;
         let mut pay = AlignedBuf::zeroed(round_up(len, g.block_align) as usize, a)?;
         pay.as_mut_slice()[..json.len()].copy_from_slice(&json);
         let mut hdr = AlignedBuf::zeroed(a, a)?;
         hdr.as_mut_slice().copy_from_slice(&CheckpointHeader::encode_for(seq, &json, a));
-        let reqs = [
-            (Class::CheckpointPayload, WriteReq { offset: c_off + g.block_align, data: pay.as_slice() }),
-            (Class::CheckpointHeader, WriteReq { offset: c_off, data: hdr.as_slice() }),
-        ];
-        self.issue(dev, &reqs)?;
-        self.seq = seq;
-        self.persisted = snapshot;
+        Ok(Ok(PreparedCheckpoint { seq, copy, payload_len: len, snapshot: self.dirty_total, offset: g.container_offset(copy), block_align: g.block_align, pay, hdr }))
+    }
+
+    /// Books a prepared checkpoint once its writes completed: the seq is LMCache's from now
+    /// on, and the changes its snapshot held are persisted.
+    pub fn checkpoint_written(&mut self, p: PreparedCheckpoint) -> CheckpointOutcome {
+        for (c, r) in p.reqs() {
+            self.count_write(c, r.offset, r.data.len() as u64);
+        }
+        self.seq = p.seq;
+        self.persisted = p.snapshot;
         self.total.checkpoints_written += 1;
         self.run.checkpoints_written += 1;
-        Ok(CheckpointOutcome::Written { seq, copy, payload_len: len })
+        CheckpointOutcome::Written { seq: p.seq, copy: p.copy, payload_len: p.payload_len }
     }
 
     // ---- verify -------------------------------------------------------------------------

@@ -90,7 +90,7 @@ fn slots_of(w: &Writer) -> Vec<u64> {
 #[test]
 fn script_parsing() {
     let t = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-    let c = parse_script(&t("put 50 --salt tenantA:alice --payload-bytes 60K checkpoint delete 10 --random reput 2 --live put 3 --batch 2 --partial-every=2 --workers 2 load 4 --random --workers=4 verify reopen sync stats")).unwrap();
+    let c = parse_script(&t("put 50 --salt tenantA:alice --payload-bytes 60K checkpoint delete 10 --random reput 2 --live put 3 --batch 2 --partial-every=2 --workers 2 --with-checkpoint load 4 --random --workers=4 verify reopen sync stats")).unwrap();
     assert_eq!(
         c,
         vec![
@@ -100,12 +100,13 @@ fn script_parsing() {
                 payload_bytes: Some(61440),
                 partial_every: None,
                 batch: None,
-                workers: 1
+                workers: 1,
+                checkpoint: false
             },
             Cmd::Checkpoint,
             Cmd::Delete { n: 10, random: true },
-            Cmd::Reput { n: 2, live: true, payload_bytes: None, partial_every: None, batch: None, workers: 1 },
-            Cmd::Put { n: 3, salt: None, payload_bytes: None, partial_every: Some(2), batch: Some(2), workers: 2 },
+            Cmd::Reput { n: 2, live: true, payload_bytes: None, partial_every: None, batch: None, workers: 1, checkpoint: false },
+            Cmd::Put { n: 3, salt: None, payload_bytes: None, partial_every: Some(2), batch: Some(2), workers: 2, checkpoint: true },
             Cmd::Load { n: 4, random: true, workers: 4 },
             Cmd::Verify,
             Cmd::Reopen,
@@ -366,6 +367,45 @@ fn put_batches_have_lmcache_shapes() {
         let want_pay: u64 = if odirect { 68 * 61440 + 8192 + 4096 } else { 68 * 61440 + 8181 + 100 };
         assert_eq!(c.bytes[Class::SlotPayload as usize], want_pay);
         assert_eq!(c.device_bytes[Class::SlotPayload as usize], 68 * 61440 + 8192 + 4096);
+    }
+}
+
+/// `put --with-checkpoint`: the checkpoint is snapshotted before the puts and written beside
+/// them on a thread of its own. It lists the keys before the puts, not the puts (still dirty
+/// afterwards); a reopen loads what it lists, and the next checkpoint lists the puts too.
+#[test]
+fn a_checkpoint_written_beside_puts_lists_what_came_before_them() {
+    let size = 16 << 20;
+    for engine in [Engine::Posix, Engine::IoUring] {
+        let f = Scratch::new(&format!("beside-{}", engine.name()), size);
+        let Some(mut d) = open(&f.0, engine) else { continue };
+        let g = geom(65536, 1 << 20, size);
+        let mut w = Writer::new(g, opts(Dtype::U8, "/dev/ublkb0"));
+        let before = w.plan_new(10, None, None, None).unwrap();
+        w.put_many(&mut d, before).unwrap();
+        d.log = Some(Vec::new());
+        let mut items = w.plan_new(40, None, None, Some(3)).unwrap();
+        let calls: Vec<Vec<_>> = vec![items.drain(..20).collect(), items];
+        let out = w.put_concurrent_with_checkpoint(&mut d, calls, 2).unwrap();
+        assert!(matches!(out, CheckpointOutcome::Written { seq: 1, copy: 0, .. }), "{out:?}");
+        assert_eq!((w.live(), w.seq), (50, 1));
+        assert!(w.is_dirty(), "the puts came after the snapshot");
+        // The checkpoint's writes and the puts' went out together, from threads of their own.
+        let log = d.log.take().unwrap();
+        assert!(log.iter().any(|l| l.offset == g.container_offset(0)), "the header block was written");
+        assert_eq!(log.iter().filter(|l| l.offset >= g.slot_offset(10) && (l.offset - g.slot_offset(0)).is_multiple_of(65536)).count(), 40);
+        assert_eq!(w.run.checkpoints_written, 1);
+        let mut r = Writer::new(g, opts(Dtype::U8, "/dev/ublkb0"));
+        assert_eq!(r.reopen(&mut d).unwrap().recovered, 10);
+        assert!(matches!(w.checkpoint(&mut d).unwrap(), CheckpointOutcome::Written { seq: 2, .. }));
+        let mut r = Writer::new(g, opts(Dtype::U8, "/dev/ublkb0"));
+        assert_eq!(r.reopen(&mut d).unwrap().recovered, 50);
+        assert_eq!(r.verify(&mut d).unwrap().0, 50);
+        // Nothing changed since: the put goes alone and says so.
+        let one = w.plan_new(1, None, None, None).unwrap();
+        w.checkpoint(&mut d).unwrap();
+        assert!(matches!(w.put_concurrent_with_checkpoint(&mut d, vec![one], 1).unwrap(), CheckpointOutcome::Clean));
+        assert_eq!(w.live(), 51);
     }
 }
 
