@@ -150,8 +150,8 @@ impl Watcher {
         let mut listed_len = vec![0u32; g.max_slots as usize];
         // A slot listed again (LMCache never does; a crafted checkpoint may, thousands of
         // times) adds no live entry and no confirmation: both stay within one per slot, not
-        // one per entry. A slot's first entry is its live entry; the first whose key its
-        // header holds, its confirmation.
+        // one per entry. A slot's first entry with an identity is its live entry; the first
+        // whose key its header holds, its confirmation.
         let mut confirming = bitset(g.max_slots);
         let epoch_now = slots.epoch();
         // Epochs since commit `K`: the slot's stamp must be at least this + 2 epochs old.
@@ -160,6 +160,7 @@ impl Watcher {
         let mut last_bucket: (String, u64) = (String::new(), 0);
         // Every live entry, for a policy that learns tenants from committed checkpoints.
         let mut live: Option<Vec<LiveEntry>> = (self.observer.is_some() && confirm_epoch.is_some()).then(Vec::new);
+        let mut observed = if live.is_some() { bitset(g.max_slots) } else { Vec::new() };
         // Confirmations wait until the CRC of the very bytes parsed matches the header's.
         let mut confirms: Vec<Confirm> = Vec::new();
         let dev = DevReader(&*self.dev);
@@ -174,7 +175,6 @@ impl Watcher {
             };
             let Some((slot, 0)) = g.slot_of(off) else { return Ok(()) };
             let (word, bit) = ((slot / 64) as usize, 1u64 << (slot % 64));
-            let again = listed[word] & bit != 0;
             listed[word] |= bit;
             let n = u32::try_from(size.saturating_add(1)).unwrap_or(u32::MAX);
             if let Some(l) = listed_len.get_mut(slot as usize) {
@@ -183,7 +183,7 @@ impl Watcher {
             // An object key with a lone surrogate has no identity (its UTF-8 is LMCache's hash
             // input): listed, so protected, but never confirmed. A legacy key's is its hash's.
             let key = Key::parse(e.key).ok().filter(|k| !e.key_lossy || matches!(k, Key::Legacy(_)));
-            if let Some(live) = live.as_mut().filter(|_| !again) {
+            if let Some(live) = live.as_mut().filter(|_| observed[word] & bit == 0) {
                 if let Some(key) = &key {
                     let (identity, salt) = match key {
                         Key::Legacy(k) => (legacy_identity(k.chunk_hash_hex), ""),
@@ -193,6 +193,7 @@ impl Watcher {
                     if last_bucket.0 != salt {
                         last_bucket = (salt.to_string(), salt_bucket_id(salt));
                     }
+                    observed[word] |= bit;
                     live.push(LiveEntry { slot, identity, salt_bucket: last_bucket.1 });
                 }
             }

@@ -2759,10 +2759,12 @@ fn a_slot_listed_many_times_is_observed_and_confirmed_once() {
     r.w.attach(SharedPolicy::new(Box::new(Counter(seen.clone()))));
     let (k, other) = (r.new_key(false), r.new_key(true));
     let slot = r.put(k.clone()).unwrap();
-    r.put(other).unwrap();
+    let other_slot = r.put(other).unwrap();
     r.fillers(3);
-    // 300 other keys listing `slot`, ahead of the key it holds.
-    let dups: Vec<_> = (0..300).map(|_| (r.new_key(false), slot, BA - 100, 0)).collect();
+    // 300 other keys listing `slot`, ahead of the key it holds; ahead of all, a key that is
+    // not LMCache's (no identity) listing the other slot, which still gets its live entry.
+    let mut dups: Vec<_> = (0..300).map(|_| (r.new_key(false), slot, BA - 100, 0)).collect();
+    dups.insert(0, ("not-a-key".to_string(), other_slot, BA - 100, 0));
     r.lmc.index.splice(0..0, dups);
     let entries = r.lmc.index.len();
     r.checkpoint();
@@ -2772,7 +2774,7 @@ fn a_slot_listed_many_times_is_observed_and_confirmed_once() {
     assert!(r.w.containers.iter().any(|c| matches!(c, Container::Valid(v) if v.entries as usize >= entries - 1)));
     assert_eq!(seen.load(Ordering::Relaxed), 2 + 3, "one live entry per slot, of {entries} entries");
     assert!(r.slots.get(slot).unwrap().confirmed, "the key the header names is confirmed");
-    r.lmc.index.retain(|e| e.1 != slot || e.0 == k);
+    r.lmc.index.retain(|e| (e.1 != slot || e.0 == k) && e.0 != "not-a-key");
     r.verify_all();
 }
 
