@@ -879,9 +879,10 @@ impl Writer {
             Err(outcome) => return self.put_concurrent(dev, calls, workers).map(|()| outcome),
         };
         let (puts, written) = self.put_beside(dev, calls, workers, Some(&p))?;
+        // Written is written, whatever became of the puts: the next seq follows it.
+        let outcome = written.map(|()| self.checkpoint_written(p));
         puts?;
-        written?;
-        Ok(self.checkpoint_written(p))
+        outcome
     }
 
     /// The store tasks and, with `checkpoint`, its writes beside them: the puts' result, then
