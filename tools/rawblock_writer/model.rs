@@ -192,6 +192,9 @@ pub struct PutItem {
     pub cached_positions: Value,
 }
 
+/// What the store tasks got done, then what the checkpoint's writes beside them did.
+type PutsBeside = (Result<(), String>, Result<(), String>);
+
 /// A checkpoint snapshotted and encoded, to be written outside the index lock (LMCache's
 /// `checkpoint_now()` writes while store workers may be writing their puts, reference §9).
 pub struct PreparedCheckpoint {
@@ -887,7 +890,7 @@ impl Writer {
 
     /// The store tasks and, with `checkpoint`, its writes beside them: the puts' result, then
     /// the checkpoint writes'; `Err` where nothing was written.
-    fn put_beside(&mut self, dev: &mut Device, calls: Vec<Vec<PutItem>>, workers: usize, checkpoint: Option<&PreparedCheckpoint>) -> Result<(Result<(), String>, Result<(), String>), String> {
+    fn put_beside(&mut self, dev: &mut Device, calls: Vec<Vec<PutItem>>, workers: usize, checkpoint: Option<&PreparedCheckpoint>) -> Result<PutsBeside, String> {
         for it in calls.iter().flatten() {
             self.check_size(it)?;
         }
