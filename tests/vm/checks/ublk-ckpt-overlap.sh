@@ -11,7 +11,8 @@
 # earlier contents) beside the checkpoint that no longer lists those slots, run while
 # fdpblk deallocates: it deallocates evicted slots and stale tails (early ones too), and
 # after every round LMCache's loader (a reopen from the device) takes every entry, each of
-# which verifies, so no deallocation took bytes LMCache loads.
+# which verifies, so no deallocation took bytes LMCache loads. Both of LMCache's io_engines:
+# posix and io_uring (whose batches have no order between a header and its payload).
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq blkdiscard blockdev
@@ -19,48 +20,67 @@ need_tool jq blkdiscard blockdev
 [[ -x $RBW ]] || check_fatal "no $RBW: run 'cargo build --release' on the host first"
 DEV=/dev/ublkb0
 STATE=/tmp/ublk-ckpt-overlap.state
-WRITER_PREFIX=ckpt-overlap
 OUT=${FDPBLK_CHECK_OUT:-/tmp}
 GEOM=(--slot-bytes 64K --meta-total-bytes 1M)
-rm -f "$STATE"
-fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
 trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
 
-dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough -q 2 -d 64 "${GEOM[@]}")
-expect_eq "fdpblk add (2 queues)" "$dev" "$DEV"
-for _ in $(seq 100); do [[ -b $DEV && -e /run/fdpblk/0.stats.json ]] && break; sleep 0.1; done
+# deallocated: fdpblk's evicted-slot and stale-tail deallocations so far.
+deallocated() { "$FDPBLK" stats -n 0 --json | jq -r '"\(.trim.trims) \(.trim.tail_trims)"'; }
+# settled: waits until fdpblk's deallocations stop (two reads 1.1 s apart agree; at most 40 s).
+settled() {
+    local a b
+    b=$(deallocated)
+    for _ in $(seq 36); do
+        a=$b
+        sleep 1.1
+        b=$(deallocated)
+        [[ $a == "$b" ]] && return 0
+    done
+    return 1
+}
 
-writer fill put 48 --partial-every 3 --workers 2 checkpoint put 2 checkpoint
-for r in 1 2 3 4 5 6; do
-    # The first checkpoint beside puts is the one that drops the deleted slots, while the
-    # puts (keys put again first: LIFO, into the slots they held) write into those slots.
-    writer "round$r" delete 16 --random \
-        reput 8 --partial-every 2 --workers 2 --with-checkpoint \
-        put 8 --partial-every 3 --workers 2 --with-checkpoint checkpoint
-    live=$(wfield "round$r" index.live)
-    # A restarted LMCache: the index from the newest checkpoint on the device, every slot
-    # header checked, every payload verified.
-    WRITER_PREFIX=ckpt-overlap-reopen writer "round$r" reopen verify
-    expect_eq "round $r: the loader takes all $live entries" \
-        "$(WRITER_PREFIX=ckpt-overlap-reopen wfield "round$r" run.recovered)/$(WRITER_PREFIX=ckpt-overlap-reopen wfield "round$r" run.recovery_dropped)" "$live/0"
-    expect_eq "round $r: and each verifies" "$(WRITER_PREFIX=ckpt-overlap-reopen wfield "round$r" run.verified)" "$live"
-done
-expect "the puts' checkpoints were written beside them" test "$(wfield round6 index.seq)" -ge 20
-# fdpblk dealt with the overlap by deallocating, not by holding back: evicted slots and stale
-# tails went (the state thread runs once a second; the last rounds' may still be on the way).
-for _ in $(seq 40); do
-    [[ $(dev_stat trim.trims) -gt 0 && $(dev_stat trim.tail_trims) -gt 0 ]] && break
-    sleep 0.25
-done
-expect "evicted slots deallocated ($(dev_stat trim.trims))" test "$(dev_stat trim.trims)" -gt 0
-expect "stale tails deallocated ($(dev_stat trim.tail_trims))" test "$(dev_stat trim.tail_trims)" -gt 0
-expect "some evictions went early, once the newest checkpoint lacked them ($(dev_stat trim.early_evictions))" test "$(dev_stat trim.early_evictions)" -gt 0
-# Once fdpblk's deallocations of the last round are done, the loader still takes every entry.
-sleep 3
-writer final reopen verify
-expect_eq "after the deallocations: the loader takes all $live entries, each verified" \
-    "$(wfield final run.recovered)/$(wfield final run.recovery_dropped)/$(wfield final run.verified)" "$live/0/$live"
-expect_eq "no failed request" "$("$FDPBLK" stats -n 0 --json | jq -c '[.queues[].errors] | add')" 0
-expect_eq "no error in fdpblk's log since the check began" "$(daemon_errors)" 0
-expect "fdpblk del" "$FDPBLK" del -n 0
+# pass ENGINE: the rounds with LMCache's io_engine ENGINE (posix: each worker writes a header,
+# then its payload; io_uring: a worker's batch has no order inside) on a fresh device.
+pass() {
+    local e=$1 r live reopened
+    WRITER_ENGINE=$e WRITER_PREFIX=ckpt-overlap-$e
+    reopened=ckpt-overlap-$e-reopen
+    rm -f "$STATE"
+    fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
+    dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough -q 2 -d 64 "${GEOM[@]}")
+    expect_eq "$e: fdpblk add (2 queues)" "$dev" "$DEV"
+    for _ in $(seq 100); do [[ -b $DEV && -e /run/fdpblk/0.stats.json ]] && break; sleep 0.1; done
+
+    writer fill put 48 --partial-every 3 --workers 2 checkpoint put 2 checkpoint
+    for r in 1 2 3 4 5 6; do
+        # The first checkpoint beside puts is the one that drops the deleted slots, while the
+        # puts (keys put again first: LIFO, into the slots they held) write into those slots.
+        writer "round$r" delete 16 --random \
+            reput 8 --partial-every 2 --workers 2 --with-checkpoint \
+            put 8 --partial-every 3 --workers 2 --with-checkpoint checkpoint
+        live=$(wfield "round$r" index.live)
+        # A restarted LMCache: the index from the newest checkpoint on the device, every slot
+        # header checked, every payload verified.
+        WRITER_PREFIX=$reopened writer "round$r" reopen verify
+        expect_eq "$e: round $r: the loader takes all $live entries, each verified" \
+            "$(WRITER_PREFIX=$reopened wfield "round$r" run.recovered)/$(WRITER_PREFIX=$reopened wfield "round$r" run.recovery_dropped)/$(WRITER_PREFIX=$reopened wfield "round$r" run.verified)" "$live/0/$live"
+    done
+    expect "$e: the puts' checkpoints were written beside them" test "$(wfield round6 index.seq)" -ge 20
+    # fdpblk dealt with the overlap by deallocating, not by holding back.
+    expect "$e: fdpblk's deallocations settle" settled
+    expect "$e: evicted slots deallocated ($(dev_stat trim.trims))" test "$(dev_stat trim.trims)" -gt 0
+    expect "$e: stale tails deallocated ($(dev_stat trim.tail_trims))" test "$(dev_stat trim.tail_trims)" -gt 0
+    expect "$e: some evictions went early, once the newest checkpoint lacked them ($(dev_stat trim.early_evictions))" test "$(dev_stat trim.early_evictions)" -gt 0
+    # With fdpblk's deallocations of the last round done, the loader still takes every entry.
+    writer final reopen verify
+    expect_eq "$e: after the deallocations: the loader takes all $live entries, each verified" \
+        "$(wfield final run.recovered)/$(wfield final run.recovery_dropped)/$(wfield final run.verified)" "$live/0/$live"
+    expect_eq "$e: no failed request" "$("$FDPBLK" stats -n 0 --json | jq -c '[.queues[].errors] | add')" 0
+    expect_eq "$e: no error in fdpblk's log since the check began" "$(daemon_errors)" 0
+    expect "$e: fdpblk del" "$FDPBLK" del -n 0
+    daemons_gone || true
+}
+
+pass posix
+pass io_uring
 check_done
