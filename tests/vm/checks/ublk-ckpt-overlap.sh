@@ -6,13 +6,15 @@
 # (reference §9). rawblock-writer's `put --workers 2 --with-checkpoint` does the same: the
 # checkpoint, snapshotted before the puts, is written on a thread of its own beside them,
 # through a device with 2 ublk queues, so its header and the puts' headers and payloads reach
-# fdpblk interleaved. Rounds of random deletes, then such puts into the freed slots (keys
-# put again into slots they held before, partial chunks over the stale tails of longer
-# earlier contents) beside the checkpoint that no longer lists those slots, run while
-# fdpblk deallocates: it deallocates evicted slots and stale tails (early ones too), and
-# after every round LMCache's loader (a reopen from the device) takes every entry, each of
-# which verifies, so no deallocation took bytes LMCache loads. Both of LMCache's io_engines:
-# posix and io_uring (whose batches have no order between a header and its payload).
+# fdpblk interleaved. Rounds of random deletes, then such puts into the freed slots (deleted
+# keys put again first, partial chunks over the stale tails of longer earlier contents)
+# beside the checkpoint that no longer lists those slots, run while fdpblk deallocates
+# whatever it may. After every round LMCache's loader (a reopen from the device, which
+# fdpblk also sees as LMCache's restart) takes every entry, each of which verifies, so no
+# deallocation took bytes LMCache loads. Last, a delete and a checkpoint with no puts after
+# them: fdpblk deallocates evicted slots (early: the older container still lists them) and
+# stale tails, and every entry still loads and verifies. Both of LMCache's io_engines: posix
+# and io_uring (whose batches have no order between a header and its payload).
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq blkdiscard blockdev
@@ -26,15 +28,21 @@ trap '"$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EX
 
 # deallocated: fdpblk's evicted-slot and stale-tail deallocations so far.
 deallocated() { "$FDPBLK" stats -n 0 --json | jq -r '"\(.trim.trims) \(.trim.tail_trims)"'; }
-# settled: waits until fdpblk's deallocations stop (two reads 1.1 s apart agree; at most 40 s).
+# settled: waits until fdpblk's deallocations stop: three reads 2 s apart agree (the state
+# thread runs a round a second; at most 60 s).
 settled() {
-    local a b
+    local a b same=0
     b=$(deallocated)
-    for _ in $(seq 36); do
+    for _ in $(seq 30); do
         a=$b
-        sleep 1.1
+        sleep 2
         b=$(deallocated)
-        [[ $a == "$b" ]] && return 0
+        if [[ $a == "$b" ]]; then
+            same=$((same + 1))
+            ((same >= 2)) && return 0
+        else
+            same=0
+        fi
     done
     return 1
 }
@@ -54,7 +62,7 @@ pass() {
     writer fill put 48 --partial-every 3 --workers 2 checkpoint put 2 checkpoint
     for r in 1 2 3 4 5 6; do
         # The first checkpoint beside puts is the one that drops the deleted slots, while the
-        # puts (keys put again first: LIFO, into the slots they held) write into those slots.
+        # puts write into those slots (LIFO).
         writer "round$r" delete 16 --random \
             reput 8 --partial-every 2 --workers 2 --with-checkpoint \
             put 8 --partial-every 3 --workers 2 --with-checkpoint checkpoint
@@ -66,11 +74,16 @@ pass() {
             "$(WRITER_PREFIX=$reopened wfield "round$r" run.recovered)/$(WRITER_PREFIX=$reopened wfield "round$r" run.recovery_dropped)/$(WRITER_PREFIX=$reopened wfield "round$r" run.verified)" "$live/0/$live"
     done
     expect "$e: the puts' checkpoints were written beside them" test "$(wfield round6 index.seq)" -ge 20
-    # fdpblk dealt with the overlap by deallocating, not by holding back.
+    # Evictions with no puts after them: the newest checkpoint lacks 4 slots the older lists.
     expect "$e: fdpblk's deallocations settle" settled
+    early=$(dev_stat trim.early_evictions)
+    writer evict delete 4 --random checkpoint
+    live=$(wfield evict index.live)
+    expect "$e: fdpblk's deallocations settle again" settled
     expect "$e: evicted slots deallocated ($(dev_stat trim.trims))" test "$(dev_stat trim.trims)" -gt 0
     expect "$e: stale tails deallocated ($(dev_stat trim.tail_trims))" test "$(dev_stat trim.tail_trims)" -gt 0
-    expect "$e: some evictions went early, once the newest checkpoint lacked them ($(dev_stat trim.early_evictions))" test "$(dev_stat trim.early_evictions)" -gt 0
+    expect "$e: the 4 evicted last went early, once the newest checkpoint lacked them ($early -> $(dev_stat trim.early_evictions))" \
+        test "$(dev_stat trim.early_evictions)" -ge $((early + 4))
     # With fdpblk's deallocations of the last round done, the loader still takes every entry.
     writer final reopen verify
     expect_eq "$e: after the deallocations: the loader takes all $live entries, each verified" \
