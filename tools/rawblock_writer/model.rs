@@ -881,7 +881,11 @@ impl Writer {
             Ok(p) => p,
             Err(outcome) => return self.put_concurrent(dev, calls, workers).map(|()| outcome),
         };
-        let (puts, written) = self.put_beside(dev, calls, workers, Some(&p))?;
+        let (puts, written) = match self.put_beside(dev, calls, workers, Some(&p)) {
+            Ok(r) => r,
+            // No put started (the device full): LMCache's checkpoint thread writes all the same.
+            Err(e) => (Err(e), p.write(dev)),
+        };
         // Written is written, whatever became of the puts: the next seq follows it.
         let outcome = written.map(|()| self.checkpoint_written(p));
         puts?;

@@ -406,6 +406,13 @@ fn a_checkpoint_written_beside_puts_lists_what_came_before_them() {
         w.checkpoint(&mut d).unwrap();
         assert!(matches!(w.put_concurrent_with_checkpoint(&mut d, vec![one], 1).unwrap(), CheckpointOutcome::Clean));
         assert_eq!(w.live(), 51);
+        // More puts than free slots: none is written, but the checkpoint is, and it is booked.
+        let too_many = w.plan_new(g.max_slots, None, None, None).unwrap();
+        let err = w.put_concurrent_with_checkpoint(&mut d, vec![too_many], 2).unwrap_err();
+        assert!(err.contains("no free slot"), "{err}");
+        assert_eq!((w.live(), w.seq), (51, 3), "seq 2 was the last written");
+        let mut r = Writer::new(g, opts(Dtype::U8, "/dev/ublkb0"));
+        assert_eq!(r.reopen(&mut d).unwrap().recovered, 51);
     }
 }
 
