@@ -874,6 +874,7 @@ impl Writer {
     /// first (the puts are not in it), written while the store workers write. The outcome of
     /// the checkpoint, once the puts are booked; the puts' error first.
     pub fn put_concurrent_with_checkpoint(&mut self, dev: &mut Device, calls: Vec<Vec<PutItem>>, workers: usize) -> Result<CheckpointOutcome, String> {
+        // A put LMCache would refuse outright writes nothing, the checkpoint included.
         for it in calls.iter().flatten() {
             self.check_size(it)?;
         }

@@ -48,7 +48,9 @@ impl IoShaper {
             io: spec.io,
             max_req: spec.max_request_bytes,
             window: spec.writeback_puts,
-            checkpoint_first: spec.checkpoint_before_slots,
+            // Only page-cache writeback holds slot pages back: O_DIRECT and io_uring puts are
+            // out before LMCache's checkpoint tick (the tick waits for no I/O in flight).
+            checkpoint_first: spec.checkpoint_before_slots && spec.io == IoMode::Buffered,
             dirty: Vec::new(),
             dirty_pos: HashMap::new(),
             runs: Vec::new(),
