@@ -19,6 +19,7 @@
 //! the block status the kernel's own NVMe driver gives it ([`errno_of`]; `-EIO` for most) and
 //! is logged, at most once a second per queue.
 
+use super::{eagain_backoff, sleep_for, EAGAIN_RETRIES};
 use crate::device::ReadAt;
 use crate::nvme::cmd::{self, DsmRange, PassthruCmd, MAX_DSM_RANGES, MAX_NLB};
 use crate::nvme::ioctl::{self, Data, NVME_URING_CMD_IO};
@@ -39,8 +40,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-/// Resubmissions of a command the kernel completed with -EAGAIN.
-const EAGAIN_RETRIES: usize = 8;
 /// Most commands of one request in flight at once (a request of more goes in windows); fewer
 /// at a queue depth past 1024 ([`tag_window`]).
 const WINDOW: usize = 64;
@@ -66,22 +65,19 @@ async fn sleep_tick(q: &UblkQueue<'_>) -> bool {
     sleep_for(q, reset::TICK).await
 }
 
-/// Waits `d` on the queue's ring; false when the queue is stopping.
-async fn sleep_for(q: &UblkQueue<'_>, d: Duration) -> bool {
-    let ts = types::Timespec::new().sec(d.as_secs()).nsec(d.subsec_nanos());
-    let res = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
-    !(res == -libc::ECANCELED || q.is_stopping())
-}
 
 /// Longest wait before one retry that the drive asks to delay (its CRDT fields allow 109
 /// minutes; a request held that long looks hung to LMCache).
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
-/// How long to wait before sending a command again after result `res`: the drive's Command
-/// Retry Delay when its status asks for one (CRD 1..3 picks CRDT1..3), as the kernel's NVMe
-/// driver waits (`nvme_retry_req`), at most [`MAX_RETRY_DELAY`]; otherwise none.
-fn retry_delay(res: i32, crdt: &[Duration; 3]) -> Duration {
+/// How long to wait before sending a command again after result `res`, for its `retry`th time
+/// (from 1): the drive's Command Retry Delay when its status asks for one (CRD 1..3 picks
+/// CRDT1..3), as the kernel's NVMe driver waits (`nvme_retry_req`), at most
+/// [`MAX_RETRY_DELAY`]; after the kernel's -EAGAIN (no room for it now), a wait growing with
+/// each retry ([`eagain_backoff`]); otherwise none.
+fn retry_delay(res: i32, crdt: &[Duration; 3], retry: usize) -> Duration {
     match res {
+        r if r == -libc::EAGAIN => eagain_backoff(retry),
         r if r <= 0 => Duration::ZERO,
         r => match cmd::NvmeStatus(r as u16).crd() {
             0 => Duration::ZERO,
@@ -551,7 +547,7 @@ impl PassthroughEngine {
     }
 
     /// `res`, or the result of sending `c` again while it failed in a transient way (after
-    /// the delay the drive asked for, if any), while the request's retry time (`spent` of
+    /// [`retry_delay`]), while the request's retry time (`spent` of
     /// [`REQUEST_RETRY_TIME`]) lasts.
     async fn retried(&self, q: &UblkQueue<'_>, c: &PassthruCmd, mut res: i32, spent: &mut Duration) -> i32 {
         let mut tries = 0;
@@ -561,7 +557,7 @@ impl PassthroughEngine {
         {
             tries += 1;
             let start = Instant::now();
-            let d = retry_delay(res, &self.crdt);
+            let d = retry_delay(res, &self.crdt, tries);
             if !d.is_zero() && !sleep_for(q, d).await {
                 break;
             }
@@ -1248,15 +1244,18 @@ mod tests {
     fn a_retry_waits_the_delay_the_drive_asks_for() {
         let crdt = [Duration::from_millis(100), Duration::from_millis(2500), Duration::from_secs(6000)];
         // Namespace Not Ready without DNR: CRD 0 retries at once, CRD 1..3 pick CRDT1..3.
-        assert_eq!(retry_delay(0x82, &crdt), Duration::ZERO);
-        assert_eq!(retry_delay(0x82 | 1 << 11, &crdt), Duration::from_millis(100));
-        assert_eq!(retry_delay(0x82 | 2 << 11, &crdt), Duration::from_millis(2500));
+        assert_eq!(retry_delay(0x82, &crdt, 1), Duration::ZERO);
+        assert_eq!(retry_delay(0x82 | 1 << 11, &crdt, 1), Duration::from_millis(100));
+        assert_eq!(retry_delay(0x82 | 2 << 11, &crdt, 1), Duration::from_millis(2500));
         // A drive's delay of 100 minutes is capped.
-        assert_eq!(retry_delay(0x82 | 3 << 11, &crdt), MAX_RETRY_DELAY);
+        assert_eq!(retry_delay(0x82 | 3 << 11, &crdt, 1), MAX_RETRY_DELAY);
         // More and DNR bits do not change the delay field; errnos have none.
-        assert_eq!(retry_delay(0x82 | 1 << 11 | 1 << 13, &crdt), Duration::from_millis(100));
-        assert_eq!(retry_delay(-libc::EAGAIN, &crdt), Duration::ZERO);
-        assert_eq!(retry_delay(0, &crdt), Duration::ZERO);
+        assert_eq!(retry_delay(0x82 | 1 << 11 | 1 << 13, &crdt, 1), Duration::from_millis(100));
+        assert_eq!(retry_delay(-libc::EINTR, &crdt, 1), Duration::ZERO);
+        // The kernel's -EAGAIN: a wait that grows with each retry.
+        assert_eq!(retry_delay(-libc::EAGAIN, &crdt, 1), Duration::from_millis(1));
+        assert_eq!(retry_delay(-libc::EAGAIN, &crdt, EAGAIN_RETRIES), Duration::from_millis(128));
+        assert_eq!(retry_delay(0, &crdt, 1), Duration::ZERO);
         assert_eq!(cmd::NvmeStatus(0x82 | 2 << 11 | 1 << 14).crd(), 2);
     }
 

@@ -6,14 +6,13 @@
 //! Results follow ublk's completion rules: bytes done for reads and writes, 0 for the rest,
 //! a negative errno on failure.
 
+use super::{eagain_backoff, sleep_for, EAGAIN_RETRIES};
 use crate::place::Handle;
 use io_uring::{opcode, squeue, types};
 use libublk::io::UblkQueue;
 
 /// Fixed-file index of the backing device on the queue ring.
 const BACKING: types::Fixed = types::Fixed(1);
-/// Retries of a submission that the kernel answered with -EAGAIN.
-const EAGAIN_RETRIES: usize = 8;
 
 /// What the kernel is told of a failed BLKDISCARD: `None` where the backing takes no discard
 /// (a file: ENOTTY; a device without it: EOPNOTSUPP), so that PUNCH_HOLE may do instead; else
@@ -111,7 +110,8 @@ impl UringEngine {
     }
 
     async fn submit(q: &UblkQueue<'_>, sqe: squeue::Entry) -> i32 {
-        for _ in 0..EAGAIN_RETRIES {
+        let mut retry = 0;
+        loop {
             let res = q.ublk_submit_sqe(sqe.clone()).await;
             // EBUSY would reach the block layer as "device busy" (BLK_STS_DEV_RESOURCE), a
             // retry it never makes for a completed request: an I/O error, as passthrough has.
@@ -121,10 +121,13 @@ impl UringEngine {
             if res != -libc::EAGAIN {
                 return res;
             }
+            retry += 1;
+            // Still no room (or the queue is stopping): an I/O error, not a "try again" for a
+            // caller that never asked for non-blocking I/O.
+            if retry > EAGAIN_RETRIES || !sleep_for(q, eagain_backoff(retry)).await {
+                return -libc::EIO;
+            }
         }
-        // Still no room: an I/O error, not a "try again" for a caller that never asked for
-        // non-blocking I/O.
-        -libc::EIO
     }
 
     /// Writes all of `buf` at `off`; short writes are continued.
