@@ -364,15 +364,33 @@ impl Persist {
     /// clean, with the *same* seq, in the other copy, then a flush. Loading prefers the
     /// unclean one of two superblocks with one seq ([`newest`]), so a later load will not
     /// trust its confirmations, whatever layout it is for. A higher seq would vouch for page
-    /// copies that an unfinished cycle left with that seq. `Ok(false)`: no clean state there.
+    /// copies that an unfinished cycle left with that seq. A whole superblock this version
+    /// cannot decode (another version's) is erased first. `Ok(false)`: no clean state there
+    /// that this version reads.
     pub fn mark_in_use(dev: &dyn StateWriter, region: Region, handle: Handle) -> io::Result<bool> {
         if region.len < 2 * BLOCK {
             return Ok(false);
         }
         let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
         dev.read_at(region.offset, &mut b[..2 * BLOCK as usize])?;
-        let newest = newest([0u8, 1].map(|c| Superblock::decode(&b[c as usize * BLOCK as usize..(c as usize + 1) * BLOCK as usize])));
-        let Some((copy, mut sb)) = newest.filter(|(_, s)| s.clean) else { return Ok(false) };
+        let decoded = [0u8, 1].map(|c| Superblock::decode(&b[c as usize * BLOCK as usize..(c as usize + 1) * BLOCK as usize]));
+        // A whole superblock of a form this version does not decode (another version's, maybe
+        // clean) cannot be marked in use: it is erased, so that no run of that version later
+        // trusts what it vouched for under writes it never saw.
+        let mut erased = false;
+        for c in 0..2usize {
+            let blk = &b[c * BLOCK as usize..(c + 1) * BLOCK as usize];
+            let whole = &blk[..8] == SB_MAGIC && crc32fast::hash(&blk[..CRC_AT]) == u32at(blk, CRC_AT);
+            if decoded[c].is_none() && whole {
+                let zero = AlignedBuf::zeroed(BLOCK as usize);
+                dev.write_at(region.offset + c as u64 * BLOCK, &zero[..BLOCK as usize], handle)?;
+                erased = true;
+            }
+        }
+        if erased {
+            dev.flush()?;
+        }
+        let Some((copy, mut sb)) = newest(decoded).filter(|(_, s)| s.clean) else { return Ok(false) };
         sb.clean = false;
         let other = 1 - usize::from(copy);
         sb.encode(&mut b[other * BLOCK as usize..(other + 1) * BLOCK as usize]);
@@ -543,6 +561,15 @@ impl Persist {
         };
         let Some(s) = usable else {
             p.seq = max_seq;
+            // A whole superblock that does not decode (another version's) stays the newest
+            // there for that version unless replaced: the first superblock goes into both
+            // copies, above its seq, or it could later vouch for a clean stop this run undid.
+            if let Some(q) = undecoded_seq {
+                p.sb_both = true;
+                if q < MAX_SEQ - 1 {
+                    p.next_seq = p.next_seq.max(q + 1);
+                }
+            }
             // Leftovers of the old instance need no rewrite: no superblock of the new one
             // names them, and rewriting one could overwrite the old state's committed copy.
             p.forced.clear();

@@ -691,9 +691,26 @@ fn superblocks_of_another_version_or_torn_are_not_taken_for_a_never_used_device(
         let crc = crc32fast::hash(&b[..CRC_AT]);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     }
-    let (_, _, l, _) = load(&g, img.clone(), region);
+    let (u, p, l, mem) = load(&g, img.clone(), region);
     assert!(!l.found && !l.none_saved, "{l:?}");
     assert!(l.note.as_deref().is_some_and(|n| n.contains(&format!("version {}", VERSION + 1))), "{:?}", l.note);
+    // The fresh state's first superblock replaces both copies, above their seq: neither is
+    // left for that version to take as its own newest (and clean) state.
+    let newer_seq = [0usize, 1].map(|c| u64::from_le_bytes(img[c * 4096 + 16..c * 4096 + 24].try_into().unwrap()));
+    p.unwrap().cycle(&*mem, &u, &Counters::default(), false, true).unwrap().unwrap();
+    let after = mem.image();
+    for c in 0..2 {
+        let sb = Superblock::decode(&after[c * 4096..(c + 1) * 4096]);
+        assert!(sb.as_ref().is_some_and(|s| s.seq > newer_seq[c]), "copy {c}: {sb:?} (the other version's seq {})", newer_seq[c]);
+    }
+    // Marking in use, as a device that learns its layout does before it serves: that
+    // version's clean superblocks are erased, not left vouching for a stop.
+    let dev2 = MemDev::new(0);
+    dev2.set_image(img.clone());
+    assert!(!Persist::mark_in_use(&dev2, region, 3).unwrap());
+    let after = dev2.image();
+    assert!(after[..8192].iter().all(|&b| b == 0), "the other version's superblocks are still there");
+    assert!(after[8192..] == img[8192..], "only the superblocks are touched");
     // Both copies torn (a byte changed in each).
     let mut img = dev.image();
     img[100] ^= 1;
