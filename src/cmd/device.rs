@@ -287,12 +287,28 @@ fn refuse_other_name(a: &AddArgs, device_path: Option<&str>, erase: impl FnOnce(
     ))
 }
 
+/// The warning for a backing whose LMCache checkpoint was written through a path that is no
+/// fdpblk device's (`device_path` `/dev/nvme1n1`: LMCache on the drive itself, or another
+/// host's path): LMCache pointed at this device discards that index (it compares
+/// `device_path` exactly) and fdpblk then deallocates its slots. A typo in `--backing` that
+/// lands on a drive another LMCache uses directly looks like this, and so does a drive
+/// moved under fdpblk on purpose (its cache is lost either way): warned of, not refused.
+fn other_path_warning(a: &AddArgs, device_path: Option<&str>) -> Option<String> {
+    let path = device_path.filter(|p| !p.starts_with("/dev/fdpblk/") && !p.starts_with("/dev/ublkb"))?;
+    let ours = a.name.as_deref().map_or("/dev/ublkbN, or /dev/fdpblk/NAME with --name".to_string(), |n| format!("/dev/fdpblk/{n}"));
+    Some(format!(
+        "backing {} holds an LMCache cache written through device_path {path}, not through an fdpblk device: an LMCache pointed at this one ({ours}) discards that index (it compares device_path exactly), and fdpblk then deallocates its slots. If another LMCache uses {} directly, stop this device now and check --backing (and pin it with --backing-id)",
+        a.backing.display(),
+        a.backing.display()
+    ))
+}
+
 /// How to pass --force: a command-line flag only, so a device started from a config file
 /// (`fdpblk up`, a systemd unit) is added once by hand with it.
 fn with_force(a: &AddArgs) -> String {
     match &a.config {
         Some(c) => format!(
-            "add it with --force once by hand (`fdpblk add --config {} --force`, then `fdpblk del --name {name}`, then start it \
+            "add it with --force once by hand (`fdpblk add --config {} --name {name} --force`, then `fdpblk del --name {name}`, then start it \
              as before: `fdpblk up {name}` or its systemd unit; neither the config file nor `fdpblk up` takes --force)",
             c.display(),
             name = a.name.as_deref().unwrap_or("NAME")
@@ -330,15 +346,34 @@ fn check_backing_pin<E: std::fmt::Display>(
         Err(e) => return Err(format!("--backing-id: cannot read the identity of backing {backing}: {e}")),
     };
     let Some(differs) = pin.mismatch(&id) else { return Ok(()) };
-    // The other kind too: a namespace without a block device has only its generic node.
-    let other = if kind == DevKind::Generic { DevKind::Block } else { DevKind::Generic };
-    let now = match find(&|n| pin.mismatch(n).is_none(), kind).or_else(|| find(&|n| pin.mismatch(n).is_none(), other)) {
+    let now = match pinned_node(&pin, kind, &find) {
         Some(p) => format!("the pinned namespace is {} now: set --backing to it", p.display()),
         None => "no node names the pinned namespace now: check that its drive is in, or if it was replaced on purpose set --backing-id to this one's".into(),
     };
     Err(format!(
         "backing {backing} is the NVMe namespace {id}, not the one --backing-id pins ({pin}): {differs}. Nothing was written; {now}"
     ))
+}
+
+/// The node of the namespace `pin` names: of `kind` first, else of the other kind (a
+/// namespace without a block device has only its generic node).
+fn pinned_node(pin: &BackingPin, kind: DevKind, find: &impl Fn(&dyn Fn(&NamespaceIdentity) -> bool, DevKind) -> Option<PathBuf>) -> Option<PathBuf> {
+    let other = if kind == DevKind::Generic { DevKind::Block } else { DevKind::Generic };
+    find(&|n| pin.mismatch(n).is_none(), kind).or_else(|| find(&|n| pin.mismatch(n).is_none(), other))
+}
+
+/// The error for a backing path that cannot be looked at (`e`): with a pin, where the pinned
+/// namespace is now (a renumbering after a reboot can leave `/dev/ng0n1` unused).
+fn missing_backing_error(a: &AddArgs, e: &std::io::Error, find: impl Fn(&dyn Fn(&NamespaceIdentity) -> bool, DevKind) -> Option<PathBuf>) -> String {
+    let backing = a.backing.display();
+    let Some(pin) = a.backing_id.as_deref().and_then(|t| BackingPin::parse(t).ok()) else {
+        return format!("backing {backing}: {e}; pass an NVMe namespace (/dev/nvmeXnY, /dev/ngXnY) or a file");
+    };
+    let generic = a.backing.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("ng"));
+    match pinned_node(&pin, if generic { DevKind::Generic } else { DevKind::Block }, &find) {
+        Some(p) => format!("backing {backing}: {e}; the namespace --backing-id pins ({pin}) is {} now: set --backing to it", p.display()),
+        None => format!("backing {backing}: {e}; no node names the namespace --backing-id pins ({pin}) now: check that its drive is in"),
+    }
 }
 
 /// The warning for a config file (`fdpblk up`, at every boot) whose backing is a kernel name
@@ -391,7 +426,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         state::check_name(n).map_err(|e| format!("--name {e}"))?;
     }
     let meta = std::fs::metadata(&a.backing)
-        .map_err(|e| format!("backing {}: {e}; pass an NVMe namespace (/dev/nvmeXnY, /dev/ngXnY) or a file", a.backing.display()))?;
+        .map_err(|e| missing_backing_error(a, &e, |is, kind| crate::nvme::discover::find_namespace_where(is, kind)))?;
     let is_bdev = meta.file_type().is_block_device();
     let is_chardev = meta.file_type().is_char_device();
     if !is_bdev && !is_chardev && !meta.file_type().is_file() {
@@ -524,6 +559,9 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let discovered = |d: &crate::layout::discover::Discovered| -> Result<Option<PathBuf>, String> {
         let device_path = d.checkpoint.as_ref().and_then(|m| m.device_path.as_deref());
         refuse_other_name(a, device_path, || erase_checkpoint_command(d.geometry.meta_total_bytes, &a.backing, is_bdev, is_chardev))?;
+        if let Some(w) = other_path_warning(a, device_path) {
+            tracing::warn!("{w}");
+        }
         let wipe = match needs_blkid(d) {
             Some(found) => refuse_foreign_data(a, found, is_chardev, &file, &probe, backing_bytes)?,
             None => None,
@@ -1049,6 +1087,12 @@ fn ublk_ids() -> Vec<i32> {
     ids
 }
 
+/// How long `del` (and `fdpblk down`, the systemd unit's ExecStop) waits for a stopping
+/// daemon: its queues drain (passthrough commands a slow drive holds: up to 40 s) and its
+/// state is written. Below the unit's TimeoutStopSec (300 s), so that a slow stop is not
+/// counted as a failed one, which would run the unit's OnFailure=.
+const STOP_WAIT_S: u64 = 160;
+
 /// Waits up to `secs` for `cond`.
 fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
     for _ in 0..secs * 20 {
@@ -1067,6 +1111,12 @@ pub fn del(a: &DelArgs) -> CmdResult {
         (None, false, Some(name)) => match super::up::find(name) {
             Found::Running { id, .. } | Found::Orphaned { id } => vec![id],
             Found::Stale { cfg } => vec![cfg.id],
+            // What fdpblk-release@ runs after its unit gave up: a unit whose adds were all
+            // refused left no device, and there is nothing to release.
+            Found::None if a.if_orphaned => {
+                println!("no fdpblk device named {name}: nothing to delete");
+                return Ok(());
+            }
             Found::None => return Err(format!("no fdpblk device named {name}; see `fdpblk list`").into()),
         },
         _ => return Err("pass -n ID, --name NAME or --all".into()),
@@ -1132,12 +1182,15 @@ fn del_one(id: i32) -> Result<(), String> {
         // It drains its queues (NVMe commands the drive is slow with: up to its 40 s limit)
         // and writes its state, which may be large; it then deletes the device itself.
         if !wait_for(10, || !pid.alive()) {
-            eprintln!("fdpblk: device {id}: its daemon (pid {pid}) is still stopping (draining its queues, writing its state); waiting up to 60 s more");
+            eprintln!(
+                "fdpblk: device {id}: its daemon (pid {pid}) is still stopping (draining its queues, writing its state); waiting up to {} s more",
+                STOP_WAIT_S - 10
+            );
             // Never deleted under a daemon still running: it deletes its device by id once
             // done, which by then could be another device's.
-            if !wait_for(60, || !pid.alive()) {
+            if !wait_for(STOP_WAIT_S - 10, || !pid.alive()) {
                 return Err(format!(
-                    "device {id}: its daemon (pid {pid}) is still stopping after 70 s; wait for it, or kill it (`kill -9 {pid}`: the driver then holds the device, nothing is lost) and `fdpblk del -n {id}` again"
+                    "device {id}: its daemon (pid {pid}) is still stopping after {STOP_WAIT_S} s; wait for it, or kill it (`kill -9 {pid}`: the driver then holds the device, nothing is lost) and `fdpblk del -n {id}` again"
                 ));
             }
         }
@@ -1638,6 +1691,15 @@ mod tests {
         assert!(e.contains("is not one (a file, a partition"), "{e}");
         let e = check_backing_pin(&args("serial fdp0 nsid 1"), DevKind::Generic, |_: &Path| Err("Identify timed out"), nowhere).unwrap_err();
         assert!(e.contains("cannot read the identity of backing /dev/ng0n1: Identify timed out"), "{e}");
+        // A backing node that is not there (a renumbering left it unused): where the pinned
+        // namespace is now, if anywhere; without a pin, what a backing may be.
+        let gone = std::io::Error::from_raw_os_error(libc::ENOENT);
+        let e = missing_backing_error(&args("serial fdp1 nsid 1"), &gone, at(DevKind::Generic, "/dev/ng1n1"));
+        assert!(e.starts_with("backing /dev/ng0n1: No such file or directory") && e.ends_with(r#"the namespace --backing-id pins (serial "fdp1" nsid 1) is /dev/ng1n1 now: set --backing to it"#), "{e}");
+        let e = missing_backing_error(&args("serial fdp1 nsid 1"), &gone, nowhere);
+        assert!(e.ends_with("no node names the namespace --backing-id pins (serial \"fdp1\" nsid 1) now: check that its drive is in"), "{e}");
+        let e = missing_backing_error(&add_args(&["--backing", "/dev/ng0n1"]), &gone, at(DevKind::Generic, "/dev/ng1n1"));
+        assert!(e.ends_with("pass an NVMe namespace (/dev/nvmeXnY, /dev/ngXnY) or a file"), "{e}");
         // Through validate, on a file: refused before anything else is looked at.
         let dir = scratch("pin");
         let img = dir.join("kv.img");
@@ -1698,8 +1760,10 @@ mod tests {
         // From a config file (`fdpblk up`): the one command that passes --force.
         let mut from_file = add_args(&base);
         from_file.config = Some("/etc/fdpblk/kv0.toml".into());
+        // The name `fdpblk up` takes from the file's, which `add --config` does not: given.
+        from_file.name = Some("kv0".into());
         let e = validate(&from_file).unwrap_err();
-        assert!(e.contains("once by hand (`fdpblk add --config /etc/fdpblk/kv0.toml --force`"), "{e}");
+        assert!(e.contains("once by hand (`fdpblk add --config /etc/fdpblk/kv0.toml --name kv0 --force`, then `fdpblk del --name kv0`"), "{e}");
         let with = |extra: &[&str]| validate(&add_args(&[&base[..], extra].concat()));
         // Refused after the signature was found (by the buffers' memory), and by a flag that
         // is checked before the backing is opened.
@@ -1778,6 +1842,20 @@ mod tests {
             assert_eq!(c.geometry.unwrap().slot_bytes, 65536);
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A cache written through a path that is no fdpblk device's (LMCache on the drive
+    /// itself) is warned of: LMCache on this device discards it, and fdpblk then deallocates.
+    #[test]
+    fn a_cache_written_through_another_path_is_warned_of() {
+        let warn = |args: &[&str], path: Option<&str>| other_path_warning(&add_args(&[&["--backing", "/dev/ng1n1"][..], args].concat()), path);
+        let w = warn(&["--name", "kv0"], Some("/dev/nvme1n1")).unwrap();
+        assert!(w.starts_with("backing /dev/ng1n1 holds an LMCache cache written through device_path /dev/nvme1n1") && w.contains("(/dev/fdpblk/kv0) discards that index"), "{w}");
+        assert!(warn(&[], Some("/var/tmp/kv.img")).unwrap().contains("(/dev/ublkbN, or /dev/fdpblk/NAME with --name)"));
+        // fdpblk devices' paths (another name is refused, not warned of), and no checkpoint.
+        for path in [Some("/dev/fdpblk/kv0"), Some("/dev/fdpblk/kv1"), Some("/dev/ublkb0"), None] {
+            assert_eq!(warn(&["--name", "kv0"], path), None, "{path:?}");
+        }
     }
 
     /// `--layout lmcache` takes the fields its flags leave out from LMCache's checkpoint: it

@@ -40,6 +40,9 @@ if command -v udevadm >/dev/null; then
     expect "device 3 (kv0) still runs" test -b /dev/ublkb3
     out=$("$FDPBLK" del --name nosuch 2>&1) && rc=0 || rc=$?
     expect "del --name of no device fails naming it ($out)" bash -c "test $rc -ne 0 && grep -q 'no fdpblk device named nosuch' <<<'$out'"
+    # fdpblk-release@ after a unit whose adds were all refused: no device, nothing to release.
+    out=$("$FDPBLK" del --name nosuch --if-orphaned 2>&1) && rc=0 || rc=$?
+    expect "del --name --if-orphaned of no device succeeds, saying so ($out)" bash -c "test $rc -eq 0 && grep -q 'no fdpblk device named nosuch: nothing to delete' <<<'$out'"
 else
     not_ok "udevadm missing in the guest (tests/vm/setup.sh installs udev)"
 fi
