@@ -365,7 +365,7 @@ impl Persist {
     /// unclean one of two superblocks with one seq ([`newest`]), so a later load will not
     /// trust its confirmations, whatever layout it is for. A higher seq would vouch for page
     /// copies that an unfinished cycle left with that seq. A whole superblock this version
-    /// cannot decode (another version's) is erased first. `Ok(false)`: no clean state there
+    /// cannot decode (another version's) first gets its CRC broken. `Ok(false)`: no clean state there
     /// that this version reads.
     pub fn mark_in_use(dev: &dyn StateWriter, region: Region, handle: Handle) -> io::Result<bool> {
         if region.len < 2 * BLOCK {
@@ -375,19 +375,21 @@ impl Persist {
         dev.read_at(region.offset, &mut b[..2 * BLOCK as usize])?;
         let decoded = [0u8, 1].map(|c| Superblock::decode(&b[c as usize * BLOCK as usize..(c as usize + 1) * BLOCK as usize]));
         // A whole superblock of a form this version does not decode (another version's, maybe
-        // clean) cannot be marked in use: it is erased, so that no run of that version later
-        // trusts what it vouched for under writes it never saw.
-        let mut erased = false;
+        // clean) cannot be marked in use: its CRC is broken, so that no run of that version
+        // later trusts what it vouched for under writes it never saw. Its magic stays: a
+        // region with none would pass for one no fdpblk ever used (`Loaded::none_saved`), whose
+        // unlisted slots are taken for unwritten.
+        let mut broken = false;
         for c in 0..2usize {
-            let blk = &b[c * BLOCK as usize..(c + 1) * BLOCK as usize];
+            let blk = &mut b[c * BLOCK as usize..(c + 1) * BLOCK as usize];
             let whole = &blk[..8] == SB_MAGIC && crc32fast::hash(&blk[..CRC_AT]) == u32at(blk, CRC_AT);
             if decoded[c].is_none() && whole {
-                let zero = AlignedBuf::zeroed(BLOCK as usize);
-                dev.write_at(region.offset + c as u64 * BLOCK, &zero[..BLOCK as usize], handle)?;
-                erased = true;
+                blk[CRC_AT] ^= 0xff;
+                dev.write_at(region.offset + c as u64 * BLOCK, blk, handle)?;
+                broken = true;
             }
         }
-        if erased {
+        if broken {
             dev.flush()?;
         }
         let Some((copy, mut sb)) = newest(decoded).filter(|(_, s)| s.clean) else { return Ok(false) };

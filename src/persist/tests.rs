@@ -688,6 +688,8 @@ fn superblocks_of_another_version_or_torn_are_not_taken_for_a_never_used_device(
     for c in 0..2 {
         let b = &mut img[c * 4096..(c + 1) * 4096];
         b[8..12].copy_from_slice(&(VERSION + 1).to_le_bytes());
+        // Above every page's seq, so that only the superblocks' seqs can put the next above.
+        b[16..24].copy_from_slice(&(1000 + c as u64).to_le_bytes());
         let crc = crc32fast::hash(&b[..CRC_AT]);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     }
@@ -704,13 +706,19 @@ fn superblocks_of_another_version_or_torn_are_not_taken_for_a_never_used_device(
         assert!(sb.as_ref().is_some_and(|s| s.seq > newer_seq[c]), "copy {c}: {sb:?} (the other version's seq {})", newer_seq[c]);
     }
     // Marking in use, as a device that learns its layout does before it serves: that
-    // version's clean superblocks are erased, not left vouching for a stop.
+    // version's clean superblocks no longer pass their CRC, so they vouch for no stop; their
+    // magic stays, so the region is still not taken for one no fdpblk ever used.
     let dev2 = MemDev::new(0);
     dev2.set_image(img.clone());
     assert!(!Persist::mark_in_use(&dev2, region, 3).unwrap());
     let after = dev2.image();
-    assert!(after[..8192].iter().all(|&b| b == 0), "the other version's superblocks are still there");
+    for c in 0..2 {
+        let b = &after[c * 4096..(c + 1) * 4096];
+        assert!(&b[..8] == SB_MAGIC && crc32fast::hash(&b[..CRC_AT]) != u32at(b, CRC_AT), "copy {c} is still whole");
+    }
     assert!(after[8192..] == img[8192..], "only the superblocks are touched");
+    let (_, _, l, _) = load(&g, after, region);
+    assert!(!l.found && !l.none_saved, "{l:?}");
     // Both copies torn (a byte changed in each).
     let mut img = dev.image();
     img[100] ^= 1;
