@@ -19,7 +19,10 @@
 //! that container's header block with zeroes (LMCache's load skips a block without
 //! `LMCIDX01`), flushes again, and drops the block from the page cache of `/dev/ublkbN` (a
 //! reader through the page cache would otherwise still see the old header). Then condition 3
-//! holds for those slots, and they go by the rules of [`super`], in the same round.
+//! holds for those slots, and they go by the rules of [`super`], in the same round. Not while
+//! a header block was read since the newest checkpoint was read back, nor when one was read
+//! during the zeroing (a LMCache opening the device: a read in flight can return the old
+//! header past the zeroes; the early tails' gate): the container then counts as unknown.
 //!
 //! That container holds nothing LMCache needs while its current process runs. Its next
 //! checkpoint, `n + 1`, overwrites that container anyway, and a load takes the valid copy
@@ -254,6 +257,13 @@ impl Watcher {
     /// no loadable checkpoint.
     pub(super) fn invalidate_container(&mut self, copy: u8) -> bool {
         let c = usize::from(copy);
+        // A header block read since the newest checkpoint was read back (a LMCache opening
+        // the device) may be in flight: it could bring the old header back past the zeroes
+        // (into the page cache, or the opener's buffer). The early tails' gate.
+        if !self.layout_in_use() {
+            return false;
+        }
+        let reads = self.slots.checkpoint_reads();
         if !self.slots.begin_container_zeroing(copy, self.container_writes[c]) {
             return false; // LMCache is writing it: its event comes next
         }
@@ -267,6 +277,12 @@ impl Watcher {
                 // too: if the cached block cannot be dropped, the container counts as
                 // unknown, as after a failed write.
                 if !self.drop_cached(g.container_offset(copy), g.block_align) {
+                    self.containers[c] = Container::Unknown;
+                    return false;
+                }
+                // A header read planned meanwhile may have read the old header: the zeroes
+                // are durable, but what that reader loads is not known.
+                if self.slots.checkpoint_reads() != reads {
                     self.containers[c] = Container::Unknown;
                     return false;
                 }
