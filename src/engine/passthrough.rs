@@ -550,19 +550,24 @@ impl PassthroughEngine {
     /// [`retry_delay`]), while the request's retry time (`spent` of
     /// [`REQUEST_RETRY_TIME`]) lasts.
     async fn retried(&self, q: &UblkQueue<'_>, c: &PassthruCmd, mut res: i32, spent: &mut Duration) -> i32 {
-        let mut tries = 0;
-        while transient(res)
-            && tries < if res == -libc::EAGAIN { EAGAIN_RETRIES } else { TRANSIENT_RETRIES }
-            && *spent < REQUEST_RETRY_TIME
-        {
-            tries += 1;
-            let start = Instant::now();
-            let d = retry_delay(res, &self.crdt, tries);
+        // Counted apart: the kernel's -EAGAIN (no room now) and the drive's transient failures.
+        let (mut eagains, mut tries) = (0, 0);
+        while transient(res) && *spent < REQUEST_RETRY_TIME {
+            let eagain = res == -libc::EAGAIN;
+            let n = if eagain { &mut eagains } else { &mut tries };
+            if *n >= if eagain { EAGAIN_RETRIES } else { TRANSIENT_RETRIES } {
+                break;
+            }
+            *n += 1;
+            let d = retry_delay(res, &self.crdt, *n);
             if !d.is_zero() && !sleep_for(q, d).await {
                 break;
             }
+            // The time the drive takes counts, not the host's own backoff: a burst of -EAGAIN
+            // over a window of commands must not use up the retries a controller reset needs.
+            let start = Instant::now();
             res = self.send(c).await;
-            *spent += start.elapsed();
+            *spent += start.elapsed() + if eagain { Duration::ZERO } else { d };
         }
         res
     }
