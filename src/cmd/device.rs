@@ -287,20 +287,29 @@ fn refuse_other_name(a: &AddArgs, device_path: Option<&str>, erase: impl FnOnce(
     ))
 }
 
-/// The warning for a backing whose LMCache checkpoint was written through a path that is no
-/// fdpblk device's (`device_path` `/dev/nvme1n1`: LMCache on the drive itself, or another
-/// host's path): LMCache pointed at this device discards that index (it compares
-/// `device_path` exactly) and fdpblk then deallocates its slots. A typo in `--backing` that
-/// lands on a drive another LMCache uses directly looks like this, and so does a drive
-/// moved under fdpblk on purpose (its cache is lost either way): warned of, not refused.
-fn other_path_warning(a: &AddArgs, device_path: Option<&str>) -> Option<String> {
-    let path = device_path.filter(|p| !p.starts_with("/dev/fdpblk/") && !p.starts_with("/dev/ublkb"))?;
-    let ours = a.name.as_deref().map_or("/dev/ublkbN, or /dev/fdpblk/NAME with --name".to_string(), |n| format!("/dev/fdpblk/{n}"));
-    Some(format!(
-        "backing {} holds an LMCache cache written through device_path {path}, not through an fdpblk device: an LMCache pointed at this one ({ours}) discards that index (it compares device_path exactly), and fdpblk then deallocates its slots. If another LMCache uses {} directly, stop this device now and check --backing (and pin it with --backing-id)",
-        a.backing.display(),
-        a.backing.display()
-    ))
+/// The warning for a backing whose LMCache checkpoint lists entries and was written through
+/// a `device_path` that LMCache on this device will not have: LMCache discards the index of
+/// another path (it compares `device_path` exactly) and fdpblk then deallocates its slots.
+/// With `--name`, any path but `/dev/fdpblk/NAME` (another name's is refused before); without
+/// one, a path that is no fdpblk device's (`/dev/nvme1n1`: LMCache on the drive itself). A typo
+/// in `--backing` that lands on a drive another LMCache uses directly looks like this, and so
+/// does a drive moved under fdpblk on purpose: warned of, not refused.
+fn other_path_warning(a: &AddArgs, meta: Option<&crate::layout::checkpoint_json::CheckpointMeta>) -> Option<String> {
+    let meta = meta.filter(|m| m.entries > 0)?;
+    let path = meta.device_path.as_deref()?;
+    let backing = a.backing.display();
+    let entries = meta.entries;
+    match a.name.as_deref() {
+        Some(n) if path == format!("/dev/fdpblk/{n}") || path.starts_with("/dev/fdpblk/") => None,
+        Some(n) if path.starts_with("/dev/ublkb") => Some(format!(
+            "backing {backing} holds an LMCache cache of {entries} entries written through device_path {path}: LMCache keeps it only while its device_path stays exactly that (a ublk id can change at a restart), and pointed at /dev/fdpblk/{n} it discards that index and fdpblk then deallocates its slots"
+        )),
+        None if path.starts_with("/dev/fdpblk/") || path.starts_with("/dev/ublkb") => None,
+        n => Some(format!(
+            "backing {backing} holds an LMCache cache of {entries} entries written through device_path {path}, not through an fdpblk device: an LMCache pointed at this one ({}) discards that index (it compares device_path exactly), and fdpblk then deallocates its slots. If another LMCache uses {backing} directly, stop this device now and check --backing (and pin it with --backing-id)",
+            n.map_or("/dev/ublkbN, or /dev/fdpblk/NAME with --name".to_string(), |n| format!("/dev/fdpblk/{n}"))
+        )),
+    }
 }
 
 /// How to pass --force: a command-line flag only, so a device started from a config file
@@ -559,7 +568,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let discovered = |d: &crate::layout::discover::Discovered| -> Result<Option<PathBuf>, String> {
         let device_path = d.checkpoint.as_ref().and_then(|m| m.device_path.as_deref());
         refuse_other_name(a, device_path, || erase_checkpoint_command(d.geometry.meta_total_bytes, &a.backing, is_bdev, is_chardev))?;
-        if let Some(w) = other_path_warning(a, device_path) {
+        if let Some(w) = other_path_warning(a, d.checkpoint.as_ref()) {
             tracing::warn!("{w}");
         }
         let wipe = match needs_blkid(d) {
@@ -1112,8 +1121,9 @@ pub fn del(a: &DelArgs) -> CmdResult {
             Found::Running { id, .. } | Found::Orphaned { id } => vec![id],
             Found::Stale { cfg } => vec![cfg.id],
             // What fdpblk-release@ runs after its unit gave up: a unit whose adds were all
-            // refused left no device, and there is nothing to release.
-            Found::None if a.if_orphaned => {
+            // refused left no device, and there is nothing to release. Not where a state file
+            // does not read: the device may be that one's, held with LMCache's I/O.
+            Found::None if a.if_orphaned && state::state_ids().iter().all(|&id| state::read_state(id).is_ok()) => {
                 println!("no fdpblk device named {name}: nothing to delete");
                 return Ok(());
             }
@@ -1848,14 +1858,25 @@ mod tests {
     /// itself) is warned of: LMCache on this device discards it, and fdpblk then deallocates.
     #[test]
     fn a_cache_written_through_another_path_is_warned_of() {
-        let warn = |args: &[&str], path: Option<&str>| other_path_warning(&add_args(&[&["--backing", "/dev/ng1n1"][..], args].concat()), path);
-        let w = warn(&["--name", "kv0"], Some("/dev/nvme1n1")).unwrap();
-        assert!(w.starts_with("backing /dev/ng1n1 holds an LMCache cache written through device_path /dev/nvme1n1") && w.contains("(/dev/fdpblk/kv0) discards that index"), "{w}");
-        assert!(warn(&[], Some("/var/tmp/kv.img")).unwrap().contains("(/dev/ublkbN, or /dev/fdpblk/NAME with --name)"));
-        // fdpblk devices' paths (another name is refused, not warned of), and no checkpoint.
-        for path in [Some("/dev/fdpblk/kv0"), Some("/dev/fdpblk/kv1"), Some("/dev/ublkb0"), None] {
-            assert_eq!(warn(&["--name", "kv0"], path), None, "{path:?}");
+        let meta = |path: &str, entries: u64| crate::layout::checkpoint_json::CheckpointMeta { device_path: Some(path.into()), entries, ..Default::default() };
+        let warn = |args: &[&str], path: &str| other_path_warning(&add_args(&[&["--backing", "/dev/ng1n1"][..], args].concat()), Some(&meta(path, 3)));
+        let w = warn(&["--name", "kv0"], "/dev/nvme1n1").unwrap();
+        assert!(
+            w.starts_with("backing /dev/ng1n1 holds an LMCache cache of 3 entries written through device_path /dev/nvme1n1") && w.contains("(/dev/fdpblk/kv0) discards that index"),
+            "{w}"
+        );
+        assert!(warn(&[], "/var/tmp/kv.img").unwrap().contains("(/dev/ublkbN, or /dev/fdpblk/NAME with --name)"));
+        // Through a bare ublk path, under a name: LMCache must keep that path.
+        let w = warn(&["--name", "kv0"], "/dev/ublkb0").unwrap();
+        assert!(w.contains("device_path /dev/ublkb0: LMCache keeps it only while") && w.contains("pointed at /dev/fdpblk/kv0 it discards"), "{w}");
+        // The name's own path; another name's (refused before this); any fdpblk path without a name.
+        for (args, path) in [(&["--name", "kv0"][..], "/dev/fdpblk/kv0"), (&["--name", "kv0"], "/dev/fdpblk/kv1"), (&[], "/dev/ublkb0"), (&[], "/dev/fdpblk/kv0")] {
+            assert_eq!(warn(args, path), None, "{args:?} {path}");
         }
+        // Nothing to lose: no checkpoint, or one that lists no entry.
+        let a = add_args(&["--backing", "/dev/ng1n1", "--name", "kv0"]);
+        assert_eq!(other_path_warning(&a, None), None);
+        assert_eq!(other_path_warning(&a, Some(&meta("/dev/nvme1n1", 0))), None);
     }
 
     /// `--layout lmcache` takes the fields its flags leave out from LMCache's checkpoint: it

@@ -5,12 +5,17 @@ FDPBLK=${FDPBLK:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/target/r
 
 # fdpblk_add ARGS...: add a device, print its path; fails the check on error.
 fdpblk_add() {
-    local out
-    out=$("$FDPBLK" add "$@" 2>&1) || {
-        echo "not ok - fdpblk add $*: $out" >&2
+    local out err
+    err=$(mktemp)
+    out=$("$FDPBLK" add "$@" 2>"$err") || {
+        echo "not ok - fdpblk add $*: $out$(cat "$err")" >&2
+        rm -f "$err"
         cat /run/fdpblk/daemon.log >&2 2>/dev/null
         check_fatal "fdpblk add $*"
     }
+    # Warnings go to the check's log, not into the device path its caller takes.
+    cat "$err" >&2
+    rm -f "$err"
     echo "$out"
 }
 
