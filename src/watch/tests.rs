@@ -713,6 +713,24 @@ fn evicted_slots_are_trimmed_after_two_checkpoints() {
     assert_eq!(v["since_start"]["evictions"].as_u64(), Some(0));
 }
 
+/// The [`StateWriter`] methods a test device wrapper passes on to its `dev` unchanged.
+macro_rules! forward_to_dev {
+    () => {
+        fn block_bytes(&self) -> u64 {
+            self.dev.block_bytes()
+        }
+        fn discard(&self, off: u64, len: u64) -> std::io::Result<()> {
+            self.dev.discard(off, len)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            self.dev.flush()
+        }
+        fn size(&self) -> u64 {
+            self.dev.size()
+        }
+    };
+}
+
 /// The state thread's device: while armed, its reads of a checkpoint payload past the
 /// parser's first 64 KiB run `during` on the slot table (what the data path does meanwhile),
 /// after the parse took the entries of the first 64 KiB and before it applied their
@@ -735,18 +753,7 @@ impl StateWriter for DuringCheckpointRead {
     fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> std::io::Result<()> {
         self.dev.write_at(off, buf, handle)
     }
-    fn block_bytes(&self) -> u64 {
-        self.dev.block_bytes()
-    }
-    fn discard(&self, off: u64, len: u64) -> std::io::Result<()> {
-        self.dev.discard(off, len)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.dev.flush()
-    }
-    fn size(&self) -> u64 {
-        self.dev.size()
-    }
+    forward_to_dev!();
 }
 
 impl Rig {
@@ -1032,18 +1039,7 @@ impl StateWriter for ReadDuringZeroing {
         }
         self.dev.write_at(off, buf, handle)
     }
-    fn block_bytes(&self) -> u64 {
-        self.dev.block_bytes()
-    }
-    fn discard(&self, off: u64, len: u64) -> std::io::Result<()> {
-        self.dev.discard(off, len)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.dev.flush()
-    }
-    fn size(&self) -> u64 {
-        self.dev.size()
-    }
+    forward_to_dev!();
 }
 
 /// A header block read while the older container is zeroed may return the old header past
