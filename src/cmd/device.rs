@@ -299,12 +299,14 @@ fn other_path_warning(a: &AddArgs, meta: Option<&crate::layout::checkpoint_json:
     let path = meta.device_path.as_deref()?;
     let backing = a.backing.display();
     let entries = meta.entries;
+    if path.starts_with("/dev/fdpblk/") {
+        return None;
+    }
     match a.name.as_deref() {
-        Some(n) if path == format!("/dev/fdpblk/{n}") || path.starts_with("/dev/fdpblk/") => None,
         Some(n) if path.starts_with("/dev/ublkb") => Some(format!(
             "backing {backing} holds an LMCache cache of {entries} entries written through device_path {path}: LMCache keeps it only while its device_path stays exactly that (a ublk id can change at a restart), and pointed at /dev/fdpblk/{n} it discards that index and fdpblk then deallocates its slots"
         )),
-        None if path.starts_with("/dev/fdpblk/") || path.starts_with("/dev/ublkb") => None,
+        None if path.starts_with("/dev/ublkb") => None,
         n => Some(format!(
             "backing {backing} holds an LMCache cache of {entries} entries written through device_path {path}, not through an fdpblk device: an LMCache pointed at this one ({}) discards that index (it compares device_path exactly), and fdpblk then deallocates its slots. If another LMCache uses {backing} directly, stop this device now and check --backing (and pin it with --backing-id)",
             n.map_or("/dev/ublkbN, or /dev/fdpblk/NAME with --name".to_string(), |n| format!("/dev/fdpblk/{n}"))

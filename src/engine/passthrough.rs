@@ -65,7 +65,6 @@ async fn sleep_tick(q: &UblkQueue<'_>) -> bool {
     sleep_for(q, reset::TICK).await
 }
 
-
 /// Longest wait before one retry that the drive asks to delay (its CRDT fields allow 109
 /// minutes; a request held that long looks hung to LMCache).
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);

@@ -365,8 +365,8 @@ impl Persist {
     /// unclean one of two superblocks with one seq ([`newest`]), so a later load will not
     /// trust its confirmations, whatever layout it is for. A higher seq would vouch for page
     /// copies that an unfinished cycle left with that seq. A whole superblock this version
-    /// cannot decode (another version's) first gets its CRC broken. `Ok(false)`: no clean state there
-    /// that this version reads.
+    /// cannot decode (another version's) first gets its CRC broken. `Ok(false)`: no clean
+    /// state there that this version reads.
     pub fn mark_in_use(dev: &dyn StateWriter, region: Region, handle: Handle) -> io::Result<bool> {
         if region.len < 2 * BLOCK {
             return Ok(false);

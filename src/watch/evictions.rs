@@ -19,10 +19,11 @@
 //! that container's header block with zeroes (LMCache's load skips a block without
 //! `LMCIDX01`), flushes again, and drops the block from the page cache of `/dev/ublkbN` (a
 //! reader through the page cache would otherwise still see the old header). Then condition 3
-//! holds for those slots, and they go by the rules of [`super`], in the same round. Not while
-//! a header block was read since the newest checkpoint was read back, nor when one was read
-//! during the zeroing (a LMCache opening the device: a read in flight can return the old
-//! header past the zeroes; the early tails' gate): the container then counts as unknown.
+//! holds for those slots, and they go by the rules of [`super`], in the same round. A LMCache
+//! opening the device reads the header blocks, and a read in flight can return the old header
+//! past the zeroes: no zeroing while a header block was read since the newest checkpoint was
+//! read back (the early tails' gate), and a container one was read from during its zeroing
+//! counts as unknown.
 //!
 //! That container holds nothing LMCache needs while its current process runs. Its next
 //! checkpoint, `n + 1`, overwrites that container anyway, and a load takes the valid copy
