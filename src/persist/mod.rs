@@ -39,7 +39,9 @@
 //! then superblock `n` into the superblock copy that does not hold the newest committed one
 //! (not `n % 2`: a failed cycle skips its seq); then a flush. The superblock is the commit
 //! record. A superblock whose flush failed but that reads back is taken as committed, and the
-//! next cycle first flushes again before it writes anything.
+//! next cycle first flushes again before it writes anything, then reads it back once more: if
+//! it is gone (the drive lost its cache), the superblock before it stands again, and that
+//! cycle's pages are written again.
 //!
 //! Loading takes the valid superblock (magic, version, CRC, seq below 2^63) with the highest
 //! seq `S` (of two with the same seq, the one not clean: see `mark_in_use`), and per
@@ -325,9 +327,20 @@ pub struct Persist {
     sb_both: bool,
     /// The last superblock was taken as committed because it read back, though its flush
     /// failed: it may sit only in the drive's volatile cache. The next cycle overwrites the
-    /// copies the superblock before it vouches for, so it first needs a flush to succeed.
-    flush_owed: bool,
+    /// copies the superblock before it vouches for, so it first needs a flush to succeed,
+    /// and the superblock to read back after it ([`Owed`]).
+    owed: Option<Owed>,
     handle: Handle,
+}
+
+/// What a cycle taken as committed despite its failed flush undoes if its superblock is gone
+/// once a flush succeeds (the read-back came from a cache the drive then lost).
+#[derive(Debug)]
+struct Owed {
+    /// The pages it wrote, whose current copy it flipped.
+    pages: Vec<u64>,
+    /// The seq of the superblock before it, again the newest committed one.
+    prev_seq: u64,
 }
 
 /// The superblock that counts of the two copies, with its copy: the highest seq; of two with
@@ -404,7 +417,7 @@ impl Persist {
     /// Whether the last superblock written is not yet known durable (its flush failed; the
     /// next cycle flushes first).
     pub fn flush_owed(&self) -> bool {
-        self.flush_owed
+        self.owed.is_some()
     }
 
     fn page_off(&self, index: u64, copy: u8) -> u64 {
@@ -445,7 +458,7 @@ impl Persist {
             forced: Vec::new(),
             sb_copy: 1,
             sb_both: false,
-            flush_owed: false,
+            owed: None,
             handle,
         };
         let mut max_seq = 0u64;
@@ -692,9 +705,24 @@ impl Persist {
     /// One persist cycle: the changed pages, then the superblock. With nothing changed and
     /// not `force`, writes nothing (`Ok(None)`). On an error the changes stay pending.
     pub fn cycle(&mut self, dev: &dyn StateWriter, slots: &SlotTable, counters: &Counters, clean: bool, force: bool) -> io::Result<Option<CycleReport>> {
-        if self.flush_owed {
+        if self.owed.is_some() {
             dev.flush()?;
-            self.flush_owed = false;
+            let owed = self.owed.take().expect("checked above");
+            // Durable now if it is still there. If not, the superblock before it is the newest
+            // committed one again: its page copies are current again, and the pages written
+            // since go out again (into the copies the lost superblock would have vouched for).
+            if !Self::read_superblock(dev, self.region).is_some_and(|s| s.seq == self.seq && s.instance == self.instance) {
+                tracing::warn!(
+                    "own state: superblock {} no longer reads back after the flush it was owed; the superblock before it stands, and that cycle's pages are written again",
+                    self.seq
+                );
+                for &p in &owed.pages {
+                    self.current[p as usize] = 1 - self.current[p as usize];
+                }
+                self.forced.extend(owed.pages);
+                self.sb_copy = 1 - self.sb_copy;
+                self.seq = owed.prev_seq;
+            }
         }
         let l = self.layout;
         let recs = slots.take_dirty_pages();
@@ -753,7 +781,7 @@ impl Persist {
             // as if they were free.
             Err((e, true)) if Self::read_superblock(dev, self.region).is_some_and(|s| s.seq == seq && s.instance == self.instance) => {
                 tracing::warn!("own state: flush after superblock {seq} failed ({e}); the superblock reads back, taking it as committed once a flush succeeds");
-                self.flush_owed = true;
+                self.owed = Some(Owed { pages: pages.clone(), prev_seq: self.seq });
                 Ok(0)
             }
             Err((e, _)) => Err(e),

@@ -316,6 +316,38 @@ fn a_superblock_whose_flush_failed_is_flushed_before_the_next_cycle_writes() {
     assert!(snapshot(&u) == snapshot(&t));
 }
 
+/// The same superblock, read back from the drive's volatile cache and then lost with it: once
+/// a flush succeeds it no longer reads back, and the superblock before it stands again. The
+/// next cycle must leave that one's page copies alone: a crash before its own superblock then
+/// loads the state of the superblock before.
+#[test]
+fn a_superblock_lost_after_its_failed_flush_leaves_the_one_before_it_whole() {
+    let (g, t, region, dev, mut p, mut rng) = changed_table(6);
+    p.cycle(&dev, &t, &Counters::default(), true, false).unwrap().unwrap();
+    let first = snapshot(&t);
+    let before = dev.image();
+    mutate(&t, &mut rng, 50);
+    dev.set_fail_flushes(Some(1));
+    p.cycle(&dev, &t, &Counters::default(), true, false).unwrap().unwrap();
+    assert!(p.flush_owed());
+    // The drive loses its cache: the superblocks are as before that cycle.
+    let mut img = dev.image();
+    img[..8192].copy_from_slice(&before[..8192]);
+    dev.set_image(img);
+    mutate(&t, &mut rng, 50);
+    // The owed flush succeeds; the flush after the pages fails, before any superblock.
+    dev.set_fail_flushes(Some(1));
+    assert!(p.cycle(&dev, &t, &Counters::default(), true, false).is_err());
+    let (u, _, l, _) = load(&g, dev.image(), region);
+    assert!(l.found && l.clean, "{l:?}");
+    assert!(first_diff(&snapshot(&u), &first).is_none(), "the first cycle's state is not whole");
+    // Then the cycles go on as usual.
+    dev.set_fail_flushes(None);
+    p.cycle(&dev, &t, &Counters::default(), true, false).unwrap().unwrap();
+    let (u, _, l, _) = load(&g, dev.image(), region);
+    assert!(l.clean && snapshot(&u) == snapshot(&t));
+}
+
 #[test]
 fn garbage_region_never_panics() {
     let g = geom(300);
