@@ -1018,7 +1018,21 @@ fn same_backing(a: &Path, b: &Path) -> bool {
 /// the new device's.
 fn backing_in_use(backing: &Path) -> Option<String> {
     for id in state::state_ids() {
-        let Ok((cfg, daemon)) = state::read_state(id) else { continue };
+        let (cfg, daemon) = match state::read_state(id) {
+            Ok(s) => s,
+            // Not known free: a device no daemon serves whose state file does not read (one
+            // of another fdpblk version, after an upgrade by killing the daemon) may hold this
+            // backing's writes for recovery, and a second device on it would take LMCache's
+            // path while the first holds LMCache's I/O.
+            Err(e) if target::device_exists(id) && ublk_server(id).is_none() => {
+                return Some(format!(
+                    "{} has a state file that does not read ({e}) and no daemon: it may hold the writes of backing {} for recovery; recover it with the fdpblk version that added it, or `fdpblk del -n {id}` deletes it first",
+                    state::bdev_path(id),
+                    backing.display()
+                ))
+            }
+            Err(_) => continue,
+        };
         // A stopped device (its daemon died while stopping it) holds no writes.
         if !orphaned(id, &daemon) || ublk_stopped(id) || !same_backing(backing, &cfg.backing) {
             continue;

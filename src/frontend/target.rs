@@ -826,7 +826,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     let id = ctrl.dev_info().dev_id as i32;
     let mut cfg = cfg;
     cfg.id = id;
-    let state_dev = open_state_dev(&cfg, &backing).map_err(fail)?;
+    let state_dev = open_state_dev(&cfg, &backing, recover).map_err(fail)?;
     // A device that was learning when its daemon died may have a checkpoint by now.
     if cfg.geometry.is_none() {
         if let Ok(Some(g)) = learn::look(&ExportedReader { dev: &*state_dev, size: cfg.exported_bytes }, &cfg.layout_flags) {
@@ -870,8 +870,9 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // live slots in the next run.
     if let Some(e) = watcher.as_ref().and_then(|w| w.unclean_error()) {
         return Err(fail(format!(
-            "device {id}: cannot write fdpblk's own state to the reserved tail of {} ({e}); check the drive (dmesg, `nvme error-log`) and add again",
-            cfg.backing.display()
+            "device {id}: cannot write fdpblk's own state to the reserved tail of {} ({e}); check the drive (dmesg, `nvme error-log`) and {}",
+            cfg.backing.display(),
+            start_again(&cfg, recover)
         )));
     }
     // Learning: the device serves writes that no state thread follows until LMCache's first
@@ -884,8 +885,9 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             Ok(false) => {}
             Err(e) => {
                 return Err(fail(format!(
-                    "device {id}: cannot mark fdpblk's saved state in the reserved tail of {} in use ({e}); check the drive (dmesg, `nvme error-log`) and add again",
-                    cfg.backing.display()
+                    "device {id}: cannot mark fdpblk's saved state in the reserved tail of {} in use ({e}); check the drive (dmesg, `nvme error-log`) and {}",
+                    cfg.backing.display(),
+                    start_again(&cfg, recover)
                 )))
             }
         }
@@ -1042,7 +1044,18 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
 }
 
 /// The state thread's device access for the engine.
-fn open_state_dev(cfg: &DeviceConfig, backing: &std::fs::File) -> Result<Arc<dyn StateWriter>, String> {
+/// What to do once the cause of a failed start is mended: add the device again, or for a
+/// recovery (whose device the driver still holds; `add` refuses its name and backing) recover
+/// it again.
+fn start_again(cfg: &DeviceConfig, recover: bool) -> String {
+    match (&cfg.name, recover) {
+        (_, false) => "add again".into(),
+        (Some(n), true) => format!("recover it again (`fdpblk up {n}`, or `fdpblk recover -n {}`)", cfg.id),
+        (None, true) => format!("recover it again (`fdpblk recover -n {}`)", cfg.id),
+    }
+}
+
+fn open_state_dev(cfg: &DeviceConfig, backing: &std::fs::File, recover: bool) -> Result<Arc<dyn StateWriter>, String> {
     use super::config::EngineKind;
     let dev: std::io::Result<Arc<dyn StateWriter>> = match cfg.engine {
         EngineKind::Passthrough => std::fs::OpenOptions::new()
@@ -1062,9 +1075,10 @@ fn open_state_dev(cfg: &DeviceConfig, backing: &std::fs::File) -> Result<Arc<dyn
     // unmarked, to be trusted after a crash although LMCache's writes since made it stale.
     dev.map_err(|e| {
         format!(
-            "device {}: cannot open {} for fdpblk's state thread ({e}); free file descriptors or memory (`ulimit -n`, dmesg) and add again",
+            "device {}: cannot open {} for fdpblk's state thread ({e}); free file descriptors or memory (`ulimit -n`, dmesg) and {}",
             cfg.id,
-            cfg.backing.display()
+            cfg.backing.display(),
+            start_again(cfg, recover)
         )
     })
 }

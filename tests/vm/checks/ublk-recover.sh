@@ -56,6 +56,13 @@ for i in $(seq "$first" "$last"); do
         expect "round $i: recover refuses another namespace under the saved name ($out)" \
             bash -c 'test "$1" -ne 0 && grep -qF "$2" <<<"$3"' _ "$rc" "is now the $saved, not the $fake the device was added on" "$out"
         expect "round $i: and says nothing was written" grep -q "Nothing was written" <<<"$out"
+        # A state file that does not read (another fdpblk version's, after an upgrade by
+        # killing the daemon): its device may hold this backing's writes, so it is not free.
+        echo '{' >/run/fdpblk/0.json
+        out=$("$FDPBLK" add --backing "$NS_DEV" -n 1 --policy none --slot-bytes 64K --meta-total-bytes 1M 2>&1) && rc=0 || rc=$?
+        expect "round $i: add refused while device 0's state file does not read ($out)" \
+            bash -c 'test "$1" -ne 0 && grep -qF "/dev/ublkb0 has a state file that does not read" <<<"$2" && grep -qF "fdpblk del -n 0" <<<"$2"' _ "$rc" "$out"
+        expect "round $i: still no device 1" test ! -e /dev/ublkb1
         cp /tmp/recover-state.json /run/fdpblk/0.json
     fi
     if "$FDPBLK" recover -n 0 >"/tmp/recover-$i.log" 2>&1; then
