@@ -1046,6 +1046,15 @@ fn backing_in_use(backing: &Path) -> Option<String> {
     None
 }
 
+/// Whether process `pid` is exiting: its main thread is a zombie while other threads still
+/// wait (in NVMe ioctls, say).
+fn exiting(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
 pub fn recover(a: &IdArgs) -> CmdResult {
     recover_device(a).map_err(|e| with_limit_fix(e.to_string()).into())
 }
@@ -1057,15 +1066,23 @@ fn recover_device(a: &IdArgs) -> CmdResult {
         return Err(target::unknown_policy(&cfg).into());
     }
     raise_fd_limit(cfg.queues);
-    // A killed daemon may still be tearing down its rings for a moment.
-    for _ in 0..50 {
-        if !pid.alive() {
-            break;
+    // A killed daemon may still be tearing down its rings for a moment; one whose threads
+    // wait in NVMe commands (its leader a zombie) exits once the drive answers or the
+    // kernel's I/O timeout (30 s) ends them.
+    let mut waited = 0;
+    while pid.alive() && (waited < 50 || (exiting(pid.pid) && waited < 500)) {
+        if waited == 50 {
+            eprintln!("fdpblk: device {}: its killed daemon (pid {pid}) is still exiting (NVMe commands in flight); waiting up to 45 s more", a.number);
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
+        waited += 1;
     }
     if pid.alive() {
-        return Err(format!("device {} is still served by pid {pid}; nothing to recover", a.number).into());
+        return Err(match exiting(pid.pid) {
+            true => format!("device {}: its killed daemon (pid {pid}) is still exiting (NVMe commands in flight); recover again once it is gone", a.number),
+            false => format!("device {} is still served by pid {pid}; nothing to recover", a.number),
+        }
+        .into());
     }
     // The driver quiesces the device once it notices the daemon's exit: give it a moment.
     let mut st = sys::UBLK_S_DEV_LIVE;
@@ -1868,6 +1885,25 @@ mod tests {
             assert_eq!(c.geometry.unwrap().slot_bytes, 65536);
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A process whose main thread is a zombie is exiting (a killed daemon whose threads
+    /// still wait in NVMe commands looks so); a running one, or none, is not.
+    #[test]
+    fn a_zombie_is_exiting() {
+        assert!(!exiting(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let mut zombie = false;
+        for _ in 0..200 {
+            zombie = exiting(child.id());
+            if zombie {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(zombie, "an exited child not yet waited for is a zombie");
+        child.wait().unwrap();
+        assert!(!exiting(child.id()), "reaped: no such process");
     }
 
     /// A cache written through a path that is no fdpblk device's (LMCache on the drive
