@@ -1043,7 +1043,6 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     }
 }
 
-/// The state thread's device access for the engine.
 /// What to do once the cause of a failed start is mended: add the device again, or for a
 /// recovery (whose device the driver still holds; `add` refuses its name and backing) recover
 /// it again.
@@ -1055,6 +1054,7 @@ fn start_again(cfg: &DeviceConfig, recover: bool) -> String {
     }
 }
 
+/// The state thread's device access for the engine.
 fn open_state_dev(cfg: &DeviceConfig, backing: &std::fs::File, recover: bool) -> Result<Arc<dyn StateWriter>, String> {
     use super::config::EngineKind;
     let dev: std::io::Result<Arc<dyn StateWriter>> = match cfg.engine {
