@@ -1065,7 +1065,6 @@ fn recover_device(a: &IdArgs) -> CmdResult {
     if policy_by_name(&cfg.policy).is_none() {
         return Err(target::unknown_policy(&cfg).into());
     }
-    raise_fd_limit(cfg.queues);
     // A killed daemon may still be tearing down its rings for a moment; one whose threads
     // wait in NVMe commands (its leader a zombie) exits once the drive answers or the
     // kernel's I/O timeout (30 s) ends them.
@@ -1086,12 +1085,14 @@ fn recover_device(a: &IdArgs) -> CmdResult {
     }
     // The driver quiesces the device once it notices the daemon's exit: give it a moment.
     let mut st = sys::UBLK_S_DEV_LIVE;
+    let mut ctrl = None;
     for _ in 0..50 {
-        let ctrl = UblkCtrl::new_simple(a.number).map_err(|e| match target::device_exists(a.number) {
+        let c = UblkCtrl::new_simple(a.number).map_err(|e| match target::device_exists(a.number) {
             true => format!("ublk device {}: {}", a.number, target::ublk_error(&e)),
             false => format!("no ublk device {}: {}; see `fdpblk list`", a.number, target::ublk_error(&e)),
         })?;
-        st = u32::from(ctrl.dev_info().state);
+        st = u32::from(c.dev_info().state);
+        ctrl = Some(c);
         if st != sys::UBLK_S_DEV_LIVE {
             break;
         }
@@ -1109,6 +1110,15 @@ fn recover_device(a: &IdArgs) -> CmdResult {
         )
         .into());
     }
+    // The new daemon serves the driver's queues, and only the layout its state file describes.
+    let mut cfg = cfg;
+    if let Some(c) = ctrl {
+        let mut p = sys::ublk_params::default();
+        c.get_params(&mut p).map_err(|e| format!("ublk device {}: reading its parameters: {}", a.number, target::ublk_error(&e)))?;
+        target::drivers_device_matches(&cfg, &p.basic)?;
+        target::take_drivers_queues(&mut cfg, &c.dev_info());
+    }
+    raise_fd_limit(cfg.queues);
     daemonize(a.foreground, move |notify| target::run(cfg, true, notify))
 }
 

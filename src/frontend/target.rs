@@ -826,6 +826,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     let id = ctrl.dev_info().dev_id as i32;
     let mut cfg = cfg;
     cfg.id = id;
+    take_drivers_queues(&mut cfg, &ctrl.dev_info());
     let state_dev = open_state_dev(&cfg, &backing, recover).map_err(fail)?;
     // A device that was learning when its daemon died may have a checkpoint by now.
     if cfg.geometry.is_none() {
@@ -1041,6 +1042,45 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             }))
         }
     }
+}
+
+/// The driver's queues, depth and buffer size, which a daemon of its device must serve with:
+/// it gives at most one queue per CPU and rounds the buffer down to whole pages, whatever
+/// was asked. `cfg` takes them, so the state file says what runs.
+pub fn take_drivers_queues(cfg: &mut DeviceConfig, info: &sys::ublksrv_ctrl_dev_info) {
+    let (q, d, b) = (info.nr_hw_queues, info.queue_depth, info.max_io_buf_bytes);
+    if q == 0 || d == 0 || b == 0 || (q, d, b) == (cfg.queues, cfg.depth, cfg.io_buf_bytes) {
+        return;
+    }
+    tracing::info!(
+        "device {}: the driver serves it with {q} queue(s) of depth {d} and {b}-byte buffers ({} of depth {} and {}-byte buffers asked; it gives at most one queue per CPU)",
+        cfg.id,
+        cfg.queues,
+        cfg.depth,
+        cfg.io_buf_bytes
+    );
+    (cfg.queues, cfg.depth, cfg.io_buf_bytes) = (q, d, b);
+}
+
+/// Whether the device the driver holds for a recovery is the one `cfg` (its state file)
+/// describes: its size and block size are the layout fdpblk classifies every request by, and a
+/// file that does not describe them (another device's under the same id, an edited one) would
+/// misplace writes and deallocate by the wrong slots.
+pub fn drivers_device_matches(cfg: &DeviceConfig, basic: &sys::ublk_param_basic) -> Result<(), String> {
+    let (bytes, shift) = (basic.dev_sectors << 9, basic.logical_bs_shift);
+    if bytes == cfg.exported_bytes && shift == cfg.lba_shift {
+        return Ok(());
+    }
+    Err(format!(
+        "device {}: the driver holds it as {bytes} bytes of {}-byte blocks, but its state file {} says {} bytes of {}-byte blocks: the file is not this device's. \
+         Delete the device (`fdpblk del -n {}`: the I/O it holds fails, the data on the backing stays) and add it again",
+        cfg.id,
+        1u64 << shift.min(63),
+        state::state_path(cfg.id).display(),
+        cfg.exported_bytes,
+        1u64 << cfg.lba_shift.min(63),
+        cfg.id
+    ))
 }
 
 /// What to do once the cause of a failed start is mended: add the device again, or for a
@@ -1413,6 +1453,27 @@ mod tests {
             early_evictions: false,
             persist_interval_ms: 0,
         }
+    }
+
+    #[test]
+    fn a_recovery_serves_the_drivers_queues_and_only_the_layout_its_state_file_describes() {
+        let saved = DeviceConfig { queues: 4, depth: 128, io_buf_bytes: 512 << 10, exported_bytes: 1 << 30, ..file_backing(Path::new("/dev/ng0n1")) };
+        let basic = |bytes: u64, shift: u8| sys::ublk_param_basic { dev_sectors: bytes >> 9, logical_bs_shift: shift, ..Default::default() };
+        drivers_device_matches(&saved, &basic(1 << 30, 9)).unwrap();
+        for (b, says) in [(basic(2 << 30, 9), "2147483648 bytes of 512-byte blocks"), (basic(1 << 30, 12), "1073741824 bytes of 4096-byte blocks")] {
+            let e = drivers_device_matches(&saved, &b).unwrap_err();
+            assert!(e.contains(says) && e.contains("says 1073741824 bytes of 512-byte blocks") && e.contains("fdpblk del -n 0"), "{e}");
+        }
+        // The driver gave 2 queues on a 2-CPU machine where 4 were asked: the daemon serves 2.
+        let info = |q: u16, d: u16, b: u32| sys::ublksrv_ctrl_dev_info { nr_hw_queues: q, queue_depth: d, max_io_buf_bytes: b, ..Default::default() };
+        let mut cfg = saved.clone();
+        take_drivers_queues(&mut cfg, &info(2, 128, 512 << 10));
+        assert_eq!((cfg.queues, cfg.depth, cfg.io_buf_bytes), (2, 128, 512 << 10));
+        take_drivers_queues(&mut cfg, &info(8, 64, 256 << 10));
+        assert_eq!((cfg.queues, cfg.depth, cfg.io_buf_bytes), (8, 64, 256 << 10));
+        // No answer (zeroes) changes nothing.
+        take_drivers_queues(&mut cfg, &info(0, 0, 0));
+        assert_eq!((cfg.queues, cfg.depth, cfg.io_buf_bytes), (8, 64, 256 << 10));
     }
 
     #[test]

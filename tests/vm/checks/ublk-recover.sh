@@ -8,7 +8,8 @@
 # on the char device goes with the last of them). In-flight I/O is re-issued by the driver,
 # nothing is lost. A recover that finds another namespace under the saved name (a saved
 # identity that is not the drive's), or the namespace formatted to other blocks, is refused
-# before it writes anything.
+# before it writes anything, and so is a state file that does not describe the driver's device
+# (another size); the driver's queues are what a recovered daemon serves.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool fio
@@ -63,7 +64,16 @@ for i in $(seq "$first" "$last"); do
         expect "round $i: add refused while device 0's state file does not read ($out)" \
             bash -c 'test "$1" -ne 0 && grep -qF "/dev/ublkb0 has a state file that does not read" <<<"$2" && grep -qF "fdpblk del -n 0" <<<"$2"' _ "$rc" "$out"
         expect "round $i: still no device 1" test ! -e /dev/ublkb1
-        cp /tmp/recover-state.json /run/fdpblk/0.json
+        # A state file that is not this device's (smaller than the driver's device: the
+        # backing check takes a larger backing for a grown namespace) is refused; one that
+        # names fewer queues than the driver gave recovers with the driver's (libublk would
+        # index past its queues).
+        jq -c '.config.backing_bytes -= 8388608 | .config.exported_bytes -= 8388608' /tmp/recover-state.json >/run/fdpblk/0.json
+        out=$("$FDPBLK" recover -n 0 2>&1) && rc=0 || rc=$?
+        expect "round $i: recover refuses a state file of another size ($out)" \
+            bash -c 'test "$1" -ne 0 && grep -qF "but its state file /run/fdpblk/0.json says" <<<"$2" && grep -qF "fdpblk del -n 0" <<<"$2"' _ "$rc" "$out"
+        jq -c '.config.queues = 1' /tmp/recover-state.json >/run/fdpblk/0.json
+        recovered_queues=1
     fi
     if "$FDPBLK" recover -n 0 >"/tmp/recover-$i.log" 2>&1; then
         ok "round $i: fdpblk recover"
@@ -73,6 +83,10 @@ for i in $(seq "$first" "$last"); do
     fi
     new=$(daemon_pid 0)
     expect "round $i: a new daemon ($new) serves the device" test "$new" != "$old"
+    if [[ ${recovered_queues:-} ]]; then
+        expect_eq "round $i: a state file of 1 queue recovered with the driver's 2" "$(jq .config.queues /run/fdpblk/0.json)" 2
+        recovered_queues=
+    fi
     if ((i == 1)); then
         expect_eq "stats --json: daemon_up once recovered" "$("$FDPBLK" stats -n 0 --json | jq -c .daemon_up)" true
     fi
@@ -90,8 +104,11 @@ rounds 6 8 --backing "$NG_DEV" --engine passthrough
 
 # A namespace formatted to other blocks while its daemon was dead keeps its name, serial and
 # size; a recovered passthrough daemon would put every command at another LBA.
-dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough --policy region --slot-bytes 64K --meta-total-bytes 1M)
+dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough --policy region --slot-bytes 64K --meta-total-bytes 1M -q 4)
 expect_eq "format: device" "$dev" /dev/ublkb0
+# The driver gives at most one queue per CPU: the state file says what runs.
+q=$(nproc); ((q > 4)) && q=4
+expect_eq "format: 4 queues asked, the driver's $q saved" "$(jq .config.queues /run/fdpblk/0.json)" "$q"
 old=$(daemon_pid 0)
 expect "format: SIGKILL daemon $old" kill -9 "$old"
 for _ in $(seq 100); do kill -0 "$old" 2>/dev/null || break; sleep 0.1; done
