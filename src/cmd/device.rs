@@ -1268,7 +1268,7 @@ fn del_one(id: i32) -> Result<(), String> {
 
 /// The daemon serving device `id`: its state file's, else an fdpblk process holding its
 /// char device (`/run` cleared, or a recovery that has not yet written its state file).
-fn serving_daemon(id: i32, read: &Result<(DeviceConfig, state::Daemon), String>) -> Option<state::Daemon> {
+pub(crate) fn serving_daemon(id: i32, read: &Result<(DeviceConfig, state::Daemon), String>) -> Option<state::Daemon> {
     read.as_ref().ok().map(|(_, d)| *d).filter(state::Daemon::alive).or_else(|| {
         state::openers(Path::new(&format!("/dev/ublkc{id}")))
             .into_iter()

@@ -92,16 +92,19 @@ pub(crate) fn find(name: &str) -> Found {
     };
     let mut best = Found::None;
     for id in state::state_ids() {
-        let Ok((cfg, pid)) = state::read_state(id) else { continue };
+        let read = state::read_state(id);
+        let Ok((cfg, pid)) = &read else { continue };
         if cfg.name.as_deref() != Some(name) {
             continue;
         }
-        let f = if pid.alive() {
-            Found::Running { id, pid: pid.pid }
-        } else if device::orphaned(id, &pid) {
+        // The daemon serving it may not be the one its file names: a recovery whose state
+        // file write failed serves under the file of the daemon that died.
+        let f = if let Some(d) = device::serving_daemon(id, &read) {
+            Found::Running { id, pid: d.pid }
+        } else if device::orphaned(id, pid) {
             Found::Orphaned { id }
         } else {
-            Found::Stale { cfg: Box::new(cfg) }
+            Found::Stale { cfg: Box::new(cfg.clone()) }
         };
         if matches!(best, Found::None) || rank(&f) < rank(&best) {
             best = f;

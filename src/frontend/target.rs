@@ -45,6 +45,10 @@ struct Shared {
     queues: Vec<Arc<QueueStats>>,
     /// Held while the state file is written: the device start and the learner both write it.
     state_file: Mutex<()>,
+    /// The last write of the state file failed: the stats thread tries again each time it
+    /// writes the stats (until then the file names the daemon that died, for a recovery, or
+    /// no layout, for one learned).
+    state_file_owed: AtomicBool,
 }
 
 impl Shared {
@@ -56,7 +60,9 @@ impl Shared {
         if c.geometry.is_none() {
             c.geometry = self.layout.known().map(|k| k.geometry);
         }
-        state::write_state(&c, std::process::id()).map_err(|e| {
+        let written = state::write_state(&c, std::process::id());
+        self.state_file_owed.store(written.is_err(), Ordering::SeqCst);
+        written.map_err(|e| {
             let fix = match e.raw_os_error() {
                 Some(libc::ENOSPC) | Some(libc::EDQUOT) => "free space in /run".to_string(),
                 Some(libc::EROFS) => "/run is read-only: mount it writable".to_string(),
@@ -858,6 +864,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         queue_failed: Mutex::new(None),
         queues: (0..cfg.queues).map(|_| Arc::default()).collect(),
         state_file: Mutex::new(()),
+        state_file_owed: AtomicBool::new(false),
     });
     // The state thread: loads fdpblk's own state into the slot table before any I/O is served.
     let watcher = cfg.geometry.map(|g| {
@@ -934,14 +941,15 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
                 _ => None,
             };
             // No added device runs without its state file: stopped at once, the add fails. A
-            // recovered one keeps serving the I/O the driver held (its old file stays).
+            // recovered one keeps serving the I/O the driver held (its old file stays, naming
+            // the daemon that died, until the stats thread writes it).
             let saved = match (&taken, recover) {
                 (Some(e), false) => Err(e.clone()),
                 _ => d_shared.write_state_file(),
             };
             let saved = match saved {
                 Err(e) if recover => {
-                    tracing::error!("device {}: {e}", c.id);
+                    tracing::error!("device {}: {e}; trying again every half second", c.id);
                     Ok(())
                 }
                 r => r,
@@ -964,6 +972,10 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
                 (Ok(()), Err(e)) => Err(e),
                 (saved, _) => saved,
             };
+            // An added device without its state file stops: nothing to write later.
+            if saved.is_err() {
+                d_shared.state_file_owed.store(false, Ordering::SeqCst);
+            }
             let s = d_shared.clone();
             *st.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::spawn(move || stats_loop(&s, &d_stop)));
             // From here the signal thread stops the device itself; a stop signal that came
@@ -1303,6 +1315,9 @@ fn stats_loop(shared: &Shared, stop: &AtomicBool) {
             o.extend(w);
         }
         let _ = state::write_atomic(&state::stats_path(c.id), v.to_string().as_bytes());
+        if shared.state_file_owed.load(Ordering::SeqCst) && shared.write_state_file().is_ok() {
+            tracing::info!("device {}: {} written at last", c.id, state::state_path(c.id).display());
+        }
         std::thread::sleep(Duration::from_millis(500));
     }
 }

@@ -3,7 +3,9 @@
 # vm-fdp: on
 # --name gives a path that stays the same when the device number changes (LMCache discards
 # its checkpoint when device_path changes) and is never taken over by a second device;
-# list/stats/features answer; SIGTERM stops cleanly.
+# list/stats/features answer; SIGTERM stops cleanly. `down` finds the daemon that serves a
+# device when its state file names a dead one, and a recovered daemon writes the state file
+# it could not write at first.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 GEO=(--slot-bytes 64K --meta-total-bytes 1M)
@@ -43,6 +45,32 @@ if command -v udevadm >/dev/null; then
     # fdpblk-release@ after a unit whose adds were all refused: no device, nothing to release.
     out=$("$FDPBLK" del --name nosuch --if-orphaned 2>&1) && rc=0 || rc=$?
     expect "del --name --if-orphaned of no device succeeds, saying so ($out)" bash -c "test $rc -eq 0 && grep -q 'no fdpblk device named nosuch: nothing to delete' <<<'$out'"
+    # A daemon whose state file names a dead one (a recovery whose state file write failed)
+    # still serves: `down` stops it, where it used to keep it "for recovery".
+    truncate -s 64M /var/tmp/kv4.img
+    expect "device 1 named kv4" quiet fdpblk_add --backing /var/tmp/kv4.img --engine plain --policy none -n 1 --name kv4 "${GEO[@]}"
+    jq -c '.pid_start = 0' /run/fdpblk/1.json >/tmp/kv4-state.json && cp /tmp/kv4-state.json /run/fdpblk/1.json
+    out=$("$FDPBLK" down kv4 2>&1) && rc=0 || rc=$?
+    expect "down kv4 stops the device its state file's daemon does not serve ($out)" bash -c "test $rc -eq 0 && grep -qF 'stopped /dev/ublkb1 (kv4)' <<<\"\$1\"" _ "$out"
+    expect "device 1 is gone again" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb1 ]] || exit 0; sleep 0.1; done; exit 1"
+    # A recovery whose state file cannot be written (/run/fdpblk full) serves under the dead
+    # daemon's file, and writes its own once there is room.
+    truncate -s 64M /var/tmp/kv5.img
+    expect "device 1 named kv5" quiet fdpblk_add --backing /var/tmp/kv5.img --engine plain --policy none -n 1 --name kv5 "${GEO[@]}"
+    old=$(daemon_pid 1)
+    expect "kv5: SIGKILL daemon $old" kill -9 "$old"
+    for _ in $(seq 100); do kill -0 "$old" 2>/dev/null || break; sleep 0.1; done
+    mkdir -p /tmp/run-fdpblk && cp -a /run/fdpblk/. /tmp/run-fdpblk/
+    mount -t tmpfs -o size=1m tmpfs /run/fdpblk && cp -a /tmp/run-fdpblk/. /run/fdpblk/
+    head -c 2M /dev/zero >/run/fdpblk/fill 2>/dev/null || true  # till it is full
+    expect "kv5: recovered with /run/fdpblk full" quiet "$FDPBLK" recover -n 1
+    expect_eq "kv5: its state file still names the dead daemon" "$(daemon_pid 1)" "$old"
+    rm /run/fdpblk/fill
+    expect "kv5: the new daemon writes its state file once there is room" \
+        bash -c 'for i in $(seq 50); do p=$(sed -n "s/.*\"pid\":\([0-9]*\).*/\1/p" /run/fdpblk/1.json); [[ $p && $p != "$1" ]] && kill -0 "$p" && exit 0; sleep 0.1; done; exit 1' _ "$old"
+    expect "kv5: down" quiet "$FDPBLK" down kv5
+    expect "kv5: device 1 is gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb1 ]] || exit 0; sleep 0.1; done; exit 1"
+    cp -a /run/fdpblk/. /tmp/run-fdpblk/ && umount -l /run/fdpblk && cp -a /tmp/run-fdpblk/. /run/fdpblk/
 else
     not_ok "udevadm missing in the guest (tests/vm/setup.sh installs udev)"
 fi
