@@ -944,6 +944,11 @@ fn add_device(a: &AddArgs) -> CmdResult {
     if let Some(e) = backing_in_use(&a.backing) {
         return Err(e.into());
     }
+    // The daemon's lock refuses a second add only once its checks passed, after --force
+    // erased signatures: on a file a daemon serves, those of the data it serves.
+    if let Some(e) = backing_served(&a.backing).filter(|_| a.force) {
+        return Err(format!("--force: {e}; nothing was erased").into());
+    }
     let cfg = validate(a)?;
     daemonize(a.foreground, move |notify| target::run(cfg, false, notify))
 }
@@ -1010,6 +1015,20 @@ fn storage_key(p: &Path) -> Option<(u64, u64)> {
 /// Whether two backing paths name the same storage.
 fn same_backing(a: &Path, b: &Path) -> bool {
     storage_key(a).is_some_and(|x| storage_key(b) == Some(x))
+}
+
+/// Names the fdpblk device a running daemon serves on `backing`, if any.
+fn backing_served(backing: &Path) -> Option<String> {
+    state::state_ids().into_iter().find_map(|id| {
+        let read = state::read_state(id);
+        let (cfg, _) = read.as_ref().ok()?;
+        let daemon = serving_daemon(id, &read).filter(|_| target::device_exists(id) && same_backing(backing, &cfg.backing))?;
+        Some(format!(
+            "backing {} is served by {} (daemon pid {daemon}); stop it first (`fdpblk del -n {id}`)",
+            backing.display(),
+            state::bdev_path(id)
+        ))
+    })
 }
 
 /// Refuses a backing of an fdpblk device whose daemon died: a live daemon holds its backing

@@ -140,6 +140,16 @@ KEEP0=1 refuse "namespace of a passthrough device" "in use" add --backing "$NS_D
 KEEP0=1 refuse "second passthrough daemon" "in use: its namespace" add --backing "$NG_DEV" -n 1 --engine passthrough
 expect "del passthrough" "$FDPBLK" del -n 0
 expect "its daemon exits" daemons_gone
+# --force on a file a daemon serves, whose served data holds a signature: refused before
+# anything is erased (the daemon's lock would refuse it only after wipefs).
+truncate -s 64M /var/tmp/served.img
+expect "device on a file" quiet fdpblk_add --backing /var/tmp/served.img -n 0 --engine plain --policy none "${GEO[@]}"
+expect "a swap signature written through it" quiet mkswap /dev/ublkb0
+KEEP0=1 refuse "--force on a served backing" "^fdpblk: --force: backing /var/tmp/served.img is served by /dev/ublkb0 \(daemon pid [0-9]+\); stop it first \(.fdpblk del -n 0.\); nothing was erased$" \
+    add --backing /var/tmp/served.img -n 1 --engine plain --policy none --force "${GEO[@]}"
+expect "the served data's signature is still there" bash -c "blkid -p /var/tmp/served.img | grep -q 'TYPE=\"swap\"'"
+expect "del the file's device" "$FDPBLK" del -n 0
+expect "its daemon exits" daemons_gone
 # LMCache reconfigured (fdpblk's overflow alarm asks for a larger meta_total_bytes): the
 # conflict names the command that erases the old checkpoint, after which add takes the new one.
 NEW=(--slot-bytes 64K --meta-total-bytes 2M)
