@@ -1017,9 +1017,10 @@ fn same_backing(a: &Path, b: &Path) -> bool {
     storage_key(a).is_some_and(|x| storage_key(b) == Some(x))
 }
 
-/// Names the fdpblk device a running daemon serves on `backing`, if any.
+/// Names the fdpblk device a running daemon serves on `backing`, if any: by the state files,
+/// else by an fdpblk process holding the backing open (its state file gone with `/run`).
 fn backing_served(backing: &Path) -> Option<String> {
-    state::state_ids().into_iter().find_map(|id| {
+    let by_state = state::state_ids().into_iter().find_map(|id| {
         let read = state::read_state(id);
         let (cfg, _) = read.as_ref().ok()?;
         let daemon = serving_daemon(id, &read).filter(|_| target::device_exists(id) && same_backing(backing, &cfg.backing))?;
@@ -1027,6 +1028,14 @@ fn backing_served(backing: &Path) -> Option<String> {
             "backing {} is served by {} (daemon pid {daemon}); stop it first (`fdpblk del -n {id}`)",
             backing.display(),
             state::bdev_path(id)
+        ))
+    });
+    by_state.or_else(|| {
+        let path = std::fs::canonicalize(backing).ok()?;
+        let (pid, _) = state::openers(&path).into_iter().find(|(_, comm)| comm.starts_with("fdpblk"))?;
+        Some(format!(
+            "backing {} is held open by fdpblk (pid {pid}), a daemon whose state file is gone; stop it first (`fdpblk list` shows its device, `fdpblk del -n ID` stops it)",
+            backing.display()
         ))
     })
 }
@@ -1037,8 +1046,9 @@ fn backing_served(backing: &Path) -> Option<String> {
 /// the new device's.
 fn backing_in_use(backing: &Path) -> Option<String> {
     for id in state::state_ids() {
-        let (cfg, daemon) = match state::read_state(id) {
-            Ok(s) => s,
+        let read = state::read_state(id);
+        let cfg = match &read {
+            Ok((cfg, _)) => cfg,
             // Not known free: a device no daemon serves whose state file does not read (one
             // of another fdpblk version, after an upgrade by killing the daemon) may hold this
             // backing's writes for recovery, and a second device on it would take LMCache's
@@ -1053,7 +1063,7 @@ fn backing_in_use(backing: &Path) -> Option<String> {
             Err(_) => continue,
         };
         // A stopped device (its daemon died while stopping it) holds no writes.
-        if !orphaned(id, &daemon) || ublk_stopped(id) || !same_backing(backing, &cfg.backing) {
+        if !orphaned(id, &read) || ublk_stopped(id) || !same_backing(backing, &cfg.backing) {
             continue;
         }
         return Some(format!(
@@ -1286,14 +1296,21 @@ fn del_one(id: i32) -> Result<(), String> {
 }
 
 /// The daemon serving device `id`: its state file's, else an fdpblk process holding its
-/// char device (`/run` cleared, or a recovery that has not yet written its state file).
+/// char device (`/run` cleared, or a recovered daemon that could not write its state file
+/// yet) and, where the state file reads, that file's backing: a new add that took the id of
+/// a stale file's deleted device holds the char device too.
 pub(crate) fn serving_daemon(id: i32, read: &Result<(DeviceConfig, state::Daemon), String>) -> Option<state::Daemon> {
-    read.as_ref().ok().map(|(_, d)| *d).filter(state::Daemon::alive).or_else(|| {
-        state::openers(Path::new(&format!("/dev/ublkc{id}")))
-            .into_iter()
-            .find(|(_, comm)| comm.starts_with("fdpblk"))
-            .map(|(pid, _)| state::Daemon { pid, start: state::start_time(pid) })
-    })
+    if let Some(d) = read.as_ref().ok().map(|(_, d)| *d).filter(state::Daemon::alive) {
+        return Some(d);
+    }
+    let holds_backing = |pid: u32| match read {
+        Ok((cfg, _)) => state::openers(&cfg.backing).iter().any(|&(p, _)| p == pid),
+        Err(_) => true,
+    };
+    state::openers(Path::new(&format!("/dev/ublkc{id}")))
+        .into_iter()
+        .find(|(pid, comm)| comm.starts_with("fdpblk") && holds_backing(*pid))
+        .map(|(pid, _)| state::Daemon { pid, start: state::start_time(pid) })
 }
 
 /// The processes that hold `dev` open, but `skip`: "name (pid N)" each.
@@ -1336,10 +1353,11 @@ fn ublk_server(id: i32) -> Option<(i32, String)> {
     Some((pid, comm.trim().to_string()))
 }
 
-/// Whether device `id` is fdpblk's and its daemon `ours` died: the device is still there, and
-/// no other ublk server took its id.
-pub(crate) fn orphaned(id: i32, ours: &state::Daemon) -> bool {
-    !ours.alive() && target::device_exists(id) && foreign_server(id, ours).is_none()
+/// Whether device `id` is fdpblk's and its daemon died (`read`: its state file): the device
+/// is still there, no daemon serves it, and no other ublk server took its id.
+pub(crate) fn orphaned(id: i32, read: &Result<(DeviceConfig, state::Daemon), String>) -> bool {
+    let Ok((_, ours)) = read else { return false };
+    !ours.alive() && target::device_exists(id) && foreign_server(id, ours).is_none() && serving_daemon(id, read).is_none()
 }
 
 /// The live server of device `id` when it is not the fdpblk daemon `ours` (of `id`'s state
@@ -1355,6 +1373,8 @@ pub fn list(a: &ListArgs) -> CmdResult {
     for &id in &known {
         let read = state::read_state(id);
         let (st, hint) = dev_state(id, read.as_ref().ok().and_then(|(c, _)| c.name.as_deref()));
+        // The daemon that serves it, which may not be the one its file names yet.
+        let serving = serving_daemon(id, &read);
         let (cfg, pid) = match read {
             Ok(s) => s,
             Err(e) => {
@@ -1366,7 +1386,7 @@ pub fn list(a: &ListArgs) -> CmdResult {
         let mut v = cfg.to_json();
         v["state"] = json!(st);
         v["hint"] = json!(hint);
-        v["pid"] = json!(pid.pid);
+        v["pid"] = json!(serving.unwrap_or(pid).pid);
         v["device"] = json!(state::bdev_path(id));
         out.push(v);
     }
@@ -1424,9 +1444,10 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     let p = state::stats_path(a.number);
     let text = std::fs::read_to_string(&p).map_err(|e| format!("no stats for device {} ({}: {e}); is it running? see `fdpblk list`", a.number, p.display()))?;
     let mut v = parse_stats(&p, &text)?;
-    let saved = state::read_state(a.number).ok();
+    let read = state::read_state(a.number);
     // A daemon that died leaves its last figures behind (they stay for `recover`): say so.
-    let daemon_up = saved.as_ref().is_some_and(|(_, pid)| pid.alive());
+    let daemon_up = read.is_ok() && serving_daemon(a.number, &read).is_some();
+    let saved = read.ok();
     let name = saved.as_ref().and_then(|(cfg, _)| cfg.name.clone());
     v["daemon_up"] = json!(daemon_up);
     let age_s = std::fs::metadata(&p).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).map(|d| d.as_secs());

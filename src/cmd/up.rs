@@ -93,7 +93,7 @@ pub(crate) fn find(name: &str) -> Found {
     let mut best = Found::None;
     for id in state::state_ids() {
         let read = state::read_state(id);
-        let Ok((cfg, pid)) = &read else { continue };
+        let Ok((cfg, _)) = &read else { continue };
         if cfg.name.as_deref() != Some(name) {
             continue;
         }
@@ -101,7 +101,7 @@ pub(crate) fn find(name: &str) -> Found {
         // file write failed serves under the file of the daemon that died.
         let f = if let Some(d) = device::serving_daemon(id, &read) {
             Found::Running { id, pid: d.pid }
-        } else if device::orphaned(id, pid) {
+        } else if device::orphaned(id, &read) {
             Found::Orphaned { id }
         } else {
             Found::Stale { cfg: Box::new(cfg.clone()) }

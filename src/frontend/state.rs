@@ -228,18 +228,21 @@ pub fn start_time(pid: u32) -> Option<u64> {
 }
 
 /// The processes other than this one that hold `path` open, with their names. A device node
-/// is matched by its device number (a process in another mount namespace, such as fdpblk's
-/// daemon, shows its path from its own mount's root).
+/// is matched by its device number and a file by its inode (a process in another mount
+/// namespace, such as fdpblk's daemon, shows its path from its own mount's root).
 pub fn openers(path: &Path) -> Vec<(u32, String)> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let node = fs::metadata(path).ok().filter(|m| m.file_type().is_block_device() || m.file_type().is_char_device());
-    match node {
-        Some(m) => {
+    match fs::metadata(path) {
+        Ok(m) if m.file_type().is_block_device() || m.file_type().is_char_device() => {
             let (rdev, block) = (m.rdev(), m.file_type().is_block_device());
             let same_kind = move |t: std::fs::FileType| if block { t.is_block_device() } else { t.is_char_device() };
             openers_of(|fd| fs::metadata(fd).is_ok_and(|f| f.rdev() == rdev && same_kind(f.file_type())))
         }
-        None => openers_where(|t| t == path),
+        Ok(m) if m.is_file() => {
+            let (dev, ino) = (m.dev(), m.ino());
+            openers_of(|fd| fs::metadata(fd).is_ok_and(|f| f.is_file() && f.dev() == dev && f.ino() == ino))
+        }
+        _ => openers_where(|t| t == path),
     }
 }
 
@@ -421,6 +424,27 @@ mod tests {
         assert!(leader_gone, "the child's main thread never exited");
         assert!(alive_then, "the main thread exited, another still runs");
         assert!(!alive_after, "every thread exited: dead, though not reaped");
+    }
+
+    #[test]
+    fn openers_of_a_file_are_found_by_its_inode_whatever_the_path() {
+        let dir = std::env::temp_dir().join(format!("fdpblk-openers-file-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("backing.img");
+        fs::write(&file, b"x").unwrap();
+        let other_path = dir.join("backing-elsewhere");
+        std::os::unix::fs::symlink(&file, &other_path).unwrap();
+        let held = fs::File::open(&file).unwrap();
+        let mut child = std::process::Command::new("sleep").arg("30").stdin(held).spawn().unwrap();
+        let pid = child.id();
+        let found = openers(&other_path).iter().any(|&(p, _)| p == pid);
+        let by_link_text = openers_where(|t| t == other_path.as_path()).iter().any(|&(p, _)| p == pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        fs::remove_dir_all(&dir).unwrap();
+        assert!(found, "the child holds the file open");
+        assert!(!by_link_text, "its descriptor's link names the file, not the other path");
     }
 
     #[test]

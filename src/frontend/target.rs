@@ -949,7 +949,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             };
             let saved = match saved {
                 Err(e) if recover => {
-                    tracing::error!("device {}: {e}; trying again every half second", c.id);
+                    tracing::error!("device {}: {e}; trying again at each stats round (about every half second)", c.id);
                     Ok(())
                 }
                 r => r,
@@ -1083,15 +1083,18 @@ pub fn drivers_device_matches(cfg: &DeviceConfig, basic: &sys::ublk_param_basic)
     if bytes == cfg.exported_bytes && shift == cfg.lba_shift {
         return Ok(());
     }
+    let file = state::state_path(cfg.id);
     Err(format!(
         "device {}: the driver holds it as {bytes} bytes of {}-byte blocks, but its state file {} says {} bytes of {}-byte blocks: the file is not this device's. \
-         Delete the device (`fdpblk del -n {}`: the I/O it holds fails, the data on the backing stays) and add it again",
+         If fdpblk served this device, delete it (`fdpblk del -n {}`: the I/O it holds fails, the data on the backing stays) and add it again; \
+         if another ublk server's device took the id since, the file is stale: remove it (`rm {}`) and recover that device with its own server",
         cfg.id,
         1u64 << shift.min(63),
-        state::state_path(cfg.id).display(),
+        file.display(),
         cfg.exported_bytes,
         1u64 << cfg.lba_shift.min(63),
-        cfg.id
+        cfg.id,
+        file.display()
     ))
 }
 
@@ -1477,7 +1480,7 @@ mod tests {
         drivers_device_matches(&saved, &basic(1 << 30, 9)).unwrap();
         for (b, says) in [(basic(2 << 30, 9), "2147483648 bytes of 512-byte blocks"), (basic(1 << 30, 12), "1073741824 bytes of 4096-byte blocks")] {
             let e = drivers_device_matches(&saved, &b).unwrap_err();
-            assert!(e.contains(says) && e.contains("says 1073741824 bytes of 512-byte blocks") && e.contains("fdpblk del -n 0"), "{e}");
+            assert!(e.contains(says) && e.contains("says 1073741824 bytes of 512-byte blocks") && e.contains("fdpblk del -n 0") && e.contains("rm /run/fdpblk/0.json"), "{e}");
         }
         // The driver gave 2 queues on a 2-CPU machine where 4 were asked: the daemon serves 2.
         let info = |q: u16, d: u16, b: u32| sys::ublksrv_ctrl_dev_info { nr_hw_queues: q, queue_depth: d, max_io_buf_bytes: b, ..Default::default() };

@@ -60,17 +60,27 @@ if command -v udevadm >/dev/null; then
     old=$(daemon_pid 1)
     expect "kv5: SIGKILL daemon $old" kill -9 "$old"
     for _ in $(seq 100); do kill -0 "$old" 2>/dev/null || break; sleep 0.1; done
-    mkdir -p /tmp/run-fdpblk && cp -a /run/fdpblk/. /tmp/run-fdpblk/
-    mount -t tmpfs -o size=1m tmpfs /run/fdpblk && cp -a /tmp/run-fdpblk/. /run/fdpblk/
-    head -c 2M /dev/zero >/run/fdpblk/fill 2>/dev/null || true  # till it is full
+    rm -rf /tmp/run-fdpblk && mkdir -p /tmp/run-fdpblk && cp -a /run/fdpblk/. /tmp/run-fdpblk/
+    expect "kv5: /run/fdpblk on a tmpfs of its own, its files copied" \
+        bash -c "mount -t tmpfs -o size=64m tmpfs /run/fdpblk && cp -a /tmp/run-fdpblk/. /run/fdpblk/"
+    head -c 128M /dev/zero >/run/fdpblk/fill 2>/dev/null || true  # till it is full
     expect "kv5: recovered with /run/fdpblk full" quiet "$FDPBLK" recover -n 1
     expect_eq "kv5: its state file still names the dead daemon" "$(daemon_pid 1)" "$old"
+    # Meanwhile list, stats and add know the new daemon by its hold on the device.
+    expect "kv5: list names the new daemon's pid, not $old" bash -c "$FDPBLK list --json | jq -e '.[] | select(.id == 1) | .pid != $old' >/dev/null"
+    expect_eq "kv5: stats --json: daemon_up" "$("$FDPBLK" stats -n 1 --json 2>/dev/null | jq -c .daemon_up)" true
+    out=$("$FDPBLK" add --backing /var/tmp/kv5.img -n 2 --engine plain --policy none "${GEO[@]}" 2>&1) && rc=0 || rc=$?
+    expect "kv5: a second add on its backing is refused as served, not as a dead daemon's ($out)" \
+        bash -c 'test "$1" -ne 0 && ! grep -q "whose daemon died" <<<"$2"' _ "$rc" "$out"
     rm /run/fdpblk/fill
     expect "kv5: the new daemon writes its state file once there is room" \
         bash -c 'for i in $(seq 50); do p=$(sed -n "s/.*\"pid\":\([0-9]*\).*/\1/p" /run/fdpblk/1.json); [[ $p && $p != "$1" ]] && kill -0 "$p" && exit 0; sleep 0.1; done; exit 1' _ "$old"
     expect "kv5: down" quiet "$FDPBLK" down kv5
     expect "kv5: device 1 is gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb1 ]] || exit 0; sleep 0.1; done; exit 1"
-    cp -a /run/fdpblk/. /tmp/run-fdpblk/ && umount -l /run/fdpblk && cp -a /tmp/run-fdpblk/. /run/fdpblk/
+    # Back on /run's own directory, as the tmpfs left it (device 1's files went with `down`).
+    rm -rf /tmp/run-fdpblk && mkdir -p /tmp/run-fdpblk && cp -a /run/fdpblk/. /tmp/run-fdpblk/
+    umount -l /run/fdpblk && rm -f /run/fdpblk/1.json /run/fdpblk/1.stats.json && cp -a /tmp/run-fdpblk/. /run/fdpblk/
+    expect "kv5: no state file of device 1 left" test ! -e /run/fdpblk/1.json
 else
     not_ok "udevadm missing in the guest (tests/vm/setup.sh installs udev)"
 fi
