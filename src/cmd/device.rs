@@ -1023,7 +1023,10 @@ fn backing_served(backing: &Path) -> Option<String> {
     let by_state = state::state_ids().into_iter().find_map(|id| {
         let read = state::read_state(id);
         let (cfg, _) = read.as_ref().ok()?;
-        let daemon = serving_daemon(id, &read).filter(|_| target::device_exists(id) && same_backing(backing, &cfg.backing))?;
+        if !same_backing(backing, &cfg.backing) {
+            return None;
+        }
+        let daemon = serving_daemon(id, &read)?;
         Some(format!(
             "backing {} is served by {} (daemon pid {daemon}); stop it first (`fdpblk del -n {id}`)",
             backing.display(),
@@ -1031,10 +1034,9 @@ fn backing_served(backing: &Path) -> Option<String> {
         ))
     });
     by_state.or_else(|| {
-        let path = std::fs::canonicalize(backing).ok()?;
-        let (pid, _) = state::openers(&path).into_iter().find(|(_, comm)| comm.starts_with("fdpblk"))?;
+        let pid = state::fdpblk_holding(&[backing])?;
         Some(format!(
-            "backing {} is held open by fdpblk (pid {pid}), a daemon whose state file is gone; stop it first (`fdpblk list` shows its device, `fdpblk del -n ID` stops it)",
+            "backing {} is held open by fdpblk (pid {pid}) with no state file naming it (a daemon whose state file is gone, or another fdpblk command); stop it first (`fdpblk list` shows a device without its state file, `fdpblk del -n ID` stops it)",
             backing.display()
         ))
     })
@@ -1063,7 +1065,7 @@ fn backing_in_use(backing: &Path) -> Option<String> {
             Err(_) => continue,
         };
         // A stopped device (its daemon died while stopping it) holds no writes.
-        if !orphaned(id, &read) || ublk_stopped(id) || !same_backing(backing, &cfg.backing) {
+        if !same_backing(backing, &cfg.backing) || !orphaned(id, &read) || ublk_stopped(id) {
             continue;
         }
         return Some(format!(
@@ -1303,14 +1305,15 @@ pub(crate) fn serving_daemon(id: i32, read: &Result<(DeviceConfig, state::Daemon
     if let Some(d) = read.as_ref().ok().map(|(_, d)| *d).filter(state::Daemon::alive) {
         return Some(d);
     }
-    let holds_backing = |pid: u32| match read {
-        Ok((cfg, _)) => state::openers(&cfg.backing).iter().any(|&(p, _)| p == pid),
-        Err(_) => true,
-    };
-    state::openers(Path::new(&format!("/dev/ublkc{id}")))
-        .into_iter()
-        .find(|(pid, comm)| comm.starts_with("fdpblk") && holds_backing(*pid))
-        .map(|(pid, _)| state::Daemon { pid, start: state::start_time(pid) })
+    if !target::device_exists(id) {
+        return None;
+    }
+    let ublkc = PathBuf::from(format!("/dev/ublkc{id}"));
+    let pid = match read {
+        Ok((cfg, _)) => state::fdpblk_holding(&[&ublkc, &cfg.backing]),
+        Err(_) => state::fdpblk_holding(&[&ublkc]),
+    }?;
+    Some(state::Daemon { pid, start: state::start_time(pid) })
 }
 
 /// The processes that hold `dev` open, but `skip`: "name (pid N)" each.
@@ -1374,7 +1377,7 @@ pub fn list(a: &ListArgs) -> CmdResult {
         let read = state::read_state(id);
         let (st, hint) = dev_state(id, read.as_ref().ok().and_then(|(c, _)| c.name.as_deref()));
         // The daemon that serves it, which may not be the one its file names yet.
-        let serving = serving_daemon(id, &read);
+        let serving = read.as_ref().ok().and_then(|_| serving_daemon(id, &read));
         let (cfg, pid) = match read {
             Ok(s) => s,
             Err(e) => {

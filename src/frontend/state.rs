@@ -227,23 +227,66 @@ pub fn start_time(pid: u32) -> Option<u64> {
     stat.rsplit_once(')')?.1.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
-/// The processes other than this one that hold `path` open, with their names. A device node
-/// is matched by its device number and a file by its inode (a process in another mount
-/// namespace, such as fdpblk's daemon, shows its path from its own mount's root).
-pub fn openers(path: &Path) -> Vec<(u32, String)> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    match fs::metadata(path) {
-        Ok(m) if m.file_type().is_block_device() || m.file_type().is_char_device() => {
-            let (rdev, block) = (m.rdev(), m.file_type().is_block_device());
-            let same_kind = move |t: std::fs::FileType| if block { t.is_block_device() } else { t.is_char_device() };
-            openers_of(|fd| fs::metadata(fd).is_ok_and(|f| f.rdev() == rdev && same_kind(f.file_type())))
+/// What an open descriptor must be to be `path`: a device node by its number and kind, a
+/// file by its inode (a process in another mount namespace, such as fdpblk's daemon, shows
+/// its path from its own mount's root, so the link's text would not match).
+#[derive(Clone, Copy)]
+enum Node {
+    Device { rdev: u64, block: bool },
+    File { dev: u64, ino: u64 },
+}
+
+impl Node {
+    fn of(path: &Path) -> Option<Node> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let m = fs::metadata(path).ok()?;
+        let t = m.file_type();
+        if t.is_block_device() || t.is_char_device() {
+            Some(Node::Device { rdev: m.rdev(), block: t.is_block_device() })
+        } else if t.is_file() {
+            Some(Node::File { dev: m.dev(), ino: m.ino() })
+        } else {
+            None
         }
-        Ok(m) if m.is_file() => {
-            let (dev, ino) = (m.dev(), m.ino());
-            openers_of(|fd| fs::metadata(fd).is_ok_and(|f| f.is_file() && f.dev() == dev && f.ino() == ino))
-        }
-        _ => openers_where(|t| t == path),
     }
+
+    /// Whether the descriptor `/proc/PID/fd/N` is this node.
+    fn is(&self, fd: &Path) -> bool {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let Ok(f) = fs::metadata(fd) else { return false };
+        match *self {
+            Node::Device { rdev, block } => f.rdev() == rdev && if block { f.file_type().is_block_device() } else { f.file_type().is_char_device() },
+            Node::File { dev, ino } => f.is_file() && f.dev() == dev && f.ino() == ino,
+        }
+    }
+}
+
+/// The processes other than this one that hold `path` open, with their names, matched as
+/// [`Node`] says (a path that is neither a device nor a file: by the link's text).
+pub fn openers(path: &Path) -> Vec<(u32, String)> {
+    match Node::of(path) {
+        Some(n) => openers_of(|fd| n.is(fd)),
+        None => openers_where(|t| t == path),
+    }
+}
+
+/// An fdpblk process other than this one that holds every one of `paths` open (a daemon
+/// known by what it holds, not by a state file). Only fdpblk processes' descriptors are
+/// looked at: a stat through another process's descriptor can block on a hung mount.
+pub fn fdpblk_holding(paths: &[&Path]) -> Option<u32> {
+    let nodes = paths.iter().map(|p| Node::of(p)).collect::<Option<Vec<_>>>()?;
+    for p in fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).filter(|&p| p != std::process::id()) else { continue };
+        if !fs::read_to_string(p.path().join("comm")).is_ok_and(|c| c.starts_with("fdpblk")) {
+            continue;
+        }
+        let Ok(fds) = fs::read_dir(p.path().join("fd")) else { continue };
+        let fds: Vec<PathBuf> = fds.flatten().map(|fd| fd.path()).collect();
+        if nodes.iter().all(|n| fds.iter().any(|fd| n.is(fd))) {
+            return Some(pid);
+        }
+    }
+    None
 }
 
 /// The processes other than this one with a descriptor whose link (`/proc/PID/fd/N`) passes
@@ -445,6 +488,43 @@ mod tests {
         fs::remove_dir_all(&dir).unwrap();
         assert!(found, "the child holds the file open");
         assert!(!by_link_text, "its descriptor's link names the file, not the other path");
+    }
+
+    #[test]
+    fn an_fdpblk_process_is_found_by_everything_it_holds_and_no_other_is() {
+        let dir = std::env::temp_dir().join(format!("fdpblk-holding-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a.img"), dir.join("b.img"));
+        fs::write(&a, b"a").unwrap();
+        fs::write(&b, b"b").unwrap();
+        // A process named like fdpblk's daemon (its comm is its file's name), and another.
+        let daemon = dir.join("fdpblk-sleep");
+        fs::copy("/bin/sleep", &daemon).unwrap();
+        let spawn = |exe: &Path| {
+            let held = fs::File::open(&a).unwrap();
+            std::process::Command::new(exe).arg("30").stdin(held).stdout(std::process::Stdio::null()).spawn().unwrap()
+        };
+        let mut other = spawn(Path::new("/bin/sleep"));
+        let before = fdpblk_holding(&[&a]);
+        let mut ours = spawn(&daemon);
+        // Its comm is set at exec: wait for it.
+        for _ in 0..100 {
+            if fs::read_to_string(format!("/proc/{}/comm", ours.id())).is_ok_and(|c| c.starts_with("fdpblk")) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let both = fdpblk_holding(&[&a, Path::new("/dev/null")]);
+        let not_b = fdpblk_holding(&[&a, &b]);
+        for c in [&mut other, &mut ours] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(before, None, "a process not named fdpblk is not taken for a daemon");
+        assert_eq!(both, Some(ours.id()), "it holds a.img and /dev/null");
+        assert_eq!(not_b, None, "it does not hold b.img");
     }
 
     #[test]
