@@ -179,7 +179,7 @@ pub struct AddArgs {
     /// Device id (/dev/ublkbN); -1 lets the driver choose.
     #[arg(short = 'n', long, default_value_t = -1, allow_hyphen_values = true)]
     pub number: i32,
-    /// Hardware queues (one thread each).
+    /// Hardware queues (one thread each; the driver gives at most one per CPU).
     #[arg(short = 'q', long, default_value_t = 1)]
     pub queues: u16,
     /// Queue depth.
