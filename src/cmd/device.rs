@@ -1092,10 +1092,14 @@ pub fn recover(a: &IdArgs) -> CmdResult {
 
 fn recover_device(a: &IdArgs) -> CmdResult {
     need_ublk_driver()?;
-    let (cfg, pid) = state::read_state(a.number)?;
+    let read = state::read_state(a.number);
+    let (cfg, pid) = read.clone()?;
     if policy_by_name(&cfg.policy).is_none() {
         return Err(target::unknown_policy(&cfg).into());
     }
+    // The daemon to wait for: its state file's, or one that serves the device under that file
+    // (a recovered daemon that could not write its own yet), killed too and still exiting.
+    let pid = if pid.alive() { pid } else { serving_daemon(a.number, &read).unwrap_or(pid) };
     // A killed daemon may still be tearing down its rings for a moment; one whose threads
     // wait in NVMe commands (its leader a zombie) exits once the drive answers or the
     // kernel's I/O timeout (30 s) ends them.

@@ -280,8 +280,18 @@ pub fn fdpblk_holding(paths: &[&Path]) -> Option<u32> {
         if !fs::read_to_string(p.path().join("comm")).is_ok_and(|c| c.starts_with("fdpblk")) {
             continue;
         }
-        let Ok(fds) = fs::read_dir(p.path().join("fd")) else { continue };
-        let fds: Vec<PathBuf> = fds.flatten().map(|fd| fd.path()).collect();
+        let list = |dir: PathBuf| fs::read_dir(dir).map(|d| d.flatten().map(|fd| fd.path()).collect::<Vec<_>>()).unwrap_or_default();
+        let mut fds = list(p.path().join("fd"));
+        // A daemon whose main thread exited (killed, its threads still in NVMe commands)
+        // lists no descriptors there: its other threads still hold them.
+        if fds.is_empty() {
+            for t in fs::read_dir(p.path().join("task")).into_iter().flatten().flatten() {
+                fds = list(t.path().join("fd"));
+                if !fds.is_empty() {
+                    break;
+                }
+            }
+        }
         if nodes.iter().all(|n| fds.iter().any(|fd| n.is(fd))) {
             return Some(pid);
         }
@@ -469,6 +479,57 @@ mod tests {
         assert!(!alive_after, "every thread exited: dead, though not reaped");
     }
 
+    /// Held by the tests that make processes named like fdpblk's: a fork copies every open
+    /// file of this process, so one test's fdpblk-named child would hold the other's files.
+    static FDPBLK_NAMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn an_fdpblk_process_whose_main_thread_exited_is_found_by_what_its_threads_hold() {
+        let _alone = FDPBLK_NAMED.lock().unwrap_or_else(|e| e.into_inner());
+        let file = std::env::temp_dir().join(format!("fdpblk-holding-zombie-{}", std::process::id()));
+        fs::write(&file, b"x").unwrap();
+        let held = fs::File::open(&file).unwrap();
+        let mut fds = [0; 2];
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        let [rd, wr] = fds;
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork");
+        if child == 0 {
+            // Named like the daemon (its thread inherits the name), holding `file`; a thread
+            // waits for the parent's byte while the main thread alone exits (a zombie leader).
+            let spawned = std::panic::catch_unwind(|| {
+                unsafe { libc::prctl(libc::PR_SET_NAME, c"fdpblk-exiting".as_ptr()) };
+                unsafe { libc::close(wr) };
+                std::thread::spawn(move || {
+                    let mut b = [0u8; 1];
+                    unsafe { libc::read(rd, b.as_mut_ptr().cast(), 1) };
+                    unsafe { libc::_exit(0) };
+                })
+            });
+            if spawned.is_err() {
+                unsafe { libc::_exit(2) };
+            }
+            unsafe { libc::syscall(libc::SYS_exit, 0) };
+            unsafe { libc::_exit(3) };
+        }
+        drop(held);
+        unsafe { libc::close(rd) };
+        let pid = child as u32;
+        let state = || fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while state() != Some('Z') && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let (leader_gone, found) = (state() == Some('Z'), fdpblk_holding(&[&file]));
+        assert_eq!(unsafe { libc::write(wr, [1u8].as_ptr().cast(), 1) }, 1);
+        unsafe { libc::close(wr) };
+        let mut status = 0;
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        let _ = fs::remove_file(&file);
+        assert!(leader_gone, "the child's main thread never exited");
+        assert_eq!(found, Some(pid), "its remaining thread holds the file");
+    }
+
     #[test]
     fn openers_of_a_file_are_found_by_its_inode_whatever_the_path() {
         let dir = std::env::temp_dir().join(format!("fdpblk-openers-file-{}", std::process::id()));
@@ -498,9 +559,12 @@ mod tests {
         let (a, b) = (dir.join("a.img"), dir.join("b.img"));
         fs::write(&a, b"a").unwrap();
         fs::write(&b, b"b").unwrap();
-        // A process named like fdpblk's daemon (its comm is its file's name), and another.
+        let _alone = FDPBLK_NAMED.lock().unwrap_or_else(|e| e.into_inner());
+        // A process named like fdpblk's daemon (its comm is the name it was executed by: a
+        // link, since a copied executable another test's fork still holds open cannot run),
+        // and another.
         let daemon = dir.join("fdpblk-sleep");
-        fs::copy("/bin/sleep", &daemon).unwrap();
+        std::os::unix::fs::symlink("/bin/sleep", &daemon).unwrap();
         let spawn = |exe: &Path| {
             let held = fs::File::open(&a).unwrap();
             std::process::Command::new(exe).arg("30").stdin(held).stdout(std::process::Stdio::null()).spawn().unwrap()
