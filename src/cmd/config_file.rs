@@ -64,17 +64,31 @@ pub struct ConfigFile {
     pub persist_interval_ms: Option<u64>,
 }
 
+/// The largest config file read: every key with a long comment is a few KiB.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// Line (1-based) of byte `at` in `text`.
 fn line_of(text: &str, at: usize) -> usize {
     text.as_bytes()[..at.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
 }
 
 impl ConfigFile {
-    /// Reads and parses `path`.
+    /// Reads and parses `path`: a regular file of at most [`MAX_CONFIG_BYTES`] of UTF-8 text
+    /// (`--config /dev/nvme0n1`, a slip, must not read the namespace into memory).
     pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            format!("cannot read config {}: {e}; create it (deploy/fdpblk.example.toml shows every key) or pass another --config", path.display())
-        })?;
+        use std::io::Read;
+        let p = path.display();
+        let cannot = |e: std::io::Error| format!("cannot read config {p}: {e}; create it (deploy/fdpblk.example.toml shows every key) or pass another --config");
+        let meta = std::fs::metadata(path).map_err(cannot)?;
+        if !meta.is_file() {
+            return Err(format!("config {p} is not a file (a device or a directory?); pass the device's .toml file (deploy/fdpblk.example.toml shows every key)"));
+        }
+        let mut bytes = Vec::new();
+        std::fs::File::open(path).and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes)).map_err(cannot)?;
+        if bytes.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(format!("config {p} is over {} KiB: not an fdpblk config; pass the device's .toml file", MAX_CONFIG_BYTES >> 10));
+        }
+        let text = String::from_utf8(bytes).map_err(|e| format!("config {p} is not UTF-8 text (byte {}); pass the device's .toml file", e.utf8_error().valid_up_to()))?;
         Self::parse(path, &text)
     }
 
@@ -334,6 +348,25 @@ slot_bytes = 33558528
 meta_total_bytes = "256M"
 capacity_bytes = "1T"
 "#;
+
+    #[test]
+    fn a_device_a_huge_file_or_binary_is_refused_as_a_config_without_reading_it_whole() {
+        let e = ConfigFile::load(Path::new("/dev/zero")).unwrap_err();
+        assert!(e.contains("/dev/zero is not a file") && e.contains(".toml"), "{e}");
+        let d = tempdir::Dir::new();
+        let big = d.0.join("big.toml");
+        std::fs::write(&big, vec![b'#'; MAX_CONFIG_BYTES as usize + 1]).unwrap();
+        let e = ConfigFile::load(&big).unwrap_err();
+        assert!(e.contains("is over 1024 KiB"), "{e}");
+        let bin = d.0.join("bin.toml");
+        std::fs::write(&bin, b"queues = 1\n\xff\xfe").unwrap();
+        let e = ConfigFile::load(&bin).unwrap_err();
+        assert!(e.contains("is not UTF-8 text (byte 11)"), "{e}");
+        let e = ConfigFile::load(&d.0.join("missing.toml")).unwrap_err();
+        assert!(e.contains("cannot read config") && e.contains("create it"), "{e}");
+        std::fs::write(&big, b"queues = 2\n").unwrap();
+        assert_eq!(ConfigFile::load(&big).unwrap().queues, Some(2));
+    }
 
     #[test]
     fn every_key_sets_its_flag() {
