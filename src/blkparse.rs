@@ -236,8 +236,10 @@ pub fn parse_line(line: &str) -> Result<Event, &'static str> {
                 Some(d) => (true, d),
                 None => (false, e),
             };
-            let v: i32 = num(digits, "completion error is not a number")?;
-            error = Some(if neg { -v } else { v });
+            // Read wider: -2147483648 is an i32, its digits alone are not.
+            let v: i64 = num(digits, "completion error is not a number")?;
+            let v = i32::try_from(if neg { -v } else { v }).map_err(|_| "completion error is out of range")?;
+            error = Some(v);
         }
     }
     Ok(Event { major, minor, cpu, seq, pid, action, rwbs, range, error })
@@ -362,6 +364,8 @@ mod tests {
         assert_eq!(e.error, None);
         let c = parse_line("8,0 0 6 0.7 0 C WS 16384 + 8 [-5]").unwrap();
         assert_eq!(c.error, Some(-5));
+        assert_eq!(parse_line("8,0 0 6 0.7 0 C WS 16384 + 8 [-2147483648]").unwrap().error, Some(i32::MIN));
+        assert!(parse_line("8,0 0 6 0.7 0 C WS 16384 + 8 [2147483648]").is_err());
         // `blkparse -t` puts the time since queueing between the range and the error.
         let t = parse_line("8,0 0 6 0.7 0 C WS 16384 + 8 (    1234) [-5]").unwrap();
         assert_eq!((t.range, t.error), (Some((16384, 8)), Some(-5)));

@@ -370,7 +370,8 @@ fn collect(reg: &mut Registry, id: i32) -> Result<(), String> {
     let state_text = std::fs::read_to_string(state::state_path(id)).map_err(|e| {
         format!("no fdpblk device {id} ({}: {e}); see `fdpblk list`", state::state_path(id).display())
     })?;
-    let saved: Value = serde_json::from_str(&state_text).map_err(|e| format!("{} is corrupt: {e}", state::state_path(id).display()))?;
+    // A file that does not parse gets read_state's message, which names the fix.
+    let saved: Value = serde_json::from_str(&state_text).map_err(|e| state::read_state(id).err().unwrap_or_else(|| format!("{} is corrupt: {e}", state::state_path(id).display())))?;
     let up = state::Daemon::from_state(&saved).alive() || super::device::serving_daemon(id, &state::read_state(id)).is_some();
     let stats: Option<Value> = std::fs::read_to_string(state::stats_path(id)).ok().and_then(|t| serde_json::from_str(&t).ok());
     // The stats file's age; before the daemon's first one, that of its state file (written at

@@ -102,7 +102,16 @@ impl fmt::Display for NvmeError {
                 path.display()
             ),
             NvmeError::Command { what, path, source } => write!(f, "{what} on {}: {source}", path.display()),
-            NvmeError::Parse { what, path, source } => write!(f, "{what} from {}: {source}", path.display()),
+            NvmeError::Parse { what, path, source } => {
+                let source = source.to_string();
+                // Some say the fix themselves; else the drive's answer is at fault.
+                let fix = if source.contains("--policy none") {
+                    ""
+                } else {
+                    ": the drive's answer does not parse (compare `nvme id-ctrl`, `nvme id-ns` and `nvme fdp configs`; a firmware update may mend it); `fdpblk add --policy none` on the block device does not ask for it"
+                };
+                write!(f, "{what} from {}: {source}{fix}", path.display())
+            }
             NvmeError::Encode(e) => write!(f, "{e}"),
             NvmeError::NoFdp { ctrl, model } => write!(
                 f,
