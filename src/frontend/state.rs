@@ -430,26 +430,27 @@ mod tests {
         assert_eq!(Daemon::from_state(&v), Daemon { pid: me, start: Some(start) });
     }
 
-    #[test]
-    fn a_process_whose_main_thread_exited_is_alive_while_another_thread_runs() {
+    /// A forked child whose main thread alone exits (SYS_exit, not exit_group), leaving a
+    /// zombie leader, while a thread waits for a byte on the pipe; `in_child` runs first in
+    /// the child. Returns its pid, the pipe end that lets the thread go (a byte, or closing
+    /// it), and whether the leader became a zombie within 30 s.
+    fn child_with_a_zombie_leader(in_child: impl FnOnce()) -> (libc::pid_t, i32, bool) {
         let mut fds = [0; 2];
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         let [rd, wr] = fds;
         let child = unsafe { libc::fork() };
         assert!(child >= 0, "fork");
         if child == 0 {
-            // The child: a thread that waits for the parent's byte (or its end of the pipe
-            // closing), then the main thread alone exits (SYS_exit, not exit_group), leaving
-            // a zombie leader.
             // Nothing in the child may unwind into the test harness's copy.
-            let spawned = std::panic::catch_unwind(|| {
+            let spawned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                in_child();
                 unsafe { libc::close(wr) };
                 std::thread::spawn(move || {
                     let mut b = [0u8; 1];
                     unsafe { libc::read(rd, b.as_mut_ptr().cast(), 1) };
                     unsafe { libc::_exit(0) };
                 })
-            });
+            }));
             if spawned.is_err() {
                 unsafe { libc::_exit(2) };
             }
@@ -457,16 +458,26 @@ mod tests {
             unsafe { libc::_exit(3) };
         }
         unsafe { libc::close(rd) };
-        let pid = child as u32;
-        let state = || fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while state() != Some('Z') && std::time::Instant::now() < deadline {
+        while state_letter(child as u32) != Some('Z') && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let (leader_gone, alive_then) = (state() == Some('Z'), pid_alive(pid));
+        (child, wr, state_letter(child as u32) == Some('Z'))
+    }
+
+    fn state_letter(pid: u32) -> Option<char> {
+        fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()))
+    }
+
+    #[test]
+    fn a_process_whose_main_thread_exited_is_alive_while_another_thread_runs() {
+        let (child, wr, leader_gone) = child_with_a_zombie_leader(|| {});
+        let pid = child as u32;
+        let alive_then = pid_alive(pid);
         // Let the thread go whatever was seen, so a failure leaves no process behind.
         assert_eq!(unsafe { libc::write(wr, [1u8].as_ptr().cast(), 1) }, 1);
         unsafe { libc::close(wr) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while other_threads(pid) && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
@@ -489,45 +500,19 @@ mod tests {
         let file = std::env::temp_dir().join(format!("fdpblk-holding-zombie-{}", std::process::id()));
         fs::write(&file, b"x").unwrap();
         let held = fs::File::open(&file).unwrap();
-        let mut fds = [0; 2];
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        let [rd, wr] = fds;
-        let child = unsafe { libc::fork() };
-        assert!(child >= 0, "fork");
-        if child == 0 {
-            // Named like the daemon (its thread inherits the name), holding `file`; a thread
-            // waits for the parent's byte while the main thread alone exits (a zombie leader).
-            let spawned = std::panic::catch_unwind(|| {
-                unsafe { libc::prctl(libc::PR_SET_NAME, c"fdpblk-exiting".as_ptr()) };
-                unsafe { libc::close(wr) };
-                std::thread::spawn(move || {
-                    let mut b = [0u8; 1];
-                    unsafe { libc::read(rd, b.as_mut_ptr().cast(), 1) };
-                    unsafe { libc::_exit(0) };
-                })
-            });
-            if spawned.is_err() {
-                unsafe { libc::_exit(2) };
-            }
-            unsafe { libc::syscall(libc::SYS_exit, 0) };
-            unsafe { libc::_exit(3) };
-        }
+        // Named like the daemon (its thread inherits the name), holding `file`.
+        let (child, wr, leader_gone) = child_with_a_zombie_leader(|| unsafe {
+            libc::prctl(libc::PR_SET_NAME, c"fdpblk-exiting".as_ptr());
+        });
         drop(held);
-        unsafe { libc::close(rd) };
-        let pid = child as u32;
-        let state = || fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while state() != Some('Z') && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        let (leader_gone, found) = (state() == Some('Z'), fdpblk_holding(&[&file]));
+        let found = fdpblk_holding(&[&file]);
         assert_eq!(unsafe { libc::write(wr, [1u8].as_ptr().cast(), 1) }, 1);
         unsafe { libc::close(wr) };
         let mut status = 0;
         assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
         let _ = fs::remove_file(&file);
         assert!(leader_gone, "the child's main thread never exited");
-        assert_eq!(found, Some(pid), "its remaining thread holds the file");
+        assert_eq!(found, Some(child as u32), "its remaining thread holds the file");
     }
 
     #[test]
