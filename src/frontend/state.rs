@@ -515,25 +515,40 @@ mod tests {
         assert_eq!(found, Some(child as u32), "its remaining thread holds the file");
     }
 
-    #[test]
-    fn openers_of_a_file_are_found_by_its_inode_whatever_the_path() {
-        let dir = std::env::temp_dir().join(format!("fdpblk-openers-file-{}", std::process::id()));
+    /// Whether a child holding `target` as its stdin is found by `openers` of another path
+    /// to it (a link: what another mount namespace's path amounts to), and by the link's text.
+    fn found_through_another_path(tag: &str, target: &Path, stdin: std::process::Stdio) -> (bool, bool) {
+        let dir = std::env::temp_dir().join(format!("fdpblk-openers-{tag}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("backing.img");
-        fs::write(&file, b"x").unwrap();
-        let other_path = dir.join("backing-elsewhere");
-        std::os::unix::fs::symlink(&file, &other_path).unwrap();
-        let held = fs::File::open(&file).unwrap();
-        let mut child = std::process::Command::new("sleep").arg("30").stdin(held).spawn().unwrap();
+        let other_path = dir.join("elsewhere");
+        std::os::unix::fs::symlink(target, &other_path).unwrap();
+        let mut child = std::process::Command::new("sleep").arg("30").stdin(stdin).spawn().unwrap();
         let pid = child.id();
         let found = openers(&other_path).iter().any(|&(p, _)| p == pid);
         let by_link_text = openers_where(|t| t == other_path.as_path()).iter().any(|&(p, _)| p == pid);
         let _ = child.kill();
         let _ = child.wait();
         fs::remove_dir_all(&dir).unwrap();
+        (found, by_link_text)
+    }
+
+    #[test]
+    fn openers_of_a_file_are_found_by_its_inode_whatever_the_path() {
+        let file = std::env::temp_dir().join(format!("fdpblk-openers-backing-{}.img", std::process::id()));
+        fs::write(&file, b"x").unwrap();
+        let held = fs::File::open(&file).unwrap();
+        let (found, by_link_text) = found_through_another_path("file", &file, held.into());
+        let _ = fs::remove_file(&file);
         assert!(found, "the child holds the file open");
         assert!(!by_link_text, "its descriptor's link names the file, not the other path");
+    }
+
+    #[test]
+    fn openers_of_a_device_node_are_found_by_its_device_number_whatever_the_path() {
+        let (found, by_link_text) = found_through_another_path("null", Path::new("/dev/null"), std::process::Stdio::null());
+        assert!(found, "the child holds /dev/null open");
+        assert!(!by_link_text, "its descriptor's link names /dev/null, not the other path");
     }
 
     #[test]
@@ -574,25 +589,6 @@ mod tests {
         assert_eq!(before, None, "a process not named fdpblk is not taken for a daemon");
         assert_eq!(both, Some(ours.id()), "it holds a.img and /dev/null");
         assert_eq!(not_b, None, "it does not hold b.img");
-    }
-
-    #[test]
-    fn openers_of_a_device_node_are_found_by_its_device_number_whatever_the_path() {
-        let dir = std::env::temp_dir().join(format!("fdpblk-openers-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        // Another path to /dev/null's node: what another mount namespace's path amounts to.
-        let other_path = dir.join("null-elsewhere");
-        std::os::unix::fs::symlink("/dev/null", &other_path).unwrap();
-        let mut child = std::process::Command::new("sleep").arg("30").stdin(std::process::Stdio::null()).spawn().unwrap();
-        let pid = child.id();
-        let found = openers(&other_path).iter().any(|&(p, _)| p == pid);
-        let by_link_text = openers_where(|t| t == other_path.as_path()).iter().any(|&(p, _)| p == pid);
-        let _ = child.kill();
-        let _ = child.wait();
-        fs::remove_dir_all(&dir).unwrap();
-        assert!(found, "the child holds /dev/null open");
-        assert!(!by_link_text, "its descriptor's link names /dev/null, not the other path");
     }
 
     #[test]
