@@ -392,7 +392,11 @@ impl NvmeDevice {
         // cannot be read at all, so a failure names its size.
         let io = |len: u32| -> Result<Vec<u8>, NvmeError> {
             let mut b = vec![0u8; len as usize];
-            let what = if len > LOG_PIECE { format!("{W}, {len} bytes in one command") } else { W.into() };
+            let what = if len > LOG_PIECE {
+                format!("{W}, {len} bytes in one command, which a drive with this many placement handles may refuse past its transfer limit (MDTS): use a configuration of fewer handles, or `fdpblk add --policy none`")
+            } else {
+                W.into()
+            };
             ioctl::io(ns, cmd::ruh_status(nsid, len)?, Data::FromDevice(&mut b))
                 .map_err(|source| NvmeError::Command { what, path: self.paths.given.clone(), source })?;
             Ok(b)
