@@ -39,6 +39,33 @@ fn inspect_json_matches_manifest() {
     }
 }
 
+/// A checkpoint LMCache's json.loads takes but strict JSON does not (a NaN): `inspect --json`
+/// fails once it has begun the entries, and what it printed is still one JSON document
+/// naming the error.
+#[test]
+fn inspect_json_is_one_document_also_when_it_fails_midway() {
+    let mut img = std::fs::read(fixtures().join("object-evict/device.img")).unwrap();
+    for at in [0usize, 524288] {
+        let len = u64::from_le_bytes(img[at + 20..at + 28].try_into().unwrap()) as usize;
+        if &img[at..at + 8] != b"LMCIDX01" || len == 0 {
+            continue;
+        }
+        let range = at + 4096..at + 4096 + len;
+        let json = String::from_utf8(img[range.clone()].to_vec()).unwrap().replacen("\"capacity_bytes\":4194304", "\"capacity_bytes\":NaN    ", 1);
+        assert_eq!(json.len(), len);
+        img[range].copy_from_slice(json.as_bytes());
+        img[at + 28..at + 32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
+    }
+    let path = std::env::temp_dir().join(format!("fdpblk-cli-nan-{}.img", std::process::id()));
+    std::fs::write(&path, &img).unwrap();
+    let (code, out, err) = fdpblk(&["inspect", "--json", "--slot-bytes", "65536", "--meta-total-bytes", "1048576", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("NaN or Infinity"), "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}): {out}"));
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("NaN or Infinity")), "{out}");
+}
+
 #[test]
 fn inspect_text_names_each_entry() {
     let img = fixtures().join("object-multitenant/device.img");

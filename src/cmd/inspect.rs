@@ -156,7 +156,7 @@ fn inspect_entries_tracking<D: ReadAt + ?Sized>(
             let n = b.len().min(newest.payload_len().unwrap_or(0).saturating_sub(at) as usize);
             dev.read_exact_at(&mut b[..n], newest.payload_offset(g) + at)?;
             if [&b"NaN"[..], b"Infinity", b"-Infinity"].iter().any(|w| b[..n].starts_with(w)) {
-                return Err(format!("checkpoint JSON {e}: a NaN or Infinity literal, which Python's json.loads (LMCache's) accepts; what LMCache would load is not known").into());
+                return Err(format!("{e}: a NaN or Infinity literal, which Python's json.loads (LMCache's) accepts; what LMCache would load is not known").into());
             }
             s.rejected = Some(format!("its JSON does not decode ({e})"));
             s.undecodable = true;
@@ -229,13 +229,21 @@ pub fn run(a: &InspectArgs) -> CmdResult {
         }
         write!(w, "{{\"geometry\":{},\"checkpoints\":{},\"entries\":[", geo, json!(copies.iter().map(copy_json).collect::<Vec<_>>()))?;
         let mut first = true;
-        let s = inspect_entries(&dev, &g, &copies, &mut |r| {
+        let s = match inspect_entries(&dev, &g, &copies, &mut |r| {
             if !first {
                 w.write_all(b",")?;
             }
             first = false;
             write!(w, "{}", entry_json(r))
-        })?;
+        }) {
+            Ok(s) => s,
+            Err(e) => {
+                // Still one whole document (the exit status says it failed too).
+                let _ = writeln!(w, "],\"error\":{}}}", json!(e.to_string()));
+                let _ = w.flush();
+                return Err(e);
+            }
+        };
         writeln!(
             w,
             "],\"summary\":{},\"fdpblk_state\":{}}}",
