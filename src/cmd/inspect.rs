@@ -188,8 +188,9 @@ fn key_digest(key: &str) -> [u8; 16] {
     out
 }
 
-/// fdpblk's own saved state, when `dev` is a backing device (or its image).
-fn own_state(dev: &std::fs::File) -> Option<serde_json::Value> {
+/// fdpblk's own saved state, when `dev` is a backing device (or its image); `Err` says why a
+/// superblock whose CRC holds is not read.
+fn own_state(dev: &std::fs::File) -> Option<Result<serde_json::Value, String>> {
     crate::persist::summary(dev, ReadAt::size(dev).ok()?)
 }
 
@@ -249,7 +250,11 @@ pub fn run(a: &InspectArgs) -> CmdResult {
             "],\"summary\":{},\"fdpblk_state\":{}}}",
             json!({"live": s.live, "listed": s.listed, "duplicates": s.duplicates, "duplicates_unchecked": s.duplicates_unchecked, "header_mismatch": s.header_mismatch, "checkpoint_seq": s.checkpoint_seq,
                    "loader_rejects": s.rejected, "undecodable": s.undecodable, "device_path": s.device_path}),
-            own_state(&dev).unwrap_or(serde_json::Value::Null)
+            match own_state(&dev) {
+                Some(Ok(v)) => v,
+                Some(Err(why)) => json!({ "rejected": why }),
+                None => serde_json::Value::Null,
+            }
         )?;
     } else {
         writeln!(w, "geometry ({:?}):", d.source)?;
@@ -325,7 +330,8 @@ pub fn run(a: &InspectArgs) -> CmdResult {
             writeln!(w, "  LMCache loads it only with device_path exactly {p:?}")?;
         }
         match own_state(&dev) {
-            Some(o) => {
+            Some(Err(why)) => writeln!(w, "fdpblk state: a superblock whose CRC holds, not read: {why} (damaged, or not fdpblk's)")?,
+            Some(Ok(o)) => {
                 let (sl, n) = (&o["slots"], |v: &serde_json::Value| v.as_u64().unwrap_or(0));
                 writeln!(
                     w,

@@ -918,9 +918,9 @@ pub fn state_present(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> boo
 }
 
 /// fdpblk's saved state on a backing device or image of `size` bytes, summarised as JSON
-/// (`None` when its reserved tail holds none): superblock, slot counts by state, identity
-/// history, tags, trims.
-pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<serde_json::Value> {
+/// (`None` when its reserved tail holds none, `Err` saying why a superblock whose CRC holds
+/// is not read): superblock, slot counts by state, identity history, tags, trims.
+pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<Result<serde_json::Value, String>> {
     use crate::slot_table::SlotState;
     let ro = ReadOnly(dev);
     let region = Region::tail(size);
@@ -928,18 +928,19 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<se
     let [block_align, header_bytes, slot_bytes, meta_total_bytes, max_slots] = sb.geometry;
     // A superblock passes its CRC but may still be hostile: never size the table past what
     // fdpblk tracks, nor past what the region could hold (its record pages alone).
+    let geometry = format!("its geometry (block_align {block_align}, header_bytes {header_bytes}, slot_bytes {slot_bytes}, meta_total_bytes {meta_total_bytes}, max_slots {max_slots})");
     if max_slots > crate::layout::geometry::MAX_SLOTS || slot_bytes == 0 || block_align == 0 {
-        return None;
+        return Some(Err(format!("{geometry} is not one fdpblk serves")));
     }
     if 2 * BLOCK + 2 * max_slots.div_ceil(RECORDS_PER_PAGE) * BLOCK > region.len {
-        return None;
+        return Some(Err(format!("{geometry} has more slots than the reserved tail ({} bytes) holds records of", region.len)));
     }
     // Nor past the slots of its own size the device holds: the table then takes memory in
     // proportion to the device, as the daemon's own does.
     let exported = crate::frontend::config::exported_bytes(size, 512)?;
     let cfg = crate::layout::GeometryConfig { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0 };
     if !cfg.validate(exported).is_ok_and(|v| v.max_slots >= max_slots) {
-        return None;
+        return Some(Err(format!("{geometry} does not fit the {exported} bytes this device exports")));
     }
     let g = Geometry { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0, container_bytes: meta_total_bytes / 2, max_slots };
     let slots = SlotTable::new(max_slots);
@@ -958,14 +959,14 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<se
     let handles: serde_json::Map<String, serde_json::Value> =
         c.trims_by_handle.iter().enumerate().filter(|(_, &n)| n > 0).map(|(h, n)| (h.to_string(), serde_json::json!(n))).collect();
     let _ = SlotState::Unknown;
-    Some(serde_json::json!({
+    Some(Ok(serde_json::json!({
         "found": loaded.found, "seq": sb.seq, "clean": sb.clean, "region_offset": region.offset, "region_bytes": region.len,
         "geometry": {"block_align": block_align, "header_bytes": header_bytes, "slot_bytes": slot_bytes, "meta_total_bytes": meta_total_bytes, "max_slots": max_slots},
         "slots": {"with_header": with_header, "confirmed": confirmed, "unknown": by_state[0], "live": by_state[1], "evicted": by_state[2], "trimmed": by_state[3], "returning": returning},
         "identity_history": slots.history().len(), "identity_history_capacity": slots.history().capacity(), "tags": slots.tags().len(),
         "trims": c.trims, "trim_bytes": c.trim_bytes, "trims_by_handle": handles, "evictions": c.evictions,
         "persist_cycles": c.cycles, "own_bytes_written": c.own_bytes,
-    }))
+    })))
 }
 
 #[cfg(test)]

@@ -381,7 +381,7 @@ fn summary_reads_the_state_at_the_tail_of_an_image() {
     t.history().insert(999, 0);
     p.cycle(&dev, &t, &Counters { trims: 3, trims_by_handle: vec![0, 0, 3], ..Counters::default() }, true, true).unwrap();
     let img = dev.image();
-    let v = summary(&img, size).unwrap();
+    let v = summary(&img, size).unwrap().unwrap();
     assert_eq!(v["slots"]["with_header"], 10);
     assert_eq!(v["slots"]["live"], 1);
     assert_eq!(v["slots"]["unknown"], 9);
@@ -405,7 +405,8 @@ fn summary_reads_the_state_at_the_tail_of_an_image() {
         }
     }
     assert!(rewritten > 0);
-    assert!(summary(&img, size).is_none());
+    let why = summary(&img, size).unwrap().unwrap_err();
+    assert!(why.contains("max_slots 68719476736") && why.contains("not one fdpblk serves"), "{why}");
     // Nor one whose slots, at its own slot size, would not fit in the device: the region
     // could hold their records, the device not the slots.
     for copy in 0..2 {
@@ -416,7 +417,8 @@ fn summary_reads_the_state_at_the_tail_of_an_image() {
         }
     }
     assert!(2 * 4096 + 2 * 150_000u64.div_ceil(RECORDS_PER_PAGE) * 4096 <= region.len, "the region alone would take it");
-    assert!(summary(&img, size).is_none());
+    let why = summary(&img, size).unwrap().unwrap_err();
+    assert!(why.contains("max_slots 150000") && why.contains("does not fit the"), "{why}");
 }
 
 /// A cycle that wrote the tag pages and died before its superblock leaves them forced for the
