@@ -73,15 +73,19 @@ fn line_of(text: &str, at: usize) -> usize {
 }
 
 impl ConfigFile {
-    /// Reads and parses `path`: a regular file of at most [`MAX_CONFIG_BYTES`] of UTF-8 text
-    /// (`--config /dev/nvme0n1`, a slip, must not read the namespace into memory).
+    /// Reads and parses `path`: at most [`MAX_CONFIG_BYTES`] of UTF-8 text, not a directory
+    /// nor a block device (`--config /dev/nvme0n1`, a slip, must not read the namespace).
     pub fn load(path: &Path) -> Result<Self, String> {
         use std::io::Read;
         let p = path.display();
         let cannot = |e: std::io::Error| format!("cannot read config {p}: {e}; create it (deploy/fdpblk.example.toml shows every key) or pass another --config");
-        let meta = std::fs::metadata(path).map_err(cannot)?;
-        if !meta.is_file() {
-            return Err(format!("config {p} is not a file (a device or a directory?); pass the device's .toml file (deploy/fdpblk.example.toml shows every key)"));
+        // A pipe (`--config <(...)`) is read as a file is, up to the same bound.
+        let kind = std::fs::metadata(path).map_err(cannot)?.file_type();
+        if kind.is_dir() || std::os::unix::fs::FileTypeExt::is_block_device(&kind) {
+            return Err(format!(
+                "config {p} is a {}, not a config file; pass the device's .toml file (deploy/fdpblk.example.toml shows every key)",
+                if kind.is_dir() { "directory" } else { "block device" }
+            ));
         }
         let mut bytes = Vec::new();
         std::fs::File::open(path).and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes)).map_err(cannot)?;
@@ -350,10 +354,12 @@ capacity_bytes = "1T"
 "#;
 
     #[test]
-    fn a_device_a_huge_file_or_binary_is_refused_as_a_config_without_reading_it_whole() {
+    fn a_directory_a_huge_file_or_binary_is_refused_as_a_config_without_reading_it_whole() {
         let e = ConfigFile::load(Path::new("/dev/zero")).unwrap_err();
-        assert!(e.contains("/dev/zero is not a file") && e.contains(".toml"), "{e}");
+        assert!(e.contains("/dev/zero is over 1024 KiB"), "{e}");
         let d = tempdir::Dir::new();
+        let e = ConfigFile::load(&d.0).unwrap_err();
+        assert!(e.contains("is a directory, not a config file") && e.contains(".toml"), "{e}");
         let big = d.0.join("big.toml");
         std::fs::write(&big, vec![b'#'; MAX_CONFIG_BYTES as usize + 1]).unwrap();
         let e = ConfigFile::load(&big).unwrap_err();

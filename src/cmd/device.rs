@@ -1036,7 +1036,7 @@ fn backing_served(backing: &Path) -> Option<String> {
     by_state.or_else(|| {
         let pid = state::fdpblk_holding(&[backing])?;
         Some(format!(
-            "backing {} is held open by fdpblk (pid {pid}) with no state file naming it (a daemon whose state file is gone, or another fdpblk command); stop it first (`fdpblk list` shows a device without its state file, `fdpblk del -n ID` stops it)",
+            "backing {} is held open by fdpblk (pid {pid}), which no state file names as its daemon (one whose state file is gone, or another fdpblk command); stop it first (`fdpblk list` shows a device without its state file, `fdpblk del -n ID` stops it)",
             backing.display()
         ))
     })
@@ -1080,10 +1080,7 @@ fn backing_in_use(backing: &Path) -> Option<String> {
 /// Whether process `pid` is exiting: its main thread is a zombie while other threads still
 /// wait (in NVMe ioctls, say).
 fn exiting(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
-        .unwrap_or(false)
+    state::state_letter(&format!("/proc/{pid}/stat")) == Some('Z')
 }
 
 pub fn recover(a: &IdArgs) -> CmdResult {
@@ -1313,9 +1310,11 @@ pub(crate) fn serving_daemon(id: i32, read: &Result<(DeviceConfig, state::Daemon
         return None;
     }
     let ublkc = PathBuf::from(format!("/dev/ublkc{id}"));
+    // A backing that cannot be looked up now (a file renamed, a namespace renumbered) is
+    // still held by the daemon serving it: the char device alone tells then.
     let pid = match read {
-        Ok((cfg, _)) => state::fdpblk_holding(&[&ublkc, &cfg.backing]),
-        Err(_) => state::fdpblk_holding(&[&ublkc]),
+        Ok((cfg, _)) if std::fs::metadata(&cfg.backing).is_ok() => state::fdpblk_holding(&[&ublkc, &cfg.backing]),
+        _ => state::fdpblk_holding(&[&ublkc]),
     }?;
     Some(state::Daemon { pid, start: state::start_time(pid) })
 }

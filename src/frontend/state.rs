@@ -275,28 +275,13 @@ pub fn openers(path: &Path) -> Vec<(u32, String)> {
 /// looked at: a stat through another process's descriptor can block on a hung mount.
 pub fn fdpblk_holding(paths: &[&Path]) -> Option<u32> {
     let nodes = paths.iter().map(|p| Node::of(p)).collect::<Option<Vec<_>>>()?;
-    for p in fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).filter(|&p| p != std::process::id()) else { continue };
-        if !fs::read_to_string(p.path().join("comm")).is_ok_and(|c| c.starts_with("fdpblk")) {
-            continue;
+    other_processes().find_map(|(pid, dir)| {
+        if !fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.starts_with("fdpblk")) {
+            return None;
         }
-        let list = |dir: PathBuf| fs::read_dir(dir).map(|d| d.flatten().map(|fd| fd.path()).collect::<Vec<_>>()).unwrap_or_default();
-        let mut fds = list(p.path().join("fd"));
-        // A daemon whose main thread exited (killed, its threads still in NVMe commands)
-        // lists no descriptors there: its other threads still hold them.
-        if fds.is_empty() {
-            for t in fs::read_dir(p.path().join("task")).into_iter().flatten().flatten() {
-                fds = list(t.path().join("fd"));
-                if !fds.is_empty() {
-                    break;
-                }
-            }
-        }
-        if nodes.iter().all(|n| fds.iter().any(|fd| n.is(fd))) {
-            return Some(pid);
-        }
-    }
-    None
+        let fds = fd_paths(&dir);
+        nodes.iter().all(|n| fds.iter().any(|fd| n.is(fd))).then_some(pid)
+    })
 }
 
 /// The processes other than this one with a descriptor whose link (`/proc/PID/fd/N`) passes
@@ -308,17 +293,34 @@ pub fn openers_where(is_it: impl Fn(&Path) -> bool) -> Vec<(u32, String)> {
 
 /// The processes other than this one with a descriptor (its `/proc/PID/fd/N`) that passes `is_it`.
 fn openers_of(is_it: impl Fn(&Path) -> bool) -> Vec<(u32, String)> {
-    let Ok(procs) = fs::read_dir("/proc") else { return Vec::new() };
     let mut out = Vec::new();
-    for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).filter(|&p| p != std::process::id()) else { continue };
-        let Ok(fds) = fs::read_dir(p.path().join("fd")) else { continue };
-        if fds.flatten().any(|fd| is_it(&fd.path())) {
-            let comm = fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+    for (pid, dir) in other_processes() {
+        if fd_paths(&dir).iter().any(|fd| is_it(fd)) {
+            let comm = fs::read_to_string(dir.join("comm")).unwrap_or_default();
             out.push((pid, comm.trim().to_string()));
         }
     }
     out
+}
+
+/// Every process but this one: its pid and `/proc/PID`.
+fn other_processes() -> impl Iterator<Item = (u32, PathBuf)> {
+    fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|p| {
+        let pid = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).filter(|&p| p != std::process::id())?;
+        Some((pid, p.path()))
+    })
+}
+
+/// The descriptors (`/proc/PID/fd/N`) of the process at `/proc/PID`. One whose main thread
+/// exited (a daemon killed while its threads wait in NVMe commands) lists none there: its
+/// other threads still hold them.
+fn fd_paths(proc_dir: &Path) -> Vec<PathBuf> {
+    let list = |dir: PathBuf| fs::read_dir(dir).map(|d| d.flatten().map(|fd| fd.path()).collect::<Vec<_>>()).unwrap_or_default();
+    let fds = list(proc_dir.join("fd"));
+    if !fds.is_empty() {
+        return fds;
+    }
+    fs::read_dir(proc_dir.join("task")).into_iter().flatten().flatten().map(|t| list(t.path().join("fd"))).find(|f| !f.is_empty()).unwrap_or_default()
 }
 
 /// True if `pid` runs. A zombie (dead, not yet reaped) counts as dead, unless it is only the
@@ -328,13 +330,18 @@ pub fn pid_alive(pid: u32) -> bool {
     if pid == 0 {
         return false;
     }
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    // The state letter follows the parenthesised command name.
-    match stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()) {
+    match state_letter(&format!("/proc/{pid}/stat")) {
         Some('Z') => other_threads(pid),
         Some(c) => c != 'X',
         None => false,
     }
+}
+
+/// The state letter (`R`, `S`, `Z`, ...) of the process or thread whose stat file is `stat`
+/// (`/proc/PID/stat`, `/proc/PID/task/TID/stat`); it follows the parenthesised command name.
+pub fn state_letter(stat: &str) -> Option<char> {
+    let text = fs::read_to_string(stat).ok()?;
+    text.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next())
 }
 
 /// Whether process `pid` has a thread other than its main one that has not exited.
@@ -342,11 +349,7 @@ fn other_threads(pid: u32) -> bool {
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return false };
     tasks.flatten().any(|t| {
         t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()).is_some_and(|tid| {
-            tid != pid
-                && fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
-                    .ok()
-                    .and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()))
-                    .is_some_and(|c| c != 'Z' && c != 'X')
+            tid != pid && state_letter(&format!("/proc/{pid}/task/{tid}/stat")).is_some_and(|c| c != 'Z' && c != 'X')
         })
     })
 }
@@ -430,11 +433,17 @@ mod tests {
         assert_eq!(Daemon::from_state(&v), Daemon { pid: me, start: Some(start) });
     }
 
+    /// Held by the tests that make processes named like fdpblk's (this binary's forks are
+    /// too): one test's child must not be taken for another's.
+    static FDPBLK_NAMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// A forked child whose main thread alone exits (SYS_exit, not exit_group), leaving a
-    /// zombie leader, while a thread waits for a byte on the pipe; `in_child` runs first in
-    /// the child. Returns its pid, the pipe end that lets the thread go (a byte, or closing
-    /// it), and whether the leader became a zombie within 30 s.
-    fn child_with_a_zombie_leader(in_child: impl FnOnce()) -> (libc::pid_t, i32, bool) {
+    /// zombie leader, while a thread waits for a byte on a pipe. The child keeps only stdio,
+    /// the pipe and `hold` (as descriptor 4): a fork copies every descriptor of this process,
+    /// and other tests' files and locks must not outlive them in it. It is named `name`.
+    /// Returns its pid, the pipe end that lets the thread go (a byte, or closing it), and
+    /// whether the leader became a zombie within 30 s.
+    fn child_with_a_zombie_leader(name: &std::ffi::CStr, hold: Option<i32>) -> (libc::pid_t, i32, bool) {
         let mut fds = [0; 2];
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         let [rd, wr] = fds;
@@ -442,13 +451,20 @@ mod tests {
         assert!(child >= 0, "fork");
         if child == 0 {
             // Nothing in the child may unwind into the test harness's copy.
-            let spawned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                in_child();
-                unsafe { libc::close(wr) };
+            let spawned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+                libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+                // Out of the way of 3 and 4 first, then there, then the rest closed.
+                let r = libc::fcntl(rd, libc::F_DUPFD, 100);
+                let h = hold.map(|h| libc::fcntl(h, libc::F_DUPFD, 100));
+                libc::dup2(r, 3);
+                if let Some(h) = h {
+                    libc::dup2(h, 4);
+                }
+                libc::syscall(libc::SYS_close_range, if h.is_some() { 5u32 } else { 4u32 }, u32::MAX, 0u32);
                 std::thread::spawn(move || {
                     let mut b = [0u8; 1];
-                    unsafe { libc::read(rd, b.as_mut_ptr().cast(), 1) };
-                    unsafe { libc::_exit(0) };
+                    libc::read(3, b.as_mut_ptr().cast(), 1);
+                    libc::_exit(0);
                 })
             }));
             if spawned.is_err() {
@@ -459,19 +475,16 @@ mod tests {
         }
         unsafe { libc::close(rd) };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while state_letter(child as u32) != Some('Z') && std::time::Instant::now() < deadline {
+        while state_letter(&format!("/proc/{child}/stat")) != Some('Z') && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        (child, wr, state_letter(child as u32) == Some('Z'))
-    }
-
-    fn state_letter(pid: u32) -> Option<char> {
-        fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()))
+        (child, wr, state_letter(&format!("/proc/{child}/stat")) == Some('Z'))
     }
 
     #[test]
     fn a_process_whose_main_thread_exited_is_alive_while_another_thread_runs() {
-        let (child, wr, leader_gone) = child_with_a_zombie_leader(|| {});
+        let _alone = FDPBLK_NAMED.lock().unwrap_or_else(|e| e.into_inner());
+        let (child, wr, leader_gone) = child_with_a_zombie_leader(c"zombie-leader", None);
         let pid = child as u32;
         let alive_then = pid_alive(pid);
         // Let the thread go whatever was seen, so a failure leaves no process behind.
@@ -490,10 +503,6 @@ mod tests {
         assert!(!alive_after, "every thread exited: dead, though not reaped");
     }
 
-    /// Held by the tests that make processes named like fdpblk's: a fork copies every open
-    /// file of this process, so one test's fdpblk-named child would hold the other's files.
-    static FDPBLK_NAMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
     #[test]
     fn an_fdpblk_process_whose_main_thread_exited_is_found_by_what_its_threads_hold() {
         let _alone = FDPBLK_NAMED.lock().unwrap_or_else(|e| e.into_inner());
@@ -501,9 +510,7 @@ mod tests {
         fs::write(&file, b"x").unwrap();
         let held = fs::File::open(&file).unwrap();
         // Named like the daemon (its thread inherits the name), holding `file`.
-        let (child, wr, leader_gone) = child_with_a_zombie_leader(|| unsafe {
-            libc::prctl(libc::PR_SET_NAME, c"fdpblk-exiting".as_ptr());
-        });
+        let (child, wr, leader_gone) = child_with_a_zombie_leader(c"fdpblk-exiting", Some(std::os::fd::AsRawFd::as_raw_fd(&held)));
         drop(held);
         let found = fdpblk_holding(&[&file]);
         assert_eq!(unsafe { libc::write(wr, [1u8].as_ptr().cast(), 1) }, 1);
@@ -565,9 +572,11 @@ mod tests {
         // and another.
         let daemon = dir.join("fdpblk-sleep");
         std::os::unix::fs::symlink("/bin/sleep", &daemon).unwrap();
+        // argv[0] "sleep": a multi-call binary (BusyBox, uutils) picks its tool by it.
         let spawn = |exe: &Path| {
+            use std::os::unix::process::CommandExt;
             let held = fs::File::open(&a).unwrap();
-            std::process::Command::new(exe).arg("30").stdin(held).stdout(std::process::Stdio::null()).spawn().unwrap()
+            std::process::Command::new(exe).arg0("sleep").arg("30").stdin(held).stdout(std::process::Stdio::null()).spawn().unwrap()
         };
         let mut other = spawn(Path::new("/bin/sleep"));
         let before = fdpblk_holding(&[&a]);

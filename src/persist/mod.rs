@@ -937,7 +937,9 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<Re
     }
     // Nor past the slots of its own size the device holds: the table then takes memory in
     // proportion to the device, as the daemon's own does.
-    let exported = crate::frontend::config::exported_bytes(size, 512)?;
+    let Some(exported) = crate::frontend::config::exported_bytes(size, 512) else {
+        return Some(Err(format!("the device ({size} bytes) is no larger than fdpblk's reserved tail")));
+    };
     let cfg = crate::layout::GeometryConfig { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0 };
     if !cfg.validate(exported).is_ok_and(|v| v.max_slots >= max_slots) {
         return Some(Err(format!("{geometry} does not fit the {exported} bytes this device exports")));
