@@ -1359,11 +1359,16 @@ fn ublk_server(id: i32) -> Option<(i32, String)> {
     Some((pid, comm.trim().to_string()))
 }
 
-/// Whether device `id` is fdpblk's and its daemon died (`read`: its state file): the device
-/// is still there, no daemon serves it, and no other ublk server took its id.
+/// Whether device `id` is fdpblk's and its daemon died (`read`: its state file): no daemon
+/// serves it ([`serving_daemon`]) and it is [`still_ours`].
 pub(crate) fn orphaned(id: i32, read: &Result<(DeviceConfig, state::Daemon), String>) -> bool {
-    let Ok((_, ours)) = read else { return false };
-    !ours.alive() && target::device_exists(id) && foreign_server(id, ours).is_none() && serving_daemon(id, read).is_none()
+    serving_daemon(id, read).is_none() && still_ours(id, read)
+}
+
+/// Whether device `id`, which no daemon serves, is still the one its state file (`read`)
+/// describes: it exists, and no other ublk server took its id.
+pub(crate) fn still_ours(id: i32, read: &Result<(DeviceConfig, state::Daemon), String>) -> bool {
+    read.as_ref().is_ok_and(|(_, ours)| target::device_exists(id) && foreign_server(id, ours).is_none())
 }
 
 /// The live server of device `id` when it is not the fdpblk daemon `ours` (of `id`'s state

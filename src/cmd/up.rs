@@ -101,7 +101,7 @@ pub(crate) fn find(name: &str) -> Found {
         // file write failed serves under the file of the daemon that died.
         let f = if let Some(d) = device::serving_daemon(id, &read) {
             Found::Running { id, pid: d.pid }
-        } else if device::orphaned(id, &read) {
+        } else if device::still_ours(id, &read) {
             Found::Orphaned { id }
         } else {
             Found::Stale { cfg: Box::new(cfg.clone()) }
