@@ -46,7 +46,8 @@ fn bench(c: &mut Criterion) {
 
     // Pipeline::plan with `region` and with the default `key-aware` (which looks the header's
     // identity up in its history).
-    let policies: [(&str, fn() -> Box<dyn fdpblk::place::Policy>); 2] =
+    type NewPolicy = fn() -> Box<dyn fdpblk::place::Policy>;
+    let policies: [(&str, NewPolicy); 2] =
         [("pipeline_plan", || Box::new(RegionPolicy)), ("pipeline_plan_key_aware", || Box::new(KeyAwarePolicy::new()))];
     for (name, policy) in policies {
         let mut group = c.benchmark_group(name);

@@ -278,7 +278,7 @@ fn mp(path: &Path) -> Result<LmcacheSide, String> {
         return Err("MP: type must be raw_block".into());
     }
     let device_path = v["device_path"].as_str().filter(|s| !s.is_empty()).ok_or("MP: device_path is required")?.to_string();
-    if !v["slot_bytes"].as_u64().is_some_and(|s| s > 0) {
+    if v["slot_bytes"].as_u64().is_none_or(|s| s == 0) {
         return Err("MP: slot_bytes is required and positive".into());
     }
     if v.get("fdp_enabled") == Some(&Value::Bool(true)) || v.get("meta_checkpoint_placement_id").is_some() {

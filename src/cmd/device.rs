@@ -1754,13 +1754,15 @@ mod tests {
     /// the backing (a bad pin on a real file stops `validate` before its geometry checks).
     #[test]
     fn a_pinned_backing_must_be_the_namespace_it_names() {
+        // Finds the namespace of a kind that a predicate picks.
+        type Find<'a> = dyn Fn(&dyn Fn(&NamespaceIdentity) -> bool, DevKind) -> Option<PathBuf> + 'a;
         let ns = |serial: &str, nsid| NamespaceIdentity { model: "QEMU NVMe Ctrl".into(), serial: serial.into(), nsid, nguid: None, eui64: None };
         let args = |pin: &str| add_args(&["--backing", "/dev/ng0n1", "--backing-id", pin]);
         // The backing given as `kind`, whose namespace is fdp0's first.
-        let check_as = |kind: DevKind, a: &AddArgs, find: &dyn Fn(&dyn Fn(&NamespaceIdentity) -> bool, DevKind) -> Option<PathBuf>| {
+        let check_as = |kind: DevKind, a: &AddArgs, find: &Find<'_>| {
             check_backing_pin(a, kind, |_: &Path| Ok::<_, String>(Some(ns("fdp0", 1))), find)
         };
-        let check = |a: &AddArgs, find: &dyn Fn(&dyn Fn(&NamespaceIdentity) -> bool, DevKind) -> Option<PathBuf>| check_as(DevKind::Generic, a, find);
+        let check = |a: &AddArgs, find: &Find<'_>| check_as(DevKind::Generic, a, find);
         let nowhere = |_: &dyn Fn(&NamespaceIdentity) -> bool, _: DevKind| None;
         assert_eq!(check(&args("serial fdp0 nsid 1"), &nowhere), Ok(()));
         assert_eq!(check(&args(r#"NVMe namespace model "QEMU NVMe Ctrl" serial "fdp0" nsid 1"#), &nowhere), Ok(()));

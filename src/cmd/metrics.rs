@@ -440,6 +440,9 @@ mod tests {
     use serde_json::json;
     use std::collections::{HashMap, HashSet};
 
+    /// A sample's labels, name and value, in the order written.
+    type Labels = Vec<(String, String)>;
+
     fn valid_metric_name(n: &str) -> bool {
         let mut c = n.chars();
         matches!(c.next(), Some(ch) if ch.is_ascii_alphabetic() || ch == '_' || ch == ':')
@@ -454,7 +457,7 @@ mod tests {
     }
 
     /// Parses `{a="x",b="y"}` (after the name); returns the labels and the rest of the line.
-    fn parse_labels(s: &str) -> Result<(Vec<(String, String)>, &str), String> {
+    fn parse_labels(s: &str) -> Result<(Labels, &str), String> {
         let mut labels = Vec::new();
         let Some(mut rest) = s.strip_prefix('{') else { return Ok((labels, s)) };
         loop {
@@ -575,7 +578,7 @@ mod tests {
                     return Err(at("trailing fields".into()));
                 }
                 let Some(t) = types.get(name) else { return Err(at("sample before its TYPE".into())) };
-                if t == "counter" && !(value >= 0.0) {
+                if t == "counter" && (value.is_nan() || value < 0.0) {
                     return Err(at("negative counter".into()));
                 }
                 labels.sort();

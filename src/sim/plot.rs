@@ -48,6 +48,7 @@ impl Canvas {
         }
     }
     /// A line `thick` pixels wide; with `dash`, drawn `dash` pixels on, `dash` off.
+    #[allow(clippy::too_many_arguments)] // two end points, a colour and a pen: all plain numbers
     pub fn line(&mut self, x0: i64, y0: i64, x1: i64, y1: i64, c: u8, thick: i64, dash: i64) {
         let (dx, dy) = ((x1 - x0).abs(), -(y1 - y0).abs());
         let (sx, sy) = (if x0 < x1 { 1 } else { -1 }, if y0 < y1 { 1 } else { -1 });

@@ -549,7 +549,10 @@ impl Writer {
     }
 
     fn legacy_key(&self, n: u64, key_layers: u64, salt: Option<&str>) -> String {
-        let (chunk, layer) = if key_layers > 0 { (n / key_layers, Some(n % key_layers)) } else { (n, None) };
+        let (chunk, layer) = match n.checked_div(key_layers) {
+            Some(chunk) => (chunk, Some(n % key_layers)),
+            None => (n, None),
+        };
         let mut h = [0u8; 8];
         blake(&[b"rawblock-writer legacy chunk", &self.opts.seed.to_le_bytes(), &chunk.to_le_bytes()], &mut h);
         // Python's builtin hash is a signed 64-bit value, printed `f"{h:x}"` (a leading `-`).

@@ -264,9 +264,9 @@ impl WorkloadSpec {
                     eviction_ratio: get_f64(e, "eviction_ratio", 0.2)?,
                     interval_s: get_f64(e, "interval_s", 1.0)?,
                 };
-                if !(s.trigger_watermark > 0.0 && s.trigger_watermark <= 1.0)
-                    || !(s.eviction_ratio > 0.0 && s.eviction_ratio <= 1.0)
-                {
+                // Written as "in (0, 1]" so that a NaN fails it too.
+                let in_unit = |x: f64| x > 0.0 && x <= 1.0;
+                if !in_unit(s.trigger_watermark) || !in_unit(s.eviction_ratio) {
                     return err("eviction: trigger_watermark and eviction_ratio must be in (0, 1]");
                 }
                 // A check per interval, each evicting at least one key: a tiny interval would
