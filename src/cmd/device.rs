@@ -1034,7 +1034,10 @@ fn backing_served(backing: &Path) -> Option<String> {
         ))
     });
     by_state.or_else(|| {
-        let pid = state::fdpblk_holding(&[backing])?;
+        // Either node of the namespace: the daemon may hold `/dev/ng0n1` where the add names
+        // `/dev/nvme0n1`, whose exclusive open does not see a char device's opener.
+        let other = crate::nvme::path::namespace_other_node(backing);
+        let pid = std::iter::once(backing).chain(other.as_deref()).find_map(|p| state::fdpblk_holding(&[p]))?;
         Some(format!(
             "backing {} is held open by fdpblk (pid {pid}), which no state file names as its daemon (one whose state file is gone, or another fdpblk command); stop it first (`fdpblk list` shows a device without its state file, `fdpblk del -n ID` stops it)",
             backing.display()

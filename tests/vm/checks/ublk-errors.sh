@@ -105,6 +105,19 @@ KEEP0=1 refuse "passthrough on a namespace in use" "$NG_DEV is in use: its names
 KEEP0=1 refuse "device id taken" "already exists" add --backing /var/tmp/small.img -n 0 --engine plain --policy none "${GEO[@]}"
 # LMCache's device path given as a backing: a device on it would write over device 0's cache.
 KEEP0=1 refuse "an fdpblk device as backing" "backing /dev/ublkb0 is fdpblk device 0, whose backing is $NS_DEV: .*device_path" add --backing /dev/ublkb0 -n 1 --engine plain --policy none
+# --force by the namespace's other node while its state file is gone (/run emptied by hand):
+# the daemon is found by the block node it holds, and nothing is erased (the exclusive open
+# of wipefs would have failed only after the checks, naming no daemon).
+expect "a swap signature written through it" quiet mkswap /dev/ublkb0
+mv /run/fdpblk/0.json /var/tmp/0.json.aside
+KEEP0=1 refuse "--force by the char node of a served namespace, no state file" "^fdpblk: --force: backing $NG_DEV is held open by fdpblk \(pid [0-9]+\), which no state file names.*nothing was erased$" \
+    add --backing "$NG_DEV" -n 1 --engine passthrough --force
+mv /var/tmp/0.json.aside /run/fdpblk/0.json
+expect "the served data's swap signature is still there" bash -c "blkid -p '$NS_DEV' | grep -q 'TYPE=\"swap\"'"
+expect "del" "$FDPBLK" del -n 0
+expect "its daemon exits" daemons_gone
+expect "LMCache image on the drive again" bash -c "wipefs -a '$NS_DEV' >/dev/null && dd if='$FIXTURES/object-evict/device.img' of='$NS_DEV' bs=1M oflag=direct status=none"
+expect "device 0 again" quiet fdpblk_add --backing "$NS_DEV" -n 0
 # Deleting a device someone holds open (here this shell) says who: their I/O fails from now on.
 # Neither del nor the daemon waits for them to close it (LMCache may hold it for hours).
 exec 3</dev/ublkb0
