@@ -1512,6 +1512,12 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     if let Some(q) = v["queues"].as_array() {
         let per = |k: &str| q.iter().map(|n| n[k].as_u64().unwrap_or(0).to_string()).collect::<Vec<_>>().join(" / ");
         println!("requests per queue {}  most tags waiting for headers at once {}", per("requests"), per("header_wait_peak"));
+        let longest_ms = |n: &serde_json::Value| format!("{:.1}", n["held_longest_us"].as_u64().unwrap_or(0) as f64 / 1e3);
+        println!(
+            "requests held for deallocations per queue {} (longest ms {})",
+            per("held_for_trims"),
+            q.iter().map(longest_ms).collect::<Vec<_>>().join(" / ")
+        );
         if q.iter().any(|n| n["errors"].as_u64().unwrap_or(0) > 0) {
             let last: Vec<&str> = q.iter().filter_map(|n| n["last_error"].as_str()).collect();
             println!("FAILED REQUESTS per queue {} (last: {}); the daemon's log has them", per("errors"), last.join(" / "));

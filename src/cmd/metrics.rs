@@ -183,6 +183,16 @@ impl Registry {
                 }
             }
             for (i, n) in q.iter().enumerate() {
+                if let Some(v) = num(&n["held_for_trims"]) {
+                    self.add("fdpblk_queue_held_for_trims_total", "Requests each ublk queue held until fdpblk's deallocation of their slot (or zeroing of their checkpoint container) landed.", Counter, with("queue", &i.to_string()), v);
+                }
+            }
+            for (i, n) in q.iter().enumerate() {
+                if let Some(v) = num(&n["held_longest_us"]) {
+                    self.add("fdpblk_queue_held_longest_seconds", "The longest any request of each ublk queue was held for a deallocation or zeroing (a drive slow to deallocate shows here).", Gauge, with("queue", &i.to_string()), v / 1e6);
+                }
+            }
+            for (i, n) in q.iter().enumerate() {
                 if let Some(v) = num(&n["header_wait_peak"]) {
                     self.add("fdpblk_queue_header_wait_peak", "The most tags of each ublk queue that held payloads for their headers at once (at most half its depth).", Gauge, with("queue", &i.to_string()), v);
                 }
@@ -636,7 +646,7 @@ mod tests {
         p.header_waits = 2;
         json!({
             "id": 0, "name": "kv0", "engine": "passthrough", "policy": "key-aware",
-            "geometry": g.to_json(), "pipeline": p.to_json(), "queues": [{"requests": 5, "header_wait_peak": 0, "errors": 0}, {"requests": 4, "header_wait_peak": 3, "errors": 2}],
+            "geometry": g.to_json(), "pipeline": p.to_json(), "queues": [{"requests": 5, "header_wait_peak": 0, "errors": 0}, {"requests": 4, "header_wait_peak": 3, "errors": 2, "held_for_trims": 7, "held_longest_us": 2500000}],
             "checkpoint_seq": 12, "checkpoint_age_s": 3.5, "checkpoint_bytes": 1000, "checkpoint_entries": 4,
             "checkpoint_cap_bytes": g.payload_cap(), "checkpoint_estimate_bytes": 1200, "overflow_risk": false,
             "checkpoint_stalled": false, "meta_total_bytes_needed": null, "containers": [],
@@ -694,6 +704,8 @@ mod tests {
         assert_eq!(get(r#"fdpblk_queue_requests_total{id="0",name="kv0",queue="1"}"#), 4.0);
         assert_eq!(get(r#"fdpblk_queue_header_wait_peak{id="0",name="kv0",queue="1"}"#), 3.0);
         assert_eq!(get(r#"fdpblk_queue_errors_total{id="0",name="kv0",queue="1"}"#), 2.0);
+        assert_eq!(get(r#"fdpblk_queue_held_for_trims_total{id="0",name="kv0",queue="1"}"#), 7.0);
+        assert_eq!(get(r#"fdpblk_queue_held_longest_seconds{id="0",name="kv0",queue="1"}"#), 2.5);
         assert_eq!(get(r#"fdpblk_slots{id="0",name="kv0",state="live"}"#), 3.0);
         // Counters are this daemon's (the stats' lifetime values came back from the drive).
         assert_eq!(get(r#"fdpblk_trims_total{handle="2",id="0",name="kv0"}"#), 1.0);

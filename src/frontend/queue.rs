@@ -59,6 +59,11 @@ pub struct QueueStats {
     /// request fdpblk refused), and the errno of the last one.
     pub errors: AtomicU64,
     pub last_errno: AtomicU64,
+    /// Requests held until fdpblk's deallocation of their slot, or its zeroing of their
+    /// checkpoint container, landed; and the longest such hold, in microseconds. A drive
+    /// slow to deallocate shows here as LMCache's latency.
+    pub held_for_trims: AtomicU64,
+    pub held_longest_us: AtomicU64,
     /// When this queue last logged a failed request ([`since_start_ns`]): at most one line a
     /// second.
     logged_ns: AtomicU64,
@@ -71,6 +76,8 @@ impl QueueStats {
             "requests": self.requests.load(Ordering::Relaxed),
             "header_wait_peak": self.header_wait_peak.load(Ordering::Relaxed),
             "errors": self.errors.load(Ordering::Relaxed),
+            "held_for_trims": self.held_for_trims.load(Ordering::Relaxed),
+            "held_longest_us": self.held_longest_us.load(Ordering::Relaxed),
             "last_error": (last != 0).then(|| std::io::Error::from_raw_os_error(last as i32).to_string()),
         })
     }
@@ -106,6 +113,56 @@ pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), 
             );
         }
         fetched(q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?);
+    }
+}
+
+/// How long a held request says it is still held: a deallocation takes milliseconds, and one
+/// that takes this long is a drive slow or stuck in it (the kernel's NVMe timeout and reset
+/// end a hung command, and the request with it).
+const HOLD_WARN: Duration = Duration::from_secs(10);
+
+/// One request's hold behind fdpblk's deallocation or zeroing: counted once, its length kept
+/// if the longest, and a warning for each [`HOLD_WARN`] it lasts.
+struct Hold<'a> {
+    queue: u16,
+    stats: &'a QueueStats,
+    offset: u64,
+    since: Option<Instant>,
+    warned: u32,
+}
+
+impl<'a> Hold<'a> {
+    fn new(queue: u16, stats: &'a QueueStats, offset: u64) -> Self {
+        Self { queue, stats, offset, since: None, warned: 0 }
+    }
+
+    /// The request is held (again) for `what`.
+    fn tick(&mut self, what: impl FnOnce() -> String) {
+        let since = *self.since.get_or_insert_with(|| {
+            self.stats.held_for_trims.fetch_add(1, Ordering::Relaxed);
+            Instant::now()
+        });
+        let held = since.elapsed();
+        if held >= HOLD_WARN * (self.warned + 1) {
+            self.warned += 1;
+            tracing::warn!(
+                "queue {}: a request at byte {} has waited {} s for {what} (a drive slow to deallocate, or stuck: see `dmesg`); LMCache's request waits with it",
+                self.queue,
+                self.offset,
+                held.as_secs(),
+                what = what()
+            );
+        }
+    }
+
+    fn end(self) {
+        if let Some(since) = self.since {
+            let us = since.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+            self.stats.held_longest_us.fetch_max(us, Ordering::Relaxed);
+            if self.warned > 0 {
+                tracing::info!("queue {}: the request at byte {} went out after {} s held", self.queue, self.offset, us / 1_000_000);
+            }
+        }
     }
 }
 
@@ -229,17 +286,21 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         None
     };
     if let Some(SlotIo { slots, trim_waits, container_waits, .. }) = &slot_io {
+        let mut hold = Hold::new(q.get_qid(), &ctx.stats, offset);
         for &slot in trim_waits {
             while slots.trimming(slot) {
+                hold.tick(|| format!("its slot {slot}'s deallocation"));
                 sleep(q, HEADER_POLL).await;
             }
         }
         // A checkpoint header write waits for fdpblk's zeroing of the same block to land.
         for &copy in container_waits {
             while slots.container_zeroing(copy) {
+                hold.tick(|| format!("the zeroing of checkpoint container {copy}"));
                 sleep(q, HEADER_POLL).await;
             }
         }
+        hold.end();
     }
     let res = match op {
         // A write is acknowledged once its pieces are: they must be the whole request.
@@ -285,6 +346,31 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_request_is_counted_once_and_its_hold_kept_if_the_longest() {
+        let stats = QueueStats::default();
+        // Not held: nothing counted.
+        Hold::new(0, &stats, 0).end();
+        assert_eq!(stats.held_for_trims.load(Ordering::Relaxed), 0);
+        // Held across several polls (slot, then container): one request, one hold.
+        let mut h = Hold::new(0, &stats, 4096);
+        h.tick(|| unreachable!("no warning within milliseconds"));
+        std::thread::sleep(Duration::from_millis(3));
+        h.tick(|| unreachable!());
+        h.end();
+        assert_eq!(stats.held_for_trims.load(Ordering::Relaxed), 1);
+        let longest = stats.held_longest_us.load(Ordering::Relaxed);
+        assert!((3_000..2_000_000).contains(&longest), "{longest} us");
+        // A shorter hold later keeps the longest.
+        let mut h = Hold::new(0, &stats, 8192);
+        h.tick(|| unreachable!());
+        h.end();
+        assert_eq!(stats.held_for_trims.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.held_longest_us.load(Ordering::Relaxed), longest);
+        let j = stats.to_json();
+        assert_eq!((j["held_for_trims"].as_u64(), j["held_longest_us"].as_u64()), (Some(2), Some(longest)));
+    }
 
     #[test]
     fn a_lone_tag_never_waits_for_a_header() {
