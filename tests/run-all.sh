@@ -23,7 +23,8 @@ cargo build --release --locked --benches
 step "the demo (the README's main command)"
 # demo_fail WHY: the end of the demo's output, then WHY, and the run fails.
 demo_fail() { tail -n 60 target/demo.log; echo "$1" >&2; exit 1; }
-tools/demo.sh >target/demo.log 2>&1 || demo_fail "tools/demo.sh failed"
+# The fixtures checked above, whatever FDPBLK_FIXTURES the caller exported.
+env -u FDPBLK_FIXTURES tools/demo.sh >target/demo.log 2>&1 || demo_fail "tools/demo.sh failed"
 # Its first two steps: the image's checkpoints and entries all read back, and every policy
 # replays LMCache's capture without an error, `region` on its checkpoint and slot handles.
 demo_check() { grep -Eq "$1" target/demo.log || demo_fail "demo: no line matching '$1' ($2)"; }
