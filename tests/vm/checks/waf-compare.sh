@@ -23,10 +23,31 @@ FIO_FDP=${FDPBLK_VM_CACHE:-/var/cache/fdpblk-vm}/bin/fio-fdp
 OUT=${FDPBLK_CHECK_OUT:-/tmp}/waf-compare
 cd "$ROOT"
 
+# ---- what it refuses before it touches the drive ---------------------------------------------
+# refused DESC PATTERN ARGS...: tools/waf-compare exits 1 with PATTERN in its message, and the
+# drive's first MiB (a marker written here) is still there.
+refused() {
+    local desc=$1 pat=$2 out rc
+    shift 2
+    out=$(tools/waf-compare --out /tmp/waf-refused --configs raw "$@" 2>&1) && rc=0 || rc=$?
+    if ((rc == 0)) || ! grep -qE -- "$pat" <<<"$out"; then not_ok "$desc: exit $rc: $out"; return; fi
+    if ! cmp -s -n 1048576 /dev/nvme0n1 /tmp/waf-marker; then not_ok "$desc: the drive was written"; return; fi
+    ok "$desc: $out"
+}
+expect "a marker on the drive" bash -c "head -c 1M /dev/urandom >/tmp/waf-marker && dd if=/tmp/waf-marker of=/dev/nvme0n1 bs=1M oflag=direct status=none"
+refused "no default drive" "give the drive to erase and measure: --drive /dev/nvmeXnY --erase"
+refused "no --erase: refused, naming the drive" "this run erases all of /dev/nvme0n1 \\(.*serial .*GiB\\): add --erase to confirm" --drive /dev/nvme0n1
+sleep 600 3</dev/ng0n1 &
+refused "the char node held open (as LMCache's own FDP mode would)" "^waf-compare: /dev/nvme0n1 is open by: sleep \\(pid $!, /dev/ng0n1\\); stop them first" --drive /dev/nvme0n1 --erase
+kill $! && wait $! 2>/dev/null || true
+sleep 600 3</dev/nvme0n1 &
+refused "the block node held open without O_EXCL" "is open by: sleep \\(pid $!, /dev/nvme0n1\\); stop them first" --drive /dev/nvme0n1 --erase
+kill $! && wait $! 2>/dev/null || true
+
 # ---- the guide's commands (docs/guide.md, "Measure") ------------------------------------------
 FIO=$FIO_FDP
 t0=$SECONDS
-if tools/waf-compare --drive /dev/nvme0n1 --out "$OUT" --fio "$FIO" --ssd-ru-size 128K --ssd-op 0.28 >"$OUT.log" 2>&1; then
+if tools/waf-compare --drive /dev/nvme0n1 --erase --out "$OUT" --fio "$FIO" --ssd-ru-size 128K --ssd-op 0.28 >"$OUT.log" 2>&1; then
     ok "tools/waf-compare ran ($((SECONDS - t0)) s)"
 else
     sed 's/^/    /' "$OUT.log" | tail -40
