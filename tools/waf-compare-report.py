@@ -167,6 +167,7 @@ def main():
     ap.add_argument("--command", default="")
     ap.add_argument("--fdpblk-version", default="")
     ap.add_argument("--kernel", default="")
+    ap.add_argument("--precondition", action="store_true")
     ap.add_argument("geom", nargs="*")
     a = ap.parse_args()
     rows = []
@@ -258,7 +259,7 @@ def main():
 
     checks = consistency(rows)
     report = {"drive": a.drive, "workload": a.workload, "geometry": a.geom, "ssd_op": float(a.ssd_op),
-              "command": a.command, "fdpblk_version": a.fdpblk_version, "kernel": a.kernel, "configs": rows, "checks": checks}
+              "command": a.command, "fdpblk_version": a.fdpblk_version, "kernel": a.kernel, "preconditioned": a.precondition, "configs": rows, "checks": checks}
     json.dump(report, open(os.path.join(a.out, "report.json"), "w"), indent=1)
     open(os.path.join(a.out, "report.md"), "w").write(markdown(report))
     chart = {
@@ -367,6 +368,12 @@ def markdown(rep):
     rows = rep["configs"]
     m = [f"# waf-compare: `{os.path.basename(rep['workload'])}` on `{rep['drive']}`", "",
          f"Command: `{rep['command']}`; {rep['fdpblk_version']}; kernel {rep['kernel']}.", ""]
+    if rep.get("preconditioned"):
+        m += ["Each configuration ran on a full drive: after the deallocation, one sequential write of the whole "
+              "namespace; the drive's counters and traces start after it.", ""]
+    else:
+        m += ["Each configuration ran on a deallocated drive: what the workload leaves unwritten is spare space "
+              "to the drive, so drive media/host reads low (`--precondition` fills the drive first).", ""]
     m.append("| configuration | workload device | written there | checkpoint | slot header | slot payload | fdpblk state | on the drive (HBMW) | deallocated | fdpblk overhead | drive media/host | simulated device WAF |")
     m.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:

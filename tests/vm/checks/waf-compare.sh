@@ -2,7 +2,7 @@
 # vm-kernel: new
 # vm-fdp: on
 # vm-args: --ru-size 64M
-# vm-timeout: 300
+# vm-timeout: 480
 # tools/waf-compare end to end on QEMU's FDP drive, with the commands of docs/guide.md
 # ("Measure"): a row for every configuration (raw, fio-static, fdpblk with none, region,
 # lmcache-fdp, key-aware) with non-zero byte counts; bytes on the workload device = classified
@@ -152,4 +152,37 @@ else
 fi
 expect_eq "report.md rows" "$(grep -cE '^\| (raw|fio-static|none|region|lmcache-fdp|key-aware) \| `' "$OUT/report.md")" 6
 expect_eq "chart.png starts with PNG's signature" "$(head -c 4 "$OUT/chart.png" | od -An -tx1 | tr -d ' \n')" 89504e47
+
+# --precondition: each configuration on a full drive, its counters and traces from after the
+# fill. The report's own checks (HBMW = the drive's trace = ublk bytes + own state) hold only
+# if the fill is left out; raw writes on the drive what the workload wrote; and fdpblk
+# deallocates the slots LMCache never wrote, full of the fill (its `unwritten` rule).
+PRE=${OUT}-precondition
+if tools/waf-compare --drive /dev/nvme0n1 --erase --precondition --configs "raw key-aware" --out "$PRE" --fio "$FIO" \
+    --ssd-ru-size 128K --ssd-op 0.28 >"$PRE.log" 2>&1; then
+    ok "tools/waf-compare --precondition ran"
+else
+    sed 's/^/    /' "$PRE.log" | tail -40
+    check_fatal "tools/waf-compare --precondition failed"
+fi
+sed -n '/^| configuration | workload/,/^$/p' "$PRE/report.md" | sed 's/^/    /'
+expect "its report says the drive was full" grep -q '^Each configuration ran on a full drive' "$PRE/report.md"
+pre=$(python3 - "$PRE/report.json" "$PRE/key-aware/fdpblk-stats.json" <<'PY'
+import json, sys
+p, st = (json.load(open(f)) for f in sys.argv[1:3])
+rows = {c["config"]: c for c in p["configs"]}
+fails = [k["what"] for k in p["checks"] if not k["ok"]]
+if not p.get("preconditioned"):
+    fails.append("report.json: preconditioned is not true")
+raw, ka = rows["raw"], rows["key-aware"]
+if raw["drive_write_bytes"] != raw["workload_write_bytes"]:
+    fails.append(f"raw: drive bytes {raw['drive_write_bytes']} != workload bytes {raw['workload_write_bytes']} (the fill counted?)")
+# The workload's last put leaves slots 48.. of 64 never written (the writer reuses freed slots first).
+unwritten = st["trim"]["reclaimed_bytes"]
+if not (unwritten > 0 and ka["drive_discard_bytes"] >= unwritten):
+    fails.append(f"key-aware: {unwritten} bytes of unwritten slots deallocated, the drive saw {ka['drive_discard_bytes']} discarded")
+print("; ".join(fails) or f"ok: key-aware deallocated {unwritten} bytes of slots never written ({ka['drive_discard_bytes']} in all)")
+PY
+)
+expect "--precondition: $pre" test "${pre#ok:}" != "$pre"
 check_done
