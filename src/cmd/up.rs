@@ -8,6 +8,10 @@
 //! creates the device (`fdpblk add --config FILE --foreground`). It tells systemd
 //! (`Type=notify`) once the device serves I/O and `/dev/fdpblk/NAME` exists.
 //!
+//! At boot the backing may not exist yet (a controller still probing, a namespace the
+//! driver scans late): a start that creates the device waits up to [`BACKING_WAIT`] for its
+//! path to appear, where the unit's restarts (five within a few seconds) would give up.
+//!
 //! `down NAME` deletes the device if its daemon runs. systemd runs ExecStop also after the
 //! daemon crashed, before it restarts the unit: then the device is kept for `up` to recover.
 
@@ -113,6 +117,40 @@ pub(crate) fn find(name: &str) -> Found {
     best
 }
 
+/// How long `up` waits for a backing path that does not exist yet.
+pub const BACKING_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits up to `limit` for `path` to exist, looking every `poll`; true once it does. Says
+/// once that it waits.
+fn wait_for_backing(path: &Path, limit: std::time::Duration, poll: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    let mut said = false;
+    loop {
+        // A link (/dev/disk/by-id/...) counts once what it names exists.
+        if path.exists() {
+            if said {
+                tracing::info!("backing {} appeared", path.display());
+            }
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        if !said {
+            tracing::info!("backing {} does not exist yet: waiting up to {} s for it to appear", path.display(), limit.as_secs());
+            said = true;
+        }
+        std::thread::sleep(poll);
+    }
+}
+
+/// [`device::add`] from `up`, once the backing exists (or [`BACKING_WAIT`] passed: then the
+/// add names what is missing).
+fn add_when_the_backing_exists(a: &crate::cli::AddArgs) -> CmdResult {
+    wait_for_backing(&a.backing, BACKING_WAIT, std::time::Duration::from_millis(250));
+    device::add(a)
+}
+
 pub fn up(u: &UpArgs) -> CmdResult {
     let (file, name) = resolve(u, Path::new(CONFIG_DIR))?;
     let a = add_args(&file, &name);
@@ -128,7 +166,7 @@ pub fn up(u: &UpArgs) -> CmdResult {
             let a = a?;
             tracing::info!("device {name} ({}) was stopped when its daemon died: deleting it and adding it again", state::bdev_path(id));
             device::del(&crate::cli::DelArgs { number: Some(id), name: None, all: false, if_orphaned: false })?;
-            device::add(&a)
+            add_when_the_backing_exists(&a)
         }
         Found::Orphaned { id } => {
             // The device's saved config is what runs: the file applies at the next clean start,
@@ -142,9 +180,9 @@ pub fn up(u: &UpArgs) -> CmdResult {
         Found::Stale { cfg } => {
             let a = a?;
             state::remove_state(&cfg);
-            device::add(&a)
+            add_when_the_backing_exists(&a)
         }
-        Found::None => device::add(&a?),
+        Found::None => add_when_the_backing_exists(&a?),
     }
 }
 
@@ -195,6 +233,30 @@ fn sd_notify(sock: &std::ffi::OsStr, msg: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn up_waits_for_a_backing_that_appears_late_and_not_for_one_that_never_does() {
+        use std::time::{Duration, Instant};
+        let dir = std::env::temp_dir().join(format!("fdpblk-late-backing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let late = dir.join("late.img");
+        let _ = std::fs::remove_file(&late);
+        let maker = {
+            let late = late.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(150));
+                std::fs::write(&late, b"").unwrap();
+            })
+        };
+        let t = Instant::now();
+        assert!(wait_for_backing(&late, Duration::from_secs(10), Duration::from_millis(10)));
+        assert!(t.elapsed() >= Duration::from_millis(150), "it returned before the file existed");
+        maker.join().unwrap();
+        let t = Instant::now();
+        assert!(!wait_for_backing(&dir.join("never.img"), Duration::from_millis(100), Duration::from_millis(10)));
+        assert!(t.elapsed() >= Duration::from_millis(100));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn args(name: Option<&str>, config: Option<&Path>) -> UpArgs {
         UpArgs { name: name.map(String::from), config: config.map(Path::to_path_buf) }

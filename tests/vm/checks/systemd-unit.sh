@@ -9,7 +9,8 @@
 # reads back (with the OnFailure= drop-in installed: one crash is recovered, not released);
 # fdpblk-metrics writes the textfile; systemctl stop deletes the device cleanly; a unit
 # killed until it gives up has its device deleted by fdpblk-release@, and one whose starts
-# fail on a device added by hand under its name leaves that device running.
+# fail on a device added by hand under its name leaves that device running; a unit whose
+# backing appears only seconds after its start waits for it (no restart, no give-up) and runs.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool systemctl systemd-analyze unshare nsenter pgrep
@@ -164,6 +165,20 @@ expect_eq "the device added by hand is still live" "$(in_ns /usr/local/bin/fdpbl
 expect "and still serves I/O" dd if=/tmp/a of=/dev/fdpblk/demo bs=1M seek=2 oflag=direct status=none
 expect "fdpblk del --name demo" in_ns /usr/local/bin/fdpblk del --name demo
 sc reset-failed fdpblk@demo fdpblk-release@demo >/dev/null 2>&1 || true
+
+# A backing that appears late (at boot: a controller still probing): the unit's five restarts
+# would be spent in five seconds; `fdpblk up` waits for the path instead.
+rm -f /var/tmp/late.img
+printf 'backing = "/var/tmp/late.img"\nengine = "plain"\npolicy = "none"\nslot_bytes = "64K"\nmeta_total_bytes = "1M"\n' >/etc/fdpblk/late.toml
+expect "systemctl start --no-block fdpblk@late (its backing does not exist yet)" sc start --no-block fdpblk@late
+sleep 7
+expect_eq "fdpblk@late waits for it: activating" "$(sc is-active fdpblk@late)" activating
+expect_eq "fdpblk@late waits for it: not restarted" "$(sc show -p NRestarts --value fdpblk@late)" 0
+expect "the backing appears" truncate -s 64M /var/tmp/late.img
+late_active() { for _ in $(seq 100); do [[ $(sc is-active fdpblk@late) == active ]] && return 0; sleep 0.2; done; return 1; }
+expect "fdpblk@late runs once it is there" late_active
+expect "systemctl stop fdpblk@late" sc stop fdpblk@late
+rm -f /var/tmp/late.img /etc/fdpblk/late.toml
 stop_systemd
 trap - EXIT
 rm -rf /etc/systemd/system/fdpblk@.service /etc/systemd/system/fdpblk-metrics.service /etc/systemd/system/fdpblk-vmcheck.target \
