@@ -70,3 +70,24 @@ fn with_metadata_the_hbmw_checks_do_not_apply() {
     }
     assert!(c.iter().any(|l| l.starts_with("ok ") && l.contains("placement ID index 2")), "{c:#?}");
 }
+
+#[test]
+fn the_overhead_counts_data_bytes_only_where_blocks_carry_metadata() {
+    let script = r#"
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("report", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+n = 1000
+# 1000 blocks of 4096 + 64 bytes on the drive for 1000 blocks written: no overhead; 1010 of
+# them: 1 %; with no metadata, HBMW is the data.
+print(m.data_overhead({"host_bytes": n * 4160, "lba_size": 4096, "lba_metadata": 64}, n * 4096))
+print(m.data_overhead({"host_bytes": (n + 10) * 4160, "lba_size": 4096, "lba_metadata": 64}, n * 4096))
+print(m.data_overhead({"host_bytes": n * 4096, "lba_size": 4096, "lba_metadata": 0}, n * 4096))
+print(m.data_overhead({"host_bytes": 4096, "lba_size": 4096, "lba_metadata": 0}, 0))
+"#;
+    let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/waf-compare-report.py");
+    let out = Command::new("python3").args(["-c", script, tool]).output().expect("python3 runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "1.0\n1.01\n1.0\nNone\n");
+}

@@ -134,7 +134,16 @@ def fdp_delta(before, after):
         "pid_bytes_below_one_ru": host < rub * lba,
         # HBMW counts metadata bytes too ("host bytes with metadata written").
         "lba_metadata": before.get("lba_metadata", 0),
+        "lba_size": lba,
     }
+
+
+def data_overhead(fdp, workload_bytes):
+    """Data bytes on the drive over the bytes written on the workload's device. HBMW counts
+    each block's metadata too: lba / (lba + metadata) of it is data."""
+    if not workload_bytes:
+        return None
+    return fdp["host_bytes"] * fdp["lba_size"] / (fdp["lba_size"] + fdp["lba_metadata"]) / workload_bytes
 
 
 def replay(fdpblk, trace_lines, path, policy, geom, ssd=None, extra=()):
@@ -206,7 +215,7 @@ def main():
         row["drive_discard_bytes"] = total(nvme_ev, "discard")
         row["drive_write_bytes"] = fdp["host_bytes"]
         row["own_state_bytes"] = total(nvme_ev, "write", own_lo) if own_lo is not None else 0
-        row["fdpblk_overhead"] = fdp["host_bytes"] / row["workload_write_bytes"] if row["workload_write_bytes"] else None
+        row["fdpblk_overhead"] = data_overhead(fdp, row["workload_write_bytes"])
         # Classes: the workload device's trace (its completed requests) through fdpblk's
         # blkparse reader and classifier; writes only (replay's classes count every op).
         wl_dir = os.path.join(a.out, "raw", "trace-drive") if c == "fio-static" else os.path.join(d, "trace-workload" if own_lo is not None else "trace-drive")
