@@ -32,7 +32,8 @@ struct Shared {
     /// The layout, the slot table, the queues' pipelines and their one shared policy (what
     /// it learns from one queue's reads places the headers another queue writes).
     layout: Arc<LayoutCell>,
-    /// The layout was learned while serving (not given or found at start).
+    /// The layout was learned while serving (not given or found by `add`), by this daemon or
+    /// by the one it recovered from.
     learned: AtomicBool,
     /// What the state thread publishes (checkpoint, slots, trims, own state), once it runs.
     watch: Mutex<Option<Arc<Mutex<serde_json::Value>>>>,
@@ -834,12 +835,16 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     cfg.id = id;
     take_drivers_queues(&mut cfg, &ctrl.dev_info());
     let state_dev = open_state_dev(&cfg, &backing, recover).map_err(fail)?;
-    // A device that was learning when its daemon died may have a checkpoint by now.
+    // A device that was learning when its daemon died may have a checkpoint by now. Its layout
+    // counts as learned: the earlier daemon served writes no state thread followed, so no
+    // saved confirmation is trusted, whatever mark that daemon left on the saved state.
+    let mut learned = false;
     if cfg.geometry.is_none() {
         if let Ok(Some(g)) = learn::look(&ExportedReader { dev: &*state_dev, size: cfg.exported_bytes }, &cfg.layout_flags) {
             // One the drive cannot serve is left to the learner, which refuses it.
             if block_align_error(&g, 1u64 << cfg.lba_shift, &cfg.backing).is_none() {
                 cfg.geometry = Some(g);
+                learned = true;
             }
         }
     }
@@ -857,7 +862,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     };
     let shared = Arc::new(Shared {
         layout: layout.clone(),
-        learned: AtomicBool::new(false),
+        learned: AtomicBool::new(learned),
         cfg: cfg.clone(),
         watch: Mutex::new(None),
         engines: Mutex::new(engines),
@@ -869,7 +874,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // The state thread: loads fdpblk's own state into the slot table before any I/O is served.
     let watcher = cfg.geometry.map(|g| {
         let slots = Arc::new(SlotTable::new(g.max_slots));
-        let w = start_watcher(&cfg, g, state_dev.clone(), &slots, layout.policy(), false, recover);
+        let w = start_watcher(&cfg, g, state_dev.clone(), &slots, layout.policy(), learned, recover);
         layout.set(Known { geometry: g, slots });
         w
     });

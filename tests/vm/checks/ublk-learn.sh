@@ -7,7 +7,8 @@
 # (tools/rawblock_writer) tells the layout, and from then on checkpoint bytes land on PID 1
 # and slot bytes on PID 2 (RUAMW) while every entry verifies; fdpblk list shows the learned
 # geometry. The same with the passthrough engine after a SIGKILL + recover while learning.
-# Then: a clean state saved by an earlier run is marked in use before a learning daemon serves.
+# Then: a clean state saved by an earlier run is marked in use before a learning daemon serves,
+# and a daemon recovered after the learner missed LMCache's checkpoint counts its layout learned.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq nvme blkdiscard blockdev
@@ -90,6 +91,22 @@ expect_eq "add without layout flags: learning" "$(fdpblk_add -n 0 --backing "$NS
 wait_stat layout.state '"learning"'
 expect_eq "the saved state is marked in use while learning" "$("$FDPBLK" inspect "$NS_DEV" "${GEOM[@]}" --json | jq -c .fdpblk_state.clean)" false
 expect "the daemon says so" log_has "marked in use until the layout is learned"
+# The learning daemon dies before it sees LMCache's first checkpoint (written here straight
+# to the namespace, as if it completed just before the kill): the recovered daemon finds the
+# layout at its start, and counts it as learned, not given (no saved confirmation trusted,
+# every slot possibly written unseen), whatever the earlier daemon's mark.
+pid=$(daemon_pid 0)
+kill -9 "$pid"
+for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+DEV=$NS_DEV STATE=/var/tmp/ublk-learn-direct.state writer direct put 2 checkpoint
+rm -f /var/tmp/ublk-learn-direct.state
+if "$FDPBLK" recover -n 0 >"$OUT/learn-recover2.log" 2>&1; then ok "recover after a checkpoint the learner missed"; else
+    cat "$OUT/learn-recover2.log" /run/fdpblk/daemon.log
+    check_fatal "recover after a checkpoint the learner missed"
+fi
+# (Polled: the stats file is the killed daemon's until the new one's first round.)
+wait_stat geometry.slot_bytes 65536
+expect_eq "the layout found at the recovery counts as learned" "$(dev_stat layout.state)" '"learned"'
 "$FDPBLK" del -n 0 >/dev/null 2>&1 || not_ok "fdpblk del"
 
 check_done
