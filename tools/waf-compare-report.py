@@ -138,6 +138,54 @@ def fdp_delta(before, after):
     }
 
 
+def fdpblk_counters(c, d):
+    """fdpblk's own counters of configuration `c` (dir `d`), if fdpblk ran it."""
+    sp = os.path.join(d, "fdpblk-stats.json")
+    if not os.path.exists(sp):
+        return None
+    s = json.load(open(sp))
+    pl = s["pipeline"]
+    return {
+        "policy": s.get("policy"),
+        "engine": s.get("engine"),
+        "handles": {k: v for k, v in pl.get("handles", {}).items()},
+        "write_bytes": pl["ops"]["write"]["bytes"],
+        "own_state_bytes": s.get("own_state", {}).get("bytes_written"),
+        # Early evictions: older checkpoint containers' header blocks zeroed, on the
+        # own-state handle, inside the exported range.
+        "zeroed_container_bytes": s.get("trim", {}).get("containers_invalidated_bytes", 0),
+        "trim_bytes": s.get("trim", {}).get("trim_bytes"),
+        "own_state_handle": OWN_STATE_HANDLE[c],
+    }
+
+
+def untraced_row(c, d, row):
+    """A configuration run with --no-trace: the bytes on the workload's device are the
+    writer's own counts, the drive's are its counters (HBMW, RUAMW); fdpblk's own state is
+    what the drive wrote beyond them. No classes from a trace and no simulated drive."""
+    w = json.load(open(os.path.join(d, "writer.json")))["run"]["device_bytes"]
+    row["writer_bytes"] = w
+    # The writer counts a payload's padding to its block as payload.
+    row["classes"] = {k: w.get(k, 0) for k in CLASSES}
+    row["classified_bytes"] = sum(row["classes"].values())
+    row["workload_write_bytes"] = row["classified_bytes"]
+    row["workload_source"] = "the writer's counts"
+    fdp = row["fdp"]
+    row["drive_write_bytes"] = fdp["host_bytes"]
+    row["drive_write_bytes_blktrace"] = None
+    row["drive_discard_bytes"] = None
+    row["fdpblk_overhead"] = data_overhead(fdp, row["workload_write_bytes"])
+    row["sim"] = {}
+    f = fdpblk_counters(c, d)
+    if f:
+        row["fdpblk"] = f
+        drive_data = round(fdp["host_bytes"] * fdp["lba_size"] / (fdp["lba_size"] + fdp["lba_metadata"]))
+        row["own_state_bytes"] = drive_data - row["workload_write_bytes"] - f["zeroed_container_bytes"]
+    else:
+        row["own_state_bytes"] = 0
+    return row
+
+
 def data_overhead(fdp, workload_bytes):
     """Data bytes on the drive over the bytes written on the workload's device. HBMW counts
     each block's metadata too: lba / (lba + metadata) of it is data."""
@@ -177,6 +225,7 @@ def main():
     ap.add_argument("--fdpblk-version", default="")
     ap.add_argument("--kernel", default="")
     ap.add_argument("--precondition", action="store_true")
+    ap.add_argument("--no-trace", action="store_true")
     ap.add_argument("geom", nargs="*")
     a = ap.parse_args()
     rows = []
@@ -184,11 +233,15 @@ def main():
     for c in a.configs.split():
         d = os.path.join(a.out, c)
         wdev = open(os.path.join(d, "workload-device")).read().strip()
-        nvme_ev = blk_events(os.path.join(d, "trace-drive"))
         fdp = fdp_delta(json.load(open(os.path.join(d, "fdp-before.json"))), json.load(open(os.path.join(d, "fdp-after.json"))))
         row = {"config": c, "workload_device": wdev, "fdp": fdp}
         policy = SIM_POLICY.get(c, c)
         row["sim_policy"] = policy
+        if a.no_trace:
+            rows.append(untraced_row(c, d, row))
+            step(c)
+            continue
+        nvme_ev = blk_events(os.path.join(d, "trace-drive"))
         if c in ("raw", "fio-static"):
             own_lo = None
             wl_ev = nvme_ev if c == "raw" else raw_trace
@@ -246,37 +299,23 @@ def main():
         ssd = ["--ssd-op", a.ssd_op, "--ssd-warmup", str(fill)] + (["--ssd-ru-size", a.ssd_ru_size] if a.ssd_ru_size else [])
         srep = replay(a.fdpblk, [{"op": o, "offset": off, "len": n} for _, o, off, n in sim], os.path.join(d, "sim.jsonl"), policy, a.geom, ssd)
         row["sim"] = srep["ssd"]
-        # fdpblk's own counters.
-        sp = os.path.join(d, "fdpblk-stats.json")
-        if os.path.exists(sp):
-            s = json.load(open(sp))
-            pl = s["pipeline"]
-            row["fdpblk"] = {
-                "policy": s.get("policy"),
-                "engine": s.get("engine"),
-                "handles": {k: v for k, v in pl.get("handles", {}).items()},
-                "write_bytes": pl["ops"]["write"]["bytes"],
-                "own_state_bytes": s.get("own_state", {}).get("bytes_written"),
-                # Early evictions: older checkpoint containers' header blocks zeroed, on the
-                # own-state handle, inside the exported range.
-                "zeroed_container_bytes": s.get("trim", {}).get("containers_invalidated_bytes", 0),
-                "trim_bytes": s.get("trim", {}).get("trim_bytes"),
-                "own_state_handle": OWN_STATE_HANDLE[c],
-            }
+        fdpblk = fdpblk_counters(c, d)
+        if fdpblk:
+            row["fdpblk"] = fdpblk
         rows.append(row)
         step(c)
 
     checks = consistency(rows)
     report = {"drive": a.drive, "workload": a.workload, "geometry": a.geom, "ssd_op": float(a.ssd_op),
-              "command": a.command, "fdpblk_version": a.fdpblk_version, "kernel": a.kernel, "preconditioned": a.precondition, "configs": rows, "checks": checks}
+              "command": a.command, "fdpblk_version": a.fdpblk_version, "kernel": a.kernel, "preconditioned": a.precondition, "traced": not a.no_trace, "configs": rows, "checks": checks}
     json.dump(report, open(os.path.join(a.out, "report.json"), "w"), indent=1)
     open(os.path.join(a.out, "report.md"), "w").write(markdown(report))
     chart = {
         "title": "waf-compare: " + os.path.basename(a.workload),
         "y_label": "ratio",
         "y_min": 0.9,
-        "series": ["fdpblk overhead (drive/ublk bytes)", "drive media/host", "simulated device waf"],
-        "groups": [{"name": r["config"], "values": [r["fdpblk_overhead"], r["fdp"]["media_host_ratio"], r["sim"].get("waf")]} for r in rows],
+        "series": ["fdpblk overhead (drive/ublk bytes)", "drive media/host"] + ([] if a.no_trace else ["simulated device waf"]),
+        "groups": [{"name": r["config"], "values": [r["fdpblk_overhead"], r["fdp"]["media_host_ratio"]] + ([] if a.no_trace else [r["sim"].get("waf")])} for r in rows],
     }
     json.dump(chart, open(os.path.join(a.out, "chart.json"), "w"))
     r = subprocess.run([a.fdpblk, "plot", os.path.join(a.out, "chart.json"), "--out", os.path.join(a.out, "chart.png")], capture_output=True, text=True)
@@ -318,15 +357,19 @@ def consistency(rows):
                 out.append({"what": what + " (modulo the RU: the run wrote a whole RU or more)", "got": got % ru,
                             "want": want % ru, "ok": (got - want) % ru == 0})
 
-        eq(f"{c}: bytes on the workload device = classified bytes", r["classified_bytes"], r["workload_write_bytes"])
-        if "writer_bytes" in r:
+        traced = r["workload_source"] != "the writer's counts"
+        if traced:
+            eq(f"{c}: bytes on the workload device = classified bytes", r["classified_bytes"], r["workload_write_bytes"])
+        if "writer_bytes" in r and traced:
             wb = r["writer_bytes"]
             eq(f"{c}: checkpoint bytes, blktrace vs the writer", r["classes"]["checkpoint_header"] + r["classes"]["checkpoint_payload"],
                wb["checkpoint_header"] + wb["checkpoint_payload"])
             eq(f"{c}: slot bytes, blktrace vs the writer", r["classes"]["slot_header"] + r["classes"]["slot_payload"] + r["classes"]["slot_padding"],
                wb["slot_header"] + wb["slot_payload"])
-        if r["workload_source"] == "blktrace" and c == "raw" or "fdpblk" in r:
+        if r["drive_write_bytes_blktrace"] is not None and (r["workload_source"] == "blktrace" and c == "raw" or "fdpblk" in r):
             hbmw_eq(f"{c}: drive bytes, blktrace vs HBMW", r["drive_write_bytes_blktrace"], r["drive_write_bytes"])
+        if c == "raw":
+            hbmw_eq("raw: drive bytes (HBMW) = the workload's bytes", r["drive_write_bytes"], r["workload_write_bytes"])
         pid_checks = [(f"{c}: per-PID bytes (RUAMW) add up to HBMW", sum(fd["bytes_by_pid_index"].values()))]
         if c == "raw":
             pid_checks.append(("raw: all bytes on placement ID 0", fd["bytes_by_pid_index"].get("0")))
@@ -348,12 +391,13 @@ def consistency(rows):
             eq(f"{c}: reads of deallocated bytes on the simulated drive", r["sim_reads_of_deallocated_bytes"], 0)
         f = r.get("fdpblk")
         if f:
-            eq(f"{c}: fdpblk's write bytes = blktrace on the ublk device", f["write_bytes"], r["workload_write_bytes"])
+            eq(f"{c}: fdpblk's write bytes = " + ("blktrace on the ublk device" if traced else "the writer's"), f["write_bytes"], r["workload_write_bytes"])
             # fdpblk's counter is read before del, so the drive saw its final state write too.
             out.append({"what": f"{c}: fdpblk's own-state bytes before del <= drive writes past the exported capacity",
                         "got": f["own_state_bytes"], "want": r["own_state_bytes"], "ok": 0 < f["own_state_bytes"] <= r["own_state_bytes"]})
             own = r["own_state_bytes"] + f["zeroed_container_bytes"]
-            hbmw_eq(f"{c}: drive bytes = ublk bytes + own-state bytes + zeroed checkpoint headers", r["drive_write_bytes"], r["workload_write_bytes"] + own)
+            if traced:
+                hbmw_eq(f"{c}: drive bytes = ublk bytes + own-state bytes + zeroed checkpoint headers", r["drive_write_bytes"], r["workload_write_bytes"] + own)
             for i, got in sorted(fd["bytes_by_pid_index"].items(), key=lambda kv: int(kv[0])):
                 want = f["handles"].get(i, 0) + (own if int(i) == f["own_state_handle"] else 0)
                 pid_eq(f"{c}: placement ID index {i}: drive bytes (RUAMW) = fdpblk's handle {i} bytes + own state there", got, want)
@@ -405,18 +449,22 @@ def markdown(rep):
         if f:
             fh += f"; own state {human(f['own_state_bytes'])} on {f['own_state_handle']}"
         m.append(f"| {r['config']} | " + " | ".join(human(p.get(str(i), 0)) for i in range(npid)) + f" | {fh} |")
-    m += ["", "Simulated device: the workload device's trace (fdpblk's deallocations included) through "
-          f"`fdpblk replay --ssd` with the configuration's policy, {rep['ssd_op'] * 100:g} % over-provisioning; "
-          "WAF over the writes after the first pass over the modelled drive (the fill, which costs no garbage "
-          "collection, is left out; the whole trace's WAF follows it); "
-          "blktrace carries no data, so policies that read slot headers (key-aware, lmcache-fdp) see none "
-          "there and place by LBA and history only. Commands: `*/sim.jsonl.cmd`.", ""]
-    for r in rows:
-        s = r["sim"]
-        m.append(f"- {r['config']} (`{r['sim_policy']}`): WAF {ratio(s.get('waf'))} after {human(s['warmup_bytes'])} "
-                 f"(whole trace {ratio(s.get('waf_whole_trace'))}), host {human(s['host_bytes'])}, "
-                 f"relocated {human(s['relocated_bytes'])}, {s['gc_events']} GC events, RU {human(s['ru_bytes'])}, "
-                 f"logical {human(s['logical_bytes'])}")
+    if not rep.get("traced", True):
+        m += ["", "Run with --no-trace: bytes on the workload device are the writer's own counts, fdpblk state is "
+              "what the drive wrote beyond them; no classes from a trace and no simulated drive."]
+    else:
+        m += ["", "Simulated device: the workload device's trace (fdpblk's deallocations included) through "
+              f"`fdpblk replay --ssd` with the configuration's policy, {rep['ssd_op'] * 100:g} % over-provisioning; "
+              "WAF over the writes after the first pass over the modelled drive (the fill, which costs no garbage "
+              "collection, is left out; the whole trace's WAF follows it); "
+              "blktrace carries no data, so policies that read slot headers (key-aware, lmcache-fdp) see none "
+              "there and place by LBA and history only. Commands: `*/sim.jsonl.cmd`.", ""]
+        for r in rows:
+            s = r["sim"]
+            m.append(f"- {r['config']} (`{r['sim_policy']}`): WAF {ratio(s.get('waf'))} after {human(s['warmup_bytes'])} "
+                     f"(whole trace {ratio(s.get('waf_whole_trace'))}), host {human(s['host_bytes'])}, "
+                     f"relocated {human(s['relocated_bytes'])}, {s['gc_events']} GC events, RU {human(s['ru_bytes'])}, "
+                     f"logical {human(s['logical_bytes'])}")
     bad = [k for k in rep["checks"] if not k["ok"]]
     skipped = [k for k in rep["checks"] if k.get("skipped")]
     ran = len(rep["checks"]) - len(skipped)
