@@ -235,6 +235,10 @@ def main():
         wdev = open(os.path.join(d, "workload-device")).read().strip()
         fdp = fdp_delta(json.load(open(os.path.join(d, "fdp-before.json"))), json.load(open(os.path.join(d, "fdp-after.json"))))
         row = {"config": c, "workload_device": wdev, "fdp": fdp}
+        # --precondition: what the fill wrote (HBMW before it to before the workload).
+        bf = os.path.join(d, "fdp-before-fill.json")
+        if os.path.exists(bf):
+            row["fill_bytes"] = int(json.load(open(os.path.join(d, "fdp-before.json")))["hbmw"]) - int(json.load(open(bf))["hbmw"])
         policy = SIM_POLICY.get(c, c)
         row["sim_policy"] = policy
         if a.no_trace:
@@ -422,8 +426,9 @@ def markdown(rep):
     m = [f"# waf-compare: `{os.path.basename(rep['workload'])}` on `{rep['drive']}`", "",
          f"Command: `{rep['command']}`; {rep['fdpblk_version']}; kernel {rep['kernel']}.", ""]
     if rep.get("preconditioned"):
+        fills = ", ".join(f"{r['config']} {human(r.get('fill_bytes'))}" for r in rows)
         m += ["Each configuration ran on a full drive: after the deallocation, one sequential write of the whole "
-              "namespace; the drive's counters and traces start after it.", ""]
+              f"namespace (the drive's HBMW over it: {fills}); the drive's counters and traces start after it.", ""]
     else:
         m += ["Each configuration ran on a deallocated drive: what the workload leaves unwritten is spare space "
               "to the drive, so drive media/host reads low (`--precondition` fills the drive first).", ""]

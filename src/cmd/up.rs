@@ -241,6 +241,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let late = dir.join("late.img");
         let _ = std::fs::remove_file(&late);
+        let t = Instant::now();
         let maker = {
             let late = late.clone();
             std::thread::spawn(move || {
@@ -248,7 +249,6 @@ mod tests {
                 std::fs::write(&late, b"").unwrap();
             })
         };
-        let t = Instant::now();
         assert!(wait_for_backing(&late, Duration::from_secs(10), Duration::from_millis(10)));
         assert!(t.elapsed() >= Duration::from_millis(150), "it returned before the file existed");
         maker.join().unwrap();

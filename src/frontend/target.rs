@@ -32,8 +32,9 @@ struct Shared {
     /// The layout, the slot table, the queues' pipelines and their one shared policy (what
     /// it learns from one queue's reads places the headers another queue writes).
     layout: Arc<LayoutCell>,
-    /// The layout was learned while serving (not given or found by `add`), by this daemon or
-    /// by the one it recovered from.
+    /// The layout was learned from the device while it served (by this daemon, or by the one
+    /// it recovered from) or found at a start that was given none; not given, nor found by
+    /// `add` before the device existed.
     learned: AtomicBool,
     /// What the state thread publishes (checkpoint, slots, trims, own state), once it runs.
     watch: Mutex<Option<Arc<Mutex<serde_json::Value>>>>,

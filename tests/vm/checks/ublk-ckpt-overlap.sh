@@ -89,10 +89,11 @@ pass() {
     expect_eq "$e: after the deallocations: the loader takes all $live entries, each verified" \
         "$(wfield final run.recovered)/$(wfield final run.recovery_dropped)/$(wfield final run.verified)" "$live/0/$live"
     expect_eq "$e: no failed request" "$("$FDPBLK" stats -n 0 --json | jq -c '[.queues[].errors] | add')" 0
-    # Puts into slots being deallocated wait for it: counted, and short on a healthy drive.
+    # Puts into slots being deallocated wait for it (whether one did here is timing): the
+    # counts are reported, and on a healthy drive no hold comes near the 10 s warning.
     held=$("$FDPBLK" stats -n 0 --json | jq -r '"\([.queues[].held_for_trims] | add) \([.queues[].held_longest_us] | max)"')
-    expect "$e: requests held for deallocations counted, none for a second (held, longest us: $held)" \
-        bash -c "read -r n us <<<'$held' && [[ \$n =~ ^[0-9]+\$ && \$us =~ ^[0-9]+\$ ]] && (( us < 1000000 ))"
+    expect "$e: requests held for deallocations reported, none for 10 s (held, longest us: $held)" \
+        bash -c "read -r n us <<<'$held' && [[ \$n =~ ^[0-9]+\$ && \$us =~ ^[0-9]+\$ ]] && (( us < 10000000 ))"
     expect_eq "$e: no error in fdpblk's log since the check began" "$(daemon_errors)" 0
     expect "$e: fdpblk del" "$FDPBLK" del -n 0
     daemons_gone || true

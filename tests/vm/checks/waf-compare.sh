@@ -37,12 +37,28 @@ refused() {
 expect "a marker on the drive" bash -c "head -c 1M /dev/urandom >/tmp/waf-marker && dd if=/tmp/waf-marker of=/dev/nvme0n1 bs=1M oflag=direct status=none"
 refused "no default drive" "give the drive to erase and measure: --drive /dev/nvmeXnY --erase"
 refused "no --erase: refused, naming the drive" "this run erases all of /dev/nvme0n1 \\(.*serial .*GiB\\): add --erase to confirm" --drive /dev/nvme0n1
-sleep 600 3</dev/ng0n1 &
-refused "the char node held open (as LMCache's own FDP mode would)" "^waf-compare: /dev/nvme0n1 is open by: sleep \\(pid $!, /dev/ng0n1\\); stop them first" --drive /dev/nvme0n1 --erase
-kill $! && wait $! 2>/dev/null || true
-sleep 600 3</dev/nvme0n1 &
-refused "the block node held open without O_EXCL" "is open by: sleep \\(pid $!, /dev/nvme0n1\\); stop them first" --drive /dev/nvme0n1 --erase
-kill $! && wait $! 2>/dev/null || true
+# hold NODE: a sleep holding NODE open, its pid in $holder once it runs as sleep with it open.
+hold() {
+    sleep 600 3<"$1" &
+    holder=$!
+    for _ in $(seq 100); do
+        [[ $(cat /proc/$holder/comm 2>/dev/null) == sleep && -e /proc/$holder/fd/3 ]] && return 0
+        sleep 0.05
+    done
+    check_fatal "the holder of $1 did not start"
+}
+hold /dev/ng0n1
+refused "the char node held open (as LMCache's own FDP mode would)" "^waf-compare: /dev/nvme0n1 is open by: sleep \\(pid $holder, /dev/ng0n1\\); stop them first" --drive /dev/nvme0n1 --erase
+kill "$holder" && wait "$holder" 2>/dev/null || true
+hold /dev/nvme0n1
+refused "the block node held open without O_EXCL" "is open by: sleep \\(pid $holder, /dev/nvme0n1\\); stop them first" --drive /dev/nvme0n1 --erase
+kill "$holder" && wait "$holder" 2>/dev/null || true
+# Under another name (a container's --device /dev/nvme0n1:/dev/kvcache): found by its number.
+expect "a node of the namespace under another name" mknod /dev/kvcache-test b "$(cut -d: -f1 /sys/class/block/nvme0n1/dev)" "$(cut -d: -f2 /sys/class/block/nvme0n1/dev)"
+hold /dev/kvcache-test
+refused "the namespace held open under another name" "is open by: sleep \\(pid $holder, /dev/kvcache-test\\); stop them first" --drive /dev/nvme0n1 --erase
+kill "$holder" && wait "$holder" 2>/dev/null || true
+rm -f /dev/kvcache-test
 
 # ---- the guide's commands (docs/guide.md, "Measure") ------------------------------------------
 FIO=$FIO_FDP
@@ -169,23 +185,28 @@ fi
 sed -n '/^| configuration | workload/,/^$/p' "$PRE/report.md" | sed 's/^/    /'
 expect "its report says the drive was full" grep -q '^Each configuration ran on a full drive' "$PRE/report.md"
 expect "and that nothing was traced" bash -c "grep -q '^Run with --no-trace' '$PRE/report.md' && ! compgen -G '$PRE/*/trace-*' >/dev/null"
-pre=$(python3 - "$PRE/report.json" "$PRE/key-aware/fdpblk-stats.json" <<'PY'
+pre=$(python3 - "$PRE/report.json" "$PRE/key-aware/fdpblk-stats.json" "$(blockdev --getsize64 /dev/nvme0n1)" <<'PY'
 import json, sys
 p, st = (json.load(open(f)) for f in sys.argv[1:3])
+ns = int(sys.argv[3])
 rows = {c["config"]: c for c in p["configs"]}
 fails = [k["what"] for k in p["checks"] if not k["ok"]]
 if not p.get("preconditioned") or p.get("traced") is not False:
     fails.append(f"report.json: preconditioned {p.get('preconditioned')}, traced {p.get('traced')}")
 if len(p["checks"]) < 6:
     fails.append(f"only {len(p['checks'])} checks ran")
-raw, ka = rows["raw"], rows["key-aware"]
+raw = rows["raw"]
+# The fill wrote the whole namespace, in each configuration.
+for name, r in rows.items():
+    if not (r.get("fill_bytes") or 0) >= ns:
+        fails.append(f"{name}: the fill wrote {r.get('fill_bytes')} bytes of the namespace's {ns}")
 if raw["drive_write_bytes"] != raw["workload_write_bytes"]:
     fails.append(f"raw: drive bytes {raw['drive_write_bytes']} != workload bytes {raw['workload_write_bytes']} (the fill counted?)")
 # The workload's last put leaves slots 48.. of 64 never written (the writer reuses freed slots first).
 unwritten = st["trim"]["reclaimed_bytes"]
 if not unwritten > 0:
     fails.append(f"key-aware: {unwritten} bytes of unwritten slots deallocated")
-print("; ".join(fails) or f"ok: {len(p['checks'])} checks hold; key-aware deallocated {unwritten} bytes of slots never written")
+print("; ".join(fails) or f"ok: each fill wrote the whole namespace, {len(p['checks'])} checks hold; key-aware deallocated {unwritten} bytes of slots never written")
 PY
 )
 expect "--precondition: $pre" test "${pre#ok:}" != "$pre"
