@@ -12,7 +12,7 @@
 # tampered copy of the report too, where they must fail. (64 MiB reclaim units: RUAMW counts
 # modulo the RU, and no placement ID gets 64 MiB here.)
 . "$(dirname "$0")/../lib/check-lib.sh"
-need_tool blktrace blkparse python3 nvme
+need_tool blktrace blkparse python3 nvme losetup
 
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 for b in fdpblk rawblock-writer; do
@@ -59,6 +59,11 @@ hold /dev/kvcache-test
 refused "the namespace held open under another name" "is open by: sleep \\(pid $holder, /dev/kvcache-test\\); stop them first" --drive /dev/nvme0n1 --erase
 kill "$holder" && wait "$holder" 2>/dev/null || true
 rm -f /dev/kvcache-test
+# A loop device over it holds it without a descriptor any process has.
+modprobe loop 2>/dev/null || true
+loopdev=$(losetup -f --show /dev/nvme0n1) || check_fatal "losetup over /dev/nvme0n1"
+refused "a loop device over the namespace" "is open by: $loopdev \\(a loop device over it\\); stop them first" --drive /dev/nvme0n1 --erase
+losetup -d "$loopdev"
 
 # ---- the guide's commands (docs/guide.md, "Measure") ------------------------------------------
 FIO=$FIO_FDP
