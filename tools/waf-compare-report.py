@@ -179,19 +179,23 @@ def untraced_row(c, d, row):
     f = fdpblk_counters(c, d)
     if f:
         row["fdpblk"] = f
-        drive_data = round(fdp["host_bytes"] * fdp["lba_size"] / (fdp["lba_size"] + fdp["lba_metadata"]))
-        row["own_state_bytes"] = drive_data - row["workload_write_bytes"] - f["zeroed_container_bytes"]
+        row["own_state_bytes"] = round(drive_data_bytes(fdp)) - row["workload_write_bytes"] - f["zeroed_container_bytes"]
     else:
         row["own_state_bytes"] = 0
     return row
 
 
+def drive_data_bytes(fdp):
+    """The data bytes the drive was written: HBMW counts each block's metadata too, and
+    lba / (lba + metadata) of it is data."""
+    return fdp["host_bytes"] * fdp["lba_size"] / (fdp["lba_size"] + fdp["lba_metadata"])
+
+
 def data_overhead(fdp, workload_bytes):
-    """Data bytes on the drive over the bytes written on the workload's device. HBMW counts
-    each block's metadata too: lba / (lba + metadata) of it is data."""
+    """Data bytes on the drive over the bytes written on the workload's device."""
     if not workload_bytes:
         return None
-    return fdp["host_bytes"] * fdp["lba_size"] / (fdp["lba_size"] + fdp["lba_metadata"]) / workload_bytes
+    return drive_data_bytes(fdp) / workload_bytes
 
 
 def replay(fdpblk, trace_lines, path, policy, geom, ssd=None, extra=()):

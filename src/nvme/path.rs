@@ -154,20 +154,17 @@ pub fn namespace_block_device(path: &Path) -> Option<PathBuf> {
     resolve(path).ok()?.block_name.map(|b| Path::new("/dev").join(b))
 }
 
-/// The generic char device (`/dev/ngXnY`) of the namespace whose block device `path` names,
-/// if there is one that names that block device back.
-pub fn namespace_generic_device(path: &Path) -> Option<PathBuf> {
-    let p = resolve(path).ok()?;
-    let ng = Path::new("/dev").join(format!("ng{}", p.name.strip_prefix("nvme")?));
-    (p.kind == DevKind::Block && resolve(&ng).ok()?.block_name.as_deref() == Some(p.name.as_str())).then_some(ng)
-}
-
 /// The namespace's other node: its block device for its generic char device, and the other
 /// way round (none for a file, or where the kernel made only one).
 pub fn namespace_other_node(path: &Path) -> Option<PathBuf> {
-    match resolve(path).ok()?.kind {
-        DevKind::Generic => namespace_block_device(path),
-        DevKind::Block => namespace_generic_device(path),
+    let p = resolve(path).ok()?;
+    match p.kind {
+        DevKind::Generic => p.block_name.map(|b| Path::new("/dev").join(b)),
+        // The generic device of the same number, if it names this block device back.
+        DevKind::Block => {
+            let ng = Path::new("/dev").join(format!("ng{}", p.name.strip_prefix("nvme")?));
+            (resolve(&ng).ok()?.block_name.as_deref() == Some(p.name.as_str())).then_some(ng)
+        }
         DevKind::Controller => None,
     }
 }
