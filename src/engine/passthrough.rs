@@ -613,6 +613,8 @@ impl PassthroughEngine {
         // TRANSIENT_RETRIES times after the drive's delay (up to 5 s), which for 64 commands
         // would keep LMCache's request waiting for half an hour.
         let mut spent = Duration::ZERO;
+        // Waits for room in a full ring since the last command that found some.
+        let mut full_waits = 0;
         loop {
             let mut ops: Vec<(PassthruCmd, Op<'_>)> = Vec::new();
             while err == 0 && ops.len() < self.window {
@@ -625,11 +627,26 @@ impl PassthroughEngine {
                     Some(Ok(c)) => c,
                 };
                 match self.push(&c) {
-                    Ok(op) => ops.push((c, op)),
+                    Ok(op) => {
+                        ops.push((c, op));
+                        full_waits = 0;
+                    }
                     // Full: the commands already pushed complete first.
                     Err(e) if e == -libc::EAGAIN && !ops.is_empty() => {
                         waiting = Some(c);
                         break;
+                    }
+                    // Full with none of this request's commands in it: other tags' commands
+                    // fill the ring, or the kernel takes no more until its completions are
+                    // reaped. The wait lets the reaper run and those commands end; retried at
+                    // once, the push would mostly find the same ring.
+                    Err(e) if e == -libc::EAGAIN && full_waits < EAGAIN_RETRIES => {
+                        full_waits += 1;
+                        if !sleep_for(q, eagain_backoff(full_waits)).await {
+                            err = -libc::EIO;
+                            break;
+                        }
+                        waiting = Some(c);
                     }
                     Err(e) => err = if e == -libc::EAGAIN { -libc::EIO } else { e },
                 }

@@ -33,6 +33,22 @@ fn is_block_device(fd: i32) -> bool {
     (unsafe { libc::fstat(fd, &mut st) }) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFBLK
 }
 
+/// `BLOCK_URING_CMD_DISCARD` (`_IO(0x12, 0)`, Linux >= 6.12): a discard as an io_uring command
+/// on the block device, as asynchronous as a write; the byte range in `addr` and `addr3`.
+const BLOCK_URING_CMD_DISCARD: u32 = 0x12 << 8;
+
+/// What the io_uring discard's result `res` means: `Some` is the request's result; `None`, that
+/// BLKDISCARD must answer instead: the kernel has no block-device io_uring commands (Linux <
+/// 6.12, EOPNOTSUPP; before URING_CMD, EINVAL), the device takes no discard (EOPNOTSUPP, which
+/// BLKDISCARD tells apart), or the range is one the kernel refuses (EINVAL, which BLKDISCARD
+/// gives again).
+fn uring_discard_result(res: i32) -> Option<i32> {
+    match res {
+        r if r == -libc::EOPNOTSUPP || r == -libc::EINVAL || r == -libc::ENOTTY => None,
+        r => Some(r),
+    }
+}
+
 /// `BLKDISCARD` blocks until the drive is done, which for gigabytes can take long: it runs on
 /// a thread of its own, and the tag waits for it on the queue ring (an eventfd poll) while
 /// the queue's other tags go on.
@@ -91,15 +107,22 @@ pub struct UringEngine {
     fd: i32,
     /// The backing is a block device: a discard is BLKDISCARD.
     block: bool,
+    /// The kernel refused the io_uring discard once (EOPNOTSUPP): BLKDISCARD from then on.
+    no_uring_discard: std::cell::Cell<bool>,
+    /// The fallback to BLKDISCARD was logged (once per queue).
+    discard_fallback_logged: std::cell::Cell<bool>,
 }
 
 impl UringEngine {
+    fn new(streams: Option<Vec<u8>>, fd: i32) -> Self {
+        Self { streams, fd, block: is_block_device(fd), no_uring_discard: Default::default(), discard_fallback_logged: Default::default() }
+    }
     pub fn plain(fd: i32) -> Self {
-        Self { streams: None, fd, block: is_block_device(fd) }
+        Self::new(None, fd)
     }
     /// `streams[h]` is the write stream for logical handle `h`.
     pub fn streams(streams: Vec<u8>, fd: i32) -> Self {
-        Self { streams: Some(streams), fd, block: is_block_device(fd) }
+        Self::new(Some(streams), fd)
     }
     pub fn name(&self) -> &'static str {
         if self.streams.is_some() {
@@ -172,13 +195,34 @@ impl UringEngine {
     }
 
     /// Deallocates (a discard from the ublk device; LMCache issues none, fdpblk's own
-    /// deallocation uses BLKDISCARD too). On a block device: BLKDISCARD, which is Dataset
-    /// Management deallocate on an NVMe namespace, as the passthrough engine sends; not
-    /// `fallocate(PUNCH_HOLE)`, which there is Write Zeroes, and a drive whose DLFEAT does not
-    /// let it deallocate for one writes the zeroes (media writes, minutes for gigabytes). A
-    /// device without discard gets PUNCH_HOLE instead (zeroes, as before), as a file always
-    /// does: there it frees blocks, and reads return zeroes afterwards.
+    /// deallocation uses BLKDISCARD too). On a block device: a discard (the io_uring command,
+    /// else BLKDISCARD on a thread), which is Dataset Management deallocate on an NVMe
+    /// namespace, as the passthrough engine sends; not `fallocate(PUNCH_HOLE)`, which there is
+    /// Write Zeroes, and a drive whose DLFEAT does not let it deallocate for one writes the
+    /// zeroes (media writes, minutes for gigabytes). A device without discard gets PUNCH_HOLE
+    /// instead (zeroes, as before), as a file always does: there it frees blocks, and reads
+    /// return zeroes afterwards.
     pub async fn discard(&self, q: &UblkQueue<'_>, off: u64, len: u64) -> i32 {
+        if self.block && !self.no_uring_discard.get() {
+            let mut cmd = [0u8; 16];
+            cmd[..8].copy_from_slice(&len.to_le_bytes()); // addr3
+            let op = opcode::UringCmd16::new(BACKING, BLOCK_URING_CMD_DISCARD).addr(Some(off)).cmd(cmd);
+            let res = Self::submit(q, op.build().flags(squeue::Flags::FIXED_FILE)).await;
+            if let Some(res) = uring_discard_result(res) {
+                return res;
+            }
+            // A kernel without it says so for good; a range it refuses may be this one only.
+            if res == -libc::EOPNOTSUPP {
+                self.no_uring_discard.set(true);
+            }
+            if !self.discard_fallback_logged.replace(true) {
+                tracing::info!(
+                    "queue {}: no io_uring discard ({}: Linux < 6.12, a device without discard, or a range it refuses): BLKDISCARD instead, on a thread of its own",
+                    q.get_qid(),
+                    std::io::Error::from_raw_os_error(-res)
+                );
+            }
+        }
         if self.block {
             match blkdiscard_off_queue(q, self.fd, off, len).await.map_err(|e| blkdiscard_result(&e)) {
                 Ok(()) => return 0,
@@ -223,6 +267,20 @@ mod tests {
         // A file, or a device without discard: PUNCH_HOLE instead.
         assert_eq!(blkdiscard_result(&Error::from_raw_os_error(libc::ENOTTY)), None);
         assert_eq!(blkdiscard_result(&Error::from_raw_os_error(libc::EOPNOTSUPP)), None);
+    }
+
+    #[test]
+    fn an_io_uring_discard_the_kernel_cannot_do_goes_to_blkdiscard() {
+        use super::uring_discard_result;
+        assert_eq!(uring_discard_result(0), Some(0));
+        // The drive's own failure is the request's.
+        assert_eq!(uring_discard_result(-libc::EIO), Some(-libc::EIO));
+        assert_eq!(uring_discard_result(-libc::ENOLINK), Some(-libc::ENOLINK));
+        // No block-device io_uring commands, no discard on the device, a range refused.
+        for e in [libc::EOPNOTSUPP, libc::EINVAL, libc::ENOTTY] {
+            assert_eq!(uring_discard_result(-e), None, "errno {e}");
+        }
+        assert_eq!(super::BLOCK_URING_CMD_DISCARD, 0x1200, "_IO(0x12, 0)");
     }
 
     #[test]
