@@ -249,12 +249,15 @@ struct Listed {
 }
 
 /// `LmOp` without the borrowed checkpoint list (queued inside `step`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum LmOpOwned {
     Put { slot: u64, identity: u64, payload_len: u64, tenant: u32, pid: Option<u16>, popularity: f64 },
     Load { slot: u64, payload_len: u64 },
     Delete { slot: u64 },
-    Checkpoint { json_bytes: u64 },
+    /// `snap`: this checkpoint's entries and JSON, where a later checkpoint of the same
+    /// request took `entries` and `json` (a request writing for longer than a checkpoint
+    /// interval); else they are still there.
+    Checkpoint { seq: u64, json_bytes: u64, snap: Option<Box<(Vec<LiveEntry>, Vec<u8>)>> },
     Tick { now_s: f64 },
 }
 
@@ -556,6 +559,11 @@ impl Workload {
                 return;
             }
         }
+        // The snapshot below reuses `entries` and `json`: a checkpoint of this request not yet
+        // emitted keeps its own.
+        if let Some(LmOpOwned::Checkpoint { snap: snap @ None, .. }) = self.ops.iter_mut().rev().find(|o| matches!(o, LmOpOwned::Checkpoint { .. })) {
+            *snap = Some(Box::new((self.entries.clone(), self.json.clone())));
+        }
         let json_bytes = self.snapshot(self.geometry.payload_cap());
         if json_bytes > self.geometry.payload_cap() {
             // LMCache logs "payload too large" and writes nothing; it stays dirty (§11).
@@ -573,7 +581,7 @@ impl Workload {
         self.stats.checkpoints += 1;
         self.stats.checkpoint_bytes += json_bytes;
         self.stats.checkpoint_max_bytes = self.stats.checkpoint_max_bytes.max(json_bytes);
-        self.ops.push(LmOpOwned::Checkpoint { json_bytes });
+        self.ops.push(LmOpOwned::Checkpoint { seq: self.seq, json_bytes, snap: None });
     }
 
     /// Advances simulated time by `bytes` written; runs due controller and checkpoint ticks.
@@ -724,20 +732,20 @@ impl Workload {
         // Emit, building the checkpoint list when one was committed.
         let ops = std::mem::take(&mut self.ops);
         for op in &ops {
-            match *op {
-                LmOpOwned::Put { slot, identity, payload_len, tenant, pid, popularity } => {
+            match op {
+                &LmOpOwned::Put { slot, identity, payload_len, tenant, pid, popularity } => {
                     sink(&LmOp::Put { slot, identity, payload_len, tenant, pid, popularity })
                 }
-                LmOpOwned::Load { slot, payload_len } => sink(&LmOp::Load { slot, payload_len }),
-                LmOpOwned::Delete { slot } => sink(&LmOp::Delete { slot }),
-                LmOpOwned::Tick { now_s } => sink(&LmOp::Tick { now_s }),
-                LmOpOwned::Checkpoint { json_bytes } => {
-                    let entries = std::mem::take(&mut self.entries);
-                    let json = std::mem::take(&mut self.json);
+                &LmOpOwned::Load { slot, payload_len } => sink(&LmOp::Load { slot, payload_len }),
+                &LmOpOwned::Delete { slot } => sink(&LmOp::Delete { slot }),
+                &LmOpOwned::Tick { now_s } => sink(&LmOp::Tick { now_s }),
+                LmOpOwned::Checkpoint { seq, json_bytes, snap } => {
+                    let (entries, json) = match snap {
+                        Some(s) => (&s.0, &s.1),
+                        None => (&self.entries, &self.json),
+                    };
                     let j = self.emit_json.then_some(&json[..]);
-                    sink(&LmOp::Checkpoint { seq: self.seq, json_bytes, entries: &entries, json: j });
-                    self.json = json;
-                    self.entries = entries;
+                    sink(&LmOp::Checkpoint { seq: *seq, json_bytes: *json_bytes, entries, json: j });
                 }
             }
         }

@@ -412,6 +412,19 @@ impl WorkloadSpec {
         if !(0.0..=1.0).contains(&spec.checkpoint_idle_probability) {
             return err("\"checkpoint_idle_probability\" must be 0 to 1");
         }
+        // LMCache refuses an `@` in the model name, and a salt of more than 128 characters or
+        // with `@ / \ NUL`. The simulator writes keys into its checkpoint JSON as they are,
+        // where LMCache's `json.dumps` escapes: it takes printable ASCII without `"` or `\`.
+        let printable = |t: &str| t.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
+        if spec.model_name.is_empty() || spec.model_name.contains('@') || !printable(&spec.model_name) {
+            return err("\"model_name\" must be non-empty printable ASCII without '@' (LMCache's rule), '\"' or '\\'");
+        }
+        for t in &spec.tenants {
+            let salt = &t.salt;
+            if salt.len() > 128 || salt.contains(['@', '/']) || !printable(salt) {
+                return err(format!("tenant {:?}: \"salt\" must be at most 128 printable ASCII characters without '@', '/' or '\\' (LMCache's rule), or '\"'", t.name));
+            }
+        }
         if !(1..=64).contains(&spec.chunk_hash_bytes) {
             return err("\"chunk_hash_bytes\" must be 1 to 64");
         }

@@ -74,6 +74,13 @@ fn bad_specs_say_what_is_wrong() {
         (r#"{"chunk_bytes": "32M", "tenants": [{}]}"#, "chunk_bytes"),
         (r#"{"io": "aio", "tenants": [{}]}"#, "io_uring"),
         (r#"{"ublk_queue_depth": 5000, "tenants": [{}]}"#, "ublk_queue_depth"),
+        (r#"{"model_name": "a@b", "tenants": [{}]}"#, "model_name"),
+        (r#"{"model_name": "a\"b", "tenants": [{}]}"#, "model_name"),
+        (r#"{"model_name": "lläma", "tenants": [{}]}"#, "model_name"),
+        (r#"{"tenants": [{"name": "t", "salt": "a/b"}]}"#, "salt"),
+        (&format!(r#"{{"tenants": [{{"name": "t", "salt": "{}"}}]}}"#, "s".repeat(129)), "salt"),
+        (r#"{"tenants": [{"name": "t", "salt": "a\u0000"}]}"#, "salt"),
+        (r#"{"tenants": [{"name": "t", "salt": "a\"b"}]}"#, "salt"),
     ] {
         let e = WorkloadSpec::from_json_str(text).unwrap_err();
         assert!(e.contains(needle), "{text}: {e}");
@@ -547,4 +554,47 @@ fn a_non_mp_checkpoints_size_is_predicted_with_its_unpadded_chunk_hashes() {
     }
     assert!(got.len() >= 2 && got.iter().all(|&n| n > 100 * 150), "{got:?}: checkpoints of hundreds of entries");
     assert_eq!(predicted, got);
+}
+
+/// A request that writes for longer than a checkpoint interval, with evictions between the
+/// ticks, commits several checkpoints: each goes out with its own seq (so into alternate
+/// containers) and its own entries and JSON, as LMCache's checkpoint thread writes them.
+#[test]
+fn checkpoints_committed_within_one_request_keep_their_own_seq_and_contents() {
+    // 1 s per 1 MiB slot, a checkpoint tick every second: a request of up to 9 chunks spans
+    // several ticks, and the eviction controller (every 1.7 s) deletes between them.
+    let s = spec(&format!(
+        r#"{{"slot_bytes": "1M", "meta_total_bytes": "4M", "write_rate_mb_s": 1, "checkpoint_interval_s": 1, "eviction": {{"policy": "LRU", "trigger_watermark": 0.8, "eviction_ratio": 0.2, "interval_s": 1.7}}, "tenants": [{ONE}]}}"#
+    ));
+    let mut w = Workload::new(s.clone(), 64 << 20, 0, 2, None).unwrap();
+    w.emit_json(true);
+    let (mut last_seq, mut several) = (0, 0);
+    for _ in 0..2000 {
+        let mut in_step: Vec<(u64, Vec<u64>)> = Vec::new();
+        w.step(&mut |op| {
+            if let LmOp::Checkpoint { seq, json: Some(j), entries, json_bytes } = op {
+                assert_eq!(j.len() as u64, *json_bytes);
+                let mut slots = Vec::new();
+                parse_checkpoint_json(*j, &JsonLimits::default(), &mut |e| {
+                    slots.push((e.offset.unwrap() - s.meta_total_bytes) / s.slot_bytes);
+                    Ok(())
+                })
+                .unwrap();
+                slots.sort_unstable();
+                let mut listed: Vec<u64> = entries.iter().map(|e| e.slot).collect();
+                listed.sort_unstable();
+                assert_eq!(slots, listed, "checkpoint {seq}: its JSON lists its own entries");
+                in_step.push((*seq, slots));
+            }
+        });
+        for (seq, _) in &in_step {
+            assert_eq!(*seq, last_seq + 1, "one seq after another");
+            last_seq = *seq;
+        }
+        if in_step.len() >= 2 {
+            several += 1;
+            assert!(in_step.windows(2).any(|p| p[0].1 != p[1].1), "the eviction between them shows");
+        }
+    }
+    assert!(several > 0, "some requests committed several checkpoints");
 }
