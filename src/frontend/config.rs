@@ -201,11 +201,22 @@ impl DeviceConfig {
             layout_flags,
             streams: numbers(v, "streams", 1, 255)?.into_iter().map(|s| s as u8).collect(),
             pids: numbers(v, "pids", 0, 0xffff)?.into_iter().map(|p| p as u16).collect(),
-            header_wait_us: u("header_wait_us").unwrap_or(5000),
+            // Absent in files of older versions: the defaults. Present, the ranges `add` allows:
+            // a wait of hours would leave payloads whose header never comes holding their tags.
+            header_wait_us: match v.get("header_wait_us") {
+                None => 5000,
+                Some(_) => within(u("header_wait_us")?, "header_wait_us", 0, 1_000_000)?,
+            },
             trim: v.get("trim").and_then(Value::as_bool).unwrap_or(true),
             early_tails: v.get("early_tails").and_then(Value::as_bool).unwrap_or(true),
             early_evictions: v.get("early_evictions").and_then(Value::as_bool).unwrap_or(true),
-            persist_interval_ms: u("persist_interval_ms").unwrap_or(5000),
+            persist_interval_ms: match v.get("persist_interval_ms") {
+                None => 5000,
+                Some(_) => match u("persist_interval_ms")? {
+                    n @ (0 | 50..) => n,
+                    n => return Err(format!("device config's \"persist_interval_ms\" is {n}: 0 or at least 50")),
+                },
+            },
         })
     }
 }
@@ -282,6 +293,10 @@ mod tests {
         assert!(DeviceConfig::from_json(&old).unwrap().early_tails, "and have early tails");
         old.as_object_mut().unwrap().remove("early_evictions");
         assert!(DeviceConfig::from_json(&old).unwrap().early_evictions, "and early evictions");
+        old.as_object_mut().unwrap().remove("header_wait_us");
+        old.as_object_mut().unwrap().remove("persist_interval_ms");
+        let d = DeviceConfig::from_json(&old).unwrap();
+        assert_eq!((d.header_wait_us, d.persist_interval_ms), (5000, 5000), "and the default waits");
         old.as_object_mut().unwrap().remove("backing_identity");
         assert_eq!(DeviceConfig::from_json(&old).unwrap().backing_identity, None, "and no saved identity to check");
         let mut bad = c.to_json();
@@ -305,7 +320,7 @@ mod tests {
         assert_eq!(DeviceConfig::from_json(&p.to_json()).unwrap(), p);
         assert!(DeviceConfig::from_json(&json!({})).is_err());
         // Values `add` never writes are refused, not wrapped into others.
-        for (key, bad) in [("lba_shift", 40u64), ("queues", 65536), ("queues", 0), ("depth", 5000), ("io_buf_bytes", 1 << 32)] {
+        for (key, bad) in [("lba_shift", 40u64), ("queues", 65536), ("queues", 0), ("depth", 5000), ("io_buf_bytes", 1 << 32), ("header_wait_us", 3_600_000_000), ("persist_interval_ms", 1)] {
             let mut v = p.to_json();
             v[key] = json!(bad);
             let e = DeviceConfig::from_json(&v).unwrap_err();

@@ -1,6 +1,7 @@
 //! One ublk queue thread: an async task per tag that fetches a request, serves it through the
-//! pipeline and the engine, and commits the result. No lock on the data path: the pipeline is
-//! per queue, the slot table is shared through atomics.
+//! pipeline and the engine, and commits the result. The pipeline is per queue and the slot
+//! table is shared through atomics; a placement decision takes the policy's mutex, shared by
+//! the queues, and a checkpoint header write the slot table's mailbox mutex.
 
 use crate::classify::Op;
 use crate::engine::queue::QueueEngine;

@@ -123,7 +123,8 @@ pub use none::NonePolicy;
 pub use region::RegionPolicy;
 pub use shared::{resume, SharedPolicy};
 
-/// The policies selectable by name (the default first).
+/// The policies selectable by name, in the order the simulator's tables list them (the drive
+/// without fdpblk first); the default is `key-aware`.
 pub const POLICY_NAMES: &[&str] = &["none", "region", "lmcache-fdp", "key-aware"];
 
 pub fn policy_by_name(name: &str) -> Option<Box<dyn Policy>> {

@@ -1,8 +1,8 @@
 //! What fdpblk knows about each slot, shared by all queue threads and the state thread
 //! without a lock.
 //!
-//! Per slot (32 bytes in four atomic words, plus a u16 of `orphans` and two bits of dirty
-//! bitmaps):
+//! Per slot (32 bytes in four atomic words, plus a u16 of `orphans` and two bits: a header
+//! with a stale tail completed, and written unseen; and a dirty bit per persistence page):
 //! - `identity`: the identity of the slot's current header;
 //! - `meta`: payload_len (32 bits) | handle the header was placed on (16) | header writes seen
 //!   (16, wrapping, never 0 once a header was seen);
