@@ -13,6 +13,7 @@
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool fio blkdiscard cmp
 GEO=(--slot-bytes 64K --meta-total-bytes 1M)
+head -c 1048576 /dev/urandom >/tmp/pattern
 
 job() { # REGION DEV: fio arguments for region REGION (16 MiB at REGION*64 MiB) on DEV
     echo --name="r$1" --filename="$2" --direct=1 --ioengine=io_uring --rw=randwrite --bs=16k \
@@ -53,6 +54,22 @@ for i in 0 1 2; do
         bash -c "dd if=$dev bs=1M skip=$off count=1 iflag=direct status=none | cmp -s - <(head -c 1048576 /dev/zero)"
     expect "$e: and on the raw namespace" \
         bash -c "dd if=$NS_DEV bs=1M skip=$off count=1 iflag=direct status=none | cmp -s - <(head -c 1048576 /dev/zero)"
+    # One discard request of 256 MiB (the ublk device takes up to 4 GiB in one; this
+    # namespace up to 2 GiB per discard), its first and last MiB written before.
+    big=512
+    for m in $big $((big + 255)); do
+        expect "$e: write 1 MiB at $m MiB" dd if=/tmp/pattern of="$dev" bs=1M seek=$m count=1 oflag=direct status=none
+        expect "$e: the namespace holds it" bash -c "dd if=$NS_DEV bs=1M skip=$m count=1 iflag=direct status=none | cmp -s - /tmp/pattern"
+    done
+    d0=$(discarded)
+    expect "$e: blkdiscard 256 MiB at $big MiB in one request" blkdiscard -o $((big << 20)) -l $((256 << 20)) "$dev"
+    if [[ $e != passthrough ]]; then
+        expect "$e: the namespace saw a discard of at least 256 MiB ($d0 -> $(discarded) sectors)" test $(($(discarded) - d0)) -ge $((256 << 11))
+    fi
+    for m in $big $((big + 255)); do
+        expect "$e: $m MiB reads zeroes through ublk and on the namespace" bash -c \
+            "for d in $dev $NS_DEV; do dd if=\$d bs=1M skip=$m count=1 iflag=direct status=none | cmp -s - <(head -c 1048576 /dev/zero) || exit 1; done"
+    done
     expect "$e: del" "$FDPBLK" del -n 0
 done
 for j in 0 1 2; do
