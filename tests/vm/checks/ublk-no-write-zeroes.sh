@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vm-kernel: new
+# vm-kernel: new old
 # vm-fdp: on
 # A backing drive without Write Zeroes (null_blk, memory-backed, with discard): the plain
 # engine's deallocation is a discard (fallocate(PUNCH_HOLE), which such a drive refuses,
