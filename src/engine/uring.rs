@@ -40,11 +40,13 @@ const BLOCK_URING_CMD_DISCARD: u32 = 0x12 << 8;
 /// What the io_uring discard's result `res` means: `Some` is the request's result; `None`, that
 /// BLKDISCARD must answer instead: the kernel has no block-device io_uring commands (Linux <
 /// 6.12, EOPNOTSUPP; before URING_CMD, EINVAL), the device takes no discard (EOPNOTSUPP, which
-/// BLKDISCARD tells apart), or the range is one the kernel refuses (EINVAL, which BLKDISCARD
-/// gives again).
+/// BLKDISCARD tells apart), the range is one the kernel refuses (EINVAL, which BLKDISCARD
+/// gives again), or no room even when sent from io_uring's worker (EAGAIN: BLKDISCARD waits).
 fn uring_discard_result(res: i32) -> Option<i32> {
     match res {
-        r if r == -libc::EOPNOTSUPP || r == -libc::EINVAL || r == -libc::ENOTTY => None,
+        r if r == -libc::EOPNOTSUPP || r == -libc::EINVAL || r == -libc::ENOTTY || r == -libc::EAGAIN => None,
+        // "Device busy" to the block layer, a retry it never makes for a completed request.
+        r if r == -libc::EBUSY => Some(-libc::EIO),
         r => Some(r),
     }
 }
@@ -105,7 +107,7 @@ pub struct UringEngine {
     streams: Option<Vec<u8>>,
     /// The backing fd (also fixed file 1), for BLKDISCARD.
     fd: i32,
-    /// The backing is a block device: a discard is BLKDISCARD.
+    /// The backing is a block device: a discard is a discard (else a punched hole).
     block: bool,
     /// The kernel refused the io_uring discard once (EOPNOTSUPP): BLKDISCARD from then on.
     no_uring_discard: std::cell::Cell<bool>,
@@ -206,16 +208,24 @@ impl UringEngine {
         if self.block && !self.no_uring_discard.get() {
             let mut cmd = [0u8; 16];
             cmd[..8].copy_from_slice(&len.to_le_bytes()); // addr3
-            let op = opcode::UringCmd16::new(BACKING, BLOCK_URING_CMD_DISCARD).addr(Some(off)).cmd(cmd);
-            let res = Self::submit(q, op.build().flags(squeue::Flags::FIXED_FILE)).await;
+            let op = opcode::UringCmd16::new(BACKING, BLOCK_URING_CMD_DISCARD).addr(Some(off)).cmd(cmd).build();
+            let mut res = q.ublk_submit_sqe(op.clone().flags(squeue::Flags::FIXED_FILE)).await;
+            if res == -libc::EAGAIN {
+                // Issued at once, the discard may not wait (REQ_NOWAIT): a block layer with no
+                // free request now, or a queue frozen by a controller reset, fails it with
+                // EAGAIN, which io_uring does not send again. Once more from io_uring's worker,
+                // which waits as BLKDISCARD does.
+                res = q.ublk_submit_sqe(op.flags(squeue::Flags::FIXED_FILE | squeue::Flags::ASYNC)).await;
+            }
             if let Some(res) = uring_discard_result(res) {
                 return res;
             }
-            // A kernel without it says so for good; a range it refuses may be this one only.
+            // A kernel without it says so for good; a range it refuses may be this one only;
+            // EAGAIN even from the worker (no memory for the bios) is this request's.
             if res == -libc::EOPNOTSUPP {
                 self.no_uring_discard.set(true);
             }
-            if !self.discard_fallback_logged.replace(true) {
+            if res != -libc::EAGAIN && !self.discard_fallback_logged.replace(true) {
                 tracing::info!(
                     "queue {}: no io_uring discard ({}: Linux < 6.12, a device without discard, or a range it refuses): BLKDISCARD instead, on a thread of its own",
                     q.get_qid(),
@@ -276,8 +286,10 @@ mod tests {
         // The drive's own failure is the request's.
         assert_eq!(uring_discard_result(-libc::EIO), Some(-libc::EIO));
         assert_eq!(uring_discard_result(-libc::ENOLINK), Some(-libc::ENOLINK));
-        // No block-device io_uring commands, no discard on the device, a range refused.
-        for e in [libc::EOPNOTSUPP, libc::EINVAL, libc::ENOTTY] {
+        assert_eq!(uring_discard_result(-libc::EBUSY), Some(-libc::EIO));
+        // No block-device io_uring commands, no discard on the device, a range refused, no
+        // room even from io_uring's worker.
+        for e in [libc::EOPNOTSUPP, libc::EINVAL, libc::ENOTTY, libc::EAGAIN] {
             assert_eq!(uring_discard_result(-e), None, "errno {e}");
         }
         assert_eq!(super::BLOCK_URING_CMD_DISCARD, 0x1200, "_IO(0x12, 0)");
