@@ -201,11 +201,12 @@ impl DeviceConfig {
             layout_flags,
             streams: numbers(v, "streams", 1, 255)?.into_iter().map(|s| s as u8).collect(),
             pids: numbers(v, "pids", 0, 0xffff)?.into_iter().map(|p| p as u16).collect(),
-            // Absent in files of older versions: the defaults. Present, the ranges `add` allows:
+            // Absent in files of older versions: the defaults. Present, brought into the
+            // ranges `add` allows now (versions before took any wait and intervals from 1 ms):
             // a wait of hours would leave payloads whose header never comes holding their tags.
             header_wait_us: match v.get("header_wait_us") {
                 None => 5000,
-                Some(_) => within(u("header_wait_us")?, "header_wait_us", 0, 1_000_000)?,
+                Some(_) => clamped(u("header_wait_us")?, "header_wait_us", 0, 1_000_000),
             },
             trim: v.get("trim").and_then(Value::as_bool).unwrap_or(true),
             early_tails: v.get("early_tails").and_then(Value::as_bool).unwrap_or(true),
@@ -213,8 +214,8 @@ impl DeviceConfig {
             persist_interval_ms: match v.get("persist_interval_ms") {
                 None => 5000,
                 Some(_) => match u("persist_interval_ms")? {
-                    n @ (0 | 50..) => n,
-                    n => return Err(format!("device config's \"persist_interval_ms\" is {n}: 0 or at least 50")),
+                    0 => 0,
+                    n => clamped(n, "persist_interval_ms", 50, u64::MAX),
                 },
             },
         })
@@ -235,6 +236,16 @@ fn numbers(v: &Value, key: &str, lo: u64, hi: u64) -> Result<Vec<u64>, String> {
 }
 
 /// `v` when it lies in `lo..=hi`, else an error naming the key.
+/// `v` brought into `lo..=hi`, with a warning when it was not: a value an older version
+/// allowed, which this one no longer runs with.
+fn clamped(v: u64, key: &str, lo: u64, hi: u64) -> u64 {
+    let c = v.clamp(lo, hi);
+    if c != v {
+        tracing::warn!("device config's \"{key}\" is {v}, outside {lo}..={hi} (an older fdpblk allowed it): running with {c}");
+    }
+    c
+}
+
 fn within(v: u64, key: &str, lo: u64, hi: u64) -> Result<u64, String> {
     if (lo..=hi).contains(&v) {
         Ok(v)
@@ -297,6 +308,14 @@ mod tests {
         old.as_object_mut().unwrap().remove("persist_interval_ms");
         let d = DeviceConfig::from_json(&old).unwrap();
         assert_eq!((d.header_wait_us, d.persist_interval_ms), (5000, 5000), "and the default waits");
+        // Values older versions allowed run within this one's ranges.
+        for (wait, interval, want) in [(3_600_000_000u64, 1u64, (1_000_000, 50)), (0, 0, (0, 0)), (1_000_000, 50, (1_000_000, 50))] {
+            let mut v = c.to_json();
+            v["header_wait_us"] = json!(wait);
+            v["persist_interval_ms"] = json!(interval);
+            let d = DeviceConfig::from_json(&v).unwrap();
+            assert_eq!((d.header_wait_us, d.persist_interval_ms), want, "{wait} {interval}");
+        }
         old.as_object_mut().unwrap().remove("backing_identity");
         assert_eq!(DeviceConfig::from_json(&old).unwrap().backing_identity, None, "and no saved identity to check");
         let mut bad = c.to_json();
@@ -320,7 +339,7 @@ mod tests {
         assert_eq!(DeviceConfig::from_json(&p.to_json()).unwrap(), p);
         assert!(DeviceConfig::from_json(&json!({})).is_err());
         // Values `add` never writes are refused, not wrapped into others.
-        for (key, bad) in [("lba_shift", 40u64), ("queues", 65536), ("queues", 0), ("depth", 5000), ("io_buf_bytes", 1 << 32), ("header_wait_us", 3_600_000_000), ("persist_interval_ms", 1)] {
+        for (key, bad) in [("lba_shift", 40u64), ("queues", 65536), ("queues", 0), ("depth", 5000), ("io_buf_bytes", 1 << 32)] {
             let mut v = p.to_json();
             v[key] = json!(bad);
             let e = DeviceConfig::from_json(&v).unwrap_err();
