@@ -147,7 +147,7 @@ impl Watcher {
         let g = self.geom;
         let slots = &*self.slots;
         let mut listed = bitset(g.max_slots);
-        let mut listed_len = vec![0u32; g.max_slots as usize];
+        let mut listed_len = ListedLens::default();
         // A slot listed again (LMCache never does; a crafted checkpoint may, thousands of
         // times) adds no live entry and no confirmation: both stay within one per slot, not
         // one per entry. A slot's first entry with an identity is its live entry; the first
@@ -177,9 +177,7 @@ impl Watcher {
             let (word, bit) = ((slot / 64) as usize, 1u64 << (slot % 64));
             listed[word] |= bit;
             let n = u32::try_from(size.saturating_add(1)).unwrap_or(u32::MAX);
-            if let Some(l) = listed_len.get_mut(slot as usize) {
-                *l = (*l).max(n);
-            }
+            listed_len.note(slot, n);
             // An object key with a lone surrogate has no identity (its UTF-8 is LMCache's hash
             // input): listed, so protected, but never confirmed. A legacy key's is its hash's.
             let key = Key::parse(e.key).ok().filter(|k| !e.key_lossy || matches!(k, Key::Legacy(_)));
@@ -287,6 +285,7 @@ impl Watcher {
         if let (Some(entries), Some(p)) = (live, self.observer.as_mut()) {
             p.observe(&Observation::Checkpoint { seq: h.seq, entries: &entries });
         }
+        listed_len.finish();
         Ok(Ok(ValidCopy { seq: h.seq, payload_len: h.payload_len, entries: meta.entries, fixed_bytes, listed, listed_len }))
     }
 

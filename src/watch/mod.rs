@@ -313,9 +313,35 @@ struct ValidCopy {
     fixed_bytes: u64,
     /// One bit per slot the checkpoint lists.
     listed: Vec<u64>,
-    /// Per slot, the longest payload the checkpoint lists there plus one (saturating: one
-    /// of 4 GiB or more protects the whole slot); 0 where it lists none.
-    listed_len: Vec<u32>,
+    /// Per slot, the longest payload the checkpoint lists there.
+    listed_len: ListedLens,
+}
+
+/// Per slot a checkpoint lists, the longest payload it lists there plus one (saturating: one of
+/// 4 GiB or more protects the whole slot), sorted by slot. Its size follows the checkpoint's
+/// entries (8 bytes each; about 4.5 MiB for a full 128 MiB checkpoint), not the layout's slot
+/// count, which as a table would be 1 GiB at 2^28 slots.
+#[derive(Clone, Debug, Default)]
+struct ListedLens(Vec<(u32, u32)>);
+
+impl ListedLens {
+    /// Slot `slot` is listed with `n` (length plus one); a slot listed again (LMCache never
+    /// does; a crafted checkpoint may) adds an entry, which [`Self::finish`] merges.
+    fn note(&mut self, slot: u64, n: u32) {
+        if let Ok(s) = u32::try_from(slot) {
+            self.0.push((s, n));
+        }
+    }
+    /// Sorted by slot, one entry per slot with its longest length.
+    fn finish(&mut self) {
+        self.0.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        self.0.dedup_by_key(|e| e.0);
+        self.0.shrink_to_fit();
+    }
+    /// The slot's longest length plus one; 0 where none is listed.
+    fn get(&self, slot: u64) -> u32 {
+        u32::try_from(slot).ok().and_then(|s| self.0.binary_search_by_key(&s, |e| e.0).ok()).map_or(0, |i| self.0[i].1)
+    }
 }
 
 impl Container {
@@ -332,10 +358,10 @@ impl Container {
         match self {
             Container::Unknown => Some(u64::MAX),
             Container::Empty => None,
-            Container::Valid(v) => match v.listed_len.get(slot as usize).copied() {
-                Some(0) | None => None,
-                Some(u32::MAX) => Some(u64::MAX),
-                Some(n) => Some(u64::from(n) - 1),
+            Container::Valid(v) => match v.listed_len.get(slot) {
+                0 => None,
+                u32::MAX => Some(u64::MAX),
+                n => Some(u64::from(n) - 1),
             },
         }
     }

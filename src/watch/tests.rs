@@ -3357,3 +3357,18 @@ fn a_larger_capacity_in_lmcaches_checkpoint_is_noted() {
     assert!(r.trims > 0, "the evicted slot is deallocated as usual");
     r.verify_all();
 }
+
+/// The longest payload a checkpoint lists per slot: in any entry order, a slot listed again
+/// keeps its longest, and a slot not listed has none; its size follows the entries, not the
+/// layout's slot count.
+#[test]
+fn listed_lengths_keep_the_longest_per_slot_in_bounded_memory() {
+    let mut l = super::ListedLens::default();
+    for (slot, n) in [(7, 100), (3, 5), (7, 4000), (1 << 27, u32::MAX), (7, 50), (0, 1)] {
+        l.note(slot, n);
+    }
+    l.finish();
+    assert_eq!([l.get(0), l.get(3), l.get(7), l.get(1 << 27)], [1, 5, 4000, u32::MAX]);
+    assert_eq!([l.get(1), l.get(8), l.get(u64::MAX)], [0, 0, 0], "not listed");
+    assert_eq!(l.0.len(), 4, "one entry per slot");
+}
