@@ -120,8 +120,8 @@ fn inspect_entries_tracking<D: ReadAt + ?Sized>(
     let Some(newest) = newest_valid(copies) else { return Ok(s) };
     s.checkpoint_seq = newest.seq();
     // Each key seen, with whether its last entry passed the header check (LMCache never writes
-    // a key twice; a hand-edited or foreign checkpoint may): about 21 bytes a key, at most
-    // `max_tracked` of them.
+    // a key twice; a hand-edited or foreign checkpoint may): 18 bytes a bucket, at most
+    // `max_tracked` keys ([`MAX_TRACKED_KEYS`]).
     let mut seen: std::collections::HashMap<[u8; 16], bool> = std::collections::HashMap::new();
     let read = read_entries(dev, g, newest, &JsonLimits::default(), &mut |e| {
         let r = check_entry(dev, g, e.key, e.key_lossy, e.offset, e.size);
@@ -173,10 +173,11 @@ fn inspect_entries_tracking<D: ReadAt + ?Sized>(
     Ok(s)
 }
 
-/// The most keys `inspect` checks for repeats (about 90 MB): a real checkpoint (LMCache caps its
-/// JSON at 128 MiB, about 240 bytes an entry) lists fewer than 600 000; a hostile container
-/// could list hundreds of millions.
-pub const MAX_TRACKED_KEYS: usize = 4 << 20;
+/// The most keys `inspect` checks for repeats: a real checkpoint (LMCache caps its JSON at 128
+/// MiB, about 240 bytes an entry) lists fewer than 600 000; a hostile container could list
+/// hundreds of millions. At the cap the table holds 4 Mi buckets of 18 bytes, about 75 MB, and
+/// 113 MB for a moment while it grows to them.
+pub const MAX_TRACKED_KEYS: usize = 2 << 20;
 
 /// A key's 128-bit BLAKE2b digest, for counting repeats in bounded memory.
 fn key_digest(key: &str) -> [u8; 16] {

@@ -38,7 +38,8 @@ pub struct TraceRequest {
 
 /// Parses one JSON-lines trace record; errors say what is wrong with it.
 pub fn parse_trace_line(line: &str) -> Result<TraceRequest, String> {
-    let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    let v: Value = serde_json::from_str(line)
+        .map_err(|e| format!("not JSON: {e} (a trace of blkparse's text takes --format blkparse or auto; a JSON-lines trace has one object per line, without a byte-order mark)"))?;
     let op_name = v.get("op").and_then(Value::as_str).ok_or("missing \"op\"")?;
     let op = Op::parse(op_name).ok_or_else(|| format!("unknown op \"{op_name}\" (write, read, flush, discard, write_zeroes)"))?;
     let num = |k: &str| -> Result<u64, String> {
@@ -79,7 +80,10 @@ pub struct ReplayReport {
     pub policy: &'static str,
     pub requests: u64,
     pub errors: u64,
+    /// The distinct slot identities seen, the first [`MAX_IDENTITIES`] of them.
     pub identities: BTreeSet<u64>,
+    /// More distinct identities came than were kept.
+    pub identities_capped: bool,
     pub pipeline: crate::pipeline::PipelineStats,
     pub engine: crate::engine::sim::SimCounters,
     /// `--ssd`: the SSD model's counters and WAF.
@@ -108,10 +112,24 @@ impl ReplayReport {
             "classes": classes,
             "ops": ops,
             "identities": self.identities.iter().collect::<Vec<_>>(),
+            "identities_capped": self.identities_capped,
             "handles": handles,
             "payload_fallbacks": self.pipeline.payload_fallbacks,
             "ssd": self.ssd,
         })
+    }
+}
+
+/// Distinct slot identities a replay keeps (tens of MiB at most, and as many numbers in
+/// `--json`): a day-long trace of LMCache's puts carries millions of keys, each seen once.
+pub const MAX_IDENTITIES: usize = 1 << 20;
+
+/// Adds `id` to `kept` while it holds fewer than `cap`; past that, a new one sets `capped`.
+fn keep_identity(kept: &mut BTreeSet<u64>, capped: &mut bool, id: u64, cap: usize) {
+    if kept.len() < cap {
+        kept.insert(id);
+    } else if !kept.contains(&id) {
+        *capped = true;
     }
 }
 
@@ -148,6 +166,7 @@ pub fn replay_into(
     let mut pipeline = Pipeline::new(geometry, p);
     let mut engine = SimEngine::new(size, handles);
     let mut identities = BTreeSet::new();
+    let mut identities_capped = false;
     let (mut requests, mut errors) = (0u64, 0u64);
     let mut segments: Vec<Segment> = Vec::new();
     let mut read_buf = Vec::new();
@@ -166,7 +185,7 @@ pub fn replay_into(
         segments.clear();
         for e in pipeline.plan(&req, &mut segments, HeaderWait::Expired).unwrap_or(&[]) {
             if let ExtentKind::SlotHeader { header: crate::classify::Parsed::Valid(h), .. } = e.kind {
-                identities.insert(h.identity);
+                keep_identity(&mut identities, &mut identities_capped, h.identity, MAX_IDENTITIES);
             }
         }
         let res = match t.op {
@@ -205,6 +224,7 @@ pub fn replay_into(
         requests,
         errors,
         identities,
+        identities_capped,
         pipeline: pipeline.stats(),
         engine: engine.counters,
         ssd: match &mut ssd {
@@ -568,13 +588,16 @@ fn scan_trace(a: &ReplayArgs, trace: &Path) -> Result<(TraceInfo, u64), String> 
 }
 
 /// Standard input, or a trace path that is not a regular file (a FIFO, `<(blkparse ...)`,
-/// `/dev/stdin`), copied to a file (removed on drop), so that it too is read twice in bounded
-/// memory rather than held: a long trace piped from blkparse would not fit, and a pipe opened
-/// a second time would wait for a writer that has gone.
-struct SpooledTrace(std::path::PathBuf);
+/// `/dev/stdin`), copied to a file, so that it too is read twice in bounded memory rather than
+/// held: a long trace piped from blkparse would not fit, and a pipe opened a second time would
+/// wait for a writer that has gone. The file is unlinked as soon as it is made and read through
+/// `/proc/self/fd` (the path, `.0`): a replay stopped by Ctrl-C leaves no copy of the trace
+/// behind, in a `$TMPDIR` that is often memory.
+struct SpooledTrace(std::path::PathBuf, #[allow(dead_code)] std::fs::File);
 
 impl SpooledTrace {
     fn from(mut input: impl Read, what: &str) -> Result<SpooledTrace, String> {
+        use std::os::fd::AsRawFd as _;
         let dir = std::env::temp_dir();
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
         let path = dir.join(format!("fdpblk-replay-{}-{nanos}.trace", std::process::id()));
@@ -585,11 +608,11 @@ impl SpooledTrace {
             .mode(0o600)
             .open(&path)
             .map_err(|e| format!("cannot spool {what} to {} ({e}); set TMPDIR to a writable directory, or give the trace as a file", path.display()))?;
-        let spool = SpooledTrace(path);
-        let cannot = |e: String| format!("cannot spool {what} to {} ({e}); free space there (TMPDIR), or give the trace as a file", spool.0.display());
+        let cannot = |e: String| format!("cannot spool {what} to {} ({e}); free space there (TMPDIR), or give the trace as a file", dir.display());
+        std::fs::remove_file(&path).map_err(|e| cannot(e.to_string()))?;
         spool_within(&mut input, &mut f, || space_of(&dir)).map_err(cannot)?;
         f.flush().map_err(|e| cannot(e.to_string()))?;
-        Ok(spool)
+        Ok(SpooledTrace(std::path::PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())), f))
     }
 }
 
@@ -650,11 +673,6 @@ fn space_of(dir: &Path) -> Option<(u64, u64)> {
         .then(|| ((st.f_bavail as u64).saturating_mul(st.f_frsize as u64), (st.f_blocks as u64).saturating_mul(st.f_frsize as u64)))
 }
 
-impl Drop for SpooledTrace {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 /// Replays the trace file again from its start, read on a thread as the pipeline goes (a
 /// short queue: a JSON-lines request carries up to 512 KiB of data).
@@ -822,7 +840,11 @@ fn print_text(r: &ReplayReport) {
     for (c, n) in class_report(&r.pipeline) {
         println!("{:<20} {:>10} {:>16}", c.name(), n.requests, n.bytes);
     }
-    println!("distinct slot identities: {}", r.identities.len());
+    if r.identities_capped {
+        println!("distinct slot identities: more than {} (only that many are kept)", r.identities.len());
+    } else {
+        println!("distinct slot identities: {}", r.identities.len());
+    }
     println!("{:<8} {:>16}", "handle", "bytes written");
     for (h, b) in &r.engine.bytes_by_handle {
         println!("{h:<8} {b:>16}");
@@ -858,6 +880,21 @@ mod tests {
     use super::*;
     use crate::layout::discover::GeometryFlags;
     use crate::place::RegionPolicy;
+
+    /// The identities kept stop at the cap: one seen again adds nothing, a new one past the
+    /// cap is counted as missing, not kept.
+    #[test]
+    fn identities_are_kept_up_to_the_cap() {
+        let (mut kept, mut capped) = (BTreeSet::new(), false);
+        for id in [5, 1, 5, 9] {
+            keep_identity(&mut kept, &mut capped, id, 3);
+        }
+        assert_eq!((kept.iter().copied().collect::<Vec<_>>(), capped), (vec![1, 5, 9], false));
+        keep_identity(&mut kept, &mut capped, 9, 3);
+        assert!(!capped, "one already kept");
+        keep_identity(&mut kept, &mut capped, 2, 3);
+        assert_eq!((kept.len(), capped), (3, true));
+    }
 
     /// An input that does not end (`fdpblk replay /dev/zero`) stops at the spool's file
     /// system's floor, instead of filling a tmpfs, i.e. the host's memory; a short one is
@@ -994,7 +1031,7 @@ mod tests {
         let err = read(json, TraceFormat::Blkparse, BlkAction::Issue, None).unwrap_err();
         assert!(err.contains("no blkparse events in 3 lines of the trace: line 3: first field is not a device"), "{err}");
         let err = read(BLK_SAMPLE, TraceFormat::Json, BlkAction::Issue, None).unwrap_err();
-        assert!(err.starts_with("trace line 1: not JSON"), "{err}");
+        assert!(err.starts_with("trace line 1: not JSON") && err.contains("--format blkparse"), "{err}");
         let err = read("\n \nCPU0 (8,0):\n", TraceFormat::Auto, BlkAction::Issue, None).unwrap_err();
         assert!(err.contains("line 3: first field is not a device maj,min"), "{err}");
         assert!(err.contains("blkparse -i TRACE, no -f"), "{err}");
@@ -1143,9 +1180,11 @@ mod tests {
         assert_eq!(spooled_info, info);
         let from_spool = replay_file(&a, &spool.0, &spooled_info, g, size, None).unwrap();
         assert_eq!(from_spool.to_json(), held.to_json());
-        let spooled = spool.0.clone();
+        // Nothing of it is left in the directory, even while it is read.
+        let ours = format!("fdpblk-replay-{}-", std::process::id());
+        let left: Vec<_> = std::fs::read_dir(std::env::temp_dir()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&ours)).collect();
+        assert!(left.is_empty(), "{left:?}");
         drop(spool);
-        assert!(!spooled.exists(), "the spool is removed");
         std::fs::remove_file(&tmp).unwrap();
     }
 
