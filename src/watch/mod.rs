@@ -325,8 +325,9 @@ struct ValidCopy {
 struct ListedLens(Vec<(u32, u32)>);
 
 impl ListedLens {
-    /// Slot `slot` is listed with `n` (length plus one); a slot listed again (LMCache never
-    /// does; a crafted checkpoint may) adds an entry, which [`Self::finish`] merges.
+    /// Slot `slot` (below [`crate::layout::geometry::MAX_SLOTS`]) is listed with `n` (length
+    /// plus one); a slot listed again (LMCache never does; a crafted checkpoint may) adds an
+    /// entry, which [`Self::finish`] merges.
     fn note(&mut self, slot: u64, n: u32) {
         if let Ok(s) = u32::try_from(slot) {
             self.0.push((s, n));
@@ -338,9 +339,11 @@ impl ListedLens {
         self.0.dedup_by_key(|e| e.0);
         self.0.shrink_to_fit();
     }
-    /// The slot's longest length plus one; 0 where none is listed.
+    /// The slot's longest length plus one; 0 where none is listed. A slot past any layout,
+    /// which [`Self::note`] could not keep, reads as listed whole.
     fn get(&self, slot: u64) -> u32 {
-        u32::try_from(slot).ok().and_then(|s| self.0.binary_search_by_key(&s, |e| e.0).ok()).map_or(0, |i| self.0[i].1)
+        let Ok(s) = u32::try_from(slot) else { return u32::MAX };
+        self.0.binary_search_by_key(&s, |e| e.0).map_or(0, |i| self.0[i].1)
     }
 }
 
