@@ -569,7 +569,9 @@ impl Persist {
         // that no page on the device carries.
         let usable = match (usable, unreadable) {
             (Some(_), Some(e)) => {
-                loaded.note = Some(format!("cannot read part of the saved state ({e}); starting fresh"));
+                loaded.note = Some(format!(
+                    "cannot read part of the saved state ({e}); starting fresh (LMCache's data is not touched; if this comes back at every start, a sector of the reserved tail at the device's end cannot be read: see the drive's error log, `nvme error-log`)"
+                ));
                 None
             }
             (u, _) => u,
