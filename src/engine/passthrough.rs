@@ -960,6 +960,13 @@ fn sysfs_queue(block: Option<&str>, attr: &str) -> Option<u64> {
 /// pages, within the segment and size limits of any NVMe queue).
 const NO_BLOCK_DEVICE_MAX_TRANSFER: u32 = 128 << 10;
 
+/// The placement identifiers [`probe`] gives a policy of `handles` handles on `path` (FDP on),
+/// read from the drive now.
+pub fn placement_ids(path: &Path, policy: &str, handles: u16) -> Result<Vec<u16>, String> {
+    let info = FdpInfo::discover(path).map_err(|e| e.to_string())?;
+    select_pids(&info.config, &info.ruhs, handles, policy, path)
+}
+
 /// Queries `/dev/ngXnY` for a policy with `handles` placement handles: the drive must have
 /// FDP enabled and at least that many placement identifiers when `handles > 1`.
 pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String> {

@@ -612,6 +612,26 @@ fn backing_identity_unchanged(
     ))
 }
 
+/// A recovery's check that the placement identifiers saved at `add` are the drive's now
+/// (`now`: what the drive lists for the policy's handles, read again). They change only with
+/// the drive's FDP configuration, which a drive lets change only with its namespaces deleted
+/// and made again: the bytes LMCache's index names are gone, and writes would carry
+/// identifiers of another configuration. A drive that cannot be asked now is no reason to keep
+/// LMCache waiting: the saved ones are used, with a warning.
+fn placement_unchanged(cfg: &DeviceConfig, now: Result<Vec<u16>, String>) -> Result<(), String> {
+    match now {
+        Ok(now) if now == cfg.pids => Ok(()),
+        Ok(now) => Err(format!(
+            "device {}: the drive now lists placement identifiers {now:?} for policy {}, not the {:?} the device was added with:              its FDP configuration changed, so its namespaces were made again and the bytes LMCache's index names are gone.              Nothing was written; `fdpblk del -n {}` and add the device again (LMCache then fills it from empty)",
+            cfg.id, cfg.policy, cfg.pids, cfg.id
+        )),
+        Err(e) => {
+            tracing::warn!("device {}: cannot read the drive's placement identifiers again ({e}); recovering with those saved at add, {:?}", cfg.id, cfg.pids);
+            Ok(())
+        }
+    }
+}
+
 /// An add's wait for an earlier holder, ended by a stop signal before its time was up.
 fn stopped_while_waiting(e: &str) -> String {
     format!("a stop signal came while it started, waiting for an earlier holder to let go ({e}); nothing was created")
@@ -788,6 +808,10 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             now = backing_identity(&cfg.backing);
         }
         backing_identity_unchanged(&cfg, saved, now, crate::nvme::discover::find_namespace).map_err(fail)?;
+    }
+    if recover && cfg.engine == EngineKind::Passthrough && !cfg.pids.is_empty() {
+        let now = crate::engine::passthrough::placement_ids(&cfg.backing, &cfg.policy, first_policy.handles());
+        placement_unchanged(&cfg, now).map_err(fail)?;
     }
     let Backing { file: backing, _claim: claim, _alive: alive } = open_backing(&cfg, recover).map_err(fail)?;
     let now = backing_now(&cfg.backing, &backing).map_err(fail)?;
@@ -1525,6 +1549,17 @@ mod tests {
         let e = backing_size_unchanged(&cfg, backing_now(&path, &f).unwrap().bytes).unwrap_err();
         assert!(e.contains("4096 bytes now, smaller than the 8192") && e.contains("Nothing was written"), "{e}");
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// Placement identifiers other than those saved at add refuse the recovery, naming both
+    /// and the fix; a drive that cannot be asked keeps the saved ones.
+    #[test]
+    fn a_recovery_refuses_placement_identifiers_the_drive_no_longer_lists() {
+        let cfg = DeviceConfig { id: 2, backing: "/dev/ng0n1".into(), engine: EngineKind::Passthrough, pids: vec![0, 1, 2], ..file_backing(Path::new("/x")) };
+        placement_unchanged(&cfg, Ok(vec![0, 1, 2])).unwrap();
+        let e = placement_unchanged(&cfg, Ok(vec![0, 2, 1])).unwrap_err();
+        assert!(e.contains("[0, 2, 1]") && e.contains("not the [0, 1, 2]") && e.contains("Nothing was written; `fdpblk del -n 2`"), "{e}");
+        placement_unchanged(&cfg, Err("log page read failed".into())).unwrap();
     }
 
     #[test]

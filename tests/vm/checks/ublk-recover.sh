@@ -7,8 +7,9 @@
 # recovered daemon first waits for the killed one's commands to leave the drive: its lock
 # on the char device goes with the last of them). In-flight I/O is re-issued by the driver,
 # nothing is lost. A recover that finds another namespace under the saved name (a saved
-# identity that is not the drive's), or the namespace formatted to other blocks, is refused
-# before it writes anything, and so is a state file that does not describe the driver's device
+# identity that is not the drive's), the namespace formatted to other blocks, or (passthrough)
+# placement identifiers the drive does not list for the policy, is refused before it writes
+# anything, and so is a state file that does not describe the driver's device
 # (another size); the driver's queues are what a recovered daemon serves.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
@@ -57,6 +58,17 @@ for i in $(seq "$first" "$last"); do
         expect "round $i: recover refuses another namespace under the saved name ($out)" \
             bash -c 'test "$1" -ne 0 && grep -qF "$2" <<<"$3"' _ "$rc" "is now the $saved, not the $fake the device was added on" "$out"
         expect "round $i: and says nothing was written" grep -q "Nothing was written" <<<"$out"
+        # Placement identifiers the drive does not list for the policy now (its FDP
+        # configuration changed while the daemon was dead, which takes new namespaces):
+        # refused, naming both.
+        if [[ $(jq -r .config.engine /tmp/recover-state.json) == passthrough ]]; then
+            pids=$(jq -c .config.pids /tmp/recover-state.json)
+            expect "round $i: add saved placement identifiers ($pids)" test "$(jq '.config.pids | length' /tmp/recover-state.json)" -gt 1
+            jq -c '.config.pids |= reverse' /tmp/recover-state.json >/run/fdpblk/0.json
+            out=$("$FDPBLK" recover -n 0 2>&1) && rc=0 || rc=$?
+            expect "round $i: recover refuses placement identifiers the drive does not list so ($out)" \
+                bash -c 'test "$1" -ne 0 && grep -qF "lists placement identifiers ${2//,/, } for policy region, not the" <<<"$3"' _ "$rc" "$pids" "$out"
+        fi
         # A state file that does not read (another fdpblk version's, after an upgrade by
         # killing the daemon): its device may hold this backing's writes, so it is not free.
         echo '{' >/run/fdpblk/0.json
