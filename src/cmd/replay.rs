@@ -591,9 +591,16 @@ fn scan_trace(a: &ReplayArgs, trace: &Path) -> Result<(TraceInfo, u64), String> 
 /// `/dev/stdin`), copied to a file, so that it too is read twice in bounded memory rather than
 /// held: a long trace piped from blkparse would not fit, and a pipe opened a second time would
 /// wait for a writer that has gone. The file is unlinked as soon as it is made and read through
-/// `/proc/self/fd` (the path, `.0`): a replay stopped by Ctrl-C leaves no copy of the trace
-/// behind, in a `$TMPDIR` that is often memory.
-struct SpooledTrace(std::path::PathBuf, #[allow(dead_code)] std::fs::File);
+/// `/proc/self/fd` (`path`): a replay stopped by Ctrl-C leaves no copy of the trace behind, in
+/// a `$TMPDIR` that is often memory. Without `/proc` (or where the unlink fails) it is read by
+/// its name and removed on drop.
+struct SpooledTrace {
+    path: std::path::PathBuf,
+    /// Keeps the unlinked file, and `/proc/self/fd/N` with it.
+    _file: std::fs::File,
+    /// The file's name, where it was not unlinked.
+    named: Option<std::path::PathBuf>,
+}
 
 impl SpooledTrace {
     fn from(mut input: impl Read, what: &str) -> Result<SpooledTrace, String> {
@@ -602,17 +609,30 @@ impl SpooledTrace {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
         let path = dir.join(format!("fdpblk-replay-{}-{nanos}.trace", std::process::id()));
         // Only this user may read it: a trace carries the cache's data.
-        let mut f = std::fs::OpenOptions::new()
+        let f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(&path)
             .map_err(|e| format!("cannot spool {what} to {} ({e}); set TMPDIR to a writable directory, or give the trace as a file", path.display()))?;
+        let by_fd = std::path::PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+        let mut spool = if by_fd.exists() && std::fs::remove_file(&path).is_ok() {
+            SpooledTrace { path: by_fd, _file: f, named: None }
+        } else {
+            SpooledTrace { path: path.clone(), _file: f, named: Some(path) }
+        };
         let cannot = |e: String| format!("cannot spool {what} to {} ({e}); free space there (TMPDIR), or give the trace as a file", dir.display());
-        std::fs::remove_file(&path).map_err(|e| cannot(e.to_string()))?;
-        spool_within(&mut input, &mut f, || space_of(&dir)).map_err(cannot)?;
-        f.flush().map_err(|e| cannot(e.to_string()))?;
-        Ok(SpooledTrace(std::path::PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())), f))
+        spool_within(&mut input, &mut spool._file, || space_of(&dir)).map_err(cannot)?;
+        spool._file.flush().map_err(|e| cannot(e.to_string()))?;
+        Ok(spool)
+    }
+}
+
+impl Drop for SpooledTrace {
+    fn drop(&mut self) {
+        if let Some(p) = &self.named {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 
@@ -718,7 +738,7 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
         }
     };
 
-    let trace = spool.as_ref().map_or(a.trace.as_path(), |s| s.0.as_path());
+    let trace = spool.as_ref().map_or(a.trace.as_path(), |s| s.path.as_path());
     let (info, furthest) = scan_trace(a, trace)?;
     if a.sector_offset > 0 && info.format == "json" {
         return Err("--sector-offset applies to blkparse traces (whole-disk sectors of a partition); a JSON trace's offsets are the device's own".into());
@@ -1176,9 +1196,9 @@ mod tests {
         assert!(replay_file(&a, &a.trace, &moved_info, g, size, None).unwrap_err().contains("changed while replay read it"));
         // Standard input, spooled: the same requests, and the spool goes with its guard.
         let spool = SpooledTrace::from(lines.join("\n").as_bytes(), "standard input").unwrap();
-        let (spooled_info, _) = scan_trace(&a, &spool.0).unwrap();
+        let (spooled_info, _) = scan_trace(&a, &spool.path).unwrap();
         assert_eq!(spooled_info, info);
-        let from_spool = replay_file(&a, &spool.0, &spooled_info, g, size, None).unwrap();
+        let from_spool = replay_file(&a, &spool.path, &spooled_info, g, size, None).unwrap();
         assert_eq!(from_spool.to_json(), held.to_json());
         // Nothing of it is left in the directory, even while it is read.
         let ours = format!("fdpblk-replay-{}-", std::process::id());

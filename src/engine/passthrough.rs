@@ -960,11 +960,17 @@ fn sysfs_queue(block: Option<&str>, attr: &str) -> Option<u64> {
 /// pages, within the segment and size limits of any NVMe queue).
 const NO_BLOCK_DEVICE_MAX_TRANSFER: u32 = 128 << 10;
 
-/// The placement identifiers [`probe`] gives a policy of `handles` handles on `path` (FDP on),
-/// read from the drive now.
-pub fn placement_ids(path: &Path, policy: &str, handles: u16) -> Result<Vec<u16>, String> {
-    let info = FdpInfo::discover(path).map_err(|e| e.to_string())?;
-    select_pids(&info.config, &info.ruhs, handles, policy, path)
+/// The placement identifiers [`probe`] gives a policy of `handles` handles on `path`, read
+/// from the drive now: `Ok(Ok(pids))`; `Ok(Err(why))` where the drive answered and places no
+/// such writes now (FDP off or gone, a configuration not valid, more reclaim groups, fewer
+/// handles); `Err` where it could not be asked (a command or its answer failed).
+pub fn placement_ids(path: &Path, policy: &str, handles: u16) -> Result<Result<Vec<u16>, String>, String> {
+    let info = match FdpInfo::discover(path) {
+        Ok(i) => i,
+        Err(e @ (NvmeError::NoFdp { .. } | NvmeError::FdpDisabled { .. } | NvmeError::NoConfig { .. })) => return Ok(Err(e.to_string())),
+        Err(e) => return Err(e.to_string()),
+    };
+    Ok(select_pids(&info.config, &info.ruhs, handles, policy, path))
 }
 
 /// Queries `/dev/ngXnY` for a policy with `handles` placement handles: the drive must have

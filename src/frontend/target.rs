@@ -618,18 +618,22 @@ fn backing_identity_unchanged(
 /// and made again: the bytes LMCache's index names are gone, and writes would carry
 /// identifiers of another configuration. A drive that cannot be asked now is no reason to keep
 /// LMCache waiting: the saved ones are used, with a warning.
-fn placement_unchanged(cfg: &DeviceConfig, now: Result<Vec<u16>, String>) -> Result<(), String> {
-    match now {
-        Ok(now) if now == cfg.pids => Ok(()),
-        Ok(now) => Err(format!(
-            "device {}: the drive now lists placement identifiers {now:?} for policy {}, not the {:?} the device was added with:              its FDP configuration changed, so its namespaces were made again and the bytes LMCache's index names are gone.              Nothing was written; `fdpblk del -n {}` and add the device again (LMCache then fills it from empty)",
-            cfg.id, cfg.policy, cfg.pids, cfg.id
-        )),
+fn placement_unchanged(cfg: &DeviceConfig, now: Result<Result<Vec<u16>, String>, String>) -> Result<(), String> {
+    let now = match now {
+        Ok(Ok(now)) if now == cfg.pids => return Ok(()),
+        Ok(Ok(now)) => format!("now lists placement identifiers {now:?} for policy {}", cfg.policy),
+        Ok(Err(why)) => format!("places no writes for policy {} now ({why})", cfg.policy),
         Err(e) => {
             tracing::warn!("device {}: cannot read the drive's placement identifiers again ({e}); recovering with those saved at add, {:?}", cfg.id, cfg.pids);
-            Ok(())
+            return Ok(());
         }
-    }
+    };
+    Err(format!(
+        "device {}: the drive {now}, not the placement identifiers {:?} the device was added with: its FDP configuration changed, \
+         so its namespaces were made again and the bytes LMCache's index names are gone. Nothing was written; \
+         `fdpblk del -n {}` and add the device again (LMCache then fills it from empty)",
+        cfg.id, cfg.pids, cfg.id
+    ))
 }
 
 /// An add's wait for an earlier holder, ended by a stop signal before its time was up.
@@ -1556,9 +1560,13 @@ mod tests {
     #[test]
     fn a_recovery_refuses_placement_identifiers_the_drive_no_longer_lists() {
         let cfg = DeviceConfig { id: 2, backing: "/dev/ng0n1".into(), engine: EngineKind::Passthrough, pids: vec![0, 1, 2], ..file_backing(Path::new("/x")) };
-        placement_unchanged(&cfg, Ok(vec![0, 1, 2])).unwrap();
-        let e = placement_unchanged(&cfg, Ok(vec![0, 2, 1])).unwrap_err();
-        assert!(e.contains("[0, 2, 1]") && e.contains("not the [0, 1, 2]") && e.contains("Nothing was written; `fdpblk del -n 2`"), "{e}");
+        placement_unchanged(&cfg, Ok(Ok(vec![0, 1, 2]))).unwrap();
+        let e = placement_unchanged(&cfg, Ok(Ok(vec![0, 2, 1]))).unwrap_err();
+        assert!(e.contains("now lists placement identifiers [0, 2, 1] for policy") && e.contains("not the placement identifiers [0, 1, 2]"), "{e}");
+        assert!(e.contains("Nothing was written; `fdpblk del -n 2`") && !e.contains("  "), "{e}");
+        // A drive that answers and places nothing now (FDP turned off): refused too.
+        let e = placement_unchanged(&cfg, Ok(Err("FDP is not enabled".into()))).unwrap_err();
+        assert!(e.contains("places no writes for policy") && e.contains("(FDP is not enabled)"), "{e}");
         placement_unchanged(&cfg, Err("log page read failed".into())).unwrap();
     }
 

@@ -68,6 +68,7 @@ for i in $(seq "$first" "$last"); do
             out=$("$FDPBLK" recover -n 0 2>&1) && rc=0 || rc=$?
             expect "round $i: recover refuses placement identifiers the drive does not list so ($out)" \
                 bash -c 'test "$1" -ne 0 && grep -qF "lists placement identifiers ${2//,/, } for policy region, not the" <<<"$3"' _ "$rc" "$pids" "$out"
+            checked_pids=1
         fi
         # A state file that does not read (another fdpblk version's, after an upgrade by
         # killing the daemon): its device may hold this backing's writes, so it is not free.
@@ -114,6 +115,7 @@ expect "fdpblk del" "$FDPBLK" del -n 0
 
 rounds 1 5 --backing "$NS_DEV"
 rounds 6 8 --backing "$NG_DEV" --engine passthrough
+expect "the passthrough rounds checked a recovery's placement identifiers" test "${checked_pids:-}" = 1
 
 # A namespace formatted to other blocks while its daemon was dead keeps its name, serial and
 # size; a recovered passthrough daemon would put every command at another LBA.
