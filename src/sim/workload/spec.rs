@@ -18,7 +18,8 @@ pub enum IoMode {
     ODirect,
     /// posix `pwrite` into the page cache; the device sees writeback.
     Buffered,
-    /// LMCache's `io_uring` engine with O_DIRECT: a store's keys go in batches of
+    /// LMCache's `io_uring` engine with O_DIRECT (the non-MP plugin's default is without it,
+    /// through the page cache: [`IoMode::Buffered`]): a store's keys go in batches of
     /// [`URING_BATCH_KEYS`], each one `batched_write` whose header and payload requests are all
     /// in flight at once, with no order among them (reference §8.2). How the kernel delivers
     /// them to the ublk queue is modelled: in submission order, each request moved back by a
