@@ -693,7 +693,6 @@ fn space_of(dir: &Path) -> Option<(u64, u64)> {
         .then(|| ((st.f_bavail as u64).saturating_mul(st.f_frsize as u64), (st.f_blocks as u64).saturating_mul(st.f_frsize as u64)))
 }
 
-
 /// Replays the trace file again from its start, read on a thread as the pipeline goes (a
 /// short queue: a JSON-lines request carries up to 512 KiB of data).
 fn replay_file(a: &ReplayArgs, trace: &Path, scanned: &TraceInfo, geometry: Geometry, size: u64, ssd: Option<crate::sim::dev::TraceSsd>) -> Result<ReplayReport, String> {

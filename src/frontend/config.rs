@@ -235,7 +235,6 @@ fn numbers(v: &Value, key: &str, lo: u64, hi: u64) -> Result<Vec<u64>, String> {
         .collect()
 }
 
-/// `v` when it lies in `lo..=hi`, else an error naming the key.
 /// `v` brought into `lo..=hi`, with a warning when it was not: a value an older version
 /// allowed, which this one no longer runs with.
 fn clamped(v: u64, key: &str, lo: u64, hi: u64) -> u64 {
@@ -246,6 +245,7 @@ fn clamped(v: u64, key: &str, lo: u64, hi: u64) -> u64 {
     c
 }
 
+/// `v` when it lies in `lo..=hi`, else an error naming the key.
 fn within(v: u64, key: &str, lo: u64, hi: u64) -> Result<u64, String> {
     if (lo..=hi).contains(&v) {
         Ok(v)
