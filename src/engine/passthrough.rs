@@ -761,15 +761,16 @@ impl PassthroughEngine {
     }
 
     /// Write Zeroes; with `unmap`, on a namespace that allows it, the drive may deallocate
-    /// (DEAC), otherwise it writes zeroes.
-    pub async fn write_zeroes(&self, q: &UblkQueue<'_>, off: u64, len: u64, unmap: bool) -> i32 {
+    /// (DEAC), otherwise it writes zeroes, with the placement identifier of `handle`.
+    pub async fn write_zeroes(&self, q: &UblkQueue<'_>, off: u64, len: u64, unmap: bool, handle: Handle) -> i32 {
         let chunks = match split(off, len, self.lba_shift, self.write_zeroes_max) {
             Ok(c) => c,
             Err(e) => return e,
         };
         let nsid = self.nsid;
         let nounmap = !(unmap && self.deac);
-        let cmds = chunks.map(|c| cmd::write_zeroes(nsid, c.slba, c.nlb, nounmap).map_err(|_| -libc::EINVAL));
+        let pid = self.pid(handle).filter(|_| nounmap);
+        let cmds = chunks.map(|c| cmd::write_zeroes(nsid, c.slba, c.nlb, nounmap, pid).map_err(|_| -libc::EINVAL));
         self.run(q, "write zeroes", cmds).await
     }
 

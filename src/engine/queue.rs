@@ -47,10 +47,12 @@ impl QueueEngine {
             QueueEngine::Passthrough(e) => e.discard(q, off, len).await,
         }
     }
-    pub async fn write_zeroes(&self, q: &UblkQueue<'_>, off: u64, len: u64, unmap: bool) -> i32 {
+    /// `handle` places the zeroes the drive writes (passthrough only: fallocate carries no
+    /// write stream).
+    pub async fn write_zeroes(&self, q: &UblkQueue<'_>, off: u64, len: u64, unmap: bool, handle: Handle) -> i32 {
         match self {
             QueueEngine::Uring(e) => e.write_zeroes(q, off, len, unmap).await,
-            QueueEngine::Passthrough(e) => e.write_zeroes(q, off, len, unmap).await,
+            QueueEngine::Passthrough(e) => e.write_zeroes(q, off, len, unmap, handle).await,
         }
     }
 }

@@ -262,10 +262,18 @@ pub fn flush(nsid: u32) -> PassthruCmd {
 
 /// Write Zeroes (0x08) of `nlb` blocks (1..=65536). Unless `nounmap`, sets DEAC (CDW12 bit
 /// 25) so the drive may deallocate the blocks instead of writing zeroes.
-pub fn write_zeroes(nsid: u32, slba: u64, nlb: u32, nounmap: bool) -> Result<PassthruCmd, CmdError> {
+///
+/// `pid` places the zeroes the drive writes, in the same fields as [`write`] (the Data
+/// Placement directive applies to Write Zeroes too); without it they land on placement
+/// handle 0.
+pub fn write_zeroes(nsid: u32, slba: u64, nlb: u32, nounmap: bool, pid: Option<u16>) -> Result<PassthruCmd, CmdError> {
     let mut c = rw(io_opc::WRITE_ZEROES, nsid, slba, nlb)?;
     if !nounmap {
         c.cdw12 |= 1 << 25;
+    }
+    if let Some(p) = pid {
+        c.cdw12 |= DTYPE_DATA_PLACEMENT << 20;
+        c.cdw13 = u32::from(p) << 16;
     }
     Ok(c)
 }
@@ -562,7 +570,7 @@ mod tests {
         assert_eq!(write(1, 0, 0, None, false), Err(CmdError::BlockCount(0)));
         assert_eq!(write(1, 0, MAX_NLB + 1, Some(1), false), Err(CmdError::BlockCount(65_537)));
         assert_eq!(read(1, 0, MAX_NLB + 1), Err(CmdError::BlockCount(65_537)));
-        assert_eq!(write_zeroes(1, 0, 0, false), Err(CmdError::BlockCount(0)));
+        assert_eq!(write_zeroes(1, 0, 0, false, None), Err(CmdError::BlockCount(0)));
         assert!(matches!(read(1, u64::MAX, 2), Err(CmdError::LbaOverflow { .. })));
         assert!(read(1, u64::MAX, 1).is_ok());
         assert!(CmdError::BlockCount(65_537).to_string().contains("split"));
@@ -575,10 +583,15 @@ mod tests {
         let c = flush(1);
         assert_eq!(c.to_bytes()[..8], [0, 0, 0, 0, 1, 0, 0, 0]);
         assert!(c.to_bytes()[8..].iter().all(|&x| x == 0));
-        let c = write_zeroes(1, 5, 4, false).unwrap();
-        assert_eq!((c.opcode, c.cdw10, c.cdw12), (0x08, 5, 3 | (1 << 25)));
-        let c = write_zeroes(1, 5, 4, true).unwrap();
-        assert_eq!(c.cdw12, 3);
+        let c = write_zeroes(1, 5, 4, false, None).unwrap();
+        assert_eq!((c.opcode, c.cdw10, c.cdw12, c.cdw13), (0x08, 5, 3 | (1 << 25), 0));
+        let c = write_zeroes(1, 5, 4, true, None).unwrap();
+        assert_eq!((c.cdw12, c.cdw13), (3, 0));
+        // Placed: DTYPE 2 in CDW12 bits 23:20, DSPEC in CDW13 bits 31:16, as a Write.
+        let c = write_zeroes(1, 5, 4, true, Some(0x0102)).unwrap();
+        assert_eq!((c.cdw12, c.cdw13), (3 | (2 << 20), 0x0102_0000));
+        let w = write(1, 5, 4, Some(0x0102), false).unwrap();
+        assert_eq!((c.cdw12 & 0x00f0_0000, c.cdw13), (w.cdw12 & 0x00f0_0000, w.cdw13));
     }
 
     #[test]
