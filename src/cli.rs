@@ -252,7 +252,8 @@ pub struct DelArgs {
     /// systemd unit knows (`fdpblk del --name %i`).
     #[arg(long, conflicts_with_all = ["number", "all"])]
     pub name: Option<String>,
-    /// Delete every fdpblk device.
+    /// Delete every fdpblk device that has a state file (`fdpblk list` shows any other, with
+    /// its `fdpblk del -n ID`).
     #[arg(short = 'a', long)]
     pub all: bool,
     /// Only a device whose daemon died (held by the driver for `recover`); one whose daemon

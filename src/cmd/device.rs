@@ -913,9 +913,8 @@ fn raise_fd_limit(queues: u16) {
 fn add_device(a: &AddArgs) -> CmdResult {
     need_ublk_driver()?;
     raise_fd_limit(a.queues);
-    if a.number >= 0 && target::device_exists(a.number) {
-        return Err(target::id_exists(a.number).into());
-    }
+    // The name first: a device of the same name whose daemon died is named with `recover`,
+    // where the id's message would name `del`, which fails LMCache's held I/O.
     if let Some(name) = &a.name {
         // Two devices under one name would point LMCache's device_path at the wrong backing.
         match super::up::find(name) {
@@ -940,6 +939,9 @@ fn add_device(a: &AddArgs) -> CmdResult {
             super::up::Found::Stale { cfg } => state::remove_state(&cfg),
             super::up::Found::None => {}
         }
+    }
+    if a.number >= 0 && target::device_exists(a.number) {
+        return Err(target::id_exists(a.number).into());
     }
     if let Some(e) = backing_in_use(&a.backing) {
         return Err(e.into());
@@ -1668,8 +1670,8 @@ pub fn features(json_out: bool) -> CmdResult {
     if !Path::new("/dev/ublk-control").exists() {
         return Err("no ublk driver: /dev/ublk-control is missing; run `modprobe ublk_drv`".into());
     }
-    // Linux < 6.1 has no GET_FEATURES: say so rather than print "no features".
-    let f = UblkCtrl::get_features().ok_or("the ublk driver does not report its features; Linux >= 6.1 does")?;
+    // Linux < 6.5 has no GET_FEATURES: say so rather than print "no features".
+    let f = UblkCtrl::get_features().ok_or("the ublk driver does not report its features; Linux >= 6.5 does")?;
     let names: Vec<&str> = (0..NAMES.len()).filter(|b| f & (1u64 << b) != 0).map(|b| NAMES[b]).collect();
     let mut streams = serde_json::Map::new();
     for e in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {

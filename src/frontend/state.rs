@@ -196,6 +196,29 @@ pub fn remove_state(cfg: &DeviceConfig) {
     }
 }
 
+/// Clears what an earlier device of id `id` left behind: its state files, and its name link
+/// where it points at `/dev/ublkb{id}`. For a new device the driver has just given `id`, before
+/// its block node appears: that earlier device is gone (its id was free), and udev's rule and
+/// the link would otherwise name the new device after it, so two names would lead to one
+/// device. (A daemon killed while its device was then deleted by another tool, or one that
+/// died between its device's delete and its state file's removal, leaves these.)
+pub fn clear_stale(id: i32) {
+    if !state_path(id).exists() {
+        return;
+    }
+    match read_state(id) {
+        Ok((c, _)) => {
+            let name = c.name.as_deref().map_or(String::new(), |n| format!(" (named {n})"));
+            tracing::warn!("device {id}: removed the state file left by an earlier device {id}{name}, which no longer exists");
+            remove_state(&c);
+        }
+        Err(e) => {
+            tracing::warn!("device {id}: removed the unreadable state file left by an earlier device {id} ({e})");
+            remove_state_files(id);
+        }
+    }
+}
+
 /// A device name is a file name under `/dev/fdpblk`, a word in the udev rule's `SYMLINK+=`
 /// (which splits on white space) and a systemd instance name: 1 to 128 of `A-Z a-z 0-9 _ - .`,
 /// not starting with '.' (the link temporaries' names do).
@@ -252,13 +275,30 @@ impl Node {
 
     /// Whether the descriptor `/proc/PID/fd/N` is this node.
     fn is(&self, fd: &Path) -> bool {
-        use std::os::unix::fs::{FileTypeExt, MetadataExt};
-        let Ok(f) = fs::metadata(fd) else { return false };
+        let Some(f) = cached_stat(fd) else { return false };
+        let kind = f.stx_mode as libc::mode_t & libc::S_IFMT;
         match *self {
-            Node::Device { rdev, block } => f.rdev() == rdev && if block { f.file_type().is_block_device() } else { f.file_type().is_char_device() },
-            Node::File { dev, ino } => f.is_file() && f.dev() == dev && f.ino() == ino,
+            Node::Device { rdev, block } => {
+                libc::makedev(f.stx_rdev_major, f.stx_rdev_minor) == rdev && kind == if block { libc::S_IFBLK } else { libc::S_IFCHR }
+            }
+            Node::File { dev, ino } => kind == libc::S_IFREG && libc::makedev(f.stx_dev_major, f.stx_dev_minor) == dev && f.stx_ino == ino,
         }
     }
+}
+
+/// The type, device numbers and inode of `path` as the kernel has them cached
+/// (`AT_STATX_DONT_SYNC`): another process's descriptor of a file on a hung network mount
+/// would block a plain stat, and `del` with it.
+fn cached_stat(path: &Path) -> Option<libc::statx> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a zeroed statx is a valid buffer for the call to fill.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    let mask = libc::STATX_TYPE | libc::STATX_INO;
+    // SAFETY: `c` is a NUL-terminated path and `st` a buffer of the right type, both live
+    // for the call.
+    let rc = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_STATX_DONT_SYNC, mask, &mut st) };
+    (rc == 0).then_some(st)
 }
 
 /// The processes other than this one that hold `path` open, with their names, matched as
@@ -272,7 +312,7 @@ pub fn openers(path: &Path) -> Vec<(u32, String)> {
 
 /// An fdpblk process other than this one that holds every one of `paths` open (a daemon
 /// known by what it holds, not by a state file). Only fdpblk processes' descriptors are
-/// looked at: a stat through another process's descriptor can block on a hung mount.
+/// looked at.
 pub fn fdpblk_holding(paths: &[&Path]) -> Option<u32> {
     let nodes = paths.iter().map(|p| Node::of(p)).collect::<Option<Vec<_>>>()?;
     other_processes().find_map(|(pid, dir)| {

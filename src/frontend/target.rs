@@ -155,11 +155,55 @@ pub(crate) fn unknown_policy(cfg: &DeviceConfig) -> String {
 }
 
 /// Whether id `id` belongs to a device that was deleted while still open: its nodes are gone,
-/// and a process still holds one. (Asking the driver would do too, but libublk's handle then
-/// logs a line for the missing JSON file of every id asked about; a holder this process cannot
-/// see, in a PID namespace other than its own or its children's, is missed.)
+/// and the driver still has it (a process holds it open: by a node of its own, as in a
+/// container, or from another PID namespace), or a process is seen holding its deleted node.
 fn id_held_by_deleted_device(id: i32) -> bool {
-    !device_exists(id) && !deleted_holders(id).is_empty()
+    !device_exists(id) && (driver_has_id(id) == Some(true) || !deleted_holders(id).is_empty())
+}
+
+/// Whether the ublk driver has a device of id `id`: GET_DEV_INFO on the control device,
+/// asked here (libublk's handle prints a line for the missing JSON file of every id asked
+/// about). A device deleted while held open keeps its id until its last user closes it, and
+/// libublk answers an add of that id by deleting it, waiting for that user. None where the
+/// driver cannot be asked.
+fn driver_has_id(id: i32) -> Option<bool> {
+    use io_uring::{opcode, squeue, types, IoUring};
+    let ctl = std::fs::OpenOptions::new().read(true).write(true).open("/dev/ublk-control").ok()?;
+    let mut ring = IoUring::<squeue::Entry128>::builder().build(2).ok()?;
+    let mut info = sys::ublksrv_ctrl_dev_info::default();
+    let mut ask = |op: u32| -> Option<i32> {
+        let cmd = sys::ublksrv_ctrl_cmd {
+            dev_id: u32::try_from(id).ok()?,
+            queue_id: u16::MAX,
+            len: std::mem::size_of::<sys::ublksrv_ctrl_dev_info>() as u16,
+            addr: std::ptr::addr_of_mut!(info) as u64,
+            ..Default::default()
+        };
+        let mut area = [0u8; 80];
+        // SAFETY: a plain C struct of 32 bytes, copied into the 80-byte command area.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                std::ptr::addr_of!(cmd).cast::<u8>(),
+                area.as_mut_ptr(),
+                std::mem::size_of::<sys::ublksrv_ctrl_cmd>(),
+            )
+        };
+        let sqe = opcode::UringCmd80::new(types::Fd(ctl.as_raw_fd()), op).cmd(area).build();
+        // SAFETY: `info`, the buffer the command names, outlives its completion (waited for
+        // here).
+        unsafe { ring.submission().push(&sqe).ok()? };
+        ring.submit_and_wait(1).ok()?;
+        ring.completion().next().map(|c| c.result())
+    };
+    // The ioctl-encoded command, then the legacy one (drivers before 6.4 know only that).
+    for op in [sys::UBLK_U_CMD_GET_DEV_INFO, sys::UBLK_CMD_GET_DEV_INFO] {
+        match ask(op)? {
+            0.. => return Some(true),
+            e if e == -libc::ENODEV => return Some(false),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// The processes that still hold the deleted `/dev/ublkbN` (or its old daemon `/dev/ublkcN`)
@@ -832,7 +876,11 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         while id_held_by_deleted_device(cfg.id) {
             if Instant::now() >= held_until || STOP_REQUESTED.load(Ordering::SeqCst) {
                 let who = deleted_holders(cfg.id);
-                let who = if who.is_empty() { String::new() } else { format!(" (by {})", who.join(", ")) };
+                let who = if who.is_empty() {
+                    " (by a process this one cannot name: one with a node of its own, as in a container, or in another PID namespace)".to_string()
+                } else {
+                    format!(" (by {})", who.join(", "))
+                };
                 let e = format!(
                     "ublk device id {} is still taken: the deleted /dev/ublkb{} is still open{who}; close it, or add without -n (another id)",
                     cfg.id, cfg.id
@@ -860,6 +908,13 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         ctrl.start_user_recover().map_err(|e| fail(format!("starting recovery of device {}: {}", cfg.id, ublk_error(&e))))?;
     }
     let id = ctrl.dev_info().dev_id as i32;
+    if !recover {
+        state::clear_stale(id);
+        // A driver without user recovery (Linux 6.0) drops the flag rather than refusing it.
+        if ctrl.dev_info().flags & u64::from(sys::UBLK_F_USER_RECOVERY) == 0 {
+            tracing::warn!("device {id}: the ublk driver has no user recovery (Linux >= 6.1 has): if this daemon dies, the device fails LMCache's I/O instead of holding it for `fdpblk recover`");
+        }
+    }
     let mut cfg = cfg;
     cfg.id = id;
     take_drivers_queues(&mut cfg, &ctrl.dev_info());

@@ -133,6 +133,26 @@ exec 3<&-
 # The driver frees the id once its last user has closed the device (add waits for it).
 readd() { fdpblk_add "$@"; }
 expect "closed: the id is free again" readd --backing "$NS_DEV" -n 0
+# The same held through a node of its own (as a container's /dev holds it): its descriptor's
+# link names that node, not a deleted one, so the driver is asked. An add with the id is
+# refused after its wait, not left in libublk's delete of the id, waiting for the holder with
+# the add lock held (which blocked every later add).
+read -r maj min < <(stat -c '%t %T' /dev/ublkb0)
+rm -f /var/tmp/own-ublkb0 && mknod /var/tmp/own-ublkb0 b $((16#$maj)) $((16#$min))
+exec 3</var/tmp/own-ublkb0
+expect "del while held through a node of its own" quiet timeout 120 "$FDPBLK" del -n 0
+expect "its daemon exits" daemons_gone
+out=$(timeout 60 "$FDPBLK" add --backing "$NS_DEV" -n 0 2>&1) && rc=0 || rc=$?
+expect "id held through a node of its own: refused, not waiting (exit $rc): $out" \
+    bash -c 'test "$1" -ne 0 && test "$1" -ne 124 && grep -q "id 0 is still taken: the deleted /dev/ublkb0 is still open (by a process this one cannot name.*close it, or add without -n" <<<"$2"' _ "$rc" "$out"
+expect "no device left by the refused add" bash -c '! compgen -G "/dev/ublkb*" >/dev/null'
+# A second add meanwhile is not blocked behind it (the add lock is free).
+truncate -s 64M /var/tmp/other-id.img
+expect "another add meanwhile" quiet timeout 60 "$FDPBLK" add --backing /var/tmp/other-id.img -n 1 --engine plain --policy none "${GEO[@]}"
+expect "del it" quiet "$FDPBLK" del -n 1
+exec 3<&-
+rm -f /var/tmp/own-ublkb0
+expect "closed: the id is free again" readd --backing "$NS_DEV" -n 0
 # The same with a daemon that was killed: del deletes the device the driver held for
 # recovery, without waiting for the user holding it open.
 old=$(daemon_pid 0)

@@ -86,6 +86,20 @@ if command -v udevadm >/dev/null; then
 else
     not_ok "udevadm missing in the guest (tests/vm/setup.sh installs udev)"
 fi
+# What an earlier device 1 left (its state file and name link: a daemon killed, then its
+# device deleted by another tool) is cleared when a new device gets id 1, before its block node
+# appears: the new device is not named after the old one, so no two names lead to it.
+truncate -s 64M /var/tmp/kv6.img /var/tmp/kv7.img
+expect "device 1 named kv6" quiet fdpblk_add --backing /var/tmp/kv6.img --engine plain --policy none -n 1 --name kv6 "${GEO[@]}"
+cp /run/fdpblk/1.json /tmp/kv6-state.json
+expect "kv6: del" quiet "$FDPBLK" del -n 1
+expect "kv6: device 1 is gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb1 ]] || exit 0; sleep 0.1; done; exit 1"
+cp /tmp/kv6-state.json /run/fdpblk/1.json && ln -sfn /dev/ublkb1 /dev/fdpblk/kv6
+expect "device 1 named kv7" quiet fdpblk_add --backing /var/tmp/kv7.img --engine plain --policy none -n 1 --name kv7 "${GEO[@]}"
+expect "kv7: the earlier device's link /dev/fdpblk/kv6 is gone" test ! -L /dev/fdpblk/kv6
+expect_eq "kv7: fdpblk name 1 (udev rule)" "$("$FDPBLK" name 1)" kv7
+expect "kv7: the daemon logged it" log_has "removed the state file left by an earlier device 1 \\(named kv6\\)"
+expect "kv7: del" quiet "$FDPBLK" del -n 1
 # A name that cannot be linked (something else at /dev/fdpblk/NAME) fails the add, as a
 # missing state file does: LMCache's device_path would not exist.
 mkdir -p /dev/fdpblk/kv2
