@@ -52,6 +52,8 @@ pub enum Victim {
     Greedy,
     /// The closed RU with the highest (1 − u)·age / (1 + u) (Rosenblum & Ousterhout's LFS),
     /// u = valid fraction of the RU, age = host bytes written since the RU was closed, plus 1.
+    /// A garbage collection RU's age starts when it closes: moved data does not keep its own
+    /// age, as LFS's per-block times do.
     CostBenefit,
     /// The oldest closed RU, whatever it holds: the circular log of the analytic model, whose
     /// WAF does not depend on the RU size (greedy's approaches it as RUs grow).
