@@ -107,6 +107,10 @@ pub struct SimulateArgs {
     /// workload's `checkpoint_idle_probability` (default 1: every tick checkpoints).
     #[arg(long)]
     pub checkpoint_idle: Option<f64>,
+    /// MP: the server's L1 (CPU memory) as a share of the slots LMCache may use, overriding
+    /// the workload's `l1_share` (default 0: none, every hit reads the device).
+    #[arg(long)]
+    pub l1_share: Option<f64>,
     /// Runs in parallel (one thread each).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
@@ -166,6 +170,15 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
             return Err(format!("--checkpoint-idle {p}: a probability, 0 to 1"));
         }
         workload.checkpoint_idle_probability = p;
+    }
+    if let Some(l) = a.l1_share {
+        if !(0.0..=1.0).contains(&l) {
+            return Err(format!("--l1-share {l}: a share of the slots, 0 to 1"));
+        }
+        if l > 0.0 && workload.mode == crate::sim::workload::Mode::NonMp {
+            return Err("--l1-share is an MP option: the model has no CPU tier for the non-MP plugin".into());
+        }
+        workload.l1_share = l;
     }
     let policies: Vec<String> = if a.policy == "all" {
         POLICY_NAMES.iter().map(|s| s.to_string()).collect()

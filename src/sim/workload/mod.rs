@@ -15,7 +15,7 @@
 //!   and split).
 //!
 //! Files: `spec` (the workload file), `keys` (LMCache's key strings and identities), `io` (the
-//! `IoShaper`); the model itself is here.
+//! `IoShaper`), `l1` (the MP server's CPU tier); the model itself is here.
 //!
 //! Facts: `../shared/reference/lmcache-raw-block.md` §2–9 (layout, allocator, I/O paths,
 //! cadence), §11 (JSON entry sizes), §14 (built-in FDP); LMCache's eviction controller
@@ -23,8 +23,9 @@
 //! `eviction_ratio` of the tracked keys in LRU order; per-salt quotas with IsolatedLRU).
 //!
 //! Simplifications (stated in `docs/waf.md`): requests are served one at a time; simulated time
-//! advances with the bytes written at `write_rate_mb_s`; there is no L1 (CPU) cache in front of
-//! L2, so every hit is an L2 load that refreshes the key's LRU position.
+//! advances with the bytes written at `write_rate_mb_s`; an MP server's L1 (CPU) cache in front
+//! of L2 is there only with `l1_share` (`l1`); without it every hit is an L2 load that
+//! refreshes the key's LRU position.
 
 use super::SplitMix64;
 use crate::cli::parse_size;
@@ -38,6 +39,7 @@ const NONE: u32 = u32::MAX;
 
 mod io;
 mod keys;
+mod l1;
 mod spec;
 
 pub use io::*;
@@ -99,6 +101,8 @@ pub struct WorkloadStats {
     pub requests: u64,
     pub chunks: u64,
     pub hits: u64,
+    /// Of the hits, those L1 served (no device read).
+    pub l1_hits: u64,
     pub puts: u64,
     pub puts_noop: u64,
     pub puts_failed: u64,
@@ -233,6 +237,8 @@ pub struct Workload {
     key_buf: String,
     chunk_buf: Vec<(u64, u64, f64)>,
     new_keys: Vec<u32>,
+    /// The server's CPU tier (MP, `l1_share` > 0).
+    l1: l1::L1,
     ops: Vec<LmOpOwned>,
     /// Per container (seq 1 in container 0), what its committed checkpoint lists in each slot,
     /// for `WorkloadStats::reputs_listed`.
@@ -365,6 +371,7 @@ impl Workload {
             key_buf: String::new(),
             chunk_buf: Vec::new(),
             new_keys: Vec::new(),
+            l1: l1::L1::new((spec.l1_share * slots_n as f64).round() as usize),
             ops: Vec::new(),
             listed: [vec![Listed::default(); slots_n as usize], vec![Listed::default(); slots_n as usize]],
             spec,
@@ -454,6 +461,18 @@ impl Workload {
         let r = &mut self.slots[s as usize];
         r.prev = old_tail;
         r.next = NONE;
+    }
+
+    /// Moves one request's keys (`new_keys`, in chunk order) to the MRU end with `push`, in
+    /// the order of `lru_insert`.
+    fn lru_push_request(&mut self, push: impl Fn(&mut Self, u32)) {
+        let keys = std::mem::take(&mut self.new_keys);
+        if self.spec.lru_insert_reversed {
+            keys.iter().rev().for_each(|&s| push(self, s));
+        } else {
+            keys.iter().for_each(|&s| push(self, s));
+        }
+        self.new_keys = keys;
     }
 
     fn touch(&mut self, s: u32) {
@@ -648,17 +667,29 @@ impl Workload {
         let t = self.tenant_cdf.partition_point(|&c| c <= u).min(self.tenants.len() - 1);
         let chunks = self.request_chunks(t);
         self.stats.chunks += chunks.len() as u64;
-        // Lookup: the longest cached prefix is loaded.
+        // Lookup: the longest prefix cached in L1 or L2; L1 serves what it holds, the rest is
+        // loaded from the device. The loads done, LMCache's LRU refreshes their keys in the
+        // order it adds keys (`on_keys_touched`, `on_keys_created`); L1's hits refresh only L1.
         let mut i = 0;
+        self.new_keys.clear();
         while i < chunks.len() {
-            let Some(&s) = self.index.get(&chunks[i].0) else { break };
+            let id = chunks[i].0;
+            if self.l1.contains(id) {
+                self.stats.hits += 1;
+                self.stats.l1_hits += 1;
+                self.l1.touch(id);
+                i += 1;
+                continue;
+            }
+            let Some(&s) = self.index.get(&id) else { break };
             let pl = self.slots[s as usize].payload_len;
             self.stats.hits += 1;
             self.stats.loads += 1;
             self.ops.push(LmOpOwned::Load { slot: u64::from(s), payload_len: pl });
-            self.touch(s);
+            self.new_keys.push(s);
             i += 1;
         }
+        self.lru_push_request(|w, s| w.touch(s));
         if self.spec.remove_after_read {
             for c in &chunks[..i] {
                 if let Some(&s) = self.index.get(&c.0) {
@@ -666,14 +697,20 @@ impl Workload {
                 }
             }
         }
-        // Store the rest: present keys are no-ops (refreshed), missing ones are put.
+        // Store the rest: present keys are no-ops (LMCache's `put_many` skips them without
+        // telling its LRU), missing ones are put.
         let pid = self.pid_for(t);
         self.new_keys.clear();
         let mut written = 0;
         for &(identity, payload_len, popularity) in &chunks[i..] {
-            if let Some(&s) = self.index.get(&identity) {
+            // A chunk L1 holds is not written again, so not copied to L2 either; where L1
+            // is, every other chunk is written there first.
+            if self.l1.contains(identity) {
+                continue;
+            }
+            self.l1.insert(identity);
+            if self.index.contains_key(&identity) {
                 self.stats.puts_noop += 1;
-                self.touch(s);
                 continue;
             }
             let Some(s) = self.alloc(pid) else {
@@ -719,13 +756,7 @@ impl Workload {
             written += self.spec.header_bytes + payload_len;
         }
         if self.spec.eviction.is_some() {
-            let keys = std::mem::take(&mut self.new_keys);
-            if self.spec.lru_insert_reversed {
-                keys.iter().rev().for_each(|&s| self.lru_push_mru(s));
-            } else {
-                keys.iter().for_each(|&s| self.lru_push_mru(s));
-            }
-            self.new_keys = keys;
+            self.lru_push_request(|w, s| w.lru_push_mru(s));
         }
         self.chunk_buf = chunks;
         self.advance(written);

@@ -108,9 +108,14 @@ pub struct WorkloadSpec {
     /// waiting for their headers, as under `fdpblk add`.
     pub ublk_queue_depth: u16,
     pub eviction: Option<EvictionSpec>,
-    /// Order new keys of one store enter the LRU list: reversed puts the request's last chunk
-    /// nearest the LRU end (LMCache's prefix-match rationale), forward the other way round.
+    /// Order LMCache's LRU takes one request's keys in, both when a store adds them
+    /// (`on_keys_created`) and when a load refreshes them (`on_keys_touched`): reversed (0.5.6)
+    /// puts the request's last chunk nearest the LRU end (its prefix-match rationale: "the
+    /// later keys should be evicted first"), forward the other way round.
     pub lru_insert_reversed: bool,
+    /// MP: the server's L1 (CPU memory) in chunks, as a share of the slots LMCache may use
+    /// (0: none, every hit reads the device, as LMCache's `--l2-store-policy skip_l1`).
+    pub l1_share: f64,
     pub checkpoint_interval_s: f64,
     /// Chance that a checkpoint tick finds the device idle (LMCache skips busy ticks).
     pub checkpoint_idle_probability: f64,
@@ -215,6 +220,7 @@ impl WorkloadSpec {
                 "ublk_queue_depth",
                 "eviction",
                 "lru_insert",
+                "l1_share",
                 "checkpoint_interval_s",
                 "checkpoint_idle_probability",
                 "write_rate_mb_s",
@@ -392,6 +398,7 @@ impl WorkloadSpec {
             },
             eviction,
             lru_insert_reversed,
+            l1_share: get_f64(v, "l1_share", 0.0)?,
             checkpoint_interval_s: get_f64(v, "checkpoint_interval_s", 60.0)?,
             checkpoint_idle_probability: get_f64(v, "checkpoint_idle_probability", 1.0)?,
             write_rate_mb_s: get_f64(v, "write_rate_mb_s", 2000.0)?,
@@ -434,6 +441,12 @@ impl WorkloadSpec {
         }
         if spec.uring_reorder_window > 1 << 20 {
             return err("\"uring_reorder_window\" must be at most 1048576 requests");
+        }
+        if !(0.0..=1.0).contains(&spec.l1_share) {
+            return err("\"l1_share\" must be 0 to 1 (a share of the slots LMCache may use)");
+        }
+        if spec.l1_share > 0.0 && mode == Mode::NonMp {
+            return err("\"l1_share\" is an MP option: the model has no CPU tier for the non-MP plugin");
         }
         if spec.remove_after_read && mode == Mode::Mp {
             return err("\"remove_after_read\" is a non-MP option");

@@ -222,7 +222,7 @@ fn checkpoint_json_is_lmcaches_and_its_size_is_predicted() {
     w.emit_json(true);
     let mut got = Vec::new();
     let mut headers: HashMap<u64, u64> = HashMap::new();
-    let mut seen = 0;
+    let (mut seen, mut listed) = (0, 0);
     for _ in 0..20000 {
         let mut predicted = Vec::new();
         sized.step(&mut |op| {
@@ -251,6 +251,7 @@ fn checkpoint_json_is_lmcaches_and_its_size_is_predicted() {
                 })
                 .unwrap();
                 assert_eq!((n, meta.entries), (entries.len() as u64, entries.len() as u64));
+                listed = entries.len();
                 seen += 1;
             }
             _ => {}
@@ -262,7 +263,7 @@ fn checkpoint_json_is_lmcaches_and_its_size_is_predicted() {
     }
     assert!(seen >= 2, "{seen} checkpoints");
     // About 240 bytes per entry (reference §11: 236 B for a 64-hex object key).
-    let per = (got[seen - 1] as f64 - 330.0) / w.live() as f64;
+    let per = (got[seen - 1] as f64 - 330.0) / listed as f64;
     // (Slightly less here: offsets of 7 and 8 digits instead of 13.)
     assert!((220.0..260.0).contains(&per), "{per} bytes per entry");
 }
@@ -597,4 +598,86 @@ fn checkpoints_committed_within_one_request_keep_their_own_seq_and_contents() {
         }
     }
     assert!(several > 0, "some requests committed several checkpoints");
+}
+
+/// LMCache 0.5.6's LRU (`eviction_policy/lru.py`) takes a request's keys last chunk first,
+/// both when a store adds them and when a load refreshes them, so the request's first chunk
+/// ends most recent and its later chunks go first; a put of a key already present does not
+/// refresh it (`put_many` skips it). `"lru_insert": "forward"` takes both the other way.
+#[test]
+fn a_requests_loads_and_puts_enter_the_lru_in_lmcaches_order() {
+    for (order, reversed) in [("", true), (r#""lru_insert": "forward","#, false)] {
+        let s = small(&format!("{LRU} {order}"), ONE);
+        let mut w = Workload::new(s, 512 << 20, 0, 1, None).unwrap();
+        let (mut checked, mut noops) = (0, 0);
+        for _ in 0..5000 {
+            let (mut loads, mut puts) = (Vec::new(), Vec::new());
+            let (noop0, evictions0) = (w.stats.puts_noop, w.stats.evictions);
+            w.step(&mut |op| match *op {
+                LmOp::Load { slot, .. } => loads.push(slot as u32),
+                LmOp::Put { slot, .. } => puts.push(slot as u32),
+                _ => {}
+            });
+            if w.stats.evictions != evictions0 {
+                continue; // an eviction may have taken some of them
+            }
+            let mut want: Vec<u32> = Vec::new();
+            if reversed {
+                want.extend(&puts);
+                want.extend(&loads);
+            } else {
+                want.extend(puts.iter().rev());
+                want.extend(loads.iter().rev());
+            }
+            // The MRU end, walked back from the tail.
+            let mut got = Vec::new();
+            let mut s = w.global_lru.tail;
+            while got.len() < want.len() && s != NONE {
+                got.push(s);
+                s = w.slots[s as usize].prev;
+            }
+            assert_eq!(got, want, "order {order:?}: loads {loads:?}, puts {puts:?}");
+            checked += u64::from(!loads.is_empty() && !puts.is_empty());
+            if w.stats.puts_noop != noop0 {
+                // A no-op put's key was not moved: it is not among the request's MRU keys.
+                noops += 1;
+            }
+        }
+        assert!(checked > 100 && noops > 0, "{checked} requests with loads and puts, {noops} with no-op puts");
+    }
+}
+
+/// With an L1 (`l1_share`), LMCache MP serves the chunks L1 holds without reading the
+/// device and loads only the rest; every stored chunk enters L1, and a chunk L1 holds is not
+/// put to the device again. Without one, every hit is a device load.
+#[test]
+fn an_l1_serves_what_it_holds_and_loads_only_the_rest() {
+    let s = small(&format!(r#"{LRU} "l1_share": 0.2,"#), ONE);
+    let mut w = Workload::new(s, 512 << 20, 0, 1, None).unwrap();
+    let cap = (0.2 * w.geometry.max_slots as f64).round() as usize;
+    for _ in 0..5000 {
+        let (mut loads, mut puts) = (Vec::new(), Vec::new());
+        w.step(&mut |op| match *op {
+            LmOp::Load { slot, .. } => loads.push(slot as usize),
+            LmOp::Put { slot, .. } => puts.push(slot as usize),
+            _ => {}
+        });
+        for &s in &loads {
+            assert!(!w.l1.contains(w.slots[s].id), "slot {s} loaded from the device while L1 holds its key");
+        }
+        for &s in &puts {
+            assert!(w.l1.contains(w.slots[s].id), "slot {s} put without entering L1");
+        }
+        assert!(w.l1.len() <= cap);
+    }
+    let st = &w.stats;
+    assert_eq!(st.hits, st.l1_hits + st.loads);
+    assert!(st.l1_hits > st.hits / 5 && st.loads > 0 && w.l1.len() == cap, "{st:?}");
+    // No L1: every hit reads the device.
+    let (_, w) = drive(Workload::new(small(LRU, ONE), 512 << 20, 0, 1, None).unwrap(), 2000);
+    assert_eq!((w.stats.l1_hits, w.stats.loads), (0, w.stats.hits));
+    // An L1 only where the model has one, of at most the cache's size.
+    let bad = |extra: &str| WorkloadSpec::from_json_str(&format!(r#"{{{extra}, "tenants": [{ONE}]}}"#)).unwrap_err();
+    assert!(bad(r#""mode": "non_mp", "l1_share": 0.1"#).contains("MP option"));
+    assert!(bad(r#""l1_share": 1.5"#).contains("0 to 1"));
 }
