@@ -716,13 +716,23 @@ fn open_backing_once(cfg: &DeviceConfig, recover: bool, deadline: Instant) -> Re
         Some(libc::EACCES | libc::EPERM) => (format!("cannot open backing {}: {e}; run as root", cfg.backing.display()), false),
         _ => (format!("cannot open backing {}: {e}", cfg.backing.display()), false),
     })?;
+    // A recovery waits on through a stop (the device it holds is then started and stopped);
+    // an add has made nothing yet and gives up.
+    let stop = (!recover).then_some(&STOP_REQUESTED);
     // A file's I/O descriptor too: an earlier daemon's io_uring writes hold it past its exit,
     // and one landing after a reissued write would put old data back.
     if is_chardev || is_file {
-        // A recovery waits on through a stop (the device it holds is then started and
-        // stopped); an add has made nothing yet and gives up.
-        let stop = (!recover).then_some(&STOP_REQUESTED);
         lock_backing(&file, &cfg.backing, deadline, stop).map_err(not_busy)?;
+    }
+    // A namespace served through its char device by a daemon that died: its NVMe commands
+    // still in flight hold that node's lock (its claim on this block device went with it), so
+    // a daemon on the block device waits for them as a passthrough one would.
+    if is_bdev {
+        if let Some(ng) = crate::nvme::path::namespace_other_node(&cfg.backing) {
+            if let Ok(g) = std::fs::File::open(&ng) {
+                lock_backing(&g, &ng, deadline, stop).map_err(not_busy)?;
+            }
+        }
     }
     Ok(Backing { file, _claim: claim, _alive: alive })
 }

@@ -34,6 +34,7 @@ impl L1 {
         L1 { cap, map: HashMap::with_capacity(cap), nodes: Vec::with_capacity(cap), head: NONE, tail: NONE }
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.map.len()
     }

@@ -136,4 +136,23 @@ expect "and says the start stopped" grep -q "^fdpblk: stopped by a signal while 
 sleep 6
 if no_device; then ok "no device started after the backing was let go"; else cat /tmp/sig-add.log; not_ok "no device started after the backing was let go"; "$FDPBLK" del --all >/dev/null 2>&1 || true; fi
 expect "no daemon is left" bash -c "! pgrep -x fdpblk"
+
+# A device on the namespace's block device after a passthrough daemon died with NVMe commands
+# in flight (they hold its lock on the char device; held here by flock): the new daemon waits
+# for them too, then starts.
+exec 9<"$NG_DEV"
+flock -w 30 9 || check_fatal "cannot lock $NG_DEV"
+waits0=$(waits_logged)
+"$FDPBLK" add --backing "$NS_DEV" -n 0 "${GEO[@]}" >/tmp/sig-add-bdev.log 2>&1 9<&- &
+apid=$!
+for _ in $(seq 300); do (($(waits_logged) > waits0)) && break; sleep 0.1; done
+expect "a daemon on $NS_DEV waits for the lock on $NG_DEV" test "$(waits_logged)" -gt "$waits0"
+expect "and has made no device meanwhile" no_device
+exec 9<&-
+arc=0
+wait "$apid" || arc=$?
+expect_eq "the add succeeds once it is let go ($(cat /tmp/sig-add-bdev.log))" "$arc" 0
+expect "its device" test -b /dev/ublkb0
+expect "del" quiet "$FDPBLK" del -n 0
+expect "no daemon is left" daemons_gone
 check_done
