@@ -761,7 +761,8 @@ impl PassthroughEngine {
     }
 
     /// Write Zeroes; with `unmap`, on a namespace that allows it, the drive may deallocate
-    /// (DEAC), otherwise it writes zeroes, with the placement identifier of `handle`.
+    /// (DEAC), otherwise it writes zeroes; what it writes carries the placement identifier of
+    /// `handle`.
     pub async fn write_zeroes(&self, q: &UblkQueue<'_>, off: u64, len: u64, unmap: bool, handle: Handle) -> i32 {
         let chunks = match split(off, len, self.lba_shift, self.write_zeroes_max) {
             Ok(c) => c,
@@ -769,7 +770,9 @@ impl PassthroughEngine {
         };
         let nsid = self.nsid;
         let nounmap = !(unmap && self.deac);
-        let pid = self.pid(handle).filter(|_| nounmap);
+        // Placed even where the drive may deallocate: it may write zeroes all the same (a range
+        // not aligned to what it deallocates).
+        let pid = self.pid(handle);
         let cmds = chunks.map(|c| cmd::write_zeroes(nsid, c.slba, c.nlb, nounmap, pid).map_err(|_| -libc::EINVAL));
         self.run(q, "write zeroes", cmds).await
     }

@@ -298,7 +298,20 @@ fn cached_stat(path: &Path) -> Option<libc::statx> {
     // SAFETY: `c` is a NUL-terminated path and `st` a buffer of the right type, both live
     // for the call.
     let rc = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_STATX_DONT_SYNC, mask, &mut st) };
-    (rc == 0).then_some(st)
+    if rc == 0 {
+        return Some(st);
+    }
+    // statx refused (a seccomp filter): a plain stat, as before.
+    if !matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) {
+        return None;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(path).ok()?;
+    st.stx_mode = m.mode() as u16;
+    (st.stx_rdev_major, st.stx_rdev_minor) = (libc::major(m.rdev()), libc::minor(m.rdev()));
+    (st.stx_dev_major, st.stx_dev_minor) = (libc::major(m.dev()), libc::minor(m.dev()));
+    st.stx_ino = m.ino();
+    Some(st)
 }
 
 /// The processes other than this one that hold `path` open, with their names, matched as

@@ -168,15 +168,18 @@ fn id_held_by_deleted_device(id: i32) -> bool {
 /// driver cannot be asked.
 fn driver_has_id(id: i32) -> Option<bool> {
     use io_uring::{opcode, squeue, types, IoUring};
+    let dev_id = u32::try_from(id).ok()?;
     let ctl = std::fs::OpenOptions::new().read(true).write(true).open("/dev/ublk-control").ok()?;
     let mut ring = IoUring::<squeue::Entry128>::builder().build(2).ok()?;
-    let mut info = sys::ublksrv_ctrl_dev_info::default();
+    // On the heap, and leaked where a command's completion was not seen: the driver runs the
+    // command from io_uring's worker, which may still write it after the ring is gone.
+    let mut info = Box::new(sys::ublksrv_ctrl_dev_info::default());
     let mut ask = |op: u32| -> Option<i32> {
         let cmd = sys::ublksrv_ctrl_cmd {
-            dev_id: u32::try_from(id).ok()?,
+            dev_id,
             queue_id: u16::MAX,
             len: std::mem::size_of::<sys::ublksrv_ctrl_dev_info>() as u16,
-            addr: std::ptr::addr_of_mut!(info) as u64,
+            addr: std::ptr::addr_of_mut!(*info) as u64,
             ..Default::default()
         };
         let mut area = [0u8; 80];
@@ -189,21 +192,35 @@ fn driver_has_id(id: i32) -> Option<bool> {
             )
         };
         let sqe = opcode::UringCmd80::new(types::Fd(ctl.as_raw_fd()), op).cmd(area).build();
-        // SAFETY: `info`, the buffer the command names, outlives its completion (waited for
-        // here).
+        // SAFETY: `info`, the buffer the command names, lives until its completion is seen
+        // (below), or for ever.
         unsafe { ring.submission().push(&sqe).ok()? };
-        ring.submit_and_wait(1).ok()?;
-        ring.completion().next().map(|c| c.result())
-    };
-    // The ioctl-encoded command, then the legacy one (drivers before 6.4 know only that).
-    for op in [sys::UBLK_U_CMD_GET_DEV_INFO, sys::UBLK_CMD_GET_DEV_INFO] {
-        match ask(op)? {
-            0.. => return Some(true),
-            e if e == -libc::ENODEV => return Some(false),
-            _ => {}
+        loop {
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(_) => return None,
+            }
+            if let Some(c) = ring.completion().next() {
+                return Some(c.result());
+            }
         }
+    };
+    // The ioctl-encoded command, and the legacy one: drivers before 6.3 answer an op they do
+    // not know with ENODEV, whatever the id; later ones may refuse legacy ops.
+    let answers = [ask(sys::UBLK_U_CMD_GET_DEV_INFO), ask(sys::UBLK_CMD_GET_DEV_INFO)];
+    if answers.contains(&None) {
+        Box::leak(info);
     }
-    None
+    if answers.iter().any(|a| a.is_some_and(|r| r >= 0)) {
+        Some(true)
+    } else if answers.iter().all(|&a| a == Some(-libc::ENODEV) || a == Some(-libc::EOPNOTSUPP) || a == Some(-libc::EINVAL))
+        && answers.contains(&Some(-libc::ENODEV))
+    {
+        Some(false)
+    } else {
+        None
+    }
 }
 
 /// The processes that still hold the deleted `/dev/ublkbN` (or its old daemon `/dev/ublkcN`)
@@ -470,7 +487,10 @@ pub struct Backing {
 }
 
 fn in_use(what: &Path) -> String {
-    format!("backing {} is in use (mounted, or claimed by another fdpblk or device mapper); free it first", what.display())
+    format!(
+        "backing {} is in use (mounted, or claimed by another fdpblk or device mapper; or the I/O of an fdpblk daemon that was killed is still in flight at the drive, until its timeout); free it first",
+        what.display()
+    )
 }
 
 /// Why LMCache's layout `g` cannot be served on a backing of `lba`-byte logical blocks: the
@@ -730,6 +750,17 @@ fn open_backing_once(cfg: &DeviceConfig, recover: bool, deadline: Instant) -> Re
     if is_bdev {
         if let Some(ng) = crate::nvme::path::namespace_other_node(&cfg.backing) {
             if let Ok(g) = std::fs::File::open(&ng) {
+                // A live one (that could not claim the namespace) is not waited for.
+                if alive_lock_held(&g) {
+                    return Err((
+                        format!(
+                            "backing {} is served through {} by another running fdpblk daemon; `fdpblk list` shows it, `fdpblk del` stops it",
+                            cfg.backing.display(),
+                            ng.display()
+                        ),
+                        true,
+                    ));
+                }
                 lock_backing(&g, &ng, deadline, stop).map_err(not_busy)?;
             }
         }
@@ -766,6 +797,19 @@ fn hold_alive_lock(path: &Path) -> Result<std::fs::File, (String, bool)> {
         )),
         _ => Err((format!("cannot lock backing {}: {e}", path.display()), false)),
     }
+}
+
+/// Whether a daemon holds the liveness lock ([`hold_alive_lock`]) of the backing `file` is
+/// open on.
+fn alive_lock_held(file: &std::fs::File) -> bool {
+    // SAFETY: an all-zero flock is a valid value; the fields that matter are set below.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as _;
+    lock.l_whence = libc::SEEK_SET as _;
+    lock.l_len = 1;
+    // SAFETY: F_OFD_GETLK with a pointer to a live flock on a descriptor owned by `file`.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut lock) };
+    rc == 0 && i32::from(lock.l_type) != libc::F_UNLCK
 }
 
 /// How long the learner sees a checkpoint copy half-written before it says so.

@@ -230,7 +230,7 @@ fn greedy_and_cost_benefit_beat_fifo_on_mixed_lifetimes() {
     let (fifo, greedy, cb) = (waf(Victim::Fifo), waf(Victim::Greedy), waf(Victim::CostBenefit));
     // FIFO 6.286, greedy 5.564, cost-benefit 3.801 (greedy's known weakness with hot and
     // cold data, which cost-benefit was made for).
-    assert!(greedy < 0.92 * fifo && cb < 0.7 * greedy, "FIFO {fifo:.3}, greedy {greedy:.3}, cost-benefit {cb:.3}");
+    assert!(greedy < 0.92 * fifo && cb < 0.8 * greedy, "FIFO {fifo:.3}, greedy {greedy:.3}, cost-benefit {cb:.3}");
 }
 
 /// LMCache-like: a small hot region (1/16 of the space, like metadata) rewritten at random,

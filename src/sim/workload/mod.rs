@@ -237,8 +237,9 @@ pub struct Workload {
     key_buf: String,
     chunk_buf: Vec<(u64, u64, f64)>,
     new_keys: Vec<u32>,
-    /// The server's CPU tier (MP, `l1_share` > 0).
+    /// The server's CPU tier (MP, `l1_share` > 0), and one request's keys for it.
     l1: l1::L1,
+    l1_keys: Vec<u64>,
     ops: Vec<LmOpOwned>,
     /// Per container (seq 1 in container 0), what its committed checkpoint lists in each slot,
     /// for `WorkloadStats::reputs_listed`.
@@ -271,9 +272,10 @@ enum LmOpOwned {
 const MAX_DOCS: u64 = 1 << 27;
 
 /// The workload model's tables: about 128 bytes per slot (its record, the two containers'
-/// listings, the index) and 8 per document, against `budget`.
-fn workload_fits(slots: u64, docs: u64, budget: Option<u64>) -> Result<(), String> {
-    let need = slots.saturating_mul(128).saturating_add(docs.saturating_mul(8));
+/// listings, the index), 8 per document and 48 per L1 entry (its node and map entry),
+/// against `budget`.
+fn workload_fits(slots: u64, docs: u64, l1: u64, budget: Option<u64>) -> Result<(), String> {
+    let need = slots.saturating_mul(128).saturating_add(docs.saturating_mul(8)).saturating_add(l1.saturating_mul(48));
     crate::sim::memory::check(
         &format!("the workload model of {slots} slots"),
         need,
@@ -309,7 +311,8 @@ impl Workload {
                 "the tenants' \"universe\" makes {all_docs:.0} documents over {slots_n} slots, more than the {MAX_DOCS} the model holds in memory; lower \"universe\", raise \"doc_chunks\" or \"slot_bytes\", or simulate a smaller device (--device-size)"
             ));
         }
-        workload_fits(slots_n, all_docs as u64, crate::sim::memory::budget())?;
+        let l1_entries = (spec.l1_share * slots_n as f64).round() as u64;
+        workload_fits(slots_n, all_docs as u64, l1_entries, crate::sim::memory::budget())?;
         let total_share: f64 = spec.tenants.iter().map(|t| t.share).sum();
         let mut acc = 0.0;
         let tenant_cdf = spec
@@ -371,7 +374,8 @@ impl Workload {
             key_buf: String::new(),
             chunk_buf: Vec::new(),
             new_keys: Vec::new(),
-            l1: l1::L1::new((spec.l1_share * slots_n as f64).round() as usize),
+            l1: l1::L1::new(l1_entries as usize),
+            l1_keys: Vec::new(),
             ops: Vec::new(),
             listed: [vec![Listed::default(); slots_n as usize], vec![Listed::default(); slots_n as usize]],
             spec,
@@ -473,6 +477,15 @@ impl Workload {
             keys.iter().for_each(|&s| push(self, s));
         }
         self.new_keys = keys;
+    }
+
+    /// The same for the L1 keys of one request (`l1_keys`, in chunk order).
+    fn l1_push_request(&mut self, push: impl Fn(&mut l1::L1, u64)) {
+        if self.spec.lru_insert_reversed {
+            self.l1_keys.iter().rev().for_each(|&k| push(&mut self.l1, k));
+        } else {
+            self.l1_keys.iter().for_each(|&k| push(&mut self.l1, k));
+        }
     }
 
     fn touch(&mut self, s: u32) {
@@ -672,12 +685,13 @@ impl Workload {
         // order it adds keys (`on_keys_touched`, `on_keys_created`); L1's hits refresh only L1.
         let mut i = 0;
         self.new_keys.clear();
+        self.l1_keys.clear();
         while i < chunks.len() {
             let id = chunks[i].0;
             if self.l1.contains(id) {
                 self.stats.hits += 1;
                 self.stats.l1_hits += 1;
-                self.l1.touch(id);
+                self.l1_keys.push(id);
                 i += 1;
                 continue;
             }
@@ -690,6 +704,8 @@ impl Workload {
             i += 1;
         }
         self.lru_push_request(|w, s| w.touch(s));
+        // L1's own LRU takes them in the same order.
+        self.l1_push_request(|l1, k| l1.touch(k));
         if self.spec.remove_after_read {
             for c in &chunks[..i] {
                 if let Some(&s) = self.index.get(&c.0) {
@@ -701,6 +717,7 @@ impl Workload {
         // telling its LRU), missing ones are put.
         let pid = self.pid_for(t);
         self.new_keys.clear();
+        self.l1_keys.clear();
         let mut written = 0;
         for &(identity, payload_len, popularity) in &chunks[i..] {
             // A chunk L1 holds is not written again, so not copied to L2 either; where L1
@@ -708,7 +725,7 @@ impl Workload {
             if self.l1.contains(identity) {
                 continue;
             }
-            self.l1.insert(identity);
+            self.l1_keys.push(identity);
             if self.index.contains_key(&identity) {
                 self.stats.puts_noop += 1;
                 continue;
@@ -758,6 +775,9 @@ impl Workload {
         if self.spec.eviction.is_some() {
             self.lru_push_request(|w, s| w.lru_push_mru(s));
         }
+        self.l1_push_request(|l1, k| {
+            l1.insert(k);
+        });
         self.chunk_buf = chunks;
         self.advance(written);
         // Emit, building the checkpoint list when one was committed.
