@@ -214,11 +214,6 @@ impl Pipeline {
     pub fn policy(&self) -> &dyn Policy {
         self.policy.as_ref()
     }
-    /// The handle for a Write Zeroes: zeroes come from tools other than LMCache
-    /// (`blkdiscard -z`, mkfs), placed as bytes outside its layout.
-    pub fn zeroes_handle(&mut self) -> Handle {
-        self.policy.place(&Target::Outside)
-    }
     pub fn slots(&self) -> &Arc<SlotTable> {
         &self.slots
     }

@@ -46,7 +46,9 @@ pub struct LayoutCell {
     policy: SharedPolicy,
     /// The counters of every pipeline built so far (for stats).
     counters: Mutex<Vec<Arc<PipelineCounters>>>,
-    /// The handle unclassified writes go to while learning.
+    /// The policy's handle for bytes outside LMCache's layout (the same for every write): where
+    /// unclassified writes go while learning, and Write Zeroes always (tools other than
+    /// LMCache send those: `blkdiscard -z`, mkfs).
     pub learning_handle: Handle,
     /// Writes served while learning (requests, bytes).
     pub learning_writes: AtomicU64,

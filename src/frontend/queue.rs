@@ -336,8 +336,8 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         Op::Flush => ctx.engine.flush(q).await,
         Op::Discard => ctx.engine.discard(q, offset, len).await,
         Op::WriteZeroes => {
-            let handle = ctx.pipeline.borrow_mut().as_mut().map_or(ctx.layout.learning_handle, |p| p.zeroes_handle());
-            ctx.engine.write_zeroes(q, offset, len, op_flags & sys::UBLK_IO_F_NOUNMAP == 0, handle).await
+            let unmap = op_flags & sys::UBLK_IO_F_NOUNMAP == 0;
+            ctx.engine.write_zeroes(q, offset, len, unmap, ctx.layout.learning_handle).await
         }
     };
     // Failed too: part of it may have landed.
