@@ -172,11 +172,8 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
         workload.checkpoint_idle_probability = p;
     }
     if let Some(l) = a.l1_share {
-        if !(0.0..=1.0).contains(&l) {
-            return Err(format!("--l1-share {l}: a share of the slots, 0 to 1"));
-        }
-        if l > 0.0 && workload.mode == crate::sim::workload::Mode::NonMp {
-            return Err("--l1-share is an MP option: the model has no CPU tier for the non-MP plugin".into());
+        if let Some(rule) = crate::sim::workload::l1_share_rule(workload.mode, l) {
+            return Err(format!("--l1-share {l} {rule}"));
         }
         workload.l1_share = l;
     }

@@ -779,12 +779,7 @@ fn hold_alive_lock(path: &Path) -> Result<std::fs::File, (String, bool)> {
         .write(true)
         .open(path)
         .map_err(|e| (format!("cannot open backing {}: {e}", path.display()), false))?;
-    // SAFETY: an all-zero flock is a valid value; the fields that matter are set below.
-    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
-    lock.l_type = libc::F_WRLCK as _;
-    lock.l_whence = libc::SEEK_SET as _;
-    lock.l_start = 0;
-    lock.l_len = 1;
+    let lock = first_byte_write_lock();
     // SAFETY: F_OFD_SETLK with a pointer to a live flock on a descriptor owned by `file`.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) } == 0 {
         return Ok(file);
@@ -799,14 +794,21 @@ fn hold_alive_lock(path: &Path) -> Result<std::fs::File, (String, bool)> {
     }
 }
 
-/// Whether a daemon holds the liveness lock ([`hold_alive_lock`]) of the backing `file` is
-/// open on.
-fn alive_lock_held(file: &std::fs::File) -> bool {
+/// The liveness lock's range and kind: a write lock on the first byte.
+fn first_byte_write_lock() -> libc::flock {
     // SAFETY: an all-zero flock is a valid value; the fields that matter are set below.
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
     lock.l_type = libc::F_WRLCK as _;
     lock.l_whence = libc::SEEK_SET as _;
+    lock.l_start = 0;
     lock.l_len = 1;
+    lock
+}
+
+/// Whether a daemon holds the liveness lock ([`hold_alive_lock`]) of the backing `file` is
+/// open on.
+fn alive_lock_held(file: &std::fs::File) -> bool {
+    let mut lock = first_byte_write_lock();
     // SAFETY: F_OFD_GETLK with a pointer to a live flock on a descriptor owned by `file`.
     let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut lock) };
     rc == 0 && i32::from(lock.l_type) != libc::F_UNLCK

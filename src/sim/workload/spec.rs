@@ -143,6 +143,17 @@ fn get_size(v: &Value, k: &str, default: u64) -> Result<u64, String> {
     }
 }
 
+/// The rule an L1 share breaks, if any (for the workload file and `simulate --l1-share`).
+pub fn l1_share_rule(mode: Mode, share: f64) -> Option<&'static str> {
+    if !(0.0..=1.0).contains(&share) {
+        Some("must be 0 to 1 (a share of the slots LMCache may use)")
+    } else if share > 0.0 && mode == Mode::NonMp {
+        Some("is an MP option: the model has no CPU tier for the non-MP plugin")
+    } else {
+        None
+    }
+}
+
 fn get_f64(v: &Value, k: &str, default: f64) -> Result<f64, String> {
     match v.get(k) {
         None | Some(Value::Null) => Ok(default),
@@ -442,11 +453,8 @@ impl WorkloadSpec {
         if spec.uring_reorder_window > 1 << 20 {
             return err("\"uring_reorder_window\" must be at most 1048576 requests");
         }
-        if !(0.0..=1.0).contains(&spec.l1_share) {
-            return err("\"l1_share\" must be 0 to 1 (a share of the slots LMCache may use)");
-        }
-        if spec.l1_share > 0.0 && mode == Mode::NonMp {
-            return err("\"l1_share\" is an MP option: the model has no CPU tier for the non-MP plugin");
+        if let Some(rule) = l1_share_rule(mode, spec.l1_share) {
+            return err(format!("\"l1_share\" {rule}"));
         }
         if spec.remove_after_read && mode == Mode::Mp {
             return err("\"remove_after_read\" is a non-MP option");
