@@ -54,7 +54,16 @@
 //! torn superblock fails its CRC and the previous one is used. After loading, the next seq is
 //! above every seq found on the device, and pages with a leftover copy above `S` are
 //! rewritten by the first cycle, so an unfinished cycle's pages can never later pass as
-//! committed. Nothing older than one persist interval is lost: a cycle runs every interval
+//! committed.
+//!
+//! A page copy that does not read (a bad sector) may be the page's newest version or carry
+//! an unknown seq: its other copy stands, the state is not trusted, and the first cycle
+//! writes the unreadable copy again before any superblock with a new seq. Where neither
+//! copy of a page reads, the state is dropped (a new instance). Whenever a clean state is
+//! loaded untrusted, the first cycle marks the superblock in use before it overwrites any
+//! copy, and saves again every record restored otherwise than saved (a dropped
+//! confirmation): a crash in that cycle, or a later clean stop, never vouches for what this
+//! load did not trust. Nothing older than one persist interval is lost: a cycle runs every interval
 //! while anything changed (with `--persist-interval-ms 0`, only at start and stop: a crash
 //! then loses what changed since the start).
 //!
@@ -331,6 +340,11 @@ pub struct Persist {
     /// and the superblock to read back after it ([`Owed`]).
     owed: Option<Owed>,
     handle: Handle,
+    /// A clean state was loaded but not trusted (a page copy damaged or unreadable): before
+    /// the first cycle overwrites a copy, the superblock is marked in use
+    /// ([`Persist::mark_in_use`]), or a crash before that cycle's superblock would leave
+    /// the clean one vouching for an older copy that now passes for the newest.
+    unclean_first: bool,
 }
 
 /// What a cycle taken as committed despite its failed flush undoes if its superblock is gone
@@ -460,6 +474,7 @@ impl Persist {
             sb_both: false,
             owed: None,
             handle,
+            unclean_first: false,
         };
         let mut max_seq = 0u64;
         // The highest seq a superblock copy claims that has the magic but does not decode.
@@ -526,6 +541,8 @@ impl Persist {
         let mut buf = AlignedBuf::zeroed(pages.min(MAX_RUN as u64) as usize * BLOCK as usize);
         let mut chosen: Vec<Option<(u8, u64)>> = vec![None; pages as usize];
         let mut unreadable = None;
+        // Page copies that cannot be read: (page, copy).
+        let mut unread: Vec<(u64, u8)> = Vec::new();
         // Copies of this state's pages that fail their checksum: (page, the seq they claim).
         let mut damaged: Vec<(u64, u64)> = Vec::new();
         for copy in 0..2u8 {
@@ -533,12 +550,21 @@ impl Persist {
             while i < pages {
                 let n = (pages - i).min(MAX_RUN as u64);
                 let b = &mut buf[..(n * BLOCK) as usize];
-                if let Err(e) = dev.read_at(p.page_off(i, copy), b) {
-                    unreadable.get_or_insert(e);
-                    i += n;
-                    continue;
+                // A run that fails is read again page by page: one bad sector costs its page
+                // copy, not the run.
+                let first = unread.len();
+                if dev.read_at(p.page_off(i, copy), b).is_err() {
+                    for k in 0..n {
+                        if let Err(e) = dev.read_at(p.page_off(i + k, copy), &mut b[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]) {
+                            unreadable.get_or_insert(e);
+                            unread.push((i + k, copy));
+                        }
+                    }
                 }
                 for k in 0..n {
+                    if unread[first..].iter().any(|&(idx, _)| idx == i + k) {
+                        continue;
+                    }
                     let pg = &b[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize];
                     let Some((inst, seq, index, kind)) = page_header(pg) else {
                         if let Some(q) = usable.as_ref().and_then(|s| damaged_page_of(pg, s.instance, i + k)) {
@@ -564,13 +590,19 @@ impl Persist {
             }
         }
         p.next_seq = max_seq + 1;
-        // Copies that cannot be read may hold the newest version of a page, or an unfinished
-        // cycle's seq that a later superblock would pass: start fresh, under a new instance
-        // that no page on the device carries.
-        let usable = match (usable, unreadable) {
-            (Some(_), Some(e)) => {
+        // A copy that cannot be read may hold the newest version of its page, or an unfinished
+        // cycle's seq that a later superblock would pass. Where the page's other copy reads,
+        // that copy stands (the state is then not trusted), and the first cycle, before any
+        // superblock with a new seq, writes the unreadable copy again (a cycle writes the copy
+        // not current), so no unknown seq outlives it. Where both copies of a page fail,
+        // nothing of the page is known: start fresh, under a new instance that no page on
+        // the device carries.
+        unread.sort_unstable();
+        let both_lost = unread.windows(2).any(|w| w[0].0 == w[1].0);
+        let usable = match (usable, &unreadable) {
+            (Some(_), Some(e)) if both_lost => {
                 loaded.note = Some(format!(
-                    "cannot read part of the saved state ({e}); starting fresh (LMCache's data is not touched; if this comes back at every start, a sector of the reserved tail at the device's end cannot be read: see the drive's error log, `nvme error-log`)"
+                    "cannot read either copy of a page of the saved state ({e}); starting fresh (LMCache's data is not touched; if this comes back at every start, sectors of the reserved tail at the device's end cannot be read: see the drive's error log, `nvme error-log`)"
                 ));
                 None
             }
@@ -611,8 +643,19 @@ impl Persist {
         // both copies, so that the claim does not outlive this start.
         let newer_undecoded = undecoded_seq.filter(|&q| q >= s.seq);
         p.sb_both |= newer_undecoded.is_some();
-        let trusted = s.clean && trust_clean && suspect == 0 && newer_undecoded.is_none();
-        if s.clean && trust_clean && suspect > 0 {
+        for &(idx, copy) in &unread {
+            p.forced.push(idx);
+            // Set again below where the other copy is chosen; the same value.
+            p.current[idx as usize] = 1 - copy;
+        }
+        let trusted = s.clean && trust_clean && suspect == 0 && unread.is_empty() && newer_undecoded.is_none();
+        if let Some(e) = unreadable.as_ref().filter(|_| !unread.is_empty()) {
+            loaded.note = Some(format!(
+                "cannot read {} page copy(ies) of the saved state ({e}); the other copy of each is used and the unreadable one is written again now{} (LMCache's data is not touched; if this comes back at every start, a sector of the reserved tail at the device's end cannot be read or written: see the drive's error log, `nvme error-log`)",
+                unread.len(),
+                if s.clean && trust_clean { "; its slot confirmations are not trusted this time" } else { "" }
+            ));
+        } else if s.clean && trust_clean && suspect > 0 {
             loaded.note = Some(format!(
                 "{suspect} page(s) of the saved state may have a damaged newest copy (a copy fails its checksum): its slot confirmations are not trusted this time"
             ));
@@ -623,6 +666,7 @@ impl Persist {
             ));
         }
         loaded.clean = trusted;
+        p.unclean_first = s.clean && !trusted;
         loaded.seq = s.seq;
         loaded.counters = s.counters.clone();
         let mut pg = AlignedBuf::zeroed(BLOCK as usize);
@@ -644,6 +688,7 @@ impl Persist {
             }
             let payload = &pg[PAGE_HEADER..CRC_AT];
             if idx < layout.record_pages {
+                let mut restored = [0u8; RECORD_BYTES];
                 for r in 0..RECORDS_PER_PAGE {
                     let slot = idx * RECORDS_PER_PAGE + r;
                     if slot >= slots.len() as u64 {
@@ -651,6 +696,13 @@ impl Persist {
                     }
                     rec.copy_from_slice(&payload[r as usize * RECORD_BYTES..(r as usize + 1) * RECORD_BYTES]);
                     slots.restore_record(slot, &rec, trusted);
+                    // A record restored otherwise than saved (an untrusted confirmation
+                    // dropped) is saved again by the first cycle: a later clean stop must not
+                    // vouch for the copy on the drive, which still carries it.
+                    slots.encode_record(slot, &mut restored);
+                    if restored != rec && p.forced.last() != Some(&idx) {
+                        p.forced.push(idx);
+                    }
                 }
             } else if idx < layout.record_pages + layout.history_pages {
                 let base = (idx - layout.record_pages) * HISTORY_PER_PAGE;
@@ -741,6 +793,28 @@ impl Persist {
         if pages.is_empty() && !force {
             return Ok(None);
         }
+        // Keeps every change pending after a failed cycle.
+        let keep_pending = |forced: &mut Vec<u64>, pages: Vec<u64>| {
+            slots.redirty_pages(&recs);
+            slots.history().redirty_pages(&hist);
+            if tags.is_some() {
+                slots.tags().redirty();
+            }
+            *forced = pages;
+        };
+        if self.unclean_first {
+            match Self::mark_in_use(dev, self.region, self.handle) {
+                // The mark is now the newest superblock: the next one goes into the clean
+                // copy, so that a torn write of it leaves the mark standing.
+                Ok(true) => self.sb_copy = 1 - self.sb_copy,
+                Ok(false) => {}
+                Err(e) => {
+                    keep_pending(&mut self.forced, pages);
+                    return Err(e);
+                }
+            }
+            self.unclean_first = false;
+        }
         if self.sb_both {
             // The superblocks did not read (or decode) at load, so `next_seq` may come from the
             // pages alone.
@@ -802,12 +876,7 @@ impl Persist {
             Err(e) => {
                 // Keep every change pending; pages already written carry `seq`, which is
                 // skipped, and they are rewritten next time, so they never pass as committed.
-                slots.redirty_pages(&recs);
-                slots.history().redirty_pages(&hist);
-                if tags.is_some() {
-                    slots.tags().redirty();
-                }
-                self.forced = pages;
+                keep_pending(&mut self.forced, pages);
                 self.next_seq = seq + 1;
                 Err(e)
             }

@@ -155,6 +155,34 @@ fn unclean_state_drops_confirmations_and_other_geometry_starts_fresh() {
     assert!(p3.is_none() && l3.note.is_some());
 }
 
+/// Confirmations an unclean load drops are dropped on the drive too, by its first cycle: a
+/// later clean stop vouches for the pages on the drive, and a page this run never changed
+/// would otherwise bring back a confirmation that a write after the crashed run's last cycle
+/// made stale.
+#[test]
+fn confirmations_an_unclean_load_drops_do_not_come_back_after_a_clean_stop() {
+    let g = geom(500);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    t.record_header(3, &SlotHeader { identity: 9, payload_len: 9 }, 1);
+    let l = t.life(3);
+    assert!(t.cas_life(3, l, life::with_state(l | life::CONFIRMED, SlotState::Live)));
+    // The crashed run: its last cycle left the state in use.
+    p.cycle(&dev, &t, &Counters::default(), false, true).unwrap();
+    let (u, p2, l, dev2) = load(&g, dev.image(), region);
+    assert!(l.found && !l.clean && !u.get(3).unwrap().confirmed);
+    // This run changes nothing on slot 3's page and stops cleanly.
+    let mut p2 = p2.unwrap();
+    p2.cycle(&*dev2, &u, &Counters::default(), false, true).unwrap();
+    p2.cycle(&*dev2, &u, &Counters::default(), true, true).unwrap();
+    let (v, _, l, _) = load(&g, dev2.image(), region);
+    assert!(l.clean);
+    let e = v.get(3).unwrap();
+    assert_eq!((e.identity, e.confirmed), (9, false), "the dropped confirmation came back: {e:?}");
+}
+
 /// Applies `ops` to `img`: writes, with write `torn` cut to its first `cut` bytes and the
 /// writes in `drop` lost.
 fn apply(img: &mut [u8], ops: &[MemOp], torn: Option<(usize, usize)>, drop: &[usize]) {
@@ -548,26 +576,139 @@ fn a_damaged_newest_page_copy_makes_a_clean_state_untrusted_once() {
     assert!(load(&g, dev2.image(), region).2.clean);
 }
 
-/// A page copy that cannot be read may hold a page's newest version: the state is not used,
-/// and the next cycles (a new instance) never pick up the old pages.
-#[test]
-fn an_unreadable_page_starts_a_fresh_state() {
+/// A saved state whose page 0 has two versions (slot 3 confirmed as identity 9, then as 10)
+/// and slot 200 (page 1) confirmed as 7; clean. Its geometry, region, device and the offset
+/// of page 0's newest copy.
+fn two_versions_of_page_0() -> (Geometry, Region, MemDev, u64) {
     let g = geom(300);
     let t = SlotTable::new(g.max_slots);
     let region = region_for(&t);
     let dev = MemDev::new(region.len);
     let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
-    t.record_header(3, &SlotHeader { identity: 9, payload_len: 9 }, 1);
+    let confirm = |slot: u64, id: u64| {
+        t.record_header(slot, &SlotHeader { identity: id, payload_len: 9 }, 1);
+        let l = t.life(slot);
+        assert!(t.cas_life(slot, l, life::with_state(l | life::CONFIRMED, SlotState::Live)));
+    };
+    confirm(3, 9);
+    confirm(200, 7);
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
-    dev.set_fail_reads(Some(3 * 4096..4 * 4096));
+    confirm(3, 10);
+    p.cycle(&dev, &t, &Counters::default(), true, false).unwrap().unwrap();
+    let newest = p.page_off(0, p.current[0]);
+    assert!(load(&g, dev.image(), region).2.clean);
+    (g, region, dev, newest)
+}
+
+/// One unreadable sector in the page area costs that page copy, not the state: the other
+/// copy stands (untrusted, as it may be older), the rest of the run it was read in is
+/// restored, and the first cycle writes the unreadable copy again.
+#[test]
+fn an_unreadable_page_copy_is_taken_from_its_other_copy_and_written_again() {
+    let (g, region, dev, newest) = two_versions_of_page_0();
+    dev.set_fail_reads(Some(newest..newest + 4096));
     let u = SlotTable::new(g.max_slots);
     let (p2, l) = Persist::load(&dev, region, &g, &u, 3);
-    assert!(!l.found && l.note.as_deref().is_some_and(|n| n.contains("cannot read")), "{l:?}");
-    assert!(u.get(3).is_none());
+    assert!(l.found && !l.clean, "{l:?}");
+    assert!(l.note.as_deref().is_some_and(|n| n.contains("cannot read 1 page copy")), "{l:?}");
+    let s3 = u.get(3).unwrap();
+    assert!(s3.identity == 9 && !s3.confirmed, "the older copy, untrusted: {s3:?}");
+    assert_eq!(u.get(200).unwrap().identity, 7, "page 1, read in the same run, is restored");
+    // The first cycle (reads still failing) writes page 0 into the copy that did not read.
+    let mut p2 = p2.unwrap();
+    dev.take_log();
+    p2.cycle(&dev, &u, &Counters::default(), true, false).unwrap().unwrap();
+    assert!(dev.take_log().iter().any(|op| matches!(op, MemOp::Write { off, .. } if *off == newest)));
     dev.set_fail_reads(None);
+    let (v, _, l, _) = load(&g, dev.image(), region);
+    assert!(l.found && l.clean && snapshot(&v) == snapshot(&u), "{l:?}");
+}
+
+/// Where neither copy of a page reads, nothing of it is known: the state is not used, and the
+/// next cycles (a new instance) never pick up the old pages.
+#[test]
+fn a_page_with_both_copies_unreadable_starts_a_fresh_state() {
+    let (g, region, dev, _) = two_versions_of_page_0();
+    let pages = Layout::of(&SlotTable::new(g.max_slots)).pages();
+    let (c0, c1) = (region.offset + 2 * 4096, region.offset + (2 + pages) * 4096);
+    let u = SlotTable::new(g.max_slots);
+    // Both copies of page 0, one bad sector each: fail the reads that touch either.
+    let fail = FailTwo { dev: &dev, a: c0..c0 + 4096, b: c1..c1 + 4096 };
+    let (p2, l) = Persist::load(&fail, region, &g, &u, 3);
+    assert!(!l.found && l.note.as_deref().is_some_and(|n| n.contains("either copy")), "{l:?}");
+    assert!(u.get(3).is_none() && u.get(200).is_none());
     p2.unwrap().cycle(&dev, &u, &Counters::default(), true, true).unwrap();
     let (v, _, l, _) = load(&g, dev.image(), region);
-    assert!(l.found && v.get(3).is_none(), "the old instance's pages stay ignored");
+    assert!(l.found && v.get(3).is_none() && v.get(200).is_none(), "the old instance's pages stay ignored");
+}
+
+/// A device whose reads fail where they touch either of two ranges.
+struct FailTwo<'a> {
+    dev: &'a MemDev,
+    a: std::ops::Range<u64>,
+    b: std::ops::Range<u64>,
+}
+
+impl StateWriter for FailTwo<'_> {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let end = off + buf.len() as u64;
+        if [&self.a, &self.b].iter().any(|r| r.start < end && off < r.end) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.dev.read_at(off, buf)
+    }
+    fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
+        self.dev.write_at(off, buf, handle)
+    }
+    fn discard(&self, off: u64, len: u64) -> io::Result<()> {
+        self.dev.discard(off, len)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.dev.flush()
+    }
+    fn size(&self) -> u64 {
+        self.dev.size()
+    }
+}
+
+/// A clean state loaded untrusted (page 0's newest copy rotted, or does not read) must stay
+/// untrusted across a crash anywhere in the first cycle, which overwrites that copy: a crash
+/// after the page write but before the superblock would otherwise leave the clean superblock
+/// vouching for the older copy, now the only one that passes.
+#[test]
+fn a_crash_in_the_cycle_rewriting_a_suspect_copy_never_trusts_the_older_one() {
+    for unreadable in [false, true] {
+        let (g, region, dev, newest) = two_versions_of_page_0();
+        if unreadable {
+            dev.set_fail_reads(Some(newest..newest + 4096));
+        } else {
+            let mut img = dev.image();
+            img[(newest + 100) as usize] ^= 0x40;
+            dev.set_image(img);
+        }
+        let before = dev.image();
+        let u = SlotTable::new(g.max_slots);
+        let (p2, l) = Persist::load(&dev, region, &g, &u, 3);
+        assert!(l.found && !l.clean, "{l:?}");
+        dev.take_log();
+        p2.unwrap().cycle(&dev, &u, &Counters::default(), false, false).unwrap().unwrap();
+        let ops = dev.take_log();
+        let writes: Vec<usize> = (0..ops.len()).filter(|&i| matches!(ops[i], MemOp::Write { .. })).collect();
+        assert!(writes.len() >= 2, "{ops:?}");
+        for (k, &w) in writes.iter().enumerate() {
+            // The crash: writes before `w` landed, `w` torn halfway (or whole), none after it.
+            for cut in [2048, 4096] {
+                let mut img = before.clone();
+                let later: Vec<usize> = writes[k + 1..].to_vec();
+                apply(&mut img, &ops, Some((w, cut)), &later);
+                // (The sector that did not read is read here again: trusting is right only
+                // where the newest copy, identity 10, is what loads.)
+                let (v, _, l, _) = load(&g, img, region);
+                let id = v.get(3).map(|e| e.identity);
+                assert!(!l.clean || id == Some(10), "unreadable {unreadable}: a crash in write {k} (cut at {cut}) left the older copy trusted: {l:?}");
+            }
+        }
+    }
 }
 
 /// A superblock or page whose seq is past the bound is corrupt, whatever its CRC says.
