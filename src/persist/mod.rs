@@ -59,7 +59,9 @@
 //! A page copy that does not read (a bad sector) may be the page's newest version or carry
 //! an unknown seq: its other copy stands, the state is not trusted, and the first cycle
 //! writes the unreadable copy again before any superblock with a new seq. Where neither
-//! copy of a page reads, the state is dropped (a new instance). Whenever a clean state is
+//! copy of a page reads, the state is dropped (a new instance). One superblock copy that does
+//! not read leaves the other standing, untrusted; the next superblock goes into both copies
+//! (and [`Persist::mark_in_use`] marks both). Whenever a clean state is
 //! loaded untrusted, the first cycle marks the superblock in use before it overwrites any
 //! copy, and saves again every record restored otherwise than saved (a dropped
 //! confirmation): a crash in that cycle, or a later clean stop, never vouches for what this
@@ -373,14 +375,39 @@ fn new_instance() -> u64 {
     (z ^ (z >> 31)).max(1)
 }
 
+/// Both superblock copies of `region` in one buffer, and which of them read: where the read
+/// of both fails, each copy is read alone (one bad sector costs one copy), and a copy that
+/// does not read is left zero. The first error, if any.
+fn read_superblock_copies(dev: &dyn StateWriter, region: Region) -> (AlignedBuf, [bool; 2], Option<io::Error>) {
+    let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
+    if dev.read_at(region.offset, &mut b[..2 * BLOCK as usize]).is_ok() {
+        return (b, [true; 2], None);
+    }
+    let mut read = [false; 2];
+    let mut first = None;
+    for c in 0..2usize {
+        let blk = &mut b[c * BLOCK as usize..(c + 1) * BLOCK as usize];
+        match dev.read_at(region.offset + c as u64 * BLOCK, blk) {
+            Ok(()) => read[c] = true,
+            Err(e) => {
+                blk.fill(0);
+                first.get_or_insert(e);
+            }
+        }
+    }
+    (b, read, first)
+}
+
 impl Persist {
     /// Reads both superblocks (for `fdpblk inspect`): the newest valid one.
     pub fn read_superblock(dev: &dyn StateWriter, region: Region) -> Option<Superblock> {
         if region.len < 2 * BLOCK {
             return None;
         }
-        let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
-        dev.read_at(region.offset, &mut b[..2 * BLOCK as usize]).ok()?;
+        let (b, read, _) = read_superblock_copies(dev, region);
+        if read == [false; 2] {
+            return None;
+        }
         let a = Superblock::decode(&b[..BLOCK as usize]);
         let c = Superblock::decode(&b[BLOCK as usize..]);
         newest([a, c]).map(|(_, s)| s)
@@ -392,14 +419,17 @@ impl Persist {
     /// unclean one of two superblocks with one seq ([`newest`]), so a later load will not
     /// trust its confirmations, whatever layout it is for. A higher seq would vouch for page
     /// copies that an unfinished cycle left with that seq. A whole superblock this version
-    /// cannot decode (another version's) first gets its CRC broken. `Ok(false)`: no clean
-    /// state there that this version reads.
+    /// cannot decode (another version's) first gets its CRC broken. A copy that does not read
+    /// gets the mark whatever the other holds (it may be a newer clean one). `Ok(false)`: no
+    /// mark written, or no superblock this version reads.
     pub fn mark_in_use(dev: &dyn StateWriter, region: Region, handle: Handle) -> io::Result<bool> {
         if region.len < 2 * BLOCK {
             return Ok(false);
         }
-        let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
-        dev.read_at(region.offset, &mut b[..2 * BLOCK as usize])?;
+        let (mut b, read, err) = read_superblock_copies(dev, region);
+        if let (Some(e), [false, false]) = (&err, read) {
+            return Err(io::Error::new(e.kind(), format!("neither superblock copy reads: {e}")));
+        }
         let decoded = [0u8, 1].map(|c| Superblock::decode(&b[c as usize * BLOCK as usize..(c as usize + 1) * BLOCK as usize]));
         // A whole superblock of a form this version does not decode (another version's, maybe
         // clean) cannot be marked in use: its CRC is broken, so that no run of that version
@@ -418,6 +448,27 @@ impl Persist {
         }
         if broken {
             dev.flush()?;
+        }
+        // A copy that does not read may be a newer clean superblock: it is overwritten with
+        // the mark (the other copy's superblock, not clean), or, where the other copy holds
+        // none this version reads, with a block that keeps only the magic, so that it
+        // vouches for nothing if it reads again later. The mark goes over the copy that reads
+        // first: a torn write of the other must not leave an older clean one standing alone.
+        if let Some(u) = read.iter().position(|r| !r) {
+            let r = 1 - u;
+            let mut mark = AlignedBuf::zeroed(BLOCK as usize);
+            match decoded[r].clone() {
+                Some(mut sb) => {
+                    sb.clean = false;
+                    sb.encode(&mut mark);
+                    dev.write_at(region.offset + r as u64 * BLOCK, &mark[..BLOCK as usize], handle)?;
+                    dev.flush()?;
+                }
+                None => mark[..8].copy_from_slice(SB_MAGIC),
+            }
+            dev.write_at(region.offset + u as u64 * BLOCK, &mark[..BLOCK as usize], handle)?;
+            dev.flush()?;
+            return Ok(decoded[r].is_some());
         }
         let Some((copy, mut sb)) = newest(decoded).filter(|(_, s)| s.clean) else { return Ok(false) };
         sb.clean = false;
@@ -479,19 +530,33 @@ impl Persist {
         let mut max_seq = 0u64;
         // The highest seq a superblock copy claims that has the magic but does not decode.
         let mut undecoded_seq = None;
+        // One superblock copy that does not read: the other is taken, untrusted (the lost one
+        // may be newer, or the mark that its state is in use), and the next superblock goes
+        // into both copies, the unreadable one first.
+        let mut sb_unread = None;
         let sb = {
-            let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
-            match dev.read_at(region.offset, &mut b[..2 * BLOCK as usize]) {
-                Ok(()) => {
+            let (b, read, err) = read_superblock_copies(dev, region);
+            match err {
+                Some(e) if read == [false; 2] => {
+                    loaded.note = Some(format!("cannot read the state superblocks: {e}"));
+                    p.sb_both = true;
+                    None
+                }
+                err => {
+                    if let Some(e) = err {
+                        sb_unread = Some(e);
+                        p.sb_both = true;
+                    }
                     let a = Superblock::decode(&b[..BLOCK as usize]);
                     let c = Superblock::decode(&b[BLOCK as usize..]);
                     for s in [&a, &c].into_iter().flatten() {
                         max_seq = max_seq.max(s.seq);
                     }
                     // A superblock that is there but does not decode (another version, or
-                    // both copies torn) is a state that could not be read, not "never used".
+                    // both copies torn) is a state that could not be read, not "never used";
+                    // nor is one copy that does not read.
                     let magic = |i: usize| &b[i * BLOCK as usize..i * BLOCK as usize + 8] == SB_MAGIC;
-                    loaded.none_saved = a.is_none() && c.is_none() && !magic(0) && !magic(1);
+                    loaded.none_saved = a.is_none() && c.is_none() && !magic(0) && !magic(1) && read == [true; 2];
                     // Whole (its CRC holds) yet not decoding: another version's, or a seq
                     // past the bound. A torn one is an unfinished cycle's, which never
                     // committed (a start serves only once its first cycle did).
@@ -515,11 +580,6 @@ impl Persist {
                         p.sb_copy = copy;
                         s
                     })
-                }
-                Err(e) => {
-                    loaded.note = Some(format!("cannot read the state superblocks: {e}"));
-                    p.sb_both = true;
-                    None
                 }
             }
         };
@@ -648,8 +708,13 @@ impl Persist {
             // Set again below where the other copy is chosen; the same value.
             p.current[idx as usize] = 1 - copy;
         }
-        let trusted = s.clean && trust_clean && suspect == 0 && unread.is_empty() && newer_undecoded.is_none();
-        if let Some(e) = unreadable.as_ref().filter(|_| !unread.is_empty()) {
+        let trusted = s.clean && trust_clean && suspect == 0 && unread.is_empty() && sb_unread.is_none() && newer_undecoded.is_none();
+        if let Some(e) = &sb_unread {
+            loaded.note = Some(format!(
+                "cannot read one copy of the saved state's superblock ({e}); the other is used{} and both are written again now (if this comes back at every start, a sector of the reserved tail at the device's end cannot be read or written: see the drive's error log, `nvme error-log`)",
+                if s.clean && trust_clean { ", its slot confirmations not trusted this time" } else { "" }
+            ));
+        } else if let Some(e) = unreadable.as_ref().filter(|_| !unread.is_empty()) {
             loaded.note = Some(format!(
                 "cannot read {} page copy(ies) of the saved state ({e}); the other copy of each is used and the unreadable one is written again now{} (LMCache's data is not touched; if this comes back at every start, a sector of the reserved tail at the device's end cannot be read or written: see the drive's error log, `nvme error-log`)",
                 unread.len(),
@@ -983,9 +1048,8 @@ pub fn state_present(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> boo
     if region.len < 2 * BLOCK {
         return false;
     }
-    let mut b = AlignedBuf::zeroed(2 * BLOCK as usize);
-    ReadOnly(dev).read_at(region.offset, &mut b[..2 * BLOCK as usize]).is_ok()
-        && (&b[..8] == SB_MAGIC || &b[BLOCK as usize..BLOCK as usize + 8] == SB_MAGIC)
+    let (b, _, _) = read_superblock_copies(&ReadOnly(dev), region);
+    &b[..8] == SB_MAGIC || &b[BLOCK as usize..BLOCK as usize + 8] == SB_MAGIC
 }
 
 /// fdpblk's saved state on a backing device or image of `size` bytes, summarised as JSON

@@ -671,20 +671,28 @@ impl StateWriter for FailTwo<'_> {
     }
 }
 
-/// A clean state loaded untrusted (page 0's newest copy rotted, or does not read) must stay
-/// untrusted across a crash anywhere in the first cycle, which overwrites that copy: a crash
-/// after the page write but before the superblock would otherwise leave the clean superblock
-/// vouching for the older copy, now the only one that passes.
+/// A clean state loaded untrusted (page 0's newest copy rotted, or does not read, or the
+/// newest superblock does not read) must stay untrusted across a crash anywhere in the first
+/// cycle, which overwrites that copy: a crash after the page write but before the superblock
+/// would otherwise leave the clean superblock vouching for the older copy, now the only one
+/// that passes.
 #[test]
 fn a_crash_in_the_cycle_rewriting_a_suspect_copy_never_trusts_the_older_one() {
-    for unreadable in [false, true] {
+    // What went wrong at load: page 0's newest copy rotted (0) or does not read (1), or the
+    // newest superblock copy does not read (2).
+    for unreadable in 0..3 {
         let (g, region, dev, newest) = two_versions_of_page_0();
-        if unreadable {
-            dev.set_fail_reads(Some(newest..newest + 4096));
-        } else {
-            let mut img = dev.image();
-            img[(newest + 100) as usize] ^= 0x40;
-            dev.set_image(img);
+        match unreadable {
+            0 => {
+                let mut img = dev.image();
+                img[(newest + 100) as usize] ^= 0x40;
+                dev.set_image(img);
+            }
+            1 => dev.set_fail_reads(Some(newest..newest + 4096)),
+            _ => {
+                let sb = (0..2u64).max_by_key(|c| Superblock::decode(&dev.peek(c * 4096, 4096)).map(|s| s.seq)).unwrap();
+                dev.set_fail_reads(Some(sb * 4096..(sb + 1) * 4096));
+            }
         }
         let before = dev.image();
         let u = SlotTable::new(g.max_slots);
@@ -823,6 +831,49 @@ fn unreadable_superblocks_are_both_replaced() {
     assert!(sbs[0].is_some() && sbs[0] == sbs[1], "{sbs:?}");
     let (v, _, l, _) = load(&g, img, region);
     assert!(l.found && !l.clean && v.get(1).is_none());
+}
+
+/// One superblock copy that does not read (a bad sector) costs that copy, not the state: the
+/// other is loaded, untrusted (the lost one may be newer, or the mark that the state is in
+/// use), and the next cycle writes both copies.
+#[test]
+fn one_unreadable_superblock_copy_keeps_the_state_untrusted() {
+    for bad in 0..2u64 {
+        let (g, region, dev) = three_saved_cycles();
+        dev.set_fail_reads(Some(bad * 4096..(bad + 1) * 4096));
+        let u = SlotTable::new(g.max_slots);
+        let (p2, l) = Persist::load(&dev, region, &g, &u, 3);
+        assert!(l.found && !l.clean && !l.none_saved, "copy {bad}: {l:?}");
+        assert!(l.note.as_deref().is_some_and(|n| n.contains("one copy of the saved state's superblock")), "{l:?}");
+        assert!(u.get(0).is_some_and(|e| e.identity == 10), "copy {bad}: the first cycle's slot is restored");
+        p2.unwrap().cycle(&dev, &u, &Counters::default(), true, true).unwrap().unwrap();
+        dev.set_fail_reads(None);
+        let img = dev.image();
+        let sbs: Vec<_> = [0usize, 1].iter().map(|&c| Superblock::decode(&img[c * 4096..(c + 1) * 4096]).map(|s| s.seq)).collect();
+        assert!(sbs[0].is_some() && sbs[0] == sbs[1], "copy {bad}: both superblocks written: {sbs:?}");
+        let (v, _, l, _) = load(&g, img, region);
+        assert!(l.found && l.clean && snapshot(&v) == snapshot(&u), "copy {bad}: {l:?}");
+    }
+}
+
+/// Marking in use where one superblock copy does not read: that copy gets the mark (it may be
+/// the newest clean one), so no later load trusts the state, whichever copy it reads.
+#[test]
+fn marking_in_use_writes_the_mark_into_a_superblock_copy_that_does_not_read() {
+    for bad in 0..2u64 {
+        let (g, region, dev) = three_saved_cycles();
+        dev.set_fail_reads(Some(bad * 4096..(bad + 1) * 4096));
+        assert!(Persist::mark_in_use(&dev, region, 3).unwrap(), "copy {bad}");
+        dev.set_fail_reads(None);
+        let (_, _, l, _) = load(&g, dev.image(), region);
+        assert!(l.found && !l.clean, "copy {bad}: {l:?}");
+    }
+    // Neither copy reads: an error, nothing written.
+    let (_, region, dev) = three_saved_cycles();
+    let before = dev.image();
+    dev.set_fail_reads(Some(0..8192));
+    assert!(Persist::mark_in_use(&dev, region, 3).is_err());
+    assert!(dev.image() == before);
 }
 
 /// The same, where the old clean superblock's seq is above every page's (cycles that changed
