@@ -936,7 +936,7 @@ fn add_device(a: &AddArgs) -> CmdResult {
                 )
                 .into())
             }
-            super::up::Found::Stale { cfg } => state::remove_state(&cfg),
+            super::up::Found::Stale { cfg } => super::up::remove_stale(&cfg),
             super::up::Found::None => {}
         }
     }

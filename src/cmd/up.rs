@@ -117,6 +117,20 @@ pub(crate) fn find(name: &str) -> Found {
     best
 }
 
+/// Removes the state file and name link of a device that no longer exists ([`Found::Stale`]),
+/// under the add lock, where the file still reads as it did and is still stale: between
+/// [`find`] and here an add may have been given that id, cleared the old file and written its
+/// own (`state::clear_stale`, under the same lock), which must stay.
+pub(crate) fn remove_stale(cfg: &DeviceConfig) {
+    // Without the lock (/run/fdpblk not writable) nothing there can be removed anyway.
+    let _one = crate::frontend::target::add_lock();
+    let read = state::read_state(cfg.id);
+    let same = read.as_ref().is_ok_and(|(c, _)| c == cfg);
+    if same && device::serving_daemon(cfg.id, &read).is_none() && !device::still_ours(cfg.id, &read) {
+        state::remove_state(cfg);
+    }
+}
+
 /// How long `up` waits for a backing path that does not exist yet.
 pub const BACKING_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -179,7 +193,7 @@ pub fn up(u: &UpArgs) -> CmdResult {
         }
         Found::Stale { cfg } => {
             let a = a?;
-            state::remove_state(&cfg);
+            remove_stale(&cfg);
             add_when_the_backing_exists(&a)
         }
         Found::None => add_when_the_backing_exists(&a?),
@@ -201,7 +215,7 @@ pub fn down(u: &UpArgs) -> CmdResult {
             "the daemon of {} ({name}) died: the device is kept for recovery; under systemd the unit's restart recovers it (`systemctl reset-failed fdpblk@{name}; systemctl start fdpblk@{name}` once it gave up), by hand `fdpblk up {name}`; `fdpblk del -n {id}` deletes it",
             state::bdev_path(id)
         ),
-        Found::Stale { cfg } => state::remove_state(&cfg),
+        Found::Stale { cfg } => remove_stale(&cfg),
     }
     Ok(())
 }

@@ -104,8 +104,9 @@ fn errno_of(e: &UblkError) -> i32 {
 }
 
 /// An exclusive lock on `/run/fdpblk/.add.lock`, taken by every add around its creation of
-/// the device.
-fn add_lock() -> Result<std::fs::File, String> {
+/// the device (and its clearing of what an earlier device of its id left), and by the removal
+/// of a stale state file ([`crate::cmd::up::remove_stale`]).
+pub(crate) fn add_lock() -> Result<std::fs::File, String> {
     let path = Path::new(state::RUN_DIR).join(".add.lock");
     let _ = std::fs::create_dir_all(state::RUN_DIR);
     let f = std::fs::OpenOptions::new()
@@ -959,13 +960,17 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         .dev_flags(dev_flags)
         .build()
         .map_err(|e| fail(format!("creating ublk device {}: {}", cfg.id, ublk_error(&e))))?;
+    let id = ctrl.dev_info().dev_id as i32;
+    // Still under the add lock: `up::remove_stale`, which takes it too, then never sees an
+    // earlier device's file at this id as stale once this device has the id.
+    if !recover {
+        state::clear_stale(id);
+    }
     drop(one_add);
     if recover {
         ctrl.start_user_recover().map_err(|e| fail(format!("starting recovery of device {}: {}", cfg.id, ublk_error(&e))))?;
     }
-    let id = ctrl.dev_info().dev_id as i32;
     if !recover {
-        state::clear_stale(id);
         // A driver without user recovery (Linux 6.0) drops the flag rather than refusing it.
         if ctrl.dev_info().flags & u64::from(sys::UBLK_F_USER_RECOVERY) == 0 {
             tracing::warn!("device {id}: the ublk driver has no user recovery (Linux >= 6.1 has): if this daemon dies, the device fails LMCache's I/O instead of holding it for `fdpblk recover`");

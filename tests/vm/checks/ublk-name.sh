@@ -100,6 +100,14 @@ expect "kv7: the earlier device's link /dev/fdpblk/kv6 is gone" test ! -L /dev/f
 expect_eq "kv7: fdpblk name 1 (udev rule)" "$("$FDPBLK" name 1)" kv7
 expect "kv7: the daemon logged it" log_has "removed the state file left by an earlier device 1 \\(named kv6\\)"
 expect "kv7: del" quiet "$FDPBLK" del -n 1
+# A stale state file that names the name being added (device 1 gone) is removed by that add,
+# under the add lock, with its link; the new device gets the name.
+expect "kv7: device 1 is gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb1 ]] || exit 0; sleep 0.1; done; exit 1"
+jq -c '.config.name = "kv8"' /tmp/kv6-state.json >/run/fdpblk/1.json && ln -sfn /dev/ublkb1 /dev/fdpblk/kv8
+expect "device 2 named kv8 over a stale file of device 1" quiet fdpblk_add --backing /var/tmp/kv7.img --engine plain --policy none -n 2 --name kv8 "${GEO[@]}"
+expect "kv8: the stale state file of device 1 is gone" test ! -e /run/fdpblk/1.json
+expect "kv8: /dev/fdpblk/kv8 leads to device 2" test "$(readlink /dev/fdpblk/kv8)" = /dev/ublkb2
+expect "kv8: del" quiet "$FDPBLK" del --name kv8
 # A name that cannot be linked (something else at /dev/fdpblk/NAME) fails the add, as a
 # missing state file does: LMCache's device_path would not exist.
 mkdir -p /dev/fdpblk/kv2
