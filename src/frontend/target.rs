@@ -1039,8 +1039,8 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     if watcher.is_none() {
         let own = policy_by_name(&cfg.policy).map_or(0, |mut p| p.place(&Target::OwnState));
         match Persist::mark_in_use(&*state_dev, Region::tail(cfg.backing_bytes), own) {
-            Ok(true) => tracing::info!("device {id}: the saved own state is marked in use until the layout is learned"),
-            Ok(false) => {}
+            Ok(Some(_)) => tracing::info!("device {id}: the saved own state is marked in use until the layout is learned"),
+            Ok(None) => {}
             Err(e) => {
                 return Err(fail(format!(
                     "device {id}: cannot mark fdpblk's saved state in the reserved tail of {} in use ({e}); check the drive (dmesg, `nvme error-log`) and {}",

@@ -59,7 +59,8 @@
 //! A page copy that does not read (a bad sector) may be the page's newest version or carry
 //! an unknown seq: its other copy stands, the state is not trusted, and the first cycle
 //! writes the unreadable copy again before any superblock with a new seq. Where neither
-//! copy of a page reads, the state is dropped (a new instance). One superblock copy that does
+//! copy of a page reads, or more than eight copies do not (`MAX_UNREAD`), the state is dropped (a
+//! new instance). One superblock copy that does
 //! not read leaves the other standing, untrusted; the next superblock goes into both copies
 //! (and [`Persist::mark_in_use`] marks both). Whenever a clean state is
 //! loaded untrusted, the first cycle marks the superblock in use before it overwrites any
@@ -103,6 +104,8 @@ const MAX_SEQ: u64 = 1 << 63;
 const CHECKPOINT_SEEN_AT: usize = 136 + 8 * MAX_HANDLES;
 /// Largest run of pages written in one request.
 const MAX_RUN: usize = 256;
+/// Page copies that may fail to read before a load gives the saved state up.
+const MAX_UNREAD: usize = 8;
 
 const KIND_RECORDS: u32 = 1;
 const KIND_HISTORY: u32 = 2;
@@ -420,11 +423,12 @@ impl Persist {
     /// trust its confirmations, whatever layout it is for. A higher seq would vouch for page
     /// copies that an unfinished cycle left with that seq. A whole superblock this version
     /// cannot decode (another version's) first gets its CRC broken. A copy that does not read
-    /// gets the mark whatever the other holds (it may be a newer clean one). `Ok(false)`: no
-    /// mark written, or no superblock this version reads.
-    pub fn mark_in_use(dev: &dyn StateWriter, region: Region, handle: Handle) -> io::Result<bool> {
+    /// gets the mark whatever the other holds (it may be a newer clean one). The copy that
+    /// holds the mark, now the newest superblock; `None`: no mark written (no clean state this
+    /// version reads, or none at all).
+    pub fn mark_in_use(dev: &dyn StateWriter, region: Region, handle: Handle) -> io::Result<Option<u8>> {
         if region.len < 2 * BLOCK {
-            return Ok(false);
+            return Ok(None);
         }
         let (mut b, read, err) = read_superblock_copies(dev, region);
         if let (Some(e), [false, false]) = (&err, read) {
@@ -452,31 +456,37 @@ impl Persist {
         // A copy that does not read may be a newer clean superblock: it is overwritten with
         // the mark (the other copy's superblock, not clean), or, where the other copy holds
         // none this version reads, with a block that keeps only the magic, so that it
-        // vouches for nothing if it reads again later. The mark goes over the copy that reads
-        // first: a torn write of the other must not leave an older clean one standing alone.
+        // vouches for nothing if it reads again later. A clean copy that reads is marked
+        // first: a torn write of the one that does not must not leave it standing alone.
+        // (Which order is safe depends on which copy is newer, which cannot be known; the
+        // older copy is the clean one only where a run stopped cleanly twice without a cycle
+        // between, and a start's first cycle is never clean.)
         if let Some(u) = read.iter().position(|r| !r) {
             let r = 1 - u;
             let mut mark = AlignedBuf::zeroed(BLOCK as usize);
             match decoded[r].clone() {
                 Some(mut sb) => {
+                    let was_clean = sb.clean;
                     sb.clean = false;
                     sb.encode(&mut mark);
-                    dev.write_at(region.offset + r as u64 * BLOCK, &mark[..BLOCK as usize], handle)?;
-                    dev.flush()?;
+                    if was_clean {
+                        dev.write_at(region.offset + r as u64 * BLOCK, &mark[..BLOCK as usize], handle)?;
+                        dev.flush()?;
+                    }
                 }
                 None => mark[..8].copy_from_slice(SB_MAGIC),
             }
             dev.write_at(region.offset + u as u64 * BLOCK, &mark[..BLOCK as usize], handle)?;
             dev.flush()?;
-            return Ok(decoded[r].is_some());
+            return Ok(decoded[r].is_some().then_some(u as u8));
         }
-        let Some((copy, mut sb)) = newest(decoded).filter(|(_, s)| s.clean) else { return Ok(false) };
+        let Some((copy, mut sb)) = newest(decoded).filter(|(_, s)| s.clean) else { return Ok(None) };
         sb.clean = false;
         let other = 1 - usize::from(copy);
         sb.encode(&mut b[other * BLOCK as usize..(other + 1) * BLOCK as usize]);
         dev.write_at(region.offset + other as u64 * BLOCK, &b[other * BLOCK as usize..(other + 1) * BLOCK as usize], handle)?;
         dev.flush()?;
-        Ok(true)
+        Ok(Some(other as u8))
     }
 
     /// Whether the last superblock written is not yet known durable (its flush failed; the
@@ -605,7 +615,11 @@ impl Persist {
         let mut unread: Vec<(u64, u8)> = Vec::new();
         // Copies of this state's pages that fail their checksum: (page, the seq they claim).
         let mut damaged: Vec<(u64, u64)> = Vec::new();
-        for copy in 0..2u8 {
+        // Set once a page has neither copy readable, or too many copies fail: the state is
+        // not used, and no more reads are spent on it (each failing one can take the drive's
+        // error recovery, seconds).
+        let mut give_up = false;
+        'copies: for copy in 0..2u8 {
             let mut i = 0;
             while i < pages {
                 let n = (pages - i).min(MAX_RUN as u64);
@@ -617,7 +631,11 @@ impl Persist {
                     for k in 0..n {
                         if let Err(e) = dev.read_at(p.page_off(i + k, copy), &mut b[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]) {
                             unreadable.get_or_insert(e);
+                            give_up |= unread.len() >= MAX_UNREAD || unread.contains(&(i + k, 0));
                             unread.push((i + k, copy));
+                            if give_up {
+                                break 'copies;
+                            }
                         }
                     }
                 }
@@ -657,12 +675,10 @@ impl Persist {
         // not current), so no unknown seq outlives it. Where both copies of a page fail,
         // nothing of the page is known: start fresh, under a new instance that no page on
         // the device carries.
-        unread.sort_unstable();
-        let both_lost = unread.windows(2).any(|w| w[0].0 == w[1].0);
         let usable = match (usable, &unreadable) {
-            (Some(_), Some(e)) if both_lost => {
+            (Some(_), Some(e)) if give_up => {
                 loaded.note = Some(format!(
-                    "cannot read either copy of a page of the saved state ({e}); starting fresh (LMCache's data is not touched; if this comes back at every start, sectors of the reserved tail at the device's end cannot be read: see the drive's error log, `nvme error-log`)"
+                    "cannot read either copy of a page of the saved state, or more than {MAX_UNREAD} page copies ({e}); starting fresh (LMCache's data is not touched; if this comes back at every start, sectors of the reserved tail at the device's end cannot be read: see the drive's error log, `nvme error-log`)"
                 ));
                 None
             }
@@ -731,7 +747,10 @@ impl Persist {
             ));
         }
         loaded.clean = trusted;
-        p.unclean_first = s.clean && !trusted;
+        // Also where the state loaded was not clean: a superblock copy that did not read, or
+        // one of another version, may be a newer clean one, whose pages the first cycle
+        // overwrites (they carry seqs above the one loaded).
+        p.unclean_first = !trusted && (s.clean || sb_unread.is_some() || newer_undecoded.is_some());
         loaded.seq = s.seq;
         loaded.counters = s.counters.clone();
         let mut pg = AlignedBuf::zeroed(BLOCK as usize);
@@ -869,10 +888,10 @@ impl Persist {
         };
         if self.unclean_first {
             match Self::mark_in_use(dev, self.region, self.handle) {
-                // The mark is now the newest superblock: the next one goes into the clean
-                // copy, so that a torn write of it leaves the mark standing.
-                Ok(true) => self.sb_copy = 1 - self.sb_copy,
-                Ok(false) => {}
+                // The mark is now the newest superblock: the next one goes into the other
+                // copy first, so that a torn write of it leaves the mark standing.
+                Ok(Some(copy)) => self.sb_copy = copy,
+                Ok(None) => {}
                 Err(e) => {
                     keep_pending(&mut self.forced, pages);
                     return Err(e);
@@ -902,6 +921,7 @@ impl Persist {
         let seq = self.next_seq;
         if seq >= MAX_SEQ {
             // Only a forged or corrupt copy near the bound gets here; a load refuses this seq.
+            keep_pending(&mut self.forced, pages);
             return Err(io::Error::other(format!(
                 "own state: sequence number {seq} is at its limit (a corrupt copy in the reserved tail set it), so the state cannot be saved; stop the device and discard the tail (blkdiscard -o {} -l {} on the backing, or on its namespace /dev/nvmeXnY for a /dev/ngXnY backing) to start from an empty state",
                 self.region.offset, self.region.len
@@ -933,7 +953,11 @@ impl Persist {
                     self.current[p as usize] = 1 - self.current[p as usize];
                 }
                 self.sb_copy = 1 - self.sb_copy;
-                self.sb_both = false;
+                // Where the flush is owed, only one copy is known to read back: both are
+                // written again next time.
+                if self.owed.is_none() {
+                    self.sb_both = false;
+                }
                 self.seq = seq;
                 self.next_seq = seq + 1;
                 Ok(Some(CycleReport { seq, pages: pages.len() as u64, bytes: written }))

@@ -532,14 +532,14 @@ fn marking_a_clean_state_in_use_makes_it_untrusted() {
     assert!(t.cas_life(4, l, life::with_state(l, SlotState::Trimmed)));
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
     assert_eq!(load(&g, dev.image(), region).0.get(4).unwrap().state, SlotState::Trimmed, "trusted: kept");
-    assert!(Persist::mark_in_use(&dev, region, 3).unwrap());
+    assert!(Persist::mark_in_use(&dev, region, 3).unwrap().is_some());
     let (u, _, l, _) = load(&g, dev.image(), region);
     assert!(l.found && !l.clean);
     assert_eq!((u.get(3).unwrap().identity, u.get(3).unwrap().confirmed), (9, false));
     // A trimmed slot stays trimmed (what `inspect` and `stats` report after a crash).
     assert_eq!(u.get(4).unwrap().state, SlotState::Trimmed);
-    assert!(!Persist::mark_in_use(&dev, region, 3).unwrap(), "already not clean");
-    assert!(!Persist::mark_in_use(&MemDev::new(region.len), region, 3).unwrap(), "no state");
+    assert!(Persist::mark_in_use(&dev, region, 3).unwrap().is_none(), "already not clean");
+    assert!(Persist::mark_in_use(&MemDev::new(region.len), region, 3).unwrap().is_none(), "no state");
 }
 
 #[test]
@@ -577,9 +577,13 @@ fn a_damaged_newest_page_copy_makes_a_clean_state_untrusted_once() {
 }
 
 /// A saved state whose page 0 has two versions (slot 3 confirmed as identity 9, then as 10)
-/// and slot 200 (page 1) confirmed as 7; clean. Its geometry, region, device and the offset
-/// of page 0's newest copy.
+/// and slot 200 (page 1) confirmed as 7; the newest superblock clean, the one before it clean
+/// or not (`first_clean`). Its geometry, region, device and the offset of page 0's newest copy.
 fn two_versions_of_page_0() -> (Geometry, Region, MemDev, u64) {
+    two_versions_of_page_0_first(true)
+}
+
+fn two_versions_of_page_0_first(first_clean: bool) -> (Geometry, Region, MemDev, u64) {
     let g = geom(300);
     let t = SlotTable::new(g.max_slots);
     let region = region_for(&t);
@@ -592,7 +596,7 @@ fn two_versions_of_page_0() -> (Geometry, Region, MemDev, u64) {
     };
     confirm(3, 9);
     confirm(200, 7);
-    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    p.cycle(&dev, &t, &Counters::default(), first_clean, true).unwrap();
     confirm(3, 10);
     p.cycle(&dev, &t, &Counters::default(), true, false).unwrap().unwrap();
     let newest = p.page_off(0, p.current[0]);
@@ -642,6 +646,26 @@ fn a_page_with_both_copies_unreadable_starts_a_fresh_state() {
     assert!(l.found && v.get(3).is_none() && v.get(200).is_none(), "the old instance's pages stay ignored");
 }
 
+/// Many page copies that do not read (a failing region): the load gives up after a few
+/// rather than spend the drive's error recovery on every page.
+#[test]
+fn many_unreadable_page_copies_start_a_fresh_state() {
+    let g = geom(4000);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    mutate(&t, &mut Rng(7), 500);
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    // Nine copies, all of copy 0: no page loses both.
+    assert!(Layout::of(&t).pages() >= 9);
+    let c0 = region.offset + 2 * 4096;
+    dev.set_fail_reads(Some(c0..c0 + 9 * 4096));
+    let u = SlotTable::new(g.max_slots);
+    let (_, l) = Persist::load(&dev, region, &g, &u, 3);
+    assert!(!l.found && l.note.as_deref().is_some_and(|n| n.contains("more than 8 page copies")), "{l:?}");
+}
+
 /// A device whose reads fail where they touch either of two ranges.
 struct FailTwo<'a> {
     dev: &'a MemDev,
@@ -679,9 +703,11 @@ impl StateWriter for FailTwo<'_> {
 #[test]
 fn a_crash_in_the_cycle_rewriting_a_suspect_copy_never_trusts_the_older_one() {
     // What went wrong at load: page 0's newest copy rotted (0) or does not read (1), or the
-    // newest superblock copy does not read (2).
-    for unreadable in 0..3 {
-        let (g, region, dev, newest) = two_versions_of_page_0();
+    // newest superblock copy does not read (2); the superblock before the newest clean or not
+    // (as a periodic cycle's is); the read failing through the first cycle or at load only.
+    let cases = [(0, true, false), (1, true, false), (2, true, false), (2, false, false), (2, true, true), (2, false, true)];
+    for (unreadable, first_clean, at_load_only) in cases {
+        let (g, region, dev, newest) = two_versions_of_page_0_first(first_clean);
         match unreadable {
             0 => {
                 let mut img = dev.image();
@@ -698,6 +724,9 @@ fn a_crash_in_the_cycle_rewriting_a_suspect_copy_never_trusts_the_older_one() {
         let u = SlotTable::new(g.max_slots);
         let (p2, l) = Persist::load(&dev, region, &g, &u, 3);
         assert!(l.found && !l.clean, "{l:?}");
+        if at_load_only {
+            dev.set_fail_reads(None);
+        }
         dev.take_log();
         p2.unwrap().cycle(&dev, &u, &Counters::default(), false, false).unwrap().unwrap();
         let ops = dev.take_log();
@@ -713,7 +742,11 @@ fn a_crash_in_the_cycle_rewriting_a_suspect_copy_never_trusts_the_older_one() {
                 // where the newest copy, identity 10, is what loads.)
                 let (v, _, l, _) = load(&g, img, region);
                 let id = v.get(3).map(|e| e.identity);
-                assert!(!l.clean || id == Some(10), "unreadable {unreadable}: a crash in write {k} (cut at {cut}) left the older copy trusted: {l:?}");
+                assert!(
+                    !l.clean || id == Some(10),
+                    "case {:?}: a crash in write {k} (cut at {cut}) left the older copy trusted: {l:?}",
+                    (unreadable, first_clean, at_load_only)
+                );
             }
         }
     }
@@ -791,7 +824,7 @@ fn marking_in_use_never_vouches_for_an_unfinished_cycles_pages() {
     apply(&mut crashed, &ops[..sb], None, &[]);
     let dev2 = MemDev::new(region.len);
     dev2.set_image(crashed);
-    assert!(Persist::mark_in_use(&dev2, region, 3).unwrap());
+    assert!(Persist::mark_in_use(&dev2, region, 3).unwrap().is_some());
     let (u, p2, l, dev3) = load(&g, dev2.image(), region);
     assert!(l.found && !l.clean, "{l:?}");
     assert!(snapshot(&u) == committed, "the unfinished cycle's pages were taken");
@@ -856,6 +889,29 @@ fn one_unreadable_superblock_copy_keeps_the_state_untrusted() {
     }
 }
 
+/// A cycle that writes both superblock copies (one did not read at load) and whose last flush
+/// fails is taken as committed where a copy reads back, but only that copy is then known to
+/// be there: the next cycle writes both again.
+#[test]
+fn an_owed_flush_keeps_both_superblock_copies_to_be_written() {
+    let mut owed_seen = false;
+    for after in 0..6 {
+        let (g, region, dev) = three_saved_cycles();
+        dev.set_fail_reads(Some(0..4096));
+        let u = SlotTable::new(g.max_slots);
+        let mut p = Persist::load(&dev, region, &g, &u, 3).0.unwrap();
+        assert!(p.sb_both);
+        dev.set_fail_flushes(Some(after));
+        let r = p.cycle(&dev, &u, &Counters::default(), false, true);
+        dev.set_fail_flushes(None);
+        if r.is_ok() && p.flush_owed() {
+            owed_seen = true;
+            assert!(p.sb_both, "after {after} flushes: an owed cycle cleared sb_both");
+        }
+    }
+    assert!(owed_seen, "no flush count gave an owed cycle");
+}
+
 /// Marking in use where one superblock copy does not read: that copy gets the mark (it may be
 /// the newest clean one), so no later load trusts the state, whichever copy it reads.
 #[test]
@@ -863,7 +919,7 @@ fn marking_in_use_writes_the_mark_into_a_superblock_copy_that_does_not_read() {
     for bad in 0..2u64 {
         let (g, region, dev) = three_saved_cycles();
         dev.set_fail_reads(Some(bad * 4096..(bad + 1) * 4096));
-        assert!(Persist::mark_in_use(&dev, region, 3).unwrap(), "copy {bad}");
+        assert!(Persist::mark_in_use(&dev, region, 3).unwrap().is_some(), "copy {bad}");
         dev.set_fail_reads(None);
         let (_, _, l, _) = load(&g, dev.image(), region);
         assert!(l.found && !l.clean, "copy {bad}: {l:?}");
@@ -936,7 +992,7 @@ fn superblocks_of_another_version_or_torn_are_not_taken_for_a_never_used_device(
     // magic stays, so the region is still not taken for one no fdpblk ever used.
     let dev2 = MemDev::new(0);
     dev2.set_image(img.clone());
-    assert!(!Persist::mark_in_use(&dev2, region, 3).unwrap());
+    assert!(Persist::mark_in_use(&dev2, region, 3).unwrap().is_none());
     let after = dev2.image();
     for c in 0..2 {
         let b = &after[c * 4096..(c + 1) * 4096];
