@@ -56,25 +56,29 @@
 //! rewritten by the first cycle, so an unfinished cycle's pages can never later pass as
 //! committed.
 //!
-//! A page copy that does not read (a bad sector) may be the page's newest version or carry
-//! an unknown seq: its other copy stands, the state is not trusted, and the first cycle
-//! writes the unreadable copy again before any superblock with a new seq. Where neither
-//! copy of a page reads, or more than eight copies do not (`MAX_UNREAD`), the state is dropped (a
-//! new instance). One superblock copy that does
-//! not read leaves the other standing, untrusted; the next superblock goes into both copies
-//! (and [`Persist::mark_in_use`] marks both). Whenever a clean state is
-//! loaded untrusted, the first cycle marks the superblock in use before it overwrites any
-//! copy, and saves again every record restored otherwise than saved (a dropped
-//! confirmation): a crash in that cycle, or a later clean stop, never vouches for what this
-//! load did not trust. Nothing older than one persist interval is lost: a cycle runs every interval
-//! while anything changed (with `--persist-interval-ms 0`, only at start and stop: a crash
-//! then loses what changed since the start).
+//! Nothing older than one persist interval is lost: a cycle runs every interval while
+//! anything changed (with `--persist-interval-ms 0`, only at start and stop: a crash then
+//! loses what changed since the start).
 //!
 //! Clean flag: the first cycle after loading (written before the device serves I/O) clears
 //! it, or, while fdpblk still learns the layout, `mark_in_use` does before it serves; the last
 //! cycle at shutdown sets it. Confirmations (that a slot's contents were seen
 //! committed by LMCache) are trusted only from a clean state: after a crash the slot may have
 //! been written after the last cycle. See [`crate::watch`].
+//!
+//! ## Unreadable and untrusted copies
+//!
+//! A page copy that does not read (a bad sector) may be the page's newest version or carry
+//! an unknown seq: its other copy stands, the state is not trusted, and the first cycle
+//! writes the unreadable copy again before any superblock with a new seq. Where neither copy
+//! of a page reads, or more than eight copies do not (`MAX_UNREAD`), the state is dropped (a
+//! new instance). One superblock copy that does not read leaves the other standing,
+//! untrusted; the next superblock goes into both copies. A state loaded untrusted that a
+//! newer clean superblock might outrank (it was clean, or a superblock copy did not read or
+//! decode) is marked in use ([`Persist::mark_in_use`], which marks a copy that does not read
+//! too) before the first cycle overwrites any copy, and every record restored otherwise
+//! than saved (a dropped confirmation) is saved again: neither a crash in that cycle nor a
+//! later clean stop vouches for what this load did not trust.
 
 pub mod dev;
 
