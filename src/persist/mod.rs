@@ -548,6 +548,7 @@ impl Persist {
         // may be newer, or the mark that its state is in use), and the next superblock goes
         // into both copies, the unreadable one first.
         let mut sb_unread = None;
+        let mut sb_any_read = false;
         let sb = {
             let (b, read, err) = read_superblock_copies(dev, region);
             match err {
@@ -557,6 +558,7 @@ impl Persist {
                     None
                 }
                 err => {
+                    sb_any_read = true;
                     if let Some(e) = err {
                         sb_unread = Some(e);
                         p.sb_both = true;
@@ -702,6 +704,11 @@ impl Persist {
             // Leftovers of the old instance need no rewrite: no superblock of the new one
             // names them, and rewriting one could overwrite the old state's committed copy.
             p.forced.clear();
+            // The first cycle writes pages over the old state's copies: a clean superblock of
+            // it (this layout's, with pages that did not read) must not outlive a crash before
+            // the new one. (Where neither copy reads, no mark could be written; the first
+            // superblock goes into both copies.)
+            p.unclean_first = sb_any_read;
             return (Some(p), loaded);
         };
         p.instance = s.instance;
@@ -759,6 +766,7 @@ impl Persist {
         loaded.counters = s.counters.clone();
         let mut pg = AlignedBuf::zeroed(BLOCK as usize);
         let mut lost_pages = 0u64;
+        let mut tag_seqs: Vec<Option<u64>> = vec![None; layout.tag_pages as usize];
         for idx in 0..pages {
             let Some((copy, seq)) = chosen[idx as usize] else { continue };
             p.current[idx as usize] = copy;
@@ -807,7 +815,16 @@ impl Persist {
                     tag_bytes.resize((t + 1) * PAGE_PAYLOAD, 0);
                 }
                 tag_bytes[t * PAGE_PAYLOAD..(t + 1) * PAGE_PAYLOAD].copy_from_slice(payload);
+                tag_seqs[t] = Some(seq);
             }
+        }
+        // Every cycle that saves tags writes all their pages with one seq. Pages that do not
+        // share page 0's (one lost, or an older copy standing for one that did not read) are
+        // not the same stream: it is cut at the first of them.
+        let whole_tags = tag_seqs.iter().take_while(|&&q| q.is_some() && q == tag_seqs[0]).count();
+        let tags_cut = whole_tags < tag_seqs.len() && tag_seqs.iter().any(Option::is_some);
+        if tags_cut {
+            tag_bytes.truncate(whole_tags * PAGE_PAYLOAD);
         }
         if lost_pages > 0 {
             loaded.note = Some(format!(
@@ -817,11 +834,40 @@ impl Persist {
         if !tag_bytes.is_empty() {
             slots.tags().restore(&tag_bytes);
         }
+        if tags_cut {
+            Self::forget_tags_past(&mut p, slots, slots.tags().len());
+            loaded.note.get_or_insert_with(|| format!("the saved tag names did not all read ({whole_tags} of {} pages whole): the {} read are kept, slots of the others start untagged", layout.tag_pages, slots.tags().len()));
+        }
         // Restoring marked everything dirty; only real changes should be written.
         let _ = slots.take_dirty_pages();
         let _ = slots.history().take_dirty_pages();
         let _ = slots.tags().take_dirty();
         (Some(p), loaded)
+    }
+
+    /// Clears every tag above `known` in the slot records and the identity history (their
+    /// names were lost: a tag interned later would take their numbers), and has the pages
+    /// that held them written again, with the tag pages.
+    fn forget_tags_past(p: &mut Persist, slots: &SlotTable, known: usize) {
+        use crate::slot_table::life;
+        let l = p.layout;
+        let known = u16::try_from(known).unwrap_or(u16::MAX);
+        for slot in 0..slots.len() as u64 {
+            let v = slots.life(slot);
+            // (Nothing else runs on the table while it loads: the swap cannot fail.)
+            if life::tag(v) > known && slots.cas_life(slot, v, life::with_tag(v, 0)) && p.forced.last() != Some(&(slot / RECORDS_PER_PAGE)) {
+                p.forced.push(slot / RECORDS_PER_PAGE);
+            }
+        }
+        let h = slots.history();
+        for i in 0..l.history_capacity {
+            let e = h.raw(i);
+            if e != 0 && (e & 0xffff) as u16 > known {
+                h.restore_raw(i, e & !0xffff);
+                p.forced.push(l.record_pages + i / HISTORY_PER_PAGE);
+            }
+        }
+        p.forced.extend((0..l.tag_pages).map(|t| l.record_pages + l.history_pages + t));
     }
 
     fn kind_of(l: &Layout, idx: u64) -> u32 {
@@ -890,11 +936,15 @@ impl Persist {
             }
             *forced = pages;
         };
+        let mut marked = None;
         if self.unclean_first {
             match Self::mark_in_use(dev, self.region, self.handle) {
                 // The mark is now the newest superblock: the next one goes into the other
                 // copy first, so that a torn write of it leaves the mark standing.
-                Ok(Some(copy)) => self.sb_copy = copy,
+                Ok(Some(copy)) => {
+                    self.sb_copy = copy;
+                    marked = Some(copy);
+                }
                 Ok(None) => {}
                 Err(e) => {
                     keep_pending(&mut self.forced, pages);
@@ -918,7 +968,9 @@ impl Persist {
                             self.next_seq = self.next_seq.max(s.seq.saturating_add(1));
                         }
                     }
-                    Err(_) => self.sb_copy = 1 - c as u8, // `write_cycle` writes copy 1 - sb_copy first
+                    // (Not the mark just written, whatever a read says: it must be written last.)
+                    Err(_) if marked != Some(c as u8) => self.sb_copy = 1 - c as u8, // `write_cycle` writes copy 1 - sb_copy first
+                    Err(_) => {}
                 }
             }
         }

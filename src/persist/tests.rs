@@ -664,6 +664,110 @@ fn many_unreadable_page_copies_start_a_fresh_state() {
     let u = SlotTable::new(g.max_slots);
     let (_, l) = Persist::load(&dev, region, &g, &u, 3);
     assert!(!l.found && l.note.as_deref().is_some_and(|n| n.contains("more than 8 page copies")), "{l:?}");
+    // Eight load, untrusted.
+    dev.set_fail_reads(Some(c0..c0 + 8 * 4096));
+    let (_, l) = Persist::load(&dev, region, &g, &SlotTable::new(g.max_slots), 3);
+    assert!(l.found && !l.clean && l.note.as_deref().is_some_and(|n| n.contains("cannot read 8 page copy")), "{l:?}");
+}
+
+/// A load that gives the saved state up (too many copies did not read) starts a new instance
+/// whose first cycle writes pages over the old state's copies: a crash in that cycle must not
+/// leave the old clean superblock vouching for copies the new instance overwrote.
+#[test]
+fn a_crash_in_a_fresh_states_first_cycle_never_trusts_the_old_state_half_overwritten() {
+    let g = geom(4000);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let mut rng = Rng(11);
+    for _ in 0..3 {
+        mutate(&t, &mut rng, 3000);
+        p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    }
+    let old = snapshot(&t);
+    let c0 = region.offset + 2 * 4096;
+    dev.set_fail_reads(Some(c0..c0 + 9 * 4096));
+    let u = SlotTable::new(g.max_slots);
+    let (p2, l) = Persist::load(&dev, region, &g, &u, 3);
+    assert!(!l.found, "{l:?}");
+    dev.set_fail_reads(None);
+    mutate(&u, &mut Rng(12), 3000);
+    let before = dev.image();
+    dev.take_log();
+    p2.unwrap().cycle(&dev, &u, &Counters::default(), false, true).unwrap().unwrap();
+    let ops = dev.take_log();
+    let writes: Vec<usize> = (0..ops.len()).filter(|&i| matches!(ops[i], MemOp::Write { .. })).collect();
+    for (k, &w) in writes.iter().enumerate() {
+        for cut in [2048, 4096] {
+            let mut img = before.clone();
+            apply(&mut img, &ops, Some((w, cut)), &writes[k + 1..]);
+            let (v, _, l, _) = load(&g, img, region);
+            assert!(!l.clean || snapshot(&v) == old, "a crash in write {k} (cut at {cut}) left the old state trusted, half overwritten: {l:?}");
+        }
+    }
+}
+
+/// Tag names span several pages, all written with one seq. Where one tag page's newest copy
+/// does not read, the older copy that loads is of another stream: the names are cut before
+/// it, and slots (and history entries) whose tag was past the cut start untagged, so that
+/// no slot is ever given another tag's name, now or when a new tag takes the number.
+#[test]
+fn a_tag_page_of_another_cycle_cuts_the_names_there_and_untags_what_was_past_it() {
+    let g = geom(300);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let name = |i: u64| (format!("model-{i:03}-{}", "m".repeat(90)), format!("salt-{i:03}-{}", "s".repeat(90)));
+    let tag = |slot: u64| {
+        let (m, s) = name(slot);
+        let tag = t.tags().intern(&m, &s);
+        t.record_header(slot, &SlotHeader { identity: 1000 + slot, payload_len: 9 }, 1);
+        let l = t.life(slot);
+        assert!(t.cas_life(slot, l, life::with_tag(l, tag)));
+        t.history().insert(5000 + slot, tag);
+        tag
+    };
+    for slot in 0..30 {
+        assert_eq!(tag(slot), slot as u16 + 1);
+    }
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    for slot in 30..50 {
+        tag(slot);
+    }
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    let l = Layout::of(&t);
+    let page1 = l.record_pages + l.history_pages + 1;
+    assert!(t.tags().serialized().len() > 2 * PAGE_PAYLOAD, "the names span three pages");
+    let newest = p.page_off(page1, p.current[page1 as usize]);
+    dev.set_fail_reads(Some(newest..newest + 4096));
+    let u = SlotTable::new(g.max_slots);
+    let (p2, l2) = Persist::load(&dev, region, &g, &u, 3);
+    assert!(l2.found, "{l2:?}");
+    let known = u.tags().len() as u16;
+    assert!(known > 0 && known < 30, "cut within page 0: {known} names");
+    for slot in 0..50u64 {
+        let tg = life::tag(u.life(slot));
+        match u.tag_name(tg) {
+            Some(n) => assert_eq!(n, name(slot), "slot {slot}: tag {tg} names another"),
+            None => assert_eq!(tg, 0, "slot {slot}: tag {tg} has no name"),
+        }
+    }
+    // History entries past the cut lost their tags too.
+    for i in 0..u.history().capacity() {
+        let e = u.history().raw(i);
+        assert!(e & 0xffff <= u64::from(known), "history entry {i} keeps tag {}", e & 0xffff);
+    }
+    // A new tag takes the next number; no slot carries it.
+    let fresh = u.tags().intern("new-model", "new-salt");
+    assert_eq!(fresh, known + 1);
+    assert!((0..50).all(|s| life::tag(u.life(s)) != fresh));
+    // Saved again: the next load reads the same, whole.
+    dev.set_fail_reads(None);
+    p2.unwrap().cycle(&dev, &u, &Counters::default(), true, true).unwrap();
+    let (v, _, l3, _) = load(&g, dev.image(), region);
+    assert!(l3.found && l3.clean && snapshot(&v) == snapshot(&u), "{l3:?}");
 }
 
 /// A device whose reads fail where they touch either of two ranges.
@@ -907,6 +1011,10 @@ fn an_owed_flush_keeps_both_superblock_copies_to_be_written() {
         if r.is_ok() && p.flush_owed() {
             owed_seen = true;
             assert!(p.sb_both, "after {after} flushes: an owed cycle cleared sb_both");
+            dev.take_log();
+            p.cycle(&dev, &u, &Counters::default(), false, true).unwrap().unwrap();
+            let sbs: Vec<u64> = dev.take_log().iter().filter_map(|op| if let MemOp::Write { off, .. } = op { Some(*off) } else { None }).filter(|&o| o < 8192).collect();
+            assert!(sbs.contains(&0) && sbs.contains(&4096), "after {after} flushes: the next cycle wrote superblocks at {sbs:?}");
         }
     }
     assert!(owed_seen, "no flush count gave an owed cycle");
