@@ -78,7 +78,13 @@
 //! decode) is marked in use ([`Persist::mark_in_use`], which marks a copy that does not read
 //! too) before the first cycle overwrites any copy, and every record restored otherwise
 //! than saved (a dropped confirmation) is saved again: neither a crash in that cycle nor a
-//! later clean stop vouches for what this load did not trust.
+//! later clean stop vouches for what this load did not trust. A fresh state's first cycle
+//! marks an old superblock the same way: it writes pages over the old state's copies.
+//!
+//! Tag pages are written together, all with one seq; where the copies that load do not
+//! share one (a page lost, or an older copy standing for one that did not read), the names
+//! are cut at the first page that differs, and tags past the cut are cleared from the slot
+//! records and the history: a tag interned later takes their numbers.
 
 pub mod dev;
 
