@@ -25,12 +25,15 @@
 //! (1 records, 2 history, 3 tags) | 4060 payload bytes | CRC-32 (zlib) of bytes 0..4092.
 //!
 //! Superblock: `magic "FDPBSB01"` | version u32 (1) | flags u32 (bit 0: written by a clean
-//! shutdown) | seq u64 | instance u64 | block_align, header_bytes, slot_bytes,
-//! meta_total_bytes, max_slots (u64 each) | R, H, T, history capacity (u32 each) | trims,
-//! trim_bytes, evictions, persist cycles, own bytes written (u64 each) | handles u16, 6 zero
-//! bytes | trims per handle (u64 × handles, at most 64, from byte 136) | at byte 648: the seq
-//! of LMCache's newest checkpoint fdpblk saw and when (u64 each; Unix seconds, 0 = none; older
-//! superblocks hold zeros there) | zeros | CRC-32 of bytes 0..4092 at 4092.
+//! shutdown; bit 1: the page digest is set) | seq u64 | instance u64 | block_align,
+//! header_bytes, slot_bytes, meta_total_bytes, max_slots (u64 each) | R, H, T, history
+//! capacity (u32 each) | trims, trim_bytes, evictions, persist cycles, own bytes written (u64
+//! each) | handles u16, 6 zero bytes | trims per handle (u64 × handles, at most 64, from byte
+//! 136) | at byte 648: the seq of LMCache's newest checkpoint fdpblk saw and when (u64 each;
+//! Unix seconds, 0 = none; older superblocks hold zeros there) | at byte 664: the page digest
+//! (u64: the wrapping sum, over every page with a committed version, of a 64-bit mix of its
+//! index and that version's seq; older superblocks hold zero and flag bit 1 clear) | zeros |
+//! CRC-32 of bytes 0..4092 at 4092.
 //!
 //! ## Persist cycle (incremental, crash-consistent)
 //!
@@ -67,6 +70,11 @@
 //! been written after the last cycle. See [`crate::watch`].
 //!
 //! ## Unreadable and untrusted copies
+//!
+//! Each superblock carries a digest of the page versions it commits (index and seq of each):
+//! a load whose chosen copies do not add up to it (a write the drive acknowledged and then
+//! lost, or a copy rotted whole, header too, leaving an older copy that passes every check
+//! of its own) does not trust the state; the next cycle commits what loaded.
 //!
 //! A page copy that does not read (a bad sector) may be the page's newest version or carry
 //! an unknown seq: its other copy stands, the state is not trusted, and the first cycle
@@ -112,6 +120,8 @@ pub const MAX_HANDLES: usize = 64;
 const MAX_SEQ: u64 = 1 << 63;
 /// Where the superblock keeps the newest checkpoint seen: past the 64 handles' trim counts.
 const CHECKPOINT_SEEN_AT: usize = 136 + 8 * MAX_HANDLES;
+/// Where the superblock keeps the page digest ([`page_digest`]).
+const DIGEST_AT: usize = CHECKPOINT_SEEN_AT + 16;
 /// Largest run of pages written in one request.
 const MAX_RUN: usize = 256;
 /// Page copies that may fail to read before a load gives the saved state up.
@@ -200,6 +210,25 @@ pub struct Superblock {
     pub geometry: [u64; 5],
     pub layout: Layout,
     pub counters: Counters,
+    /// The digest of the page versions it commits ([`page_digest`]); `None` in superblocks of
+    /// fdpblk versions before it.
+    pub digest: Option<u64>,
+}
+
+/// One page version's share of the digest: splitmix64 of its index and seq.
+fn page_mix(index: u64, seq: u64) -> u64 {
+    let mut z = (index.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seq).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The digest of a state's page versions (`seqs[index]`, 0 = none): it tells a load whether
+/// the copies it found are the versions the superblock committed. A copy the drive lost
+/// after acknowledging its flush, or one rotted whole (header too), leaves an older version
+/// that passes every other check.
+fn page_digest(seqs: impl Iterator<Item = (u64, u64)>) -> u64 {
+    seqs.filter(|&(_, q)| q > 0).fold(0u64, |d, (i, q)| d.wrapping_add(page_mix(i, q)))
 }
 
 fn geometry_key(g: &Geometry) -> [u64; 5] {
@@ -218,7 +247,11 @@ impl Superblock {
         b[..BLOCK as usize].fill(0);
         b[0..8].copy_from_slice(SB_MAGIC);
         b[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        b[12..16].copy_from_slice(&u32::from(self.clean).to_le_bytes());
+        let flags = u32::from(self.clean) | (u32::from(self.digest.is_some()) << 1);
+        b[12..16].copy_from_slice(&flags.to_le_bytes());
+        if let Some(d) = self.digest {
+            b[DIGEST_AT..DIGEST_AT + 8].copy_from_slice(&d.to_le_bytes());
+        }
         b[16..24].copy_from_slice(&self.seq.to_le_bytes());
         b[24..32].copy_from_slice(&self.instance.to_le_bytes());
         for (i, g) in self.geometry.iter().enumerate() {
@@ -274,6 +307,7 @@ impl Superblock {
                 trims_by_handle: (0..n).map(|i| u64at(b, 136 + 8 * i)).collect(),
                 checkpoint_seen: Some((u64at(b, CHECKPOINT_SEEN_AT), u64at(b, CHECKPOINT_SEEN_AT + 8))).filter(|&(_, at)| at > 0),
             },
+            digest: (u32at(b, 12) & 2 != 0).then(|| u64at(b, DIGEST_AT)),
         })
     }
 }
@@ -339,6 +373,8 @@ pub struct Persist {
     next_seq: u64,
     /// Per logical page: the copy holding its newest committed version.
     current: Vec<u8>,
+    /// Per logical page: the seq of its newest committed version (0: none), for the digest.
+    seqs: Vec<u64>,
     /// Pages to rewrite in the next cycle regardless of changes (leftovers of a torn cycle).
     forced: Vec<u64>,
     /// The superblock copy holding the newest committed superblock: the next one goes to the
@@ -366,8 +402,9 @@ pub struct Persist {
 /// once a flush succeeds (the read-back came from a cache the drive then lost).
 #[derive(Debug)]
 struct Owed {
-    /// The pages it wrote, whose current copy it flipped.
+    /// The pages it wrote, whose current copy it flipped, with the seqs they had before.
     pages: Vec<u64>,
+    prev_seqs: Vec<u64>,
     /// The seq of the superblock before it, again the newest committed one.
     prev_seq: u64,
 }
@@ -540,6 +577,7 @@ impl Persist {
             seq: 0,
             next_seq: 1,
             current: vec![0; layout.pages() as usize],
+            seqs: vec![0; layout.pages() as usize],
             forced: Vec::new(),
             sb_copy: 1,
             sb_both: false,
@@ -741,7 +779,13 @@ impl Persist {
             // Set again below where the other copy is chosen; the same value.
             p.current[idx as usize] = 1 - copy;
         }
-        let trusted = s.clean && trust_clean && suspect == 0 && unread.is_empty() && sb_unread.is_none() && newer_undecoded.is_none();
+        // The versions found against those the superblock committed: a write lost after its
+        // flush, or a copy rotted whole, leaves an older version that passes every other check.
+        for (idx, c) in chosen.iter().enumerate() {
+            p.seqs[idx] = c.map_or(0, |(_, q)| q);
+        }
+        let lost_versions = s.digest.is_some_and(|d| d != p.digest_with(&[], 0));
+        let trusted = s.clean && trust_clean && suspect == 0 && !lost_versions && unread.is_empty() && sb_unread.is_none() && newer_undecoded.is_none();
         if let Some(e) = &sb_unread {
             loaded.note = Some(format!(
                 "cannot read one copy of the saved state's superblock ({e}); the other is used{} and both are written again now (if this comes back at every start, a sector of the reserved tail at the device's end cannot be read or written: see the drive's error log, `nvme error-log`)",
@@ -757,6 +801,11 @@ impl Persist {
             loaded.note = Some(format!(
                 "{suspect} page(s) of the saved state may have a damaged newest copy (a copy fails its checksum): its slot confirmations are not trusted this time"
             ));
+        } else if lost_versions && s.clean && trust_clean {
+            loaded.note = Some(
+                "the saved state's pages are not the versions its superblock committed (a write the drive acknowledged was lost, or a page rotted whole): its slot confirmations are not trusted this time"
+                    .into(),
+            );
         } else if let Some(q) = newer_undecoded.filter(|_| s.clean && trust_clean) {
             loaded.note = Some(format!(
                 "the other copy of the saved state's superblock claims seq {q}, at or above the {} loaded, but does not read (another fdpblk version's): its slot confirmations are not trusted this time",
@@ -876,6 +925,11 @@ impl Persist {
         p.forced.extend((0..l.tag_pages).map(|t| l.record_pages + l.history_pages + t));
     }
 
+    /// The page digest of the committed versions, with `pages` (sorted) at `seq` instead.
+    fn digest_with(&self, pages: &[u64], seq: u64) -> u64 {
+        page_digest(self.seqs.iter().enumerate().map(|(i, &q)| (i as u64, if pages.binary_search(&(i as u64)).is_ok() { seq } else { q })))
+    }
+
     fn kind_of(l: &Layout, idx: u64) -> u32 {
         if idx < l.record_pages {
             KIND_RECORDS
@@ -910,8 +964,9 @@ impl Persist {
                     "own state: superblock {} no longer reads back after the flush it was owed; the superblock before it stands, and that cycle's pages are written again",
                     self.seq
                 );
-                for &p in &owed.pages {
+                for (&p, &q) in owed.pages.iter().zip(&owed.prev_seqs) {
                     self.current[p as usize] = 1 - self.current[p as usize];
+                    self.seqs[p as usize] = q;
                 }
                 self.forced.extend(owed.pages);
                 self.sb_copy = 1 - self.sb_copy;
@@ -997,14 +1052,16 @@ impl Persist {
             None if pages.iter().any(|&p| p >= tag_first) => slots.tags().serialized(),
             None => Vec::new(),
         };
-        let res = match self.write_cycle(dev, slots, counters, &pages, &tag_bytes, seq, clean) {
+        let digest = self.digest_with(&pages, seq);
+        let res = match self.write_cycle(dev, slots, counters, &pages, &tag_bytes, seq, clean, digest) {
             Ok(w) => Ok(w),
             // The superblock went out but its flush failed: it may be durable. Trust what the
             // device reads back, so that the copies of a committed cycle are never overwritten
             // as if they were free.
             Err((e, true)) if Self::read_superblock(dev, self.region).is_some_and(|s| s.seq == seq && s.instance == self.instance) => {
                 tracing::warn!("own state: flush after superblock {seq} failed ({e}); the superblock reads back, taking it as committed once a flush succeeds");
-                self.owed = Some(Owed { pages: pages.clone(), prev_seq: self.seq });
+                let prev_seqs = pages.iter().map(|&p| self.seqs[p as usize]).collect();
+                self.owed = Some(Owed { pages: pages.clone(), prev_seqs, prev_seq: self.seq });
                 Ok(0)
             }
             Err((e, _)) => Err(e),
@@ -1013,6 +1070,7 @@ impl Persist {
             Ok(written) => {
                 for &p in &pages {
                     self.current[p as usize] = 1 - self.current[p as usize];
+                    self.seqs[p as usize] = seq;
                 }
                 self.sb_copy = 1 - self.sb_copy;
                 // Where the flush is owed, only one copy is known to read back: both are
@@ -1036,7 +1094,17 @@ impl Persist {
 
     #[allow(clippy::too_many_arguments)]
     /// Writes the pages and the superblock; the error says whether the superblock was written.
-    fn write_cycle(&self, dev: &dyn StateWriter, slots: &SlotTable, counters: &Counters, pages: &[u64], tag_bytes: &[u8], seq: u64, clean: bool) -> Result<u64, (io::Error, bool)> {
+    fn write_cycle(
+        &self,
+        dev: &dyn StateWriter,
+        slots: &SlotTable,
+        counters: &Counters,
+        pages: &[u64],
+        tag_bytes: &[u8],
+        seq: u64,
+        clean: bool,
+        digest: u64,
+    ) -> Result<u64, (io::Error, bool)> {
         let l = self.layout;
         let mut written = 0u64;
         // Runs of consecutive pages that go to the same copy become one write.
@@ -1065,7 +1133,7 @@ impl Persist {
         let mut c = counters.clone();
         c.cycles = c.cycles.saturating_add(1);
         c.own_bytes = c.own_bytes.saturating_add(written + BLOCK);
-        let sb = Superblock { seq, instance: self.instance, clean, geometry: self.geometry, layout: l, counters: c };
+        let sb = Superblock { seq, instance: self.instance, clean, geometry: self.geometry, layout: l, counters: c, digest: Some(digest) };
         let mut b = AlignedBuf::zeroed(BLOCK as usize);
         sb.encode(&mut b);
         let copy = u64::from(1 - self.sb_copy);

@@ -770,6 +770,60 @@ fn a_tag_page_of_another_cycle_cuts_the_names_there_and_untags_what_was_past_it(
     assert!(l3.found && l3.clean && snapshot(&v) == snapshot(&u), "{l3:?}");
 }
 
+/// A page version the superblock committed but the drive no longer holds (its write lost
+/// after the flush acknowledged it, or its copy rotted whole, header too) leaves the older
+/// copy, which passes every check of its own: the page digest in the superblock tells, and
+/// the state is not trusted that time. The next cycle commits what loaded; trusted again.
+#[test]
+fn a_committed_page_version_the_drive_lost_makes_a_clean_state_untrusted() {
+    let g = geom(300);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let confirm = |slot: u64, id: u64| {
+        t.record_header(slot, &SlotHeader { identity: id, payload_len: 9 }, 1);
+        let l = t.life(slot);
+        assert!(t.cas_life(slot, l, life::with_state(l | life::CONFIRMED, SlotState::Live)));
+    };
+    // Three versions of page 0: the newest one's copy holds the first before it.
+    confirm(3, 9);
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    confirm(3, 10);
+    p.cycle(&dev, &t, &Counters::default(), true, false).unwrap().unwrap();
+    let img2 = dev.image();
+    confirm(3, 11);
+    p.cycle(&dev, &t, &Counters::default(), true, false).unwrap().unwrap();
+    let newest = p.page_off(0, p.current[0]) as usize;
+    assert!(load(&g, dev.image(), region).2.clean);
+    for how in ["lost", "header rotted"] {
+        let mut img = dev.image();
+        match how {
+            // The last write never reached the medium: its copy still holds version 1, whole.
+            "lost" => img[newest..newest + 4096].copy_from_slice(&img2[newest..newest + 4096]),
+            _ => img[newest..newest + 32].fill(0),
+        }
+        let (u, p2, l, dev2) = load(&g, img, region);
+        assert!(l.found && !l.clean, "{how}: {l:?}");
+        assert!(l.note.as_deref().is_some_and(|n| n.contains("not the versions its superblock committed")), "{how}: {l:?}");
+        let e = u.get(3).unwrap();
+        assert_eq!((e.identity, e.confirmed), (10, false), "{how}: version 2 loads, untrusted");
+        p2.unwrap().cycle(&*dev2, &u, &Counters::default(), true, true).unwrap();
+        let (v, _, l, _) = load(&g, dev2.image(), region);
+        assert!(l.clean && v.get(3).unwrap().identity == 10, "{how}: {l:?}");
+    }
+    // A superblock of an fdpblk before the digest (flag clear) loads as it did.
+    let mut img = dev.image();
+    for c in 0..2 {
+        if let Some(mut sb) = Superblock::decode(&img[c * 4096..(c + 1) * 4096]) {
+            sb.digest = None;
+            sb.encode(&mut img[c * 4096..(c + 1) * 4096]);
+        }
+    }
+    let (_, _, l, _) = load(&g, img, region);
+    assert!(l.found && l.clean, "{l:?}");
+}
+
 /// A device whose reads fail where they touch either of two ranges.
 struct FailTwo<'a> {
     dev: &'a MemDev,
