@@ -67,6 +67,13 @@ fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
     (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i))
 }
 
+/// Slot `slot` holds `id` (payload 9), live and confirmed.
+fn confirm_live(t: &SlotTable, slot: u64, id: u64) {
+    t.record_header(slot, &SlotHeader { identity: id, payload_len: 9 }, 1);
+    let l = t.life(slot);
+    assert!(t.cas_life(slot, l, life::with_state(l | life::CONFIRMED, SlotState::Live)));
+}
+
 fn region_for(t: &SlotTable) -> Region {
     Region { offset: 0, len: Layout::of(t).bytes() }
 }
@@ -166,9 +173,7 @@ fn confirmations_an_unclean_load_drops_do_not_come_back_after_a_clean_stop() {
     let region = region_for(&t);
     let dev = MemDev::new(region.len);
     let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
-    t.record_header(3, &SlotHeader { identity: 9, payload_len: 9 }, 1);
-    let l = t.life(3);
-    assert!(t.cas_life(3, l, life::with_state(l | life::CONFIRMED, SlotState::Live)));
+    confirm_live(&t, 3, 9);
     // The crashed run: its last cycle left the state in use.
     p.cycle(&dev, &t, &Counters::default(), false, true).unwrap();
     let (u, p2, l, dev2) = load(&g, dev.image(), region);
@@ -549,11 +554,7 @@ fn a_damaged_newest_page_copy_makes_a_clean_state_untrusted_once() {
     let region = region_for(&t);
     let dev = MemDev::new(region.len);
     let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
-    let confirm = |slot: u64, id: u64| {
-        t.record_header(slot, &SlotHeader { identity: id, payload_len: 9 }, 1);
-        let l = t.life(slot);
-        assert!(t.cas_life(slot, l, life::with_state(l | life::CONFIRMED, SlotState::Live)));
-    };
+    let confirm = |slot: u64, id: u64| confirm_live(&t, slot, id);
     confirm(3, 9);
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
     // Slot 3 again: page 0's newest version goes to its other copy.
@@ -589,11 +590,7 @@ fn two_versions_of_page_0_first(first_clean: bool) -> (Geometry, Region, MemDev,
     let region = region_for(&t);
     let dev = MemDev::new(region.len);
     let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
-    let confirm = |slot: u64, id: u64| {
-        t.record_header(slot, &SlotHeader { identity: id, payload_len: 9 }, 1);
-        let l = t.life(slot);
-        assert!(t.cas_life(slot, l, life::with_state(l | life::CONFIRMED, SlotState::Live)));
-    };
+    let confirm = |slot: u64, id: u64| confirm_live(&t, slot, id);
     confirm(3, 9);
     confirm(200, 7);
     p.cycle(&dev, &t, &Counters::default(), first_clean, true).unwrap();
@@ -781,11 +778,7 @@ fn a_committed_page_version_the_drive_lost_makes_a_clean_state_untrusted() {
     let region = region_for(&t);
     let dev = MemDev::new(region.len);
     let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
-    let confirm = |slot: u64, id: u64| {
-        t.record_header(slot, &SlotHeader { identity: id, payload_len: 9 }, 1);
-        let l = t.life(slot);
-        assert!(t.cas_life(slot, l, life::with_state(l | life::CONFIRMED, SlotState::Live)));
-    };
+    let confirm = |slot: u64, id: u64| confirm_live(&t, slot, id);
     // Three versions of page 0: the newest one's copy holds the first before it.
     confirm(3, 9);
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
