@@ -351,7 +351,11 @@ pub fn run(a: &InspectArgs) -> CmdResult {
                     n(&o["trims"]),
                     n(&o["trim_bytes"]),
                     o["trims_by_handle"]
-                )?
+                )?;
+                // What a daemon starting on it would make of it (a bad sector, a lost write).
+                if let Some(note) = o["note"].as_str() {
+                    writeln!(w, "  {note}")?;
+                }
             }
             None => writeln!(w, "fdpblk state: none (give the backing device or its image: the state lives in its reserved tail)")?,
         }

@@ -1251,7 +1251,8 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<Re
         c.trims_by_handle.iter().enumerate().filter(|(_, &n)| n > 0).map(|(h, n)| (h.to_string(), serde_json::json!(n))).collect();
     let _ = SlotState::Unknown;
     Some(Ok(serde_json::json!({
-        "found": loaded.found, "seq": sb.seq, "clean": sb.clean, "region_offset": region.offset, "region_bytes": region.len,
+        "found": loaded.found, "seq": sb.seq, "clean": sb.clean, "trusted": loaded.clean, "note": loaded.note,
+        "region_offset": region.offset, "region_bytes": region.len,
         "geometry": {"block_align": block_align, "header_bytes": header_bytes, "slot_bytes": slot_bytes, "meta_total_bytes": meta_total_bytes, "max_slots": max_slots},
         "slots": {"with_header": with_header, "confirmed": confirmed, "unknown": by_state[0], "live": by_state[1], "evicted": by_state[2], "trimmed": by_state[3], "returning": returning},
         "identity_history": slots.history().len(), "identity_history_capacity": slots.history().capacity(), "tags": slots.tags().len(),

@@ -422,7 +422,15 @@ fn summary_reads_the_state_at_the_tail_of_an_image() {
     assert_eq!(v["trims"], 3);
     assert_eq!(v["trims_by_handle"]["2"], 3);
     assert_eq!(v["clean"], true);
+    assert_eq!((&v["trusted"], &v["note"]), (&serde_json::json!(true), &serde_json::Value::Null));
     assert!(summary(&vec![0u8; 1 << 20], 1 << 20).is_none());
+    // A page copy rotted whole: what a start would make of it, with why.
+    let mut rotted = img.clone();
+    let page0 = p.page_off(0, p.current[0]) as usize;
+    rotted[page0..page0 + 32].fill(0);
+    let v = summary(&rotted, size).unwrap().unwrap();
+    assert_eq!((&v["found"], &v["clean"], &v["trusted"]), (&serde_json::json!(true), &serde_json::json!(true), &serde_json::json!(false)));
+    assert!(v["note"].as_str().is_some_and(|n| n.contains("not the versions its superblock committed")), "{v}");
 
     // A superblock with a valid CRC and a slot count no saved state of this size can hold
     // (2^36: terabytes of slot table) is not believed, where it used to be allocated.
