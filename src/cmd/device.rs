@@ -1627,10 +1627,13 @@ fn print_watch(v: &serde_json::Value) {
         if o["persisted"] == true { "saved in the reserved tail" } else { "in memory only" },
         n(&o["cycles"]),
         n(&o["bytes_written"]),
-        match (o["loaded"] == true, o["loaded_clean"] == true) {
-            (true, true) => "; loaded from a clean stop",
-            (true, false) => "; loaded after an unclean stop",
-            _ => "",
+        match (o["loaded"] == true, o["loaded_clean"] == true, o["loaded_note"].as_str()) {
+            (true, true, _) => "; loaded from a clean stop".to_string(),
+            // Why a saved state was not trusted, or not used (a bad sector, a lost write).
+            (true, false, Some(note)) => format!("; loaded, its confirmations not trusted: {note}"),
+            (true, false, None) => "; loaded after an unclean stop".to_string(),
+            (false, _, Some(note)) => format!("; started fresh: {note}"),
+            (false, _, None) => String::new(),
         }
     );
 }

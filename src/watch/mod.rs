@@ -1072,7 +1072,7 @@ impl Watcher {
             "own_state": {
                 "persisted": self.persist.is_some(), "seq": self.persist.as_ref().map(|p| p.seq()),
                 "cycles": self.counters.cycles, "bytes_written": self.counters.own_bytes,
-                "loaded": self.loaded.found, "loaded_clean": self.loaded.clean,
+                "loaded": self.loaded.found, "loaded_clean": self.loaded.clean, "loaded_note": self.loaded.note,
                 "region_offset": self.persist.as_ref().map(|p| p.region().offset), "region_bytes": self.persist.as_ref().map(|p| p.region().len),
             },
             "since_start": {

@@ -2938,6 +2938,29 @@ fn a_saved_state_that_cannot_be_marked_in_use_is_reported_and_retried() {
     assert!(after_crash.loaded().found && !after_crash.loaded().clean);
 }
 
+/// A bad sector under the saved state: the start loads the rest, untrusted, and says why in
+/// its stats (`own_state.loaded_note`), where `fdpblk stats` prints it.
+#[test]
+fn a_saved_state_with_an_unreadable_page_copy_loads_and_says_why() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let keys: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
+    for k in &keys {
+        r.put(k.clone()).unwrap();
+    }
+    r.checkpoint();
+    r.step();
+    r.w.persist_now(true, true).unwrap();
+    let page0 = r.region.offset + 2 * 4096;
+    r.dev.set_fail_reads(Some(page0..page0 + 4096));
+    let w = Watcher::new(r.g, Arc::new(SlotTable::new(r.g.max_slots)), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
+    r.dev.set_fail_reads(None);
+    assert!(w.loaded().found && !w.loaded().clean, "{:?}", w.loaded());
+    let v = w.published().lock().unwrap().clone();
+    assert_eq!(v["own_state"]["loaded_clean"], false);
+    let note = v["own_state"]["loaded_note"].as_str().unwrap_or_default().to_string();
+    assert!(note.contains("cannot read 1 page copy"), "{note}");
+}
+
 /// Four puts before LMCache's first checkpoint through fdpblk (their early tails wait for it),
 /// three after it, and a checkpoint written after those, read back: seven slots whose early
 /// tails may go. Returns how many went once the first checkpoint was read back.
