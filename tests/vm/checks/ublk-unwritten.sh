@@ -7,7 +7,9 @@
 # committed a checkpoint through it, deallocates the marked slots LMCache has not written:
 # they read back as zeroes on the namespace, the written ones keep their data and every entry
 # verifies. Nothing goes before that first checkpoint. A clean del + add keeps the state (the
-# slots stay deallocated, no new marks); the writer's later puts land and verify.
+# slots stay deallocated, no new marks); the writer's later puts land and verify. Then a
+# lost write under the saved state (its pages put back as the first stop left them) is told
+# by the page digest: the state loads untrusted, and inspect and stats say why.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq dd cmp blkdiscard blockdev
@@ -52,6 +54,12 @@ expect_eq "the 8 written slots do not" "$(zero_slots 0 8)" 0
 writer verify1 verify
 expect_eq "every entry verifies" "$(wfield verify1 run.verified)" 8
 expect "del" "$FDPBLK" del -n 0
+# The saved state's pages as this clean stop left them (for the lost-write step at the end).
+tail_at=$("$FDPBLK" inspect "$NS_DEV" "${GEOM[@]}" --json | jq -r .fdpblk_state.region_offset)
+[[ $tail_at =~ ^[0-9]+$ ]] || check_fatal "inspect: no fdpblk_state.region_offset ($tail_at)"
+pages_at=$((tail_at + 8192))
+dd if="$NS_DEV" of=/tmp/unwritten-pages bs=4096 skip=$((pages_at / 4096)) iflag=direct status=none ||
+    check_fatal "saving the state's pages"
 dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough --policy region "${GEOM[@]}")
 poll_eq "add again (the saved state loads clean)" true dev_stat own_state.loaded_clean
 writer more reopen put 4 checkpoint verify
@@ -66,5 +74,16 @@ done
 expect_eq "the restarted daemon marked nothing new (over 5 s of rounds)" "$reclaimed" 0
 expect_eq "every entry verifies after the restart" "$(wfield more run.verified)" 12
 expect_eq "the 12 written slots hold data" "$(zero_slots 0 12)" 0
+expect "del" "$FDPBLK" del -n 0
+# A drive that loses the page writes of that run although it acknowledged their flushes: the
+# pages are back as the first stop left them, under this stop's clean superblocks. The page
+# digest tells: inspect and the next start say the state is not trusted, and why.
+dd if=/tmp/unwritten-pages of="$NS_DEV" bs=4096 seek=$((pages_at / 4096)) oflag=direct status=none ||
+    check_fatal "putting the older pages back"
+state=$("$FDPBLK" inspect "$NS_DEV" "${GEOM[@]}" --json | jq -c '.fdpblk_state | [.clean, .trusted, (.note // "" | test("not the versions its superblock committed"))]')
+expect_eq "inspect: a clean superblock, not trusted, saying why" "$state" '[true,false,true]'
+dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough --policy region "${GEOM[@]}")
+poll_eq "add again: the saved state loads untrusted" false dev_stat own_state.loaded_clean
+expect "stats say why" bash -c "$FDPBLK stats -n 0 | grep -q 'loaded, its confirmations not trusted: the saved state.s pages are not the versions its superblock committed'"
 expect "del" "$FDPBLK" del -n 0
 check_done
