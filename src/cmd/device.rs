@@ -1628,7 +1628,8 @@ fn print_watch(v: &serde_json::Value) {
         n(&o["cycles"]),
         n(&o["bytes_written"]),
         match (o["loaded"] == true, o["loaded_clean"] == true, o["loaded_note"].as_str()) {
-            (true, true, _) => "; loaded from a clean stop".to_string(),
+            (true, true, None) => "; loaded from a clean stop".to_string(),
+            (true, true, Some(note)) => format!("; loaded from a clean stop: {note}"),
             // Why a saved state was not trusted, or not used (a bad sector, a lost write).
             (true, false, Some(note)) => format!("; loaded, its confirmations not trusted: {note}"),
             (true, false, None) => "; loaded after an unclean stop".to_string(),

@@ -122,7 +122,8 @@ pub(crate) fn find(name: &str) -> Found {
 /// [`find`] and here an add may have been given that id, cleared the old file and written its
 /// own (`state::clear_stale`, under the same lock), which must stay.
 pub(crate) fn remove_stale(cfg: &DeviceConfig) {
-    // Without the lock (/run/fdpblk not writable) nothing there can be removed anyway.
+    // Without the lock (/run/fdpblk not writable, or flock refused) it goes on unlocked, as
+    // before the lock: the file and link are checked again just before they go.
     let _one = crate::frontend::target::add_lock();
     let read = state::read_state(cfg.id);
     let same = read.as_ref().is_ok_and(|(c, _)| c == cfg);

@@ -882,7 +882,7 @@ impl Persist {
             tag_bytes.truncate(whole_tags * PAGE_PAYLOAD);
         }
         if lost_pages > 0 {
-            loaded.note = Some(format!(
+            loaded.note.get_or_insert(format!(
                 "{lost_pages} page(s) of the saved state read once but not again; what they held (slot records, history, tags) starts empty"
             ));
         }
@@ -983,6 +983,12 @@ impl Persist {
             pages.extend((0..l.tag_pages).map(|t| l.record_pages + l.history_pages + t));
         }
         pages.append(&mut self.forced);
+        // Tag pages go together, all with one seq, however few were forced (a load cuts the
+        // names where they do not share one).
+        let tag_first = l.record_pages + l.history_pages;
+        if pages.iter().any(|&p| p >= tag_first) {
+            pages.extend(tag_first..tag_first + l.tag_pages);
+        }
         pages.sort_unstable();
         pages.dedup();
         if pages.is_empty() && !force {
@@ -1046,7 +1052,6 @@ impl Persist {
         }
         // Tag pages forced by a leftover of an unfinished cycle are written with the table's
         // names too, changed or not (never as zeros).
-        let tag_first = l.record_pages + l.history_pages;
         let tag_bytes = match &tags {
             Some(t) => t.clone(),
             None if pages.iter().any(|&p| p >= tag_first) => slots.tags().serialized(),

@@ -746,6 +746,7 @@ fn a_tag_page_of_another_cycle_cuts_the_names_there_and_untags_what_was_past_it(
     let page1 = l.record_pages + l.history_pages + 1;
     assert!(t.tags().serialized().len() > 2 * PAGE_PAYLOAD, "the names span three pages");
     let newest = p.page_off(page1, p.current[page1 as usize]);
+    let whole = dev.image();
     dev.set_fail_reads(Some(newest..newest + 4096));
     let u = SlotTable::new(g.max_slots);
     let (p2, l2) = Persist::load(&dev, region, &g, &u, 3);
@@ -773,6 +774,22 @@ fn a_tag_page_of_another_cycle_cuts_the_names_there_and_untags_what_was_past_it(
     p2.unwrap().cycle(&dev, &u, &Counters::default(), true, true).unwrap();
     let (v, _, l3, _) = load(&g, dev.image(), region);
     assert!(l3.found && l3.clean && snapshot(&v) == snapshot(&u), "{l3:?}");
+
+    // The older copy of tag page 1 does not read: the names load whole (the newest copies
+    // share one seq), and the cycle that writes that copy again writes every tag page with
+    // it, so the next load finds them sharing one seq still, and cuts nothing.
+    let (v, _, _, dev3) = load(&g, whole, region);
+    let older = p.page_off(page1, 1 - p.current[page1 as usize]);
+    let names = v.tags().len();
+    assert_eq!(names, 50);
+    let w = SlotTable::new(g.max_slots);
+    dev3.set_fail_reads(Some(older..older + 4096));
+    let (p4, l4) = Persist::load(&*dev3, region, &g, &w, 3);
+    assert!(l4.found && w.tags().len() == names, "{l4:?}");
+    p4.unwrap().cycle(&*dev3, &w, &Counters::default(), true, true).unwrap();
+    dev3.set_fail_reads(None);
+    let (x, _, l5, _) = load(&g, dev3.image(), region);
+    assert!(l5.found && l5.clean && x.tags().len() == names, "{} of {names} names: {l5:?}", x.tags().len());
 }
 
 /// A page version the superblock committed but the drive no longer holds (its write lost
