@@ -2912,8 +2912,9 @@ fn a_policy_with_history_resumes_from_the_restored_slot_table() {
     assert_eq!(place(&never), KeyAwarePolicy::YOUNG);
 }
 
-#[test]
-fn a_saved_state_that_cannot_be_marked_in_use_is_reported_and_retried() {
+/// Four puts, a checkpoint read back, then a clean stop: the drive holds a clean state, whose
+/// confirmations a start trusts.
+fn rig_stopped_cleanly() -> Rig {
     let mut r = Rig::new(SLOTS, META, true);
     let keys: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
     for k in &keys {
@@ -2921,8 +2922,13 @@ fn a_saved_state_that_cannot_be_marked_in_use_is_reported_and_retried() {
     }
     r.checkpoint();
     r.step();
-    // A clean stop: the drive holds a clean state, whose confirmations a start trusts.
     r.w.persist_now(true, true).unwrap();
+    r
+}
+
+#[test]
+fn a_saved_state_that_cannot_be_marked_in_use_is_reported_and_retried() {
+    let r = rig_stopped_cleanly();
     // The next start cannot write: it says so (`add` refuses to serve on it), and the drive
     // still holds the clean state.
     r.dev.set_fail_writes(true);
@@ -2942,14 +2948,7 @@ fn a_saved_state_that_cannot_be_marked_in_use_is_reported_and_retried() {
 /// its stats (`own_state.loaded_note`), where `fdpblk stats` prints it.
 #[test]
 fn a_saved_state_with_an_unreadable_page_copy_loads_and_says_why() {
-    let mut r = Rig::new(SLOTS, META, true);
-    let keys: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
-    for k in &keys {
-        r.put(k.clone()).unwrap();
-    }
-    r.checkpoint();
-    r.step();
-    r.w.persist_now(true, true).unwrap();
+    let r = rig_stopped_cleanly();
     let page0 = r.region.offset + 2 * 4096;
     r.dev.set_fail_reads(Some(page0..page0 + 4096));
     let w = Watcher::new(r.g, Arc::new(SlotTable::new(r.g.max_slots)), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
