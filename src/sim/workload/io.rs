@@ -86,14 +86,10 @@ impl IoShaper {
                 let h = SlotHeader { identity, payload_len };
                 match self.io {
                     IoMode::ODirect => {
+                        // Two writes, each split at the largest request (a header region
+                        // larger than that too: only its first request carries the header).
                         let off = g.slot_offset(slot);
-                        out(&BlockIo {
-                            write: true,
-                            offset: off,
-                            len: g.header_bytes,
-                            header: Some(h),
-                            checkpoint: None,
-                        });
+                        self.split(off, g.header_bytes, Some(h), true, out);
                         self.split(off + g.header_bytes, self.round(payload_len), None, true, out);
                     }
                     IoMode::Buffered => {
@@ -173,13 +169,16 @@ impl IoShaper {
         };
         for &(slot, h) in &self.pending {
             let off = g.slot_offset(slot);
-            push(BlockIo { write: true, offset: off, len: g.header_bytes, header: Some(h), checkpoint: None }, &mut self.rng);
-            let end = off + g.payload_end(h.payload_len);
-            let mut pos = off + g.header_bytes;
-            while pos < end {
-                let len = (end - pos).min(self.max_req);
-                push(BlockIo { write: true, offset: pos, len, header: None, checkpoint: None }, &mut self.rng);
-                pos += len;
+            // The header region, then the payload, each split at the largest request; only
+            // the first request carries the header.
+            for (start, end) in [(off, off + g.header_bytes), (off + g.header_bytes, off + g.payload_end(h.payload_len))] {
+                let mut pos = start;
+                while pos < end {
+                    let len = (end - pos).min(self.max_req);
+                    let header = (pos == off).then_some(h);
+                    push(BlockIo { write: true, offset: pos, len, header, checkpoint: None }, &mut self.rng);
+                    pos += len;
+                }
             }
         }
         self.pending.clear();

@@ -272,6 +272,27 @@ fn checkpoint_json_is_lmcaches_and_its_size_is_predicted() {
 }
 
 #[test]
+fn a_header_region_larger_than_the_largest_request_is_split_with_the_header_first() {
+    for io in ["odirect", "io_uring", "buffered"] {
+        let s = spec(&format!(
+            r#"{{"slot_bytes": "1M", "meta_total_bytes": "4M", "header_bytes": "12K", "max_request_bytes": "8K", "io": "{io}", "writeback_puts": 1, "write_rate_mb_s": 1, {LRU} "tenants": [{ONE}]}}"#
+        ));
+        let g = s.geometry(64 << 20, 0).unwrap();
+        let mut sh = IoShaper::new(&s, g, 1);
+        let mut out = Vec::new();
+        sh.shape(&LmOp::Put { slot: 3, identity: 9, payload_len: 20_000, tenant: 0, pid: None, popularity: 0.0 }, &mut |io| out.push(*io));
+        sh.flush(&mut |io| out.push(*io));
+        let base = g.slot_offset(3);
+        let mut lens: Vec<(u64, u64, bool)> = out.iter().map(|io| (io.offset - base, io.len, io.header.is_some())).collect();
+        lens.sort_unstable();
+        assert!(lens.iter().all(|&(_, l, _)| l <= 8192), "{io}: {lens:?}");
+        assert_eq!(lens.iter().filter(|l| l.2).count(), 1, "{io}: one request carries the header: {lens:?}");
+        assert_eq!(lens[0], (0, 8192, true), "{io}");
+        assert_eq!(lens.iter().map(|l| l.1).sum::<u64>(), 12288 + 20480, "{io}: header region and payload, once each");
+    }
+}
+
+#[test]
 fn odirect_and_buffered_shapes() {
     let s = small(LRU, ONE);
     let g = s.geometry(64 << 20, 0).unwrap();
