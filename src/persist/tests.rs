@@ -67,6 +67,17 @@ fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
     (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i))
 }
 
+/// A table of `slots` slots (`geom`) with its state loaded from a blank region: the geometry,
+/// table, region, device and persistence.
+fn blank_state(slots: u64) -> (Geometry, SlotTable, Region, MemDev, Persist) {
+    let g = geom(slots);
+    let t = SlotTable::new(g.max_slots);
+    let region = region_for(&t);
+    let dev = MemDev::new(region.len);
+    let p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    (g, t, region, dev, p)
+}
+
 /// Slot `slot` holds `id` (payload 9), live and confirmed.
 fn confirm_live(t: &SlotTable, slot: u64, id: u64) {
     t.record_header(slot, &SlotHeader { identity: id, payload_len: 9 }, 1);
@@ -129,11 +140,7 @@ fn round_trip_and_incremental() {
 
 #[test]
 fn unclean_state_drops_confirmations_and_other_geometry_starts_fresh() {
-    let g = geom(500);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(500);
     t.record_header(3, &SlotHeader { identity: 9, payload_len: 9 }, 1);
     let l = t.life(3);
     assert!(t.cas_life(3, l, life::with_state(l | life::CONFIRMED, SlotState::Evicted)));
@@ -168,11 +175,7 @@ fn unclean_state_drops_confirmations_and_other_geometry_starts_fresh() {
 /// made stale.
 #[test]
 fn confirmations_an_unclean_load_drops_do_not_come_back_after_a_clean_stop() {
-    let g = geom(500);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(500);
     confirm_live(&t, 3, 9);
     // The crashed run: its last cycle left the state in use.
     p.cycle(&dev, &t, &Counters::default(), false, true).unwrap();
@@ -466,11 +469,7 @@ fn summary_reads_the_state_at_the_tail_of_an_image() {
 /// next run, whose tags did not change: they are written with the table's names, not zeros.
 #[test]
 fn tag_pages_of_an_unfinished_cycle_are_rewritten_with_the_names() {
-    let g = geom(300);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(300);
     t.tags().intern("m", "a");
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
     let committed = dev.image();
@@ -497,11 +496,7 @@ fn tag_pages_of_an_unfinished_cycle_are_rewritten_with_the_names() {
 /// hold the newest committed one (by seq parity it would overwrite it).
 #[test]
 fn a_skipped_seq_never_overwrites_the_newest_superblock() {
-    let g = geom(300);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(300);
     let sbs = |dev: &MemDev| -> [Option<u64>; 2] {
         let img = dev.image();
         [0usize, 1].map(|c| Superblock::decode(&img[c * 4096..(c + 1) * 4096]).map(|s| s.seq))
@@ -532,11 +527,7 @@ fn a_skipped_seq_never_overwrites_the_newest_superblock() {
 /// with the same records; a state that is not clean is left alone.
 #[test]
 fn marking_a_clean_state_in_use_makes_it_untrusted() {
-    let g = geom(300);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(300);
     t.record_header(3, &SlotHeader { identity: 9, payload_len: 9 }, 1);
     let l = t.life(3);
     assert!(t.cas_life(3, l, life::with_state(l | life::CONFIRMED, SlotState::Evicted)));
@@ -557,11 +548,7 @@ fn marking_a_clean_state_in_use_makes_it_untrusted() {
 
 #[test]
 fn a_damaged_newest_page_copy_makes_a_clean_state_untrusted_once() {
-    let g = geom(300);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(300);
     let confirm = |slot: u64, id: u64| confirm_live(&t, slot, id);
     confirm(3, 9);
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
@@ -593,11 +580,7 @@ fn two_versions_of_page_0() -> (Geometry, Region, MemDev, u64) {
 }
 
 fn two_versions_of_page_0_first(first_clean: bool) -> (Geometry, Region, MemDev, u64) {
-    let g = geom(300);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(300);
     let confirm = |slot: u64, id: u64| confirm_live(&t, slot, id);
     confirm(3, 9);
     confirm(200, 7);
@@ -655,11 +638,7 @@ fn a_page_with_both_copies_unreadable_starts_a_fresh_state() {
 /// rather than spend the drive's error recovery on every page.
 #[test]
 fn many_unreadable_page_copies_start_a_fresh_state() {
-    let g = geom(4000);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(4000);
     mutate(&t, &mut Rng(7), 500);
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
     // Nine copies, all of copy 0: no page loses both.
@@ -680,11 +659,7 @@ fn many_unreadable_page_copies_start_a_fresh_state() {
 /// leave the old clean superblock vouching for copies the new instance overwrote.
 #[test]
 fn a_crash_in_a_fresh_states_first_cycle_never_trusts_the_old_state_half_overwritten() {
-    let g = geom(4000);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(4000);
     let mut rng = Rng(11);
     for _ in 0..3 {
         mutate(&t, &mut rng, 3000);
@@ -719,11 +694,7 @@ fn a_crash_in_a_fresh_states_first_cycle_never_trusts_the_old_state_half_overwri
 /// no slot is ever given another tag's name, now or when a new tag takes the number.
 #[test]
 fn a_tag_page_of_another_cycle_cuts_the_names_there_and_untags_what_was_past_it() {
-    let g = geom(300);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(300);
     let name = |i: u64| (format!("model-{i:03}-{}", "m".repeat(90)), format!("salt-{i:03}-{}", "s".repeat(90)));
     let tag = |slot: u64| {
         let (m, s) = name(slot);
@@ -798,11 +769,7 @@ fn a_tag_page_of_another_cycle_cuts_the_names_there_and_untags_what_was_past_it(
 /// the state is not trusted that time. The next cycle commits what loaded; trusted again.
 #[test]
 fn a_committed_page_version_the_drive_lost_makes_a_clean_state_untrusted() {
-    let g = geom(300);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(300);
     let confirm = |slot: u64, id: u64| confirm_live(&t, slot, id);
     // Three versions of page 0: the newest one's copy holds the first before it.
     confirm(3, 9);
@@ -931,11 +898,7 @@ fn a_crash_in_the_cycle_rewriting_a_suspect_copy_never_trusts_the_older_one() {
 /// A superblock or page whose seq is past the bound is corrupt, whatever its CRC says.
 #[test]
 fn seqs_past_the_bound_are_refused() {
-    let g = geom(300);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(300);
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
     let mut img = dev.image();
     let mut sb = [0, 1].iter().find_map(|&c| Superblock::decode(&img[c * 4096..(c + 1) * 4096])).unwrap();
@@ -975,11 +938,7 @@ fn the_reserved_tail_holds_the_state_down_to_about_220_kib_slots() {
 /// then the mark: the pages of the unfinished cycle must not pass as committed.
 #[test]
 fn marking_in_use_never_vouches_for_an_unfinished_cycles_pages() {
-    let g = geom(300);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(300);
     let mut rng = Rng(5);
     mutate(&t, &mut rng, 40);
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
@@ -1012,11 +971,7 @@ fn marking_in_use_never_vouches_for_an_unfinished_cycles_pages() {
 
 /// A state of three slots saved in three cycles: its geometry, region and device.
 fn three_saved_cycles() -> (Geometry, Region, MemDev) {
-    let g = geom(300);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(300);
     for i in 0..3 {
         t.record_header(i, &SlotHeader { identity: 10 + i, payload_len: 1 }, 1);
         p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
@@ -1274,11 +1229,7 @@ fn a_page_that_fails_its_second_read_is_noted() {
             self.0.size()
         }
     }
-    let g = geom(300);
-    let t = SlotTable::new(g.max_slots);
-    let region = region_for(&t);
-    let dev = MemDev::new(region.len);
-    let mut p = Persist::load(&dev, region, &g, &t, 3).0.unwrap();
+    let (g, t, region, dev, mut p) = blank_state(300);
     let far = RECORDS_PER_PAGE + 1; // on the second record page
     t.record_header(3, &SlotHeader { identity: 9, payload_len: 9 }, 1);
     t.record_header(far, &SlotHeader { identity: 8, payload_len: 9 }, 1);
