@@ -322,21 +322,33 @@ struct ValidCopy {
 /// entries (8 bytes each; about 4.5 MiB for a full 128 MiB checkpoint), not the layout's slot
 /// count, which as a table would be 1 GiB at 2^28 slots.
 #[derive(Clone, Debug, Default)]
-struct ListedLens(Vec<(u32, u32)>);
+struct ListedLens(Vec<(u32, u32)>, usize);
 
 impl ListedLens {
+    /// Entries noted before the first merge.
+    const FIRST_MERGE: usize = 1 << 16;
+
     /// Slot `slot` (below [`crate::layout::geometry::MAX_SLOTS`]) is listed with `n` (length
-    /// plus one); a slot listed again (LMCache never does; a crafted checkpoint may) adds an
-    /// entry, which [`Self::finish`] merges.
+    /// plus one); a slot listed again (LMCache never does; a crafted checkpoint may, as often
+    /// as its payload has room) adds an entry, which [`Self::finish`] merges. Merged whenever
+    /// the entries double since the last merge, so they stay within twice the slots listed.
     fn note(&mut self, slot: u64, n: u32) {
         if let Ok(s) = u32::try_from(slot) {
             self.0.push((s, n));
+            if self.0.len() >= self.1.max(Self::FIRST_MERGE) {
+                self.merge();
+                self.1 = 2 * self.0.len();
+            }
         }
     }
     /// Sorted by slot, one entry per slot with its longest length.
-    fn finish(&mut self) {
+    fn merge(&mut self) {
         self.0.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
         self.0.dedup_by_key(|e| e.0);
+    }
+    /// [`Self::merge`], its spare room given back.
+    fn finish(&mut self) {
+        self.merge();
         self.0.shrink_to_fit();
     }
     /// The slot's longest length plus one; 0 where none is listed. A slot past any layout,
