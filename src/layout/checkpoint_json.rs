@@ -15,8 +15,11 @@
 //! * never panics and never overflows on any input (numbers that do not fit `u64` become `None`).
 //!
 //! Decisions a caller should know:
-//! * Trailing whitespace and NUL bytes after the top-level object are accepted, because the
-//!   container pads the payload with zeros to the block size. Any other trailing byte is an error.
+//! * Trailing whitespace after the top-level object is accepted, any other trailing byte (a
+//!   NUL too) is an error, as in Python's `json.loads`: the callers read exactly the header's
+//!   `payload_len`, not the container's zero padding after it.
+//! * An integer (no fraction or exponent) of more than [`MAX_INT_DIGITS`] digits is an error:
+//!   Python's `int()` refuses it, so LMCache cannot load that checkpoint.
 //! * A lone surrogate escape (`\ud800`) is accepted, as Python's `json.loads` (LMCache's)
 //!   accepts it: LMCache writes one for a model name that was not valid UTF-8 (decoded with
 //!   `surrogateescape`). Decoded strings (member names, entry keys, `device_path`, `meta_magic`)
@@ -116,6 +119,10 @@ pub enum Loose {
 /// Longest number text kept to decide a [`Loose::Float`]'s value; a longer one counts as
 /// [`Loose::Other`].
 const MAX_NUMBER_TEXT: usize = 512;
+
+/// Most digits of an integer Python's `json.loads` takes: `int()` refuses longer strings
+/// (`sys.get_int_max_str_digits()`, 4300 by default since Python 3.11, 3.10.7 and 3.9.14).
+pub const MAX_INT_DIGITS: usize = 4300;
 
 /// The top-level fields [`CheckpointMeta`] keeps, in the order of its `wrong_type` bits.
 pub const META_FIELDS: [&str; 11] = [
@@ -478,11 +485,11 @@ impl<R: Read> Input<R> {
         }
     }
 
-    /// Consumes everything after the top-level value: only whitespace and NUL padding allowed.
+    /// Consumes everything after the top-level value: only whitespace allowed.
     fn trailing(&mut self) -> Result<(), JsonError> {
         loop {
             while self.pos < self.end {
-                if !matches!(self.buf[self.pos], 0 | b' ' | b'\n' | b'\r' | b'\t') {
+                if !matches!(self.buf[self.pos], b' ' | b'\n' | b'\r' | b'\t') {
                     return Err(self.err("trailing data after the top-level object"));
                 }
                 self.pos += 1;
@@ -680,9 +687,11 @@ impl<R: Read> Input<R> {
             keep(&mut text, b"-");
         }
         let mut v: u64 = 0;
+        let mut int_digits = 0usize;
         match self.peek()? {
             Some(b'0') => {
                 self.pos += 1;
+                int_digits = 1;
                 keep(&mut text, b"0");
                 if matches!(self.peek()?, Some(b'0'..=b'9')) {
                     return Err(self.err("leading zero in number"));
@@ -701,21 +710,23 @@ impl<R: Read> Input<R> {
                 }
                 keep(&mut text, &chunk[..i]);
                 self.pos += i;
+                int_digits += i;
                 if self.pos < self.end || !self.refill()? {
                     break;
                 }
             },
             _ => return Err(self.err("expected digit")),
         }
+        let mut float = false;
         if self.peek()? == Some(b'.') {
             self.pos += 1;
-            exact = false;
+            float = true;
             keep(&mut text, b".");
             self.digits(&mut text)?;
         }
         if let Some(e @ (b'e' | b'E')) = self.peek()? {
             self.pos += 1;
-            exact = false;
+            float = true;
             keep(&mut text, &[e]);
             if let Some(sign @ (b'+' | b'-')) = self.peek()? {
                 self.pos += 1;
@@ -723,7 +734,10 @@ impl<R: Read> Input<R> {
             }
             self.digits(&mut text)?;
         }
-        Ok(if exact && !neg { Some(v) } else { None })
+        if !float && int_digits > MAX_INT_DIGITS {
+            return Err(self.err("integer of more than 4300 digits (Python's int() refuses it, so LMCache cannot load this)"));
+        }
+        Ok(if exact && !float && !neg { Some(v) } else { None })
     }
 
     /// One or more digits (fraction or exponent), appended to `text` as `number_text` does.
@@ -1456,14 +1470,15 @@ mod tests {
                 );
                 assert_eq!(cp["crc32"].as_u64(), Some(c.crc), "{ctx}");
 
-                // Exact payload, on-disk padded payload, and a 1..13-byte-chunk stream agree.
+                // The exact payload and a 1..13-byte-chunk stream of it agree; the container's
+                // zero padding after it is not JSON (Python: "Extra data").
                 let exact = parse_slice(&c.payload, &limits).unwrap();
-                let padded = parse_slice(&c.padded, &limits).unwrap();
-                let streamed = parse_chunked(&c.padded, &[1, 2, 3, 5, 8, 13], &limits).unwrap();
+                let streamed = parse_chunked(&c.payload, &[1, 2, 3, 5, 8, 13], &limits).unwrap();
                 assert_eq!(exact.0.bytes, c.payload.len() as u64, "{ctx}");
-                assert_eq!(padded.0.bytes, c.padded.len() as u64, "{ctx}");
-                assert_eq!(padded, streamed, "{ctx}");
-                assert_eq!(exact.1, padded.1, "{ctx}");
+                assert_eq!(exact, streamed, "{ctx}");
+                if c.padded.len() > c.payload.len() {
+                    assert_eq!(syntax_at(parse_slice(&c.padded, &limits)), c.payload.len() as u64, "{ctx}");
+                }
                 let (meta, entries) = exact;
                 assert_agrees_with_oracle(&c.payload, &(meta.clone(), entries.clone()));
 
@@ -1708,13 +1723,11 @@ mod tests {
         assert!(payload.is_ascii());
         assert!(payload.len() > 100 * READ_BUF_BYTES);
         let limits = JsonLimits::default();
-        let mut padded = payload.clone();
-        padded.resize(payload.len().div_ceil(4096) * 4096, 0);
         for (what, r) in [
             ("slice", parse_slice(&payload, &limits)),
             (
                 "reader",
-                collect(|cb| parse_checkpoint_json(&padded[..], &limits, cb)),
+                collect(|cb| parse_checkpoint_json(&payload[..], &limits, cb)),
             ),
             (
                 "odd chunks",
@@ -1947,7 +1960,10 @@ mod tests {
             (b"{\"a\":\"x}", 8),
             (b"{}x", 2),
             (b"{}{}", 2),
-            (b"{} \0 x", 5),
+            (b"{} \0 x", 3),
+            // NUL padding: Python's json.loads says "Extra data" (the callers stop at payload_len).
+            (b"{}\0\0\0\0", 2),
+            (b"{} \n\0 ", 4),
             (b"{\"entries\":{\"k\":{\"offset\":1,}}}", 28),
             (b"{\"entries\":{\"k\" {}}}", 16),
             (b"{\"entries\":{\"k\":{},}}", 19),
@@ -1983,14 +1999,31 @@ mod tests {
         }
     }
 
+    /// Python's `int()` takes at most 4300 digits, so `json.loads` (LMCache's loader) refuses a
+    /// longer integer; a float's digits are not limited.
+    #[test]
+    fn an_integer_longer_than_python_takes_is_an_error() {
+        let l = JsonLimits::default();
+        let digits = |n: usize| "1".repeat(n);
+        for (n, where_) in [(MAX_INT_DIGITS, "x"), (MAX_INT_DIGITS, "entries")] {
+            let doc = if where_ == "x" { format!("{{\"x\":-{}}}", digits(n)) } else { format!("{{\"entries\":{{\"k\":{{\"offset\":{}}}}}}}", digits(n)) };
+            assert!(parse_slice(doc.as_bytes(), &l).is_ok(), "{n} digits in {where_}");
+            let doc = doc.replacen('1', "11", 1);
+            let at = syntax_at(parse_slice(doc.as_bytes(), &l));
+            assert_eq!(at as usize, doc.len() - if where_ == "x" { 1 } else { 3 }, "{} digits in {where_}", n + 1);
+            // Read in small pieces, the digits span refills.
+            assert_eq!(syntax_at(parse_chunked(doc.as_bytes(), &[7, 1, 300], &l)), at);
+        }
+        let float = format!("{{\"x\":{}.5,\"y\":1{}e0,\"z\":0.{}}}", digits(5000), "0".repeat(5000), digits(5000));
+        assert!(parse_slice(float.as_bytes(), &l).is_ok());
+    }
+
     #[test]
     fn odd_but_valid_documents() {
         let l = JsonLimits::default();
         let ok: &[&[u8]] = &[
             b"{}",
             b" \t\r\n{ \t\r\n} \t\r\n",
-            b"{}\0\0\0\0",
-            b"{} \0\n\0 ",
             b"{\"entries\":{}}",
             b"{\"entries\":[]}",
             b"{\"entries\":null}",
@@ -2186,7 +2219,7 @@ mod tests {
         );
         // Padding counts: the reader must be limited to what the caller is willing to read.
         let mut padded = payload.clone();
-        padded.extend_from_slice(&[0; 10]);
+        padded.extend_from_slice(&[b' '; 10]);
         assert_eq!(
             parse_slice(&padded, &lim(len + 5)),
             Err(JsonError::TooLarge { limit: len + 5 })
@@ -2207,7 +2240,7 @@ mod tests {
             Err(JsonError::TooLarge { limit: 12 })
         );
         // An endless reader stops at the limit, having read at most limit + 1 bytes.
-        let endless = io::Read::chain(&b"{}"[..], io::repeat(0));
+        let endless = io::Read::chain(&b"{}"[..], io::repeat(b'\n'));
         let r = collect(|cb| parse_checkpoint_json(endless, &lim(1 << 20), cb));
         assert_eq!(r, Err(JsonError::TooLarge { limit: 1 << 20 }));
         let endless = io::Read::chain(&b"{\"a\":["[..], io::repeat(b' '));
@@ -2478,7 +2511,7 @@ mod tests {
             style in arb_style(),
             chunks in prop::collection::vec(1usize..12, 1..4),
             pad in 0usize..9,
-            pad_byte in prop::sample::select(vec![0u8, b' ', b'\n']),
+            pad_byte in prop::sample::select(vec![b'\t', b' ', b'\n']),
         ) {
             let mut bytes = match style {
                 None => serde_json::to_vec(&doc).unwrap(),
