@@ -744,20 +744,28 @@ impl PassthroughEngine {
         if len == 0 {
             return 0;
         }
-        // The encoded ranges stay here until every command completed.
-        let mut lists = match dsm_buffers(off >> self.lba_shift, len >> self.lba_shift, self.dsm_max_blocks, self.dsm_max_ranges) {
-            Ok(b) => RangeLists { bufs: b, completed: false },
-            Err(e) => return e,
-        };
-        let nsid = self.nsid;
-        let cmds = lists.bufs.iter().map(|b| {
-            cmd::dsm_deallocate(nsid, b.len() / cmd::DSM_RANGE_BYTES)
-                .map(|c| c.with_data(b.as_ptr() as u64, b.len() as u32))
-                .map_err(|_| -libc::EINVAL)
-        });
-        let res = self.run(q, "deallocate", cmds).await;
-        lists.completed = true;
-        res
+        let mut all = dsm_lists(off >> self.lba_shift, len >> self.lba_shift, self.dsm_max_blocks, self.dsm_max_ranges);
+        // A window's lists at a time (`run` awaits each window before the next), each kept
+        // here until every command of its window completed.
+        loop {
+            let bufs = match all.by_ref().take(self.window).collect::<Result<Vec<_>, i32>>() {
+                Ok(b) if b.is_empty() => return 0,
+                Ok(b) => b,
+                Err(e) => return e,
+            };
+            let mut lists = RangeLists { bufs, completed: false };
+            let nsid = self.nsid;
+            let cmds = lists.bufs.iter().map(|b| {
+                cmd::dsm_deallocate(nsid, b.len() / cmd::DSM_RANGE_BYTES)
+                    .map(|c| c.with_data(b.as_ptr() as u64, b.len() as u32))
+                    .map_err(|_| -libc::EINVAL)
+            });
+            let res = self.run(q, "deallocate", cmds).await;
+            lists.completed = true;
+            if res != 0 {
+                return res;
+            }
+        }
     }
 
     /// Write Zeroes; with `unmap`, on a namespace that allows it, the drive may deallocate
@@ -884,13 +892,15 @@ pub struct CommandLimits {
     /// the kernel turned it off for a drive known to mishandle it (a quirk). Passthrough
     /// would bypass that, so the ublk device does not offer it either.
     pub write_zeroes_off: bool,
+    /// The same for deallocation: the drive lacks Dataset Management (ONCS), or the kernel
+    /// turned discard off for it.
+    pub discard_off: bool,
 }
 
 impl CommandLimits {
     /// What the kernel derived from WZSL and DMRSL for the namespace behind `ng`
     /// (`write_zeroes_max_bytes`, `discard_max_hw_bytes`). 0 there means "not supported":
-    /// not a limit (a discard the drive lacks fails per command), but for Write Zeroes the
-    /// ublk device then offers none (`write_zeroes_off`).
+    /// not a limit, but the ublk device then offers none (`write_zeroes_off`, `discard_off`).
     pub fn of(ng: &Path) -> Self {
         let block = crate::nvme::path::namespace_block_device(ng);
         let name = block.as_deref().and_then(Path::file_name).and_then(|n| n.to_str());
@@ -900,6 +910,18 @@ impl CommandLimits {
             discard_bytes: get("discard_max_hw_bytes"),
             discard_segments: get("max_discard_segments"),
             write_zeroes_off: sysfs_queue(name, "write_zeroes_max_bytes") == Some(0),
+            discard_off: sysfs_queue(name, "discard_max_hw_bytes") == Some(0),
+        }
+    }
+
+    /// The ublk device's `max_discard_sectors`, as [`Self::ublk_write_zeroes_sectors`]: a
+    /// discard the drive lacks would fail every request (Invalid Opcode) where the kernel's
+    /// own driver offers none.
+    pub fn ublk_discard_sectors(&self, lba_shift: u8) -> u32 {
+        if self.discard_off {
+            0
+        } else {
+            crate::frontend::config::max_request_sectors(lba_shift)
         }
     }
 
@@ -1045,24 +1067,22 @@ impl Drop for RangeLists {
 /// most `max_ranges` of them and at most `max_blocks` blocks in all per command. The total
 /// cap is the kernel's own (its discard requests never exceed DMRSL), so no command asks more
 /// than the drive's DMSL, the total per command that the kernel does not read either.
-pub(crate) fn dsm_buffers(slba: u64, nlb: u64, max_blocks: u32, max_ranges: usize) -> Result<Vec<Vec<u8>>, i32> {
+///
+/// Made as they are taken: with a small DMRSL a discard of the whole device is tens of
+/// millions of commands, whose lists all at once would be gigabytes.
+pub(crate) fn dsm_lists(slba: u64, nlb: u64, max_blocks: u32, max_ranges: usize) -> impl Iterator<Item = Result<Vec<u8>, i32>> {
     let per = max_ranges.clamp(1, MAX_DSM_RANGES);
-    let mut out = Vec::new();
-    let mut group: Vec<DsmRange> = Vec::with_capacity(per.min(16));
-    let mut blocks = 0u64;
-    for r in DsmRange::split_at(slba, nlb, max_blocks) {
-        if !group.is_empty() && (group.len() == per || blocks + u64::from(r.nlb) > u64::from(max_blocks.max(1))) {
-            out.push(cmd::encode_dsm_ranges(&group).map_err(|_| -libc::EINVAL)?);
-            group.clear();
-            blocks = 0;
+    let cap = u64::from(max_blocks.max(1));
+    let mut ranges = DsmRange::split_at(slba, nlb, max_blocks).peekable();
+    std::iter::from_fn(move || {
+        let mut group: Vec<DsmRange> = Vec::with_capacity(per.min(16));
+        let mut blocks = 0u64;
+        while let Some(r) = ranges.next_if(|r| group.is_empty() || (group.len() < per && blocks + u64::from(r.nlb) <= cap)) {
+            blocks += u64::from(r.nlb);
+            group.push(r);
         }
-        blocks += u64::from(r.nlb);
-        group.push(r);
-    }
-    if !group.is_empty() {
-        out.push(cmd::encode_dsm_ranges(&group).map_err(|_| -libc::EINVAL)?);
-    }
-    Ok(out)
+        (!group.is_empty()).then(|| cmd::encode_dsm_ranges(&group).map_err(|_| -libc::EINVAL))
+    })
 }
 
 /// The engine's commands carry data buffers only: on a format with metadata per block (an
@@ -1207,6 +1227,14 @@ mod tests {
     }
 
     #[test]
+    fn discard_is_offered_only_where_the_kernel_offers_it_for_the_namespace() {
+        assert_eq!(CommandLimits { discard_off: true, ..Default::default() }.ublk_discard_sectors(12), 0);
+        assert_eq!(CommandLimits { write_zeroes_off: true, ..Default::default() }.ublk_discard_sectors(9), u32::MAX >> 9);
+        assert_eq!(CommandLimits::default().ublk_discard_sectors(12), (u32::MAX >> 9) & !7);
+        assert!(!CommandLimits::of(Path::new("/dev/ng-none")).discard_off);
+    }
+
+    #[test]
     fn nvme_statuses_become_the_errnos_of_the_kernels_own_nvme_driver() {
         let dnr = 1 << 14;
         for (res, want) in [
@@ -1253,17 +1281,29 @@ mod tests {
         let total = |b: &[u8]| b.chunks(16).map(|r| u64::from(u32::from_le_bytes(r[4..8].try_into().unwrap()))).sum::<u64>();
         // 8000 blocks against an 8-block DMRSL: no command carries more than 8 blocks in all
         // (the kernel sends no more; a drive's DMSL may be that small), so one range each.
-        let b = dsm_buffers(0, 8000, 8, MAX_DSM_RANGES).unwrap();
+        let all = |slba, nlb, max_blocks, max_ranges| dsm_lists(slba, nlb, max_blocks, max_ranges).collect::<Result<Vec<_>, _>>().unwrap();
+        let b = all(0, 8000, 8, MAX_DSM_RANGES);
         assert_eq!((b.len(), lens(&b).iter().max().copied()), (1000, Some(1)));
         assert!(b.iter().all(|c| total(c) == 8));
         // Without a range limit (u32::MAX blocks) one command covers it all.
-        assert_eq!(lens(&dsm_buffers(0, 8000, u32::MAX, MAX_DSM_RANGES).unwrap()), vec![1]);
+        assert_eq!(lens(&all(0, 8000, u32::MAX, MAX_DSM_RANGES)), vec![1]);
         // Past u32::MAX blocks: ranges of u32::MAX blocks, each its own command.
         let big = 3 * u64::from(u32::MAX) + 5;
-        let b = dsm_buffers(7, big, u32::MAX, MAX_DSM_RANGES).unwrap();
+        let b = all(7, big, u32::MAX, MAX_DSM_RANGES);
         assert_eq!(lens(&b), vec![1; 4]);
         assert_eq!(b.iter().map(|c| total(c)).sum::<u64>(), big);
-        assert_eq!(dsm_buffers(0, 8000, 8, 0).unwrap().len(), 1000);
+        assert_eq!(all(0, 8000, 8, 0).len(), 1000);
+        // Ranges of the drive's size, many to a command, in order and covering it all.
+        let b = all(100, 10_000, 1000, 4);
+        assert_eq!(lens(&b), vec![1; 10], "the total per command is the range limit too");
+        let b = all(100, 10_000, u32::MAX, 4);
+        assert_eq!(lens(&b), vec![1]);
+        // Made as taken: the first of 2^37 commands (a 2^40-block discard, 8 blocks a range)
+        // comes at once, without the rest (which would be 2 TiB of lists).
+        let mut lazy = dsm_lists(0, 1 << 40, 8, MAX_DSM_RANGES);
+        let first = lazy.next().unwrap().unwrap();
+        assert_eq!((lens(&[first.clone()]), total(&first)), (vec![1], 8));
+        assert_eq!(u64::from_le_bytes(lazy.next().unwrap().unwrap()[8..16].try_into().unwrap()), 8, "the second starts where the first ends");
     }
 
     #[test]

@@ -448,6 +448,14 @@ fn set_params(dev: &mut UblkDev, cfg: &DeviceConfig, backing_fd: i32) {
     }
     tgt.dev_size = cfg.exported_bytes;
     let max_sectors = cfg.io_buf_bytes >> 9;
+    // Passthrough bypasses the kernel's NVMe driver: offer only what it offers the namespace.
+    let (max_discard_sectors, max_write_zeroes_sectors) = match cfg.engine {
+        super::config::EngineKind::Passthrough => {
+            let limits = crate::engine::passthrough::CommandLimits::of(&cfg.backing);
+            (limits.ublk_discard_sectors(cfg.lba_shift), limits.ublk_write_zeroes_sectors(cfg.lba_shift))
+        }
+        _ => (super::config::max_request_sectors(cfg.lba_shift), super::config::max_request_sectors(cfg.lba_shift)),
+    };
     tgt.params = sys::ublk_params {
         types: sys::UBLK_PARAM_TYPE_BASIC | sys::UBLK_PARAM_TYPE_DISCARD,
         basic: sys::ublk_param_basic {
@@ -462,11 +470,8 @@ fn set_params(dev: &mut UblkDev, cfg: &DeviceConfig, backing_fd: i32) {
         },
         discard: sys::ublk_param_discard {
             discard_granularity: 1 << cfg.lba_shift.max(12),
-            max_discard_sectors: super::config::max_request_sectors(cfg.lba_shift),
-            max_write_zeroes_sectors: match cfg.engine {
-                super::config::EngineKind::Passthrough => crate::engine::passthrough::CommandLimits::of(&cfg.backing).ublk_write_zeroes_sectors(cfg.lba_shift),
-                _ => super::config::max_request_sectors(cfg.lba_shift),
-            },
+            max_discard_sectors,
+            max_write_zeroes_sectors,
             max_discard_segments: 1,
             ..Default::default()
         },

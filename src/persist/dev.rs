@@ -282,10 +282,10 @@ pub struct NvmeDev {
 /// The range lists of the Dataset Management commands that deallocate the whole `lba`-byte
 /// blocks within `off..off + len` (a partial block at either end is kept: it holds data
 /// outside the range), split at the drive's limits.
-fn dsm_commands(off: u64, len: u64, lba: u64, max_blocks: u32, max_ranges: usize) -> io::Result<Vec<Vec<u8>>> {
-    let Some((off, len)) = crate::device::whole_blocks_within(off, len, lba) else { return Ok(Vec::new()) };
-    crate::engine::passthrough::dsm_buffers(off / lba, len / lba, max_blocks, max_ranges)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "deallocate ranges do not encode"))
+fn dsm_commands(off: u64, len: u64, lba: u64, max_blocks: u32, max_ranges: usize) -> impl Iterator<Item = io::Result<Vec<u8>>> {
+    let (slba, nlb) = crate::device::whole_blocks_within(off, len, lba).map_or((0, 0), |(off, len)| (off / lba, len / lba));
+    crate::engine::passthrough::dsm_lists(slba, nlb, max_blocks, max_ranges)
+        .map(|l| l.map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "deallocate ranges do not encode")))
 }
 
 impl NvmeDev {
@@ -387,7 +387,8 @@ impl StateWriter for NvmeDev {
 
     fn discard(&self, off: u64, len: u64) -> io::Result<()> {
         use crate::nvme::{cmd, ioctl::Data};
-        for enc in dsm_commands(off, len, self.lba, self.dsm_max_blocks, self.dsm_max_ranges)? {
+        for enc in dsm_commands(off, len, self.lba, self.dsm_max_blocks, self.dsm_max_ranges) {
+            let enc = enc?;
             let mut b = AlignedBuf::zeroed(enc.len());
             b[..enc.len()].copy_from_slice(&enc);
             self.io(cmd::dsm_deallocate(self.nsid, enc.len() / cmd::DSM_RANGE_BYTES), Data::ToDevice(&b[..enc.len()]))?;
@@ -565,6 +566,7 @@ mod tests {
             let r = &b[i * 16..(i + 1) * 16];
             (u32::from_le_bytes(r[4..8].try_into().unwrap()), u64::from_le_bytes(r[8..16].try_into().unwrap()))
         };
+        let dsm_commands = |off, len, lba, max_blocks, max_ranges| dsm_commands(off, len, lba, max_blocks, max_ranges).collect::<io::Result<Vec<_>>>();
         // A 256 MiB slot of 4 KiB blocks against a 4096-block DMRSL: 16 commands of one range
         // each, since no command may carry more than DMRSL blocks in all (as the kernel's).
         let cmds = dsm_commands(1 << 30, 256 << 20, 4096, 4096, 256).unwrap();
