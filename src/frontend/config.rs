@@ -173,7 +173,7 @@ impl DeviceConfig {
             meta_total_bytes: fu("meta_total_bytes"),
             capacity_bytes: fu("capacity_bytes"),
         };
-        Ok(Self {
+        let cfg = Self {
             id: v.get("id").and_then(Value::as_i64).and_then(|i| i32::try_from(i).ok()).ok_or("device config lacks \"id\" (a device id)")?,
             // It names a link under /dev/fdpblk/: checked as `add --name` checks it.
             name: match v.get("name").and_then(Value::as_str) {
@@ -218,7 +218,13 @@ impl DeviceConfig {
                     n => clamped(n, "persist_interval_ms", 50, u64::MAX),
                 },
             },
-        })
+        };
+        // A request buffer holds whole logical blocks (`add` takes powers of two from 4096, or
+        // the namespace's largest transfer, in whole blocks, below that).
+        if cfg.io_buf_bytes % (1u32 << cfg.lba_shift) != 0 {
+            return Err(format!("device config's \"io_buf_bytes\" {} is not a whole number of {}-byte blocks", cfg.io_buf_bytes, 1u32 << cfg.lba_shift));
+        }
+        Ok(cfg)
     }
 }
 
@@ -339,12 +345,17 @@ mod tests {
         assert_eq!(DeviceConfig::from_json(&p.to_json()).unwrap(), p);
         assert!(DeviceConfig::from_json(&json!({})).is_err());
         // Values `add` never writes are refused, not wrapped into others.
-        for (key, bad) in [("lba_shift", 40u64), ("queues", 65536), ("queues", 0), ("depth", 5000), ("io_buf_bytes", 1 << 32)] {
+        for (key, bad) in [("lba_shift", 40u64), ("queues", 65536), ("queues", 0), ("depth", 5000), ("io_buf_bytes", 1 << 32), ("io_buf_bytes", 256)] {
             let mut v = p.to_json();
             v[key] = json!(bad);
             let e = DeviceConfig::from_json(&v).unwrap_err();
             assert!(e.contains(key) && e.contains(&bad.to_string()), "{e}");
         }
+        // A buffer of part of a 4 KiB block would give the ublk device requests of none.
+        let mut v = DeviceConfig { lba_shift: 12, ..p.clone() }.to_json();
+        v["io_buf_bytes"] = json!(2048);
+        let e = DeviceConfig::from_json(&v).unwrap_err();
+        assert!(e.contains("io_buf_bytes") && e.contains("4096-byte blocks"), "{e}");
         // A handle map with values no engine can send is refused, not wrapped or skipped.
         for (key, bad) in [("streams", json!([1, 2, 300])), ("streams", json!([0, 1])), ("pids", json!([1, "2"])), ("pids", json!(7))] {
             let mut v = p.to_json();
