@@ -75,6 +75,13 @@ pub fn blkdiscard(fd: std::os::fd::RawFd, off: u64, len: u64) -> std::io::Result
     }
 }
 
+/// This machine's memory (`MemTotal`), in bytes.
+pub fn mem_total_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// The logical block size of a block device (BLKSSZGET); 512 when it cannot be read.
 pub fn logical_block_bytes(f: &File) -> u64 {
     use std::os::fd::AsRawFd;

@@ -663,10 +663,10 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         }
         _ => io_buf,
     };
-    if let Some(e) = mem_total_bytes().and_then(|m| buffer_memory_error(a.queues, a.depth, io_buf, m)) {
+    if let Some(e) = crate::device::mem_total_bytes().and_then(|m| buffer_memory_error(a.queues, a.depth, io_buf, m)) {
         return Err(e);
     }
-    if let Some(e) = geometry.and_then(|g| crate::frontend::target::block_align_error(&g, lba, &a.backing)) {
+    if let Some(e) = geometry.and_then(|g| crate::frontend::target::layout_error(&g, lba, &a.backing)) {
         return Err(e);
     }
     // Checked at every daemon start: the path may come to name another namespace or file.
@@ -1701,12 +1701,6 @@ pub fn features(json_out: bool) -> CmdResult {
 }
 
 /// The machine's memory (`MemTotal` of /proc/meminfo), if it can be read.
-fn mem_total_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib = info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
-    kib.checked_mul(1024)
-}
-
 /// Why `queues` × `depth` I/O buffers of `io_buf` bytes are too much for a machine with
 /// `mem_total` bytes: every tag of every queue holds its own buffer for the daemon's life,
 /// and each fills up as requests of that size come, so the daemon would grow into them
@@ -2076,7 +2070,7 @@ mod tests {
         let e = buffer_memory_error(32, 4096, 64 << 10, 8 * gib).unwrap();
         assert!(e.contains("8.0 GiB of I/O buffers") && e.contains("8.0 GiB;") && e.contains("lower --depth or --io-buf-size"), "{e}");
         assert!(buffer_memory_error(32, 4096, 32 << 20, 1 << 40).is_some(), "4 TiB of buffers");
-        assert!(mem_total_bytes().is_some_and(|m| m > 1 << 20), "MemTotal is read");
+        assert!(crate::device::mem_total_bytes().is_some_and(|m| m > 1 << 20), "MemTotal is read");
     }
 
     #[test]

@@ -503,7 +503,32 @@ fn in_use(what: &Path) -> String {
 /// ublk device has the drive's block size, so a `block_align` below it puts slot and
 /// payload boundaries inside a block, which no engine can split (and LMCache's own O_DIRECT
 /// I/O would fail on it).
-pub fn block_align_error(g: &Geometry, lba: u64, backing: &Path) -> Option<String> {
+/// Why fdpblk cannot serve LMCache's layout `g` on `backing` (logical blocks of `lba` bytes)
+/// on this machine: its block_align, or the memory its slot table would take.
+pub fn layout_error(g: &Geometry, lba: u64, backing: &Path) -> Option<String> {
+    block_align_error(g, lba, backing).or_else(|| crate::device::mem_total_bytes().and_then(|m| slot_memory_error(g, m)))
+}
+
+/// Why the slot table of layout `g` is too much for a machine with `mem_total` bytes: slots of
+/// kilobytes (LMCache allows any above its header) over a large device would take gigabytes,
+/// touched whole by the state thread's sweeps, and the OOM killer would stop the daemon with
+/// LMCache's I/O hung. Half the memory is the line, as for the I/O buffers.
+fn slot_memory_error(g: &Geometry, mem_total: u64) -> Option<String> {
+    let need = SlotTable::heap_bytes_for(g.max_slots);
+    (need > mem_total / 2).then(|| {
+        let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+        format!(
+            "LMCache's layout makes {} slots of {} bytes in {} bytes: fdpblk's slot table would take {:.1} GiB, more than half of this machine's {:.1} GiB; fix: larger slots (LMCache's slot_bytes: one chunk of KV cache, megabytes) or less capacity (LMCache's capacity_bytes)",
+            g.max_slots,
+            g.slot_bytes,
+            g.capacity_bytes,
+            gib(need),
+            gib(mem_total)
+        )
+    })
+}
+
+fn block_align_error(g: &Geometry, lba: u64, backing: &Path) -> Option<String> {
     (g.block_align < lba).then(|| {
         format!(
             "LMCache's block_align {} is smaller than the {lba}-byte logical blocks of {}: set LMCache's block_align (and --block-align) to {lba} or a multiple",
@@ -992,7 +1017,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     if cfg.geometry.is_none() {
         if let Ok(Some(g)) = learn::look(&ExportedReader { dev: &*state_dev, size: cfg.exported_bytes }, &cfg.layout_flags) {
             // One the drive cannot serve is left to the learner, which refuses it.
-            if block_align_error(&g, 1u64 << cfg.lba_shift, &cfg.backing).is_none() {
+            if layout_error(&g, 1u64 << cfg.lba_shift, &cfg.backing).is_none() {
                 cfg.geometry = Some(g);
                 learned = true;
             }
@@ -1353,7 +1378,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
             continue;
         }
         let look = learn::look_why(&ExportedReader { dev: &*dev, size: cfg.exported_bytes }, &cfg.layout_flags).and_then(|l| match l {
-            learn::Looked::Layout(g) => block_align_error(&g, 1u64 << cfg.lba_shift, &cfg.backing).map_or(Ok(l), Err),
+            learn::Looked::Layout(g) => layout_error(&g, 1u64 << cfg.lba_shift, &cfg.backing).map_or(Ok(l), Err),
             _ => Ok(l),
         });
         match look {
@@ -1581,6 +1606,24 @@ mod tests {
         let e = block_align_error(&g, 4096, Path::new("/dev/ng0n1")).unwrap();
         assert!(e.contains("block_align 512") && e.contains("to 4096 or a multiple"), "{e}");
         assert!(block_align_error(&g, 512, Path::new("/dev/ng0n1")).is_none());
+    }
+
+    #[test]
+    fn a_layout_whose_slot_table_takes_half_the_memory_is_refused_with_the_fix() {
+        let gib = 1u64 << 30;
+        let layout = |slot_bytes: u64, device: u64| {
+            crate::layout::GeometryConfig { block_align: 512, header_bytes: 512, slot_bytes, meta_total_bytes: 1 << 20, capacity_bytes: 0 }.validate(device).unwrap()
+        };
+        // 32 MiB slots on 64 TiB: 2 M slots, 74 MiB of table.
+        assert_eq!(slot_memory_error(&layout(32 << 20, 64 << 40), 8 * gib), None);
+        // 1 KiB slots on 256 GiB: 2^28 slots, 9.3 GiB of table.
+        let e = slot_memory_error(&layout(1024, (256 << 30) + (1 << 20)), 16 * gib).unwrap();
+        assert!(e.contains("268435456 slots of 1024 bytes") && e.contains("9.3 GiB") && e.contains("16.0 GiB") && e.contains("larger slots"), "{e}");
+        assert!(slot_memory_error(&layout(1024, (256 << 30) + (1 << 20)), 32 * gib).is_none(), "9.3 of 32 GiB fits");
+        // The check `add` and the learner make includes it.
+        let big = layout(1024, (256 << 30) + (1 << 20));
+        let small_machine = crate::device::mem_total_bytes().is_some_and(|m| m < 18 * gib);
+        assert_eq!(layout_error(&big, 512, Path::new("/dev/ng0n1")).is_some(), small_machine);
     }
 
     #[test]

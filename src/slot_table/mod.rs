@@ -358,6 +358,15 @@ impl SlotTable {
         }
     }
 
+    /// [`Self::heap_bytes`] of a table of `max_slots` slots, before it is made: what a layout
+    /// costs in memory (about 37 bytes a slot).
+    pub fn heap_bytes_for(max_slots: u64) -> u64 {
+        let history = IdentityHistory::capacity_for(max_slots);
+        let history = history + history.div_ceil(history::HISTORY_PER_PAGE).div_ceil(64);
+        let pages = max_slots.div_ceil(RECORDS_PER_PAGE);
+        (4 * max_slots + history + pages.div_ceil(64) + 2 * max_slots.div_ceil(64)) * 8 + 2 * max_slots
+    }
+
     /// Heap bytes this table holds (slot records, history, bitmaps; tag names excluded).
     pub fn heap_bytes(&self) -> usize {
         self.identity.len() * 8 + self.meta.len() * 8 + self.life.len() * 8 + self.remaining.len() * 8

@@ -364,3 +364,13 @@ fn a_load_between_read_and_cas_keeps_the_cas_and_its_count() {
     t.note_read(1);
     assert!(!t.cas_life(1, l, l & !life::READS_MASK));
 }
+
+/// What a layout costs is known before its table is made, exactly.
+#[test]
+fn a_tables_memory_is_known_before_it_is_made() {
+    for n in [1u64, 63, 64, 65, 1000, 4096, 100_003, 1 << 20] {
+        assert_eq!(SlotTable::heap_bytes_for(n), SlotTable::new(n).heap_bytes() as u64, "{n} slots");
+    }
+    let per_slot = SlotTable::heap_bytes_for(1 << 20) as f64 / f64::from(1u32 << 20);
+    assert!((36.0..38.0).contains(&per_slot), "{per_slot} bytes a slot");
+}
