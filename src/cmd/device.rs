@@ -772,6 +772,27 @@ fn forward_stop_signals(daemon: libc::pid_t, held: &libc::sigset_t) {
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, held, std::ptr::null_mut()) };
 }
 
+/// Runs `body` in this process: `ready` gets the device id once it serves. A start that
+/// failed is this command's error (main prints it, the exit status is 1) whether `body`
+/// returns it or only reports it as its first word (a device stopped again at once, its state file
+/// or name link not made, a stop signal during the start: `body` then returns `Ok`).
+fn in_foreground(
+    body: impl FnOnce(Box<dyn FnOnce(Result<i32, String>) + Send>) -> Result<(), String>,
+    ready: impl FnOnce(i32) + Send + 'static,
+) -> CmdResult {
+    let failed: std::sync::Arc<std::sync::Mutex<Option<String>>> = Default::default();
+    let said = failed.clone();
+    let res = body(Box::new(move |r| match r {
+        Ok(id) => ready(id),
+        Err(e) => *said.lock().unwrap_or_else(|e| e.into_inner()) = Some(e),
+    }));
+    let failed = failed.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match (res, failed) {
+        (Err(e), _) | (Ok(()), Some(e)) => Err(e.into()),
+        (Ok(()), None) => Ok(()),
+    }
+}
+
 /// Runs `body` as a daemon: fork, new session, its own mount namespace (a ublk server must
 /// not share one with the device's users), stdio to /dev/null and a log file. The parent
 /// waits for the child's first word — the device id or an error — and prints it.
@@ -783,14 +804,10 @@ fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, Stri
     if foreground {
         // SAFETY: unshare only changes this process's namespaces.
         unsafe { libc::unshare(libc::CLONE_NEWNS) };
-        // An error also comes back as `body`'s result, which main prints: only report success.
-        return body(Box::new(move |r| {
-            if let Ok(id) = r {
-                report(&r);
-                super::up::notify_ready(id); // systemd Type=notify; nothing outside systemd
-            }
-        }))
-        .map_err(Into::into);
+        return in_foreground(body, move |id| {
+            report(&Ok(id));
+            super::up::notify_ready(id); // systemd Type=notify; nothing outside systemd
+        });
     }
     let mut fds = [0i32; 2];
     // SAFETY: pipe writes two fds into the array.
@@ -918,6 +935,15 @@ fn add_device(a: &AddArgs) -> CmdResult {
     if let Some(name) = &a.name {
         // Two devices under one name would point LMCache's device_path at the wrong backing.
         match super::up::find(name) {
+            // Killed (or stopping): the driver may hold LMCache's I/O for its recovery, which
+            // `del` would fail.
+            super::up::Found::Running { id, pid } if exiting(pid) => {
+                return Err(format!(
+                    "--name {name} is taken by {}, whose daemon (pid {pid}) is exiting (NVMe commands in flight); once it is gone, `fdpblk up {name}` recovers the device (or adds it again)",
+                    state::bdev_path(id)
+                )
+                .into())
+            }
             super::up::Found::Running { id, .. } => {
                 return Err(format!("--name {name} is taken by {}; pick another name or `fdpblk del -n {id}` first", state::bdev_path(id)).into())
             }
@@ -1084,7 +1110,7 @@ fn backing_in_use(backing: &Path) -> Option<String> {
 
 /// Whether process `pid` is exiting: its main thread is a zombie while other threads still
 /// wait (in NVMe ioctls, say).
-fn exiting(pid: u32) -> bool {
+pub(crate) fn exiting(pid: u32) -> bool {
     state::state_letter(&format!("/proc/{pid}/stat")) == Some('Z')
 }
 
@@ -1266,8 +1292,18 @@ fn del_one(id: i32) -> Result<(), String> {
         );
     }
     let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {}", target::ublk_error(&e)))?;
+    // Once the daemon deleted its device the id is free, and an add may take it at once: a
+    // device of this id is still the one stopped only while no add took the id since. An add
+    // clears a dead daemon's state file under the add lock, so under that lock an unchanged
+    // state file says so; without one to tell by, the lock is held from the stop on.
+    let held_from_stop = if read.is_err() { Some(target::add_lock()?) } else { None };
     // Stopping makes the daemon drain its queues, delete the device and exit.
-    let _ = ctrl.kill_dev();
+    if let Err(e) = ctrl.kill_dev() {
+        // Not told to stop: waiting for the daemon would be waiting for nothing.
+        if target::device_exists(id) {
+            return Err(format!("ublk device {id}: cannot stop it: {}", target::ublk_error(&e)));
+        }
+    }
     if let Some(pid) = daemon {
         // It drains its queues (NVMe commands the drive is slow with: up to its 40 s limit)
         // and writes its state, which may be large; it then deletes the device itself.
@@ -1280,10 +1316,17 @@ fn del_one(id: i32) -> Result<(), String> {
             // done, which by then could be another device's.
             if !wait_for(STOP_WAIT_S - 10, || !pid.alive()) {
                 return Err(format!(
-                    "device {id}: its daemon (pid {pid}) is still stopping after {STOP_WAIT_S} s; wait for it, or kill it (`kill -9 {pid}`: the driver then holds the device, nothing is lost) and `fdpblk del -n {id}` again"
+                    "device {id}: its daemon (pid {pid}) is still stopping after {STOP_WAIT_S} s; wait for it, or kill it (`kill -9 {pid}`: the device is stopped already; fdpblk's own state then counts as unclean at the next start, which only forgoes deallocations) and `fdpblk del -n {id}` again"
                 ));
             }
         }
+    }
+    let _lock = match held_from_stop {
+        Some(l) => l,
+        None => target::add_lock()?,
+    };
+    if !still_the_stopped_device(read.as_ref().ok().map(|(_, d)| d), state::read_state(id).ok().map(|(_, d)| d).as_ref()) {
+        return Ok(());
     }
     // A daemon that died (or one that stopped without deleting) leaves the device to us.
     if target::device_exists(id) {
@@ -1301,6 +1344,20 @@ fn del_one(id: i32) -> Result<(), String> {
         _ => {}
     }
     Ok(())
+}
+
+/// Whether device `id`, after `del` stopped it and its daemon is gone, is still the device
+/// stopped, by the daemon its state file named `before` the stop and names `now` (under the
+/// add lock). An add clears a dead daemon's state file under that lock before it releases
+/// it, so a file unchanged means no add took the id since; a file gone means the daemon
+/// finished (it deletes its device first) or an add took the id. Without a file before,
+/// `del` held the lock from the stop on: no add came between.
+fn still_the_stopped_device(before: Option<&state::Daemon>, now: Option<&state::Daemon>) -> bool {
+    match (before, now) {
+        (Some(before), Some(now)) => now == before,
+        (Some(_), None) => false,
+        (None, _) => true,
+    }
 }
 
 /// The daemon serving device `id`: its state file's, else an fdpblk process holding its
@@ -2060,6 +2117,40 @@ mod tests {
         assert!(!same_backing(&a, &b));
         assert!(!same_backing(&a, &dir.join("missing")));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn del_deletes_only_the_device_it_stopped() {
+        let d = |pid| state::Daemon { pid, start: Some(7) };
+        assert!(still_the_stopped_device(Some(&d(10)), Some(&d(10))), "its daemon died: the device is left to del");
+        assert!(!still_the_stopped_device(Some(&d(10)), Some(&d(11))), "an add took the id and wrote its file");
+        assert!(!still_the_stopped_device(Some(&d(10)), Some(&state::Daemon { pid: 10, start: Some(8) })), "a new process of that pid");
+        assert!(!still_the_stopped_device(Some(&d(10)), None), "its daemon finished, or an add cleared the file");
+        assert!(still_the_stopped_device(None, None) && still_the_stopped_device(None, Some(&d(11))), "no file before: the lock was held from the stop");
+    }
+
+    #[test]
+    fn a_foreground_start_that_failed_is_the_commands_error() {
+        let ready = || {
+            let got = std::sync::Arc::new(std::sync::Mutex::new(None));
+            let g = got.clone();
+            (got, move |id| *g.lock().unwrap() = Some(id))
+        };
+        // Served, then stopped cleanly: success, ready once.
+        let (got, r) = ready();
+        assert!(in_foreground(|n| { n(Ok(3)); Ok(()) }, r).is_ok());
+        assert_eq!(*got.lock().unwrap(), Some(3));
+        // Reported failed, then stopped without an error of its own (the name link not made).
+        let (got, r) = ready();
+        let e = in_foreground(|n| { n(Err("device 0: cannot link /dev/fdpblk/kv0; stopped".into())); Ok(()) }, r).unwrap_err();
+        assert!(e.to_string().contains("cannot link"), "{e}");
+        assert_eq!(*got.lock().unwrap(), None, "never ready");
+        // Failed with an error of its own: that one.
+        let (_, r) = ready();
+        let e = in_foreground(|n| { n(Err("first word".into())); Err("the start failed".into()) }, r).unwrap_err();
+        assert_eq!(e.to_string(), "the start failed");
+        let (_, r) = ready();
+        assert_eq!(in_foreground(|_| Err("no device".into()), r).unwrap_err().to_string(), "no device");
     }
 
     #[test]

@@ -65,7 +65,8 @@ fn add_args(file: &Path, name: &str) -> Result<crate::cli::AddArgs, String> {
     match &a.name {
         Some(n) if n != name => {
             return Err(format!(
-                "{} sets name = \"{n}\" but it is the config of device {name}; remove the name line or rename the file to {n}.toml",
+                "{} sets name = \"{n}\" but it is the config of device {name}; remove the name line, or bring it up as {n} (`fdpblk up {n} --config {}`)",
+                file.display(),
                 file.display()
             ))
         }
@@ -166,10 +167,35 @@ fn add_when_the_backing_exists(a: &crate::cli::AddArgs) -> CmdResult {
     device::add(a)
 }
 
+/// What [`find`] says once a daemon that is exiting has gone, waiting up to `tries` ×
+/// `pause` for it: a daemon killed while the drive held its NVMe commands lingers until they
+/// end (the kernel's I/O timeout, 30 s), and its device is then held for recovery, which
+/// `down` would fail.
+fn find_settled(mut find: impl FnMut() -> Found, exiting: impl Fn(u32) -> bool, tries: u32, pause: std::time::Duration, name: &str) -> Found {
+    let mut f = find();
+    for i in 0..tries {
+        let Found::Running { pid, .. } = &f else { break };
+        if !exiting(*pid) {
+            break;
+        }
+        if i == 0 {
+            eprintln!("fdpblk: device {name}: its daemon (pid {pid}) is exiting (NVMe commands in flight); waiting up to {} s for it to go", (pause * tries).as_secs());
+        }
+        std::thread::sleep(pause);
+        f = find();
+    }
+    f
+}
+
 pub fn up(u: &UpArgs) -> CmdResult {
     let (file, name) = resolve(u, Path::new(CONFIG_DIR))?;
     let a = add_args(&file, &name);
-    match find(&name) {
+    match find_settled(|| find(&name), device::exiting, 450, std::time::Duration::from_millis(100), &name) {
+        Found::Running { id, pid } if device::exiting(pid) => Err(format!(
+            "device {name}: its daemon (pid {pid}) is still exiting (NVMe commands in flight); run `fdpblk up {name}` again once it is gone (it recovers {})",
+            state::bdev_path(id)
+        )
+        .into()),
         Found::Running { id, pid } => Err(format!(
             "device {name} already runs as {} (pid {pid}); stop it first: fdpblk down {name} (or fdpblk del -n {id})",
             state::bdev_path(id)
@@ -249,6 +275,36 @@ fn sd_notify(sock: &std::ffi::OsStr, msg: &[u8]) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    /// A killed daemon that is still exiting is waited for, then what runs is found again; a
+    /// running one is not waited for.
+    #[test]
+    fn up_waits_for_a_daemon_that_is_exiting_and_not_for_one_that_runs() {
+        use std::time::Duration;
+        let pause = Duration::from_millis(1);
+        // Exiting for three looks, then gone: the device is left for recovery.
+        let mut looks = 0;
+        let f = find_settled(
+            || {
+                looks += 1;
+                if looks <= 3 { Found::Running { id: 4, pid: 77 } } else { Found::Orphaned { id: 4 } }
+            },
+            |pid| pid == 77,
+            100,
+            pause,
+            "kv0",
+        );
+        assert!(matches!(f, Found::Orphaned { id: 4 }), "{f:?}");
+        assert_eq!(looks, 4);
+        // Running: no wait.
+        let mut looks = 0;
+        let f = find_settled(|| { looks += 1; Found::Running { id: 4, pid: 78 } }, |pid| pid == 77, 100, pause, "kv0");
+        assert!(matches!(f, Found::Running { pid: 78, .. }) && looks == 1);
+        // Exiting for longer than the wait: still running, as found last.
+        let mut looks = 0;
+        let f = find_settled(|| { looks += 1; Found::Running { id: 4, pid: 77 } }, |_| true, 5, pause, "kv0");
+        assert!(matches!(f, Found::Running { pid: 77, .. }) && looks == 6);
+    }
+
     #[test]
     fn up_waits_for_a_backing_that_appears_late_and_not_for_one_that_never_does() {
         use std::time::{Duration, Instant};
@@ -304,7 +360,7 @@ mod tests {
         assert_eq!(resolve(&args(Some("kv0"), Some(&q)), dir).unwrap(), (q.clone(), "kv0".into()));
         // The file's name must be the instance's.
         let e = add_args(&q, "kv0").unwrap_err();
-        assert!(e.contains("sets name = \"kv9\" but it is the config of device kv0") && e.contains("kv9.toml"), "{e}");
+        assert!(e.contains("sets name = \"kv9\" but it is the config of device kv0") && e.contains("`fdpblk up kv9 --config ") && !e.contains("rename"), "{e}");
         let a = add_args(&p, "stem0").unwrap();
         assert_eq!(a.name.as_deref(), Some("stem0"));
         assert!(a.foreground, "up runs in the foreground");

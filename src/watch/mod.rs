@@ -119,7 +119,18 @@
 //!   writes the backing device while fdpblk is stopped — assumed; 5 checks it per slot).
 //!
 //! Not proved, assumed: a single LMCache process per device, writing one checkpoint at a
-//! time (true for 0.5.6: the periodic thread, and `close()` after joining it).
+//! time (0.5.6: the periodic thread, and `close()` after joining it; the join waits at most
+//! 5 s, so a checkpoint `close()` or `checkpoint_now()` writes may overlap a slow periodic one.
+//! Traced: two snapshots in flight at once leave a torn or out-of-order container, and since
+//! condition 3 needs both containers' contents known and neither listing the slot, that
+//! stops deallocation rather than confirming a slot wrongly.)
+//!
+//! Not closed, LMCache's own: a put whose header and checkpoint reach the drive while its
+//! payload does not (LMCache never flushes; a power loss under buffered I/O or a volatile
+//! write cache) is loaded after the crash over whatever the slot held: the previous key's
+//! bytes without fdpblk, zeroes once fdpblk deallocated the slot. For the same key put back
+//! into its own deallocated slot, that is zeroes where its identical old bytes would have
+//! stood. With O_DIRECT on a drive whose completions are durable there is no such window.
 //!
 //! Claims A and B read "planned before" as "issued before": true for O_DIRECT (posix and
 //! io_uring: a put commits after its writes completed). Buffered writeback (the non-MP
@@ -129,9 +140,12 @@
 //! that writeback does not hold a checkpoint's header page back for a checkpoint interval
 //! while slot pages dirtied after the next snapshot go out first: that checkpoint, arriving
 //! late, could confirm a slot's old contents under a later put's payload. The kernel writes
-//! a dirty page back within `vm.dirty_expire_centisecs` (30 s by default) of dirtying it,
-//! plus one flusher period (`vm.dirty_writeback_centisecs`, 5 s), against LMCache's 60 s
-//! interval; keep it below the interval. `WatchConfig::writeback` checks this against the
+//! an inode's dirty pages back once they are `vm.dirty_expire_centisecs` (30 s by default)
+//! old, at the next flusher period (`vm.dirty_writeback_centisecs`, 5 s), against LMCache's
+//! 60 s interval; keep it below the interval. That is per inode, not per page: the device is
+//! one inode, written back in offset order, so under a heavy dirty load a pass over its dirty
+//! pages can take longer (its dirty bytes over the drive's bandwidth); the check below
+//! counts only the settings. `WatchConfig::writeback` checks this against the
 //! observed interval and warns (`writeback_risk`).
 
 use crate::layout::checkpoint_header::CheckpointHeader;

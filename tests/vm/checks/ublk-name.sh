@@ -117,6 +117,11 @@ expect "add fails where its name cannot be linked ($out)" bash -c "test $rc -ne 
 # (Its daemon deletes the device, then its state file, after the add has answered.)
 expect "and leaves no device nor state file" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb1 || -e /run/fdpblk/1.json ]] || exit 0; sleep 0.1; done; exit 1"
 expect "nor a temporary link" bash -c "! compgen -G '/dev/fdpblk/.kv2.*'"
+# In the foreground (as under systemd) the daemon is the command: it stops the device and
+# exits non-zero, with the error.
+out=$(timeout 60 "$FDPBLK" add --foreground --backing /var/tmp/kv2.img --engine plain --policy none -n 1 --name kv2 "${GEO[@]}" 2>&1) && rc=0 || rc=$?
+expect "add --foreground exits 1 where its name cannot be linked (rc $rc: $out)" bash -c "test $rc -eq 1 && grep -q 'cannot link /dev/fdpblk/kv2 to it' <<<\"\$1\"" _ "$out"
+expect "and leaves no device nor state file" bash -c "! [[ -e /dev/ublkb1 || -e /run/fdpblk/1.json ]]"
 rmdir /dev/fdpblk/kv2
 expect "list --json names it" bash -c "$FDPBLK list --json | grep -q '\"name\":\"kv0\"'"
 head -c 1048576 /dev/urandom >/tmp/p
