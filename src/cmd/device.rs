@@ -1292,11 +1292,6 @@ fn del_one(id: i32) -> Result<(), String> {
         );
     }
     let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {}", target::ublk_error(&e)))?;
-    // Once the daemon deleted its device the id is free, and an add may take it at once: a
-    // device of this id is still the one stopped only while no add took the id since. An add
-    // clears a dead daemon's state file under the add lock, so under that lock an unchanged
-    // state file says so; without one to tell by, the lock is held from the stop on.
-    let held_from_stop = if read.is_err() { Some(target::add_lock()?) } else { None };
     // Stopping makes the daemon drain its queues, delete the device and exit.
     if let Err(e) = ctrl.kill_dev() {
         // Not told to stop: waiting for the daemon would be waiting for nothing.
@@ -1321,15 +1316,13 @@ fn del_one(id: i32) -> Result<(), String> {
             }
         }
     }
-    let _lock = match held_from_stop {
-        Some(l) => l,
-        None => target::add_lock()?,
-    };
-    if !still_the_stopped_device(read.as_ref().ok().map(|(_, d)| d), state::read_state(id).ok().map(|(_, d)| d).as_ref()) {
-        return Ok(());
-    }
-    // A daemon that died (or one that stopped without deleting) leaves the device to us.
+    // A daemon that died (or one that stopped without deleting) leaves the device to us;
+    // one that deleted it freed the id, which an add may have taken since.
     if target::device_exists(id) {
+        let server = UblkCtrl::new_simple(id).map(|c| c.dev_info().ublksrv_pid).unwrap_or(0);
+        if !still_the_stopped_device(daemon.map(|d| d.pid), server) {
+            return Ok(());
+        }
         target::delete_device(&ctrl)?;
     }
     drop(ctrl);
@@ -1346,17 +1339,15 @@ fn del_one(id: i32) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether device `id`, after `del` stopped it and its daemon is gone, is still the device
-/// stopped, by the daemon its state file named `before` the stop and names `now` (under the
-/// add lock). An add clears a dead daemon's state file under that lock before it releases
-/// it, so a file unchanged means no add took the id since; a file gone means the daemon
-/// finished (it deletes its device first) or an add took the id. Without a file before,
-/// `del` held the lock from the stop on: no add came between.
-fn still_the_stopped_device(before: Option<&state::Daemon>, now: Option<&state::Daemon>) -> bool {
-    match (before, now) {
-        (Some(before), Some(now)) => now == before,
-        (Some(_), None) => false,
-        (None, _) => true,
+/// Whether the device of the id `del` stopped, found again once the daemon waited for
+/// (`waited`, its pid) is gone, is still the one stopped, by the server the driver names
+/// (`server_pid`). A daemon that deleted its device freed the id, and an add may have taken
+/// it at once: that device names its own daemon (from its add on). With no daemon to wait
+/// for, nothing deleted the stopped device, so the id is still its.
+fn still_the_stopped_device(waited: Option<u32>, server_pid: i32) -> bool {
+    match waited {
+        None => true,
+        Some(pid) => u32::try_from(server_pid).is_ok_and(|s| s == pid),
     }
 }
 
@@ -2121,12 +2112,10 @@ mod tests {
 
     #[test]
     fn del_deletes_only_the_device_it_stopped() {
-        let d = |pid| state::Daemon { pid, start: Some(7) };
-        assert!(still_the_stopped_device(Some(&d(10)), Some(&d(10))), "its daemon died: the device is left to del");
-        assert!(!still_the_stopped_device(Some(&d(10)), Some(&d(11))), "an add took the id and wrote its file");
-        assert!(!still_the_stopped_device(Some(&d(10)), Some(&state::Daemon { pid: 10, start: Some(8) })), "a new process of that pid");
-        assert!(!still_the_stopped_device(Some(&d(10)), None), "its daemon finished, or an add cleared the file");
-        assert!(still_the_stopped_device(None, None) && still_the_stopped_device(None, Some(&d(11))), "no file before: the lock was held from the stop");
+        assert!(still_the_stopped_device(Some(10), 10), "its daemon stopped (or died) without deleting it: del deletes it");
+        assert!(!still_the_stopped_device(Some(10), 11), "an add took the id: its daemon serves it");
+        assert!(!still_the_stopped_device(Some(10), -1) && !still_the_stopped_device(Some(10), 0), "an add's device not started yet");
+        assert!(still_the_stopped_device(None, 11) && still_the_stopped_device(None, -1), "no daemon to wait for: nothing freed the id");
     }
 
     #[test]

@@ -207,6 +207,17 @@ fn page_size() -> usize {
     }
 }
 
+/// What one request may spend on its commands, whatever the windows they go in: one wait
+/// for a controller reset (its commands wait out the same reset together), and one retry
+/// time (a window's commands are retried one after another, each up to TRANSIENT_RETRIES
+/// times after the drive's delay, up to 5 s, which for 64 commands would keep LMCache's
+/// request waiting for half an hour).
+#[derive(Default)]
+struct RequestBudget {
+    hold: reset::Hold,
+    spent: Duration,
+}
+
 /// State of one command in the slab.
 enum Slot {
     Free {
@@ -603,16 +614,16 @@ impl PassthroughEngine {
     /// windows of at most [`tag_window`] (fewer when the ring is full): a discard or Write Zeroes
     /// of gigabytes is thousands of commands, more than the ring holds at once.
     async fn run(&self, q: &UblkQueue<'_>, what: &str, cmds: impl Iterator<Item = Result<PassthruCmd, i32>>) -> i32 {
+        self.run_within(q, what, cmds, &mut RequestBudget::default()).await
+    }
+
+    /// [`Self::run`] for part of a request, within the request's `budget`.
+    async fn run_within(&self, q: &UblkQueue<'_>, what: &str, cmds: impl Iterator<Item = Result<PassthruCmd, i32>>, budget: &mut RequestBudget) -> i32 {
         let mut cmds = cmds.fuse();
         let mut err = 0;
         // A command the ring had no room for: the first of the next window.
         let mut waiting: Option<PassthruCmd> = None;
-        // One wait for the whole request: its commands wait out the same reset together.
-        let mut hold = reset::Hold::default();
-        // And one retry time: a window's commands are retried one after another, each up to
-        // TRANSIENT_RETRIES times after the drive's delay (up to 5 s), which for 64 commands
-        // would keep LMCache's request waiting for half an hour.
-        let mut spent = Duration::ZERO;
+        let RequestBudget { hold, spent } = budget;
         // Waits for room in a full ring since the last command that found some.
         let mut full_waits = 0;
         loop {
@@ -656,7 +667,7 @@ impl PassthroughEngine {
             }
             self.submit();
             for (c, op) in ops {
-                let mut res = self.retried(q, &c, op.await, &mut spent).await;
+                let mut res = self.retried(q, &c, op.await, spent).await;
                 // A controller reset fails the passthrough commands in flight (cancelled, or
                 // refused with EINVAL or EFAULT while the kernel rebuilds the namespace, also
                 // for a moment after the controller is live again) where the block path would
@@ -674,7 +685,7 @@ impl PassthroughEngine {
                         break;
                     }
                     if self.controller_live() {
-                        res = self.retried(q, &c, self.send(&c).await, &mut spent).await;
+                        res = self.retried(q, &c, self.send(&c).await, spent).await;
                     }
                 }
                 if err == 0 {
@@ -746,7 +757,8 @@ impl PassthroughEngine {
         }
         let mut all = dsm_lists(off >> self.lba_shift, len >> self.lba_shift, self.dsm_max_blocks, self.dsm_max_ranges);
         // A window's lists at a time (`run` awaits each window before the next), each kept
-        // here until every command of its window completed.
+        // here until every command of its window completed; one budget for them all.
+        let mut budget = RequestBudget::default();
         loop {
             let bufs = match all.by_ref().take(self.window).collect::<Result<Vec<_>, i32>>() {
                 Ok(b) if b.is_empty() => return 0,
@@ -760,7 +772,7 @@ impl PassthroughEngine {
                     .map(|c| c.with_data(b.as_ptr() as u64, b.len() as u32))
                     .map_err(|_| -libc::EINVAL)
             });
-            let res = self.run(q, "deallocate", cmds).await;
+            let res = self.run_within(q, "deallocate", cmds, &mut budget).await;
             lists.completed = true;
             if res != 0 {
                 return res;

