@@ -673,6 +673,9 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let backing_identity = target::backing_identity(&a.backing).map_err(|e| {
         format!("cannot identify backing {} ({e}), which a restarting daemon checks is still the same one", a.backing.display())
     })?;
+    if let Some(w) = no_deallocation_warning(&passthrough::CommandLimits::of(&a.backing), !a.no_trim, &a.backing) {
+        tracing::warn!("{w}");
+    }
     if let Some(target) = to_wipe {
         tracing::warn!("--force: erasing the signatures on {} (wipefs -a)", target.display());
         wipe_signatures(&target)?;
@@ -1749,6 +1752,19 @@ pub fn features(json_out: bool) -> CmdResult {
 }
 
 /// The machine's memory (`MemTotal` of /proc/meminfo), if it can be read.
+/// What to say of a namespace that takes no deallocation (the kernel reports no discard for
+/// it: its drive lacks Dataset Management, or a quirk turned it off): most of fdpblk's gain is
+/// the deallocation of evicted slots and stale tails, which then fails at the drive (once per
+/// checkpoint, with a warning each time it starts failing).
+fn no_deallocation_warning(limits: &passthrough::CommandLimits, trim: bool, backing: &Path) -> Option<String> {
+    (trim && limits.discard_off).then(|| {
+        format!(
+            "{} takes no deallocation (its drive lacks Dataset Management, or the kernel turned discard off for it): fdpblk can place writes but cannot free evicted slots, most of its gain; --no-trim says so and stops it trying",
+            backing.display()
+        )
+    })
+}
+
 /// Why `queues` × `depth` I/O buffers of `io_buf` bytes are too much for a machine with
 /// `mem_total` bytes: every tag of every queue holds its own buffer for the daemon's life,
 /// and each fills up as requests of that size come, so the daemon would grow into them
@@ -2108,6 +2124,16 @@ mod tests {
         assert!(!same_backing(&a, &b));
         assert!(!same_backing(&a, &dir.join("missing")));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_namespace_without_deallocation_is_warned_of_unless_trim_is_off() {
+        let off = passthrough::CommandLimits { discard_off: true, ..Default::default() };
+        let p = Path::new("/dev/ng0n1");
+        let w = no_deallocation_warning(&off, true, p).unwrap();
+        assert!(w.contains("/dev/ng0n1 takes no deallocation") && w.contains("--no-trim"), "{w}");
+        assert_eq!(no_deallocation_warning(&off, false, p), None);
+        assert_eq!(no_deallocation_warning(&passthrough::CommandLimits::default(), true, p), None);
     }
 
     #[test]
