@@ -1751,7 +1751,6 @@ pub fn features(json_out: bool) -> CmdResult {
     Ok(())
 }
 
-/// The machine's memory (`MemTotal` of /proc/meminfo), if it can be read.
 /// What to say of a namespace that takes no deallocation (the kernel reports no discard for
 /// it: its drive lacks Dataset Management, or a quirk turned it off): most of fdpblk's gain is
 /// the deallocation of evicted slots and stale tails, which then fails at the drive (once per

@@ -756,7 +756,7 @@ impl PassthroughEngine {
             return 0;
         }
         let mut all = dsm_lists(off >> self.lba_shift, len >> self.lba_shift, self.dsm_max_blocks, self.dsm_max_ranges);
-        // A window's lists at a time (`run` awaits each window before the next), each kept
+        // A window's lists at a time (`run_within` awaits each window before the next), each kept
         // here until every command of its window completed; one budget for them all.
         let mut budget = RequestBudget::default();
         loop {

@@ -499,10 +499,6 @@ fn in_use(what: &Path) -> String {
     )
 }
 
-/// Why LMCache's layout `g` cannot be served on a backing of `lba`-byte logical blocks: the
-/// ublk device has the drive's block size, so a `block_align` below it puts slot and
-/// payload boundaries inside a block, which no engine can split (and LMCache's own O_DIRECT
-/// I/O would fail on it).
 /// Why fdpblk cannot serve LMCache's layout `g` on `backing` (logical blocks of `lba` bytes)
 /// on this machine: its block_align, or the memory its slot table would take.
 pub fn layout_error(g: &Geometry, lba: u64, backing: &Path) -> Option<String> {
@@ -530,6 +526,10 @@ fn slot_memory_error(g: &Geometry, mem_total: u64) -> Option<String> {
     })
 }
 
+/// Why LMCache's layout `g` cannot be served on a backing of `lba`-byte logical blocks: the
+/// ublk device has the drive's block size, so a `block_align` below it puts slot and
+/// payload boundaries inside a block, which no engine can split (and LMCache's own O_DIRECT
+/// I/O would fail on it).
 fn block_align_error(g: &Geometry, lba: u64, backing: &Path) -> Option<String> {
     (g.block_align < lba).then(|| {
         format!(
