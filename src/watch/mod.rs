@@ -336,7 +336,12 @@ struct ValidCopy {
 /// entries (8 bytes each; about 4.5 MiB for a full 128 MiB checkpoint), not the layout's slot
 /// count, which as a table would be 1 GiB at 2^28 slots.
 #[derive(Clone, Debug, Default)]
-struct ListedLens(Vec<(u32, u32)>, usize);
+struct ListedLens {
+    /// (slot, longest length plus one), sorted and one per slot after a merge.
+    entries: Vec<(u32, u32)>,
+    /// Entries at which the next merge comes.
+    merge_at: usize,
+}
 
 impl ListedLens {
     /// Entries noted before the first merge.
@@ -348,28 +353,28 @@ impl ListedLens {
     /// the entries double since the last merge, so they stay within twice the slots listed.
     fn note(&mut self, slot: u64, n: u32) {
         if let Ok(s) = u32::try_from(slot) {
-            self.0.push((s, n));
-            if self.0.len() >= self.1.max(Self::FIRST_MERGE) {
+            self.entries.push((s, n));
+            if self.entries.len() >= self.merge_at.max(Self::FIRST_MERGE) {
                 self.merge();
-                self.1 = 2 * self.0.len();
+                self.merge_at = 2 * self.entries.len();
             }
         }
     }
     /// Sorted by slot, one entry per slot with its longest length.
     fn merge(&mut self) {
-        self.0.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        self.0.dedup_by_key(|e| e.0);
+        self.entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        self.entries.dedup_by_key(|e| e.0);
     }
     /// [`Self::merge`], its spare room given back.
     fn finish(&mut self) {
         self.merge();
-        self.0.shrink_to_fit();
+        self.entries.shrink_to_fit();
     }
     /// The slot's longest length plus one; 0 where none is listed. A slot past any layout,
     /// which [`Self::note`] could not keep, reads as listed whole.
     fn get(&self, slot: u64) -> u32 {
         let Ok(s) = u32::try_from(slot) else { return u32::MAX };
-        self.0.binary_search_by_key(&s, |e| e.0).map_or(0, |i| self.0[i].1)
+        self.entries.binary_search_by_key(&s, |e| e.0).map_or(0, |i| self.entries[i].1)
     }
 }
 

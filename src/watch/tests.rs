@@ -3393,14 +3393,14 @@ fn listed_lengths_keep_the_longest_per_slot_in_bounded_memory() {
     assert_eq!([l.get(0), l.get(3), l.get(7), l.get(1 << 27)], [1, 5, 4000, u32::MAX]);
     assert_eq!([l.get(1), l.get(8)], [0, 0], "not listed");
     assert_eq!(l.get(u64::MAX), u32::MAX, "past any layout: protected whole");
-    assert_eq!(l.0.len(), 4, "one entry per slot");
+    assert_eq!(l.entries.len(), 4, "one entry per slot");
     // One slot listed a million times (a crafted checkpoint): merged as it goes, the longest kept.
     let mut l = super::ListedLens::default();
     for i in 0..1_000_000u32 {
         l.note(u64::from(i % 3), i);
-        assert!(l.0.len() <= super::ListedLens::FIRST_MERGE, "{} entries for 3 slots", l.0.len());
+        assert!(l.entries.len() <= super::ListedLens::FIRST_MERGE, "{} entries for 3 slots", l.entries.len());
     }
     l.finish();
     assert_eq!([l.get(0), l.get(1), l.get(2)], [999_999, 999_997, 999_998]);
-    assert_eq!(l.0.len(), 3);
+    assert_eq!(l.entries.len(), 3);
 }
