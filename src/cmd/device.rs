@@ -1322,7 +1322,7 @@ fn del_one(id: i32) -> Result<(), String> {
     // A daemon that died (or one that stopped without deleting) leaves the device to us;
     // one that deleted it freed the id, which an add may have taken since.
     if target::device_exists(id) {
-        let server = UblkCtrl::new_simple(id).map(|c| c.dev_info().ublksrv_pid).unwrap_or(0);
+        let server = ctrl.read_dev_info().map_or(0, |_| ctrl.dev_info().ublksrv_pid);
         if !still_the_stopped_device(daemon.map(|d| d.pid), server) {
             return Ok(());
         }
