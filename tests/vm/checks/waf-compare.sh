@@ -65,8 +65,23 @@ loopdev=$(losetup -f --show /dev/nvme0n1) || check_fatal "losetup over /dev/nvme
 refused "a loop device over the namespace" "is open by: $loopdev \\(a loop device over it\\); stop them first" --drive /dev/nvme0n1 --erase
 losetup -d "$loopdev"
 
-# ---- the guide's commands (docs/guide.md, "Measure") ------------------------------------------
+# fio-static replays raw's queued writes through NVMe passthrough, which cannot split them:
+# 1 MiB slots queue payload writes of about 1 MiB, past this drive's maximum transfer size.
 FIO=$FIO_FDP
+max_tx=$(target/release/fdpblk fdp status /dev/nvme0n1 --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["max_transfer_bytes"])')
+printf '%s\n' "--slot-bytes 1M --meta-total-bytes 256K --capacity-bytes 8448K" "--engine posix --odirect --quiet" "put 4 checkpoint" >/tmp/waf-big.args
+if ((max_tx < 1 << 20)); then
+    out=$(tools/waf-compare --drive /dev/nvme0n1 --erase --out /tmp/waf-big --configs "raw fio-static" --workload /tmp/waf-big.args --fio "$FIO" 2>&1) && rc=0 || rc=$?
+    if ((rc == 1)) && grep -q "fio-static: the raw configuration queued writes of up to [0-9]* bytes, and NVMe passthrough cannot split them to /dev/nvme0n1's maximum transfer size ($max_tx bytes)" <<<"$out"; then
+        ok "fio-static refused before its erase: raw's writes exceed the drive's maximum transfer size ($max_tx bytes)"
+    else
+        not_ok "fio-static with writes past the maximum transfer size: exit $rc: $(tail -5 <<<"$out")"
+    fi
+else
+    not_ok "the drive's maximum transfer size is $max_tx bytes: this case needs it below 1 MiB"
+fi
+
+# ---- the guide's commands (docs/guide.md, "Measure") ------------------------------------------
 t0=$SECONDS
 if tools/waf-compare --drive /dev/nvme0n1 --erase --out "$OUT" --fio "$FIO" --ssd-ru-size 128K --ssd-op 0.28 >"$OUT.log" 2>&1; then
     ok "tools/waf-compare ran ($((SECONDS - t0)) s)"
