@@ -51,7 +51,7 @@ done
 RES=$(mktemp)
 # A failed run leaves no device or temp file behind: only the devices this run made.
 MADE=()
-trap 'rm -f "$RES"; for m in "${MADE[@]}"; do case $m in fdpblk) "$FDPBLK" del -n 0 >/dev/null 2>&1 || true ;; rublk) "$RUBLK" del -n 1 >/dev/null 2>&1 || true ;; esac; done' EXIT
+trap 'rm -f "$RES"; for m in ${MADE[@]+"${MADE[@]}"}; do case $m in fdpblk) "$FDPBLK" del -n 0 >/dev/null 2>&1 || true ;; rublk) "$RUBLK" del -n 1 >/dev/null 2>&1 || true ;; esac; done' EXIT
 measure() { # ROUND LABEL DEV
     # Assignments, not arguments: a failed fio run stops the script here (set -e).
     local w r
