@@ -35,7 +35,8 @@ fn mutate(t: &SlotTable, rng: &mut Rng, n: usize) {
         let l = t.life(slot);
         let tag = t.tags().intern(&format!("model{}", rng.below(3)), &format!("salt{}", rng.below(5)));
         let state = SlotState::ALL[rng.below(4) as usize];
-        let conf = if rng.below(2) == 0 { life::CONFIRMED } else { 0 };
+        // Confirmed only where a checkpoint can confirm: live or evicted contents.
+        let conf = if rng.below(2) == 0 && matches!(state, SlotState::Live | SlotState::Evicted) { life::CONFIRMED } else { 0 };
         t.cas_life(slot, l, life::with_tag(life::with_state(l | conf, state), tag));
         t.history().insert(rng.next(), tag);
     }

@@ -976,7 +976,9 @@ impl SlotTable {
         let (handle, generation, tag) = (u16at(12), u16at(14), u16at(16));
         let flags = rec[18];
         let mut state = SlotState::from_bits(u64::from(flags));
-        let mut confirmed = flags & 4 != 0;
+        // Only live and evicted contents are confirmed (a record saying otherwise is corrupt,
+        // and a later write would clear its flag without marking the page to be saved).
+        let mut confirmed = flags & 4 != 0 && matches!(state, SlotState::Live | SlotState::Evicted);
         if !trust_confirmed {
             confirmed = false;
             // Without a trustworthy confirmation, live contents are only "once seen". (A slot

@@ -318,6 +318,22 @@ fn record_round_trip() {
 }
 
 #[test]
+fn a_record_confirmed_in_a_state_no_checkpoint_confirms_is_restored_unconfirmed() {
+    let t = SlotTable::new(8);
+    t.record_header(3, &SlotHeader { identity: 0xdead_beef, payload_len: 4096 }, 2);
+    let mut rec = [0u8; RECORD_BYTES];
+    for (state, kept) in [(SlotState::Unknown, false), (SlotState::Trimmed, false), (SlotState::Live, true), (SlotState::Evicted, true)] {
+        let l = t.life(3);
+        assert!(t.cas_life(3, l, life::with_state(l | life::CONFIRMED, state)));
+        t.encode_record(3, &mut rec);
+        let u = SlotTable::new(8);
+        u.restore_record(3, &rec, true);
+        let r = u.get(3).unwrap();
+        assert_eq!((r.state, r.confirmed), (state, kept), "{state:?}");
+    }
+}
+
+#[test]
 fn history_is_bounded_and_keeps_recent() {
     let h = IdentityHistory::new(64);
     for id in 0..10_000u64 {
