@@ -889,9 +889,16 @@ impl Persist {
         if !tag_bytes.is_empty() {
             slots.tags().restore(&tag_bytes);
         }
+        // Tags past the names read (pages cut, lost, or a stream that decodes short) are
+        // cleared: a tag interned later would take their numbers.
+        let forgotten = Self::forget_tags_past(&mut p, slots, slots.tags().len());
+        if tags_cut || forgotten {
+            p.forced.extend((0..layout.tag_pages).map(|t| layout.record_pages + layout.history_pages + t));
+        }
         if tags_cut {
-            Self::forget_tags_past(&mut p, slots, slots.tags().len());
             loaded.note.get_or_insert_with(|| format!("the saved tag names did not all read ({whole_tags} of {} pages whole): the {} read are kept, slots of the others start untagged", layout.tag_pages, slots.tags().len()));
+        } else if forgotten {
+            loaded.note.get_or_insert_with(|| format!("saved slot records name tags past the {} tag names saved: those slots start untagged", slots.tags().len()));
         }
         // Restoring marked everything dirty; only real changes should be written.
         let _ = slots.take_dirty_pages();
@@ -902,16 +909,20 @@ impl Persist {
 
     /// Clears every tag above `known` in the slot records and the identity history (their
     /// names were lost: a tag interned later would take their numbers), and has the pages
-    /// that held them written again, with the tag pages.
-    fn forget_tags_past(p: &mut Persist, slots: &SlotTable, known: usize) {
+    /// that held them written again. True when it cleared any.
+    fn forget_tags_past(p: &mut Persist, slots: &SlotTable, known: usize) -> bool {
         use crate::slot_table::life;
         let l = p.layout;
         let known = u16::try_from(known).unwrap_or(u16::MAX);
+        let mut cleared = false;
         for slot in 0..slots.len() as u64 {
             let v = slots.life(slot);
             // (Nothing else runs on the table while it loads: the swap cannot fail.)
-            if life::tag(v) > known && slots.cas_life(slot, v, life::with_tag(v, 0)) && p.forced.last() != Some(&(slot / RECORDS_PER_PAGE)) {
-                p.forced.push(slot / RECORDS_PER_PAGE);
+            if life::tag(v) > known && slots.cas_life(slot, v, life::with_tag(v, 0)) {
+                cleared = true;
+                if p.forced.last() != Some(&(slot / RECORDS_PER_PAGE)) {
+                    p.forced.push(slot / RECORDS_PER_PAGE);
+                }
             }
         }
         let h = slots.history();
@@ -920,9 +931,10 @@ impl Persist {
             if e != 0 && (e & 0xffff) as u16 > known {
                 h.restore_raw(i, e & !0xffff);
                 p.forced.push(l.record_pages + i / HISTORY_PER_PAGE);
+                cleared = true;
             }
         }
-        p.forced.extend((0..l.tag_pages).map(|t| l.record_pages + l.history_pages + t));
+        cleared
     }
 
     /// The page digest of the committed versions, with `pages` (sorted) at `seq` instead.

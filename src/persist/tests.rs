@@ -764,6 +764,42 @@ fn a_tag_page_of_another_cycle_cuts_the_names_there_and_untags_what_was_past_it(
     assert!(l5.found && l5.clean && x.tags().len() == names, "{} of {names} names: {l5:?}", x.tags().len());
 }
 
+/// Every copy of every tag page is unreadable: no tag stream loads, nothing is cut, and
+/// the slots and history entries that carried tags start untagged, so that tags interned
+/// from now on cannot name them.
+#[test]
+fn slots_whose_tag_names_are_all_lost_start_untagged() {
+    let (g, t, region, dev, mut p) = blank_state(300);
+    for slot in 0..5u64 {
+        let tag = t.tags().intern(&format!("model-{slot}"), "salt");
+        t.record_header(slot, &SlotHeader { identity: 1000 + slot, payload_len: 9 }, 1);
+        let l = t.life(slot);
+        assert!(t.cas_life(slot, l, life::with_tag(l, tag)));
+        t.history().insert(5000 + slot, tag);
+    }
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    let l = Layout::of(&t);
+    let mut img = dev.image();
+    for page in l.record_pages + l.history_pages..l.pages() {
+        for copy in 0..2 {
+            let o = p.page_off(page, copy) as usize;
+            img[o..o + 4096].fill(0);
+        }
+    }
+    let (v, p2, l2, dev2) = load(&g, img, region);
+    // (Its note is the page digest's, said first: the lost pages were committed.)
+    assert!(l2.found, "{l2:?}");
+    for slot in 0..5u64 {
+        assert_eq!((v.get(slot).unwrap().identity, life::tag(v.life(slot))), (1000 + slot, 0), "slot {slot}");
+    }
+    assert!((0..v.history().capacity()).all(|i| v.history().raw(i) & 0xffff == 0));
+    assert_eq!(v.tags().intern("new-model", "new-salt"), 1);
+    // Saved again, untagged, with the new name: the next load has nothing to clear.
+    p2.unwrap().cycle(&*dev2, &v, &Counters::default(), true, true).unwrap();
+    let (w, _, l3, _) = load(&g, dev2.image(), region);
+    assert!(l3.found && l3.note.is_none() && snapshot(&w) == snapshot(&v), "{l3:?}");
+}
+
 /// A page version the superblock committed but the drive no longer holds (its write lost
 /// after the flush acknowledged it, or its copy rotted whole, header too) leaves the older
 /// copy, which passes every check of its own: the page digest in the superblock tells, and
