@@ -349,8 +349,8 @@ impl WorkloadSpec {
                     None | Some(Value::Null) => None,
                     Some(q) => Some(
                         q.as_f64()
-                            .filter(|q| *q > 0.0)
-                            .ok_or_else(|| format!("{what}: \"quota\" must be a fraction > 0"))?,
+                            .filter(|q| *q > 0.0 && *q <= 1.0)
+                            .ok_or_else(|| format!("{what}: \"quota\" must be a fraction of the cache, in (0, 1]"))?,
                     ),
                 },
                 zipf: get_f64(t, "zipf", 0.9)?,
@@ -380,10 +380,27 @@ impl WorkloadSpec {
             }
             tenants.push(ts);
         }
-        if eviction.as_ref().is_some_and(|e| e.policy == EvictionPolicy::IsolatedLru)
-            && tenants.iter().any(|t| t.quota.is_none())
-        {
+        let isolated = eviction.as_ref().is_some_and(|e| e.policy == EvictionPolicy::IsolatedLru);
+        if isolated && tenants.iter().any(|t| t.quota.is_none()) {
             return err("IsolatedLRU evicts against per-tenant quotas: give every tenant a \"quota\" (LMCache wipes salts without one)");
+        }
+        if let Some(t) = tenants.iter().find(|t| !isolated && t.quota.is_some()) {
+            return err(format!("tenant {:?}: \"quota\" is read only by the IsolatedLRU eviction policy: drop it, or set \"eviction\": {{\"policy\": \"IsolatedLRU\"}}", t.name));
+        }
+        // LMCache keeps one LRU list and one quota per cache_salt: two tenants with one salt
+        // are one tenant to it.
+        if isolated {
+            for (i, a) in tenants.iter().enumerate() {
+                if let Some(b) = tenants[..i].iter().find(|b| b.salt == a.salt) {
+                    return err(format!("tenants {:?} and {:?} share the cache_salt {:?}: IsolatedLRU keeps one LRU list and quota per salt, so give each its own salt", b.name, a.name, a.salt));
+                }
+            }
+        }
+        if v.get("lru_insert").is_some() && eviction.is_none() {
+            return err("\"lru_insert\" orders the eviction controller's LRU: drop it, or give an \"eviction\"");
+        }
+        if v.get("chunk_hash_bytes").is_some() && mode == Mode::NonMp {
+            return err("\"chunk_hash_bytes\" sets the MP adapter's key hashes: non_mp keys (namespace legacy) do not use it; drop it");
         }
         let spec = WorkloadSpec {
             name: get_str(v, "name", "")?.to_string(),
