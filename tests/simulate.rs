@@ -105,6 +105,9 @@ fn errors_name_the_fix() {
         (r#"{"eviction": {"interval_s": 1e-12}, "tenants": [{}]}"#, "interval_s must be 0.01 to 86400"),
         (r#"{"chunk_hash_bytes": 4000000000, "tenants": [{}]}"#, "chunk_hash_bytes"),
         (r#"{"slot_bytes": 1000, "tenants": [{}]}"#, "larger than \"header_bytes\""),
+        (r#"{"writeback_puts": 8, "tenants": [{}]}"#, "\"writeback_puts\" is read only with buffered I/O"),
+        (r#"{"io": "buffered", "ublk_queue_depth": 8, "tenants": [{}]}"#, "\"ublk_queue_depth\" is read only with io_uring I/O"),
+        (r#"{"uring_reorder_window": 8, "tenants": [{}]}"#, "\"uring_reorder_window\" is read only with io_uring I/O"),
     ] {
         std::fs::write(&w, workload).unwrap();
         let out = fdpblk().args(["simulate", "--workload", w.to_str().unwrap()]).output().unwrap();

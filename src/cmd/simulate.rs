@@ -162,6 +162,21 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
             o => return Err(format!("--checkpoint-writeback {o}: use after-slots or before-slots")),
         };
     }
+    // Fields only one I/O mode reads, given for another (the file's or --io's): refused, not
+    // ignored. (The text parsed above.)
+    let given: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    for (field, io, name) in [
+        ("uring_reorder_window", IoMode::IoUring, "io_uring"),
+        ("ublk_queue_depth", IoMode::IoUring, "io_uring"),
+        ("writeback_puts", IoMode::Buffered, "buffered"),
+    ] {
+        if given.get(field).is_some() && workload.io != io {
+            return Err(format!(
+                "workload {}: \"{field}\" is read only with {name} I/O (\"io\": \"{name}\" in the workload, or --io {name}): drop it",
+                a.workload.display()
+            ));
+        }
+    }
     if workload.checkpoint_before_slots && workload.io != IoMode::Buffered {
         return Err("checkpoint writeback before the slots needs buffered I/O (--io buffered or \"io\": \"buffered\" in the workload)".into());
     }
