@@ -1074,12 +1074,12 @@ impl Persist {
             Ok(w) => Ok(w),
             // The superblock went out but its flush failed: it may be durable. Trust what the
             // device reads back, so that the copies of a committed cycle are never overwritten
-            // as if they were free.
-            Err((e, true)) if Self::read_superblock(dev, self.region).is_some_and(|s| s.seq == seq && s.instance == self.instance) => {
+            // as if they were free. (Its bytes count: the superblock that reads back says so.)
+            Err((e, Some(w))) if Self::read_superblock(dev, self.region).is_some_and(|s| s.seq == seq && s.instance == self.instance) => {
                 tracing::warn!("own state: flush after superblock {seq} failed ({e}); the superblock reads back, taking it as committed once a flush succeeds");
                 let prev_seqs = pages.iter().map(|&p| self.seqs[p as usize]).collect();
                 self.owed = Some(Owed { pages: pages.clone(), prev_seqs, prev_seq: self.seq });
-                Ok(0)
+                Ok(w)
             }
             Err((e, _)) => Err(e),
         };
@@ -1110,7 +1110,8 @@ impl Persist {
     }
 
     #[allow(clippy::too_many_arguments)]
-    /// Writes the pages and the superblock; the error says whether the superblock was written.
+    /// Writes the pages and the superblock; returns the bytes written, which the superblock
+    /// adds to its `own_bytes`. The error carries them too once the superblock was written.
     fn write_cycle(
         &self,
         dev: &dyn StateWriter,
@@ -1121,7 +1122,7 @@ impl Persist {
         seq: u64,
         clean: bool,
         digest: u64,
-    ) -> Result<u64, (io::Error, bool)> {
+    ) -> Result<u64, (io::Error, Option<u64>)> {
         let l = self.layout;
         let mut written = 0u64;
         // Runs of consecutive pages that go to the same copy become one write.
@@ -1140,26 +1141,28 @@ impl Persist {
                 seal_page(b, self.instance, seq, idx, Self::kind_of(&l, idx));
             }
             let len = (j - i) * BLOCK as usize;
-            dev.write_at(self.page_off(pages[i], copy), &buf[..len], self.handle).map_err(|e| (e, false))?;
+            dev.write_at(self.page_off(pages[i], copy), &buf[..len], self.handle).map_err(|e| (e, None))?;
             written += len as u64;
             i = j;
         }
         if !pages.is_empty() {
-            dev.flush().map_err(|e| (e, false))?;
+            dev.flush().map_err(|e| (e, None))?;
         }
+        // Both superblock copies when both are written.
+        written += if self.sb_both { 2 * BLOCK } else { BLOCK };
         let mut c = counters.clone();
         c.cycles = c.cycles.saturating_add(1);
-        c.own_bytes = c.own_bytes.saturating_add(written + BLOCK);
+        c.own_bytes = c.own_bytes.saturating_add(written);
         let sb = Superblock { seq, instance: self.instance, clean, geometry: self.geometry, layout: l, counters: c, digest: Some(digest) };
         let mut b = AlignedBuf::zeroed(BLOCK as usize);
         sb.encode(&mut b);
         let copy = u64::from(1 - self.sb_copy);
-        dev.write_at(self.region.offset + copy * BLOCK, &b[..BLOCK as usize], self.handle).map_err(|e| (e, true))?;
+        dev.write_at(self.region.offset + copy * BLOCK, &b[..BLOCK as usize], self.handle).map_err(|e| (e, Some(written)))?;
         if self.sb_both {
-            dev.write_at(self.region.offset + (1 - copy) * BLOCK, &b[..BLOCK as usize], self.handle).map_err(|e| (e, true))?;
+            dev.write_at(self.region.offset + (1 - copy) * BLOCK, &b[..BLOCK as usize], self.handle).map_err(|e| (e, Some(written)))?;
         }
-        dev.flush().map_err(|e| (e, true))?;
-        Ok(written + BLOCK)
+        dev.flush().map_err(|e| (e, Some(written)))?;
+        Ok(written)
     }
 
     fn fill_page(&self, idx: u64, out: &mut [u8], slots: &SlotTable, tag_bytes: &[u8]) {
