@@ -116,6 +116,48 @@ fn ctrl_from_sysfs(sys: &Path, class_dir: &Path) -> Option<String> {
     })
 }
 
+/// The namespace's node of the other class: the block device of generic device `name`
+/// (`from` "class/nvme-generic", `to` "class/block", `prefix` "nvme") or the other way round:
+/// the one whose `device` link leads to the same parent (the controller, or a multipath
+/// head's subsystem) and whose name ends in the same `n<H>`. The numbers before the `n` may
+/// differ: a private namespace's block device is named after its subsystem, its generic
+/// device after its controller. `None` when sysfs cannot tell (no `device` link, no class
+/// directory); `Some(None)` when it tells that there is none.
+fn sibling_in_sysfs(sys: &Path, from: &str, name: &str, to: &str, prefix: &str) -> Option<Option<String>> {
+    let (_, _, h) = split_name(name)?;
+    let h = h?;
+    let parent = fs::canonicalize(sys.join(from).join(name).join("device")).ok()?;
+    let mut found = fs::read_dir(sys.join(to))
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| matches!(split_name(n), Some((p, _, Some(y))) if p == prefix && y == h))
+        .filter(|n| fs::canonicalize(sys.join(to).join(n).join("device")).is_ok_and(|d| d == parent));
+    let first = found.next();
+    // Two would be a layout this does not know: the naming rule decides then.
+    if found.next().is_some() {
+        return None;
+    }
+    Some(first)
+}
+
+/// The block device name of generic device `name` (`ng<C>n<H>`): from sysfs, else by the
+/// kernel's usual naming (`nvme<C>n<H>`, where it exists).
+fn block_of_generic(sys: &Path, name: &str) -> Option<String> {
+    sibling_in_sysfs(sys, "class/nvme-generic", name, "class/block", "nvme").unwrap_or_else(|| {
+        let b = format!("nvme{}", name.strip_prefix("ng")?);
+        sys.join("class/block").join(&b).exists().then_some(b)
+    })
+}
+
+/// The generic device name of block device `name` (`nvme<S>n<H>`): from sysfs, else by the
+/// kernel's usual naming, where that generic device names this block device back.
+fn generic_of_block(sys: &Path, name: &str) -> Option<String> {
+    sibling_in_sysfs(sys, "class/block", name, "class/nvme-generic", "ng").unwrap_or_else(|| {
+        let ng = format!("ng{}", name.strip_prefix("nvme")?);
+        (block_of_generic(sys, &ng).as_deref() == Some(name)).then_some(ng)
+    })
+}
+
 /// Resolves the names of a device already known by kind and kernel name, reading sysfs
 /// under `sys` (normally `/sys`) and falling back to the naming scheme.
 pub fn resolve_names(sys: &Path, given: &Path, kind: DevKind, name: &str) -> Result<DevicePaths, PathError> {
@@ -128,13 +170,12 @@ pub fn resolve_names(sys: &Path, given: &Path, kind: DevKind, name: &str) -> Res
             (c, Some(name.to_string()))
         }
         DevKind::Generic => {
-            let b = format!("nvme{}", &name[2..]);
+            let b = block_of_generic(sys, name);
             // A multipath head's generic device links to the subsystem and has no `multipath/`
             // of its own: its block device's names the paths.
             let c = ctrl_from_sysfs(sys, &sys.join("class/nvme-generic").join(name))
-                .or_else(|| ctrl_from_sysfs(sys, &sys.join("class/block").join(&b)))
+                .or_else(|| ctrl_from_sysfs(sys, &sys.join("class/block").join(b.as_ref()?)))
                 .unwrap_or(format!("nvme{x}"));
-            let b = sys.join("class/block").join(&b).exists().then_some(b);
             (c, b)
         }
     };
@@ -160,11 +201,7 @@ pub fn namespace_other_node(path: &Path) -> Option<PathBuf> {
     let p = resolve(path).ok()?;
     match p.kind {
         DevKind::Generic => p.block_name.map(|b| Path::new("/dev").join(b)),
-        // The generic device of the same number, if it names this block device back.
-        DevKind::Block => {
-            let ng = Path::new("/dev").join(format!("ng{}", p.name.strip_prefix("nvme")?));
-            (resolve(&ng).ok()?.block_name.as_deref() == Some(p.name.as_str())).then_some(ng)
-        }
+        DevKind::Block => generic_of_block(Path::new("/sys"), &p.name).map(|ng| Path::new("/dev").join(ng)),
         DevKind::Controller => None,
     }
 }
@@ -287,6 +324,43 @@ mod tests {
         assert_eq!((p.ctrl_name.as_str(), p.block_name), ("nvme3", None));
         let p = resolve_names(s, g, DevKind::Controller, "nvme4").unwrap();
         assert_eq!((p.ctrl_name.as_str(), p.block_name), ("nvme4", None));
+    }
+
+    /// A private namespace (no multipath head) of controller nvme2 in subsystem 5: its block
+    /// device is named after the subsystem (nvme5n1), its generic device after the controller
+    /// (ng2n1). Block device nvme2n1 is another drive's. Each node finds the other by sysfs.
+    #[test]
+    fn a_private_namespace_whose_subsystem_and_controller_numbers_differ() {
+        let d = fake_sys();
+        let s = d.path();
+        let ctrl = |n: &str| {
+            let c = s.join("devices/pci0000:00/0000:00:05.0/nvme").join(n);
+            fs::create_dir_all(&c).unwrap();
+            symlink(&c, s.join("class/nvme").join(n)).unwrap();
+            c
+        };
+        let node = |parent: &Path, class: &str, n: &str| {
+            let dir = parent.join(n);
+            fs::create_dir_all(&dir).unwrap();
+            symlink(parent, dir.join("device")).unwrap();
+            symlink(&dir, s.join(class).join(n)).unwrap();
+        };
+        let (c2, c3) = (ctrl("nvme2"), ctrl("nvme3"));
+        node(&c2, "class/block", "nvme5n1");
+        node(&c2, "class/nvme-generic", "ng2n1");
+        node(&c3, "class/block", "nvme2n1");
+        node(&c3, "class/nvme-generic", "ng3n1");
+        let p = resolve_names(s, Path::new("/dev/x"), DevKind::Generic, "ng2n1").unwrap();
+        assert_eq!((p.ctrl_name.as_str(), p.block_name.as_deref()), ("nvme2", Some("nvme5n1")));
+        assert_eq!(generic_of_block(s, "nvme5n1").as_deref(), Some("ng2n1"));
+        assert_eq!(generic_of_block(s, "nvme2n1").as_deref(), Some("ng3n1"));
+        // The fake's multipath head and its generic device, both under the subsystem.
+        assert_eq!(generic_of_block(s, "nvme0n1").as_deref(), Some("ng0n1"));
+        // sysfs says there is none: no guess by number.
+        node(&c3, "class/nvme-generic", "ng5n2");
+        assert_eq!(block_of_generic(s, "ng5n2"), None);
+        // Without sysfs: the naming rule, where the other node exists.
+        assert_eq!(block_of_generic(Path::new("/nonexistent"), "ng2n1"), None);
     }
 
     #[test]
