@@ -434,7 +434,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         return Err("--io-buf-size must be a power of two from 4K to 32M".into());
     }
     if let Some(n) = &a.name {
-        state::check_name(n).map_err(|e| format!("--name {e}"))?;
+        state::check_new_name(n).map_err(|e| format!("--name {e}"))?;
     }
     let meta = std::fs::metadata(&a.backing)
         .map_err(|e| missing_backing_error(a, &e, |is, kind| crate::nvme::discover::find_namespace_where(is, kind)))?;

@@ -36,7 +36,7 @@ pub struct UpArgs {
 
 /// The config file and the device name of `up`/`down`'s arguments.
 fn resolve(u: &UpArgs, config_dir: &Path) -> Result<(PathBuf, String), String> {
-    let checked = |n: String| state::check_name(&n).map(|_| n).map_err(|e| format!("device name {e} (the NAME of /dev/fdpblk/NAME)"));
+    let checked = |n: String| state::check_new_name(&n).map(|_| n).map_err(|e| format!("device name {e} (the NAME of /dev/fdpblk/NAME)"));
     match (&u.name, &u.config) {
         (Some(n), Some(c)) => Ok((c.clone(), checked(n.clone())?)),
         (Some(n), None) => {
@@ -233,7 +233,17 @@ pub fn down(u: &UpArgs) -> CmdResult {
         None => resolve(u, Path::new(CONFIG_DIR))?.1,
     };
     match find(&name) {
-        Found::None => println!("no fdpblk device named {name}; nothing to stop"),
+        // A device whose state file does not read may be this one: not "nothing to stop".
+        Found::None => match unreadable_devices() {
+            ids if ids.is_empty() => println!("no fdpblk device named {name}; nothing to stop"),
+            ids => {
+                let ids = ids.iter().map(i32::to_string).collect::<Vec<_>>().join(", ");
+                return Err(format!(
+                    "no readable state file names {name}, but the state file of device(s) {ids} does not read, and one may be {name}'s: see `fdpblk list`; `fdpblk del -n ID` stops one"
+                )
+                .into());
+            }
+        },
         Found::Running { id, .. } => {
             device::del(&DelArgs { number: Some(id), name: None, all: false, if_orphaned: false })?;
             println!("stopped {} ({name})", state::bdev_path(id));
@@ -245,6 +255,11 @@ pub fn down(u: &UpArgs) -> CmdResult {
         Found::Stale { cfg } => remove_stale(&cfg),
     }
     Ok(())
+}
+
+/// The devices that exist and whose state file does not read.
+fn unreadable_devices() -> Vec<i32> {
+    state::state_ids().into_iter().filter(|&id| state::read_state(id).is_err() && crate::frontend::target::device_exists(id)).collect()
 }
 
 /// Tells systemd (`Type=notify`, `$NOTIFY_SOCKET`) that the device serves I/O. Does nothing

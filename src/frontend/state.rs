@@ -230,6 +230,17 @@ pub fn check_name(n: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A name for a new device: [`check_name`]'s rules, and not starting with '-', which the
+/// command line (and so every systemd unit's `fdpblk up NAME`) would take for an option.
+/// (State files of devices named so before still read.)
+pub fn check_new_name(n: &str) -> Result<(), String> {
+    check_name(n)?;
+    if n.starts_with('-') {
+        return Err(format!("{n:?} must not start with '-' (fdpblk up {n} would read it as an option)"));
+    }
+    Ok(())
+}
+
 /// Points `/dev/fdpblk/<name>` at the device, replacing a stale link.
 pub fn link_name(name: &str, id: i32) -> io::Result<()> {
     fs::create_dir_all(NAME_DIR)?;
@@ -661,5 +672,9 @@ mod tests {
         for bad in ["", ".kv0", "a b", "a/b", "a\tb", "ü"] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
+        // A new device's name must not read as an option; an old state file's still reads.
+        assert!(check_name("-kv0").is_ok());
+        assert!(check_new_name("-kv0").is_err_and(|e| e.contains("must not start with '-'")));
+        assert!(check_new_name("kv-0").is_ok() && check_new_name(".kv0").is_err());
     }
 }

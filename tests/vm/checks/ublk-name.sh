@@ -49,6 +49,12 @@ if command -v udevadm >/dev/null; then
     # still serves: `down` stops it, where it used to keep it "for recovery".
     truncate -s 64M /var/tmp/kv4.img
     expect "device 1 named kv4" quiet fdpblk_add --backing /var/tmp/kv4.img --engine plain --policy none -n 1 --name kv4 "${GEO[@]}"
+    # Its state file unreadable: `down` cannot tell it is kv4's, and says so (not "nothing to stop").
+    cp /run/fdpblk/1.json /tmp/kv4-good.json && echo '{"torn' >/run/fdpblk/1.json
+    out=$("$FDPBLK" down kv4 2>&1) && rc=0 || rc=$?
+    expect "down kv4 with device 1's state file unreadable fails, naming it ($out)" bash -c "test $rc -eq 1 && grep -qF 'the state file of device(s) 1 does not read' <<<\"\$1\"" _ "$out"
+    expect "device 1 still runs" test -b /dev/ublkb1
+    cp /tmp/kv4-good.json /run/fdpblk/1.json
     jq -c '.pid_start = 0' /run/fdpblk/1.json >/tmp/kv4-state.json && cp /tmp/kv4-state.json /run/fdpblk/1.json
     out=$("$FDPBLK" down kv4 2>&1) && rc=0 || rc=$?
     expect "down kv4 stops the device its state file's daemon does not serve ($out)" bash -c "test $rc -eq 0 && grep -qF 'stopped /dev/ublkb1 (kv4)' <<<\"\$1\"" _ "$out"
