@@ -327,7 +327,8 @@ impl Policy for KeyAwarePolicy {
                 // One probe of the read book per put: its loads so far, and `top` restarts.
                 Self::class_for(self.reads.note_write(h.identity))
             }
-            Target::Slot { previous, .. } => previous.map_or(Self::YOUNG, |p| p.handle),
+            // A handle restored from state another policy saved may lie past ours.
+            Target::Slot { previous, .. } => previous.filter(|p| p.handle < Self::HANDLES).map_or(Self::YOUNG, |p| p.handle),
         }
     }
     fn observe(&mut self, event: &Observation<'_>) {

@@ -39,6 +39,9 @@ fn key_aware_places_by_the_reads_an_identity_had() {
     // A payload without its header follows the slot's record.
     let prev = SlotEntry { handle: 2, generation: 1, ..Default::default() };
     assert_eq!(p.place(&Target::Slot { slot: 6, header: None, previous: Some(&prev) }), 2);
+    // Unless that handle, restored from state another policy saved, lies past this policy's.
+    let past = SlotEntry { handle: 7, generation: 1, ..Default::default() };
+    assert_eq!(p.place(&Target::Slot { slot: 6, header: None, previous: Some(&past) }), KeyAwarePolicy::YOUNG);
     // A read of a slot without a header is ignored.
     p.observe(&Observation::Read { slot: 999, identity: None, len: 1, slot_reads: 0 });
     assert!(p.read_book().len() == 1 && p.read_book().reads(10) == 3);
