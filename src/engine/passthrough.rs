@@ -198,13 +198,7 @@ impl Iterator for Splits {
 }
 
 fn page_size() -> usize {
-    // SAFETY: sysconf has no memory effects.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
+    crate::nvme::discover::page_size() as usize
 }
 
 /// What one request may spend on its commands, whatever the windows they go in: one wait
@@ -994,9 +988,6 @@ fn sysfs_queue(block: Option<&str>, attr: &str) -> Option<u64> {
     std::fs::read_to_string(Path::new("/sys/block").join(b).join("queue").join(attr)).ok()?.trim().parse().ok()
 }
 
-/// The largest transfer on a namespace the kernel made no block device for (128 KiB: 32
-/// pages, within the segment and size limits of any NVMe queue).
-const NO_BLOCK_DEVICE_MAX_TRANSFER: u32 = 128 << 10;
 
 /// The placement identifiers [`probe`] gives a policy of `handles` handles on `path`, read
 /// from the drive now: `Ok(Ok(pids))`; `Ok(Err(why))` where the drive answered and places no
@@ -1014,8 +1005,7 @@ pub fn placement_ids(path: &Path, policy: &str, handles: u16) -> Result<Result<V
 /// Queries `/dev/ngXnY` for a policy with `handles` placement handles: the drive must have
 /// FDP enabled and at least that many placement identifiers when `handles > 1`.
 pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String> {
-    let page = page_size() as u64;
-    let (nsid, lba_size, ns_bytes, mut max_transfer, block, pids, ms) = if handles > 1 {
+    let (nsid, lba_size, ns_bytes, max_transfer, pids, ms) = if handles > 1 {
         let info = FdpInfo::discover(path).map_err(|e| match e {
             NvmeError::NoFdp { ctrl, model } => format!(
                 "{} ({model}) does not support FDP (Identify Controller CTRATT bit 19 is clear): policy {policy} cannot place writes on {}; use --policy none",
@@ -1025,7 +1015,7 @@ pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String>
             e => e.to_string(),
         })?;
         let pids = select_pids(&info.config, &info.ruhs, handles, policy, path)?;
-        (info.nsid, info.lba_size, info.ns_bytes(), info.max_transfer_bytes, info.block_name.clone(), pids, info.lba_metadata)
+        (info.nsid, info.lba_size, info.ns_bytes(), info.max_transfer_bytes, pids, info.lba_metadata)
     } else {
         let dev = NvmeDevice::open(path).map_err(|e| e.to_string())?;
         let nsid = dev.nsid().ok_or_else(|| format!("{} is not an NVMe namespace; give /dev/ngXnY", path.display()))?;
@@ -1034,22 +1024,12 @@ pub fn probe(path: &Path, policy: &str, handles: u16) -> Result<NsProbe, String>
         let lba = ns.lba_size().map_err(|e| format!("identify namespace of {}: {e}", path.display()))?;
         let bytes = ns.size_bytes().map_err(|e| format!("identify namespace of {}: {e}", path.display()))?;
         let block = dev.paths.block_name.clone();
-        let mhs = sysfs_queue(block.as_deref(), "max_hw_sectors_kb").map(|v| v.min(u64::from(u32::MAX)) as u32);
-        let max = crate::nvme::discover::max_transfer(lba, ctrl.mdts_bytes(), mhs);
+        let limits = crate::nvme::discover::QueueLimits::of(block.as_deref());
+        let max = crate::nvme::discover::max_transfer(lba, ctrl.mdts_bytes(), limits, page_size() as u64);
         let ms = ns.format().map_or(0, |f| f.ms);
-        (nsid, lba, bytes, max, block, Vec::new(), ms)
+        (nsid, lba, bytes, max, Vec::new(), ms)
     };
     data_only(path, nsid, ms)?;
-    // Every page of a user buffer may be its own segment.
-    if let Some(segs) = sysfs_queue(block.as_deref(), "max_segments").filter(|&s| s > 0) {
-        max_transfer = (u64::from(max_transfer)).min(segs.saturating_mul(page)).max(u64::from(lba_size)) as u32;
-    }
-    // Without a block device the kernel's limits cannot be read: stay within what every
-    // NVMe queue takes, or each larger request would be refused (EINVAL) and retried.
-    if block.is_none() {
-        max_transfer = max_transfer.min(NO_BLOCK_DEVICE_MAX_TRANSFER.max(lba_size));
-    }
-    max_transfer = max_transfer / lba_size * lba_size;
     if ns_bytes == 0 {
         return Err(format!("namespace {nsid} of {} has size 0", path.display()));
     }

@@ -519,16 +519,61 @@ pub fn find_namespace_where(is: impl Fn(&NamespaceIdentity) -> bool, kind: DevKi
     nodes.into_iter().find(|n| identity_of(n).ok().flatten().is_some_and(|id| is(&id)))
 }
 
-/// The smaller of the limits that are known, and of 65536 blocks; at least one block.
-pub fn max_transfer(lba_size: u32, mdts_bytes: Option<u64>, max_hw_sectors_kb: Option<u32>) -> u32 {
-    let mut m = u64::from(cmd::MAX_NLB) * u64::from(lba_size);
+/// The largest transfer on a namespace the kernel made no block device for (128 KiB: 32
+/// pages, within the segment and size limits of any NVMe queue).
+pub const NO_BLOCK_DEVICE_MAX_TRANSFER: u64 = 128 << 10;
+
+/// The kernel's limits on one passthrough command of a namespace, as its block device's
+/// queue reports them (`None`: no block device, so not known).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueLimits {
+    pub max_hw_sectors_kb: Option<u32>,
+    pub max_segments: Option<u64>,
+}
+
+impl QueueLimits {
+    pub fn of(block: Option<&str>) -> Option<Self> {
+        let b = block?;
+        Some(QueueLimits {
+            max_hw_sectors_kb: sysfs_num(b, "max_hw_sectors_kb").map(|v| v.min(u64::from(u32::MAX)) as u32),
+            max_segments: sysfs_num(b, "max_segments").filter(|&s| s > 0),
+        })
+    }
+}
+
+/// The largest transfer one command takes, in whole blocks: the smaller of the drive's MDTS,
+/// the queue's `max_hw_sectors_kb`, its `max_segments` pages (every page of a user buffer
+/// may be its own segment) and 65536 blocks; 128 KiB without a block device (`limits`
+/// `None`), whose limits cannot be read. At least one block.
+pub fn max_transfer(lba_size: u32, mdts_bytes: Option<u64>, limits: Option<QueueLimits>, page: u64) -> u32 {
+    let lba = u64::from(lba_size.max(1));
+    let mut m = u64::from(cmd::MAX_NLB) * lba;
     if let Some(v) = mdts_bytes {
         m = m.min(v);
     }
-    if let Some(kb) = max_hw_sectors_kb {
-        m = m.min(u64::from(kb) * 1024);
+    match limits {
+        Some(l) => {
+            if let Some(kb) = l.max_hw_sectors_kb {
+                m = m.min(u64::from(kb) * 1024);
+            }
+            if let Some(s) = l.max_segments {
+                m = m.min(s.saturating_mul(page));
+            }
+        }
+        None => m = m.min(NO_BLOCK_DEVICE_MAX_TRANSFER),
     }
-    m.max(u64::from(lba_size)).min(u64::from(u32::MAX)) as u32
+    (m / lba * lba).max(lba).min(u64::from(u32::MAX) / lba * lba) as u32
+}
+
+/// The system's page size.
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no memory effects.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as u64
+    } else {
+        4096
+    }
 }
 
 impl FdpInfo {
@@ -575,8 +620,7 @@ impl FdpInfo {
         };
         let stats = dev.fdp_stats(endgid)?;
         let block = dev.paths.block_name.clone();
-        let mhs =
-            block.as_deref().and_then(|b| sysfs_num(b, "max_hw_sectors_kb")).map(|v| v.min(u64::from(u32::MAX)) as u32);
+        let limits = QueueLimits::of(block.as_deref());
         let mdts_bytes = ctrl.mdts_bytes();
         Ok(FdpInfo {
             device: dev.paths.given.clone(),
@@ -595,8 +639,8 @@ impl FdpInfo {
             lba_metadata: ns.format().map_or(0, |f| f.ms),
             nsze: ns.nsze,
             mdts_bytes,
-            max_hw_sectors_kb: mhs,
-            max_transfer_bytes: max_transfer(lba_size, mdts_bytes, mhs),
+            max_hw_sectors_kb: limits.and_then(|l| l.max_hw_sectors_kb),
+            max_transfer_bytes: max_transfer(lba_size, mdts_bytes, limits, page_size()),
             max_write_streams: block.as_deref().and_then(|b| sysfs_num(b, "max_write_streams")).map(|v| v as u32),
             write_stream_granularity: block.as_deref().and_then(|b| sysfs_num(b, "write_stream_granularity")),
             ctrl,
@@ -625,12 +669,21 @@ mod tests {
 
     #[test]
     fn transfer_limit() {
-        assert_eq!(max_transfer(512, Some(512 << 10), Some(512)), 512 << 10);
-        assert_eq!(max_transfer(512, None, Some(128)), 128 << 10);
-        assert_eq!(max_transfer(512, Some(1 << 20), None), 1 << 20);
-        assert_eq!(max_transfer(512, None, None), 32 << 20);
-        assert_eq!(max_transfer(4096, Some(u64::MAX), None), 256 << 20); // 65536 blocks
-        assert_eq!(max_transfer(4096, Some(0), Some(0)), 4096);
+        let q = |kb: Option<u32>, segs: Option<u64>| Some(QueueLimits { max_hw_sectors_kb: kb, max_segments: segs });
+        assert_eq!(max_transfer(512, Some(512 << 10), q(Some(512), None), 4096), 512 << 10);
+        assert_eq!(max_transfer(512, None, q(Some(128), None), 4096), 128 << 10);
+        assert_eq!(max_transfer(512, Some(1 << 20), q(None, None), 4096), 1 << 20);
+        assert_eq!(max_transfer(512, None, q(None, None), 4096), 32 << 20);
+        assert_eq!(max_transfer(4096, Some(u64::MAX), q(None, None), 4096), 256 << 20); // 65536 blocks
+        assert_eq!(max_transfer(4096, Some(0), q(Some(0), None), 4096), 4096);
+        // Every page may be a segment: 33 segments of 4 KiB pages.
+        assert_eq!(max_transfer(512, Some(1 << 20), q(Some(1024), Some(33)), 4096), 33 << 12);
+        // In whole blocks: an MDTS that is not one, or a block larger than every limit.
+        assert_eq!(max_transfer(4096, Some(6000), q(None, None), 4096), 4096);
+        assert_eq!(max_transfer(65536, Some(4096), q(None, None), 4096), 65536);
+        // No block device: 128 KiB, what every NVMe queue takes.
+        assert_eq!(max_transfer(512, Some(1 << 20), None, 4096), 128 << 10);
+        assert_eq!(max_transfer(1 << 20, None, None, 4096), 1 << 20);
     }
 
     #[test]

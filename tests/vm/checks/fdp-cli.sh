@@ -66,8 +66,15 @@ jq_eq "endgid" "$st" .endgid "$idn" .endgid
 jq_eq "lba_size (2^lbads of the format in use)" "$st" .lba_size "$idn" '(.flbas % 16) as $i | pow(2; .lbafs[$i].ds)'
 expect_eq "lba_size = the queue's logical_block_size" "$(jq -r .lba_size <<<"$st")" "$(cat /sys/block/nvme0n1/queue/logical_block_size)"
 expect_eq "max_hw_sectors_kb" "$(jq -r .max_hw_sectors_kb <<<"$st")" "$(cat /sys/block/nvme0n1/queue/max_hw_sectors_kb)"
-expect_eq "max_transfer_bytes = max_hw_sectors_kb * 1024 (512 KiB here, MDTS 7)" \
-    "$(jq -r .max_transfer_bytes <<<"$st")" "$(($(cat /sys/block/nvme0n1/queue/max_hw_sectors_kb) * 1024))"
+# What one passthrough command takes: the smaller of max_hw_sectors_kb (MDTS 7 here: 512 KiB)
+# and max_segments pages (each page of a buffer may be its own segment), in whole blocks.
+q=/sys/block/nvme0n1/queue
+want=$(($(cat $q/max_hw_sectors_kb) * 1024))
+segs=$(($(cat $q/max_segments) * $(getconf PAGESIZE)))
+((segs < want)) && want=$segs
+want=$((want / $(cat $q/logical_block_size) * $(cat $q/logical_block_size)))
+expect_eq "max_transfer_bytes = min(max_hw_sectors_kb KiB, max_segments pages) ($(cat $q/max_hw_sectors_kb) KiB, $(cat $q/max_segments) segments)" \
+    "$(jq -r .max_transfer_bytes <<<"$st")" "$want"
 mws=$(cat /sys/block/nvme0n1/queue/max_write_streams 2>/dev/null || echo null)
 expect_eq "max_write_streams (sysfs, null before Linux 6.16)" "$(jq -r .max_write_streams <<<"$st")" "$mws"
 
