@@ -324,6 +324,8 @@ fn stats(a: &FdpStatsArgs) -> CmdResult {
         Some(r) => format!("MBMW / HBMW:                              {r:.4}\n"),
         None => "MBMW / HBMW:                              - (no host writes yet)\n".to_string(),
     };
+    // The drive keeps them per endurance group: other namespaces' writes count too.
+    o += &format!("(the counters above are endurance group {endgid}'s: every namespace in it, not {d} alone)\n");
     o += &events_text("host", &host);
     o += &events_text("controller", &controller);
     print!("{o}");
