@@ -284,7 +284,8 @@ def main():
         with open(os.path.join(wl_dir, "trace.txt"), errors="replace") as src, open(wl_txt, "w") as dst:
             for line in src:
                 p = line.split()
-                if len(p) > 6 and p[5] == "C" and p[6].lstrip("F")[:1] == "W":
+                # The completions blk_events counts as written: error-free, with a sector range.
+                if len(p) >= 11 and p[5] == "C" and p[6].lstrip("F")[:1] == "W" and p[8] == "+" and p[10] == "[0]":
                     dst.write(line)
         rep = replay(a.fdpblk, None, wl_txt, policy, a.geom, extra=["--format", "blkparse", "--blk-event", "C"])
         row["classes"] = {k: rep["classes"].get(k, {}).get("bytes", 0) for k in CLASSES}
