@@ -74,6 +74,19 @@ fn bytes(v: u128) -> String {
     format!("{v} ({x:.1} {})", U[i])
 }
 
+/// The namespace's block device (`/dev/nvmeXnY`) and generic char device (`/dev/ngXnY`), the
+/// given path's own and the other where the kernel made it.
+fn namespace_nodes(dev: &std::path::Path) -> (Option<std::path::PathBuf>, Option<std::path::PathBuf>) {
+    use crate::nvme::path::{self, DevKind};
+    let Ok(p) = path::resolve(dev) else { return (None, None) };
+    let own = Some(std::path::Path::new("/dev").join(&p.name));
+    match p.kind {
+        DevKind::Block => (own, path::namespace_other_node(dev)),
+        DevKind::Generic => (path::namespace_other_node(dev), own),
+        DevKind::Controller => (None, None),
+    }
+}
+
 /// `fdp status` as JSON.
 pub fn status_json(i: &FdpInfo) -> Value {
     let c = &i.config;
@@ -82,6 +95,10 @@ pub fn status_json(i: &FdpInfo) -> Value {
         m.insert(k.to_string(), v);
     };
     put("device", json!(i.device.display().to_string()));
+    // The namespace's two nodes, as sysfs links them (scripts need the one not given).
+    let (block, generic) = namespace_nodes(&i.device);
+    put("block_device", json!(block.map(|p| p.display().to_string())));
+    put("generic_device", json!(generic.map(|p| p.display().to_string())));
     put("controller", json!(i.controller.display().to_string()));
     put("nsid", json!(i.nsid));
     put("model", json!(i.ctrl.model));

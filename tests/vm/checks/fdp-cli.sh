@@ -32,6 +32,7 @@ compare_status() {
     jq_eq "$tag: RUH status (pid ruhid earutr ruamw) via $NS_DEV" "$st" "$ruhs" "$cli" "$ruhss"
     jq_eq "$tag: RUH status via $NG_DEV" "$st_ng" "$ruhs" "$cli" "$ruhss"
     jq_eq "$tag: placement_ids" "$st" '.placement_ids | map(tostring) | join(" ")' "$cli" '[.ruhss[].pid] | map(tostring) | join(" ")'
+    expect_eq "$tag: the namespace's nodes (block_device generic_device)" "$(jq -r '"\(.block_device) \(.generic_device)"' <<<"$st")" "$NS_DEV $NG_DEV"
     expect "$tag: $NG_DEV and $NS_DEV report the same (all fields but device)" \
         test "$(jq -c 'del(.device)' <<<"$st_ng")" == "$(jq -c 'del(.device)' <<<"$st")"
 }
