@@ -108,6 +108,7 @@ fn errors_name_the_fix() {
         (r#"{"writeback_puts": 8, "tenants": [{}]}"#, "\"writeback_puts\" is read only with buffered I/O"),
         (r#"{"io": "buffered", "ublk_queue_depth": 8, "tenants": [{}]}"#, "\"ublk_queue_depth\" is read only with io_uring I/O"),
         (r#"{"uring_reorder_window": 8, "tenants": [{}]}"#, "\"uring_reorder_window\" is read only with io_uring I/O"),
+        (r#"{"lru_insert": "forward", "tenants": [{}]}"#, "\"lru_insert\" orders the eviction controller's LRU and the L1's"),
     ] {
         std::fs::write(&w, workload).unwrap();
         let out = fdpblk().args(["simulate", "--workload", w.to_str().unwrap()]).output().unwrap();

@@ -192,6 +192,13 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
         }
         workload.l1_share = l;
     }
+    // The LRU lists lru_insert orders: the eviction controller's, and the L1's.
+    if given.get("lru_insert").is_some() && workload.eviction.is_none() && workload.l1_share == 0.0 {
+        return Err(format!(
+            "workload {}: \"lru_insert\" orders the eviction controller's LRU and the L1's, and it has neither: drop it, or give an \"eviction\" or an L1 (\"l1_share\", --l1-share)",
+            a.workload.display()
+        ));
+    }
     let policies: Vec<String> = if a.policy == "all" {
         POLICY_NAMES.iter().map(|s| s.to_string()).collect()
     } else {

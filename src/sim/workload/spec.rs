@@ -396,9 +396,6 @@ impl WorkloadSpec {
                 }
             }
         }
-        if v.get("lru_insert").is_some() && eviction.is_none() {
-            return err("\"lru_insert\" orders the eviction controller's LRU: drop it, or give an \"eviction\"");
-        }
         if v.get("chunk_hash_bytes").is_some() && mode == Mode::NonMp {
             return err("\"chunk_hash_bytes\" sets the MP adapter's key hashes: non_mp keys (namespace legacy) do not use it; drop it");
         }

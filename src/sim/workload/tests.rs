@@ -80,7 +80,6 @@ fn bad_specs_say_what_is_wrong() {
             r#"{"eviction": {"policy": "IsolatedLRU"}, "tenants": [{"name": "a", "salt": "x", "quota": 0.3}, {"name": "b", "salt": "x", "quota": 0.3}]}"#,
             "share the cache_salt \"x\"",
         ),
-        (r#"{"lru_insert": "forward", "tenants": [{}]}"#, "lru_insert"),
         (r#"{"mode": "non_mp", "chunk_hash_bytes": 8, "tenants": [{}]}"#, "chunk_hash_bytes"),
         (r#"{"tenants": [{"doc_chunks": [3, 1]}]}"#, "doc_chunks"),
         (r#"{"chunk_bytes": "32M", "tenants": [{}]}"#, "chunk_bytes"),
