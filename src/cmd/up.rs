@@ -233,13 +233,14 @@ pub fn down(u: &UpArgs) -> CmdResult {
         None => resolve(u, Path::new(CONFIG_DIR))?.1,
     };
     match find(&name) {
-        // A device whose state file does not read may be this one: not "nothing to stop".
-        Found::None => match unreadable_devices() {
-            ids if ids.is_empty() => println!("no fdpblk device named {name}; nothing to stop"),
-            ids => {
-                let ids = ids.iter().map(i32::to_string).collect::<Vec<_>>().join(", ");
+        // A device whose state file does not read, which /dev/fdpblk/NAME still leads to, is
+        // this one: not "nothing to stop".
+        Found::None => match linked_unreadable(&name) {
+            None => println!("no fdpblk device named {name}; nothing to stop"),
+            Some(id) => {
                 return Err(format!(
-                    "no readable state file names {name}, but the state file of device(s) {ids} does not read, and one may be {name}'s: see `fdpblk list`; `fdpblk del -n ID` stops one"
+                    "{} leads to device {id}, whose state file does not read, so it cannot be stopped by name: see `fdpblk list`; `fdpblk del -n {id}` stops it",
+                    state::name_path(&name).display()
                 )
                 .into());
             }
@@ -257,9 +258,12 @@ pub fn down(u: &UpArgs) -> CmdResult {
     Ok(())
 }
 
-/// The devices that exist and whose state file does not read.
-fn unreadable_devices() -> Vec<i32> {
-    state::state_ids().into_iter().filter(|&id| state::read_state(id).is_err() && crate::frontend::target::device_exists(id)).collect()
+/// The device `/dev/fdpblk/NAME` leads to, where it exists and its state file does not read.
+fn linked_unreadable(name: &str) -> Option<i32> {
+    let to = std::fs::read_link(state::name_path(name)).ok()?;
+    // fdpblk's own link is absolute, udev's relative.
+    let id: i32 = to.file_name()?.to_str()?.strip_prefix("ublkb")?.parse().ok()?;
+    (state::state_path(id).exists() && state::read_state(id).is_err() && crate::frontend::target::device_exists(id)).then_some(id)
 }
 
 /// Tells systemd (`Type=notify`, `$NOTIFY_SOCKET`) that the device serves I/O. Does nothing

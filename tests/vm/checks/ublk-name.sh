@@ -49,10 +49,13 @@ if command -v udevadm >/dev/null; then
     # still serves: `down` stops it, where it used to keep it "for recovery".
     truncate -s 64M /var/tmp/kv4.img
     expect "device 1 named kv4" quiet fdpblk_add --backing /var/tmp/kv4.img --engine plain --policy none -n 1 --name kv4 "${GEO[@]}"
-    # Its state file unreadable: `down` cannot tell it is kv4's, and says so (not "nothing to stop").
+    # Its state file unreadable: `down` cannot stop it by name, and says so (not "nothing to
+    # stop"), by its name link; another name is not held up by it.
     cp /run/fdpblk/1.json /tmp/kv4-good.json && echo '{"torn' >/run/fdpblk/1.json
     out=$("$FDPBLK" down kv4 2>&1) && rc=0 || rc=$?
-    expect "down kv4 with device 1's state file unreadable fails, naming it ($out)" bash -c "test $rc -eq 1 && grep -qF 'the state file of device(s) 1 does not read' <<<\"\$1\"" _ "$out"
+    expect "down kv4 with device 1's state file unreadable fails, naming it ($out)" bash -c "test $rc -eq 1 && grep -qF '/dev/fdpblk/kv4 leads to device 1, whose state file does not read' <<<\"\$1\"" _ "$out"
+    out=$("$FDPBLK" down nosuch 2>&1) && rc=0 || rc=$?
+    expect "down nosuch meanwhile: nothing to stop ($out)" bash -c "test $rc -eq 0 && grep -qF 'nothing to stop' <<<\"\$1\"" _ "$out"
     expect "device 1 still runs" test -b /dev/ublkb1
     cp /tmp/kv4-good.json /run/fdpblk/1.json
     jq -c '.pid_start = 0' /run/fdpblk/1.json >/tmp/kv4-state.json && cp /tmp/kv4-state.json /run/fdpblk/1.json
