@@ -1016,8 +1016,10 @@ impl Persist {
             *forced = pages;
         };
         let mut marked = None;
+        // What the mark writes counts as this cycle's (one block, or two or three).
+        let counted = CountingWriter { dev, bytes: std::sync::atomic::AtomicU64::new(0) };
         if self.unclean_first {
-            match Self::mark_in_use(dev, self.region, self.handle) {
+            match Self::mark_in_use(&counted, self.region, self.handle) {
                 // The mark is now the newest superblock: the next one goes into the other
                 // copy first, so that a torn write of it leaves the mark standing.
                 Ok(Some(copy)) => {
@@ -1070,7 +1072,8 @@ impl Persist {
             None => Vec::new(),
         };
         let digest = self.digest_with(&pages, seq);
-        let res = match self.write_cycle(dev, slots, counters, &pages, &tag_bytes, seq, clean, digest) {
+        let marked_bytes = counted.bytes.load(std::sync::atomic::Ordering::Relaxed);
+        let res = match self.write_cycle(dev, slots, counters, &pages, &tag_bytes, seq, clean, digest, marked_bytes) {
             Ok(w) => Ok(w),
             // The superblock went out but its flush failed: it may be durable. Trust what the
             // device reads back, so that the copies of a committed cycle are never overwritten
@@ -1110,8 +1113,9 @@ impl Persist {
     }
 
     #[allow(clippy::too_many_arguments)]
-    /// Writes the pages and the superblock; returns the bytes written, which the superblock
-    /// adds to its `own_bytes`. The error carries them too once the superblock was written.
+    /// Writes the pages and the superblock; returns the bytes written, `already` included,
+    /// which the superblock adds to its `own_bytes`. The error carries them too once the
+    /// superblock was written.
     fn write_cycle(
         &self,
         dev: &dyn StateWriter,
@@ -1122,9 +1126,11 @@ impl Persist {
         seq: u64,
         clean: bool,
         digest: u64,
+        already: u64,
     ) -> Result<u64, (io::Error, Option<u64>)> {
         let l = self.layout;
-        let mut written = 0u64;
+        // Bytes this cycle wrote before (the in-use mark), then its pages and superblocks.
+        let mut written = already;
         // Runs of consecutive pages that go to the same copy become one write.
         let mut buf = AlignedBuf::zeroed(pages.len().clamp(1, MAX_RUN) * BLOCK as usize);
         let mut i = 0;
@@ -1191,6 +1197,35 @@ impl Persist {
                 out[..src.len()].copy_from_slice(src);
             }
         }
+    }
+}
+
+/// A [`StateWriter`] that adds up the bytes written through it.
+struct CountingWriter<'a> {
+    dev: &'a dyn StateWriter,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+impl StateWriter for CountingWriter<'_> {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.dev.read_at(off, buf)
+    }
+    fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
+        self.dev.write_at(off, buf, handle)?;
+        self.bytes.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+    fn block_bytes(&self) -> u64 {
+        self.dev.block_bytes()
+    }
+    fn discard(&self, off: u64, len: u64) -> io::Result<()> {
+        self.dev.discard(off, len)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.dev.flush()
+    }
+    fn size(&self) -> u64 {
+        self.dev.size()
     }
 }
 

@@ -1087,6 +1087,35 @@ fn an_owed_flush_keeps_both_superblock_copies_to_be_written() {
     assert!(owed_seen, "no flush count gave an owed cycle");
 }
 
+/// The bytes a cycle reports (what `own_bytes` adds up) are every block it wrote: its pages,
+/// both superblock copies where both are written, and the in-use mark (one or two blocks);
+/// the superblock saves the same sum.
+#[test]
+fn a_cycle_counts_both_superblock_copies_and_the_mark() {
+    for unreadable in [None, Some(0..4096u64)] {
+        let (g, region, dev) = three_saved_cycles();
+        dev.set_fail_reads(unreadable.clone());
+        let u = SlotTable::new(g.max_slots);
+        let mut p = Persist::load_trusting(&dev, region, &g, &u, 3, false).0.unwrap();
+        let (both, mark) = (p.sb_both, p.unclean_first);
+        assert!(mark, "a clean state loaded untrusted is marked in use by the first cycle");
+        let _ = dev.take_log();
+        let r = p.cycle(&dev, &u, &Counters::default(), false, true).unwrap().unwrap();
+        let written: u64 = dev.take_log().iter().map(|op| if let MemOp::Write { len, .. } = op { *len } else { 0 }).sum();
+        dev.set_fail_reads(None);
+        let sb = Persist::read_superblock(&dev, region).unwrap();
+        // The mark: the clean copy that reads, then the one that does not, or the other copy.
+        let marks = if unreadable.is_some() { 2 } else { 1 };
+        let want = (r.pages + if both { 2 } else { 1 } + marks) * 4096;
+        assert!(
+            (r.bytes, sb.counters.own_bytes, written) == (want, want, want),
+            "{unreadable:?}: both {both}, mark {mark}: reported {}, saved {}, written {written}, want {want}",
+            r.bytes,
+            sb.counters.own_bytes
+        );
+    }
+}
+
 /// Marking in use where one superblock copy does not read: that copy gets the mark (it may be
 /// the newest clean one), so no later load trusts the state, whichever copy it reads.
 #[test]
