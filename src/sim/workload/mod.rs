@@ -218,6 +218,8 @@ pub struct Workload {
     /// Per placement id, freed slots last written with it (pid_affinity); entries may be stale.
     free_by_pid: Vec<Vec<u32>>,
     is_free: Vec<bool>,
+    /// A free stack longer than this is compacted (twice the slots and some).
+    compact_over: usize,
     next_slot: u64,
     global_lru: Lru,
     fdp: Option<LmcacheFdpMode>,
@@ -356,6 +358,7 @@ impl Workload {
             free: Vec::new(),
             free_by_pid: vec![Vec::new(); npid],
             is_free: vec![false; slots_n as usize],
+            compact_over: 2 * slots_n as usize + 1024,
             next_slot: 0,
             global_lru: Lru::new(),
             fdp,
@@ -533,9 +536,29 @@ impl Workload {
         if self.fdp.is_some() && r.pid != 0 {
             self.free_by_pid[r.pid as usize].push(s);
         }
+        self.compact_free_stacks();
         self.dirty += 1;
         self.stats.deletes += 1;
         self.ops.push(LmOpOwned::Delete { slot: u64::from(s) });
+    }
+
+    /// Under pid_affinity a slot taken from one stack stays stale in the other (and one freed
+    /// again is pushed again): drops what `alloc` would skip once a stack outgrows twice the
+    /// slots, so the stacks stay bounded whatever the run's length. Allocation is unchanged:
+    /// an entry below a newer one of its slot, or of a slot not free (or, per placement id,
+    /// last written with another id), is never the one `alloc` takes.
+    fn compact_free_stacks(&mut self) {
+        let limit = self.compact_over;
+        let (is_free, slots) = (&self.is_free, &self.slots);
+        let mut seen = Vec::new();
+        if self.free.len() > limit {
+            compact_stack(&mut self.free, &mut seen, |s| is_free[s as usize]);
+        }
+        for (pid, stack) in self.free_by_pid.iter_mut().enumerate() {
+            if stack.len() > limit {
+                compact_stack(stack, &mut seen, |s| is_free[s as usize] && usize::from(slots[s as usize].pid) == pid);
+            }
+        }
     }
 
     /// The controller's check (every `interval_s`).
@@ -882,6 +905,17 @@ impl Workload {
         }
         Ok(())
     }
+}
+
+
+/// Keeps, in order, the topmost entry of each slot that `live` accepts (`seen`: scratch).
+fn compact_stack(stack: &mut Vec<u32>, seen: &mut Vec<bool>, live: impl Fn(u32) -> bool) {
+    let top = stack.iter().copied().max().map_or(0, |m| m as usize + 1);
+    seen.clear();
+    seen.resize(top, false);
+    let mut kept: Vec<u32> = stack.iter().rev().copied().filter(|&s| live(s) && !std::mem::replace(&mut seen[s as usize], true)).collect();
+    kept.reverse();
+    *stack = kept;
 }
 
 #[cfg(test)]

@@ -493,6 +493,47 @@ fn pid_affinity_reuses_a_buckets_own_slots() {
     // and the salt-less tenant draws from it too.
     assert!(2 * same > 3 * other, "same {same}, other {other}");
     w.audit().unwrap();
+    // The free stacks keep stale entries (a slot taken from the other stack) only up to twice
+    // the slots: a long run does not grow them.
+    let bound = w.compact_over;
+    let (mut longest, mut deletes) = (0, w.stats.deletes);
+    for _ in 0..40_000 {
+        w.step(&mut |_| {});
+        longest = longest.max(w.free.len()).max(w.free_by_pid.iter().map(Vec::len).max().unwrap_or(0));
+    }
+    deletes = w.stats.deletes - deletes;
+    assert!(deletes > 4 * bound as u64 && longest <= bound + 1, "{deletes} deletes, longest stack {longest}, bound {bound}");
+    w.audit().unwrap();
+}
+
+/// Dropping what `alloc` would skip leaves the order of what it takes: a run compacting its
+/// free stacks at every delete makes the very operations of one that never does.
+#[test]
+fn compacting_the_free_stacks_changes_no_operation() {
+    let s = small(
+        LRU,
+        r#"{"name": "a", "salt": "a:1", "share": 0.5, "universe": 4, "doc_chunks": [1, 8]},
+           {"name": "b", "salt": "B:2", "share": 0.5, "universe": 4, "doc_chunks": [1, 8]},
+           {"name": "c", "salt": "nosalt", "share": 0.2, "universe": 1, "doc_chunks": [1, 2]}"#,
+    );
+    let fdp = || Some(LmcacheFdpMode { data_pids: vec![2, 3, 4] });
+    let mut always = Workload::new(s.clone(), 64 << 20, 0, 4, fdp()).unwrap();
+    let mut never = Workload::new(s, 64 << 20, 0, 4, fdp()).unwrap();
+    always.compact_over = 0;
+    never.compact_over = usize::MAX;
+    let (a, always) = drive(always, 20_000);
+    let (b, never) = drive(never, 20_000);
+    assert!(a == b, "the operations differ");
+    assert!(never.free.len() > always.free.len() && always.stats.deletes > 10_000, "{} {} {}", never.free.len(), always.free.len(), always.stats.deletes);
+}
+
+/// Dropping what `alloc` would skip leaves the order of what it takes.
+#[test]
+fn compacting_a_free_stack_keeps_the_topmost_live_entry_of_each_slot_in_order() {
+    let mut stack = vec![1, 2, 3, 1, 4, 2, 5];
+    let live = [false, true, true, false, true, false];
+    super::compact_stack(&mut stack, &mut Vec::new(), |s| live.get(s as usize).copied().unwrap_or(false));
+    assert_eq!(stack, vec![1, 4, 2]);
 }
 
 #[test]
