@@ -135,17 +135,32 @@ pub fn block_device_size(f: &File) -> io::Result<u64> {
 }
 
 /// Opens a device or image read-only, with an error that names the path. A block device's
-/// cached pages are dropped first: a running fdpblk's passthrough writes (and LMCache's
-/// O_DIRECT ones) bypass that cache, which could otherwise show old checkpoints.
+/// cached pages are dropped first where writes may bypass them: a running fdpblk's
+/// passthrough writes to a namespace go through its char node, so its block device's cache
+/// could show old checkpoints. Not a ublk device's: every write to it goes through it (a
+/// direct one invalidates what it covers), and dropping its cache would first write back
+/// whatever LMCache's buffered I/O left dirty, all of it, at once.
 pub fn open_readonly(path: &Path) -> io::Result<File> {
     use std::os::fd::AsRawFd;
-    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let f = File::open(path).map_err(|e| io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display())))?;
-    if f.metadata().is_ok_and(|m| m.file_type().is_block_device()) {
+    let Ok(m) = f.metadata() else { return Ok(f) };
+    if m.file_type().is_block_device() && !is_ublk_name(&block_kernel_name(m.rdev()).unwrap_or_default()) {
         // SAFETY: advice on an owned descriptor; a failure only leaves the cache as it was.
         unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     }
     Ok(f)
+}
+
+/// The kernel name of block device `rdev` (`nvme0n1`, `ublkb0`), from sysfs.
+fn block_kernel_name(rdev: u64) -> Option<String> {
+    let dir = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev))).ok()?;
+    Some(dir.file_name()?.to_str()?.to_string())
+}
+
+/// Whether a block device's kernel name is a ublk device's (`ublkbN`, or a partition of one).
+fn is_ublk_name(name: &str) -> bool {
+    name.strip_prefix("ublkb").and_then(|r| r.bytes().next()).is_some_and(|b| b.is_ascii_digit())
 }
 
 /// Adapts a region of a `ReadAt` to `std::io::Read`, for the streaming JSON parser.
@@ -195,6 +210,14 @@ mod tests {
             assert_eq!(d.read_at(&mut buf[..b as usize], b).unwrap(), b as usize);
         }
         std::fs::remove_file(path).ok();
+    }
+
+    /// Only a ublk device (or a partition of one) keeps its cache when opened read-only.
+    #[test]
+    fn ublk_devices_are_told_by_their_kernel_name() {
+        for (name, ublk) in [("ublkb0", true), ("ublkb12p1", true), ("ublkc0", false), ("ublkb", false), ("nvme0n1", false), ("sda", false), ("", false)] {
+            assert_eq!(super::is_ublk_name(name), ublk, "{name}");
+        }
     }
 
     #[test]
