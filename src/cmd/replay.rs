@@ -206,6 +206,13 @@ pub fn replay_into(
             Op::Discard => crate::engine::Engine::discard(&mut engine, t.offset, t.len),
             Op::WriteZeroes => crate::engine::Engine::write_zeroes(&mut engine, t.offset, t.len),
         };
+        // As the daemon does (`Pipeline::execute`): a write's headers completed, and the
+        // checkpoint containers it changed landed (a failed one may have partly).
+        if t.op == Op::Write && res.is_ok() {
+            pipeline.completed();
+        } else {
+            pipeline.slots().containers_written(pipeline.planned_containers());
+        }
         if let (Some(d), true) = (&mut ssd, res.is_ok()) {
             let r = match t.op {
                 Op::Write => segments.iter().try_for_each(|s| d.write(*s)),
