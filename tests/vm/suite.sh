@@ -154,8 +154,9 @@ starved() { # starved GDIR -> prints the first starvation message of that boot
 }
 # A kernel bug in a starved boot is still a kernel bug: a ublk or driver hang is what starves
 # the guest, so such a boot's kernel-log failure stands (only what starvation itself logs,
-# stall reports, soft and workqueue lockups with their call traces, is retried).
-KERNEL_BUG='Oops|general protection|[Kk]ernel panic|kernel BUG at|WARNING: CPU|BUG: (unable to handle|kernel NULL|KASAN|UBSAN|scheduling while atomic|sleeping function|Bad page|bad page|spinlock|using smp_processor_id)|refcount_t:|list_(add|del) corruption'
+# stall reports, soft and workqueue lockups with their call traces, is retried). A task hung
+# for minutes is a bug here (a ublk request never completed), starved guest or not.
+KERNEL_BUG='Oops|general protection|[Kk]ernel panic|kernel BUG at|WARNING: CPU|INFO: task .* blocked for more than|BUG: (unable to handle|kernel NULL|KASAN|UBSAN|scheduling while atomic|sleeping function|Bad page|bad page|spinlock|using smp_processor_id)|refcount_t:|list_(add|del) corruption'
 kernel_bug() { # kernel_bug GDIR -> prints the first kernel bug line of that boot
     # The console too: a boot that hung never wrote its last dmesg.log.
     local text

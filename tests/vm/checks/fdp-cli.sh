@@ -17,6 +17,8 @@ jq_eq() {
     local a b
     a=$(jq -r "$3" <<<"$2") || a="(jq failed: $3)"
     b=$(jq -r "$5" <<<"$4") || b="(jq failed: $5)"
+    # A field missing on both sides is no agreement.
+    [[ $a == null ]] && a="(null: $3)"
     expect_eq "$1" "$a" "$b"
 }
 

@@ -37,7 +37,8 @@ settled() {
         a=$b
         sleep 2
         b=$(deallocated)
-        if [[ $a == "$b" ]]; then
+        # Two numbers each time: a failed read would agree with itself.
+        if [[ $a == "$b" && $b =~ ^[0-9]+\ [0-9]+$ ]]; then
             same=$((same + 1))
             ((same >= 2)) && return 0
         else

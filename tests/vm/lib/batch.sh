@@ -37,6 +37,7 @@ out=$1
 shift
 mkdir -p "$out"
 : >"$out/results"
+dmesg_failed=""
 : >"$out/dmesg.log"
 for spec in "$@"; do
     check=${spec%:*}
@@ -50,6 +51,12 @@ for spec in "$@"; do
     rc=$?
     t1=$(date +%s.%N)
     ((rc != 124)) || echo "batch: $name timed out after ${limit}s" >>"$out/$name.log"
+    # A pass is an exit 0 with at least one "ok - " and no "not ok - " (one recorded in a
+    # subshell would not reach the exit status).
+    if ((rc == 0)) && { ! grep -q '^ok - ' "$out/$name.log" || grep -q '^not ok - ' "$out/$name.log"; }; then
+        rc=1
+        echo "batch: $name exited 0 with no \"ok - \" line or with a \"not ok - \" line" >>"$out/$name.log"
+    fi
     rmdir "$FDPBLK_CHECK_OUT" 2>/dev/null || true
     secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
     # A check cleans up after itself: what it leaves would hide a del that does not delete.
@@ -61,11 +68,15 @@ for spec in "$@"; do
     echo "batch: $name rc=$rc ${secs}s"
     # The kernel's log buffer is small: read and clear it after each check, so that an early
     # oops is not overwritten by a long boot's later messages.
-    dmesg -c >>"$out/dmesg.log" 2>&1
+    dmesg -c >>"$out/dmesg.log" 2>&1 || dmesg_failed+=" after $name"
 done
 
-dmesg -c >>"$out/dmesg.log" 2>&1
-if grep -nE 'Oops|BUG:|WARNING:|Call Trace|general protection|kernel panic' "$out/dmesg.log" >"$out/kernel-log.log"; then
+dmesg -c >>"$out/dmesg.log" 2>&1 || dmesg_failed+=" at the end"
+if [[ -n $dmesg_failed ]]; then
+    # Unread, the kernel's log proves nothing.
+    echo "dmesg -c failed$dmesg_failed: the kernel log was not read" >"$out/kernel-log.log"
+    echo "kernel-log 1 0.0" >>"$out/results"
+elif grep -nE 'Oops|BUG:|WARNING:|Call Trace|general protection|[Kk]ernel panic' "$out/dmesg.log" >"$out/kernel-log.log"; then
     echo "kernel-log 1 0.0" >>"$out/results"
 else
     echo "no oops, BUG, WARNING or call trace in dmesg" >"$out/kernel-log.log"
