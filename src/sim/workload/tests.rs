@@ -457,14 +457,14 @@ fn io_uring_batches_keys_and_reorders_within_the_window() {
     assert!(out[3].offset < g.meta_total_bytes && out[4].checkpoint.is_some());
 }
 
+/// Two tenants with buckets of their own ("a", "b": salts with a prefix) and one without.
+const THREE_BUCKETS: &str = r#"{"name": "a", "salt": "a:1", "share": 0.5, "universe": 4, "doc_chunks": [1, 8]},
+    {"name": "b", "salt": "B:2", "share": 0.5, "universe": 4, "doc_chunks": [1, 8]},
+    {"name": "c", "salt": "nosalt", "share": 0.2, "universe": 1, "doc_chunks": [1, 2]}"#;
+
 #[test]
 fn pid_affinity_reuses_a_buckets_own_slots() {
-    let s = small(
-        LRU,
-        r#"{"name": "a", "salt": "a:1", "share": 0.5, "universe": 4, "doc_chunks": [1, 8]},
-           {"name": "b", "salt": "B:2", "share": 0.5, "universe": 4, "doc_chunks": [1, 8]},
-           {"name": "c", "salt": "nosalt", "share": 0.2, "universe": 1, "doc_chunks": [1, 2]}"#,
-    );
+    let s = small(LRU, THREE_BUCKETS);
     let fdp = LmcacheFdpMode { data_pids: vec![2, 3, 4] };
     let mut w = Workload::new(s, 64 << 20, 0, 4, Some(fdp)).unwrap();
     let mut last_pid: HashMap<u64, u16> = HashMap::new();
@@ -510,12 +510,7 @@ fn pid_affinity_reuses_a_buckets_own_slots() {
 /// free stacks at every delete makes the very operations of one that never does.
 #[test]
 fn compacting_the_free_stacks_changes_no_operation() {
-    let s = small(
-        LRU,
-        r#"{"name": "a", "salt": "a:1", "share": 0.5, "universe": 4, "doc_chunks": [1, 8]},
-           {"name": "b", "salt": "B:2", "share": 0.5, "universe": 4, "doc_chunks": [1, 8]},
-           {"name": "c", "salt": "nosalt", "share": 0.2, "universe": 1, "doc_chunks": [1, 2]}"#,
-    );
+    let s = small(LRU, THREE_BUCKETS);
     let fdp = || Some(LmcacheFdpMode { data_pids: vec![2, 3, 4] });
     let mut always = Workload::new(s.clone(), 64 << 20, 0, 4, fdp()).unwrap();
     let mut never = Workload::new(s, 64 << 20, 0, 4, fdp()).unwrap();
