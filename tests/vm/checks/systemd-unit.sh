@@ -123,7 +123,7 @@ expect "stable name removed" test ! -e /dev/fdpblk/demo
 expect "state removed" test ! -e "/run/fdpblk/$id.json"
 expect_eq "fdpblk-release@demo did not run for a clean stop" "$(sc show -p ActiveEnterTimestampMonotonic --value fdpblk-release@demo)" 0
 
-# A unit that gives up (StartLimitBurst=5 in 1250 s): the drop-in's OnFailure= runs
+# A unit that gives up (StartLimitBurst=5 in 2750 s): the drop-in's OnFailure= runs
 # fdpblk-release@demo, which deletes the held device, so LMCache's I/O fails, not hangs.
 expect "start again" sc start fdpblk@demo
 dev=$(readlink /dev/fdpblk/demo || true)
