@@ -1230,13 +1230,23 @@ pub fn del(a: &DelArgs) -> CmdResult {
             Found::Running { id, .. } | Found::Orphaned { id } => vec![id],
             Found::Stale { cfg } => vec![cfg.id],
             // What fdpblk-release@ runs after its unit gave up: a unit whose adds were all
-            // refused left no device, and there is nothing to release. Not where a state file
-            // does not read: the device may be that one's, held with LMCache's I/O.
-            Found::None if a.if_orphaned && state::state_ids().iter().all(|&id| state::read_state(id).is_ok()) => {
+            // refused left no device, and there is nothing to release. Not where the name's
+            // link leads to a device whose state file does not read: that may be it, held
+            // with LMCache's I/O.
+            Found::None if a.if_orphaned && super::up::linked_unreadable(name).is_none() => {
                 println!("no fdpblk device named {name}: nothing to delete");
                 return Ok(());
             }
-            Found::None => return Err(format!("no fdpblk device named {name}; see `fdpblk list`").into()),
+            Found::None => {
+                return Err(match super::up::linked_unreadable(name) {
+                    Some(id) => format!(
+                        "{} leads to device {id}, whose state file does not read, so it cannot be deleted by name: see `fdpblk list`; `fdpblk del -n {id}` deletes it",
+                        state::name_path(name).display()
+                    ),
+                    None => format!("no fdpblk device named {name}; see `fdpblk list`"),
+                }
+                .into())
+            }
         },
         _ => return Err("pass -n ID, --name NAME or --all".into()),
     };

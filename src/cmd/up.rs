@@ -259,7 +259,7 @@ pub fn down(u: &UpArgs) -> CmdResult {
 }
 
 /// The device `/dev/fdpblk/NAME` leads to, where it exists and its state file does not read.
-fn linked_unreadable(name: &str) -> Option<i32> {
+pub(crate) fn linked_unreadable(name: &str) -> Option<i32> {
     let to = std::fs::read_link(state::name_path(name)).ok()?;
     // fdpblk's own link is absolute, udev's relative.
     let id: i32 = to.file_name()?.to_str()?.strip_prefix("ublkb")?.parse().ok()?;

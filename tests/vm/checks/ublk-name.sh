@@ -58,6 +58,11 @@ if command -v udevadm >/dev/null; then
     expect "down kv4 with device 1's state file unreadable fails, naming it ($out)" bash -c "test $rc -eq 1 && grep -qF '/dev/fdpblk/kv4 leads to device 1, whose state file does not read' <<<\"\$1\"" _ "$out"
     out=$("$FDPBLK" down nosuch 2>&1) && rc=0 || rc=$?
     expect "down nosuch meanwhile: nothing to stop ($out)" bash -c "test $rc -eq 0 && grep -qF 'nothing to stop' <<<\"\$1\"" _ "$out"
+    # The same for what fdpblk-release@ runs.
+    out=$("$FDPBLK" del --name kv4 --if-orphaned 2>&1) && rc=0 || rc=$?
+    expect "del --name kv4 --if-orphaned fails, naming device 1 ($out)" bash -c "test $rc -eq 1 && grep -qF 'leads to device 1, whose state file does not read' <<<\"\$1\"" _ "$out"
+    out=$("$FDPBLK" del --name nosuch --if-orphaned 2>&1) && rc=0 || rc=$?
+    expect "del --name nosuch --if-orphaned meanwhile: nothing to delete ($out)" bash -c "test $rc -eq 0 && grep -qF 'nothing to delete' <<<\"\$1\"" _ "$out"
     expect "device 1 still runs" test -b /dev/ublkb1
     cp /tmp/kv4-good.json /run/fdpblk/1.json
     jq -c '.pid_start = 0' /run/fdpblk/1.json >/tmp/kv4-state.json && cp /tmp/kv4-state.json /run/fdpblk/1.json
