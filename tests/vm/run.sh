@@ -238,7 +238,7 @@ else
     QEMU+=(-accel tcg,thread=multi -cpu max)
 fi
 QEMU+=(-m "$MEM" -smp "$CPUS")
-APPEND="console=ttyS0 panic=-1 loglevel=5 ${FDPBLK_VM_APPEND:-}"
+APPEND="console=ttyS0 panic=-1 loglevel=5 sysctl.kernel.hung_task_timeout_secs=300 ${FDPBLK_VM_APPEND:-}"
 if [[ -s $KDIR/vmlinux && -e /usr/share/qemu/qboot.rom ]]; then
     # PVH entry of the uncompressed kernel with qboot: ~4 s faster than SeaBIOS+bzImage.
     QEMU+=(-bios qboot.rom -kernel "$KDIR/vmlinux")
