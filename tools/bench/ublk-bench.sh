@@ -20,8 +20,9 @@ NS=${NS:-/dev/nvme0n1}
 # The passthrough round's char device is NS's own, never another namespace's: as sysfs links
 # them (the numbers before the n can differ).
 [[ $(basename "$NS") =~ ^nvme[0-9]+n[0-9]+$ ]] || { echo "ublk-bench: NS=$NS: give an NVMe namespace block device (/dev/nvmeXnY)" >&2; exit 1; }
-NG=$("$FDPBLK" fdp status "$NS" --json | python3 -c 'import json, sys; print(json.load(sys.stdin).get("generic_device") or "")') || NG=
-[[ -c $NG ]] || { echo "ublk-bench: NS=$NS: no generic node /dev/ngXnY found for it (fdpblk fdp status $NS --json: generic_device)" >&2; exit 1; }
+status=$("$FDPBLK" fdp status "$NS" --json) || { echo "ublk-bench: NS=$NS: no usable FDP configuration (see: $FDPBLK fdp status $NS)" >&2; exit 1; }
+NG=$(python3 -c 'import json, sys; print(json.load(sys.stdin).get("generic_device") or "")' <<<"$status")
+[[ -c $NG ]] || { echo "ublk-bench: NS=$NS: no generic node /dev/ngXnY found for it (fdpblk fdp status $NS --json: generic_device '$NG')" >&2; exit 1; }
 # The peer: rublk's loop target, built by `tests/vm/setup.sh --peer`.
 CACHE=${FDPBLK_VM_CACHE:-/var/cache/fdpblk-vm}
 RUBLK=${RUBLK:-$(command -v rublk || { [[ -x $CACHE/rublk/bin/rublk ]] && echo "$CACHE/rublk/bin/rublk"; } || true)}
