@@ -145,17 +145,18 @@ pub fn open_readonly(path: &Path) -> io::Result<File> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let f = File::open(path).map_err(|e| io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display())))?;
     let Ok(m) = f.metadata() else { return Ok(f) };
-    if m.file_type().is_block_device() && !is_ublk_name(&block_kernel_name(m.rdev()).unwrap_or_default()) {
+    let name = sysfs_block_dir(m.rdev()).and_then(|d| Some(d.file_name()?.to_str()?.to_string()));
+    if m.file_type().is_block_device() && !is_ublk_name(&name.unwrap_or_default()) {
         // SAFETY: advice on an owned descriptor; a failure only leaves the cache as it was.
         unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     }
     Ok(f)
 }
 
-/// The kernel name of block device `rdev` (`nvme0n1`, `ublkb0`), from sysfs.
-fn block_kernel_name(rdev: u64) -> Option<String> {
-    let dir = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev))).ok()?;
-    Some(dir.file_name()?.to_str()?.to_string())
+/// Block device `rdev`'s sysfs directory (its file name is the kernel's name of it:
+/// `nvme0n1`, `ublkb0p1`).
+pub fn sysfs_block_dir(rdev: u64) -> Option<std::path::PathBuf> {
+    std::fs::canonicalize(format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev))).ok()
 }
 
 /// Whether a block device's kernel name is a ublk device's (`ublkbN`, or a partition of one).

@@ -986,7 +986,7 @@ fn add_device(a: &AddArgs) -> CmdResult {
 
 /// Block device `rdev`'s sysfs directory, and whether it is a partition (listed under its disk).
 fn sysfs_block(rdev: u64) -> Option<(PathBuf, bool)> {
-    let dir = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev))).ok()?;
+    let dir = crate::device::sysfs_block_dir(rdev)?;
     let partition = dir.join("partition").exists();
     Some((dir, partition))
 }
