@@ -153,6 +153,17 @@ pub fn open_readonly(path: &Path) -> io::Result<File> {
     Ok(f)
 }
 
+/// The system's page size.
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no memory effects.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as u64
+    } else {
+        4096
+    }
+}
+
 /// Block device `rdev`'s sysfs directory (its file name is the kernel's name of it:
 /// `nvme0n1`, `ublkb0p1`).
 pub fn sysfs_block_dir(rdev: u64) -> Option<std::path::PathBuf> {

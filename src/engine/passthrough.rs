@@ -198,7 +198,7 @@ impl Iterator for Splits {
 }
 
 fn page_size() -> usize {
-    crate::nvme::discover::page_size() as usize
+    crate::device::page_size() as usize
 }
 
 /// What one request may spend on its commands, whatever the windows they go in: one wait
@@ -984,8 +984,7 @@ pub fn select_pids(config: &FdpConfig, ruhs: &[RuhStatusDesc], handles: u16, pol
 }
 
 fn sysfs_queue(block: Option<&str>, attr: &str) -> Option<u64> {
-    let b = block?;
-    std::fs::read_to_string(Path::new("/sys/block").join(b).join("queue").join(attr)).ok()?.trim().parse().ok()
+    crate::nvme::discover::sysfs_num(block?, attr)
 }
 
 

@@ -453,7 +453,8 @@ pub struct FdpInfo {
     pub write_stream_granularity: Option<u64>,
 }
 
-fn sysfs_num(block: &str, attr: &str) -> Option<u64> {
+/// A number in block device `block`'s `/sys/block/<block>/queue/<attr>`.
+pub(crate) fn sysfs_num(block: &str, attr: &str) -> Option<u64> {
     std::fs::read_to_string(Path::new("/sys/block").join(block).join("queue").join(attr)).ok()?.trim().parse().ok()
 }
 
@@ -565,16 +566,6 @@ pub fn max_transfer(lba_size: u32, mdts_bytes: Option<u64>, limits: Option<Queue
     (m / lba * lba).max(lba).min(u64::from(u32::MAX) / lba * lba) as u32
 }
 
-/// The system's page size.
-pub fn page_size() -> u64 {
-    // SAFETY: sysconf has no memory effects.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as u64
-    } else {
-        4096
-    }
-}
 
 impl FdpInfo {
     /// Queries a namespace (`/dev/nvme0n1` or `/dev/ng0n1`): controller capability, endurance
@@ -640,7 +631,7 @@ impl FdpInfo {
             nsze: ns.nsze,
             mdts_bytes,
             max_hw_sectors_kb: limits.and_then(|l| l.max_hw_sectors_kb),
-            max_transfer_bytes: max_transfer(lba_size, mdts_bytes, limits, page_size()),
+            max_transfer_bytes: max_transfer(lba_size, mdts_bytes, limits, crate::device::page_size()),
             max_write_streams: block.as_deref().and_then(|b| sysfs_num(b, "max_write_streams")).map(|v| v as u32),
             write_stream_granularity: block.as_deref().and_then(|b| sysfs_num(b, "write_stream_granularity")),
             ctrl,
