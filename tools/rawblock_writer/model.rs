@@ -1372,8 +1372,9 @@ impl Writer {
     }
 
     /// LMCache's loader: the newest valid checkpoint (seq, CRC), its JSON checked against the
-    /// configuration, entries filtered by position and size, every slot header verified; the
-    /// free set rebuilt ascending (highest hole reused first), dropped slots appended.
+    /// configuration, entries read as Python's dict holds them, filtered by position and size,
+    /// every slot header verified (one that does not read drops its entry); the free set
+    /// rebuilt ascending (highest hole reused first), dropped slots appended.
     pub fn reopen(&mut self, dev: &mut Device) -> Result<ReopenReport, String> {
         let before: Vec<(String, u64, u64)> = self.entries.values().map(|e| (e.key.clone(), e.slot, e.size)).collect();
         self.clear_index();
@@ -1388,9 +1389,17 @@ impl Writer {
             self.last_reopen = Some(rep.clone());
             return Ok(rep);
         };
+        // As Python's dict: a repeated key keeps its first position and takes its last value.
         let mut listed: Vec<(String, Option<u64>, Option<u64>)> = Vec::new();
+        let mut at: HashMap<String, usize> = HashMap::new();
         let meta = match read_entries(&*dev, &g, &newest, &JsonLimits::default(), &mut |e| {
-            listed.push((e.key.to_string(), e.offset, e.size));
+            match at.get(e.key) {
+                Some(&i) => listed[i] = (e.key.to_string(), e.offset, e.size),
+                None => {
+                    at.insert(e.key.to_string(), listed.len());
+                    listed.push((e.key.to_string(), e.offset, e.size));
+                }
+            }
             Ok(())
         }) {
             Ok(m) => m,
@@ -1417,8 +1426,11 @@ impl Writer {
         let cap = g.slot_payload_capacity();
         let base = g.data_base_offset();
         let mut kept: Vec<(String, u64, u64)> = Vec::new();
-        let mut seen = HashSet::new();
         for (key, off, size) in listed {
+            // Of two `entries` members Python keeps the last: a key only the first lists is gone.
+            if objs.is_some_and(|m| !m.contains_key(&key)) {
+                continue;
+            }
             let (Some(off), Some(size)) = (off, size) else {
                 rep.skipped += 1;
                 continue;
@@ -1428,7 +1440,6 @@ impl Writer {
                 || (off - base) / g.slot_bytes >= g.max_slots
                 || size == 0
                 || size > cap
-                || !seen.insert(key.clone())
             {
                 rep.skipped += 1;
                 continue;
@@ -1455,11 +1466,16 @@ impl Writer {
                 let mut reqs: Vec<(u64, &mut [u8])> = bufs.iter_mut().map(|(o, b)| (*o, b.as_mut_slice())).collect();
                 dev.read_group(&mut reqs)
             };
-            if let Err(e) = read_ok {
-                return Err(format!("reading slot headers: {e}"));
+            // A failed batch is read again one header at a time; an entry whose header does
+            // not read is dropped, as LMCache drops it, and the reopen goes on.
+            let mut unread = vec![false; bufs.len()];
+            if read_ok.is_err() {
+                for ((o, b), u) in bufs.iter_mut().zip(&mut unread) {
+                    *u = dev.read_group(&mut [(*o, b.as_mut_slice())]).is_err();
+                }
             }
-            for (k, (_, b)) in chunk.iter().zip(&bufs) {
-                let ok = match (SlotHeader::parse(b.as_slice()), lmcache_identity(&k.0)) {
+            for ((k, (_, b)), u) in chunk.iter().zip(&bufs).zip(unread) {
+                let ok = !u && match (SlotHeader::parse(b.as_slice()), lmcache_identity(&k.0)) {
                     (Ok(h), Ok(id)) => h.identity == id && h.payload_len == k.2,
                     _ => false,
                 };

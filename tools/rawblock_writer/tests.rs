@@ -7,6 +7,7 @@ use crate::dev::LoggedWrite;
 use crate::model::{CheckpointOutcome, Class, PutItem};
 use fdpblk::cmd::inspect::inspect_entries;
 use fdpblk::layout::checkpoint::{newest_valid, read_copies};
+use fdpblk::layout::checkpoint_header::CheckpointHeader as CheckpointHeaderBytes;
 use fdpblk::layout::Geometry;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -558,6 +559,76 @@ fn reopen_follows_the_loader_rules() {
     assert_eq!(w.free_slots(), &[2]);
     assert!(w.is_dirty(), "a validation drop makes the next checkpoint write");
     w.verify(&mut d).unwrap();
+}
+
+/// Writes `json` as checkpoint `seq` into its container, as LMCache would.
+fn write_checkpoint_json(path: &std::path::Path, g: &Geometry, seq: u64, json: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    let off = g.container_offset(Geometry::copy_for_seq(seq));
+    let a = g.block_align as usize;
+    f.write_all_at(&CheckpointHeaderBytes::encode_for(seq, json, a), off).unwrap();
+    let mut pay = json.to_vec();
+    pay.resize(json.len().next_multiple_of(a), 0);
+    f.write_all_at(&pay, off + g.block_align).unwrap();
+}
+
+/// A hand-edited checkpoint, read as Python's `json.loads` reads it: of two `entries` members
+/// the last counts, and a key listed twice takes its last entry (here a misaligned one, so
+/// the key is skipped and its slot is free).
+#[test]
+fn reopen_reads_repeated_json_members_as_python_does() {
+    let size = 4 << 20;
+    let f = Scratch::new("repeated", size);
+    let mut d = open(&f.0, Engine::Posix).unwrap();
+    let g = geom(65536, 1 << 20, size);
+    let mut w = Writer::new(g, opts(Dtype::Bf16, "/dev/ublkb0"));
+    put(&mut w, &mut d, 8);
+    w.checkpoint(&mut d).unwrap();
+    let mut by_slot: Vec<(u64, String, u64)> = w.entries().map(|e| (e.slot, e.key.clone(), e.size)).collect();
+    by_slot.sort();
+    let by_slot: Vec<(String, u64)> = by_slot.into_iter().map(|(_, k, n)| (k, n)).collect();
+    let (k0, k3) = (&by_slot[0].0, &by_slot[3].0);
+    let mut doc: Value = serde_json::from_slice(&w.snapshot_json()).unwrap();
+    let mut entries = doc["entries"].take().as_object().unwrap().clone();
+    let e0 = entries.remove(k0).unwrap();
+    let mut listed = serde_json::to_string(&entries).unwrap();
+    listed.pop();
+    let bad3 = serde_json::json!({"offset": g.slot_offset(3) + 4096, "size": by_slot[3].1});
+    listed += &format!(",{}:{bad3}}}", serde_json::to_string(k3).unwrap());
+    doc["entries"] = Value::String("@entries@".into());
+    let body = serde_json::to_string(&doc).unwrap().replace("\"@entries@\"", &listed);
+    let text = format!("{{\"entries\":{{{}:{e0}}},{}", serde_json::to_string(k0).unwrap(), &body[1..]);
+    write_checkpoint_json(&f.0, &g, 2, text.as_bytes());
+    let r = w.reopen(&mut d).unwrap();
+    assert_eq!((r.rejected.as_deref(), r.seq, r.recovered, r.skipped, r.dropped), (None, Some(2), 6, 1, 0));
+    let mut slots = slots_of(&w);
+    slots.sort();
+    assert_eq!(slots, [1, 2, 4, 5, 6, 7]);
+    assert_eq!(w.free_slots(), &[0, 3]);
+}
+
+/// A slot header that does not read drops its entry, as LMCache's loader drops it, and the
+/// rest are recovered: on both engines (a batch that fails is read again one by one).
+#[test]
+fn reopen_drops_an_entry_whose_header_does_not_read() {
+    for engine in [Engine::Posix, Engine::IoUring] {
+        let size = 4 << 20;
+        let f = Scratch::new(&format!("unreadable-{engine:?}"), size);
+        let Some(mut d) = open(&f.0, engine) else { continue };
+        let g = geom(65536, 1 << 20, size);
+        let mut w = Writer::new(g, opts(Dtype::Bf16, "/dev/ublkb0"));
+        put(&mut w, &mut d, 8);
+        w.checkpoint(&mut d).unwrap();
+        drop(d);
+        // The device now ends where slot 7 starts: its header read fails.
+        std::fs::OpenOptions::new().write(true).open(&f.0).unwrap().set_len(g.slot_offset(7)).unwrap();
+        let mut d = open(&f.0, engine).unwrap();
+        let r = w.reopen(&mut d).unwrap();
+        assert_eq!((r.rejected.as_deref(), r.recovered, r.dropped), (None, 7, 1), "{engine:?}");
+        assert_eq!(slots_of(&w).iter().max(), Some(&6), "{engine:?}");
+        assert_eq!(w.free_slots(), &[7], "{engine:?}");
+    }
 }
 
 // ---- the real LMCache fixtures -----------------------------------------------------------
