@@ -121,9 +121,13 @@
 //! Not proved, assumed: a single LMCache process per device, writing one checkpoint at a
 //! time (0.5.6: the periodic thread, and `close()` after joining it; the join waits at most
 //! 5 s, so a checkpoint `close()` or `checkpoint_now()` writes may overlap a slow periodic one.
-//! Traced: two snapshots in flight at once leave a torn or out-of-order container, and since
-//! condition 3 needs both containers' contents known and neither listing the slot, that
-//! stops deallocation rather than confirming a slot wrongly.)
+//! Traced: two snapshots in flight at once that leave a torn or out-of-order container stop
+//! deallocation, since condition 3 needs both containers' contents known and neither listing
+//! the slot. If both land whole and in order, the later one can confirm with the other
+//! in-flight header as K-1, whose completion does not precede the later snapshot: claim A's
+//! premise fails. A put into slot s issued between the two snapshots can then be confirmed
+//! while in flight; that is harmless, since the confirming checkpoint lists s, and LMCache's
+//! idle rule takes no later snapshot without s while that put is still in flight.)
 //!
 //! Not closed, LMCache's own: a put whose header and checkpoint reach the drive while its
 //! payload does not (LMCache never flushes; a power loss under buffered I/O or a volatile
