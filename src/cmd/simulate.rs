@@ -114,6 +114,8 @@ pub struct SimulateArgs {
     /// Runs in parallel (one thread each).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
+    /// Print one JSON object, `{"runs": [...]}`: per run its WAF, host, media and own-state
+    /// bytes, trims, per-handle usage, the drive and the run's speed.
     #[arg(long)]
     pub json: bool,
     /// Draw WAF vs utilisation per policy into this PNG.
