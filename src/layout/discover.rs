@@ -302,16 +302,30 @@ fn checkpoint_in<D: ReadAt + ?Sized>(
 
 fn provisional_from_flags(flags: &GeometryFlags, size: u64) -> Option<Geometry> {
     let a = flags.block_align.unwrap_or(DEFAULT_BLOCK_ALIGN);
-    GeometryConfig {
-        block_align: a,
-        header_bytes: flags.header_bytes.unwrap_or(DEFAULT_HEADER_BYTES),
-        // Only the metadata layout matters for reading checkpoints.
-        slot_bytes: flags.slot_bytes.unwrap_or(flags.header_bytes.unwrap_or(DEFAULT_HEADER_BYTES).saturating_add(a)),
-        meta_total_bytes: flags.meta_total_bytes?,
-        capacity_bytes: 0,
-    }
-    .validate(size)
+    probe_layout(
+        GeometryConfig {
+            block_align: a,
+            header_bytes: flags.header_bytes.unwrap_or(DEFAULT_HEADER_BYTES),
+            // Only the metadata layout matters for reading checkpoints.
+            slot_bytes: flags.slot_bytes.unwrap_or(flags.header_bytes.unwrap_or(DEFAULT_HEADER_BYTES).saturating_add(a)),
+            meta_total_bytes: flags.meta_total_bytes?,
+            capacity_bytes: 0,
+        },
+        size,
+    )
     .ok()
+}
+
+/// A layout to look for checkpoints with: only its metadata region matters, so one whose
+/// slots over the whole device are more than fdpblk tracks is looked at with one slot (its
+/// real capacity, from the checkpoint or `--capacity-bytes`, is checked once it is known).
+fn probe_layout(cfg: GeometryConfig, size: u64) -> Result<Geometry, GeometryError> {
+    match cfg.validate(size) {
+        Err(GeometryError::TooManySlots { .. }) => {
+            GeometryConfig { capacity_bytes: cfg.meta_total_bytes.saturating_add(cfg.slot_bytes), ..cfg }.validate(size)
+        }
+        r => r,
+    }
 }
 
 /// Where copy 1 may sit when copy 0 is unreadable: half of a power-of-two metadata region
@@ -367,7 +381,7 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
             meta_total_bytes,
             capacity_bytes: 0,
         };
-        let error = match cfg.validate(size) {
+        let error = match probe_layout(cfg, size) {
             Ok(g) => return Ok(Some(Hint::Layout(g))),
             // A checkpoint that is LMCache's (its JSON begins where its block_align says) on
             // a device too small for its layout: that is the error, not "no checkpoint".
@@ -378,7 +392,7 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
             Err(error @ GeometryError::BlockAlignTooLarge(_)) if get("block_align") == Some(a) => DiscoverError::Geometry(error),
             // Its own values break a rule LMCache enforces: damaged, said so (flags would
             // only conflict with it).
-            Err(error) if get("block_align") == Some(a) && !matches!(error, GeometryError::TooManySlots { .. }) => {
+            Err(error) if get("block_align") == Some(a) => {
                 DiscoverError::ImpossibleCheckpoint { error, meta_bytes: meta_total_bytes.min(size) }
             }
             Err(_) => continue,
@@ -481,6 +495,43 @@ mod tests {
         // The flag for it conflicts, as before: the erase (named by `add`) is the way out.
         let fixed = GeometryFlags { header_bytes: Some(4096), ..layout };
         assert!(matches!(discover(&img, &fixed).unwrap_err(), DiscoverError::Conflict { field: "header_bytes", .. }));
+    }
+
+    /// A device whose whole size would hold more slots than fdpblk tracks still shows its
+    /// checkpoint: only the metadata region is needed to find it, and the layout then takes
+    /// the checkpoint's capacity_bytes (or the flag's, which may be the one too large).
+    #[test]
+    fn a_checkpoint_is_found_on_a_device_of_more_slots_than_fdpblk_tracks() {
+        /// The fixture's image, then zeroes up to `size`.
+        struct Sparse(Vec<u8>, u64);
+        impl ReadAt for Sparse {
+            fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+                let n = (buf.len() as u64).min(self.1.saturating_sub(offset)) as usize;
+                buf[..n].fill(0);
+                if let Some(head) = self.0.get(offset.min(self.0.len() as u64) as usize..) {
+                    let k = head.len().min(n);
+                    buf[..k].copy_from_slice(&head[..k]);
+                }
+                Ok(n)
+            }
+            fn size(&self) -> std::io::Result<u64> {
+                Ok(self.1)
+            }
+        }
+        let (img, m) = fixture("object-evict");
+        assert_eq!(m["geometry"]["capacity_bytes_effective"], 4 << 20);
+        let size = (1 << 20) + (crate::layout::geometry::MAX_SLOTS + 1) * 65536;
+        let dev = Sparse(img, size);
+        let layout = GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(1 << 20), ..Default::default() };
+        for (flags, source) in [(GeometryFlags::default(), GeometrySource::Checkpoint), (layout, GeometrySource::Both)] {
+            let d = discover(&dev, &flags).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!((d.source, d.geometry.max_slots, d.geometry.capacity_bytes), (source, 48, 4 << 20));
+            assert!(d.checkpoint.is_some());
+        }
+        // The whole device as the capacity: too many slots, said so (not "no checkpoint").
+        let whole = GeometryFlags { capacity_bytes: Some(size), ..layout };
+        let e = discover(&dev, &whole).unwrap_err();
+        assert!(matches!(e, DiscoverError::Geometry(GeometryError::TooManySlots { .. })), "{e}");
     }
 
     /// A damaged copy whose length field reaches past its own container is not read whole
