@@ -158,7 +158,7 @@ pub fn discover<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags) -> Result<Di
         let fields = [(flags.block_align, m.block_align), (flags.header_bytes, m.header_bytes), (flags.slot_bytes, m.slot_bytes), (flags.meta_total_bytes, m.meta_total_bytes)];
         let from_checkpoint = fields.iter().any(|(flag, ck)| flag.is_none() && ck.is_some()) && !fields.iter().any(|(flag, ck)| flag.is_some() && ck.is_none());
         match error {
-            GeometryError::DeviceTooSmall { .. } | GeometryError::TooManySlots { .. } => DiscoverError::Geometry(error),
+            GeometryError::DeviceTooSmall { .. } | GeometryError::CapacityTooSmall { .. } | GeometryError::TooManySlots { .. } => DiscoverError::Geometry(error),
             _ if from_checkpoint => DiscoverError::ImpossibleCheckpoint { error, meta_bytes },
             _ => DiscoverError::Geometry(error),
         }

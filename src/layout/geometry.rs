@@ -43,6 +43,8 @@ pub enum GeometryError {
     MetaTotalBytes(u64, u64),
     ContainerTooSmall { container_bytes: u64, block_align: u64 },
     DeviceTooSmall { meta_total_bytes: u64, capacity: u64, slot_bytes: u64 },
+    /// The same, where the device would hold a slot but `capacity_bytes` caps it below one.
+    CapacityTooSmall { meta_total_bytes: u64, capacity_bytes: u64, slot_bytes: u64 },
     TooManySlots { max_slots: u64, capacity: u64, slot_bytes: u64 },
 }
 
@@ -84,6 +86,11 @@ impl fmt::Display for GeometryError {
             Self::DeviceTooSmall { meta_total_bytes, capacity, slot_bytes } => write!(
                 f,
                 "capacity {capacity} bytes holds no slot of {slot_bytes} bytes after the {meta_total_bytes}-byte metadata region; use a larger device or a smaller --meta-total-bytes/--slot-bytes"
+            ),
+            Self::CapacityTooSmall { meta_total_bytes, capacity_bytes, slot_bytes } => write!(
+                f,
+                "capacity_bytes {capacity_bytes} holds no slot of {slot_bytes} bytes after the {meta_total_bytes}-byte metadata region; raise --capacity-bytes (LMCache's capacity_bytes) above {}, or leave it 0 for the whole device",
+                meta_total_bytes.saturating_add(slot_bytes).saturating_sub(1)
             ),
             Self::TooManySlots { max_slots, capacity, slot_bytes } => write!(
                 f,
@@ -127,10 +134,11 @@ impl GeometryConfig {
         } else {
             device_size
         };
-        let too_small = GeometryError::DeviceTooSmall {
-            meta_total_bytes: self.meta_total_bytes,
-            capacity,
-            slot_bytes: self.slot_bytes,
+        // The cap is to blame only where the whole device would hold a slot.
+        let too_small = if capacity < device_size && device_size.saturating_sub(self.meta_total_bytes) >= self.slot_bytes && self.meta_total_bytes < device_size {
+            GeometryError::CapacityTooSmall { meta_total_bytes: self.meta_total_bytes, capacity_bytes: capacity, slot_bytes: self.slot_bytes }
+        } else {
+            GeometryError::DeviceTooSmall { meta_total_bytes: self.meta_total_bytes, capacity, slot_bytes: self.slot_bytes }
         };
         if self.meta_total_bytes >= capacity {
             return Err(too_small);
@@ -300,5 +308,12 @@ mod tests {
     fn errors_name_the_fix() {
         let e = cfg(4096, 4096, 10000, 1 << 20, 0).validate(1 << 30).unwrap_err();
         assert!(e.to_string().contains("--slot-bytes"));
+        // A capacity_bytes below one slot past the metadata: that flag is named.
+        let e = cfg(4096, 4096, 8192, 1 << 20, (1 << 20) + 4096).validate(1 << 30).unwrap_err();
+        assert!(matches!(e, GeometryError::CapacityTooSmall { capacity_bytes: 1052672, .. }), "{e}");
+        assert!(e.to_string().contains("raise --capacity-bytes") && e.to_string().contains("above 1056767"), "{e}");
+        // Where the device itself is too small, the device is.
+        let e = cfg(4096, 4096, 8192, 1 << 20, (1 << 20) + 4096).validate((1 << 20) + 4096).unwrap_err();
+        assert!(matches!(e, GeometryError::DeviceTooSmall { .. }), "{e}");
     }
 }
