@@ -61,8 +61,8 @@ pub struct QueueStats {
     pub errors: AtomicU64,
     pub last_errno: AtomicU64,
     /// Requests held until fdpblk's deallocation of their slot, or its zeroing of their
-    /// checkpoint container, landed; and the longest such hold, in microseconds. A drive
-    /// slow to deallocate shows here as LMCache's latency.
+    /// checkpoint container, landed; and the longest such hold (one still held included), in
+    /// microseconds. A drive slow to deallocate shows here as LMCache's latency.
     pub held_for_trims: AtomicU64,
     pub held_longest_us: AtomicU64,
     /// When this queue last logged a failed request ([`since_start_ns`]): at most one line a
@@ -144,6 +144,8 @@ impl<'a> Hold<'a> {
             Instant::now()
         });
         let held = since.elapsed();
+        // A hold still going shows in the longest too, so a stuck one is seen while it lasts.
+        self.stats.held_longest_us.fetch_max(held.as_micros().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
         if held >= HOLD_WARN * (self.warned + 1) {
             self.warned += 1;
             tracing::warn!(
@@ -362,6 +364,8 @@ mod tests {
         h.tick(|| unreachable!("no warning within milliseconds"));
         std::thread::sleep(Duration::from_millis(3));
         h.tick(|| unreachable!());
+        let while_held = stats.held_longest_us.load(Ordering::Relaxed);
+        assert!(while_held >= 3_000, "a hold still going shows: {while_held} us");
         h.end();
         assert_eq!(stats.held_for_trims.load(Ordering::Relaxed), 1);
         let longest = stats.held_longest_us.load(Ordering::Relaxed);
