@@ -1523,10 +1523,14 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     let mut v = parse_stats(&p, &text)?;
     let read = state::read_state(a.number);
     // A daemon that died leaves its last figures behind (they stay for `recover`): say so.
-    let daemon_up = read.is_ok() && serving_daemon(a.number, &read).is_some();
+    let serving = read.as_ref().ok().and_then(|_| serving_daemon(a.number, &read));
+    let daemon_up = serving.is_some();
+    // The daemon recovering the device serves before it writes its own stats.
+    let previous = serving.filter(|d| !d.wrote_stats(&v));
     let saved = read.ok();
     let name = saved.as_ref().and_then(|(cfg, _)| cfg.name.clone());
     v["daemon_up"] = json!(daemon_up);
+    v["stats_of_serving_daemon"] = json!(daemon_up && previous.is_none());
     let age_s = std::fs::metadata(&p).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).map(|d| d.as_secs());
     v["stats_age_s"] = json!(age_s);
     // The drive's own counters since `add`: host vs media bytes (QEMU's drive has no GC).
@@ -1539,6 +1543,13 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     if !daemon_up {
         println!(
             "DAEMON NOT RUNNING: these are its last figures, {} s old; `fdpblk list` shows the device's state",
+            age_s.map_or_else(|| "-".to_string(), |a| a.to_string())
+        );
+    }
+    if let Some(d) = previous {
+        println!(
+            "PREVIOUS DAEMON'S FIGURES (pid {}), {} s old: the daemon now serving the device (pid {d}) has not written its own yet; ask again in a second",
+            v["pid"],
             age_s.map_or_else(|| "-".to_string(), |a| a.to_string())
         );
     }

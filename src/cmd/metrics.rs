@@ -189,7 +189,7 @@ impl Registry {
             }
             for (i, n) in q.iter().enumerate() {
                 if let Some(v) = num(&n["held_longest_us"]) {
-                    self.add("fdpblk_queue_held_longest_seconds", "The longest any request of each ublk queue was held for a deallocation or zeroing (a drive slow to deallocate shows here).", Gauge, with("queue", &i.to_string()), v / 1e6);
+                    self.add("fdpblk_queue_held_longest_seconds", "The longest any request of each ublk queue was held for a deallocation or zeroing, one still held included (a drive slow to deallocate shows here).", Gauge, with("queue", &i.to_string()), v / 1e6);
                 }
             }
             for (i, n) in q.iter().enumerate() {
@@ -219,6 +219,11 @@ impl Registry {
         }
         // The state thread: LMCache's checkpoints, slots, deallocation, own state.
         for (metric, key, help) in [
+            (
+                "fdpblk_state_age_seconds",
+                "state_age_s",
+                "Seconds since the daemon's state thread (checkpoints, deallocation, own state) last refreshed its figures; it does at least every second or two, so more means it is held up (a drive slow to flush or deallocate) and the figures below are that old.",
+            ),
             ("fdpblk_checkpoint_seq", "checkpoint_seq", "Sequence number of LMCache's newest checkpoint."),
             ("fdpblk_checkpoint_age_seconds", "checkpoint_age_s", "Seconds since fdpblk saw LMCache's newest checkpoint written (across daemon restarts, through its own state), or first found it on the device."),
             ("fdpblk_checkpoint_payload_bytes", "checkpoint_bytes", "JSON bytes of LMCache's newest checkpoint."),
@@ -382,15 +387,29 @@ fn collect(reg: &mut Registry, id: i32) -> Result<(), String> {
     })?;
     // A file that does not parse gets read_state's message, which names the fix.
     let saved: Value = serde_json::from_str(&state_text).map_err(|e| state::read_state(id).err().unwrap_or_else(|| format!("{} is corrupt: {e}", state::state_path(id).display())))?;
-    let up = state::Daemon::from_state(&saved).alive() || super::device::serving_daemon(id, &state::read_state(id)).is_some();
+    let daemon = Some(state::Daemon::from_state(&saved)).filter(state::Daemon::alive).or_else(|| super::device::serving_daemon(id, &state::read_state(id)));
+    let up = daemon.is_some();
     let stats: Option<Value> = std::fs::read_to_string(state::stats_path(id)).ok().and_then(|t| serde_json::from_str(&t).ok());
     // The stats file's age; before the daemon's first one, that of its state file (written at
-    // its start, and again when it learns the layout or is recovered).
+    // its start, and again when it learns the layout or is recovered). Stats a dead daemon
+    // left, before the one recovering its device wrote its own, are not shown as current:
+    // their age is the serving daemon's since it started.
     let age_of = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok().map(|t| t.elapsed().map_or(0.0, |d| d.as_secs_f64().round()));
-    let age = age_of(&state::stats_path(id)).or_else(|| age_of(&state::state_path(id)));
+    let (stats, age) = current_stats(daemon.as_ref(), stats, || age_of(&state::stats_path(id)), || age_of(&state::state_path(id)));
     let fdp = if up { state::read_state(id).ok().and_then(|(cfg, _)| state::fdp_deltas(&cfg)) } else { None };
     reg.add_device(id, Some(&saved["config"]), up, stats.as_ref().filter(|s| s.is_object()), age, fdp.as_ref());
     Ok(())
+}
+
+/// The stats to show for a device and their age in seconds: the stats file's (`file_age`) or,
+/// before there is one, the state file's (`state_age`). Stats that the daemon serving the
+/// device (`daemon`) did not write, a dead one's left while its successor starts, are not
+/// shown, and their age is the serving daemon's since it started.
+fn current_stats(daemon: Option<&state::Daemon>, stats: Option<Value>, file_age: impl Fn() -> Option<f64>, state_age: impl Fn() -> Option<f64>) -> (Option<Value>, Option<f64>) {
+    match (daemon, stats) {
+        (Some(d), Some(st)) if !d.wrote_stats(&st) => (None, d.running_s().or_else(state_age)),
+        (_, st) => (st, file_age().or_else(state_age)),
+    }
 }
 
 /// Every device's metrics.
@@ -647,7 +666,7 @@ mod tests {
         json!({
             "id": 0, "name": "kv0", "engine": "passthrough", "policy": "key-aware",
             "geometry": g.to_json(), "pipeline": p.to_json(), "queues": [{"requests": 5, "header_wait_peak": 0, "errors": 0}, {"requests": 4, "header_wait_peak": 3, "errors": 2, "held_for_trims": 7, "held_longest_us": 2500000}],
-            "checkpoint_seq": 12, "checkpoint_age_s": 3.5, "checkpoint_bytes": 1000, "checkpoint_entries": 4,
+            "state_age_s": 0.4, "checkpoint_seq": 12, "checkpoint_age_s": 3.5, "checkpoint_bytes": 1000, "checkpoint_entries": 4,
             "checkpoint_cap_bytes": g.payload_cap(), "checkpoint_estimate_bytes": 1200, "overflow_risk": false,
             "checkpoint_stalled": false, "meta_total_bytes_needed": null, "containers": [],
             "checkpoint_interval_s": 20.0, "writeback_delay_s": 35.0, "writeback_risk": true,
@@ -714,6 +733,7 @@ mod tests {
         assert_eq!(get(r#"fdpblk_evictions_total{id="0",name="kv0"}"#), 2.0);
         assert_eq!(get(r#"fdpblk_own_state_cycles_total{id="0",name="kv0"}"#), 2.0);
         assert_eq!(get(r#"fdpblk_checkpoint_age_seconds{id="0",name="kv0"}"#), 3.5);
+        assert_eq!(get(r#"fdpblk_state_age_seconds{id="0",name="kv0"}"#), 0.4);
         assert_eq!(get(r#"fdpblk_checkpoint_cap_bytes{id="0",name="kv0"}"#), 520192.0);
         assert_eq!(get(r#"fdpblk_checkpoint_overflow_risk{id="0",name="kv0"}"#), 0.0);
         assert_eq!(get(r#"fdpblk_writeback_risk{id="0",name="kv0"}"#), 1.0);
@@ -772,6 +792,31 @@ mod tests {
         assert_eq!(s[r#"fdpblk_stats_age_seconds{id="0",name="kv0"}"#], 42.0);
         assert!(!s.contains_key(r#"fdpblk_stats_age_seconds{id="1",name="dead"}"#), "a dead daemon has fdpblk_daemon_up 0 instead");
         assert!(!doc.contains("fdpblk_slots"), "nothing else is made up");
+    }
+
+    /// While a daemon recovering the device has not written its stats yet, the dead one's
+    /// left in the file are not exported as current; their age counts from the new start.
+    #[test]
+    fn a_previous_daemons_stats_are_not_shown_as_current() {
+        let me = std::process::id();
+        let serving = state::Daemon { pid: me, start: state::start_time(me) };
+        let ours = json!({"pid": me, "pid_start": serving.start, "slots": {}});
+        let theirs = json!({"pid": me + 1, "pid_start": 1, "slots": {}});
+        let (st, age) = current_stats(Some(&serving), Some(ours.clone()), || Some(1.0), || Some(50.0));
+        assert_eq!((st, age), (Some(ours), Some(1.0)));
+        let (st, age) = current_stats(Some(&serving), Some(theirs.clone()), || Some(1.0), || Some(50.0));
+        assert_eq!(st, None);
+        let age = age.unwrap();
+        assert!((0.0..3600.0).contains(&age) && age != 1.0, "since this process started: {age}");
+        // The same pid started at another time is another daemon.
+        let reused = json!({"pid": me, "pid_start": serving.start.unwrap() + 1});
+        assert_eq!(current_stats(Some(&serving), Some(reused), || Some(1.0), || None).0, None);
+        // Older stats without a pid, and a dead daemon's (shown as its last figures), stay.
+        let (st, _) = current_stats(Some(&serving), Some(json!({"slots": {}})), || Some(1.0), || None);
+        assert!(st.is_some());
+        assert_eq!(current_stats(None, Some(theirs.clone()), || Some(7.0), || None), (Some(theirs), Some(7.0)));
+        // No stats file yet: the state file's age.
+        assert_eq!(current_stats(Some(&serving), None, || None, || Some(50.0)), (None, Some(50.0)));
     }
 
     #[test]

@@ -89,6 +89,27 @@ impl Daemon {
     }
 }
 
+impl Daemon {
+    /// Whether the stats JSON `v` is this daemon's: each daemon writes its pid and start into
+    /// its stats, and a new daemon recovering the device serves before it wrote its own, while
+    /// the file still holds the dead one's last figures. Stats without a pid are taken as its.
+    pub fn wrote_stats(&self, v: &Value) -> bool {
+        match v["pid"].as_u64() {
+            None => true,
+            Some(p) => p == u64::from(self.pid) && (v["pid_start"].as_u64().is_none() || self.start.is_none() || v["pid_start"].as_u64() == self.start),
+        }
+    }
+
+    /// Seconds since the daemon started (from its start time and `/proc/uptime`).
+    pub fn running_s(&self) -> Option<f64> {
+        let start = self.start.or_else(|| start_time(self.pid))? as f64;
+        // SAFETY: sysconf has no preconditions.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        let uptime: f64 = fs::read_to_string("/proc/uptime").ok()?.split_whitespace().next()?.parse().ok()?;
+        (ticks > 0).then(|| (uptime - start / ticks as f64).max(0.0).round())
+    }
+}
+
 impl std::fmt::Display for Daemon {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.pid.fmt(f)

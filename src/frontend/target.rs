@@ -37,7 +37,7 @@ struct Shared {
     /// `add` before the device existed.
     learned: AtomicBool,
     /// What the state thread publishes (checkpoint, slots, trims, own state), once it runs.
-    watch: Mutex<Option<Arc<Mutex<serde_json::Value>>>>,
+    watch: Mutex<Option<Arc<Mutex<crate::watch::Published>>>>,
     /// The passthrough engine of each queue, made before the queues start; each queue thread
     /// takes its own.
     engines: Mutex<Vec<Option<PassthroughEngine>>>,
@@ -1486,16 +1486,18 @@ fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slo
 }
 
 fn stats_loop(shared: &Shared, stop: &AtomicBool) {
+    let (pid, pid_start) = (std::process::id(), state::start_time(std::process::id()));
     while !stop.load(Ordering::Relaxed) {
         let c = &shared.cfg;
         let mut v = serde_json::json!({
+            "pid": pid, "pid_start": pid_start,
             "id": c.id, "name": c.name, "engine": c.engine.name(), "policy": c.policy,
             "geometry": shared.layout.known().map(|k| k.geometry.to_json()),
             "layout": shared.layout.to_json(shared.learned.load(Ordering::Relaxed)),
             "pipeline": shared.stats().to_json(),
             "queues": shared.queues.iter().map(|q| q.to_json()).collect::<Vec<_>>(),
         });
-        let watch = shared.watch.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|w| w.lock().unwrap_or_else(|e| e.into_inner()).clone());
+        let watch = shared.watch.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|w| w.lock().unwrap_or_else(|e| e.into_inner()).now());
         if let (Some(o), Some(serde_json::Value::Object(w))) = (v.as_object_mut(), watch) {
             o.extend(w);
         }

@@ -576,7 +576,32 @@ pub struct Watcher {
     deferred_tails: Vec<(u64, u16)>,
     /// A policy that learns from committed checkpoints (`Policy::observes_checkpoints`).
     observer: Option<SharedPolicy>,
-    published: Arc<Mutex<Value>>,
+    published: Arc<Mutex<Published>>,
+}
+
+/// What the state thread last published for the stats thread, and when: the ages in it are
+/// worked out when the stats are written, so that they keep growing while the state thread
+/// is held up (a drive slow to flush or deallocate) instead of freezing at their last value.
+#[derive(Clone, Debug, Default)]
+pub struct Published {
+    json: Value,
+    at: Option<Instant>,
+    checkpoint_at: Option<Instant>,
+}
+
+impl Published {
+    /// The published JSON, with `state_age_s` (since the state thread last published; it
+    /// does at least every [`EARLY_TAILS_INTERVAL`] and after every deallocation round) and
+    /// `checkpoint_age_s` as of now. Null before the first publish.
+    pub fn now(&self) -> Value {
+        let mut v = self.json.clone();
+        if let (Some(at), Some(o)) = (self.at, v.as_object_mut()) {
+            let tenths = |i: Instant| (i.elapsed().as_secs_f64() * 10.0).round() / 10.0;
+            o.insert("state_age_s".into(), json!(tenths(at)));
+            o.insert("checkpoint_age_s".into(), json!(self.checkpoint_at.map(tenths)));
+        }
+        v
+    }
 }
 
 impl Watcher {
@@ -661,7 +686,7 @@ impl Watcher {
             unreadable_headers: Default::default(),
             deferred_tails: Vec::new(),
             observer: None,
-            published: Arc::new(Mutex::new(Value::Null)),
+            published: Arc::new(Mutex::new(Published::default())),
         };
         w.seen_epoch = w.slots.epoch();
         for copy in 0..2u8 {
@@ -740,9 +765,14 @@ impl Watcher {
         self.observer = policy.observes_checkpoints().then_some(policy);
         resumed
     }
-    /// The JSON the stats thread shows (refreshed by every step).
-    pub fn published(&self) -> Arc<Mutex<Value>> {
+    /// What the stats thread shows (refreshed by every step).
+    pub fn published(&self) -> Arc<Mutex<Published>> {
         self.published.clone()
+    }
+
+    /// The JSON the stats thread would show now.
+    pub fn published_json(&self) -> Value {
+        self.published.lock().unwrap_or_else(|e| e.into_inner()).now()
     }
 
     /// The valid copy LMCache loads: the highest seq, the first of two with one seq (as
@@ -1075,7 +1105,6 @@ impl Watcher {
             .collect();
         let v = json!({
             "checkpoint_seq": c.map(|c| c.seq),
-            "checkpoint_age_s": c.map(|c| (c.at.elapsed().as_secs_f64() * 10.0).round() / 10.0),
             "checkpoint_bytes": c.map(|c| c.payload_len),
             "checkpoint_entries": c.map(|c| c.entries),
             "checkpoint_cap_bytes": self.geom.payload_cap(),
@@ -1116,7 +1145,7 @@ impl Watcher {
                 "own_state_cycles": self.counters.cycles.saturating_sub(was.cycles), "own_state_bytes": self.counters.own_bytes.saturating_sub(was.own_bytes),
             },
         });
-        *self.published.lock().unwrap_or_else(|e| e.into_inner()) = v;
+        *self.published.lock().unwrap_or_else(|e| e.into_inner()) = Published { json: v, at: Some(Instant::now()), checkpoint_at: c.map(|c| c.at) };
     }
 }
 

@@ -692,7 +692,7 @@ fn evicted_slots_are_trimmed_after_two_checkpoints() {
     }
     r.verify_all();
     assert_eq!(r.w.counters().trims_by_handle, vec![0, 0, 2], "two trims on the slots handle");
-    let v = r.w.published().lock().unwrap().clone();
+    let v = r.w.published_json();
     assert_eq!(v["trim"]["trims"], 2);
     assert_eq!((v["since_start"]["trims"].as_u64(), v["since_start"]["trim_handles"]["2"].as_u64()), (Some(2), Some(2)));
     assert_eq!(v["slots"]["trimmed"], 2);
@@ -707,7 +707,7 @@ fn evicted_slots_are_trimmed_after_two_checkpoints() {
     // (monitoring's counters) starts at 0.
     r.restart_fdpblk(true);
     r.w.publish();
-    let v = r.w.published().lock().unwrap().clone();
+    let v = r.w.published_json();
     assert_eq!((v["trim"]["trims"].as_u64(), v["since_start"]["trims"].as_u64()), (Some(2), Some(0)));
     assert_eq!(v["since_start"]["trim_handles"].as_object().map(|h| h.len()), Some(0));
     assert_eq!(v["since_start"]["evictions"].as_u64(), Some(0));
@@ -885,6 +885,26 @@ fn an_early_tail_whose_round_failed_goes_after_the_pause() {
     r.verify_all();
 }
 
+/// The stats thread works the ages out when it writes them: while the state thread is held
+/// up (no step, no publish), both the state's and the checkpoint's age keep growing.
+#[test]
+fn published_ages_grow_while_the_state_thread_is_held_up() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    r.checkpoint();
+    r.step();
+    let first = r.w.published_json();
+    let (state0, ckpt0) = (first["state_age_s"].as_f64().unwrap(), first["checkpoint_age_s"].as_f64().unwrap());
+    std::thread::sleep(Duration::from_millis(300));
+    let later = r.w.published_json();
+    assert!(later["state_age_s"].as_f64().unwrap() >= state0 + 0.2, "{first} then {later}");
+    assert!(later["checkpoint_age_s"].as_f64().unwrap() >= ckpt0 + 0.2, "{first} then {later}");
+    assert_eq!(later["checkpoint_seq"], first["checkpoint_seq"]);
+    r.step();
+    assert!(r.w.published_json()["state_age_s"].as_f64().unwrap() < 0.2, "a step publishes afresh");
+}
+
 /// LMCache's newest checkpoint keeps its age across a daemon restart (the own state keeps
 /// when it was seen): a stalled LMCache stays visible after fdpblk restarts. One the saved
 /// state did not see (another seq) counts from the start.
@@ -895,19 +915,19 @@ fn checkpoint_age_goes_on_across_a_daemon_restart() {
     r.put(k).unwrap();
     r.checkpoint();
     r.step();
-    let seq = r.w.published().lock().unwrap()["checkpoint_seq"].as_u64().unwrap();
+    let seq = r.w.published_json()["checkpoint_seq"].as_u64().unwrap();
     assert_eq!(r.w.counters().checkpoint_seen.map(|(s, _)| s), Some(seq), "seen when written");
     // As if it was written 600 s ago.
     r.w.counters.checkpoint_seen = Some((seq, unix_now() - 600));
     r.restart_fdpblk(true);
     r.w.publish();
-    let age = r.w.published().lock().unwrap()["checkpoint_age_s"].as_f64().unwrap();
+    let age = r.w.published_json()["checkpoint_age_s"].as_f64().unwrap();
     assert!((600.0..700.0).contains(&age), "age {age} s after the restart");
     // Saved for another seq: this one was never seen written, so it counts from the start.
     r.w.counters.checkpoint_seen = Some((seq + 5, unix_now() - 600));
     r.restart_fdpblk(true);
     r.w.publish();
-    let age = r.w.published().lock().unwrap()["checkpoint_age_s"].as_f64().unwrap();
+    let age = r.w.published_json()["checkpoint_age_s"].as_f64().unwrap();
     assert!(age < 60.0, "age {age} s of a checkpoint found at the start");
     assert_eq!(r.w.counters().checkpoint_seen.map(|(s, _)| s), Some(seq));
 }
@@ -924,14 +944,14 @@ fn evicted_slots_go_early_once_the_newest_checkpoint_lacks_them() {
     r.step();
     assert_eq!((r.trims, r.early_evictions, r.w.early_evictions()), (2, 2, 2));
     assert_eq!((r.state(a), r.state(b)), (SlotState::Trimmed, SlotState::Trimmed));
-    assert_eq!(r.w.published().lock().unwrap()["trim"]["early_evictions"], 2);
+    assert_eq!(r.w.published_json()["trim"]["early_evictions"], 2);
     for s in [a, b] {
         assert!(r.dev.peek(r.g.slot_offset(s), r.g.slot_bytes as usize).iter().all(|&x| x == 0));
     }
     // First the older container (seq 2) was made unloadable, and flushed.
     assert_eq!(r.invalidated, 1);
     assert!(r.dev.peek(r.g.container_offset(Geometry::copy_for_seq(2)), BA as usize).iter().all(|&x| x == 0));
-    assert_eq!(r.w.published().lock().unwrap()["trim"]["containers_invalidated"], 1);
+    assert_eq!(r.w.published_json()["trim"]["containers_invalidated"], 1);
     // A new LMCache process loads seq 3.
     let mut probe = r.lmc.clone();
     std::mem::swap(&mut probe, &mut r.lmc);
@@ -962,7 +982,7 @@ fn no_early_evictions_when_a_header_block_is_smaller_than_the_drives_block() {
     let a = r.evict_first_behind_two_checkpoints(&keys);
     assert_eq!((r.early_evictions, r.invalidated, r.w.early_evictions()), (0, 0, 0));
     assert_ne!(r.state(a), SlotState::Trimmed);
-    assert_eq!(r.w.published().lock().unwrap()["trim"]["early_evictions_enabled"], false);
+    assert_eq!(r.w.published_json()["trim"]["early_evictions_enabled"], false);
     // The two-container rule still frees it once LMCache overwrites the older copy.
     r.checkpoint();
     r.step();
@@ -1757,12 +1777,12 @@ fn a_checkpoint_written_with_no_event_is_seen_by_a_reread() {
     r.dev.poke(at + BA, &b);
     r.dev.poke(at, &CheckpointHeader::encode_for(c.seq, &c.json, BA as usize));
     r.step();
-    let seq_of = |r: &Rig| r.w.published().lock().unwrap()["containers"][usize::from(copy)]["seq"].clone();
+    let seq_of = |r: &Rig| r.w.published_json()["containers"][usize::from(copy)]["seq"].clone();
     assert_ne!(seq_of(&r), c.seq, "no event, no read");
     r.w.reread_containers();
     r.step();
     assert_eq!(seq_of(&r), c.seq);
-    assert_eq!(r.w.published().lock().unwrap()["checkpoint_seq"], c.seq, "the baseline follows");
+    assert_eq!(r.w.published_json()["checkpoint_seq"], c.seq, "the baseline follows");
 }
 
 /// A rig past its first checkpoint, with one more put, whose next checkpoint LMCache has
@@ -1799,7 +1819,7 @@ fn left_behind(mut r: Rig, first: fn(&mut Rig)) -> (Rig, Ckpt) {
 }
 
 fn published_seq(r: &Rig) -> serde_json::Value {
-    r.w.published().lock().unwrap()["checkpoint_seq"].clone()
+    r.w.published_json()["checkpoint_seq"].clone()
 }
 
 #[test]
@@ -1812,7 +1832,7 @@ fn a_late_read_back_of_an_older_checkpoint_does_not_become_the_newest() {
     let copy = Geometry::copy_for_seq(late.seq);
     r.write(r.g.container_offset(copy) + BA, &b);
     r.step();
-    assert_eq!(r.w.published().lock().unwrap()["containers"][usize::from(copy)]["seq"], late.seq, "read back");
+    assert_eq!(r.w.published_json()["containers"][usize::from(copy)]["seq"], late.seq, "read back");
     assert_eq!(published_seq(&r), late.seq + 1, "the newest stays the newest");
 }
 
@@ -1828,7 +1848,7 @@ fn the_first_checkpoint_header_written_back_after_the_second_stays_older() {
     assert_eq!(late.seq, 1);
     r.write(r.g.container_offset(0), &CheckpointHeader::encode_for(1, &late.json, BA as usize));
     r.step();
-    assert_eq!(r.w.published().lock().unwrap()["containers"][0]["seq"], 1, "read back");
+    assert_eq!(r.w.published_json()["containers"][0]["seq"], 1, "read back");
     assert_eq!(published_seq(&r), 2, "seq 1 came last but is older");
 }
 
@@ -1840,7 +1860,7 @@ fn an_older_checkpoint_header_written_back_after_a_newer_one_stays_older() {
     let copy = Geometry::copy_for_seq(late.seq);
     r.write(r.g.container_offset(copy), &CheckpointHeader::encode_for(late.seq, &late.json, BA as usize));
     r.step();
-    assert_eq!(r.w.published().lock().unwrap()["containers"][usize::from(copy)]["seq"], late.seq);
+    assert_eq!(r.w.published_json()["containers"][usize::from(copy)]["seq"], late.seq);
     assert_eq!(published_seq(&r), late.seq + 1, "seq n came last but is older");
 }
 
@@ -1896,14 +1916,14 @@ fn stats_show_a_checkpoint_read_back_waiting_for_its_payload() {
     let copy = Geometry::copy_for_seq(r.lmc.seq + 1);
     r.ckpt_header();
     r.step();
-    let v = r.w.published().lock().unwrap().clone();
+    let v = r.w.published_json();
     let c = &v["containers"][usize::from(copy)];
     assert_eq!(c["state"], "unknown");
     assert_eq!(c["reading"]["seq"], r.lmc.seq + 1);
     assert_eq!(v["checkpoint_seq"], r.lmc.seq);
     r.ckpt_payload();
     r.step();
-    let v = r.w.published().lock().unwrap().clone();
+    let v = r.w.published_json();
     assert_eq!(v["checkpoint_seq"], r.lmc.seq);
     assert!(v["containers"][usize::from(copy)].get("reading").is_none());
 }
@@ -2471,7 +2491,7 @@ fn overflow_alarm_comes_before_the_first_skipped_checkpoint() {
         let k = r.new_key(i % 3 == 0);
         r.put(k);
         r.step();
-        let v = r.w.published().lock().unwrap().clone();
+        let v = r.w.published_json();
         if v["overflow_risk"] == true && alarmed_at.is_none() {
             alarmed_at = Some(i);
             assert!(v["meta_total_bytes_needed"].as_u64().unwrap() > 8192);
@@ -2489,7 +2509,7 @@ fn overflow_alarm_comes_before_the_first_skipped_checkpoint() {
         }
     }
     assert!(skipped);
-    let v = r.w.published().lock().unwrap().clone();
+    let v = r.w.published_json();
     assert_eq!(v["checkpoint_cap_bytes"], r.g.payload_cap());
     assert!(v["checkpoint_estimate_bytes"].as_u64().unwrap() > r.g.payload_cap());
     assert!(v["checkpoint_bytes"].as_u64().unwrap() <= r.g.payload_cap());
@@ -2513,7 +2533,7 @@ fn puts_into_freed_slots_do_not_raise_the_overflow_alarm_past_the_slot_count() {
         r.put_in_a_full_cache(true);
         r.step();
     }
-    let v = r.w.published().lock().unwrap().clone();
+    let v = r.w.published_json();
     assert_eq!(v["overflow_risk"], false, "{v}");
     assert!(v["meta_total_bytes_needed"].is_null());
     assert!(v["checkpoint_estimate_bytes"].as_u64().unwrap() < r.g.payload_cap(), "{v}");
@@ -2561,7 +2581,7 @@ fn overflow_alarm_measured_on_a_one_entry_checkpoint_comes_before_the_overflow()
             assert!(alarmed, "the checkpoint no longer fits after {i} more puts, and no alarm came first");
             return;
         }
-        alarmed |= r.w.published().lock().unwrap()["overflow_risk"] == true;
+        alarmed |= r.w.published_json()["overflow_risk"] == true;
     }
     panic!("the checkpoint never outgrew its container");
 }
@@ -2582,7 +2602,7 @@ fn rewritten_between_crc_and_parse(garbage: bool) {
     r.ckpt_payload();
     r.ckpt_header();
     r.step();
-    let seq = |r: &Rig| r.w.published().lock().unwrap()["checkpoint_seq"].as_u64();
+    let seq = |r: &Rig| r.w.published_json()["checkpoint_seq"].as_u64();
     assert_eq!(seq(&r), Some(1));
     let older = r.json();
     for _ in 0..3 {
@@ -2954,7 +2974,7 @@ fn a_saved_state_with_an_unreadable_page_copy_loads_and_says_why() {
     let w = Watcher::new(r.g, Arc::new(SlotTable::new(r.g.max_slots)), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
     r.dev.set_fail_reads(None);
     assert!(w.loaded().found && !w.loaded().clean, "{:?}", w.loaded());
-    let v = w.published().lock().unwrap().clone();
+    let v = w.published_json();
     assert_eq!(v["own_state"]["loaded_clean"], false);
     let note = v["own_state"]["loaded_note"].as_str().unwrap_or_default().to_string();
     assert!(note.contains("cannot read 1 page copy"), "{note}");
@@ -3085,14 +3105,14 @@ fn a_checkpoint_interval_the_writeback_delay_reaches_is_flagged() {
                     r.checkpoint();
                     r.step();
                     r.w.publish();
-                    r.w.published().lock().unwrap()["writeback_risk"].as_bool().unwrap()
+                    r.w.published_json()["writeback_risk"].as_bool().unwrap()
                 })
                 .collect()
         };
         // Four intervals after five checkpoints; the check waits for three.
         let want: Vec<bool> = (0..5).map(|i| flagged && i >= 3).collect();
         assert_eq!(risks(&mut r, 5), want, "delay {delay:?}");
-        let v = r.w.published().lock().unwrap().clone();
+        let v = r.w.published_json();
         assert!(v["checkpoint_interval_s"].is_number());
         assert_eq!(v["writeback_delay_s"].as_f64(), delay.map(|d| d.as_secs_f64()));
         // A new daemon finds a checkpoint on the device: the time from its start to LMCache's
@@ -3321,7 +3341,7 @@ fn readme_lists_every_published_stats_field() {
     r.checkpoint();
     r.step();
     r.w.publish();
-    let v = r.w.published().lock().unwrap().clone();
+    let v = r.w.published_json();
     let mut missing = Vec::new();
     for (key, val) in v.as_object().expect("an object") {
         if !listed.contains(&format!("`{key}")) {

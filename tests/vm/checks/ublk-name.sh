@@ -86,6 +86,12 @@ if command -v udevadm >/dev/null; then
     # Meanwhile list, stats and add know the new daemon by its hold on the device.
     expect "kv5: list names the new daemon's pid, not $old" bash -c "$FDPBLK list --json | jq -e '.[] | select(.id == 1) | .pid != null and .pid != $old' >/dev/null"
     expect_eq "kv5: stats --json: daemon_up" "$("$FDPBLK" stats -n 1 --json 2>/dev/null | jq -c .daemon_up)" true
+    # The stats file still holds the dead daemon's figures: said so, and not exported as current.
+    expect_eq "kv5: stats --json: the figures are not the serving daemon's" "$("$FDPBLK" stats -n 1 --json 2>/dev/null | jq -c .stats_of_serving_daemon)" false
+    expect "kv5: stats names them the previous daemon's" bash -c "$FDPBLK stats -n 1 | grep -q \"^PREVIOUS DAEMON'S FIGURES (pid $old)\""
+    prom=$("$FDPBLK" stats -n 1 --prometheus)
+    expect "kv5: metrics: up, with an age, without the dead daemon's figures ($(grep -c . <<<"$prom") lines)" \
+        bash -c 'grep -q "^fdpblk_daemon_up{.*} 1$" <<<"$1" && grep -q "^fdpblk_stats_age_seconds{" <<<"$1" && ! grep -q "^fdpblk_slots{\|^fdpblk_state_age_seconds{" <<<"$1"' _ "$prom"
     out=$("$FDPBLK" add --backing /var/tmp/kv5.img -n 2 --engine plain --policy none "${GEO[@]}" 2>&1) && rc=0 || rc=$?
     expect "kv5: a second add on its backing is refused as served, not as a dead daemon's ($out)" \
         bash -c 'test "$1" -ne 0 && grep -q "is served by another running fdpblk daemon" <<<"$2"' _ "$rc" "$out"
@@ -93,6 +99,8 @@ if command -v udevadm >/dev/null; then
     rm /run/fdpblk/fill
     expect "kv5: the new daemon writes its state file once there is room" \
         bash -c 'for i in $(seq 50); do p=$(sed -n "s/.*\"pid\":\([0-9]*\).*/\1/p" /run/fdpblk/1.json); [[ $p && $p != "$1" ]] && kill -0 "$p" && exit 0; sleep 0.1; done; exit 1' _ "$old"
+    expect "kv5: and its own stats, then current" \
+        bash -c 'for i in $(seq 50); do [[ $($1 stats -n 1 --json | jq -c .stats_of_serving_daemon) == true ]] && $1 stats -n 1 --prometheus | grep -q "^fdpblk_state_age_seconds{" && exit 0; sleep 0.1; done; exit 1' _ "$FDPBLK"
     expect "kv5: down" quiet "$FDPBLK" down kv5
     expect "kv5: device 1 is gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb1 ]] || exit 0; sleep 0.1; done; exit 1"
     # Back on /run's own directory, as the tmpfs left it (device 1's files went with `down`).
