@@ -396,7 +396,10 @@ fn collect(reg: &mut Registry, id: i32) -> Result<(), String> {
     // their age is the serving daemon's since it started.
     let age_of = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok().map(|t| t.elapsed().map_or(0.0, |d| d.as_secs_f64().round()));
     let (stats, age) = current_stats(daemon.as_ref(), stats, || age_of(&state::stats_path(id)), || age_of(&state::state_path(id)));
-    let fdp = if up { state::read_state(id).ok().and_then(|(cfg, _)| state::fdp_deltas(&cfg)) } else { None };
+    let fdp = match state::read_state(id) {
+        Ok((cfg, _)) if up => drive_read_within(id, move || state::fdp_deltas(&cfg), DRIVE_READ_DEADLINE),
+        _ => None,
+    };
     reg.add_device(id, Some(&saved["config"]), up, stats.as_ref().filter(|s| s.is_object()), age, fdp.as_ref());
     Ok(())
 }
@@ -409,6 +412,48 @@ fn current_stats(daemon: Option<&state::Daemon>, stats: Option<Value>, file_age:
     match (daemon, stats) {
         (Some(d), Some(st)) if !d.wrote_stats(&st) => (None, d.running_s().or_else(state_age)),
         (_, st) => (st, file_age().or_else(state_age)),
+    }
+}
+
+/// How long one pass waits for a drive's FDP statistics.
+const DRIVE_READ_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Runs `read` (a drive's FDP statistics for device `id`) on a thread of its own and waits
+/// up to `deadline`: a drive that hangs or resets (NVMe commands wait up to the kernel's
+/// timeout, a minute) costs its device's drive series, not every device's metrics. While
+/// such a read is still in flight, later passes leave that drive out without asking again.
+fn drive_read_within<F>(id: i32, read: F, deadline: Duration) -> Option<Value>
+where
+    F: FnOnce() -> Option<Value> + Send + 'static,
+{
+    use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, TryRecvError};
+    static IN_FLIGHT: std::sync::Mutex<Vec<(i32, Receiver<Option<Value>>)>> = std::sync::Mutex::new(Vec::new());
+    let mut in_flight = IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = in_flight.iter().position(|(d, _)| *d == id) {
+        match in_flight[i].1.try_recv() {
+            Err(TryRecvError::Empty) => return None,
+            // Answered at last, an interval late: read afresh.
+            _ => drop(in_flight.swap_remove(i)),
+        }
+    }
+    let (tx, rx) = channel();
+    let spawned = std::thread::Builder::new().name("fdpblk-drive".into()).spawn(move || {
+        let _ = tx.send(read());
+    });
+    if spawned.is_err() {
+        return None;
+    }
+    match rx.recv_timeout(deadline) {
+        Ok(v) => v,
+        Err(RecvTimeoutError::Timeout) => {
+            tracing::warn!(
+                "device {id}: its drive did not answer for its FDP statistics within {} s (a hung or resetting controller? see `dmesg`); its fdpblk_drive_* series are left out until it does",
+                deadline.as_secs()
+            );
+            in_flight.push((id, rx));
+            None
+        }
+        Err(RecvTimeoutError::Disconnected) => None,
     }
 }
 
@@ -792,6 +837,29 @@ mod tests {
         assert_eq!(s[r#"fdpblk_stats_age_seconds{id="0",name="kv0"}"#], 42.0);
         assert!(!s.contains_key(r#"fdpblk_stats_age_seconds{id="1",name="dead"}"#), "a dead daemon has fdpblk_daemon_up 0 instead");
         assert!(!doc.contains("fdpblk_slots"), "nothing else is made up");
+    }
+
+    /// A drive that does not answer costs its own drive series for as long as it hangs, and
+    /// is not asked again meanwhile; once it answered, the next pass reads it afresh.
+    #[test]
+    fn a_hung_drive_read_is_waited_for_once() {
+        let (release, hung) = std::sync::mpsc::channel::<()>();
+        let short = Duration::from_millis(50);
+        let id = -7; // no real device's
+        assert_eq!(drive_read_within(id, move || hung.recv().ok().map(|_| json!("late")), short), None);
+        // Still hanging: not asked again (this read would answer at once).
+        assert_eq!(drive_read_within(id, || Some(json!(1)), short), None);
+        assert_eq!(drive_read_within(id - 1, || Some(json!(2)), short), Some(json!(2)), "other devices are read");
+        release.send(()).unwrap();
+        let mut got = None;
+        for _ in 0..200 {
+            got = drive_read_within(id, || Some(json!(3)), Duration::from_secs(5));
+            if got.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(got, Some(json!(3)), "answered: read afresh, the late answer dropped");
     }
 
     /// While a daemon recovering the device has not written its stats yet, the dead one's

@@ -165,8 +165,8 @@ pub fn record_fdp_baseline(cfg: &DeviceConfig) {
 pub fn fdp_deltas(cfg: &DeviceConfig) -> Option<Value> {
     let text = fs::read_to_string(fdp_baseline_path(cfg.id)).ok()?;
     let base: Value = serde_json::from_str(&text).ok()?;
-    let info = crate::nvme::FdpInfo::discover(&cfg.backing).ok()?;
-    let (deltas, rebased) = deltas_since(&base, info.endgid, &info.stats)?;
+    let (endgid, stats) = crate::nvme::FdpInfo::stats_now(&cfg.backing).ok()?;
+    let (deltas, rebased) = deltas_since(&base, endgid, &stats)?;
     if let Some(b) = rebased {
         let _ = write_atomic(&fdp_baseline_path(cfg.id), b.to_string().as_bytes());
     }

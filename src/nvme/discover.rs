@@ -638,6 +638,17 @@ impl FdpInfo {
         })
     }
 
+    /// The namespace's endurance group and that group's FDP statistics now: the two commands
+    /// the drive counters of `fdpblk stats` and the metrics need, not the whole discovery.
+    pub fn stats_now(ns_path: impl AsRef<Path>) -> Result<(u16, FdpStats), NvmeError> {
+        let dev = NvmeDevice::open(ns_path)?;
+        let Some(nsid) = dev.nsid() else {
+            return Err(NvmeError::NeedNamespace { path: dev.paths.given.clone() });
+        };
+        let endgid = dev.identify_ns(nsid)?.endgid.max(1);
+        Ok((endgid, dev.fdp_stats(endgid)?))
+    }
+
     /// Namespace size in bytes (checked against overflow by `discover`).
     pub fn ns_bytes(&self) -> u64 {
         self.nsze.saturating_mul(u64::from(self.lba_size))
