@@ -120,6 +120,20 @@ fn capacity_past_exported(d: &crate::layout::discover::Discovered, exported: u64
     ))
 }
 
+/// A checkpoint LMCache 0.5.6's loader throws away (another version, a field of the wrong
+/// type or an unusual meta_magic): LMCache then starts empty with the layout it is configured
+/// with, which may not be the checkpoint's that fdpblk takes. Said once here; should they
+/// differ, LMCache's first checkpoint turns deallocation off and names the conflict.
+fn unloadable_checkpoint(d: &crate::layout::discover::Discovered, backing: &Path) -> Option<String> {
+    let why = d.checkpoint.as_ref()?.loader_rejection(&d.geometry)?;
+    Some(format!(
+        "the LMCache checkpoint on {} is one LMCache 0.5.6 does not load ({why}): LMCache starts empty with its configured layout, and fdpblk takes the checkpoint's (slot_bytes {}, meta_total_bytes {}); if LMCache's differs, `fdpblk del` this device and add it again with LMCache's --slot-bytes and --meta-total-bytes",
+        backing.display(),
+        d.geometry.slot_bytes,
+        d.geometry.meta_total_bytes
+    ))
+}
+
 /// Whether a discovered device still needs blkid's word, and what it shows of LMCache's:
 /// None where copy 0, at the device's start, is a valid checkpoint. A copy 0 whose header
 /// holds but whose JSON fails its CRC may be LMCache's torn write, or a partition table
@@ -578,6 +592,9 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             None => None,
         };
         if let Some(w) = capacity_past_exported(d, exported, backing_bytes, &a.backing) {
+            tracing::warn!("{w}");
+        }
+        if let Some(w) = unloadable_checkpoint(d, &a.backing) {
             tracing::warn!("{w}");
         }
         Ok(wipe)
@@ -2131,6 +2148,27 @@ mod tests {
         assert!(w.contains(&format!("last {} bytes", backing - exported)), "{w}");
         assert_eq!(found(exported), None, "LMCache through the device");
         assert_eq!(found(32 << 20), None, "a capacity_bytes below it");
+    }
+
+    /// A checkpoint LMCache's loader would throw away is named at `add`; LMCache's own
+    /// checkpoints are not.
+    #[test]
+    fn a_checkpoint_lmcache_would_not_load_is_named() {
+        let (img, _) = crate::test_fixtures::fixture("object-evict");
+        let d = crate::layout::discover::discover(&img, &Default::default()).unwrap();
+        assert_eq!(unloadable_checkpoint(&d, Path::new("/dev/ng0n1")), None);
+        // Version 2 in both copies, their CRCs fixed: still a layout, but not one LMCache loads.
+        let mut v2 = img.clone();
+        for at in [0usize, 524288] {
+            let h = crate::layout::checkpoint_header::CheckpointHeader::parse(&v2[at..at + 32], v2.len() as u64).unwrap();
+            let range = at + 4096..at + 4096 + h.payload_len as usize;
+            let json = String::from_utf8(v2[range.clone()].to_vec()).unwrap().replacen(r#"{"version":1,"#, r#"{"version":2,"#, 1);
+            v2[range].copy_from_slice(json.as_bytes());
+            v2[at + 28..at + 32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
+        }
+        let d = crate::layout::discover::discover(&v2, &Default::default()).unwrap();
+        let w = unloadable_checkpoint(&d, Path::new("/dev/ng0n1")).expect("named");
+        assert!(w.contains("version is 2") && w.contains("--slot-bytes") && w.contains("slot_bytes 65536"), "{w}");
     }
 
     #[test]
