@@ -368,15 +368,15 @@ impl Pipeline {
     /// The first slot whose payload this request carries while its header is not known:
     /// no header seen in this request, and the slot's current header expects no more payload.
     /// Bytes past the current header's payload (padding by that header) count too: a longer
-    /// put's payload, come before its header. Padding up to the header's payload rounded to
-    /// `block_align` does not: O_DIRECT writes it with the payload, and a request split inside
-    /// it carries only that put's own padding, which `place` takes as such.
+    /// put's payload, come before its header. Also those inside the payload's last
+    /// `block_align` block: there a request split inside that block (`block_align` > 4 KiB)
+    /// may carry the put's own padding, which then waits once; but it may as well be a longer
+    /// put's page, which must be counted to that put's header when it comes.
     fn awaited_header(&self) -> Option<u64> {
         let mut header_here = None;
         for e in &self.extents {
             match e.kind {
                 ExtentKind::SlotHeader { slot, header } if header.valid().is_some() => header_here = Some(slot),
-                ExtentKind::SlotPadding { slot } if self.within_payload(slot, e) => {}
                 ExtentKind::SlotPayload { slot } | ExtentKind::SlotPadding { slot }
                     if header_here != Some(slot) && !self.slots.expects_payload(slot) =>
                 {
@@ -1007,30 +1007,6 @@ mod tests {
         s.add(&q1.stats());
         assert_eq!(s.payload_fallbacks, 1); // the fio-like write before any header
         assert_eq!(s.handle_bytes[RegionPolicy::SLOTS as usize], 3 * 4096 + 4 * 8192);
-    }
-
-    /// With `block_align` 8192, a payload's last block is partly padding; a request split
-    /// inside that padding carries only the put's own bytes and goes at once, on the put's
-    /// handle. Padding past that block is still a longer put's payload: it waits.
-    #[test]
-    fn a_puts_own_padding_split_from_its_payload_does_not_wait() {
-        let g = crate::layout::GeometryConfig { block_align: 8192, header_bytes: 8192, slot_bytes: 1 << 20, meta_total_bytes: 1 << 20, capacity_bytes: 0 }
-            .validate(16 << 20)
-            .unwrap();
-        let mut p = Pipeline::new(g, Box::new(RegionPolicy));
-        let mut segs = Vec::new();
-        let payload_len = 8192 * 3 + 100;
-        let hdr = SlotHeader { identity: 7, payload_len }.encode(8192);
-        let base = g.slot_offset(1) + 8192;
-        p.plan(&Request { op: Op::Write, offset: g.slot_offset(1), len: 8192, data: Some(&hdr) }, &mut segs, HeaderWait::Allowed).unwrap();
-        // The payload write (4 blocks), split 4 KiB into its last block: all payload first.
-        p.plan(&Request { op: Op::Write, offset: base, len: 8192 * 3 + 4096, data: None }, &mut segs, HeaderWait::Allowed).unwrap();
-        assert!(!p.slots().expects_payload(1));
-        let rest = Request { op: Op::Write, offset: base + 8192 * 3 + 4096, len: 4096, data: None };
-        let planned = p.plan(&rest, &mut segs, HeaderWait::Allowed).expect("the put's own padding waits for no header");
-        assert!(matches!(planned, [Extent { kind: ExtentKind::SlotPadding { slot: 1 }, .. }]), "{planned:?}");
-        let past = Request { op: Op::Write, offset: base + 8192 * 4, len: 8192, data: None };
-        assert_eq!(p.plan(&past, &mut segs, HeaderWait::Allowed).map(|_| ()), Err(1));
     }
 
     /// Queue 1 judges a payload write against slot 1's complete long header; before it places
