@@ -122,12 +122,14 @@ fn capacity_past_exported(d: &crate::layout::discover::Discovered, exported: u64
 
 /// A checkpoint LMCache 0.5.6's loader throws away (another version, a field of the wrong
 /// type or an unusual meta_magic): LMCache then starts empty with the layout it is configured
-/// with, which may not be the checkpoint's that fdpblk takes. Said once here; should they
-/// differ, LMCache's first checkpoint turns deallocation off and names the conflict.
-fn unloadable_checkpoint(d: &crate::layout::discover::Discovered, backing: &Path) -> Option<String> {
+/// with, which may not be the checkpoint's that fdpblk takes. Said once here, with the way
+/// out (`erase`: the command that zeroes the checkpoint, whose layout would otherwise
+/// conflict with LMCache's flags); should they differ, LMCache's first checkpoint turns
+/// deallocation off and names the conflict.
+fn unloadable_checkpoint(d: &crate::layout::discover::Discovered, backing: &Path, erase: &str) -> Option<String> {
     let why = d.checkpoint.as_ref()?.loader_rejection(&d.geometry)?;
     Some(format!(
-        "the LMCache checkpoint on {} is one LMCache 0.5.6 does not load ({why}): LMCache starts empty with its configured layout, and fdpblk takes the checkpoint's (slot_bytes {}, meta_total_bytes {}); if LMCache's differs, `fdpblk del` this device and add it again with LMCache's --slot-bytes and --meta-total-bytes",
+        "the LMCache checkpoint on {} is one LMCache 0.5.6 does not load ({why}): LMCache starts empty with its configured layout, and fdpblk takes the checkpoint's (slot_bytes {}, meta_total_bytes {}); if LMCache's differs, `fdpblk del` this device, erase that checkpoint (`{erase}`) and add it again with LMCache's --slot-bytes and --meta-total-bytes",
         backing.display(),
         d.geometry.slot_bytes,
         d.geometry.meta_total_bytes
@@ -594,7 +596,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         if let Some(w) = capacity_past_exported(d, exported, backing_bytes, &a.backing) {
             tracing::warn!("{w}");
         }
-        if let Some(w) = unloadable_checkpoint(d, &a.backing) {
+        if let Some(w) = unloadable_checkpoint(d, &a.backing, &erase_checkpoint_command(d.geometry.meta_total_bytes, &a.backing, is_bdev, is_chardev)) {
             tracing::warn!("{w}");
         }
         Ok(wipe)
@@ -2156,7 +2158,7 @@ mod tests {
     fn a_checkpoint_lmcache_would_not_load_is_named() {
         let (img, _) = crate::test_fixtures::fixture("object-evict");
         let d = crate::layout::discover::discover(&img, &Default::default()).unwrap();
-        assert_eq!(unloadable_checkpoint(&d, Path::new("/dev/ng0n1")), None);
+        assert_eq!(unloadable_checkpoint(&d, Path::new("/dev/ng0n1"), "erase"), None);
         // Version 2 in both copies, their CRCs fixed: still a layout, but not one LMCache loads.
         let mut v2 = img.clone();
         for at in [0usize, 524288] {
@@ -2167,8 +2169,9 @@ mod tests {
             v2[at + 28..at + 32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
         }
         let d = crate::layout::discover::discover(&v2, &Default::default()).unwrap();
-        let w = unloadable_checkpoint(&d, Path::new("/dev/ng0n1")).expect("named");
+        let w = unloadable_checkpoint(&d, Path::new("/dev/ng0n1"), "blkdiscard -z -l 1048576 /dev/nvme0n1").expect("named");
         assert!(w.contains("version is 2") && w.contains("--slot-bytes") && w.contains("slot_bytes 65536"), "{w}");
+        assert!(w.contains("erase that checkpoint (`blkdiscard -z -l 1048576 /dev/nvme0n1`)"), "{w}");
     }
 
     #[test]
