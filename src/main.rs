@@ -14,17 +14,15 @@ fn main() -> ExitCode {
         Command::Recover(a) => !a.foreground,
         _ => false,
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FDPBLK_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(|| {
+    let log = fdpblk::cmd::daemon_log::subscriber(
+        || {
             // A background daemon's log file is kept small (it lives in /run, in memory).
             fdpblk::cmd::daemon_log::before_line(std::path::Path::new(fdpblk::frontend::state::RUN_DIR));
             std::io::stderr()
-        })
-        .with_ansi(!daemonizes && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        },
+        !daemonizes && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    );
+    let _ = tracing::subscriber::set_global_default(log);
     // Commands that print for a reader (`stats | head`, `list | grep -q`) end quietly when it
     // goes away, as other tools do, instead of panicking on EPIPE. Not the daemons: they keep
     // Rust's ignored SIGPIPE.

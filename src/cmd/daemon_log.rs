@@ -53,6 +53,22 @@ pub fn redirect(run_dir: &Path) {
     }
 }
 
+/// fdpblk's log: lines at `FDPBLK_LOG`'s level (default info) to `make_writer`. A line that
+/// cannot be written (a daemon's log on a full /run) is dropped: tracing's default reports
+/// that with `eprintln!`, which panics on the same full file and takes down the thread that
+/// logged (a recovering daemon before it started, the state thread).
+pub fn subscriber<W>(make_writer: W, ansi: bool) -> impl tracing::Subscriber + Send + Sync + 'static
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FDPBLK_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(make_writer)
+        .with_ansi(ansi)
+        .log_internal_errors(false)
+        .finish()
+}
+
 /// Called before each log line: rotates the log first where it has grown past [`LOG_CAP`] or
 /// another daemon has rotated it. Nothing outside a daemon that [`redirect`] set up.
 pub fn before_line(run_dir: &Path) {
@@ -67,9 +83,11 @@ pub fn before_line(run_dir: &Path) {
     match rotate_if_needed(&path(run_dir), &[1, 2], LOG_CAP) {
         Ok(()) => FAILED_AT.store(0, Ordering::Relaxed),
         Err(e) => {
-            // Said once a streak, into the log itself (a full /run, no descriptors left).
+            // Said once a streak, into the log itself (a full /run, no descriptors left), and
+            // not with `eprintln!`, which panics where the log cannot take the line either.
             if failed == 0 {
-                eprintln!("fdpblk: rotating {}: {e}; trying again once a minute", path(run_dir).display());
+                use std::io::Write as _;
+                let _ = writeln!(io::stderr(), "fdpblk: rotating {}: {e}; trying again once a minute", path(run_dir).display());
             }
             FAILED_AT.store(now, Ordering::Relaxed);
         }
@@ -132,6 +150,32 @@ mod tests {
     fn write_fd(fd: RawFd, bytes: &[u8]) {
         // SAFETY: a plain write from a live buffer.
         assert_eq!(unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) }, bytes.len() as isize);
+    }
+
+    /// A log that cannot take a line (stderr on a full device) loses the line, and the thread
+    /// that logged goes on. Run in a child process of this test binary, whose stderr is
+    /// /dev/full (every write fails with ENOSPC).
+    #[test]
+    fn a_full_log_drops_lines_without_a_panic() {
+        if std::env::var_os("FDPBLK_TEST_FULL_STDERR").is_some() {
+            let _g = tracing::subscriber::set_default(subscriber(io::stderr, false));
+            tracing::warn!("a line the full log cannot take");
+            tracing::error!("and another");
+            println!("logged past a full log");
+            return;
+        }
+        let Ok(full) = File::options().write(true).open("/dev/full") else {
+            panic!("/dev/full is needed for this test");
+        };
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "cmd::daemon_log::tests::a_full_log_drops_lines_without_a_panic", "--nocapture", "--test-threads=1"])
+            .env("FDPBLK_TEST_FULL_STDERR", "1")
+            .env("FDPBLK_LOG", "info")
+            .stderr(full)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && stdout.contains("logged past a full log"), "{:?}\n{stdout}", out.status);
     }
 
     /// Two daemons share the log: the one that finds it full rotates it once, and the other
