@@ -596,8 +596,19 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         if let Some(w) = capacity_past_exported(d, exported, backing_bytes, &a.backing) {
             tracing::warn!("{w}");
         }
-        if let Some(w) = unloadable_checkpoint(d, &a.backing, &erase_checkpoint_command(d.geometry.meta_total_bytes, &a.backing, is_bdev, is_chardev)) {
+        let erase = erase_checkpoint_command(d.geometry.meta_total_bytes, &a.backing, is_bdev, is_chardev);
+        if let Some(w) = unloadable_checkpoint(d, &a.backing, &erase) {
             tracing::warn!("{w}");
+        }
+        if let Some(g) = crate::layout::discover::torn_copy_layout(&*source, &flags, d) {
+            tracing::warn!(
+                "copy 0 of the LMCache checkpoint on {} is half-written (its JSON fails its CRC) and names another layout (slot_bytes {}, meta_total_bytes {}) than copy 1, which fdpblk takes (slot_bytes {}, meta_total_bytes {}): LMCache may have crashed writing its first checkpoint with a new layout, which it then runs with; if so, `fdpblk del` this device, erase the old checkpoint (`{erase}`) and add it again with LMCache's --slot-bytes and --meta-total-bytes",
+                a.backing.display(),
+                g.slot_bytes,
+                g.meta_total_bytes,
+                d.geometry.slot_bytes,
+                d.geometry.meta_total_bytes
+            );
         }
         Ok(wipe)
     };

@@ -175,6 +175,21 @@ pub fn discover<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags) -> Result<Di
     Ok(Discovered { geometry, source, copies, checkpoint: meta })
 }
 
+/// The layout a half-written copy 0 names (its header sound, its JSON failing its CRC, its
+/// first bytes whole) where that is not the layout `d` took from the other copy: LMCache
+/// restarted with a new layout writes its first checkpoint there (reference §4.1), and one
+/// that crashed during that write runs with the new layout while copy 1 still holds the old.
+/// The learner waits for such a copy; `add` takes the sound one, and says this.
+pub fn torn_copy_layout<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags, d: &Discovered) -> Option<Geometry> {
+    let c0 = &d.copies.as_ref()?[0];
+    if c0.header.is_err() || c0.crc_ok != Some(false) {
+        return None;
+    }
+    let Ok(Some(Hint::Layout(g))) = geometry_hint_at(dev, flags, dev.size().ok()?, 0) else { return None };
+    let layout = |g: &Geometry| (g.block_align, g.header_bytes, g.slot_bytes, g.meta_total_bytes);
+    (layout(&g) != layout(&d.geometry)).then_some(g)
+}
+
 /// Two valid copies with different layouts: the newest is an older layout's (reference §4.1:
 /// a LMCache restarted with a new layout writes seq 1 into copy 0 and leaves the other copy's
 /// higher seq). An error unless the flags match one of them: the newest's, or the other's,
@@ -532,6 +547,32 @@ mod tests {
         let whole = GeometryFlags { capacity_bytes: Some(size), ..layout };
         let e = discover(&dev, &whole).unwrap_err();
         assert!(matches!(e, DiscoverError::Geometry(GeometryError::TooManySlots { .. })), "{e}");
+    }
+
+    /// Copy 0 half-written with a new layout (LMCache crashed writing its first checkpoint
+    /// after a restart with another slot_bytes): discovery takes copy 1's, and names copy 0's
+    /// as a layout LMCache may run with. A copy 0 torn but of the same layout names nothing.
+    #[test]
+    fn a_half_written_copy_0_of_another_layout_is_named() {
+        let (img, _) = fixture("object-evict");
+        let size = img.len() as u64;
+        let h = CheckpointHeader::parse(&img[..32], size).unwrap();
+        let json = String::from_utf8(img[4096..4096 + h.payload_len as usize].to_vec()).unwrap().replace(r#""slot_bytes":65536"#, r#""slot_bytes":32768"#);
+        let mut half = img.clone();
+        half[4096..4096 + json.len()].copy_from_slice(json.as_bytes());
+        half[12..20].copy_from_slice(&1u64.to_le_bytes());
+        half[28..32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
+        half[4096 + json.len() / 2..4096 + json.len()].fill(0);
+        let flags = GeometryFlags::default();
+        let d = discover(&half, &flags).unwrap();
+        assert_eq!(d.geometry.slot_bytes, 65536);
+        assert_eq!(torn_copy_layout(&half, &flags, &d).map(|g| g.slot_bytes), Some(32768));
+        let mut torn = img.clone();
+        torn[4096 + 400] ^= 1;
+        let d = discover(&torn, &flags).unwrap();
+        assert_eq!(torn_copy_layout(&torn, &flags, &d), None);
+        let d = discover(&img, &flags).unwrap();
+        assert_eq!(torn_copy_layout(&img, &flags, &d), None, "both copies sound");
     }
 
     /// A damaged copy whose length field reaches past its own container is not read whole
