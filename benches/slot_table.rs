@@ -197,7 +197,7 @@ fn checkpoint() {
     w.step();
     let dt = t0.elapsed();
     let peak = PEAK.load(Relaxed) - base;
-    let v = w.published().lock().unwrap().clone();
+    let v = w.published_json();
     println!(
         "checkpoint: {} MiB, {} entries: read back, CRC, parsed and matched in {:.2}x the time of a CRC + serde_json DOM parse of the same bytes in memory ({:.2} s vs {:.2} s); peak heap +{:.1} MiB vs +{:.0} MiB; confirmed {}",
         PAYLOAD >> 20,
@@ -313,7 +313,7 @@ fn ratio(with_loads: bool) {
     }
     w.step();
     let own = w.counters().own_bytes - own0;
-    let v = w.published().lock().unwrap().clone();
+    let v = w.published_json();
     println!(
         "ratio: {} simulated hours, {} puts of 32 MiB, {loads} loads, {} slots, {} checkpoints, {} trims: host {:.1} TB, own state {:.1} MB in {} cycles: {:.4} % ({:.0} s)",
         seconds / 3600,
