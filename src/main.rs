@@ -55,7 +55,10 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("fdpblk: {e}");
+            // Not eprintln!, which panics where stderr cannot take the line (a daemon's
+            // full log): the exit status says it failed all the same.
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "fdpblk: {e}");
             ExitCode::FAILURE
         }
     }

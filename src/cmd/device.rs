@@ -830,9 +830,14 @@ fn in_foreground(
 /// not share one with the device's users), stdio to /dev/null and a log file. The parent
 /// waits for the child's first word — the device id or an error — and prints it.
 fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, String>) + Send>) -> Result<(), String>) -> CmdResult {
-    let report = |r: &Result<i32, String>| match r {
-        Ok(id) => println!("{}", state::bdev_path(*id)),
-        Err(e) => eprintln!("fdpblk: {e}"),
+    // Not println!: a foreground daemon's stdout may be a full file or a closed pipe, where
+    // println! panics, on the daemon's main thread with its device live.
+    let report = |r: &Result<i32, String>| {
+        use std::io::Write as _;
+        let _ = match r {
+            Ok(id) => writeln!(std::io::stdout(), "{}", state::bdev_path(*id)),
+            Err(e) => writeln!(std::io::stderr(), "fdpblk: {e}"),
+        };
     };
     if foreground {
         // SAFETY: unshare only changes this process's namespaces.
@@ -1167,7 +1172,9 @@ fn recover_device(a: &IdArgs) -> CmdResult {
     let mut waited = 0;
     while pid.alive() && (waited < 50 || (exiting(pid.pid) && waited < 500)) {
         if waited == 50 {
-            eprintln!("fdpblk: device {}: its killed daemon (pid {pid}) is still exiting (NVMe commands in flight); waiting up to 45 s more", a.number);
+            // Not eprintln!: a full log must not end the recovery.
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "fdpblk: device {}: its killed daemon (pid {pid}) is still exiting (NVMe commands in flight); waiting up to 45 s more", a.number);
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
         waited += 1;

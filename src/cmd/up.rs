@@ -179,7 +179,9 @@ fn find_settled(mut find: impl FnMut() -> Found, exiting: impl Fn(u32) -> bool, 
             break;
         }
         if i == 0 {
-            eprintln!("fdpblk: device {name}: its daemon (pid {pid}) is exiting (NVMe commands in flight); waiting up to {} s for it to go", (pause * tries).as_secs());
+            // Not eprintln!: a full log must not end the recovery.
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "fdpblk: device {name}: its daemon (pid {pid}) is exiting (NVMe commands in flight); waiting up to {} s for it to go", (pause * tries).as_secs());
         }
         std::thread::sleep(pause);
         f = find();

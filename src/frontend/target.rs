@@ -298,9 +298,10 @@ pub(crate) fn delete_device(ctrl: &UblkCtrl) -> Result<(), String> {
     }
     tracing::debug!("device {id}: asynchronous delete unknown to the driver ({}); deleting on a thread", ublk_error(&e));
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    spawn_named("fdpblk-delete", move || {
         let _ = tx.send(UblkCtrl::new_simple(id).and_then(|c| c.del_dev()).map(drop).map_err(|e| ublk_error(&e)));
-    });
+    })
+    .map_err(|e| format!("ublk device {id} could not be deleted: {e}; `fdpblk del -n {id}` deletes it"))?;
     for _ in 0..200 {
         if !device_exists(id) {
             return Ok(());
@@ -929,7 +930,9 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // commands, and a stop in that wait must stop the device once it started, not kill the
     // process and leave the device held.
     block_signals();
-    spawn_signal_thread();
+    if let Err(e) = spawn_signal_thread() {
+        return Err(fail(e));
+    }
     abort_on_queue_panic();
     // Before the device is touched (a state file of another version may name any policy).
     let Some(first_policy) = policy_by_name(&cfg.policy) else { return Err(fail(unknown_policy(&cfg))) };
@@ -1090,14 +1093,14 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     let state_thread = match watcher {
         Some(w) => {
             let (stop, clean, s) = (watch_stop.clone(), clean_stop.clone(), shared.clone());
-            Some(std::thread::spawn(move || state_thread_guarded(&s, || w.run(&stop, &clean))))
+            Some(spawn_named("fdpblk-state", move || state_thread_guarded(&s, || w.run(&stop, &clean))).map_err(|e| fail(format!("device {id}: {e}")))?)
         }
         None => {
             tracing::info!(
                 "device {id}: no LMCache checkpoint yet: writes go unclassified to handle {outside} until LMCache's first checkpoint tells the layout"
             );
             let (stop, clean, s, g) = (watch_stop.clone(), clean_stop.clone(), shared.clone(), shared.clone());
-            Some(std::thread::spawn(move || state_thread_guarded(&g, || learn_then_watch(&s, state_dev, &stop, &clean))))
+            Some(spawn_named("fdpblk-state", move || state_thread_guarded(&g, || learn_then_watch(&s, state_dev, &stop, &clean))).map_err(|e| fail(format!("device {id}: {e}")))?)
         }
     };
     let (q_shared, d_shared, d_stop) = (shared.clone(), shared.clone(), stop.clone());
@@ -1159,7 +1162,11 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
                 d_shared.state_file_owed.store(false, Ordering::SeqCst);
             }
             let s = d_shared.clone();
-            *st.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::spawn(move || stats_loop(&s, &d_stop)));
+            // The device serves without it: only its figures (and a state file owed) wait.
+            match spawn_named("fdpblk-stats", move || stats_loop(&s, &d_stop)) {
+                Ok(t) => *st.lock().unwrap_or_else(|e| e.into_inner()) = Some(t),
+                Err(e) => tracing::error!("device {}: {e}; it serves without stats (`fdpblk stats`, the metrics) and does not retry a state file it could not write", c.id),
+            }
             // From here the signal thread stops the device itself; a stop signal that came
             // while it started is seen here (the thread sets the flag before it reads the id).
             DEVICE_ID.store(c.id, Ordering::SeqCst);
@@ -1538,8 +1545,17 @@ fn block_signals() {
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 }
 
-fn spawn_signal_thread() {
-    std::thread::spawn(move || loop {
+/// Starts a thread named `name`: one that cannot be had (a unit's TasksMax, `ulimit -u`, no
+/// memory for its stack) is an error naming the fix, not a panic.
+fn spawn_named<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> Result<std::thread::JoinHandle<T>, String> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(|e| format!("cannot start the daemon's {name} thread ({e}): raise the service's TasksMax or `ulimit -u`, or free memory"))
+}
+
+fn spawn_signal_thread() -> Result<(), String> {
+    spawn_named("fdpblk-signals", move || loop {
         let set = stop_signals();
         let mut sig = 0;
         // SAFETY: waits on the signals blocked by `block_signals`.
@@ -1573,7 +1589,8 @@ fn spawn_signal_thread() {
         }) {
             tracing::error!("signal {sig}: cannot stop device {id}: {}; stop it with `fdpblk del -n {id}`", ublk_error(&e));
         }
-    });
+    })
+    .map(drop)
 }
 
 #[cfg(test)]
