@@ -175,6 +175,11 @@ pub fn discover<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags) -> Result<Di
     Ok(Discovered { geometry, source, copies, checkpoint: meta })
 }
 
+/// Whether two layouts place everything alike (the capacity aside).
+fn same_layout(a: &Geometry, b: &Geometry) -> bool {
+    (a.block_align, a.header_bytes, a.slot_bytes, a.meta_total_bytes) == (b.block_align, b.header_bytes, b.slot_bytes, b.meta_total_bytes)
+}
+
 /// The layout a half-written copy 0 names (its header sound, its JSON failing its CRC, its
 /// first bytes whole) where that is not the layout `d` took from the other copy: LMCache
 /// restarted with a new layout writes its first checkpoint there (reference §4.1), and one
@@ -186,8 +191,7 @@ pub fn torn_copy_layout<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags, d: &
         return None;
     }
     let Ok(Some(Hint::Layout(g))) = geometry_hint_at(dev, flags, dev.size().ok()?, 0) else { return None };
-    let layout = |g: &Geometry| (g.block_align, g.header_bytes, g.slot_bytes, g.meta_total_bytes);
-    (layout(&g) != layout(&d.geometry)).then_some(g)
+    (!same_layout(&g, &d.geometry)).then_some(g)
 }
 
 /// Two valid copies with different layouts: the newest is an older layout's (reference §4.1:
@@ -269,7 +273,13 @@ fn find_checkpoint<D: ReadAt + ?Sized>(
         match hint {
             Hint::Layout(g) if at == 0 || g.container_offset(1) == at => {
                 let copies = read_copies(dev, &g)?;
-                if copies[usize::from(at != 0)].is_valid() {
+                // Copy 0 torn, its layout's copy 1 sound and naming the same layout: that is
+                // LMCache's checkpoint (a crash while writing the next one), found before an
+                // older layout's copy 1 that may lie inside its container 0.
+                let sound_copy_1 = at == 0
+                    && copies[1].is_valid()
+                    && matches!(geometry_hint_at(dev, flags, size, g.container_offset(1))?, Some(Hint::Layout(h)) if same_layout(&h, &g));
+                if copies[usize::from(at != 0)].is_valid() || sound_copy_1 {
                     return checkpoint_in(dev, g, copies);
                 }
                 damaged_layouts.push((g, copies));
@@ -573,6 +583,34 @@ mod tests {
         assert_eq!(torn_copy_layout(&torn, &flags, &d), None);
         let d = discover(&img, &flags).unwrap();
         assert_eq!(torn_copy_layout(&img, &flags, &d), None, "both copies sound");
+    }
+
+    /// LMCache moved from meta_total_bytes 1 MiB (A) to 2 MiB (B), checkpointed into both of
+    /// B's copies, and crashed writing the next into copy 0. A's old copy 1 (at 512 KiB) still
+    /// lies inside B's container 0; LMCache loads B's copy 1, and so does discovery.
+    #[test]
+    fn a_torn_copy_0_with_its_own_sound_copy_1_wins_over_an_older_layouts_copy_1() {
+        let (mut img, _) = fixture("object-evict");
+        let size = img.len() as u64;
+        let h = CheckpointHeader::parse(&img[..32], size).unwrap();
+        let a_json = String::from_utf8(img[4096..4096 + h.payload_len as usize].to_vec()).unwrap();
+        assert!(a_json.contains(r#""meta_total_bytes":1048576"#) && a_json.contains(r#""data_base_offset":1048576"#));
+        let b_json = a_json.replace(r#""meta_total_bytes":1048576"#, r#""meta_total_bytes":2097152"#).replace(r#""data_base_offset":1048576"#, r#""data_base_offset":2097152"#);
+        let put = |img: &mut Vec<u8>, at: usize, seq: u64, json: &str| {
+            img[at..at + 4096].fill(0);
+            img[at..at + 4096].copy_from_slice(&CheckpointHeader::encode_for(seq, json.as_bytes(), 4096));
+            img[at + 4096..at + 4096 + json.len()].copy_from_slice(json.as_bytes());
+        };
+        img[..512 * 1024].fill(0);
+        put(&mut img, 1 << 20, 2, &b_json);
+        put(&mut img, 0, 3, &b_json);
+        let half = b_json.len() / 2;
+        img[4096 + half..4096 + b_json.len()].fill(0);
+        assert!(CheckpointHeader::parse(&img[512 * 1024..512 * 1024 + 32], size).is_ok(), "A's copy 1 is still there");
+        let d = discover(&img, &GeometryFlags::default()).unwrap();
+        assert_eq!((d.geometry.meta_total_bytes, d.checkpoint.as_ref().and_then(|m| m.meta_total_bytes)), (2 << 20, Some(2 << 20)));
+        assert_eq!(d.copies.as_ref().map(|c| c[1].seq()), Some(Some(2)));
+        assert_eq!(torn_copy_layout(&img, &GeometryFlags::default(), &d), None, "copy 0 is of the layout taken");
     }
 
     /// A damaged copy whose length field reaches past its own container is not read whole
