@@ -88,12 +88,17 @@ pub struct Device {
     pub odirect: bool,
     pub align: usize,
     ring: Option<IoUring>,
-    /// A batch failed before all its completions were reaped (a refused submit, a full
-    /// submission queue): its buffers may still be in the kernel's hands, so the ring takes
-    /// nothing more, and an error of this device means the process must end.
-    ring_broken: bool,
     batches: u64,
     pub log: Option<Vec<LoggedWrite>>,
+}
+
+/// A batch that cannot be completed (a refused submit, a full submission queue) leaves
+/// buffers the kernel may still read or fill, whoever owns them: the process ends at once,
+/// as nothing it would do next (free them, save its state) is safe.
+fn ring_failed(why: &str) -> ! {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "rawblock-writer: {why}; aborting (buffers of the batch may still be in the kernel's hands)");
+    std::process::abort()
 }
 
 fn errno_text(e: i32) -> String {
@@ -133,7 +138,7 @@ impl Device {
                     .map_err(|e| format!("cannot set up io_uring ({RING_ENTRIES} entries): {e}"))?,
             ),
         };
-        Ok(Device { file, size, engine, odirect, align, ring, ring_broken: false, batches: 0, log: None })
+        Ok(Device { file, size, engine, odirect, align, ring, batches: 0, log: None })
     }
 
     /// Another handle on the same open file (a dup, with the same flags) with a ring of its
@@ -155,7 +160,6 @@ impl Device {
             odirect: self.odirect,
             align: self.align,
             ring,
-            ring_broken: false,
             batches: 0,
             log: self.log.as_ref().map(|_| Vec::new()),
         })
@@ -166,12 +170,6 @@ impl Device {
     #[cfg(test)]
     pub fn refuse_writes(&mut self) {
         self.file = File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd())).unwrap();
-    }
-
-    /// Whether an io_uring batch failed with completions unreaped: nothing more may be issued,
-    /// and no buffer of that batch may be freed before the process ends.
-    pub fn ring_broken(&self) -> bool {
-        self.ring_broken
     }
 
     /// Appends a worker's logged writes, its batches numbered after this device's.
@@ -263,9 +261,6 @@ impl Device {
         lens: &[(u64, u64)],
         what: &str,
     ) -> Result<(), String> {
-        if self.ring_broken {
-            return Err(format!("io_uring {what}: the ring failed before (see the first error); it takes nothing more"));
-        }
         let ring = self.ring.as_mut().ok_or("io_uring is not set up")?;
         if ops.len() > RING_ENTRIES as usize {
             return Err(format!("io_uring batch of {} entries exceeds the ring of {RING_ENTRIES}", ops.len()));
@@ -276,8 +271,7 @@ impl Device {
             for (i, e) in ops.into_iter().enumerate() {
                 // SAFETY: the caller keeps the buffers alive until we return.
                 if unsafe { sq.push(&e.user_data(i as u64)) }.is_err() {
-                    self.ring_broken = true;
-                    return Err("io_uring submission queue is full".to_string());
+                    ring_failed(&format!("io_uring {what}: the submission queue is full"));
                 }
             }
         }
@@ -287,11 +281,7 @@ impl Device {
             match ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) || e.raw_os_error() == Some(libc::EBUSY) => {}
-                // The process exits on this error, which tears the ring down with it.
-                Err(e) => {
-                    self.ring_broken = true;
-                    return Err(format!("io_uring submit of a {what} batch: {e}"));
-                }
+                Err(e) => ring_failed(&format!("io_uring submit of a {what} batch: {e}")),
             }
             for cqe in ring.completion() {
                 let i = cqe.user_data() as usize;

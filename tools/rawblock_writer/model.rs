@@ -1469,16 +1469,11 @@ impl Writer {
             // A failed batch is read again one header at a time; an entry whose header does
             // not read is dropped, as LMCache drops it, and the reopen goes on.
             let mut unread = vec![false; bufs.len()];
+            // (A failed group has all its completions reaped: a ring that cannot complete one
+            // ends the process, `dev::ring_failed`.)
             if read_ok.is_err() {
-                for i in 0..=bufs.len() {
-                    // The ring itself failed, not a read: the kernel may still write into
-                    // the buffers, so they are never freed, and the reopen fails.
-                    if dev.ring_broken() {
-                        std::mem::forget(bufs);
-                        return Err(format!("reading slot headers: {}", read_ok.err().unwrap_or_default()));
-                    }
-                    let Some((o, b)) = bufs.get_mut(i) else { break };
-                    unread[i] = dev.read_group(&mut [(*o, b.as_mut_slice())]).is_err();
+                for ((o, b), u) in bufs.iter_mut().zip(&mut unread) {
+                    *u = dev.read_group(&mut [(*o, b.as_mut_slice())]).is_err();
                 }
             }
             for ((k, (_, b)), u) in chunk.iter().zip(&bufs).zip(unread) {
