@@ -95,6 +95,16 @@ impl QueueStats {
 /// Serves tag `tag` until the queue goes down.
 pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), UblkError> {
     let mut buf = IoBuf::<u8>::new(q.dev.dev_info.max_io_buf_bytes as usize);
+    // libublk does not check its allocation (a memory limit, no overcommit): a null buffer
+    // handed to the driver is undefined behaviour, so the daemon aborts as on a queue panic.
+    if buf.as_ptr().is_null() {
+        tracing::error!(
+            "queue {}: no memory for a {}-byte I/O buffer of tag {tag}: aborting; free memory or lower -b/-d/-q, then add or recover the device again",
+            q.get_qid(),
+            q.dev.dev_info.max_io_buf_bytes
+        );
+        std::process::abort();
+    }
     fetched(q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf)).await?);
     let mut segments = Vec::with_capacity(8);
     loop {
