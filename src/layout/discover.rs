@@ -273,11 +273,14 @@ fn find_checkpoint<D: ReadAt + ?Sized>(
         match hint {
             Hint::Layout(g) if at == 0 || g.container_offset(1) == at => {
                 let copies = read_copies(dev, &g)?;
-                // Copy 0 torn, its layout's copy 1 sound and naming the same layout: that is
-                // LMCache's checkpoint (a crash while writing the next one), found before an
-                // older layout's copy 1 that may lie inside its container 0.
+                // Copy 0 torn, its layout's copy 1 sound and naming the same layout, and copy
+                // 0's header that copy's successor: LMCache's checkpoint (a crash while
+                // writing the next one), found before an older layout's copy 1 that may lie
+                // inside its container 0. (A header of another run over this layout's old
+                // JSON has another seq: the older layout's copy 1 is then LMCache's.)
                 let sound_copy_1 = at == 0
                     && copies[1].is_valid()
+                    && copies[0].seq().zip(copies[1].seq()).is_some_and(|(torn, sound)| torn == sound.wrapping_add(1))
                     && matches!(geometry_hint_at(dev, flags, size, g.container_offset(1))?, Some(Hint::Layout(h)) if same_layout(&h, &g));
                 if copies[usize::from(at != 0)].is_valid() || sound_copy_1 {
                     return checkpoint_in(dev, g, copies);
@@ -601,16 +604,26 @@ mod tests {
             img[at..at + 4096].copy_from_slice(&CheckpointHeader::encode_for(seq, json.as_bytes(), 4096));
             img[at + 4096..at + 4096 + json.len()].copy_from_slice(json.as_bytes());
         };
+        let a1_seq = CheckpointHeader::parse(&img[512 * 1024..512 * 1024 + 32], size).unwrap().seq;
+        assert_ne!(a1_seq, 6);
         img[..512 * 1024].fill(0);
-        put(&mut img, 1 << 20, 2, &b_json);
-        put(&mut img, 0, 3, &b_json);
+        put(&mut img, 1 << 20, 6, &b_json);
+        put(&mut img, 0, 7, &b_json);
         let half = b_json.len() / 2;
         img[4096 + half..4096 + b_json.len()].fill(0);
         assert!(CheckpointHeader::parse(&img[512 * 1024..512 * 1024 + 32], size).is_ok(), "A's copy 1 is still there");
         let d = discover(&img, &GeometryFlags::default()).unwrap();
         assert_eq!((d.geometry.meta_total_bytes, d.checkpoint.as_ref().and_then(|m| m.meta_total_bytes)), (2 << 20, Some(2 << 20)));
-        assert_eq!(d.copies.as_ref().map(|c| c[1].seq()), Some(Some(2)));
+        assert_eq!(d.copies.as_ref().map(|c| c[1].seq()), Some(Some(6)));
         assert_eq!(torn_copy_layout(&img, &GeometryFlags::default(), &d), None, "copy 0 is of the layout taken");
+        // LMCache back on A: its next header (A's copy 1 seq + 1) landed over B's old JSON
+        // before its own JSON did. A's copy 1 is what LMCache loads, and discovery takes it.
+        let mut back = img.clone();
+        back[..4096].copy_from_slice(&CheckpointHeader::encode_for(a1_seq + 1, a_json.as_bytes(), 4096));
+        back[4096..4096 + b_json.len()].copy_from_slice(b_json.as_bytes());
+        let d = discover(&back, &GeometryFlags::default()).unwrap();
+        assert_eq!(d.geometry.meta_total_bytes, 1 << 20, "the older layout's copy 1, LMCache's");
+        assert_eq!(d.copies.as_ref().map(|c| c[1].seq()), Some(Some(a1_seq)));
     }
 
     /// A damaged copy whose length field reaches past its own container is not read whole
