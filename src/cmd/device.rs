@@ -601,10 +601,10 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             tracing::warn!("{w}");
         }
         if let Some(g) = crate::layout::discover::torn_copy_layout(&*source, &flags, d) {
-            // Only the old layout's copy 1 header block: the torn copy 0 is LMCache's to rewrite.
-            let erase_old = zero_command(d.geometry.container_offset(1), d.geometry.block_align, &a.backing, is_bdev, is_chardev);
+            // No erase named: what is stale depends on what LMCache writes next, which a new
+            // `add` sees (and names, if anything must go).
             tracing::warn!(
-                "copy 0 of the LMCache checkpoint on {} is half-written (its JSON fails its CRC) and names another layout (slot_bytes {}, meta_total_bytes {}) than copy 1, which fdpblk takes (slot_bytes {}, meta_total_bytes {}): LMCache may be writing, or have crashed writing, its first checkpoint with a new layout, which it then runs with; if so, `fdpblk del` this device, erase the old copy 1 (`{erase_old}`) and add it again with LMCache's --slot-bytes and --meta-total-bytes",
+                "copy 0 of the LMCache checkpoint on {} is half-written (its JSON fails its CRC) and names another layout (slot_bytes {}, meta_total_bytes {}) than copy 1, which fdpblk takes (slot_bytes {}, meta_total_bytes {}): LMCache may be writing, or have crashed writing, its first checkpoint with a new layout, which it then runs with; if so, `fdpblk del` this device and add it again once LMCache has written a whole checkpoint (or with LMCache's --slot-bytes and --meta-total-bytes)",
                 a.backing.display(),
                 g.slot_bytes,
                 g.meta_total_bytes,
