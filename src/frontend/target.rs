@@ -1093,14 +1093,14 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     let state_thread = match watcher {
         Some(w) => {
             let (stop, clean, s) = (watch_stop.clone(), clean_stop.clone(), shared.clone());
-            Some(spawn_named("fdpblk-state", move || state_thread_guarded(&s, || w.run(&stop, &clean))).map_err(|e| fail(format!("device {id}: {e}")))?)
+            Some(spawn_named("fdpblk-state", move || state_thread_guarded(&s, || w.run(&stop, &clean))).map_err(|e| fail(format!("device {id}: {e}; then {}", start_again(&cfg, recover))))?)
         }
         None => {
             tracing::info!(
                 "device {id}: no LMCache checkpoint yet: writes go unclassified to handle {outside} until LMCache's first checkpoint tells the layout"
             );
             let (stop, clean, s, g) = (watch_stop.clone(), clean_stop.clone(), shared.clone(), shared.clone());
-            Some(spawn_named("fdpblk-state", move || state_thread_guarded(&g, || learn_then_watch(&s, state_dev, &stop, &clean))).map_err(|e| fail(format!("device {id}: {e}")))?)
+            Some(spawn_named("fdpblk-state", move || state_thread_guarded(&g, || learn_then_watch(&s, state_dev, &stop, &clean))).map_err(|e| fail(format!("device {id}: {e}; then {}", start_again(&cfg, recover))))?)
         }
     };
     let (q_shared, d_shared, d_stop) = (shared.clone(), shared.clone(), stop.clone());
@@ -1165,7 +1165,11 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             // The device serves without it: only its figures (and a state file owed) wait.
             match spawn_named("fdpblk-stats", move || stats_loop(&s, &d_stop)) {
                 Ok(t) => *st.lock().unwrap_or_else(|e| e.into_inner()) = Some(t),
-                Err(e) => tracing::error!("device {}: {e}; it serves without stats (`fdpblk stats`, the metrics) and does not retry a state file it could not write", c.id),
+                Err(e) => tracing::error!(
+                    "device {}: {e}; it serves without stats (`fdpblk stats`, the metrics){}",
+                    c.id,
+                    if d_shared.state_file_owed.load(Ordering::SeqCst) { ", and its state file, not written above, is not tried again (restart the daemon once there is room)" } else { "" }
+                ),
             }
             // From here the signal thread stops the device itself; a stop signal that came
             // while it started is seen here (the thread sets the flag before it reads the id).
