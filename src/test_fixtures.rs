@@ -17,6 +17,19 @@ pub fn fixture(scenario: &str) -> (Vec<u8>, serde_json::Value) {
     (img, m)
 }
 
+/// The seq and JSON of the checkpoint container at byte `at` of an image (block_align 4096).
+pub fn copy_json(img: &[u8], at: usize) -> (u64, String) {
+    let h = crate::layout::checkpoint_header::CheckpointHeader::parse(&img[at..at + 32], img.len() as u64).unwrap();
+    (h.seq, String::from_utf8(img[at + 4096..at + 4096 + h.payload_len as usize].to_vec()).unwrap())
+}
+
+/// Writes `json` as checkpoint `seq` into the container at byte `at` (block_align 4096): a
+/// header whose length and CRC match it, then the JSON.
+pub fn put_copy(img: &mut [u8], at: usize, seq: u64, json: &str) {
+    img[at..at + 4096].copy_from_slice(&crate::layout::checkpoint_header::CheckpointHeader::encode_for(seq, json.as_bytes(), 4096));
+    img[at + 4096..at + 4096 + json.len()].copy_from_slice(json.as_bytes());
+}
+
 /// The fixtures' geometry on a 4 MiB device: 1 MiB metadata, 64 KiB slots (48 of them).
 pub fn small_geometry() -> Geometry {
     GeometryConfig { block_align: 4096, header_bytes: 4096, slot_bytes: 65536, meta_total_bytes: 1 << 20, capacity_bytes: 0 }

@@ -2182,11 +2182,8 @@ mod tests {
         // Version 2 in both copies, their CRCs fixed: still a layout, but not one LMCache loads.
         let mut v2 = img.clone();
         for at in [0usize, 524288] {
-            let h = crate::layout::checkpoint_header::CheckpointHeader::parse(&v2[at..at + 32], v2.len() as u64).unwrap();
-            let range = at + 4096..at + 4096 + h.payload_len as usize;
-            let json = String::from_utf8(v2[range.clone()].to_vec()).unwrap().replacen(r#"{"version":1,"#, r#"{"version":2,"#, 1);
-            v2[range].copy_from_slice(json.as_bytes());
-            v2[at + 28..at + 32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
+            let (seq, json) = crate::test_fixtures::copy_json(&v2, at);
+            crate::test_fixtures::put_copy(&mut v2, at, seq, &json.replacen(r#"{"version":1,"#, r#"{"version":2,"#, 1));
         }
         let d = crate::layout::discover::discover(&v2, &Default::default()).unwrap();
         let w = unloadable_checkpoint(&d, Path::new("/dev/ng0n1"), "blkdiscard -z -l 1048576 /dev/nvme0n1").expect("named");

@@ -449,7 +449,7 @@ fn geometry_prefix(buf: &[u8]) -> Option<serde_json::Map<String, serde_json::Val
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_fixtures::fixture;
+    use crate::test_fixtures::{copy_json, fixture, put_copy};
 
     #[test]
     fn every_fixture_from_its_checkpoint_alone() {
@@ -568,13 +568,9 @@ mod tests {
     #[test]
     fn a_half_written_copy_0_of_another_layout_is_named() {
         let (img, _) = fixture("object-evict");
-        let size = img.len() as u64;
-        let h = CheckpointHeader::parse(&img[..32], size).unwrap();
-        let json = String::from_utf8(img[4096..4096 + h.payload_len as usize].to_vec()).unwrap().replace(r#""slot_bytes":65536"#, r#""slot_bytes":32768"#);
+        let json = copy_json(&img, 0).1.replace(r#""slot_bytes":65536"#, r#""slot_bytes":32768"#);
         let mut half = img.clone();
-        half[4096..4096 + json.len()].copy_from_slice(json.as_bytes());
-        half[12..20].copy_from_slice(&1u64.to_le_bytes());
-        half[28..32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
+        put_copy(&mut half, 0, 1, &json);
         half[4096 + json.len() / 2..4096 + json.len()].fill(0);
         let flags = GeometryFlags::default();
         let d = discover(&half, &flags).unwrap();
@@ -595,20 +591,14 @@ mod tests {
     fn a_torn_copy_0_with_its_own_sound_copy_1_wins_over_an_older_layouts_copy_1() {
         let (mut img, _) = fixture("object-evict");
         let size = img.len() as u64;
-        let h = CheckpointHeader::parse(&img[..32], size).unwrap();
-        let a_json = String::from_utf8(img[4096..4096 + h.payload_len as usize].to_vec()).unwrap();
+        let a_json = copy_json(&img, 0).1;
         assert!(a_json.contains(r#""meta_total_bytes":1048576"#) && a_json.contains(r#""data_base_offset":1048576"#));
         let b_json = a_json.replace(r#""meta_total_bytes":1048576"#, r#""meta_total_bytes":2097152"#).replace(r#""data_base_offset":1048576"#, r#""data_base_offset":2097152"#);
-        let put = |img: &mut Vec<u8>, at: usize, seq: u64, json: &str| {
-            img[at..at + 4096].fill(0);
-            img[at..at + 4096].copy_from_slice(&CheckpointHeader::encode_for(seq, json.as_bytes(), 4096));
-            img[at + 4096..at + 4096 + json.len()].copy_from_slice(json.as_bytes());
-        };
-        let a1_seq = CheckpointHeader::parse(&img[512 * 1024..512 * 1024 + 32], size).unwrap().seq;
+        let a1_seq = copy_json(&img, 512 * 1024).0;
         assert_ne!(a1_seq, 6);
         img[..512 * 1024].fill(0);
-        put(&mut img, 1 << 20, 6, &b_json);
-        put(&mut img, 0, 7, &b_json);
+        put_copy(&mut img, 1 << 20, 6, &b_json);
+        put_copy(&mut img, 0, 7, &b_json);
         let half = b_json.len() / 2;
         img[4096 + half..4096 + b_json.len()].fill(0);
         assert!(CheckpointHeader::parse(&img[512 * 1024..512 * 1024 + 32], size).is_ok(), "A's copy 1 is still there");
