@@ -222,7 +222,7 @@ impl Registry {
             (
                 "fdpblk_state_age_seconds",
                 "state_age_s",
-                "Seconds since the daemon's state thread (checkpoints, deallocation, own state) last refreshed its figures; it does at least every second or two, so more means it is held up (a drive slow to flush or deallocate) and the figures below are that old.",
+                "Seconds since the daemon's state thread (checkpoints, deallocation, own state) last refreshed its figures; it does at least once a second, after a deallocation round of at most 1 s, so a few seconds more means it is held up (a drive slow to flush or deallocate) and the figures below are that old.",
             ),
             ("fdpblk_checkpoint_seq", "checkpoint_seq", "Sequence number of LMCache's newest checkpoint."),
             ("fdpblk_checkpoint_age_seconds", "checkpoint_age_s", "Seconds since fdpblk saw LMCache's newest checkpoint written (across daemon restarts, through its own state), or first found it on the device."),
