@@ -1573,8 +1573,16 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     let age_s = std::fs::metadata(&p).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).map(|d| d.as_secs());
     v["stats_age_s"] = json!(age_s);
     // The drive's own counters since `add`: host vs media bytes (QEMU's drive has no GC).
-    let fdp = saved.and_then(|(cfg, _)| state::fdp_deltas(&cfg));
+    // In a child with a deadline: a hung drive must not hold the command (nor its figures).
+    let (fdp, drive_error) = match saved.map(|(cfg, _)| state::fdp_deltas_within(&cfg, state::DRIVE_READ_DEADLINE)) {
+        Some(Ok(f)) => (f, None),
+        Some(Err(e)) => (None, Some(e)),
+        None => (None, None),
+    };
     v["fdp"] = fdp.clone().unwrap_or(serde_json::Value::Null);
+    if let Some(e) = &drive_error {
+        v["fdp_error"] = json!(e);
+    }
     if json_out {
         println!("{v}");
         return Ok(());
@@ -1635,6 +1643,9 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
             let last: Vec<&str> = q.iter().filter_map(|n| n["last_error"].as_str()).collect();
             println!("FAILED REQUESTS per queue {} (last: {}); the daemon's log has them", per("errors"), last.join(" / "));
         }
+    }
+    if let Some(e) = &drive_error {
+        println!("DRIVE NOT ANSWERING: {e}");
     }
     if let Some(f) = fdp {
         println!(

@@ -397,7 +397,7 @@ fn collect(reg: &mut Registry, id: i32) -> Result<(), String> {
     let age_of = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok().map(|t| t.elapsed().map_or(0.0, |d| d.as_secs_f64().round()));
     let (stats, age) = current_stats(daemon.as_ref(), stats, || age_of(&state::stats_path(id)), || age_of(&state::state_path(id)));
     let fdp = match state::read_state(id) {
-        Ok((cfg, _)) if up => drive_read_within(id, move || state::fdp_deltas(&cfg), DRIVE_READ_DEADLINE),
+        Ok((cfg, _)) if up => drive_read_within(id, move || state::fdp_deltas(&cfg), state::DRIVE_READ_DEADLINE),
         _ => None,
     };
     reg.add_device(id, Some(&saved["config"]), up, stats.as_ref().filter(|s| s.is_object()), age, fdp.as_ref());
@@ -414,9 +414,6 @@ fn current_stats(daemon: Option<&state::Daemon>, stats: Option<Value>, file_age:
         (_, st) => (st, file_age().or_else(state_age)),
     }
 }
-
-/// How long one pass waits for a drive's FDP statistics.
-const DRIVE_READ_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Runs `read` (a drive's FDP statistics for device `id`) on a thread of its own and waits
 /// up to `deadline`: a drive that hangs or resets (NVMe commands wait up to the kernel's
