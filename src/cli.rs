@@ -37,6 +37,10 @@ pub enum Command {
     /// Print the --name of device ID (for the udev rule in deploy/); exit 1 if it has none.
     #[command(hide = true)]
     Name(NameArgs),
+    /// Print the drive's FDP counters since `add` of device ID as JSON (`stats` runs it as a
+    /// child, so that a hung drive does not hold it).
+    #[command(hide = true)]
+    DriveDeltas(NameArgs),
     /// Show the raw_block layout, both checkpoint copies and the live entries of a device or image.
     Inspect(InspectArgs),
     /// Run a trace of block requests through the classifier, a policy and the simulated drive.

@@ -48,6 +48,7 @@ fn main() -> ExitCode {
         Command::Metrics(a) => fdpblk::cmd::metrics::run(&a),
         Command::Features(a) => fdpblk::cmd::device::features(a.json),
         Command::Name(a) => fdpblk::cmd::device::name(a.id),
+        Command::DriveDeltas(a) => fdpblk::cmd::device::drive_deltas(a.id),
         Command::Fdp(a) => fdpblk::cmd::fdp::run(&a),
         Command::Simulate(a) => fdpblk::cmd::simulate::run(&a),
         Command::Plot(a) => fdpblk::cmd::plot::run(&a),

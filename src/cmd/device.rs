@@ -1770,6 +1770,16 @@ fn deallocation_state(trim: &serde_json::Value) -> &'static str {
     }
 }
 
+/// For `stats`, in a child: the drive's FDP counters since `add` of device `id` as JSON, or
+/// nothing where it has none.
+pub fn drive_deltas(id: i32) -> CmdResult {
+    let (cfg, _) = state::read_state(id)?;
+    if let Some(v) = state::fdp_deltas(&cfg) {
+        println!("{v}");
+    }
+    Ok(())
+}
+
 /// For udev: prints the stable name of device `id`, or fails if it has none.
 pub fn name(id: i32) -> CmdResult {
     let (cfg, daemon) = state::read_state(id)?;

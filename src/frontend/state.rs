@@ -176,18 +176,19 @@ pub fn fdp_deltas(cfg: &DeviceConfig) -> Option<Value> {
     Some(deltas)
 }
 
-/// [`fdp_deltas`] read by a child process, waited for up to `deadline`: an NVMe command to a
-/// hung or resetting drive holds its caller in the kernel, uninterruptibly, until the driver's
-/// timeout and reset (a minute or more), and a thread of this process would hold up its exit
-/// as long. A child still waiting on the drive is left behind (init reaps it). `Err` when the
-/// drive did not answer in time; for one-shot commands only (a fork of a multi-threaded
-/// process).
+/// [`fdp_deltas`] read by a child process (`fdpblk drive-deltas ID`, hidden), waited for up
+/// to `deadline`: an NVMe command to a hung or resetting drive holds its caller in the kernel,
+/// uninterruptibly, until the driver's timeout and reset (a minute or more), and a thread of
+/// this process would hold up its exit as long. A child still waiting on the drive is left
+/// behind (init reaps it). `Err` when the drive did not answer in time.
 pub fn fdp_deltas_within(cfg: &DeviceConfig, deadline: std::time::Duration) -> Result<Option<Value>, String> {
     // No baseline: not an FDP drive, nothing to ask it.
     if !fdp_baseline_path(cfg.id).exists() {
         return Ok(None);
     }
-    json_from_child(deadline, || fdp_deltas(cfg)).map_err(|e| {
+    let mut child = std::process::Command::new("/proc/self/exe");
+    child.args(["drive-deltas", &cfg.id.to_string()]);
+    json_from_child(child, deadline).map_err(|e| {
         format!(
             "the drive behind {} did not answer for its FDP statistics within {} s ({e}); a hung or resetting controller? see `dmesg`",
             cfg.backing.display(),
@@ -196,63 +197,31 @@ pub fn fdp_deltas_within(cfg: &DeviceConfig, deadline: std::time::Duration) -> R
     })
 }
 
-/// Runs `read` in a forked child and returns what it answered, or `Err` when it did not
-/// answer within `deadline` (or could not be started).
-fn json_from_child(deadline: std::time::Duration, read: impl FnOnce() -> Option<Value>) -> Result<Option<Value>, String> {
+/// Runs `cmd` and returns the JSON it prints (`None` for nothing, or not JSON), or `Err` when
+/// it printed nothing whole within `deadline` or could not be started. A child past the
+/// deadline is neither killed nor waited for.
+fn json_from_child(mut cmd: std::process::Command, deadline: std::time::Duration) -> Result<Option<Value>, String> {
     use std::io::Read;
-    use std::os::fd::{FromRawFd, OwnedFd};
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` is two ints for the kernel to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(format!("pipe: {}", io::Error::last_os_error()));
-    }
-    // SAFETY: both descriptors are new and owned here.
-    let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // SAFETY: the child only runs `read`, writes its answer and leaves with `_exit` (no
-    // destructors, no atexit handlers of the parent's).
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(format!("fork: {}", io::Error::last_os_error()));
-    }
-    if pid == 0 {
-        drop(rx);
-        // A panic must not unwind into the parent's code, which the child also holds.
-        let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).ok().flatten().map(|v| v.to_string()).unwrap_or_default();
-        let mut out = fs::File::from(tx);
-        let ok = io::Write::write_all(&mut out, answer.as_bytes()).is_ok();
-        // SAFETY: ends the child without running the parent's exit handlers.
-        unsafe { libc::_exit(if ok { 0 } else { 1 }) }
-    }
-    drop(tx);
-    let end = std::time::Instant::now() + deadline;
-    let mut rx = fs::File::from(rx);
-    let mut got = Vec::new();
-    let finished = loop {
-        let left = end.saturating_duration_since(std::time::Instant::now());
-        let mut pfd = libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(&rx), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one pollfd, valid for the call.
-        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
+    use std::process::Stdio;
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().map_err(|e| format!("cannot start a child: {e}"))?;
+    let mut out = child.stdout.take().ok_or("no pipe from the child")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    // A reader blocked on the pipe does not hold up this process's exit, as the child would.
+    std::thread::Builder::new()
+        .name("fdpblk-child".into())
+        .spawn(move || {
+            let mut got = Vec::new();
+            let _ = tx.send(out.read_to_end(&mut got).map(|_| got));
+        })
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    match rx.recv_timeout(deadline) {
+        Ok(Ok(got)) => {
+            let _ = child.wait();
+            Ok(serde_json::from_slice(&got).ok())
         }
-        if n <= 0 {
-            break false;
-        }
-        let mut buf = [0u8; 4096];
-        match rx.read(&mut buf) {
-            Ok(0) => break true,
-            Ok(k) => got.extend_from_slice(&buf[..k]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => break true,
-        }
-    };
-    if !finished {
-        return Err("no answer".into());
+        Ok(Err(e)) => Err(format!("reading the child's answer: {e}")),
+        Err(_) => Err("no answer".into()),
     }
-    let mut status = 0;
-    // SAFETY: `pid` is this process's child, which closed its end: it has exited or is about to.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    Ok(serde_json::from_slice(&got).ok())
 }
 
 /// The deltas of the drive's counters `now` over baseline `base`, and a new baseline when
@@ -782,20 +751,22 @@ mod tests {
     }
 
     /// A drive's statistics are read in a child: its answer comes back; a child that does not
-    /// answer in time (a hung drive) is not waited for; one that panics answers nothing.
+    /// answer in time (a hung drive) is not waited for.
     #[test]
     fn drive_reads_in_a_child_are_bounded_by_their_deadline() {
         use std::time::{Duration, Instant};
+        let sh = |script: &str| {
+            let mut c = std::process::Command::new("sh");
+            c.args(["-c", script]);
+            c
+        };
         let long = Duration::from_secs(5);
-        assert_eq!(json_from_child(long, || Some(json!({"host_bytes": 7}))), Ok(Some(json!({"host_bytes": 7}))));
-        assert_eq!(json_from_child(long, || None), Ok(None));
-        assert_eq!(json_from_child(long, || panic!("in the child")), Ok(None));
+        assert_eq!(json_from_child(sh(r#"echo '{"host_bytes":7}'"#), long), Ok(Some(json!({"host_bytes": 7}))));
+        assert_eq!(json_from_child(sh("true"), long), Ok(None));
+        assert!(json_from_child(std::process::Command::new("/nonexistent/fdpblk"), long).is_err_and(|e| e.contains("cannot start")));
         let t = Instant::now();
-        let hung = json_from_child(Duration::from_millis(100), || {
-            std::thread::sleep(Duration::from_secs(2));
-            Some(json!(1))
-        });
-        assert!(hung.is_err(), "{hung:?}");
+        let hung = json_from_child(sh("sleep 2; echo 1"), Duration::from_millis(100));
+        assert_eq!(hung, Err("no answer".to_string()));
         assert!(t.elapsed() < Duration::from_millis(1500), "waited {:?} for a child past its deadline", t.elapsed());
     }
 }
