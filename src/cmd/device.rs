@@ -1730,6 +1730,9 @@ fn print_watch(v: &serde_json::Value) {
     if let Some(why) = t["blocked_by"].as_str() {
         println!("DEALLOCATION BLOCKED: {why}");
     }
+    if let Some(why) = t["off_because"].as_str() {
+        println!("DEALLOCATION OFF: {why}");
+    }
     println!(
         "deallocation {}: {} trims, {} bytes (per handle {}), {} evictions seen; stale tails {} ({} early), {} bytes; unwritten slots {}, {} bytes",
         deallocation_state(t),
@@ -1837,12 +1840,7 @@ pub fn features(json_out: bool) -> CmdResult {
 /// the deallocation of evicted slots and stale tails, which then fails at the drive (once per
 /// checkpoint, with a warning each time it starts failing).
 fn no_deallocation_warning(limits: &passthrough::CommandLimits, trim: bool, backing: &Path) -> Option<String> {
-    (trim && limits.discard_off).then(|| {
-        format!(
-            "{} takes no deallocation (its drive lacks Dataset Management, or the kernel turned discard off for it): fdpblk can place writes but cannot free evicted slots, most of its gain; --no-trim says so and stops it trying",
-            backing.display()
-        )
-    })
+    (trim && limits.discard_off).then(|| format!("{}; the daemon runs with deallocation off (--no-trim says so)", target::no_deallocation(backing)))
 }
 
 /// Why `queues` × `depth` I/O buffers of `io_buf` bytes are too much for a machine with

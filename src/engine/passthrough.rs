@@ -905,10 +905,15 @@ pub struct CommandLimits {
 
 impl CommandLimits {
     /// What the kernel derived from WZSL and DMRSL for the namespace behind `ng`
-    /// (`write_zeroes_max_bytes`, `discard_max_hw_bytes`). 0 there means "not supported":
-    /// not a limit, but the ublk device then offers none (`write_zeroes_off`, `discard_off`).
+    /// (`write_zeroes_max_bytes`, `discard_max_hw_bytes`), or its queue's limits for any other
+    /// block device `ng` names. 0 there means "not supported": not a limit, but the ublk
+    /// device then offers none (`write_zeroes_off`, `discard_off`).
     pub fn of(ng: &Path) -> Self {
-        let block = crate::nvme::path::namespace_block_device(ng);
+        let block = crate::nvme::path::namespace_block_device(ng).or_else(|| {
+            use std::os::unix::fs::{FileTypeExt, MetadataExt};
+            let m = std::fs::metadata(ng).ok().filter(|m| m.file_type().is_block_device())?;
+            crate::device::sysfs_block_dir(m.rdev())
+        });
         let name = block.as_deref().and_then(Path::file_name).and_then(|n| n.to_str());
         let get = |attr| sysfs_queue(name, attr).filter(|&b| b > 0);
         CommandLimits {

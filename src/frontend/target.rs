@@ -1477,8 +1477,14 @@ fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slo
         0 => Duration::MAX,
         ms => Duration::from_millis(ms),
     };
-    let wc = WatchConfig { trim: cfg.trim, trim_tails: cfg.trim, early_tails: cfg.trim && cfg.early_tails, early_evictions: cfg.trim && cfg.early_evictions, device: cfg.id, persist_interval,
-        page_cache: (cfg.id >= 0).then(|| state::bdev_path(cfg.id).into()), trust_saved_confirmations: !learned, writes_unseen: learned || recovered, writeback: WritebackDelay::Kernel, ..WatchConfig::default() };
+    // A backing that takes no deallocation would fail the first trim after every checkpoint.
+    let off_because = (cfg.trim && crate::engine::passthrough::CommandLimits::of(&cfg.backing).discard_off).then(|| no_deallocation(&cfg.backing));
+    let trim = cfg.trim && off_because.is_none();
+    if let Some(why) = &off_because {
+        tracing::warn!("device {}: {why}: deallocation is off", cfg.id);
+    }
+    let wc = WatchConfig { trim, trim_tails: trim, early_tails: trim && cfg.early_tails, early_evictions: trim && cfg.early_evictions, device: cfg.id, persist_interval,
+        page_cache: (cfg.id >= 0).then(|| state::bdev_path(cfg.id).into()), trust_saved_confirmations: !learned, writes_unseen: learned || recovered, writeback: WritebackDelay::Kernel, trim_off_because: off_because, ..WatchConfig::default() };
     let mut w = Watcher::new(g, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
     // A policy with history (key-aware's loads) takes back what the restored slot table holds;
     // one that learns tenants from LMCache's checkpoints (lmcache-fdp) gets each one.
@@ -1490,10 +1496,19 @@ fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slo
         if l.found { "loaded" } else { "new" },
         l.seq,
         if l.clean { "clean" } else { "unclean: pending deallocations forgotten" },
-        if cfg.trim { "on" } else { "off" },
+        if trim { "on" } else { "off" },
         if policy.needs_state() { format!(", policy {} resumed from {resumed} slots", policy.name()) } else { String::new() }
     );
     w
+}
+
+/// Why a backing whose kernel queue offers no discard (`discard_max_hw_bytes` 0) gets no
+/// deallocation: `add` warns with it, and the daemon turns deallocation off.
+pub fn no_deallocation(backing: &Path) -> String {
+    format!(
+        "{} takes no deallocation (its drive lacks Dataset Management, or the kernel turned discard off for it): fdpblk places writes but cannot free evicted slots, most of its gain",
+        backing.display()
+    )
 }
 
 fn stats_loop(shared: &Shared, stop: &AtomicBool) {

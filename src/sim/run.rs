@@ -1143,6 +1143,7 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
             // one simulated moment (and no wall-clock limit makes a run depend on the machine).
             trim_per_round: u64::MAX,
             trim_round_time: Duration::MAX,
+            trim_off_because: None,
         };
         Watcher::new(geom, slots.clone(), dev.clone(), wc, Some(region), own_handle)
     });

@@ -219,6 +219,9 @@ pub struct WatchConfig {
     /// go in the next round, at once): [`TRIM_PER_ROUND`], [`TRIM_ROUND_TIME`].
     pub trim_per_round: u64,
     pub trim_round_time: Duration,
+    /// Why deallocation is off although it was asked for (the backing takes none), for the
+    /// stats; `None` where `trim` is what was asked.
+    pub trim_off_because: Option<String>,
 }
 
 /// How long a buffered write may wait in the page cache before it reaches fdpblk.
@@ -266,7 +269,7 @@ pub fn writeback_outlasts_interval(interval: Duration, delay: Option<Duration>) 
 
 impl Default for WatchConfig {
     fn default() -> Self {
-        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, reclaim: true, trust_saved_confirmations: true, writes_unseen: false, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked, trim_per_round: TRIM_PER_ROUND, trim_round_time: TRIM_ROUND_TIME }
+        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, reclaim: true, trust_saved_confirmations: true, writes_unseen: false, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked, trim_per_round: TRIM_PER_ROUND, trim_round_time: TRIM_ROUND_TIME, trim_off_because: None }
     }
 }
 
@@ -1124,7 +1127,7 @@ impl Watcher {
                 "returning": self.slots.returning(), "tags": self.slots.tags().len(),
             },
             "trim": {
-                "enabled": self.cfg.trim, "allowed_now": self.trims_allowed(), "blocked_by": self.conflict,
+                "enabled": self.cfg.trim, "off_because": self.cfg.trim_off_because, "allowed_now": self.trims_allowed(), "blocked_by": self.conflict,
                 "layout_in_use": self.layout_in_use(),
                 "trims": self.counters.trims, "trim_bytes": self.counters.trim_bytes, "handles": handles,
                 "evictions": self.counters.evictions,

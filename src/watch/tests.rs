@@ -190,7 +190,7 @@ impl Rig {
             trust_saved_confirmations: true,
             writes_unseen: false,
             early_tails_every: Duration::ZERO,
-            retry_base: Duration::ZERO, persist_interval: Duration::from_secs(3600), device: 0, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked, trim_per_round: TRIM_PER_ROUND, trim_round_time: TRIM_ROUND_TIME };
+            retry_base: Duration::ZERO, persist_interval: Duration::from_secs(3600), device: 0, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked, trim_per_round: TRIM_PER_ROUND, trim_round_time: TRIM_ROUND_TIME, trim_off_because: None };
         let w = Watcher::new(g, slots.clone(), dev.clone(), cfg.clone(), Some(region), OWN);
         let pipe = Pipeline::with_slots(g, Box::new(RegionPolicy), slots.clone());
         let eng = MemEngine(dev.clone());

@@ -5,7 +5,8 @@
 # engine's deallocation is a discard (fallocate(PUNCH_HOLE), which such a drive refuses,
 # would complete doing nothing), and an unmapping Write Zeroes falls back to ZERO_RANGE.
 # Both complete through /dev/ublkb0 and the range reads back as zeroes on the drive; the
-# discard reaches it as a discard.
+# discard reaches it as a discard. Then the same drive without discard: deallocation is off,
+# and `add`, the daemon's log and `stats` say why.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool dd cmp blkdiscard fallocate modprobe
@@ -53,5 +54,21 @@ expect "fallocate --punch-hole through $dev completes (ZERO_RANGE fallback)" \
     fallocate --punch-hole --offset $((32 << 20)) --length 1048576 "$dev"
 expect "the zeroed range reads back as zeroes on the drive" zeroes_on_drive
 
+expect "fdpblk del" "$FDPBLK" del -n 0
+expect "its daemon exits" daemons_gone
+
+# A drive that takes no deallocation (null_blk with discard off): `add` warns, and the daemon
+# runs with deallocation off and says why, instead of failing a trim after every checkpoint.
+rmmod null_blk || check_fatal "rmmod null_blk"
+modprobe null_blk nr_devices=1 gb=1 bs=4096 memory_backed=1 discard=0 || check_fatal "modprobe null_blk discard=0"
+for _ in $(seq 50); do [[ -b $NB ]] && break; sleep 0.1; done
+expect_eq "null_blk: no discard" "$(cat /sys/block/nullb0/queue/discard_max_hw_bytes)" 0
+"$FDPBLK" add --backing "$NB" -n 0 --engine plain --policy none --slot-bytes 64K --meta-total-bytes 1M >/tmp/add.out 2>/tmp/add.err ||
+    { cat /tmp/add.out /tmp/add.err; check_fatal "fdpblk add on $NB without discard"; }
+expect "add warns that $NB takes no deallocation" grep -q "$NB takes no deallocation.*runs with deallocation off" /tmp/add.err
+wait_stat trim.enabled false
+expect "stats: why deallocation is off" bash -c "$FDPBLK stats -n 0 --json | jq -r .trim.off_because | grep -q 'takes no deallocation'"
+expect "stats text: DEALLOCATION OFF" bash -c "$FDPBLK stats -n 0 | grep -q '^DEALLOCATION OFF: $NB takes no deallocation'"
+expect "the daemon logged it" log_has "device 0: $NB takes no deallocation.*: deallocation is off"
 expect "fdpblk del" "$FDPBLK" del -n 0
 check_done
