@@ -13,7 +13,9 @@
 //! slab keyed by `user_data` and wakes the futures waiting there. One thread, no locks.
 //!
 //! Requests longer than one command may carry (the transfer limit, or 65536 blocks) are split
-//! ([`split`]); all pieces are submitted, then all awaited. Reads and writes use the ublk
+//! ([`split`]) and sent in windows of up to 64 commands ([`tag_window`]), each awaited whole before the next;
+//! the first window with a failure fails the request, and the windows after it are not sent
+//! (a failed request promises nothing about its range). Reads and writes use the ublk
 //! tag's buffer directly (copy mode). Results follow ublk's rules: bytes for reads and
 //! writes, 0 for the rest, a negative errno on failure; an NVMe status becomes the errno of
 //! the block status the kernel's own NVMe driver gives it ([`errno_of`]; `-EIO` for most) and
@@ -125,9 +127,9 @@ fn errno_of(res: i32) -> i32 {
         r if r == -libc::EAGAIN || r == -libc::EBUSY => -libc::EIO,
         r if r < 0 => r,
         r => match cmd::NvmeStatus(r as u16).code() {
-            // Invalid Opcode, Invalid Field, Invalid Namespace, Conflicting Attributes:
-            // BLK_STS_NOTSUPP.
-            0x01 | 0x02 | 0x0b | 0x180 => -libc::EOPNOTSUPP,
+            // Invalid Opcode, Invalid Field, Invalid Namespace, Conflicting Attributes,
+            // Command Size Limit Exceeded (the kernel's ONCS_NOT_SUPPORTED): BLK_STS_NOTSUPP.
+            0x01 | 0x02 | 0x0b | 0x180 | 0x183 => -libc::EOPNOTSUPP,
             // LBA Out of Range, Command Interrupted, Namespace Not Ready: BLK_STS_TARGET.
             0x80 | 0x21 | 0x82 => -libc::EREMOTEIO,
             0x81 => -libc::ENOSPC, // Capacity Exceeded: BLK_STS_NOSPC
@@ -1248,6 +1250,7 @@ mod tests {
             (0x02 | dnr, -libc::EOPNOTSUPP), // Invalid Field
             (0x0b | dnr, -libc::EOPNOTSUPP),
             (0x180 | dnr, -libc::EOPNOTSUPP),
+            (0x183 | dnr, -libc::EOPNOTSUPP),
             (0x82, -libc::EREMOTEIO), // Namespace Not Ready, after its retries
             (0x21, -libc::EREMOTEIO),
             (0x182 | dnr, -libc::ENODATA), // Write to a read-only range

@@ -91,9 +91,20 @@ fn submit(fd: &impl AsRawFd, request: u32, mut cmd: PassthruCmd, data: Data<'_>)
     // has no metadata pointer. The kernel writes only into `cmd` and that buffer.
     let rc = unsafe { libc::ioctl(fd.as_raw_fd(), request as _, &mut cmd as *mut PassthruCmd) };
     match rc {
-        0 => Ok(cmd.result),
-        r if r > 0 => Err(PassthruError::Status(NvmeStatus(r as u16))),
-        _ => Err(PassthruError::Os(io::Error::last_os_error())),
+        r if r < 0 => Err(PassthruError::Os(io::Error::last_os_error())),
+        r => completed(r as u16, cmd.result),
+    }
+}
+
+/// A completion's status and result: a status whose status code is Successful Completion
+/// (only its More or Do Not Retry bit set) is a success, as the kernel's own NVMe driver and
+/// the io_uring path (`command_result`) take it.
+fn completed(status: u16, result: u32) -> Result<u32, PassthruError> {
+    let s = NvmeStatus(status);
+    if s.code() == 0 {
+        Ok(result)
+    } else {
+        Err(PassthruError::Status(s))
     }
 }
 
@@ -155,5 +166,16 @@ mod tests {
         let mut short = [0u8; 16];
         let e = admin(&f, super::super::cmd::identify(1, 0), Data::FromDevice(&mut short)).unwrap_err();
         assert!(matches!(e, PassthruError::Os(ref x) if x.kind() == io::ErrorKind::InvalidInput), "{e:?}");
+    }
+
+    /// A Successful Completion with its More or Do Not Retry bit set is a success, as on the
+    /// io_uring path; any other status code fails.
+    #[test]
+    fn a_successful_completion_with_flag_bits_is_a_success() {
+        assert_eq!(completed(0, 7).unwrap(), 7);
+        assert_eq!(completed(0x2000, 7).unwrap(), 7, "More");
+        assert_eq!(completed(0x4000, 7).unwrap(), 7, "Do Not Retry");
+        assert!(matches!(completed(0x281, 7), Err(PassthruError::Status(s)) if s.code() == 0x281));
+        assert!(matches!(completed(0x4002, 7), Err(PassthruError::Status(s)) if s.code() == 0x002));
     }
 }
