@@ -1473,18 +1473,11 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
 /// last persist (and LMCache's page cache may still hold pages written before them).
 fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slots: &Arc<SlotTable>, policy: &SharedPolicy, learned: bool, recovered: bool) -> Watcher {
     let own = policy_by_name(&cfg.policy).map_or(0, |mut p| p.place(&Target::OwnState));
-    let persist_interval = match cfg.persist_interval_ms {
-        0 => Duration::MAX,
-        ms => Duration::from_millis(ms),
-    };
-    // A backing that takes no deallocation would fail the first trim after every checkpoint.
-    let off_because = (cfg.trim && crate::engine::passthrough::CommandLimits::of(&cfg.backing).discard_off).then(|| no_deallocation(&cfg.backing));
-    let trim = cfg.trim && off_because.is_none();
-    if let Some(why) = &off_because {
+    let wc = watch_config(cfg, learned, recovered, crate::engine::passthrough::CommandLimits::of(&cfg.backing).discard_off);
+    if let Some(why) = &wc.trim_off_because {
         tracing::warn!("device {}: {why}: deallocation is off", cfg.id);
     }
-    let wc = WatchConfig { trim, trim_tails: trim, early_tails: trim && cfg.early_tails, early_evictions: trim && cfg.early_evictions, device: cfg.id, persist_interval,
-        page_cache: (cfg.id >= 0).then(|| state::bdev_path(cfg.id).into()), trust_saved_confirmations: !learned, writes_unseen: learned || recovered, writeback: WritebackDelay::Kernel, trim_off_because: off_because, ..WatchConfig::default() };
+    let trim = wc.trim;
     let mut w = Watcher::new(g, slots.clone(), dev, wc, Some(Region::tail(cfg.backing_bytes)), own);
     // A policy with history (key-aware's loads) takes back what the restored slot table holds;
     // one that learns tenants from LMCache's checkpoints (lmcache-fdp) gets each one.
@@ -1500,6 +1493,36 @@ fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slo
         if policy.needs_state() { format!(", policy {} resumed from {resumed} slots", policy.name()) } else { String::new() }
     );
     w
+}
+
+/// How the state thread of device `cfg` runs. `learned`, `recovered`: as for
+/// [`start_watcher`]; `discard_off`: the backing's kernel queue takes no discard.
+fn watch_config(cfg: &DeviceConfig, learned: bool, recovered: bool, discard_off: bool) -> WatchConfig {
+    let persist_interval = match cfg.persist_interval_ms {
+        0 => Duration::MAX,
+        ms => Duration::from_millis(ms),
+    };
+    // A backing that takes no deallocation would fail the first trim after every checkpoint.
+    let off_because = (cfg.trim && discard_off).then(|| no_deallocation(&cfg.backing));
+    let trim = cfg.trim && off_because.is_none();
+    WatchConfig {
+        trim,
+        trim_tails: trim,
+        early_tails: trim && cfg.early_tails,
+        early_evictions: trim && cfg.early_evictions,
+        device: cfg.id,
+        persist_interval,
+        page_cache: (cfg.id >= 0).then(|| state::bdev_path(cfg.id).into()),
+        // A recovery follows writes the dead daemon served after its last persist (a key
+        // deleted and put back into its slot among them). Its saved state says so (marked in
+        // use), unless that mark was lost (a rotted or dropped superblock write): then an
+        // older clean state would vouch for confirmations those writes undid.
+        trust_saved_confirmations: !learned && !recovered,
+        writes_unseen: learned || recovered,
+        writeback: WritebackDelay::Kernel,
+        trim_off_because: off_because,
+        ..WatchConfig::default()
+    }
 }
 
 /// Why a backing whose kernel queue offers no discard (`discard_max_hw_bytes` 0) gets no
@@ -1873,5 +1896,23 @@ mod tests {
         drop(in_flight);
         lock_backing(&new, &path, Instant::now(), None).unwrap();
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// The state thread's configuration: saved confirmations are trusted only on a start that
+    /// neither learns the layout nor recovers a device whose daemon died; a backing that takes
+    /// no discard turns every deallocation off and says why; `--no-trim` is off without a why.
+    #[test]
+    fn the_state_thread_trusts_saved_confirmations_only_on_a_plain_start() {
+        let cfg = DeviceConfig { trim: true, early_tails: true, early_evictions: true, ..file_backing(Path::new("/dev/nvme0n1")) };
+        let trust = |learned, recovered| watch_config(&cfg, learned, recovered, false).trust_saved_confirmations;
+        assert!(trust(false, false));
+        assert!(!trust(true, false) && !trust(false, true) && !trust(true, true));
+        let on = watch_config(&cfg, false, false, false);
+        assert!(on.trim && on.trim_tails && on.early_tails && on.early_evictions && on.trim_off_because.is_none());
+        let off = watch_config(&cfg, false, false, true);
+        assert!(!off.trim && !off.trim_tails && !off.early_tails && !off.early_evictions);
+        assert!(off.trim_off_because.as_deref().is_some_and(|w| w.starts_with("/dev/nvme0n1 takes no deallocation")), "{:?}", off.trim_off_because);
+        let asked_off = watch_config(&DeviceConfig { trim: false, ..cfg.clone() }, false, false, true);
+        assert!(!asked_off.trim && asked_off.trim_off_because.is_none());
     }
 }
