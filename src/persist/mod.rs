@@ -55,7 +55,9 @@
 //! an unfinished cycle carry seq `> S` (or a bad CRC when torn) and are ignored; the flush
 //! before the superblock means a durable superblock `n` implies durable pages of cycle `n`; a
 //! torn superblock fails its CRC and the previous one is used. After loading, the next seq is
-//! above every seq found on the device, and pages with a leftover copy above `S` are
+//! above every seq of a superblock or page copy that decodes (and, when the state starts
+//! afresh, of a whole superblock of another version; a damaged copy's claim is not counted:
+//! the copy is written again), and pages with a leftover copy above `S` are
 //! rewritten by the first cycle, so an unfinished cycle's pages can never later pass as
 //! committed.
 //!
@@ -930,7 +932,11 @@ impl Persist {
             let e = h.raw(i);
             if e != 0 && (e & 0xffff) as u16 > known {
                 h.restore_raw(i, e & !0xffff);
-                p.forced.push(l.record_pages + i / HISTORY_PER_PAGE);
+                // Once per page: a history of tens of millions of entries is untagged here.
+                let page = l.record_pages + i / HISTORY_PER_PAGE;
+                if p.forced.last() != Some(&page) {
+                    p.forced.push(page);
+                }
                 cleared = true;
             }
         }
@@ -1165,6 +1171,9 @@ impl Persist {
         let copy = u64::from(1 - self.sb_copy);
         dev.write_at(self.region.offset + copy * BLOCK, &b[..BLOCK as usize], self.handle).map_err(|e| (e, Some(written)))?;
         if self.sb_both {
+            // The first copy durable before the second is written: a power loss while both
+            // were in flight could tear both, and the state would start afresh.
+            dev.flush().map_err(|e| (e, Some(written)))?;
             dev.write_at(self.region.offset + (1 - copy) * BLOCK, &b[..BLOCK as usize], self.handle).map_err(|e| (e, Some(written)))?;
         }
         dev.flush().map_err(|e| (e, Some(written)))?;

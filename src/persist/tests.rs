@@ -1060,6 +1060,54 @@ fn one_unreadable_superblock_copy_keeps_the_state_untrusted() {
     }
 }
 
+/// Where a cycle writes both superblock copies, the first is flushed before the second is
+/// written: a power loss cannot tear both and lose the state.
+#[test]
+fn the_first_of_two_superblock_copies_is_durable_before_the_second_is_written() {
+    let (g, region, dev) = three_saved_cycles();
+    dev.set_fail_reads(Some(0..4096));
+    let u = SlotTable::new(g.max_slots);
+    let mut p = Persist::load(&dev, region, &g, &u, 3).0.unwrap();
+    dev.set_fail_reads(None);
+    dev.take_log();
+    p.cycle(&dev, &u, &Counters::default(), true, true).unwrap().unwrap();
+    let log = dev.take_log();
+    let sb: Vec<usize> = log.iter().enumerate().filter(|(_, o)| matches!(o, MemOp::Write { off, .. } if *off < 8192)).map(|(i, _)| i).collect();
+    // (First the mark that the state is in use, into the copy that did not read.)
+    assert!(sb.len() >= 2, "both superblock copies written: {sb:?}");
+    let sb = &sb[sb.len() - 2..];
+    assert!(matches!((&log[sb[0]], &log[sb[1]]), (MemOp::Write { off: a, .. }, MemOp::Write { off: b, .. }) if a != b), "the two copies");
+    assert!(log[sb[0]..sb[1]].iter().any(|o| matches!(o, MemOp::Flush)), "no flush between the superblock copies");
+    assert!(matches!(log.last(), Some(MemOp::Flush)));
+}
+
+/// Untagging a large identity history (its tag names lost) forces each of its pages once,
+/// not once per entry.
+#[test]
+fn untagging_the_history_forces_each_page_once() {
+    let (g, t, region, dev, mut p) = blank_state(300);
+    let tag = t.tags().intern("model", "salt");
+    for i in 0..100u64 {
+        t.history().insert(7000 + i, tag);
+    }
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    let l = Layout::of(&t);
+    let mut img = dev.image();
+    for page in l.record_pages + l.history_pages..l.pages() {
+        for copy in 0..2 {
+            let o = p.page_off(page, copy) as usize;
+            img[o..o + 4096].fill(0);
+        }
+    }
+    let (v, p2, l2, _) = load(&g, img, region);
+    assert!(l2.found && (0..v.history().capacity()).all(|i| v.history().raw(i) & 0xffff == 0), "{l2:?}");
+    let forced = &p2.unwrap().forced;
+    for page in l.record_pages..l.record_pages + l.history_pages {
+        let n = forced.iter().filter(|&&f| f == page).count();
+        assert!(n <= 1, "history page {page} forced {n} times");
+    }
+}
+
 /// A cycle that writes both superblock copies (one did not read at load) and whose last flush
 /// fails is taken as committed where a copy reads back, but only that copy is then known to
 /// be there: the next cycle writes both again.
