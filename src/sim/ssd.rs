@@ -967,6 +967,11 @@ impl Ssd {
                 if self.ru_state[r] != CLOSED {
                     continue;
                 }
+                // Nothing to copy: free at once, as LFS counts such a segment clean (its
+                // score, age alone, could lose to an older RU that still holds data).
+                if self.ru_valid[r] == 0 {
+                    return Some(r as u32);
+                }
                 let u = f64::from(self.ru_valid[r]) / f64::from(self.upr);
                 let age = (self.clock - self.ru_closed_at[r] + 1) as f64;
                 let score = (1.0 - u) * age / (1.0 + u);

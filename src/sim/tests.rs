@@ -233,6 +233,27 @@ fn greedy_and_cost_benefit_beat_fifo_on_mixed_lifetimes() {
     assert!(greedy < 0.92 * fifo && cb < 0.8 * greedy, "FIFO {fifo:.3}, greedy {greedy:.3}, cost-benefit {cb:.3}");
 }
 
+/// An RU with no valid data left goes before any other under cost-benefit too: erasing it
+/// copies nothing, however young it is (LFS counts such segments clean). Here an old RU
+/// holding one valid unit in 16 outscores a young empty one on (1 − u) · age / (1 + u).
+#[test]
+fn cost_benefit_takes_an_empty_ru_before_copying_anything() {
+    let unit = 4 * KIB;
+    let ru = 16 * unit;
+    let mut cfg = SsdConfig::new(32 * unit, 6 * ru, unit, ru, 1, HandleType::InitiallyIsolated);
+    cfg.gc.victim = Victim::CostBenefit;
+    let mut s = ssd(cfg);
+    s.write(0, 32 * unit, 0).unwrap();
+    s.deallocate(unit, 15 * unit).unwrap();
+    for _ in 0..3 {
+        s.write(16 * unit, 16 * unit, 0).unwrap();
+    }
+    let before = s.counters().clone();
+    s.write(16 * unit, 16 * unit, 0).unwrap();
+    s.audit().unwrap();
+    assert_eq!(s.counters().since(&before).relocated_bytes, 0, "garbage collection copied data while an empty RU waited");
+}
+
 /// LMCache-like: a small hot region (1/16 of the space, like metadata) rewritten at random,
 /// and a large cold region written as a circular log (like slots under LRU), half the writes
 /// each.
