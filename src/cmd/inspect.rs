@@ -42,6 +42,12 @@ pub struct InspectSummary {
     /// [`MAX_TRACKED_KEYS`].
     pub duplicates_unchecked: u64,
     pub header_mismatch: u64,
+    /// Entries in slots past the end of the image or device, not checked (and not counted
+    /// in `header_mismatch` or `live`).
+    pub beyond_end: u64,
+    /// An image shorter than the checkpoint's `capacity_bytes` (a truncated copy of a larger
+    /// device): that capacity, which LMCache's checks are then made against.
+    pub truncated_from: Option<u64>,
     pub checkpoint_seq: Option<u64>,
     /// Why LMCache would discard the whole checkpoint, if it would.
     pub rejected: Option<String>,
@@ -50,6 +56,9 @@ pub struct InspectSummary {
     /// The path LMCache must be configured with to load it (compared exactly).
     pub device_path: Option<String>,
 }
+
+/// The problem of an entry whose slot lies past the end of the image or device.
+const BEYOND_END: &str = "offset is beyond the device (a truncated image, or a checkpoint of a larger device)";
 
 /// Checks one entry against the layout and its slot header (`_validate_loaded_entries`).
 /// `lossy`: the key held a lone surrogate (`EntryRef::key_lossy`).
@@ -66,7 +75,7 @@ pub fn check_entry<D: ReadAt + ?Sized>(dev: &D, g: &Geometry, key: &str, lossy: 
         Some((s, 0)) => s,
         // A slot LMCache's geometry has, past the end of this image or device.
         None if off >= g.meta_total_bytes && (off - g.meta_total_bytes).is_multiple_of(g.slot_bytes) => {
-            r.problem = Some("offset is beyond the device (a truncated image, or a checkpoint of a larger device)");
+            r.problem = Some(BEYOND_END);
             return r;
         }
         _ => {
@@ -98,14 +107,17 @@ pub fn check_entry<D: ReadAt + ?Sized>(dev: &D, g: &Geometry, key: &str, lossy: 
     r
 }
 
-/// Streams the newest valid checkpoint's entries through `on_entry`.
+/// Streams the newest valid checkpoint's entries through `on_entry`. `image`: `dev` is an
+/// image file, which may be a truncated copy of a larger device (a block device is the size
+/// LMCache sees).
 pub fn inspect_entries<D: ReadAt + ?Sized>(
     dev: &D,
     g: &Geometry,
     copies: &[CopyStatus],
+    image: bool,
     on_entry: &mut dyn FnMut(&EntryReport) -> std::io::Result<()>,
 ) -> Result<InspectSummary, Box<dyn std::error::Error>> {
-    inspect_entries_tracking(dev, g, copies, MAX_TRACKED_KEYS, on_entry)
+    inspect_entries_tracking(dev, g, copies, MAX_TRACKED_KEYS, image, on_entry)
 }
 
 /// [`inspect_entries`], checking at most `max_tracked` keys for repeats.
@@ -114,35 +126,52 @@ fn inspect_entries_tracking<D: ReadAt + ?Sized>(
     g: &Geometry,
     copies: &[CopyStatus],
     max_tracked: usize,
+    image: bool,
     on_entry: &mut dyn FnMut(&EntryReport) -> std::io::Result<()>,
 ) -> Result<InspectSummary, Box<dyn std::error::Error>> {
     let mut s = InspectSummary::default();
     let Some(newest) = newest_valid(copies) else { return Ok(s) };
     s.checkpoint_seq = newest.seq();
-    // Each key seen, with whether its last entry passed the header check (LMCache never writes
-    // a key twice; a hand-edited or foreign checkpoint may): 18 bytes a bucket, at most
-    // `max_tracked` keys ([`MAX_TRACKED_KEYS`]).
-    let mut seen: std::collections::HashMap<[u8; 16], bool> = std::collections::HashMap::new();
+    // Each key seen, with its last entry's verdict (LMCache never writes a key twice; a
+    // hand-edited or foreign checkpoint may): 18 bytes a bucket, at most `max_tracked` keys
+    // ([`MAX_TRACKED_KEYS`]).
+    #[derive(Clone, Copy, PartialEq)]
+    enum Verdict {
+        Loads,
+        Dropped,
+        BeyondEnd,
+    }
+    let mut seen: std::collections::HashMap<[u8; 16], Verdict> = std::collections::HashMap::new();
     let read = read_entries(dev, g, newest, &JsonLimits::default(), &mut |e| {
         let r = check_entry(dev, g, e.key, e.key_lossy, e.offset, e.size);
+        let verdict = match (r.problem, r.header_ok) {
+            (Some(BEYOND_END), _) => Verdict::BeyondEnd,
+            (_, true) => Verdict::Loads,
+            (_, false) => Verdict::Dropped,
+        };
         let digest = key_digest(e.key);
         let repeat = if e.key_lossy || (seen.len() >= max_tracked && !seen.contains_key(&digest)) {
             s.duplicates_unchecked += 1;
             None
         } else {
-            seen.insert(digest, r.header_ok)
+            seen.insert(digest, verdict)
         };
+        // Python keeps the last entry of a key: an earlier one's verdict no longer counts.
         match repeat {
             None => s.listed += 1,
-            Some(was_ok) => {
+            Some(was) => {
                 s.duplicates += 1;
-                if !was_ok {
-                    s.header_mismatch -= 1;
+                match was {
+                    Verdict::Dropped => s.header_mismatch -= 1,
+                    Verdict::BeyondEnd => s.beyond_end -= 1,
+                    Verdict::Loads => {}
                 }
             }
         }
-        if !r.header_ok {
-            s.header_mismatch += 1;
+        match verdict {
+            Verdict::Dropped => s.header_mismatch += 1,
+            Verdict::BeyondEnd => s.beyond_end += 1,
+            Verdict::Loads => {}
         }
         on_entry(&r).map_err(|e| e.to_string())
     });
@@ -165,10 +194,19 @@ fn inspect_entries_tracking<D: ReadAt + ?Sized>(
         }
         Err(e) => return Err(e.into()),
     };
-    s.rejected = meta.loader_rejection(g);
+    // An image shorter than the device the checkpoint was written on: LMCache's checks (its
+    // next_slot against the slots there) are made against that device's capacity.
+    let truncated = meta.py_int("capacity_bytes").filter(|&c| image && c > g.capacity_bytes);
+    let loader = truncated.and_then(|c| {
+        let mut lc = g.config();
+        lc.capacity_bytes = c;
+        lc.validate(c).ok()
+    });
+    s.truncated_from = loader.map(|l| l.capacity_bytes);
+    s.rejected = meta.loader_rejection(loader.as_ref().unwrap_or(g));
     // LMCache's load (`meta_verify_on_load`, on by default) drops an entry whose slot header
     // is not its key's.
-    s.live = if s.rejected.is_some() { 0 } else { s.listed - s.header_mismatch };
+    s.live = if s.rejected.is_some() { 0 } else { s.listed.saturating_sub(s.header_mismatch + s.beyond_end) };
     s.device_path = meta.device_path;
     Ok(s)
 }
@@ -215,6 +253,7 @@ fn entry_json(r: &EntryReport) -> serde_json::Value {
 
 pub fn run(a: &InspectArgs) -> CmdResult {
     let dev = open_readonly(&a.path)?;
+    let image = std::fs::metadata(&a.path).is_ok_and(|m| m.is_file());
     let flags: GeometryFlags = a.geometry.flags();
     let d = discover(&dev, &flags)?;
     let g = d.geometry;
@@ -231,7 +270,7 @@ pub fn run(a: &InspectArgs) -> CmdResult {
         }
         write!(w, "{{\"geometry\":{},\"checkpoints\":{},\"entries\":[", geo, json!(copies.iter().map(copy_json).collect::<Vec<_>>()))?;
         let mut first = true;
-        let s = match inspect_entries(&dev, &g, &copies, &mut |r| {
+        let s = match inspect_entries(&dev, &g, &copies, image, &mut |r| {
             if !first {
                 w.write_all(b",")?;
             }
@@ -250,7 +289,8 @@ pub fn run(a: &InspectArgs) -> CmdResult {
             w,
             "],\"summary\":{},\"fdpblk_state\":{}}}",
             json!({"live": s.live, "listed": s.listed, "duplicates": s.duplicates, "duplicates_unchecked": s.duplicates_unchecked, "header_mismatch": s.header_mismatch, "checkpoint_seq": s.checkpoint_seq,
-                   "loader_rejects": s.rejected, "undecodable": s.undecodable, "device_path": s.device_path}),
+                   "loader_rejects": s.rejected, "undecodable": s.undecodable, "device_path": s.device_path,
+                   "beyond_end": s.beyond_end, "truncated_from": s.truncated_from}),
             match own_state(&dev) {
                 Some(Ok(v)) => v,
                 Some(Err(why)) => json!({ "rejected": why }),
@@ -287,7 +327,7 @@ pub fn run(a: &InspectArgs) -> CmdResult {
             }
         }
         writeln!(w, "entries:")?;
-        let s = inspect_entries(&dev, &g, &copies, &mut |r| {
+        let s = inspect_entries(&dev, &g, &copies, image, &mut |r| {
             writeln!(
                 w,
                 "  slot {:>8}  size {:>10}  identity {:>18}  header {}  {}",
@@ -326,6 +366,15 @@ pub fn run(a: &InspectArgs) -> CmdResult {
                 s.listed
             )?,
             (None, _) => writeln!(w, "summary: no valid checkpoint; LMCache would start with an empty index")?,
+        }
+        if let Some(c) = s.truncated_from {
+            writeln!(
+                w,
+                "  this image is shorter than the checkpoint's capacity_bytes {c} (a truncated copy of a larger device?): LMCache's checks are made against {c} bytes, and {} entries in slots past the image's end are not checked",
+                s.beyond_end
+            )?;
+        } else if s.beyond_end > 0 {
+            writeln!(w, "  {} entries lie in slots past the end of the device or image, not checked", s.beyond_end)?;
         }
         if let Some(p) = &s.device_path {
             writeln!(w, "  LMCache loads it only with device_path exactly {p:?}")?;
@@ -384,7 +433,7 @@ mod tests {
             let d = discover(&img, &GeometryFlags::default()).unwrap();
             let copies = read_copies(&img, &d.geometry).unwrap();
             let mut got = Vec::new();
-            let s = inspect_entries(&img, &d.geometry, &copies, &mut |r| {
+            let s = inspect_entries(&img, &d.geometry, &copies, true, &mut |r| {
                 got.push(r.clone());
                 Ok(())
             })
@@ -423,7 +472,7 @@ mod tests {
         img[off + 8] ^= 0xff;
         let copies = read_copies(&img, &g).unwrap();
         let mut bad = Vec::new();
-        let s = inspect_entries(&img, &g, &copies, &mut |r| {
+        let s = inspect_entries(&img, &g, &copies, true, &mut |r| {
             if !r.header_ok {
                 bad.push(r.clone());
             }
@@ -465,7 +514,7 @@ mod tests {
         let g = discover(img, &GeometryFlags::default()).unwrap().geometry;
         let copies = read_copies(img, &g).unwrap();
         let mut got = Vec::new();
-        let s = inspect_entries_tracking(img, &g, &copies, max_tracked, &mut |r| {
+        let s = inspect_entries_tracking(img, &g, &copies, max_tracked, true, &mut |r| {
             got.push(r.clone());
             Ok(())
         })
@@ -500,6 +549,23 @@ mod tests {
         // capacity_bytes LMCache does not check.
         let cap = summary_of(&object_evict_with_json(|j| j.replacen(r#""capacity_bytes":4194304"#, r#""capacity_bytes":"4 MiB""#, 1)));
         assert_eq!(cap.rejected, None);
+    }
+
+    /// The leading part of a device's image (its metadata and 8 of its 48 slots): LMCache's
+    /// checks are made against the device the checkpoint names, so the checkpoint still
+    /// loads; entries past the image are not checked, and not counted as dropped.
+    #[test]
+    fn a_truncated_image_is_checked_against_the_checkpoints_capacity() {
+        let img = object_evict_with_json(|j| j.to_string());
+        let cut = &img[..(1 << 20) + 8 * 65536];
+        let (s, entries) = inspect_image(cut, MAX_TRACKED_KEYS);
+        assert_eq!((s.rejected.as_deref(), s.truncated_from, s.header_mismatch), (None, Some(4 << 20), 0), "{s:?}");
+        let beyond = entries.iter().filter(|e| e.problem == Some(BEYOND_END)).count() as u64;
+        assert!(beyond > 0 && s.beyond_end == beyond && s.live + beyond == s.listed, "{s:?}");
+        // A next_slot past the checkpoint's own device is still refused.
+        let past = object_evict_with_json(|j| j.replacen(r#""next_slot":16"#, r#""next_slot":49"#, 1));
+        let s = summary_of(&past[..(1 << 20) + 8 * 65536]);
+        assert!(s.rejected.is_some_and(|r| r.contains("next_slot 49 is past the layout's 48 slots")));
     }
 
     /// A lone surrogate escape in a key: Python's json.loads keeps it. A legacy key's identity
@@ -571,14 +637,14 @@ mod tests {
         let flags = GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(1 << 20), ..GeometryFlags::default() };
         let g = discover(&img, &flags).unwrap().geometry;
         let copies = read_copies(&img[..], &g).unwrap();
-        let s = inspect_entries(&img[..], &g, &copies, &mut |_| Ok(())).unwrap();
+        let s = inspect_entries(&img[..], &g, &copies, true, &mut |_| Ok(())).unwrap();
         assert_eq!((s.live, s.undecodable), (0, true));
         assert!(s.rejected.as_deref().is_some_and(|r| r.starts_with("its JSON does not decode")), "{:?}", s.rejected);
         assert!(s.checkpoint_seq.is_some());
         // NaN and Infinity Python decodes: no verdict, an error that says so.
         let nan = object_evict_with_json(|j| j.replacen("\"capacity_bytes\":4194304", "\"capacity_bytes\":NaN    ", 1));
         let copies = read_copies(&nan[..], &g).unwrap();
-        let e = inspect_entries(&nan[..], &g, &copies, &mut |_| Ok(())).unwrap_err().to_string();
+        let e = inspect_entries(&nan[..], &g, &copies, true, &mut |_| Ok(())).unwrap_err().to_string();
         assert!(e.contains("NaN or Infinity"), "{e}");
     }
 
@@ -594,7 +660,7 @@ mod tests {
             });
             let g = discover(&img, &flags).unwrap().geometry;
             let copies = read_copies(&img[..], &g).unwrap();
-            let s = inspect_entries(&img[..], &g, &copies, &mut |_| Ok(())).unwrap();
+            let s = inspect_entries(&img[..], &g, &copies, true, &mut |_| Ok(())).unwrap();
             assert_eq!(s.listed, 14);
             (s.live, s.rejected)
         };
