@@ -356,11 +356,13 @@ pub struct BlkFilter {
     /// Sectors subtracted from every request: a partition's start, since blktrace reports a
     /// partition's I/O in whole-disk sectors.
     pub sector_offset: u64,
+    /// The partition's size in bytes, where known (`--device-size` with `--sector-offset`).
+    pub partition_bytes: Option<u64>,
 }
 
 impl BlkFilter {
     fn of(a: &ReplayArgs) -> BlkFilter {
-        BlkFilter { event: a.blk_event, device: a.blk_device, sector_offset: a.sector_offset }
+        BlkFilter { event: a.blk_event, device: a.blk_device, sector_offset: a.sector_offset, partition_bytes: a.device_size.filter(|_| a.sector_offset > 0) }
     }
 }
 
@@ -423,7 +425,7 @@ fn visit_format(
         while let Some((i, line, truncated)) = reader.next_line().map_err(|e| format!("reading trace: {e}"))? {
             lines = skipped + i;
             if truncated {
-                return Err(format!("trace line {lines}: longer than {MAX_JSON_LINE} bytes; a JSON-lines trace has one request per line"));
+                return Err(format!("trace line {lines}: longer than {MAX_JSON_LINE} bytes; a JSON-lines trace has one request per line, and `data_hex` needs only the first 32 bytes of what was written"));
             }
             if line.trim().is_empty() {
                 continue;
@@ -451,7 +453,7 @@ fn read_blkparse(
     blk: BlkFilter,
     each: &mut dyn FnMut(TraceRequest) -> Result<(), String>,
 ) -> Result<TraceInfo, String> {
-    let BlkFilter { event, device, sector_offset } = blk;
+    let BlkFilter { event, device, sector_offset, partition_bytes } = blk;
     let base = sector_offset.saturating_mul(512);
     const MAX_DEVICES: usize = 64;
     let mut info = TraceInfo { format: "blkparse", event: Some(event), ..Default::default() };
@@ -504,6 +506,15 @@ fn read_blkparse(
             info.unusable += 1;
             info.first_unusable.get_or_insert((n, "a request before --sector-offset (another partition's)"));
             continue;
+        }
+        // The kernel's partition filter also lets through a request starting at the next
+        // partition's first sector (`sector > end_lba` with end_lba = start + size).
+        if let Some(end) = partition_bytes.map(|b| base.saturating_add(b)) {
+            if ops.iter().any(|&(op, offset, _)| op != Op::Flush && offset == end) {
+                info.unusable += 1;
+                info.first_unusable.get_or_insert((n, "a request at the partition's end (the next partition's first sector)"));
+                continue;
+            }
         }
         // blktrace shows a write-zeroes (`blkdiscard -z`) as a write: one past what any
         // write carries is one, and moves no data.
@@ -753,7 +764,13 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
     let (geometry, size) = match &a.device {
         Some(path) => {
             let dev = open_readonly(path)?;
-            let d = discover(&dev, &flags)?;
+            let d = discover(&dev, &flags).map_err(|e| match e {
+                DiscoverError::Unparsable(e) => format!(
+                    "LMCache's checkpoint on {} is beyond what fdpblk parses ({e}): leave out --device and give the layout with --slot-bytes and --meta-total-bytes (and --device-size)",
+                    path.display()
+                ),
+                e => e.to_string(),
+            })?;
             match a.device_size {
                 // The image may be a prefix of the traced device: its slot count comes from
                 // the traced device's size, as LMCache derived it there.
@@ -995,7 +1012,7 @@ mod tests {
     const BLK_SAMPLE: &str = include_str!("../../tests/data/blkparse/ublk-sample.txt");
 
     fn read(text: &str, f: TraceFormat, e: BlkAction, d: Option<(u32, u32)>) -> Result<(Vec<TraceRequest>, TraceInfo), String> {
-        read_trace_from(text.as_bytes(), f, BlkFilter { event: e, device: d, sector_offset: 0 })
+        read_trace_from(text.as_bytes(), f, BlkFilter { event: e, device: d, sector_offset: 0, partition_bytes: None })
     }
 
     #[test]
@@ -1082,12 +1099,22 @@ mod tests {
         let (reqs, info) = read_trace_from(
             part.as_bytes(),
             TraceFormat::Auto,
-            BlkFilter { event: BlkAction::Issue, device: None, sector_offset: 2048 },
+            BlkFilter { event: BlkAction::Issue, device: None, sector_offset: 2048, partition_bytes: None },
         )
         .unwrap();
         let got: Vec<(Op, u64, u64)> = reqs.iter().map(|t| (t.op, t.offset, t.len)).collect();
         assert_eq!(got, vec![(Op::Write, 0, 4096), (Op::Read, 2048 * 512, 8192), (Op::Flush, 0, 0)]);
         assert_eq!((info.unusable, info.first_unusable.unwrap().0), (1, 3));
+        // Of a 2 MiB partition: a read of the next one's first sector (blkid) came through the
+        // kernel's filter; it is not the partition's.
+        let next = format!("{part}259,1 1 5 0.5 7 D R {} + 8 [blkid]\n", 2048 + 4096);
+        let (reqs, info) = read_trace_from(
+            next.as_bytes(),
+            TraceFormat::Auto,
+            BlkFilter { event: BlkAction::Issue, device: None, sector_offset: 2048, partition_bytes: Some(2 << 20) },
+        )
+        .unwrap();
+        assert_eq!((reqs.len(), info.unusable), (3, 2));
         // In a JSON trace the scan names the line.
         let big = "{\"op\":\"write\",\"offset\":0,\"len\":4096}\n{\"op\":\"write\",\"offset\":0,\"len\":2147483648}\n";
         let err = read(big, TraceFormat::Auto, BlkAction::Issue, None).unwrap_err();
