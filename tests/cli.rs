@@ -66,6 +66,35 @@ fn inspect_json_is_one_document_also_when_it_fails_midway() {
     assert!(v["error"].as_str().is_some_and(|e| e.contains("NaN or Infinity")), "{out}");
 }
 
+/// A checkpoint past what fdpblk parses (a key longer than 64 KiB, which LMCache's
+/// json.loads takes): inspect and replay say what they cannot do, not `add`'s `--layout`.
+#[test]
+fn a_checkpoint_past_the_parsers_bounds_gets_each_commands_own_advice() {
+    let mut img = std::fs::read(fixtures().join("object-evict/device.img")).unwrap();
+    for at in [0usize, 524288] {
+        let len = u64::from_le_bytes(img[at + 20..at + 28].try_into().unwrap()) as usize;
+        if &img[at..at + 8] != b"LMCIDX01" || len == 0 {
+            continue;
+        }
+        let json = String::from_utf8(img[at + 4096..at + 4096 + len].to_vec()).unwrap().replacen("\"entries\":{\"", &format!("\"entries\":{{\"{}", "a".repeat(70_000)), 1);
+        assert!(json.len() == len + 70_000 && 4096 + json.len() <= 524288);
+        img[at + 4096..at + 4096 + json.len()].copy_from_slice(json.as_bytes());
+        img[at + 20..at + 28].copy_from_slice(&(json.len() as u64).to_le_bytes());
+        img[at + 28..at + 32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
+    }
+    let path = std::env::temp_dir().join(format!("fdpblk-cli-long-key-{}.img", std::process::id()));
+    std::fs::write(&path, &img).unwrap();
+    let (code, _, err) = fdpblk(&["inspect", path.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("beyond what fdpblk parses") && err.contains("inspect cannot list its entries") && !err.contains("--layout"), "{err}");
+    let trace = std::env::temp_dir().join(format!("fdpblk-cli-long-key-{}.jsonl", std::process::id()));
+    std::fs::write(&trace, "{\"op\":\"write\",\"offset\":1048576,\"len\":4096}\n").unwrap();
+    let (code, _, err) = fdpblk(&["replay", "--device", path.to_str().unwrap(), trace.to_str().unwrap()]);
+    let _ = (std::fs::remove_file(&path), std::fs::remove_file(&trace));
+    assert_ne!(code, 0);
+    assert!(err.contains("leave out --device") && !err.contains("--layout"), "{err}");
+}
+
 #[test]
 fn inspect_text_names_each_entry() {
     let img = fixtures().join("object-multitenant/device.img");

@@ -255,7 +255,11 @@ pub fn run(a: &InspectArgs) -> CmdResult {
     let dev = open_readonly(&a.path)?;
     let image = std::fs::metadata(&a.path).is_ok_and(|m| m.is_file());
     let flags: GeometryFlags = a.geometry.flags();
-    let d = discover(&dev, &flags)?;
+    let d = discover(&dev, &flags).map_err(|e| match e {
+        // `add`'s advice (`--layout lmcache`) is no help here: the entries are what inspect shows.
+        crate::layout::discover::DiscoverError::Unparsable(e) => format!("LMCache's checkpoint on {} is beyond what fdpblk parses ({e}): inspect cannot list its entries", a.path.display()),
+        e => e.to_string(),
+    })?;
     let g = d.geometry;
     let copies = match d.copies {
         Some(c) => c,
