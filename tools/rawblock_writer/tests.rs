@@ -177,7 +177,7 @@ fn image_reads_back_in_fdpblk_inspect() {
             let img = f.bytes();
             let copies = read_copies(&img, &g).unwrap();
             let mut got = Vec::new();
-            let s = inspect_entries(&img, &g, &copies, &mut |r| {
+            let s = inspect_entries(&img, &g, &copies, false, &mut |r| {
                 got.push(r.clone());
                 Ok(())
             })
