@@ -5,8 +5,10 @@ use super::*;
 
 /// A bounded, lock-free set of identities that left their slot, each with its tag:
 /// 8-way buckets of u64 entries `fingerprint (48 bits, never 0) << 16 | tag`. When a bucket
-/// is full the entry in a rotating way is replaced, so the history keeps the most recent
-/// departures. Races between threads can lose or duplicate an entry; it is a hint.
+/// is full, the way one clock shared by all buckets points at is replaced: about random per
+/// bucket, so the history keeps mostly recent departures (the one just before may go, with a
+/// chance of one in 8), not strictly the newest. Races between threads can lose or duplicate
+/// an entry; it is a hint.
 #[derive(Debug)]
 pub struct IdentityHistory {
     entries: Box<[AtomicU64]>,
