@@ -705,7 +705,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     let backing_identity = target::backing_identity(&a.backing).map_err(|e| {
         format!("cannot identify backing {} ({e}), which a restarting daemon checks is still the same one", a.backing.display())
     })?;
-    if let Some(w) = no_deallocation_warning(&passthrough::CommandLimits::of(&a.backing), !a.no_trim, &a.backing) {
+    if let Some(w) = no_deallocation_warning(&passthrough::CommandLimits::of(&a.backing), engine == EngineKind::Passthrough, !a.no_trim, &a.backing) {
         tracing::warn!("{w}");
     }
     if let Some(target) = to_wipe {
@@ -1839,8 +1839,8 @@ pub fn features(json_out: bool) -> CmdResult {
 /// it: its drive lacks Dataset Management, or a quirk turned it off): most of fdpblk's gain is
 /// the deallocation of evicted slots and stale tails, which then fails at the drive (once per
 /// checkpoint, with a warning each time it starts failing).
-fn no_deallocation_warning(limits: &passthrough::CommandLimits, trim: bool, backing: &Path) -> Option<String> {
-    (trim && limits.discard_off).then(|| format!("{}; the daemon runs with deallocation off (--no-trim says so)", target::no_deallocation(backing)))
+fn no_deallocation_warning(limits: &passthrough::CommandLimits, passthrough: bool, trim: bool, backing: &Path) -> Option<String> {
+    (trim && !limits.deallocates(passthrough)).then(|| format!("{}; the daemon runs with deallocation off (--no-trim says so)", target::no_deallocation(backing)))
 }
 
 /// Why `queues` × `depth` I/O buffers of `io_buf` bytes are too much for a machine with
@@ -2227,10 +2227,16 @@ mod tests {
     fn a_namespace_without_deallocation_is_warned_of_unless_trim_is_off() {
         let off = passthrough::CommandLimits { discard_off: true, ..Default::default() };
         let p = Path::new("/dev/ng0n1");
-        let w = no_deallocation_warning(&off, true, p).unwrap();
+        let w = no_deallocation_warning(&off, true, true, p).unwrap();
         assert!(w.contains("/dev/ng0n1 takes no deallocation") && w.contains("--no-trim"), "{w}");
-        assert_eq!(no_deallocation_warning(&off, false, p), None);
-        assert_eq!(no_deallocation_warning(&passthrough::CommandLimits::default(), true, p), None);
+        assert_eq!(no_deallocation_warning(&off, true, false, p), None);
+        assert_eq!(no_deallocation_warning(&passthrough::CommandLimits::default(), true, true, p), None);
+        // Through the block device, an unmapping Write Zeroes deallocates where a discard
+        // is not offered (the state thread's fallback); only without both is there none.
+        let b = Path::new("/dev/nvme0n1");
+        assert_eq!(no_deallocation_warning(&off, false, true, b), None);
+        let neither = passthrough::CommandLimits { discard_off: true, write_zeroes_off: true, ..Default::default() };
+        assert!(no_deallocation_warning(&neither, false, true, b).is_some());
     }
 
     #[test]

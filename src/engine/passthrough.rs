@@ -914,7 +914,9 @@ impl CommandLimits {
         let block = crate::nvme::path::namespace_block_device(ng).or_else(|| {
             use std::os::unix::fs::{FileTypeExt, MetadataExt};
             let m = std::fs::metadata(ng).ok().filter(|m| m.file_type().is_block_device())?;
-            crate::device::sysfs_block_dir(m.rdev())
+            let dir = crate::device::sysfs_block_dir(m.rdev())?;
+            // A partition has no queue of its own: its disk's.
+            Some(if dir.join("partition").exists() { dir.parent()?.to_path_buf() } else { dir })
         });
         let name = block.as_deref().and_then(Path::file_name).and_then(|n| n.to_str());
         let get = |attr| sysfs_queue(name, attr).filter(|&b| b > 0);
@@ -925,6 +927,14 @@ impl CommandLimits {
             write_zeroes_off: sysfs_queue(name, "write_zeroes_max_bytes") == Some(0),
             discard_off: sysfs_queue(name, "discard_max_hw_bytes") == Some(0),
         }
+    }
+
+    /// Whether fdpblk's own deallocation can reach the drive: through passthrough only as
+    /// Dataset Management; through the block device (plain, streams) as a discard, or where
+    /// the kernel offers none, as a Write Zeroes that may unmap (`fallocate(PUNCH_HOLE)`,
+    /// the state thread's fallback).
+    pub fn deallocates(&self, passthrough: bool) -> bool {
+        !self.discard_off || (!passthrough && !self.write_zeroes_off)
     }
 
     /// The ublk device's `max_discard_sectors`, as [`Self::ublk_write_zeroes_sectors`]: a

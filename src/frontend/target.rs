@@ -1473,7 +1473,8 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
 /// last persist (and LMCache's page cache may still hold pages written before them).
 fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slots: &Arc<SlotTable>, policy: &SharedPolicy, learned: bool, recovered: bool) -> Watcher {
     let own = policy_by_name(&cfg.policy).map_or(0, |mut p| p.place(&Target::OwnState));
-    let wc = watch_config(cfg, learned, recovered, crate::engine::passthrough::CommandLimits::of(&cfg.backing).discard_off);
+    let passthrough = cfg.engine == super::config::EngineKind::Passthrough;
+    let wc = watch_config(cfg, learned, recovered, !crate::engine::passthrough::CommandLimits::of(&cfg.backing).deallocates(passthrough));
     if let Some(why) = &wc.trim_off_because {
         tracing::warn!("device {}: {why}: deallocation is off", cfg.id);
     }
@@ -1496,14 +1497,15 @@ fn start_watcher(cfg: &DeviceConfig, g: Geometry, dev: Arc<dyn StateWriter>, slo
 }
 
 /// How the state thread of device `cfg` runs. `learned`, `recovered`: as for
-/// [`start_watcher`]; `discard_off`: the backing's kernel queue takes no discard.
-fn watch_config(cfg: &DeviceConfig, learned: bool, recovered: bool, discard_off: bool) -> WatchConfig {
+/// [`start_watcher`]; `no_dealloc`: the backing takes no deallocation
+/// ([`CommandLimits::deallocates`](crate::engine::passthrough::CommandLimits::deallocates)).
+fn watch_config(cfg: &DeviceConfig, learned: bool, recovered: bool, no_dealloc: bool) -> WatchConfig {
     let persist_interval = match cfg.persist_interval_ms {
         0 => Duration::MAX,
         ms => Duration::from_millis(ms),
     };
     // A backing that takes no deallocation would fail the first trim after every checkpoint.
-    let off_because = (cfg.trim && discard_off).then(|| no_deallocation(&cfg.backing));
+    let off_because = (cfg.trim && no_dealloc).then(|| no_deallocation(&cfg.backing));
     let trim = cfg.trim && off_because.is_none();
     WatchConfig {
         trim,
@@ -1525,11 +1527,12 @@ fn watch_config(cfg: &DeviceConfig, learned: bool, recovered: bool, discard_off:
     }
 }
 
-/// Why a backing whose kernel queue offers no discard (`discard_max_hw_bytes` 0) gets no
-/// deallocation: `add` warns with it, and the daemon turns deallocation off.
+/// Why a backing that takes no deallocation (its kernel queue offers no discard, nor, for the
+/// block-device engines, an unmapping Write Zeroes) gets none from fdpblk: `add` warns with it,
+/// and the daemon turns deallocation off.
 pub fn no_deallocation(backing: &Path) -> String {
     format!(
-        "{} takes no deallocation (its drive lacks Dataset Management, or the kernel turned discard off for it): fdpblk places writes but cannot free evicted slots, most of its gain",
+        "{} takes no deallocation (the kernel offers no discard for it: an NVMe drive without Dataset Management, a device without discard, or one the kernel turned it off for): fdpblk places writes but cannot free evicted slots, most of its gain",
         backing.display()
     )
 }
