@@ -1776,6 +1776,11 @@ fn deallocation_state(trim: &serde_json::Value) -> &'static str {
 /// For `stats`, in a child: the drive's FDP counters since `add` of device `id` as JSON, or
 /// nothing where it has none.
 pub fn drive_deltas(id: i32) -> CmdResult {
+    // Its own name in `ps` and for fdpblk's own checks of who holds a backing.
+    if let Ok(name) = std::ffi::CString::new(state::DRIVE_CHILD_NAME) {
+        // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+        unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+    }
     let (cfg, _) = state::read_state(id)?;
     if let Some(v) = state::fdp_deltas(&cfg) {
         println!("{v}");

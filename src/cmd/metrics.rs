@@ -397,7 +397,9 @@ fn collect(reg: &mut Registry, id: i32) -> Result<(), String> {
     let age_of = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok().map(|t| t.elapsed().map_or(0.0, |d| d.as_secs_f64().round()));
     let (stats, age) = current_stats(daemon.as_ref(), stats, || age_of(&state::stats_path(id)), || age_of(&state::state_path(id)));
     let fdp = match state::read_state(id) {
-        Ok((cfg, _)) if up => drive_read_within(id, move || state::fdp_deltas(&cfg), state::DRIVE_READ_DEADLINE),
+        // Through a child process: a thread of this one stuck in an NVMe command would hold
+        // up its exit (`--once`, `stats --prometheus`) until the kernel gave up on the drive.
+        Ok((cfg, _)) if up => drive_read_within(id, move || state::fdp_deltas_within(&cfg, DRIVE_CHILD_PATIENCE).ok().flatten(), state::DRIVE_READ_DEADLINE),
         _ => None,
     };
     reg.add_device(id, Some(&saved["config"]), up, stats.as_ref().filter(|s| s.is_object()), age, fdp.as_ref());
@@ -414,6 +416,10 @@ fn current_stats(daemon: Option<&state::Daemon>, stats: Option<Value>, file_age:
         (_, st) => (st, file_age().or_else(state_age)),
     }
 }
+
+/// How long a pass's child reading a drive is given before it is killed: past the kernel's
+/// NVMe timeouts and a controller reset. Later passes skip the drive meanwhile.
+const DRIVE_CHILD_PATIENCE: Duration = Duration::from_secs(600);
 
 /// Runs `read` (a drive's FDP statistics for device `id`) on a thread of its own and waits
 /// up to `deadline`: a drive that hangs or resets (NVMe commands wait up to the kernel's

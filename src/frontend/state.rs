@@ -176,11 +176,12 @@ pub fn fdp_deltas(cfg: &DeviceConfig) -> Option<Value> {
     Some(deltas)
 }
 
-/// [`fdp_deltas`] read by a child process (`fdpblk drive-deltas ID`, hidden), waited for up
-/// to `deadline`: an NVMe command to a hung or resetting drive holds its caller in the kernel,
-/// uninterruptibly, until the driver's timeout and reset (a minute or more), and a thread of
-/// this process would hold up its exit as long. A child still waiting on the drive is left
-/// behind (init reaps it). `Err` when the drive did not answer in time.
+/// [`fdp_deltas`] read by a child process (`fdpblk drive-deltas ID`, hidden, named
+/// [`DRIVE_CHILD_NAME`]), waited for up to `deadline`: an NVMe command to a hung or resetting
+/// drive holds its caller in the kernel, uninterruptibly, until the driver's timeout and reset
+/// (a minute or more), and a thread of this process would hold up its exit as long. A child
+/// past the deadline is killed (it dies when the kernel lets go of it, so it cannot rewrite
+/// the baseline late) and not waited for (init reaps it). `Err` names why there is no answer.
 pub fn fdp_deltas_within(cfg: &DeviceConfig, deadline: std::time::Duration) -> Result<Option<Value>, String> {
     // No baseline: not an FDP drive, nothing to ask it.
     if !fdp_baseline_path(cfg.id).exists() {
@@ -188,39 +189,59 @@ pub fn fdp_deltas_within(cfg: &DeviceConfig, deadline: std::time::Duration) -> R
     }
     let mut child = std::process::Command::new("/proc/self/exe");
     child.args(["drive-deltas", &cfg.id.to_string()]);
-    json_from_child(child, deadline).map_err(|e| {
-        format!(
-            "the drive behind {} did not answer for its FDP statistics within {} s ({e}); a hung or resetting controller? see `dmesg`",
+    json_from_child(child, deadline).map_err(|e| match e {
+        ChildError::NoAnswer => format!(
+            "the drive behind {} did not answer for its FDP statistics within {} s; a hung or resetting controller? see `dmesg`",
             cfg.backing.display(),
             deadline.as_secs_f64()
-        )
+        ),
+        ChildError::Start(e) => format!("cannot read the FDP statistics of the drive behind {}: {e}", cfg.backing.display()),
     })
 }
 
-/// Runs `cmd` and returns the JSON it prints (`None` for nothing, or not JSON), or `Err` when
-/// it printed nothing whole within `deadline` or could not be started. A child past the
-/// deadline is neither killed nor waited for.
-fn json_from_child(mut cmd: std::process::Command, deadline: std::time::Duration) -> Result<Option<Value>, String> {
+/// The name the `drive-deltas` child gives itself (not `fdpblk…`, which [`fdpblk_holding`]
+/// would take for a daemon, nor the `exe` of `/proc/self/exe`).
+pub const DRIVE_CHILD_NAME: &str = "fdp-counters";
+
+/// Why [`json_from_child`] has no answer.
+#[derive(Debug, PartialEq)]
+enum ChildError {
+    /// Nothing whole within the deadline.
+    NoAnswer,
+    /// The child, or the thread reading it, could not be started, or its pipe failed.
+    Start(String),
+}
+
+/// Runs `cmd` and returns the JSON it prints (`None` for nothing, or not JSON). A child past
+/// `deadline` is killed and not waited for.
+fn json_from_child(mut cmd: std::process::Command, deadline: std::time::Duration) -> Result<Option<Value>, ChildError> {
     use std::io::Read;
     use std::process::Stdio;
-    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().map_err(|e| format!("cannot start a child: {e}"))?;
-    let mut out = child.stdout.take().ok_or("no pipe from the child")?;
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().map_err(|e| ChildError::Start(format!("cannot start a child process: {e}")))?;
+    let mut out = child.stdout.take().ok_or_else(|| ChildError::Start("no pipe from the child".into()))?;
     let (tx, rx) = std::sync::mpsc::channel();
     // A reader blocked on the pipe does not hold up this process's exit, as the child would.
-    std::thread::Builder::new()
-        .name("fdpblk-child".into())
-        .spawn(move || {
-            let mut got = Vec::new();
-            let _ = tx.send(out.read_to_end(&mut got).map(|_| got));
-        })
-        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    let reader = std::thread::Builder::new().name("fdpblk-child".into()).spawn(move || {
+        let mut got = Vec::new();
+        let _ = tx.send(out.read_to_end(&mut got).map(|_| got));
+    });
+    if let Err(e) = reader {
+        let _ = child.kill();
+        return Err(ChildError::Start(format!("cannot start a thread: {e}")));
+    }
     match rx.recv_timeout(deadline) {
         Ok(Ok(got)) => {
             let _ = child.wait();
             Ok(serde_json::from_slice(&got).ok())
         }
-        Ok(Err(e)) => Err(format!("reading the child's answer: {e}")),
-        Err(_) => Err("no answer".into()),
+        Ok(Err(e)) => {
+            let _ = child.kill();
+            Err(ChildError::Start(format!("reading the child's answer: {e}")))
+        }
+        Err(_) => {
+            let _ = child.kill();
+            Err(ChildError::NoAnswer)
+        }
     }
 }
 
@@ -763,10 +784,17 @@ mod tests {
         let long = Duration::from_secs(5);
         assert_eq!(json_from_child(sh(r#"echo '{"host_bytes":7}'"#), long), Ok(Some(json!({"host_bytes": 7}))));
         assert_eq!(json_from_child(sh("true"), long), Ok(None));
-        assert!(json_from_child(std::process::Command::new("/nonexistent/fdpblk"), long).is_err_and(|e| e.contains("cannot start")));
+        assert!(matches!(json_from_child(std::process::Command::new("/nonexistent/fdpblk"), long), Err(ChildError::Start(e)) if e.contains("cannot start")));
         let t = Instant::now();
         let hung = json_from_child(sh("sleep 2; echo 1"), Duration::from_millis(100));
-        assert_eq!(hung, Err("no answer".to_string()));
+        assert_eq!(hung, Err(ChildError::NoAnswer));
         assert!(t.elapsed() < Duration::from_millis(1500), "waited {:?} for a child past its deadline", t.elapsed());
+        // Killed: a child that would have written something later does not.
+        let mark = std::env::temp_dir().join(format!("fdpblk-child-late-{}", std::process::id()));
+        let _ = fs::remove_file(&mark);
+        let late = json_from_child(sh(&format!("sleep 0.5; touch {}", mark.display())), Duration::from_millis(100));
+        assert_eq!(late, Err(ChildError::NoAnswer));
+        std::thread::sleep(Duration::from_millis(1000));
+        assert!(!mark.exists(), "the child outlived its deadline");
     }
 }
