@@ -109,7 +109,7 @@ pub fn check_entry<D: ReadAt + ?Sized>(dev: &D, g: &Geometry, key: &str, lossy: 
 
 /// Streams the newest valid checkpoint's entries through `on_entry`. `image`: `dev` is an
 /// image file, which may be a truncated copy of a larger device (a block device is the size
-/// LMCache sees).
+/// LMCache sees, and so is an image given with `--capacity-bytes`).
 pub fn inspect_entries<D: ReadAt + ?Sized>(
     dev: &D,
     g: &Geometry,
@@ -145,7 +145,9 @@ fn inspect_entries_tracking<D: ReadAt + ?Sized>(
     let read = read_entries(dev, g, newest, &JsonLimits::default(), &mut |e| {
         let r = check_entry(dev, g, e.key, e.key_lossy, e.offset, e.size);
         let verdict = match (r.problem, r.header_ok) {
-            (Some(BEYOND_END), _) => Verdict::BeyondEnd,
+            // On a device LMCache loads from, such an entry is dropped (its checkpoint, whose
+            // next_slot is past the slots there, is refused whole).
+            (Some(BEYOND_END), _) if image => Verdict::BeyondEnd,
             (_, true) => Verdict::Loads,
             (_, false) => Verdict::Dropped,
         };
@@ -196,7 +198,7 @@ fn inspect_entries_tracking<D: ReadAt + ?Sized>(
     };
     // An image shorter than the device the checkpoint was written on: LMCache's checks (its
     // next_slot against the slots there) are made against that device's capacity.
-    let truncated = meta.py_int("capacity_bytes").filter(|&c| image && c > g.capacity_bytes);
+    let truncated = meta.py_int("capacity_bytes").filter(|&c| image && ReadAt::size(dev).is_ok_and(|n| c > n));
     let loader = truncated.and_then(|c| {
         let mut lc = g.config();
         lc.capacity_bytes = c;
@@ -253,8 +255,10 @@ fn entry_json(r: &EntryReport) -> serde_json::Value {
 
 pub fn run(a: &InspectArgs) -> CmdResult {
     let dev = open_readonly(&a.path)?;
-    let image = std::fs::metadata(&a.path).is_ok_and(|m| m.is_file());
     let flags: GeometryFlags = a.geometry.flags();
+    // An image file may be the leading part of a larger device, unless --capacity-bytes says
+    // how much of it LMCache used.
+    let image = std::fs::metadata(&a.path).is_ok_and(|m| m.is_file()) && flags.capacity_bytes.is_none();
     let d = discover(&dev, &flags).map_err(|e| match e {
         // `add`'s advice (`--layout lmcache`) is no help here: the entries are what inspect shows.
         crate::layout::discover::DiscoverError::Unparsable(e) => format!("LMCache's checkpoint on {} is beyond what fdpblk parses ({e}): inspect cannot list its entries", a.path.display()),
@@ -378,7 +382,7 @@ pub fn run(a: &InspectArgs) -> CmdResult {
                 s.beyond_end
             )?;
         } else if s.beyond_end > 0 {
-            writeln!(w, "  {} entries lie in slots past the end of the device or image, not checked", s.beyond_end)?;
+            writeln!(w, "  {} entries lie in slots past the end of the image, not checked", s.beyond_end)?;
         }
         if let Some(p) = &s.device_path {
             writeln!(w, "  LMCache loads it only with device_path exactly {p:?}")?;
