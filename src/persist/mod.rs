@@ -813,6 +813,11 @@ impl Persist {
                 "the other copy of the saved state's superblock claims seq {q}, at or above the {} loaded, but does not read (another fdpblk version's): its slot confirmations are not trusted this time",
                 s.seq
             ));
+        } else if s.clean && !trust_clean {
+            loaded.note = Some(
+                "the saved state is marked as a clean stop, but this start does not trust its slot confirmations (a recovery, whose dead daemon served writes after it, or a layout being learned)"
+                    .into(),
+            );
         }
         loaded.clean = trusted;
         // Also where the state loaded was not clean: a superblock copy that did not read, or

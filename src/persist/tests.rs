@@ -158,6 +158,8 @@ fn unclean_state_drops_confirmations_and_other_geometry_starts_fresh() {
     let c = SlotTable::new(g.max_slots);
     let (_, l) = Persist::load_trusting(&dev, region, &g, &c, 3, false);
     assert!(l.found && !l.clean);
+    // Said, so that a clean stop not trusted is not taken for an unclean one.
+    assert!(l.note.as_deref().is_some_and(|n| n.contains("marked as a clean stop, but this start does not trust")), "{l:?}");
     assert_eq!((c.get(3).unwrap().identity, c.get(3).unwrap().confirmed), (9, false));
     // The same image under another slot size: not used.
     let g2 = GeometryConfig { slot_bytes: 131072, ..g.config() }.validate((1 << 20) + 250 * 131072).unwrap();
