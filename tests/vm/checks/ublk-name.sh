@@ -156,6 +156,9 @@ expect_written 3 1048576 "stats --json counts the write"
 host=$("$FDPBLK" stats -n 3 --json | sed -n 's/.*"fdp":{[^}]*"host_bytes":\([0-9]*\).*/\1/p')
 expect "stats: the drive's host bytes since add ($host) include the 1 MiB written" test "${host:-0}" -ge 1048576
 expect "stats text shows the drive's counters" bash -c "$FDPBLK stats -n 3 | grep -q 'drive since add: host'"
+# Read by a child process (`drive-deltas`), for the metrics too.
+expect "metrics: the drive's host bytes since add" bash -c "$FDPBLK stats -n 3 --prometheus | grep -q '^fdpblk_drive_host_written_bytes_total{.*} [1-9]'"
+expect "no drive-statistics child is left behind" bash -c "! pgrep -x fdp-counters"
 expect "stats text shows fdpblk's own state" bash -c "$FDPBLK stats -n 3 | grep -q '^own state: saved in the reserved tail ([0-9]* cycles'"
 expect_eq "no failed requests on a healthy device" "$("$FDPBLK" stats -n 3 --json | jq -c '[.queues[].errors] | add')" 0
 # A request that fails (its backing file cut short under it: a read past its end is an I/O
