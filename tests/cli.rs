@@ -39,23 +39,35 @@ fn inspect_json_matches_manifest() {
     }
 }
 
-/// A checkpoint LMCache's json.loads takes but strict JSON does not (a NaN): `inspect --json`
-/// fails once it has begun the entries, and what it printed is still one JSON document
-/// naming the error.
-#[test]
-fn inspect_json_is_one_document_also_when_it_fails_midway() {
+/// The object-evict image with each checkpoint copy's JSON edited by `edit` (its length and
+/// CRC in the header written again).
+fn object_evict_with_json(edit: impl Fn(&str) -> String) -> Vec<u8> {
     let mut img = std::fs::read(fixtures().join("object-evict/device.img")).unwrap();
     for at in [0usize, 524288] {
         let len = u64::from_le_bytes(img[at + 20..at + 28].try_into().unwrap()) as usize;
         if &img[at..at + 8] != b"LMCIDX01" || len == 0 {
             continue;
         }
-        let range = at + 4096..at + 4096 + len;
-        let json = String::from_utf8(img[range.clone()].to_vec()).unwrap().replacen("\"capacity_bytes\":4194304", "\"capacity_bytes\":NaN    ", 1);
-        assert_eq!(json.len(), len);
-        img[range].copy_from_slice(json.as_bytes());
+        let json = edit(std::str::from_utf8(&img[at + 4096..at + 4096 + len]).unwrap());
+        assert!(4096 + json.len() <= 524288, "the edited JSON fits its container");
+        img[at + 4096..at + 4096 + len].fill(0);
+        img[at + 4096..at + 4096 + json.len()].copy_from_slice(json.as_bytes());
+        img[at + 20..at + 28].copy_from_slice(&(json.len() as u64).to_le_bytes());
         img[at + 28..at + 32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
     }
+    img
+}
+
+/// A checkpoint LMCache's json.loads takes but strict JSON does not (a NaN): `inspect --json`
+/// fails once it has begun the entries, and what it printed is still one JSON document
+/// naming the error.
+#[test]
+fn inspect_json_is_one_document_also_when_it_fails_midway() {
+    let img = object_evict_with_json(|j| {
+        let nan = j.replacen("\"capacity_bytes\":4194304", "\"capacity_bytes\":NaN    ", 1);
+        assert_eq!(nan.len(), j.len());
+        nan
+    });
     let path = std::env::temp_dir().join(format!("fdpblk-cli-nan-{}.img", std::process::id()));
     std::fs::write(&path, &img).unwrap();
     let (code, out, err) = fdpblk(&["inspect", "--json", "--slot-bytes", "65536", "--meta-total-bytes", "1048576", path.to_str().unwrap()]);
@@ -70,18 +82,11 @@ fn inspect_json_is_one_document_also_when_it_fails_midway() {
 /// json.loads takes): inspect and replay say what they cannot do, not `add`'s `--layout`.
 #[test]
 fn a_checkpoint_past_the_parsers_bounds_gets_each_commands_own_advice() {
-    let mut img = std::fs::read(fixtures().join("object-evict/device.img")).unwrap();
-    for at in [0usize, 524288] {
-        let len = u64::from_le_bytes(img[at + 20..at + 28].try_into().unwrap()) as usize;
-        if &img[at..at + 8] != b"LMCIDX01" || len == 0 {
-            continue;
-        }
-        let json = String::from_utf8(img[at + 4096..at + 4096 + len].to_vec()).unwrap().replacen("\"entries\":{\"", &format!("\"entries\":{{\"{}", "a".repeat(70_000)), 1);
-        assert!(json.len() == len + 70_000 && 4096 + json.len() <= 524288);
-        img[at + 4096..at + 4096 + json.len()].copy_from_slice(json.as_bytes());
-        img[at + 20..at + 28].copy_from_slice(&(json.len() as u64).to_le_bytes());
-        img[at + 28..at + 32].copy_from_slice(&crc32fast::hash(json.as_bytes()).to_le_bytes());
-    }
+    let img = object_evict_with_json(|j| {
+        let long = j.replacen("\"entries\":{\"", &format!("\"entries\":{{\"{}", "a".repeat(70_000)), 1);
+        assert_eq!(long.len(), j.len() + 70_000);
+        long
+    });
     let path = std::env::temp_dir().join(format!("fdpblk-cli-long-key-{}.img", std::process::id()));
     std::fs::write(&path, &img).unwrap();
     let (code, _, err) = fdpblk(&["inspect", path.to_str().unwrap()]);

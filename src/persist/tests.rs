@@ -769,6 +769,17 @@ fn a_tag_page_of_another_cycle_cuts_the_names_there_and_untags_what_was_past_it(
     assert!(l5.found && l5.clean && x.tags().len() == names, "{} of {names} names: {l5:?}", x.tags().len());
 }
 
+/// Zeroes both copies of every tag page of `t`'s state in `img`: all tag names lost.
+fn lose_tag_pages(p: &Persist, t: &SlotTable, img: &mut [u8]) {
+    let l = Layout::of(t);
+    for page in l.record_pages + l.history_pages..l.pages() {
+        for copy in 0..2 {
+            let o = p.page_off(page, copy) as usize;
+            img[o..o + 4096].fill(0);
+        }
+    }
+}
+
 /// Every copy of every tag page is unreadable: no tag stream loads, nothing is cut, and
 /// the slots and history entries that carried tags start untagged, so that tags interned
 /// from now on cannot name them.
@@ -783,14 +794,8 @@ fn slots_whose_tag_names_are_all_lost_start_untagged() {
         t.history().insert(5000 + slot, tag);
     }
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
-    let l = Layout::of(&t);
     let mut img = dev.image();
-    for page in l.record_pages + l.history_pages..l.pages() {
-        for copy in 0..2 {
-            let o = p.page_off(page, copy) as usize;
-            img[o..o + 4096].fill(0);
-        }
-    }
+    lose_tag_pages(&p, &t, &mut img);
     let (v, p2, l2, dev2) = load(&g, img, region);
     // (Its note is the page digest's, said first: the lost pages were committed.)
     assert!(l2.found, "{l2:?}");
@@ -1093,17 +1098,12 @@ fn untagging_the_history_forces_each_page_once() {
         t.history().insert(7000 + i, tag);
     }
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
-    let l = Layout::of(&t);
     let mut img = dev.image();
-    for page in l.record_pages + l.history_pages..l.pages() {
-        for copy in 0..2 {
-            let o = p.page_off(page, copy) as usize;
-            img[o..o + 4096].fill(0);
-        }
-    }
+    lose_tag_pages(&p, &t, &mut img);
     let (v, p2, l2, _) = load(&g, img, region);
     assert!(l2.found && (0..v.history().capacity()).all(|i| v.history().raw(i) & 0xffff == 0), "{l2:?}");
     let forced = &p2.unwrap().forced;
+    let l = Layout::of(&t);
     for page in l.record_pages..l.record_pages + l.history_pages {
         let n = forced.iter().filter(|&&f| f == page).count();
         assert!(n <= 1, "history page {page} forced {n} times");
