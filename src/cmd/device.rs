@@ -1840,10 +1840,10 @@ pub fn features(json_out: bool) -> CmdResult {
     Ok(())
 }
 
-/// What to say of a namespace that takes no deallocation (the kernel reports no discard for
-/// it: its drive lacks Dataset Management, or a quirk turned it off): most of fdpblk's gain is
-/// the deallocation of evicted slots and stale tails, which then fails at the drive (once per
-/// checkpoint, with a warning each time it starts failing).
+/// What `add` says of a backing that takes no deallocation
+/// ([`CommandLimits::deallocates`](passthrough::CommandLimits::deallocates) false for its
+/// engine): most of fdpblk's gain is the deallocation of evicted slots and stale tails, and
+/// the daemon runs with it off ([`target::no_deallocation`]).
 fn no_deallocation_warning(limits: &passthrough::CommandLimits, passthrough: bool, trim: bool, backing: &Path) -> Option<String> {
     (trim && !limits.deallocates(passthrough)).then(|| format!("{}; the daemon runs with deallocation off (--no-trim says so)", target::no_deallocation(backing)))
 }

@@ -42,8 +42,8 @@ pub struct InspectSummary {
     /// [`MAX_TRACKED_KEYS`].
     pub duplicates_unchecked: u64,
     pub header_mismatch: u64,
-    /// Entries in slots past the end of the image or device, not checked (and not counted
-    /// in `header_mismatch` or `live`).
+    /// Entries in slots past the end of an image file, not checked (and not counted in
+    /// `header_mismatch` or `live`); on a device such entries count in `header_mismatch`.
     pub beyond_end: u64,
     /// An image shorter than the checkpoint's `capacity_bytes` (a truncated copy of a larger
     /// device): that capacity, which LMCache's checks are then made against.
