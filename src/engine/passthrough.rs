@@ -108,7 +108,7 @@ fn transient(res: i32) -> bool {
 /// Successful Completion (only its More or other flag bits set) is a success, as the kernel's
 /// own NVMe driver takes it (`nvme_error_status` looks at SCT/SC alone).
 fn command_result(res: i32) -> i32 {
-    if res > 0 && cmd::NvmeStatus(res as u16).code() == 0 {
+    if res > 0 && cmd::NvmeStatus(res as u16).succeeded() {
         0
     } else {
         res

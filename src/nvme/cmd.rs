@@ -453,6 +453,11 @@ impl NvmeStatus {
     pub fn code(self) -> u16 {
         self.0 & 0x7ff
     }
+    /// Successful Completion, whatever its More or Do Not Retry bit says: the kernel's own
+    /// NVMe driver (`nvme_error_status`) looks at the status code alone.
+    pub fn succeeded(self) -> bool {
+        self.code() == 0
+    }
     /// The spec's name of common statuses.
     pub fn name(self) -> &'static str {
         match (self.sct(), self.sc()) {

@@ -96,12 +96,11 @@ fn submit(fd: &impl AsRawFd, request: u32, mut cmd: PassthruCmd, data: Data<'_>)
     }
 }
 
-/// A completion's status and result: a status whose status code is Successful Completion
-/// (only its More or Do Not Retry bit set) is a success, as the kernel's own NVMe driver and
-/// the io_uring path (`command_result`) take it.
+/// A completion's status and result, success as [`NvmeStatus::succeeded`] says (as on the
+/// io_uring path).
 fn completed(status: u16, result: u32) -> Result<u32, PassthruError> {
     let s = NvmeStatus(status);
-    if s.code() == 0 {
+    if s.succeeded() {
         Ok(result)
     } else {
         Err(PassthruError::Status(s))
