@@ -82,8 +82,9 @@ pub trait Policy: Send {
     fn observe(&mut self, _event: &Observation<'_>) {}
     /// Whether the policy keeps a history of its own (key-aware's loads per identity). fdpblk's
     /// own state keeps only what the slot table's records hold: at start such a policy gets
-    /// every resident slot as `Observation::Resident` ([`SharedPolicy::resume`]); loads of
-    /// identities no slot holds any more are not kept and are learnt again.
+    /// every slot with a header as `Observation::Resident` ([`SharedPolicy::resume`]; a
+    /// deallocated slot still names its last identity and that identity's loads); loads of
+    /// identities no slot names any more are not kept and are learnt again.
     fn needs_state(&self) -> bool {
         false
     }

@@ -114,13 +114,24 @@ fn key_aware_resumes_from_a_restored_slot_table() {
         slots.note_read(2);
     }
     slots.note_read(3);
+    // Identity 40 was loaded twice, then evicted and its slot deallocated.
+    slots.record_header(4, &hdr(40), KeyAwarePolicy::YOUNG);
+    slots.note_read(4);
+    slots.note_read(4);
+    let l = slots.life(4);
+    assert!(slots.cas_life(4, l, crate::slot_table::life::with_state(l | crate::slot_table::life::CONFIRMED, SlotState::Evicted)));
+    let l = slots.life(4) | crate::slot_table::life::TRIMMING;
+    assert!(slots.cas_life(4, slots.life(4), l));
+    slots.end_trim(4, l, true);
     // A restarted daemon: a fresh policy given the table fdpblk's own state restored.
     let shared = SharedPolicy::new(Box::new(KeyAwarePolicy::new()));
-    assert_eq!(shared.resume(&slots), 2);
+    assert_eq!(shared.resume(&slots), 3);
     let mut p = shared.clone();
     // Identity 20 had 3 loads, 30 one: returning, they keep their classes.
     assert_eq!(put(&mut p, 5, 20), KeyAwarePolicy::HOT);
     assert_eq!(put(&mut p, 6, 30), KeyAwarePolicy::READ);
+    // The deallocated slot's key, put again, is still one read before.
+    assert_eq!(put(&mut p, 1, 40), KeyAwarePolicy::READ);
     // Later loads add to them.
     p.observe(&Observation::Read { slot: 3, identity: Some(30), len: 1000, slot_reads: 0 });
     p.observe(&Observation::Read { slot: 3, identity: Some(30), len: 1000, slot_reads: 0 });

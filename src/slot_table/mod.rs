@@ -870,11 +870,13 @@ impl SlotTable {
         // a new header stores its count only after its touch, which fails the CAS).
         let left = self.remaining[i].load(Ordering::Acquire);
         let done = life::with_state(began & !life::TRIMMING & !life::CONFIRMED, if trimmed { SlotState::Trimmed } else { life::state(began) });
-        let done = if trimmed { done & !life::READS_MASK } else { done | (began & life::CONFIRMED) };
+        // A trimmed slot keeps its identity and the loads of its last contents: a restarted
+        // daemon gives them back to `key-aware` (`place::resume`) for when the key returns.
+        let done = if trimmed { done } else { done | (began & life::CONFIRMED) };
         // A load meanwhile (its read count) does not undo the trim; a write does.
         let unchanged = self.life[i]
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-                ((cur ^ began) & !life::READS_MASK == 0).then_some(if trimmed { done } else { cur & !life::TRIMMING })
+                ((cur ^ began) & !life::READS_MASK == 0).then_some(if trimmed { (done & !life::READS_MASK) | (cur & life::READS_MASK) } else { cur & !life::TRIMMING })
             })
             .is_ok();
         if !unchanged {

@@ -217,6 +217,7 @@ fn a_load_during_a_trim_does_not_undo_it_and_an_old_payload_count_goes() {
     t.end_trim(1, l | life::TRIMMING, true);
     let e = t.get(1).unwrap();
     assert_eq!((e.state, e.confirmed, t.trimming(1)), (SlotState::Trimmed, false, false));
+    assert_eq!((e.identity, e.reads), (5, 1), "a trimmed slot keeps its identity and loads (for a restart)");
     assert!(!t.expects_payload(1), "the old put's payload count went with the slot");
     // A failed discard leaves the slot as it was, the load counted.
     t.record_header(2, &SlotHeader { identity: 6, payload_len: 100 }, 0);
