@@ -471,15 +471,17 @@ impl SlotTable {
         if old.has_header() && !same && old.identity != 0 {
             self.history.insert(old.identity, old.tag);
         }
+        // The same key put again into the slot it was evicted from returns too.
+        let back = same && matches!(old.state, SlotState::Evicted | SlotState::Trimmed);
         let (seen, tag) = if same {
-            (old.seen_before, old.tag)
+            (old.seen_before || back, old.tag)
         } else {
             match self.history.lookup(header.identity) {
                 Some(tag) => (true, tag),
                 None => (false, 0),
             }
         };
-        if seen && !same {
+        if seen && (!same || back) {
             self.returning.fetch_add(1, Ordering::Relaxed);
         }
         let generation = match old.generation.wrapping_add(1) {

@@ -171,6 +171,21 @@ fn returning_identity_is_recognised_with_its_tag() {
     assert_eq!(e.tag, tag);
     assert_eq!(t.tag_name(tag), Some(("meta-llama/Llama-3.1-8B".into(), "tenantA:alice".into())));
     assert_eq!(t.returning(), 1);
+    // Evicted from slot 5 and put back into it: returning too, not a rewrite of the same put.
+    let l = t.life(5);
+    assert!(t.cas_life(5, l, life::with_state(l | life::CONFIRMED, SlotState::Evicted)));
+    t.record_header(5, &SlotHeader { identity: 7, payload_len: 10 }, 1);
+    assert_eq!(t.returning(), 2);
+    // A header of the same put written again (its slot not evicted) is no return.
+    t.record_header(5, &SlotHeader { identity: 7, payload_len: 10 }, 1);
+    assert_eq!(t.returning(), 2);
+    // A first key evicted and put back into its own slot has been seen before from then on.
+    t.record_header(9, &SlotHeader { identity: 70, payload_len: 10 }, 1);
+    let l = t.life(9);
+    assert!(t.cas_life(9, l, life::with_state(l | life::CONFIRMED, SlotState::Evicted)));
+    t.record_header(9, &SlotHeader { identity: 70, payload_len: 10 }, 1);
+    assert!(t.get(9).unwrap().seen_before);
+    assert_eq!(t.returning(), 3);
 }
 
 #[test]
