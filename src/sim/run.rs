@@ -486,7 +486,11 @@ impl Sim {
                     self.next_persist_s = now_s + PERSIST_INTERVAL_S;
                     if let Some(w) = &mut self.watcher {
                         Self::flush_before_state_thread(&self.dev, self.hold_cap, &mut self.error);
-                        let _ = w.persist_now(false, false);
+                        // A failed cycle is a model error (the drive model refused a write):
+                        // the run reports it rather than a WAF without fdpblk's own writes.
+                        if let Err(e) = w.persist_now(false, false) {
+                            self.error.get_or_insert(format!("fdpblk's own state: {e}"));
+                        }
                     }
                 }
             }
