@@ -249,7 +249,7 @@ fn json_from_child(mut cmd: std::process::Command, deadline: std::time::Duration
 /// the drive reset its statistics (counters below the baseline, e.g. after an FDP
 /// reconfiguration): from then on they count from that reset rather than pin at 0. `None`
 /// for another endurance group than at `add` (the namespace moved) or a broken baseline.
-fn deltas_since(base: &Value, endgid: u16, now: &crate::nvme::fdp::FdpStats) -> Option<(Value, Option<Value>)> {
+pub(crate) fn deltas_since(base: &Value, endgid: u16, now: &crate::nvme::fdp::FdpStats) -> Option<(Value, Option<Value>)> {
     if base["endgid"].as_u64() != Some(u64::from(endgid)) {
         return None;
     }

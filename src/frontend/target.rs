@@ -1541,14 +1541,8 @@ fn stats_loop(shared: &Shared, stop: &AtomicBool) {
     let (pid, pid_start) = (std::process::id(), state::start_time(std::process::id()));
     while !stop.load(Ordering::Relaxed) {
         let c = &shared.cfg;
-        let mut v = serde_json::json!({
-            "pid": pid, "pid_start": pid_start,
-            "id": c.id, "name": c.name, "engine": c.engine.name(), "policy": c.policy,
-            "geometry": shared.layout.known().map(|k| k.geometry.to_json()),
-            "layout": shared.layout.to_json(shared.learned.load(Ordering::Relaxed)),
-            "pipeline": shared.stats().to_json(),
-            "queues": shared.queues.iter().map(|q| q.to_json()).collect::<Vec<_>>(),
-        });
+        let learned = shared.learned.load(Ordering::Relaxed);
+        let mut v = daemon_stats(pid, pid_start, c, &shared.layout, learned, &shared.stats(), &shared.queues);
         let watch = shared.watch.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|w| w.lock().unwrap_or_else(|e| e.into_inner()).now());
         if let (Some(o), Some(serde_json::Value::Object(w))) = (v.as_object_mut(), watch) {
             o.extend(w);
@@ -1559,6 +1553,18 @@ fn stats_loop(shared: &Shared, stop: &AtomicBool) {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// The daemon's own part of its stats file; the state thread's fields join it.
+fn daemon_stats(pid: u32, pid_start: Option<u64>, c: &DeviceConfig, layout: &LayoutCell, learned: bool, pipeline: &PipelineStats, queues: &[Arc<QueueStats>]) -> serde_json::Value {
+    serde_json::json!({
+        "pid": pid, "pid_start": pid_start,
+        "id": c.id, "name": c.name, "engine": c.engine.name(), "policy": c.policy,
+        "geometry": layout.known().map(|k| k.geometry.to_json()),
+        "layout": layout.to_json(learned),
+        "pipeline": pipeline.to_json(),
+        "queues": queues.iter().map(|q| q.to_json()).collect::<Vec<_>>(),
+    })
 }
 
 /// A stop signal came: the device is stopped as soon as it has started, if it had not yet.
@@ -1708,6 +1714,42 @@ mod tests {
         drop(in_flight);
         lock_backing(&new, &path, Instant::now(), None).unwrap();
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// The daemon's stats fields (beside the state thread's, which a test in `watch` checks)
+    /// are each named in README's `stats --json` paragraph, nested ones included.
+    #[test]
+    fn readme_lists_the_daemons_stats_fields() {
+        let readme = include_str!("../../README.md");
+        let start = readme.find("`fdpblk stats --json` fields:").expect("README's stats --json paragraph");
+        let end = start + readme[start..].find("\n\n").expect("the paragraph ends");
+        let listed: String = readme[start..end].split_whitespace().collect();
+        let cell = LayoutCell::new(SharedPolicy::new(Box::new(crate::place::NonePolicy)), 0);
+        let v = daemon_stats(1, Some(2), &file_backing(Path::new("/nonexistent")), &cell, false, &PipelineStats::default(), &[Arc::default()]);
+        let (fdp, _) = state::deltas_since(&serde_json::json!({"endgid": 1, "hbmw": "0", "mbmw": "0", "mbe": "0"}), 1, &Default::default()).expect("same group");
+        let mut missing = Vec::new();
+        let named = |k: &str| listed.contains(&format!("`{k}")) || listed.contains(&format!("{k},")) || listed.contains(&format!("{k}}}")) || listed.contains(&format!("`{k}`"));
+        let mut fields = v.as_object().expect("an object").clone();
+        fields.insert("fdp".into(), fdp);
+        for (key, val) in &fields {
+            if !named(key) {
+                missing.push(key.clone());
+            }
+            let inner = match val {
+                serde_json::Value::Array(a) => a.first(),
+                o => Some(o),
+            };
+            for (k, sub) in inner.and_then(|o| o.as_object()).into_iter().flatten() {
+                if !named(k) {
+                    missing.push(format!("{key}.{k}"));
+                }
+                // The classes and ops are named too (`handles` is keyed by handle number).
+                if key == "pipeline" && k != "handles" {
+                    missing.extend(sub.as_object().into_iter().flat_map(|o| o.keys()).filter(|n| !named(n)).map(|n| format!("{key}.{k}.{n}")));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "README's `stats --json` paragraph lacks {missing:?}");
     }
 
     /// A device config on the 4 KiB file `path` (the backing checks only).
