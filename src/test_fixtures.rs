@@ -36,3 +36,29 @@ pub fn small_geometry() -> Geometry {
         .validate(4 << 20)
         .unwrap()
 }
+
+/// The JSON field names of `value` (one level down too, and in an array's first element)
+/// that README's `fdpblk stats --json` paragraph does not name, as `key` or `key.inner`.
+pub fn stats_fields_missing_from_readme(value: &serde_json::Value) -> Vec<String> {
+    let readme = include_str!("../README.md");
+    let start = readme.find("`fdpblk stats --json` fields:").expect("README's stats --json paragraph");
+    let end = start + readme[start..].find("\n\n").expect("the paragraph ends");
+    let listed: String = readme[start..end].split_whitespace().collect();
+    let named = |k: &str| listed.contains(&format!("`{k}")) || listed.contains(&format!("{k},")) || listed.contains(&format!("{k}}}"));
+    let mut missing = Vec::new();
+    for (key, val) in value.as_object().expect("an object") {
+        if !named(key) {
+            missing.push(key.clone());
+        }
+        let inner = match val {
+            serde_json::Value::Array(a) => a.first(),
+            o => Some(o),
+        };
+        for k in inner.and_then(|o| o.as_object()).into_iter().flat_map(|o| o.keys()) {
+            if !named(k) {
+                missing.push(format!("{key}.{k}"));
+            }
+        }
+    }
+    missing
+}

@@ -1720,34 +1720,15 @@ mod tests {
     /// are each named in README's `stats --json` paragraph, nested ones included.
     #[test]
     fn readme_lists_the_daemons_stats_fields() {
-        let readme = include_str!("../../README.md");
-        let start = readme.find("`fdpblk stats --json` fields:").expect("README's stats --json paragraph");
-        let end = start + readme[start..].find("\n\n").expect("the paragraph ends");
-        let listed: String = readme[start..end].split_whitespace().collect();
         let cell = LayoutCell::new(SharedPolicy::new(Box::new(crate::place::NonePolicy)), 0);
         let v = daemon_stats(1, Some(2), &file_backing(Path::new("/nonexistent")), &cell, false, &PipelineStats::default(), &[Arc::default()]);
         let (fdp, _) = state::deltas_since(&serde_json::json!({"endgid": 1, "hbmw": "0", "mbmw": "0", "mbe": "0"}), 1, &Default::default()).expect("same group");
-        let mut missing = Vec::new();
-        let named = |k: &str| listed.contains(&format!("`{k}")) || listed.contains(&format!("{k},")) || listed.contains(&format!("{k}}}")) || listed.contains(&format!("`{k}`"));
-        let mut fields = v.as_object().expect("an object").clone();
-        fields.insert("fdp".into(), fdp);
-        for (key, val) in &fields {
-            if !named(key) {
-                missing.push(key.clone());
-            }
-            let inner = match val {
-                serde_json::Value::Array(a) => a.first(),
-                o => Some(o),
-            };
-            for (k, sub) in inner.and_then(|o| o.as_object()).into_iter().flatten() {
-                if !named(k) {
-                    missing.push(format!("{key}.{k}"));
-                }
-                // The classes and ops are named too (`handles` is keyed by handle number).
-                if key == "pipeline" && k != "handles" {
-                    missing.extend(sub.as_object().into_iter().flat_map(|o| o.keys()).filter(|n| !named(n)).map(|n| format!("{key}.{k}.{n}")));
-                }
-            }
+        let mut missing = crate::test_fixtures::stats_fields_missing_from_readme(&serde_json::json!({"fdp": fdp}));
+        missing.extend(crate::test_fixtures::stats_fields_missing_from_readme(&v));
+        // The pipeline's classes and ops by name (its `handles` are keyed by handle number).
+        for part in ["classes", "ops"] {
+            let names = serde_json::Value::Object(v["pipeline"][part].as_object().expect(part).keys().map(|k| (k.clone(), serde_json::Value::Null)).collect());
+            missing.extend(crate::test_fixtures::stats_fields_missing_from_readme(&names).into_iter().map(|k| format!("pipeline.{part}.{k}")));
         }
         assert!(missing.is_empty(), "README's `stats --json` paragraph lacks {missing:?}");
     }

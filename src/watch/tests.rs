@@ -3333,30 +3333,11 @@ fn a_failure_pauses_unwritten_slots_until_the_next_checkpoint() {
 /// here without a line there fails.
 #[test]
 fn readme_lists_every_published_stats_field() {
-    let readme = include_str!("../../README.md");
-    let start = readme.find("`fdpblk stats --json` fields:").expect("README's stats --json paragraph");
-    let end = start + readme[start..].find("\n\n").expect("the paragraph ends");
-    let listed: String = readme[start..end].split_whitespace().collect();
     let (mut r, _) = rig_with_keys(4, 1);
     r.checkpoint();
     r.step();
     r.w.publish();
-    let v = r.w.published_json();
-    let mut missing = Vec::new();
-    for (key, val) in v.as_object().expect("an object") {
-        if !listed.contains(&format!("`{key}")) {
-            missing.push(key.clone());
-        }
-        let inner = match val {
-            serde_json::Value::Array(a) => a.first(),
-            o => Some(o),
-        };
-        for k in inner.and_then(|o| o.as_object()).into_iter().flat_map(|o| o.keys()) {
-            if !listed.contains(&format!("{k},")) && !listed.contains(&format!("{k}}}")) && !listed.contains(&format!("`{k}`")) {
-                missing.push(format!("{key}.{k}"));
-            }
-        }
-    }
+    let missing = crate::test_fixtures::stats_fields_missing_from_readme(&r.w.published_json());
     assert!(missing.is_empty(), "README's `stats --json` paragraph lacks {missing:?}");
 }
 
