@@ -232,16 +232,6 @@ impl Watcher {
         if !whole(&mut reader) {
             return partial(&mut reader);
         }
-        for c in confirms {
-            if c.fresh {
-                // Snapshotted after the write, which came through this run (or, for a
-                // record from before it, after this run's first checkpoint header).
-                slots.settle_unseen(c.slot);
-            }
-            if c.new != c.was {
-                confirm(slots, &c);
-            }
-        }
         // Compared as Python's loader compares them: `65536.0 == 65536`.
         let geo = [
             ("block_align", meta.py_int("block_align"), g.block_align),
@@ -275,6 +265,18 @@ impl Watcher {
                     "device {}: LMCache's checkpoint seq {} says capacity_bytes {theirs}, more than the {} fdpblk took its layout with: slots past slot {} are not placed by key nor deallocated; re-add the device with --capacity-bytes {theirs} (unless that is more than the device exports: then LMCache wrote this checkpoint on a larger device, the backing without fdpblk, and its own through this device will say less)",
                     self.cfg.device, h.seq, g.capacity_bytes, g.max_slots.saturating_sub(1)
                 );
+            }
+        }
+        // Only a checkpoint of fdpblk's geometry confirms: another's offsets name another
+        // layout's slots.
+        for c in confirms {
+            if c.fresh {
+                // Snapshotted after the write, which came through this run (or, for a
+                // record from before it, after this run's first checkpoint header).
+                slots.settle_unseen(c.slot);
+            }
+            if c.new != c.was {
+                confirm(slots, &c);
             }
         }
         // What the checkpoint costs besides its entries, as measured in this one.

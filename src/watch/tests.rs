@@ -3143,6 +3143,39 @@ fn a_geometry_field_that_is_not_a_plain_integer_deallocates_nothing() {
     edited_checkpoints_deallocate_nothing(",\"meta_total_bytes\"", ".5,\"meta_total_bytes\"");
 }
 
+/// A checkpoint LMCache wrote with another geometry confirms no slot: its offsets name
+/// another layout's slots (one that happens to start where an fdpblk slot does is not that
+/// slot's contents). The same puts and checkpoints with fdpblk's geometry confirm them.
+#[test]
+fn a_checkpoint_of_another_geometry_confirms_no_slot() {
+    for conflicting in [false, true] {
+        let mut r = Rig::new(SLOTS, META, true);
+        let keys: Vec<String> = (0..4).map(|_| r.new_key(false)).collect();
+        for k in &keys {
+            r.put(k.clone()).unwrap();
+        }
+        r.fillers(3);
+        for _ in 0..3 {
+            let k = r.filler.pop().unwrap();
+            r.delete_key(&k);
+            assert!(r.snapshot());
+            let c = r.lmc.ckpt.as_mut().unwrap();
+            let json = String::from_utf8(c.json.clone()).unwrap();
+            let ours = format!("\"slot_bytes\":{}", r.g.slot_bytes);
+            assert!(json.contains(&ours), "{json}");
+            if conflicting {
+                c.json = json.replace(&ours, &format!("\"slot_bytes\":{}", 2 * r.g.slot_bytes)).into_bytes();
+            }
+            r.ckpt_payload();
+            r.ckpt_header();
+            r.step();
+        }
+        let confirmed = (0..4).filter(|&s| r.slots.get(s).unwrap().confirmed).count();
+        assert_eq!(confirmed, if conflicting { 0 } else { 4 }, "conflicting {conflicting}");
+        assert_eq!(r.w.published_json()["trim"]["blocked_by"].is_string(), conflicting);
+    }
+}
+
 /// Confirmed slots, then two checkpoints that drop fillers, each with `from` in its JSON
 /// replaced by `to`: no slot is deallocated, and every entry verifies.
 fn edited_checkpoints_deallocate_nothing(from: &str, to: &str) {
