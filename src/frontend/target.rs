@@ -14,7 +14,7 @@ use crate::layout::Geometry;
 use crate::pipeline::PipelineStats;
 use crate::place::{policy_by_name, Policy, SharedPolicy, Target};
 use crate::slot_table::SlotTable;
-use crate::watch::{WatchConfig, Watcher, WritebackDelay};
+use crate::watch::{BufferedWrites, WatchConfig, Watcher, WritebackDelay};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::{sys, UblkError, UblkFlags};
@@ -1522,6 +1522,7 @@ fn watch_config(cfg: &DeviceConfig, learned: bool, recovered: bool, no_dealloc: 
         trust_saved_confirmations: !learned && !recovered,
         writes_unseen: learned || recovered,
         writeback: WritebackDelay::Kernel,
+        buffered: BufferedWrites::PageCache,
         trim_off_because: off_because,
         ..WatchConfig::default()
     }

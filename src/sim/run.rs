@@ -1143,6 +1143,7 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
             stall_min: Duration::MAX,
             page_cache: None,
             writeback: WritebackDelay::Unchecked,
+            buffered: crate::watch::BufferedWrites::Unchecked,
             // The daemon's next round follows at once: here a round's deallocations all go at
             // one simulated moment (and no wall-clock limit makes a run depend on the machine).
             trim_per_round: u64::MAX,

@@ -268,7 +268,9 @@ impl Watcher {
             }
         }
         // Only a checkpoint of fdpblk's geometry confirms: another's offsets name another
-        // layout's slots.
+        // layout's slots. Nor does one while deallocation is paused for a writeback delay: its
+        // header may be one the kernel held back past later slot writes.
+        let confirms = if self.writeback_pause.is_some() { Vec::new() } else { confirms };
         for c in confirms {
             if c.fresh {
                 // Snapshotted after the write, which came through this run (or, for a
@@ -362,5 +364,40 @@ impl Watcher {
             tracing::info!("device {}: LMCache's checkpoint interval is again above the kernel's writeback delay", self.cfg.device);
         }
         self.writeback_risk = risk;
+    }
+
+    /// Pauses deallocation while `writeback_risk` holds and LMCache writes through the page
+    /// cache, or while that cannot be told: a checkpoint header the kernel holds back past
+    /// later snapshots' slot writes could then confirm a slot's old contents (claim A), and
+    /// its late arrival bring back a listing (claim B). O_DIRECT writes leave no dirty pages,
+    /// so LMCache's MP mode is not paused. Resumes once the interval is above the delay again.
+    /// Returns true when the pause ended now.
+    pub(super) fn check_writeback_pause(&mut self) -> bool {
+        if !self.writeback_risk {
+            if self.writeback_pause.take().is_some() {
+                tracing::info!("device {}: deallocation resumes: LMCache's checkpoint interval is above the kernel's writeback delay again", self.cfg.device);
+                return true;
+            }
+            return false;
+        }
+        if self.writeback_pause.is_some() || self.buffered_checked.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return false;
+        }
+        self.buffered_checked = Some(Instant::now());
+        let seen = if self.buffered_seen { Ok(true) } else { self.cfg.buffered.seen(self.cfg.page_cache.as_deref()) };
+        let why = match seen {
+            Ok(false) if !self.buffered_seen => return false,
+            Ok(_) => {
+                self.buffered_seen = true;
+                "LMCache writes through the page cache (its non-MP default)".to_string()
+            }
+            Err(e) => format!("fdpblk cannot tell whether LMCache writes through the page cache ({e})"),
+        };
+        let why = format!(
+            "{why}, and the kernel may hold a dirty page back as long as LMCache's checkpoint interval: a checkpoint could reach the drive after later slot writes; fix: keep vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs well below LMCache's meta_checkpoint_interval_sec (in centiseconds), or raise that interval"
+        );
+        tracing::warn!("device {}: deallocation paused: {why}", self.cfg.device);
+        self.writeback_pause = Some(why);
+        false
     }
 }

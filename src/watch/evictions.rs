@@ -106,7 +106,7 @@ impl Watcher {
         let mut early = Vec::new();
         let mut tails = Vec::new();
         let basis = self.early_eviction_basis();
-        let tails_on = self.cfg.trim_tails && self.conflict.is_none();
+        let tails_on = self.cfg.trim_tails && self.conflict.is_none() && self.writeback_pause.is_none();
         let newest = self.containers.iter().enumerate().rev().filter_map(|(i, c)| match c {
             Container::Valid(v) => Some((i, v.seq)),
             _ => None,

@@ -150,7 +150,9 @@
 //! one inode, written back in offset order, so under a heavy dirty load a pass over its dirty
 //! pages can take longer (its dirty bytes over the drive's bandwidth); the check below
 //! counts only the settings. `WatchConfig::writeback` checks this against the
-//! observed interval and warns (`writeback_risk`).
+//! observed interval and warns (`writeback_risk`); while that holds and LMCache is seen to
+//! write through the page cache (dirty pages of the exported device), or where that cannot be
+//! told, deallocation pauses (`WatchConfig::buffered`, [`Watcher::check_writeback_pause`]).
 
 use crate::layout::checkpoint_header::CheckpointHeader;
 use crate::layout::checkpoint_json::{parse_checkpoint_json, JsonLimits};
@@ -215,6 +217,10 @@ pub struct WatchConfig {
     /// The longest the kernel holds a dirty page back, checked against LMCache's observed
     /// checkpoint interval (the writeback assumption in the module doc).
     pub writeback: WritebackDelay,
+    /// Whether LMCache writes through the page cache: while the writeback delay reaches the
+    /// checkpoint interval (`writeback_risk`), deallocation pauses where it does, or where
+    /// that cannot be told.
+    pub buffered: BufferedWrites,
     /// Most evicted slots one round deallocates, and the longest it spends on them (the rest
     /// go in the next round, at once): [`TRIM_PER_ROUND`], [`TRIM_ROUND_TIME`].
     pub trim_per_round: u64,
@@ -250,6 +256,63 @@ impl WritebackDelay {
     }
 }
 
+/// Whether the exported device is written through the page cache (LMCache's non-MP default:
+/// buffered writes), which only then makes the writeback assumption of the module doc matter.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BufferedWrites {
+    /// Not checked: taken as not buffered (the simulator, whose writeback is counted in puts).
+    Unchecked,
+    /// A fixed answer (`None`: cannot be told).
+    Fixed(Option<bool>),
+    /// Dirty or under-writeback pages of [`WatchConfig::page_cache`] (the `cachestat` system
+    /// call, Linux 6.5): only a write through the page cache leaves them; O_DIRECT does not.
+    PageCache,
+}
+
+impl BufferedWrites {
+    /// Whether buffered writes are seen now (`Err`: why that cannot be told).
+    fn seen(&self, page_cache: Option<&std::path::Path>) -> Result<bool, String> {
+        match self {
+            Self::Unchecked => Ok(false),
+            Self::Fixed(b) => b.ok_or_else(|| "not known".to_string()),
+            Self::PageCache => match page_cache {
+                None => Err("no exported device to look at".into()),
+                Some(p) => dirty_pages(p).map(|n| n > 0).map_err(|e| format!("cachestat on {}: {e}", p.display())),
+            },
+        }
+    }
+}
+
+/// Pages of `path`'s page cache that are dirty or under writeback.
+fn dirty_pages(path: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    // Not in every libc build; 451 on every architecture (the generic table's number).
+    const SYS_CACHESTAT: libc::c_long = 451;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    let f = std::fs::File::open(path)?;
+    let range = Range { off: 0, len: 0 }; // len 0: to the end
+    let mut st = Stat::default();
+    // SAFETY: both pointers are to live, properly laid out structs for the duration of the call.
+    let r = unsafe { libc::syscall(SYS_CACHESTAT, f.as_raw_fd(), &range as *const Range, &mut st as *mut Stat, 0u32) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.nr_dirty.saturating_add(st.nr_writeback))
+}
+
 /// Wall-clock seconds (Unix time), what a checkpoint's sighting is kept in across a restart.
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -269,7 +332,7 @@ pub fn writeback_outlasts_interval(interval: Duration, delay: Option<Duration>) 
 
 impl Default for WatchConfig {
     fn default() -> Self {
-        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, reclaim: true, trust_saved_confirmations: true, writes_unseen: false, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked, trim_per_round: TRIM_PER_ROUND, trim_round_time: TRIM_ROUND_TIME, trim_off_because: None }
+        Self { trim: true, trim_tails: true, early_tails: true, early_evictions: true, reclaim: true, trust_saved_confirmations: true, writes_unseen: false, early_tails_every: EARLY_TAILS_INTERVAL, retry_base: Duration::from_millis(2), persist_interval: Duration::from_secs(5), device: -1, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked, buffered: BufferedWrites::Unchecked, trim_per_round: TRIM_PER_ROUND, trim_round_time: TRIM_ROUND_TIME, trim_off_because: None }
     }
 }
 
@@ -517,6 +580,13 @@ pub struct Watcher {
     /// The writeback delay at the last check, and whether it reached the interval.
     writeback: Option<Option<Duration>>,
     writeback_risk: bool,
+    /// Why deallocation is paused: `writeback_risk` while LMCache writes through the page
+    /// cache, or while that cannot be told ([`Watcher::check_writeback_pause`]).
+    writeback_pause: Option<String>,
+    /// Buffered writes were seen on the exported device during this run (it stays so).
+    buffered_seen: bool,
+    /// When the page cache was last looked at (once a second at most).
+    buffered_checked: Option<Instant>,
     conflict: Option<String>,
     /// The larger capacity_bytes of LMCache's checkpoint last warned about.
     capacity_warned: Option<u64>,
@@ -656,6 +726,9 @@ impl Watcher {
             gaps: 0,
             writeback: None,
             writeback_risk: false,
+            writeback_pause: None,
+            buffered_seen: false,
+            buffered_checked: None,
             conflict: None,
             capacity_warned: None,
             geometry_seen_at: None,
@@ -945,6 +1018,8 @@ impl Watcher {
                 changed = true;
             }
         }
+        // Deallocation resumes at the first sweep after the pause ends.
+        self.need_sweep |= self.check_writeback_pause();
         if changed || std::mem::take(&mut self.need_sweep) || self.summary_at.elapsed() >= Duration::from_secs(10) {
             let allow = self.slot_trims_allowed();
             let Sweep { dead: candidates, early, basis, tails } = self.sweep(allow);
@@ -1004,6 +1079,7 @@ impl Watcher {
     pub fn trims_allowed(&self) -> bool {
         self.cfg.trim
             && self.conflict.is_none()
+            && self.writeback_pause.is_none()
             && self.pending.is_empty()
             && self.containers.iter().all(|c| !matches!(c, Container::Unknown))
             && !self.awaiting_header.iter().any(|&a| a)
@@ -1128,6 +1204,7 @@ impl Watcher {
             },
             "trim": {
                 "enabled": self.cfg.trim, "off_because": self.cfg.trim_off_because, "allowed_now": self.trims_allowed(), "blocked_by": self.conflict,
+                "paused_by": self.writeback_pause,
                 "layout_in_use": self.layout_in_use(),
                 "trims": self.counters.trims, "trim_bytes": self.counters.trim_bytes, "handles": handles,
                 "evictions": self.counters.evictions,

@@ -190,7 +190,7 @@ impl Rig {
             trust_saved_confirmations: true,
             writes_unseen: false,
             early_tails_every: Duration::ZERO,
-            retry_base: Duration::ZERO, persist_interval: Duration::from_secs(3600), device: 0, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked, trim_per_round: TRIM_PER_ROUND, trim_round_time: TRIM_ROUND_TIME, trim_off_because: None };
+            retry_base: Duration::ZERO, persist_interval: Duration::from_secs(3600), device: 0, stall_min: STALL_MIN, page_cache: None, writeback: WritebackDelay::Unchecked, buffered: BufferedWrites::Unchecked, trim_per_round: TRIM_PER_ROUND, trim_round_time: TRIM_ROUND_TIME, trim_off_because: None };
         let w = Watcher::new(g, slots.clone(), dev.clone(), cfg.clone(), Some(region), OWN);
         let pipe = Pipeline::with_slots(g, Box::new(RegionPolicy), slots.clone());
         let eng = MemEngine(dev.clone());
@@ -3087,6 +3087,83 @@ fn early_tails_wait_for_lmcache_to_checkpoint_after_it_opened_the_device() {
     r.step();
     assert_eq!(r.w.early_tail_trims(), 14);
     r.verify_all();
+}
+
+/// While the writeback delay reaches LMCache's checkpoint interval, deallocation pauses where
+/// LMCache writes through the page cache, or where that cannot be told, and resumes once the
+/// interval is above the delay again; writes that leave no dirty pages (O_DIRECT) go on.
+#[test]
+fn deallocation_pauses_while_buffered_writes_may_outlast_the_checkpoint_interval() {
+    let hour = Some(Duration::from_secs(3600));
+    for (buffered, paused) in [(Some(true), true), (None, true), (Some(false), false)] {
+        let mut r = Rig::new(SLOTS, META, true);
+        r.w.cfg.writeback = WritebackDelay::Fixed(hour);
+        r.w.cfg.buffered = BufferedWrites::Fixed(buffered);
+        let keys = r.confirmed_keys(4);
+        r.fillers(6);
+        // Two more checkpoints: four intervals seen, the risk flagged.
+        for _ in 0..2 {
+            r.checkpoint_dirty();
+            r.step();
+        }
+        let v = r.w.published_json();
+        assert_eq!(v["writeback_risk"], true, "{buffered:?}");
+        assert_eq!(v["trim"]["paused_by"].is_string(), paused, "{buffered:?}: {}", v["trim"]);
+        assert_eq!(r.w.trims_allowed(), !paused);
+        let (a, b) = (r.delete_key(&keys[0]), r.delete_key(&keys[1]));
+        for _ in 0..2 {
+            r.checkpoint_dirty();
+            r.step();
+        }
+        let want = if paused { SlotState::Evicted } else { SlotState::Trimmed };
+        assert_eq!((r.state(a), r.state(b)), (want, want), "{buffered:?}");
+        // Nor does a checkpoint confirm a put while paused (its header may have come late).
+        let k = r.new_key(false);
+        let c = r.put(k).unwrap();
+        for _ in 0..3 {
+            r.checkpoint_dirty();
+            r.step();
+        }
+        assert_eq!(r.slots.get(c).unwrap().confirmed, !paused, "{buffered:?}");
+        // The kernel's delay lowered below the interval: the next checkpoint ends the pause.
+        r.w.cfg.writeback = WritebackDelay::Fixed(Some(Duration::ZERO));
+        r.checkpoint_dirty();
+        r.step();
+        r.step();
+        assert!(r.w.published_json()["trim"]["paused_by"].is_null());
+        assert_eq!((r.state(a), r.state(b)), (SlotState::Trimmed, SlotState::Trimmed), "{buffered:?}");
+        r.verify_all();
+    }
+}
+
+/// Buffered writes leave dirty pages that `cachestat` counts until they are written back;
+/// a file written with O_DIRECT has none.
+#[test]
+fn dirty_pages_are_counted_until_written_back() {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::env::temp_dir().join(format!("fdpblk-dirty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("f");
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(&vec![7u8; 1 << 20]).unwrap();
+    match dirty_pages(&path) {
+        // Before Linux 6.5 there is no cachestat: fdpblk then pauses (cannot tell).
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {}
+        r => {
+            assert!(r.unwrap() > 0, "buffered pages are dirty");
+            f.sync_all().unwrap();
+            assert_eq!(dirty_pages(&path).unwrap(), 0, "written back");
+            let direct = dir.join("d");
+            let mut d = std::fs::OpenOptions::new().write(true).create(true).custom_flags(libc::O_DIRECT).open(&direct).unwrap();
+            let buf = crate::persist::dev::AlignedBuf::zeroed(1 << 20);
+            // (A file system without O_DIRECT takes none: nothing to compare there.)
+            if d.write_all(&buf).is_ok() {
+                assert_eq!(dirty_pages(&direct).unwrap(), 0, "O_DIRECT leaves no dirty pages");
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// LMCache's checkpoint interval against the kernel's writeback delay: flagged once a few
