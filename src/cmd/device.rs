@@ -1730,6 +1730,9 @@ fn print_watch(v: &serde_json::Value) {
     if let Some(why) = t["blocked_by"].as_str() {
         println!("DEALLOCATION BLOCKED: {why}");
     }
+    if let Some(why) = t["paused_by"].as_str() {
+        println!("DEALLOCATION PAUSED: {why}");
+    }
     if let Some(why) = t["off_because"].as_str() {
         println!("DEALLOCATION OFF: {why}");
     }
@@ -1764,12 +1767,14 @@ fn print_watch(v: &serde_json::Value) {
     );
 }
 
-/// `on`, `off` (--no-trim), or `on but blocked` (LMCache's checkpoint disagrees with the layout).
+/// `on`, `off` (--no-trim), `on but blocked` (LMCache's checkpoint disagrees with the layout)
+/// or `on but paused` (buffered writes the kernel may hold back past a checkpoint interval).
 fn deallocation_state(trim: &serde_json::Value) -> &'static str {
-    match (trim["enabled"] == true, trim["blocked_by"].is_string()) {
-        (false, _) => "off",
-        (true, true) => "on but blocked",
-        (true, false) => "on",
+    match (trim["enabled"] == true, trim["blocked_by"].is_string(), trim["paused_by"].is_string()) {
+        (false, _, _) => "off",
+        (true, true, _) => "on but blocked",
+        (true, false, true) => "on but paused",
+        (true, false, false) => "on",
     }
 }
 
@@ -2327,6 +2332,7 @@ mod tests {
         assert_eq!(deallocation_state(&json!({"enabled": true, "blocked_by": null})), "on");
         assert_eq!(deallocation_state(&json!({"enabled": true, "blocked_by": "slot_bytes differs"})), "on but blocked");
         assert_eq!(deallocation_state(&json!({"enabled": false, "blocked_by": null})), "off");
+        assert_eq!(deallocation_state(&json!({"enabled": true, "blocked_by": null, "paused_by": "buffered writes"})), "on but paused");
     }
 
     /// mkswap (like a partition table or mkfs) writes over the device's first block, copy 0's

@@ -297,6 +297,13 @@ impl Registry {
                 base(),
                 if t["blocked_by"].is_string() { 1.0 } else { 0.0 },
             );
+            self.add(
+                "fdpblk_trim_paused",
+                "1 while deallocation is paused: LMCache writes through the page cache and the kernel may hold a dirty page back as long as its checkpoint interval (`fdpblk stats` says why).",
+                Gauge,
+                base(),
+                if t["paused_by"].is_string() { 1.0 } else { 0.0 },
+            );
         }
         if let Some(state) = st["layout"]["state"].as_str() {
             self.add(
@@ -747,6 +754,9 @@ mod tests {
         };
         let s = samples(&st);
         assert_eq!(s[r#"fdpblk_trim_blocked{id="0",name="kv0"}"#], 1.0);
+        assert_eq!(s[r#"fdpblk_trim_paused{id="0",name="kv0"}"#], 0.0);
+        st["trim"]["paused_by"] = json!("LMCache writes through the page cache, and ...");
+        assert_eq!(samples(&st)[r#"fdpblk_trim_paused{id="0",name="kv0"}"#], 1.0);
         assert_eq!(s[r#"fdpblk_layout_learning{id="0",name="kv0"}"#], 1.0);
         assert_eq!(s[r#"fdpblk_layout_half_written{id="0",name="kv0"}"#], 0.0);
         st["layout"]["half_written"] = json!({"copy": 0, "for_s": 130});
