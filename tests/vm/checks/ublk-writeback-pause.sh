@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# vm-kernel: new
+# vm-fdp: on
+# vm-timeout: 300
+# A kernel that may hold a dirty page back longer than LMCache's checkpoint interval (here
+# vm.dirty_expire_centisecs 60 s against checkpoints about a second apart). With LMCache's
+# writes buffered (its non-MP default), a checkpoint header could reach the drive after later
+# slot writes, which fdpblk's deallocation assumes it does not: fdpblk sees the device's dirty
+# pages and pauses deallocation, says why in `stats` and its log, and resumes once the delay is
+# below the interval again; every entry still verifies. With O_DIRECT writes (MP mode), which
+# leave no dirty pages, the same settings pause nothing.
+. "$(dirname "$0")/../lib/check-lib.sh"
+. "$(dirname "$0")/../lib/fdpblk-lib.sh"
+need_tool jq
+
+[[ -x $RBW ]] || check_fatal "no $RBW: run 'cargo build --release' on the host first"
+DEV=/dev/ublkb0
+STATE=/tmp/ublk-writeback-pause.state
+WRITER_PREFIX=wbpause
+OUT=${FDPBLK_CHECK_OUT:-/tmp}
+GEOM=(--slot-bytes 64K --meta-total-bytes 1M)
+rm -f "$STATE"
+fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
+VM=/proc/sys/vm
+expire=$(cat $VM/dirty_expire_centisecs) every=$(cat $VM/dirty_writeback_centisecs)
+trap 'exec 3<&- 2>/dev/null; echo "$expire" >$VM/dirty_expire_centisecs; echo "$every" >$VM/dirty_writeback_centisecs; "$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
+echo 6000 >$VM/dirty_expire_centisecs
+echo 10 >$VM/dirty_writeback_centisecs
+
+# bwriter NAME ARGS...: one buffered rawblock-writer run (posix, page cache, no fsync).
+bwriter() {
+    local name=$1 base
+    shift
+    base="$OUT/$WRITER_PREFIX-$name"
+    if "$RBW" --device "$DEV" "${GEOM[@]}" --engine posix --state "$STATE" -q "$@" stats >"$base.json" 2>"$base.err"; then
+        ok "$name: rawblock-writer (buffered) $*"
+    else
+        sed 's/^/    /' "$base.err"
+        not_ok "$name: rawblock-writer (buffered) $*"
+    fi
+}
+trims() { dev_stat trim.trims; }
+
+# O_DIRECT: six checkpoints about a second apart, so the risk is flagged (the first interval
+# after the start is not counted, then three are waited for).
+dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough "${GEOM[@]}")
+expect_eq "fdpblk add" "$dev" "$DEV"
+for r in $(seq 6); do
+    writer "direct-$r" put 3 delete 1 --random checkpoint
+    sleep 0.2
+done
+poll_eq "O_DIRECT: writeback_risk (delay $(dev_stat writeback_delay_s) s, interval $(dev_stat checkpoint_interval_s) s)" true dev_stat writeback_risk
+sleep 2 # a few rounds that look at the page cache
+expect_eq "O_DIRECT: deallocation not paused" "$(dev_stat trim.paused_by)" null
+poll_eq "O_DIRECT: evicted slots deallocated" true bash -c "[[ \$($FDPBLK stats -n 0 --json | jq .trim.trims) -gt 0 ]] && echo true"
+expect "O_DIRECT: nothing said of a pause" log_lacks "deallocation paused"
+expect "del" "$FDPBLK" del -n 0
+expect "its daemon exits" daemons_gone
+fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
+rm -f "$STATE"
+
+# Buffered: LMCache holds the device open for its life (so a writer's close writes nothing
+# back); a sync after each round lands its checkpoint, which would otherwise wait 60 s.
+dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough "${GEOM[@]}")
+expect_eq "fdpblk add again" "$dev" "$DEV"
+exec 3<>"$DEV"
+for r in $(seq 6); do
+    bwriter "buffered-$r" put 3 delete 1 --random checkpoint
+    sync
+    sleep 0.2
+done
+poll_eq "buffered: writeback_risk" true dev_stat writeback_risk
+# Puts left dirty in the page cache (for 60 s): the next look at it pauses deallocation.
+bwriter dirty put 2
+poll_eq "buffered: deallocation paused" true bash -c "$FDPBLK stats -n 0 --json | jq -c '(.trim.paused_by // \"\") | test(\"writes through the page cache\")'"
+expect "the daemon logged why" log_has "deallocation paused: LMCache writes through the page cache"
+expect "stats text: DEALLOCATION PAUSED" bash -c "$FDPBLK stats -n 0 | grep -q '^DEALLOCATION PAUSED: LMCache writes through the page cache'"
+expect_eq "stats: allowed_now" "$(dev_stat trim.allowed_now)" false
+t0=$(trims)
+bwriter paused delete 3 --random checkpoint
+sync
+wait_stat checkpoint_seq "$(wfield paused index.seq)"
+sleep 2
+expect_eq "paused: no slot deallocated (LMCache evicted $(dev_stat slots.evicted))" "$(trims)" "$t0"
+expect "paused: evicted slots wait" test "$(dev_stat slots.evicted)" -gt 0
+# The delay below the interval again: the next checkpoint ends the pause.
+echo 20 >$VM/dirty_expire_centisecs
+bwriter resume put 1 checkpoint
+sync
+wait_stat checkpoint_seq "$(wfield resume index.seq)"
+poll_eq "resumed: not paused" null dev_stat trim.paused_by
+poll_eq "resumed: the evicted slots go" true bash -c "[[ \$($FDPBLK stats -n 0 --json | jq .trim.trims) -gt $t0 ]] && echo true"
+expect "the daemon logged the resumption" log_has "deallocation resumes"
+exec 3<&-
+live=$(wfield resume index.live)
+writer reopen reopen verify
+expect_eq "reopen: entries recovered" "$(wfield reopen run.recovered)" "$live"
+expect_eq "reopen: entries verified" "$(wfield reopen run.verified)" "$live"
+expect_eq "no error in fdpblk's log since the check began" "$(daemon_errors)" 0
+expect "del" "$FDPBLK" del -n 0
+check_done
