@@ -8,8 +8,9 @@ fn bitset(n: u64) -> Vec<u64> {
     vec![0u64; n.div_ceil(64) as usize]
 }
 
-/// A confirmation found while parsing a checkpoint, applied once the parsed bytes' CRC matched.
-struct Confirm {
+/// A confirmation found while parsing a checkpoint, applied once the parsed bytes' CRC matched
+/// and the commit was weighed against the writeback delay ([`Watcher::apply_confirms`]).
+pub(super) struct Confirm {
     slot: u64,
     was: u64,
     new: u64,
@@ -38,6 +39,9 @@ fn confirm(slots: &SlotTable, c: &Confirm) {
         was = now;
     }
 }
+
+/// Intervals between commits the writeback check looks at (the shortest of them).
+const RECENT_GAPS: usize = 8;
 
 /// Hashes what the parser reads, so that what is parsed is what the CRC vouched for.
 struct CrcRead<R> {
@@ -162,6 +166,7 @@ impl Watcher {
         let mut live: Option<Vec<LiveEntry>> = (self.observer.is_some() && confirm_epoch.is_some()).then(Vec::new);
         let mut observed = if live.is_some() { bitset(g.max_slots) } else { Vec::new() };
         // Confirmations wait until the CRC of the very bytes parsed matches the header's.
+        self.confirms.clear();
         let mut confirms: Vec<Confirm> = Vec::new();
         let dev = DevReader(&*self.dev);
         let mut reader = CrcRead { inner: RegionReader::new(&dev, g.container_offset(copy) + g.block_align, h.payload_len), crc: crc32fast::Hasher::new(), bytes: 0, error: None };
@@ -268,19 +273,9 @@ impl Watcher {
             }
         }
         // Only a checkpoint of fdpblk's geometry confirms: another's offsets name another
-        // layout's slots. Nor does one while deallocation is paused for a writeback delay: its
-        // header may be one the kernel held back past later slot writes.
-        let confirms = if self.writeback_pause.is_some() { Vec::new() } else { confirms };
-        for c in confirms {
-            if c.fresh {
-                // Snapshotted after the write, which came through this run (or, for a
-                // record from before it, after this run's first checkpoint header).
-                slots.settle_unseen(c.slot);
-            }
-            if c.new != c.was {
-                confirm(slots, &c);
-            }
-        }
+        // layout's slots. Applied by the caller once the commit has been weighed against the
+        // writeback delay, which this very checkpoint may flag.
+        self.confirms = confirms;
         // What the checkpoint costs besides its entries, as measured in this one.
         let fixed_bytes = match meta.entries_bytes {
             0 => FIXED_JSON_BYTES + meta.device_path.as_ref().map_or(0, |p| p.len() as u64),
@@ -327,6 +322,10 @@ impl Watcher {
                 None => d,
             });
             self.gaps = self.gaps.saturating_add(1);
+            if self.recent_gaps.len() == RECENT_GAPS {
+                self.recent_gaps.pop_front();
+            }
+            self.recent_gaps.push_back(d);
             self.check_writeback();
         }
         self.commit = Some(Commit {
@@ -345,20 +344,23 @@ impl Watcher {
     }
 
     /// Warns (once per episode) when the kernel may hold a dirty page back as long as LMCache's
-    /// checkpoint interval: with buffered writes a checkpoint's header could then reach the
+    /// checkpoint interval (the shortest of the last [`RECENT_GAPS`]): with buffered writes a checkpoint's header could then reach the
     /// drive after slot writes of a later snapshot, which the deallocation rules assume it
     /// does not. O_DIRECT writes (MP mode) do not wait in the page cache.
     fn check_writeback(&mut self) {
         const GAPS: u32 = 3;
         let (Some(interval), Some(delay)) = (self.interval, self.cfg.writeback.now()) else { return };
         self.writeback = Some(delay);
-        let risk = self.gaps >= GAPS && writeback_outlasts_interval(interval, delay);
+        let shortest = self.recent_gaps.iter().copied().min().unwrap_or(interval);
+        let risk = self.gaps >= GAPS && writeback_outlasts_interval(shortest, delay);
         if risk && !self.writeback_risk {
+            // Looked at at once: this checkpoint's confirmations wait for the answer.
+            self.buffered_checked = None;
             let held = delay.map_or_else(|| "indefinitely (vm.dirty_writeback_centisecs is 0)".to_string(), |d| format!("{:.1}s (vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs)", d.as_secs_f64()));
             tracing::warn!(
-                "device {}: LMCache checkpoints about every {:.1}s, and the kernel may hold a dirty page back {held}: with buffered writes (LMCache's non-MP default) a checkpoint header could reach the drive after later slot writes, which fdpblk's deallocation assumes it does not; fix: keep vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs well below LMCache's meta_checkpoint_interval_sec (in centiseconds), or raise that interval. O_DIRECT writes (MP mode) are not affected",
+                "device {}: LMCache checkpoints as often as every {:.1}s, and the kernel may hold a dirty page back {held}: with buffered writes (LMCache's non-MP default) a checkpoint header could reach the drive after later slot writes, which fdpblk's deallocation assumes it does not; fix: keep vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs well below LMCache's meta_checkpoint_interval_sec (in centiseconds), or raise that interval. O_DIRECT writes (MP mode) are not affected",
                 self.cfg.device,
-                interval.as_secs_f64()
+                shortest.as_secs_f64()
             );
         } else if !risk && self.writeback_risk {
             tracing::info!("device {}: LMCache's checkpoint interval is again above the kernel's writeback delay", self.cfg.device);
@@ -373,21 +375,25 @@ impl Watcher {
     /// so LMCache's MP mode is not paused. Resumes once the interval is above the delay again.
     /// Returns true when the pause ended now.
     pub(super) fn check_writeback_pause(&mut self) -> bool {
-        if !self.writeback_risk {
-            if self.writeback_pause.take().is_some() {
-                tracing::info!("device {}: deallocation resumes: LMCache's checkpoint interval is above the kernel's writeback delay again", self.cfg.device);
+        let resume = |w: &mut Self, why: &str| {
+            if w.writeback_pause.take().is_some() {
+                tracing::info!("device {}: deallocation resumes: {why}", w.cfg.device);
                 return true;
             }
-            return false;
+            false
+        };
+        if !self.writeback_risk || !self.cfg.trim || self.stopped {
+            return resume(self, "LMCache's checkpoint interval is above the kernel's writeback delay again");
         }
-        if self.writeback_pause.is_some() || self.buffered_checked.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+        // Buffered writes seen pause for good (until the risk ends); a pause because that
+        // could not be told is looked at again once a second.
+        if self.buffered_seen || self.buffered_checked.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
             return false;
         }
         self.buffered_checked = Some(Instant::now());
-        let seen = if self.buffered_seen { Ok(true) } else { self.cfg.buffered.seen(self.cfg.page_cache.as_deref()) };
-        let why = match seen {
-            Ok(false) if !self.buffered_seen => return false,
-            Ok(_) => {
+        let why = match self.cfg.buffered.seen(self.cfg.page_cache.as_deref()) {
+            Ok(false) => return resume(self, "no write through the page cache is seen"),
+            Ok(true) => {
                 self.buffered_seen = true;
                 "LMCache writes through the page cache (its non-MP default)".to_string()
             }
@@ -396,8 +402,30 @@ impl Watcher {
         let why = format!(
             "{why}, and the kernel may hold a dirty page back as long as LMCache's checkpoint interval: a checkpoint could reach the drive after later slot writes; fix: keep vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs well below LMCache's meta_checkpoint_interval_sec (in centiseconds), or raise that interval"
         );
-        tracing::warn!("device {}: deallocation paused: {why}", self.cfg.device);
-        self.writeback_pause = Some(why);
+        if self.writeback_pause.as_deref() != Some(why.as_str()) {
+            tracing::warn!("device {}: deallocation paused: {why}", self.cfg.device);
+            self.writeback_pause = Some(why);
+        }
         false
+    }
+
+    /// Applies the confirmations of the checkpoint read last, unless deallocation is paused
+    /// for a writeback delay: its header may be one the kernel held back past later slot
+    /// writes.
+    pub(super) fn apply_confirms(&mut self) {
+        let confirms = std::mem::take(&mut self.confirms);
+        if self.writeback_pause.is_some() {
+            return;
+        }
+        for c in confirms {
+            if c.fresh {
+                // Snapshotted after the write, which came through this run (or, for a
+                // record from before it, after this run's first checkpoint header).
+                self.slots.settle_unseen(c.slot);
+            }
+            if c.new != c.was {
+                confirm(&self.slots, &c);
+            }
+        }
     }
 }

@@ -286,7 +286,7 @@ impl BufferedWrites {
 /// Pages of `path`'s page cache that are dirty or under writeback.
 fn dirty_pages(path: &std::path::Path) -> std::io::Result<u64> {
     use std::os::fd::AsRawFd;
-    // Not in every libc build; 451 on every architecture (the generic table's number).
+    // Not in every libc build of these architectures, where it is 451 (not on alpha or mips).
     const SYS_CACHESTAT: libc::c_long = 451;
     #[repr(C)]
     struct Range {
@@ -301,6 +301,18 @@ fn dirty_pages(path: &std::path::Path) -> std::io::Result<u64> {
         nr_writeback: u64,
         nr_evicted: u64,
         nr_recently_evicted: u64,
+    }
+    if !cfg!(any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64",
+        target_arch = "powerpc64",
+        target_arch = "s390x",
+        target_arch = "loongarch64"
+    )) {
+        return Err(std::io::Error::from_raw_os_error(libc::ENOSYS));
     }
     let f = std::fs::File::open(path)?;
     let range = Range { off: 0, len: 0 }; // len 0: to the end
@@ -577,6 +589,10 @@ pub struct Watcher {
     interval: Option<Duration>,
     /// Intervals seen between commits (the check waits for a few).
     gaps: u32,
+    /// The last few intervals: the writeback check takes the shortest (LMCache's idle rule
+    /// skips ticks, so gaps come in multiples of its interval; an average would hide the
+    /// shortest behind the skipped ones).
+    recent_gaps: std::collections::VecDeque<Duration>,
     /// The writeback delay at the last check, and whether it reached the interval.
     writeback: Option<Option<Duration>>,
     writeback_risk: bool,
@@ -587,6 +603,8 @@ pub struct Watcher {
     buffered_seen: bool,
     /// When the page cache was last looked at (once a second at most).
     buffered_checked: Option<Instant>,
+    /// The confirmations of the checkpoint parsed last, applied by [`Watcher::apply_confirms`].
+    confirms: Vec<checkpoints::Confirm>,
     conflict: Option<String>,
     /// The larger capacity_bytes of LMCache's checkpoint last warned about.
     capacity_warned: Option<u64>,
@@ -724,11 +742,13 @@ impl Watcher {
             started: now,
             interval: None,
             gaps: 0,
+            recent_gaps: std::collections::VecDeque::new(),
             writeback: None,
             writeback_risk: false,
             writeback_pause: None,
             buffered_seen: false,
             buffered_checked: None,
+            confirms: Vec::new(),
             conflict: None,
             capacity_warned: None,
             geometry_seen_at: None,
@@ -980,6 +1000,9 @@ impl Watcher {
                         self.committed(h, v.entries, v.fixed_bytes, p.ev.epoch);
                         self.geometry_seen_at = Some(p.ev.reads);
                     }
+                    // After the commit flagged a writeback risk, if it did.
+                    self.need_sweep |= self.check_writeback_pause();
+                    self.apply_confirms();
                     self.containers[usize::from(p.ev.copy)] = c;
                     changed = true;
                 }
@@ -1191,6 +1214,7 @@ impl Watcher {
             "overflow_risk": self.risk,
             "checkpoint_stalled": self.stalled,
             "checkpoint_interval_s": self.interval.map(|i| (i.as_secs_f64() * 10.0).round() / 10.0),
+            "checkpoint_interval_shortest_s": self.recent_gaps.iter().min().map(|i| (i.as_secs_f64() * 1000.0).round() / 1000.0),
             "writeback_delay_s": self.writeback.map(|d| d.map(|d| d.as_secs_f64())),
             "writeback_risk": self.writeback_risk,
             // Only for a checkpoint too large: a stall of a busy LMCache needs no new layout.

@@ -171,10 +171,10 @@ impl Watcher {
     /// flush makes those headers durable, then each slot whose header is still that one
     /// and whose on-drive header carries it has its tail deallocated under the trim CAS.
     pub fn trim_early_tails(&mut self) {
-        // While the gate is closed (LMCache opened the device, or an error paused tails until
-        // the next checkpoint) the completions stay flagged and the deferred tails kept: they
+        // While the gate is closed (LMCache opened the device, deallocation paused for a
+        // writeback delay, or an error paused tails until the next checkpoint) the completions stay flagged and the deferred tails kept: they
         // go once the gate opens, not only when a checkpoint confirms them.
-        if !self.cfg.early_tails || self.conflict.is_some() || self.geometry_seen_at != Some(self.slots.checkpoint_reads()) {
+        if !self.cfg.early_tails || self.conflict.is_some() || self.writeback_pause.is_some() || self.geometry_seen_at != Some(self.slots.checkpoint_reads()) {
             return;
         }
         if self.tail_error_epoch == Some(self.seen_epoch) {

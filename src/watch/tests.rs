@@ -3096,7 +3096,7 @@ fn early_tails_wait_for_lmcache_to_checkpoint_after_it_opened_the_device() {
 fn deallocation_pauses_while_buffered_writes_may_outlast_the_checkpoint_interval() {
     let hour = Some(Duration::from_secs(3600));
     for (buffered, paused) in [(Some(true), true), (None, true), (Some(false), false)] {
-        let mut r = Rig::new(SLOTS, META, true);
+        let mut r = Rig::new(2 * SLOTS, META, true);
         r.w.cfg.writeback = WritebackDelay::Fixed(hour);
         r.w.cfg.buffered = BufferedWrites::Fixed(buffered);
         let keys = r.confirmed_keys(4);
@@ -3117,23 +3117,66 @@ fn deallocation_pauses_while_buffered_writes_may_outlast_the_checkpoint_interval
         }
         let want = if paused { SlotState::Evicted } else { SlotState::Trimmed };
         assert_eq!((r.state(a), r.state(b)), (want, want), "{buffered:?}");
-        // Nor does a checkpoint confirm a put while paused (its header may have come late).
+        // Nor does a checkpoint confirm a put, nor a stale tail go, while paused (a header may
+        // have come late). A short put into a freed slot leaves a stale tail.
+        let tails = r.tails;
         let k = r.new_key(false);
-        let c = r.put(k).unwrap();
+        let c = r.put_sized(k, 50).unwrap();
         for _ in 0..3 {
             r.checkpoint_dirty();
             r.step();
         }
         assert_eq!(r.slots.get(c).unwrap().confirmed, !paused, "{buffered:?}");
+        if paused {
+            assert_eq!(r.tails, tails, "{buffered:?}: no stale tail goes while paused");
+        }
         // The kernel's delay lowered below the interval: the next checkpoint ends the pause.
         r.w.cfg.writeback = WritebackDelay::Fixed(Some(Duration::ZERO));
         r.checkpoint_dirty();
         r.step();
         r.step();
         assert!(r.w.published_json()["trim"]["paused_by"].is_null());
-        assert_eq!((r.state(a), r.state(b)), (SlotState::Trimmed, SlotState::Trimmed), "{buffered:?}");
+        for s in [a, b].into_iter().filter(|&s| s != c) {
+            assert_eq!(r.state(s), SlotState::Trimmed, "{buffered:?}: slot {s}");
+        }
+        if paused {
+            assert!(r.tails > tails, "{buffered:?}: the held tail went ({} early)", r.w.early_tail_trims());
+        }
         r.verify_all();
     }
+}
+
+/// A pause because fdpblk could not tell whether LMCache writes through the page cache is
+/// looked at again (once a second): an answer of "no" ends it. Buffered writes once seen keep
+/// it until the risk ends; so does nothing with deallocation off.
+#[test]
+fn a_pause_for_want_of_an_answer_ends_when_the_page_cache_is_clean() {
+    let mut r = Rig::new(SLOTS, META, true);
+    r.w.cfg.writeback = WritebackDelay::Fixed(None);
+    r.w.cfg.buffered = BufferedWrites::Fixed(None);
+    r.confirmed_keys(2);
+    r.fillers(3);
+    for _ in 0..3 {
+        r.checkpoint_dirty();
+        r.step();
+    }
+    assert!(r.w.published_json()["trim"]["paused_by"].as_str().is_some_and(|w| w.contains("cannot tell")));
+    r.w.cfg.buffered = BufferedWrites::Fixed(Some(false));
+    r.step();
+    assert!(r.w.published_json()["trim"]["paused_by"].is_string(), "looked at once a second at most");
+    r.w.buffered_checked = None;
+    r.step();
+    assert!(r.w.published_json()["trim"]["paused_by"].is_null(), "a clean page cache ends it");
+    r.w.cfg.buffered = BufferedWrites::Fixed(Some(true));
+    r.w.buffered_checked = None;
+    r.step();
+    r.w.cfg.buffered = BufferedWrites::Fixed(Some(false));
+    r.w.buffered_checked = None;
+    r.step();
+    assert!(r.w.published_json()["trim"]["paused_by"].as_str().is_some_and(|w| w.contains("writes through the page cache")), "seen once: kept");
+    r.w.cfg.trim = false;
+    r.step();
+    assert!(r.w.published_json()["trim"]["paused_by"].is_null(), "no pause without deallocation");
 }
 
 /// Buffered writes leave dirty pages that `cachestat` counts until they are written back;
