@@ -344,14 +344,14 @@ impl Watcher {
     }
 
     /// Warns (once per episode) when the kernel may hold a dirty page back as long as LMCache's
-    /// checkpoint interval (the shortest of the last [`RECENT_GAPS`]): with buffered writes a checkpoint's header could then reach the
+    /// checkpoint interval ([`Self::short_gap`]): with buffered writes a checkpoint's header could then reach the
     /// drive after slot writes of a later snapshot, which the deallocation rules assume it
     /// does not. O_DIRECT writes (MP mode) do not wait in the page cache.
     fn check_writeback(&mut self) {
         const GAPS: u32 = 3;
         let (Some(interval), Some(delay)) = (self.interval, self.cfg.writeback.now()) else { return };
         self.writeback = Some(delay);
-        let shortest = self.recent_gaps.iter().copied().min().unwrap_or(interval);
+        let shortest = self.short_gap().unwrap_or(interval);
         let risk = self.gaps >= GAPS && writeback_outlasts_interval(shortest, delay);
         if risk && !self.writeback_risk {
             // Looked at at once: this checkpoint's confirmations wait for the answer.
@@ -368,6 +368,16 @@ impl Watcher {
         self.writeback_risk = risk;
     }
 
+    /// The second shortest of the last [`RECENT_GAPS`] intervals (the shortest with one only):
+    /// the interval LMCache keeps to. LMCache's idle rule skips ticks, so gaps come in
+    /// multiples of its interval, which an average would hide; and a checkpoint it writes
+    /// out of turn (`close()`, `checkpoint_now()`) makes one short gap, not two.
+    pub(super) fn short_gap(&self) -> Option<Duration> {
+        let mut g: Vec<Duration> = self.recent_gaps.iter().copied().collect();
+        g.sort_unstable();
+        g.get(1).or(g.first()).copied()
+    }
+
     /// Pauses deallocation while `writeback_risk` holds and LMCache writes through the page
     /// cache, or while that cannot be told: a checkpoint header the kernel holds back past
     /// later snapshots' slot writes could then confirm a slot's old contents (claim A), and
@@ -382,23 +392,30 @@ impl Watcher {
             }
             false
         };
-        if !self.writeback_risk || !self.cfg.trim || self.stopped {
+        if self.stopped || !self.cfg.trim {
+            return resume(self, "the device stopped");
+        }
+        if !self.writeback_risk {
             return resume(self, "LMCache's checkpoint interval is above the kernel's writeback delay again");
         }
-        // Buffered writes seen pause for good (until the risk ends); a pause because that
-        // could not be told is looked at again once a second.
-        if self.buffered_seen || self.buffered_checked.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+        // Buffered writes, once seen, pause at every risk for the rest of the run; a pause
+        // because that could not be told is looked at again once a second.
+        let why = if self.buffered_seen {
+            None
+        } else if self.buffered_checked.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
             return false;
-        }
-        self.buffered_checked = Some(Instant::now());
-        let why = match self.cfg.buffered.seen(self.cfg.page_cache.as_deref()) {
-            Ok(false) => return resume(self, "no write through the page cache is seen"),
-            Ok(true) => {
-                self.buffered_seen = true;
-                "LMCache writes through the page cache (its non-MP default)".to_string()
+        } else {
+            self.buffered_checked = Some(Instant::now());
+            match self.cfg.buffered.seen(self.cfg.page_cache.as_deref()) {
+                Ok(false) => return resume(self, "no write through the page cache is seen"),
+                Ok(true) => {
+                    self.buffered_seen = true;
+                    None
+                }
+                Err(e) => Some(format!("fdpblk cannot tell whether LMCache writes through the page cache ({e})")),
             }
-            Err(e) => format!("fdpblk cannot tell whether LMCache writes through the page cache ({e})"),
         };
+        let why = why.unwrap_or_else(|| "LMCache writes through the page cache (its non-MP default)".to_string());
         let why = format!(
             "{why}, and the kernel may hold a dirty page back as long as LMCache's checkpoint interval: a checkpoint could reach the drive after later slot writes; fix: keep vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs well below LMCache's meta_checkpoint_interval_sec (in centiseconds), or raise that interval"
         );

@@ -589,9 +589,7 @@ pub struct Watcher {
     interval: Option<Duration>,
     /// Intervals seen between commits (the check waits for a few).
     gaps: u32,
-    /// The last few intervals: the writeback check takes the shortest (LMCache's idle rule
-    /// skips ticks, so gaps come in multiples of its interval; an average would hide the
-    /// shortest behind the skipped ones).
+    /// The last few intervals, for the writeback check ([`Watcher::short_gap`]).
     recent_gaps: std::collections::VecDeque<Duration>,
     /// The writeback delay at the last check, and whether it reached the interval.
     writeback: Option<Option<Duration>>,
@@ -1000,8 +998,13 @@ impl Watcher {
                         self.committed(h, v.entries, v.fixed_bytes, p.ev.epoch);
                         self.geometry_seen_at = Some(p.ev.reads);
                     }
-                    // After the commit flagged a writeback risk, if it did.
-                    self.need_sweep |= self.check_writeback_pause();
+                    // After the commit flagged a writeback risk, if it did. The checkpoint that
+                    // ends a pause confirms nothing either: the kernel may only now write back
+                    // a header it held.
+                    if self.check_writeback_pause() {
+                        self.need_sweep = true;
+                        self.confirms.clear();
+                    }
                     self.apply_confirms();
                     self.containers[usize::from(p.ev.copy)] = c;
                     changed = true;
@@ -1214,7 +1217,7 @@ impl Watcher {
             "overflow_risk": self.risk,
             "checkpoint_stalled": self.stalled,
             "checkpoint_interval_s": self.interval.map(|i| (i.as_secs_f64() * 10.0).round() / 10.0),
-            "checkpoint_interval_shortest_s": self.recent_gaps.iter().min().map(|i| (i.as_secs_f64() * 1000.0).round() / 1000.0),
+            "checkpoint_interval_shortest_s": self.short_gap().map(|i| (i.as_secs_f64() * 1000.0).round() / 1000.0),
             "writeback_delay_s": self.writeback.map(|d| d.map(|d| d.as_secs_f64())),
             "writeback_risk": self.writeback_risk,
             // Only for a checkpoint too large: a stall of a busy LMCache needs no new layout.

@@ -3100,7 +3100,7 @@ fn deallocation_pauses_while_buffered_writes_may_outlast_the_checkpoint_interval
         r.w.cfg.writeback = WritebackDelay::Fixed(hour);
         r.w.cfg.buffered = BufferedWrites::Fixed(buffered);
         let keys = r.confirmed_keys(4);
-        r.fillers(6);
+        r.fillers(8);
         // Two more checkpoints: four intervals seen, the risk flagged.
         for _ in 0..2 {
             r.checkpoint_dirty();
@@ -3142,8 +3142,33 @@ fn deallocation_pauses_while_buffered_writes_may_outlast_the_checkpoint_interval
         if paused {
             assert!(r.tails > tails, "{buffered:?}: the held tail went ({} early)", r.w.early_tail_trims());
         }
+        // The risk again: paused again (buffered writes seen once count for the whole run).
+        r.w.cfg.writeback = WritebackDelay::Fixed(hour);
+        r.w.buffered_checked = None;
+        r.checkpoint_dirty();
+        r.step();
+        r.step();
+        assert_eq!(r.w.published_json()["trim"]["paused_by"].is_string(), paused, "{buffered:?}: a second risk");
         r.verify_all();
     }
+}
+
+/// The interval the writeback check weighs: the second shortest of the last few, so that one
+/// checkpoint out of turn (LMCache's `close()`) does not pass for LMCache's interval, while a
+/// short interval, which recurs, does.
+#[test]
+fn the_writeback_check_weighs_an_interval_that_recurs() {
+    let mut r = Rig::new(SLOTS, META, true);
+    let s = Duration::from_secs;
+    assert_eq!(r.w.short_gap(), None);
+    r.w.recent_gaps.extend([s(60)]);
+    assert_eq!(r.w.short_gap(), Some(s(60)), "one gap: itself");
+    r.w.recent_gaps.extend([s(120), s(3), s(60), s(180)]);
+    assert_eq!(r.w.short_gap(), Some(s(60)), "a close() 3 s after a tick is one gap");
+    r.w.recent_gaps.extend([s(20)]);
+    assert_eq!(r.w.short_gap(), Some(s(20)));
+    r.w.step();
+    assert_eq!(r.w.published_json()["checkpoint_interval_shortest_s"], 20.0);
 }
 
 /// A pause because fdpblk could not tell whether LMCache writes through the page cache is
