@@ -19,7 +19,8 @@ fuzz_target!(|data: &[u8]| {
         0 => {
             let format = [TraceFormat::Auto, TraceFormat::Json, TraceFormat::Blkparse][usize::from(pick / 4) % 3];
             let event = [BlkAction::Queue, BlkAction::Issue, BlkAction::Complete][usize::from(pick / 12) % 3];
-            let blk = BlkFilter { event, device: None, sector_offset: u64::from(pick / 36) };
+            // With the top bit, a partition of 48 MiB at that offset (`--device-size`).
+            let blk = BlkFilter { event, device: None, sector_offset: u64::from(pick / 36), partition_bytes: (pick & 0x80 != 0).then_some(48 << 20) };
             if let Ok((trace, _)) = read_trace_from(rest, format, blk) {
                 let size = 64 << 20;
                 let g = GeometryConfig { block_align: 4096, header_bytes: 4096, slot_bytes: 1 << 20, meta_total_bytes: 8 << 20, capacity_bytes: 0 }
