@@ -17,8 +17,10 @@ tests/vm/setup.sh
 
 step "cargo test"
 cargo test --release --locked
-# The benchmarks are not tests, but they must keep compiling with the code they measure.
+# The benchmarks are not tests, but they must keep compiling with the code they measure; so
+# must the fuzz targets (their own workspace, which `cargo test` does not build).
 cargo build --release --locked --benches
+cargo check --locked --manifest-path fuzz/Cargo.toml
 
 step "the demo (the README's main command)"
 # demo_fail WHY: the end of the demo's output, then WHY, and the run fails.
