@@ -40,7 +40,7 @@ fn confirm(slots: &SlotTable, c: &Confirm) {
     }
 }
 
-/// Intervals between commits the writeback check looks at (the shortest of them).
+/// Intervals between commits the writeback check looks at (the second shortest of them).
 const RECENT_GAPS: usize = 8;
 
 /// Hashes what the parser reads, so that what is parsed is what the CRC vouched for.
