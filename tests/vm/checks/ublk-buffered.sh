@@ -32,18 +32,8 @@ echo 10 >$VM/dirty_writeback_centisecs
 dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough "${GEOM[@]}")
 expect_eq "fdpblk add" "$dev" "$DEV"
 
-# bwriter NAME ARGS...: one buffered rawblock-writer run (posix, page cache, no fsync).
-bwriter() {
-    local name=$1 base
-    shift
-    base="$OUT/$WRITER_PREFIX-$name"
-    if "$RBW" --device "$DEV" "${GEOM[@]}" --engine posix --namespace legacy --key-layers 2 --state "$STATE" -q "$@" stats >"$base.json" 2>"$base.err"; then
-        ok "$name: rawblock-writer (buffered) $*"
-    else
-        sed 's/^/    /' "$base.err"
-        not_ok "$name: rawblock-writer (buffered) $*"
-    fi
-}
+# The non-MP plugin's keys, each chunk as two layer keys (`bwriter`'s runs).
+BWRITER_ARGS=(--namespace legacy --key-layers 2)
 
 # Eight rounds of puts (a third with partial last chunks), evictions, re-puts and a
 # checkpoint; the writeback of one round overlaps the next. LMCache holds the device open

@@ -27,18 +27,6 @@ trap 'exec 3<&- 2>/dev/null; echo "$expire" >$VM/dirty_expire_centisecs; echo "$
 echo 6000 >$VM/dirty_expire_centisecs
 echo 10 >$VM/dirty_writeback_centisecs
 
-# bwriter NAME ARGS...: one buffered rawblock-writer run (posix, page cache, no fsync).
-bwriter() {
-    local name=$1 base
-    shift
-    base="$OUT/$WRITER_PREFIX-$name"
-    if "$RBW" --device "$DEV" "${GEOM[@]}" --engine posix --state "$STATE" -q "$@" stats >"$base.json" 2>"$base.err"; then
-        ok "$name: rawblock-writer (buffered) $*"
-    else
-        sed 's/^/    /' "$base.err"
-        not_ok "$name: rawblock-writer (buffered) $*"
-    fi
-}
 trims() { dev_stat trim.trims; }
 # deallocated: evicted slots, stale tails and early tails, as one number.
 deallocated() { "$FDPBLK" stats -n 0 --json | jq '.trim.trims + .trim.tail_trims + .trim.early_tail_trims'; }

@@ -103,21 +103,36 @@ fdpblk_fresh_drive() {
     blkdiscard -o 0 -l $((1 << 20)) "$NS_DEV" && blkdiscard -o $((size - tail_bytes)) -l "$tail_bytes" "$NS_DEV"
 }
 
-# writer NAME ARGS...: one rawblock-writer run (one LMCache process, O_DIRECT, io_engine
-# $WRITER_ENGINE: posix unless set) on $DEV
-# with the check's ${GEOM[@]} and its index in $STATE; its stats JSON goes to
-# $OUT/$WRITER_PREFIX-NAME.json (WRITER_PREFIX: the check's name).
-writer() {
-    local name=$1 base
+# rbw_run NAME LABEL OPTION... -- ARGS...: one rawblock-writer run (one LMCache process) on
+# $DEV with the check's ${GEOM[@]}, the OPTIONs and its index in $STATE; its stats JSON goes
+# to $OUT/$WRITER_PREFIX-NAME.json (WRITER_PREFIX: the check's name).
+rbw_run() {
+    local name=$1 label=$2 base mode=()
+    shift 2
+    while [[ $1 != -- ]]; do mode+=("$1"); shift; done
     shift
     base="$OUT/${WRITER_PREFIX:-writer}-$name"
-    if "$RBW" --device "$DEV" "${GEOM[@]}" --engine "${WRITER_ENGINE:-posix}" --odirect --state "$STATE" -q "$@" stats \
-        >"$base.json" 2>"$base.err"; then
-        ok "$name: rawblock-writer $*"
+    if "$RBW" --device "$DEV" "${GEOM[@]}" "${mode[@]}" --state "$STATE" -q "$@" stats >"$base.json" 2>"$base.err"; then
+        ok "$name: rawblock-writer$label $*"
     else
         sed 's/^/    /' "$base.err"
-        not_ok "$name: rawblock-writer $*"
+        not_ok "$name: rawblock-writer$label $*"
     fi
+}
+
+# writer NAME ARGS...: O_DIRECT, io_engine $WRITER_ENGINE (posix unless set).
+writer() {
+    local name=$1
+    shift
+    rbw_run "$name" "" --engine "${WRITER_ENGINE:-posix}" --odirect -- "$@"
+}
+
+# bwriter NAME ARGS...: buffered (posix, page cache, no fsync: LMCache's non-MP default),
+# with the check's BWRITER_ARGS (if set) before ARGS.
+bwriter() {
+    local name=$1
+    shift
+    rbw_run "$name" " (buffered)" --engine posix ${BWRITER_ARGS[@]+"${BWRITER_ARGS[@]}"} -- "$@"
 }
 
 # wfield NAME PATH: a field (jq path) of the stats of writer run NAME.
