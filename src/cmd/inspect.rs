@@ -413,6 +413,12 @@ pub fn run(a: &InspectArgs) -> CmdResult {
                 if let Some(note) = o["note"].as_str() {
                     writeln!(w, "  {note}")?;
                 }
+                if let Some(i) = o["writeback_pause"]["interval_s"].as_f64() {
+                    writeln!(
+                        w,
+                        "  deallocation was paused for the kernel's writeback delay (LMCache checkpointed as often as every {i:.1}s): a daemon starting on it pauses too while vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs reach that, until it has seen 3 checkpoint intervals"
+                    )?;
+                }
             }
             None => writeln!(w, "fdpblk state: none (give the backing device or its image: the state lives in its reserved tail)")?,
         }

@@ -4,9 +4,9 @@
 //!
 //! What is kept: every slot's record (identity, payload_len, handle, generation, tag, state,
 //! confirmation, returning flag, writes, reads), the identity history, the tag names, and
-//! counters (trims per handle, evictions). It is history only: LMCache's data is addressed
-//! by LBA identity and never depends on it. Losing or corrupting it costs fdpblk what it
-//! learnt (placement hints, pending deallocations), nothing else.
+//! counters (trims per handle, evictions), and a deallocation pause. It is history only:
+//! LMCache's data is addressed by LBA identity and never depends on it. Losing or corrupting
+//! it costs fdpblk what it learnt (placement hints, pending deallocations), nothing else.
 //!
 //! ## Format (little-endian, 4096-byte blocks)
 //!
@@ -32,8 +32,10 @@
 //! 136) | at byte 648: the seq of LMCache's newest checkpoint fdpblk saw and when (u64 each;
 //! Unix seconds, 0 = none; older superblocks hold zeros there) | at byte 664: the page digest
 //! (u64: the wrapping sum, over every page with a committed version, of a 64-bit mix of its
-//! index and that version's seq; older superblocks hold zero and flag bit 1 clear) | zeros |
-//! CRC-32 of bytes 0..4092 at 4092.
+//! index and that version's seq; older superblocks hold zero and flag bit 1 clear) | at byte
+//! 672: a deallocation pause for the writeback delay in force when it was written (u32: the
+//! checkpoint interval it was judged at, in milliseconds, 0 = none; u32 flags, bit 0: LMCache
+//! was seen writing through the page cache) | zeros | CRC-32 of bytes 0..4092 at 4092.
 //!
 //! ## Persist cycle (incremental, crash-consistent)
 //!
@@ -124,6 +126,8 @@ const MAX_SEQ: u64 = 1 << 63;
 const CHECKPOINT_SEEN_AT: usize = 136 + 8 * MAX_HANDLES;
 /// Where the superblock keeps the page digest ([`page_digest`]).
 const DIGEST_AT: usize = CHECKPOINT_SEEN_AT + 16;
+/// Where the superblock keeps a writeback pause ([`SavedPause`]).
+const PAUSE_AT: usize = DIGEST_AT + 8;
 /// Largest run of pages written in one request.
 const MAX_RUN: usize = 256;
 /// Page copies that may fail to read before a load gives the saved state up.
@@ -161,6 +165,18 @@ pub struct Counters {
     /// LMCache's newest checkpoint fdpblk saw (its seq) and when (Unix seconds): its age
     /// goes on across a daemon restart.
     pub checkpoint_seen: Option<(u64, u64)>,
+    /// Deallocation was paused for the kernel's writeback delay: the next run pauses from its
+    /// start until it has judged LMCache's interval itself (see `crate::watch`).
+    pub writeback_pause: Option<SavedPause>,
+}
+
+/// A deallocation pause for the writeback delay, as saved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SavedPause {
+    /// The checkpoint interval it was judged at, in milliseconds (at least 1).
+    pub interval_ms: u32,
+    /// LMCache was seen writing through the page cache (not only "could not tell").
+    pub buffered: bool,
 }
 
 impl Counters {
@@ -276,6 +292,10 @@ impl Superblock {
             b[CHECKPOINT_SEEN_AT..CHECKPOINT_SEEN_AT + 8].copy_from_slice(&seq.to_le_bytes());
             b[CHECKPOINT_SEEN_AT + 8..CHECKPOINT_SEEN_AT + 16].copy_from_slice(&at.to_le_bytes());
         }
+        if let Some(p) = c.writeback_pause {
+            b[PAUSE_AT..PAUSE_AT + 4].copy_from_slice(&p.interval_ms.max(1).to_le_bytes());
+            b[PAUSE_AT + 4..PAUSE_AT + 8].copy_from_slice(&u32::from(p.buffered).to_le_bytes());
+        }
         let crc = crc32fast::hash(&b[..CRC_AT]);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     }
@@ -308,6 +328,7 @@ impl Superblock {
                 own_bytes: u64at(b, 120),
                 trims_by_handle: (0..n).map(|i| u64at(b, 136 + 8 * i)).collect(),
                 checkpoint_seen: Some((u64at(b, CHECKPOINT_SEEN_AT), u64at(b, CHECKPOINT_SEEN_AT + 8))).filter(|&(_, at)| at > 0),
+                writeback_pause: (u32at(b, PAUSE_AT) > 0).then(|| SavedPause { interval_ms: u32at(b, PAUSE_AT), buffered: u32at(b, PAUSE_AT + 4) & 1 != 0 }),
             },
             digest: (u32at(b, 12) & 2 != 0).then(|| u64at(b, DIGEST_AT)),
         })
@@ -1327,6 +1348,7 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<Re
         "identity_history": slots.history().len(), "identity_history_capacity": slots.history().capacity(), "tags": slots.tags().len(),
         "trims": c.trims, "trim_bytes": c.trim_bytes, "trims_by_handle": handles, "evictions": c.evictions,
         "persist_cycles": c.cycles, "own_bytes_written": c.own_bytes,
+        "writeback_pause": c.writeback_pause.map(|p| serde_json::json!({"interval_s": f64::from(p.interval_ms) / 1000.0, "buffered": p.buffered})),
     })))
 }
 

@@ -116,6 +116,7 @@ fn round_trip_and_incremental() {
         trim_bytes: 5 * 65536,
         trims_by_handle: vec![0, 2, 3],
         checkpoint_seen: Some((41, 1_700_000_000)),
+        writeback_pause: Some(SavedPause { interval_ms: 2500, buffered: true }),
         ..Counters::default()
     };
     let r = p.cycle(&dev, &t, &c, true, false).unwrap().unwrap();
@@ -134,6 +135,7 @@ fn round_trip_and_incremental() {
     assert!(l.found && l.clean);
     assert_eq!(l.counters.trims, 5);
     assert_eq!(l.counters.checkpoint_seen, Some((41, 1_700_000_000)));
+    assert_eq!(l.counters.writeback_pause, Some(SavedPause { interval_ms: 2500, buffered: true }));
     assert_eq!(l.counters.trims_by_handle, vec![0, 2, 3]);
     assert_eq!(first_diff(&snapshot(&u), &snapshot(&t)), None, "records are {} bytes", t.len() * RECORD_BYTES);
     assert_eq!(u.get(7).unwrap().identity, 77);
@@ -421,9 +423,11 @@ fn summary_reads_the_state_at_the_tail_of_an_image() {
     let l = t.life(4);
     t.cas_life(4, l, life::with_state(l | life::CONFIRMED, SlotState::Live));
     t.history().insert(999, 0);
-    p.cycle(&dev, &t, &Counters { trims: 3, trims_by_handle: vec![0, 0, 3], ..Counters::default() }, true, true).unwrap();
+    let pause = Some(SavedPause { interval_ms: 1500, buffered: true });
+    p.cycle(&dev, &t, &Counters { trims: 3, trims_by_handle: vec![0, 0, 3], writeback_pause: pause, ..Counters::default() }, true, true).unwrap();
     let img = dev.image();
     let v = summary(&img, size).unwrap().unwrap();
+    assert_eq!(v["writeback_pause"], serde_json::json!({"interval_s": 1.5, "buffered": true}));
     assert_eq!(v["slots"]["with_header"], 10);
     assert_eq!(v["slots"]["live"], 1);
     assert_eq!(v["slots"]["unknown"], 9);

@@ -352,7 +352,15 @@ impl Watcher {
         let (Some(interval), Some(delay)) = (self.interval, self.cfg.writeback.now()) else { return };
         self.writeback = Some(delay);
         let shortest = self.short_gap().unwrap_or(interval);
-        let risk = self.gaps >= GAPS && writeback_outlasts_interval(shortest, delay);
+        // Until this run has seen enough intervals, a pause the previous run saved holds while
+        // the delay still reaches the interval it was judged at.
+        if self.gaps >= GAPS {
+            self.carried_interval = None;
+        }
+        let risk = match self.carried_interval {
+            Some(i) => writeback_outlasts_interval(i, delay),
+            None => self.gaps >= GAPS && writeback_outlasts_interval(shortest, delay),
+        };
         if risk && !self.writeback_risk {
             // Looked at at once: this checkpoint's confirmations wait for the answer.
             self.buffered_checked = None;
@@ -366,6 +374,32 @@ impl Watcher {
             tracing::info!("device {}: LMCache's checkpoint interval is again above the kernel's writeback delay", self.cfg.device);
         }
         self.writeback_risk = risk;
+    }
+
+    /// Takes over the pause the previous run saved (`Counters::writeback_pause`): a daemon
+    /// restarted under a running LMCache (`fdpblk recover`) would otherwise deallocate for 3
+    /// intervals before it could judge the risk again. It holds while the kernel's delay still
+    /// reaches the interval the pause was judged at, until this run has judged for itself
+    /// ([`Self::check_writeback`]); the first step pauses.
+    pub(super) fn carry_writeback_pause(&mut self) {
+        let Some(p) = self.counters.writeback_pause else { return };
+        let interval = Duration::from_millis(u64::from(p.interval_ms));
+        let delay = self.cfg.writeback.now();
+        if self.cfg.trim && delay.is_some_and(|d| writeback_outlasts_interval(interval, d)) {
+            self.carried_interval = Some(interval);
+            self.writeback_risk = true;
+            self.writeback = delay;
+            self.buffered_seen = p.buffered;
+            tracing::warn!(
+                "device {}: the previous run paused deallocation (LMCache checkpointed as often as every {:.1}s, within the kernel's writeback delay): paused until this run has seen 3 checkpoint intervals",
+                self.cfg.device,
+                interval.as_secs_f64()
+            );
+        } else if self.cfg.trim {
+            // The kernel's delay was lowered since (or is not checked): nothing to carry.
+            self.counters.writeback_pause = None;
+            self.counters_dirty = true;
+        }
     }
 
     /// The second shortest of the last [`RECENT_GAPS`] intervals (the shortest with one only):
@@ -396,6 +430,7 @@ impl Watcher {
             return resume(self, "the device stopped");
         }
         if !self.writeback_risk {
+            self.save_writeback_pause(None);
             return resume(self, "LMCache's checkpoint interval is above the kernel's writeback delay again");
         }
         // Buffered writes, once seen, pause at every risk for the rest of the run; a pause
@@ -407,7 +442,10 @@ impl Watcher {
         } else {
             self.buffered_checked = Some(Instant::now());
             match self.cfg.buffered.seen(self.cfg.page_cache.as_deref()) {
-                Ok(false) => return resume(self, "no write through the page cache is seen"),
+                Ok(false) => {
+                    self.save_writeback_pause(None);
+                    return resume(self, "no write through the page cache is seen");
+                }
                 Ok(true) => {
                     self.buffered_seen = true;
                     None
@@ -416,14 +454,28 @@ impl Watcher {
             }
         };
         let why = why.unwrap_or_else(|| "LMCache writes through the page cache (its non-MP default)".to_string());
+        let carried = if self.carried_interval.is_some() { " (as the previous run judged it, until this run has seen 3 checkpoint intervals)" } else { "" };
         let why = format!(
-            "{why}, and the kernel may hold a dirty page back as long as LMCache's checkpoint interval: a checkpoint could reach the drive after later slot writes; fix: keep vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs well below LMCache's meta_checkpoint_interval_sec (in centiseconds), or raise that interval"
+            "{why}, and the kernel may hold a dirty page back as long as LMCache's checkpoint interval{carried}: a checkpoint could reach the drive after later slot writes; fix: keep vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs well below LMCache's meta_checkpoint_interval_sec (in centiseconds), or raise that interval"
         );
         if self.writeback_pause.as_deref() != Some(why.as_str()) {
             tracing::warn!("device {}: deallocation paused: {why}", self.cfg.device);
             self.writeback_pause = Some(why);
         }
+        let interval = self.carried_interval.or_else(|| self.short_gap()).or(self.interval).unwrap_or(Duration::ZERO);
+        let interval_ms = u32::try_from(interval.as_millis()).unwrap_or(u32::MAX).max(1);
+        self.save_writeback_pause(Some(SavedPause { interval_ms, buffered: self.buffered_seen }));
         false
+    }
+
+    /// Keeps the pause in force in the saved state (for the next run: see
+    /// [`Self::carry_writeback_pause`]). Not cleared when the device stops: the kernel's
+    /// delay and LMCache's interval have not changed with it.
+    fn save_writeback_pause(&mut self, p: Option<SavedPause>) {
+        if self.counters.writeback_pause != p {
+            self.counters.writeback_pause = p;
+            self.counters_dirty = true;
+        }
     }
 
     /// Applies the confirmations of the checkpoint read last, unless deallocation is paused

@@ -153,6 +153,8 @@
 //! observed interval and warns (`writeback_risk`); while that holds and LMCache is seen to
 //! write through the page cache (dirty pages of the exported device), or where that cannot be
 //! told, deallocation pauses (`WatchConfig::buffered`, [`Watcher::check_writeback_pause`]).
+//! The pause is saved with fdpblk's state, and a restarted daemon carries it on until it has
+//! judged the risk itself ([`Watcher::carry_writeback_pause`]).
 
 use crate::layout::checkpoint_header::CheckpointHeader;
 use crate::layout::checkpoint_json::{parse_checkpoint_json, JsonLimits};
@@ -160,7 +162,7 @@ use crate::layout::keys::{legacy_identity, object_identity, salt_bucket_id, Key}
 use crate::layout::slot_header::{SlotHeader, SLOT_HEADER_PREFIX};
 use crate::layout::Geometry;
 use crate::persist::dev::{DevReader, StateWriter};
-use crate::persist::{Counters, Loaded, Persist, Region};
+use crate::persist::{Counters, Loaded, Persist, Region, SavedPause};
 use crate::place::{Handle, LiveEntry, Observation, Policy, SharedPolicy};
 use crate::slot_table::{life, CheckpointEvent, SlotEntry, SlotState, SlotTable};
 use crate::device::RegionReader;
@@ -597,8 +599,12 @@ pub struct Watcher {
     /// Why deallocation is paused: `writeback_risk` while LMCache writes through the page
     /// cache, or while that cannot be told ([`Watcher::check_writeback_pause`]).
     writeback_pause: Option<String>,
-    /// Buffered writes were seen on the exported device during this run (it stays so).
+    /// Buffered writes were seen on the exported device during this run, or by the run whose
+    /// saved pause this one carries (it stays so).
     buffered_seen: bool,
+    /// The checkpoint interval a saved pause of the previous run was judged at: until this
+    /// run has seen enough intervals to judge itself, the risk is weighed against it.
+    carried_interval: Option<Duration>,
     /// When the page cache was last looked at (once a second at most).
     buffered_checked: Option<Instant>,
     /// The confirmations of the checkpoint parsed last, applied by [`Watcher::apply_confirms`].
@@ -745,6 +751,7 @@ impl Watcher {
             writeback_risk: false,
             writeback_pause: None,
             buffered_seen: false,
+            carried_interval: None,
             buffered_checked: None,
             confirms: Vec::new(),
             conflict: None,
@@ -805,6 +812,7 @@ impl Watcher {
             w.commit = Some(Commit { seq, payload_len, entries, at, puts_at: 0, fixed_bytes, epoch: w.seen_epoch, observed: false });
         }
         w.arm_alarm();
+        w.carry_writeback_pause();
         // From now on a crash leaves an unclean state: confirmations are not trusted then.
         // A transient failure gets two more tries; after that the caller decides (`add`
         // refuses to serve) and the cycle is retried while the device runs.

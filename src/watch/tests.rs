@@ -3153,6 +3153,86 @@ fn deallocation_pauses_while_buffered_writes_may_outlast_the_checkpoint_interval
     }
 }
 
+/// A pause is saved with fdpblk's state: a daemon restarted under the same LMCache and kernel
+/// settings pauses from its first step (else it would deallocate for 3 intervals before it
+/// could judge the risk), also after a clean stop, and holds the pause while it judges the
+/// risk itself; a daemon started after the kernel's delay was lowered carries nothing.
+#[test]
+fn a_writeback_pause_outlives_a_daemon_restart() {
+    let hour = WritebackDelay::Fixed(Some(Duration::from_secs(3600)));
+    let low = WritebackDelay::Fixed(Some(Duration::ZERO));
+    // A checkpoint (that deletes a filler key), and one after a new put (a put could take
+    // a slot just freed: `checkpoint` alone after a delete).
+    let checkpoint = |r: &mut Rig| {
+        r.checkpoint_dirty();
+        r.step();
+    };
+    let tick = |r: &mut Rig| {
+        r.fillers(1);
+        checkpoint(r);
+    };
+    let paused_by = |r: &Rig| r.w.published_json()["trim"]["paused_by"].as_str().map(str::to_string);
+    for clean in [false, true] {
+        for lowered in [false, true] {
+            let case = format!("clean {clean}, delay lowered {lowered}");
+            let mut r = Rig::new(2 * SLOTS, META, true);
+            for c in [&mut r.cfg, &mut r.w.cfg] {
+                c.writeback = hour.clone();
+                c.buffered = BufferedWrites::Fixed(Some(true));
+            }
+            let keys = r.confirmed_keys(4);
+            r.fillers(8);
+            for _ in 0..2 {
+                checkpoint(&mut r);
+            }
+            assert!(paused_by(&r).is_some(), "{case}");
+            r.w.persist_now(false, false).unwrap();
+            assert!(r.w.counters().writeback_pause.is_some_and(|p| p.buffered && p.interval_ms > 0), "{case}");
+            // The new run sees no dirty page yet: the saved pause says LMCache wrote buffered.
+            r.cfg.buffered = BufferedWrites::Fixed(Some(false));
+            if lowered {
+                r.cfg.writeback = low.clone();
+            }
+            r.restart_fdpblk(clean);
+            r.step();
+            assert_eq!(paused_by(&r).is_some_and(|w| w.contains("previous run")), !lowered, "{case}: {:?}", paused_by(&r));
+            assert_eq!(r.w.counters().writeback_pause.is_some(), !lowered, "{case}: a lowered delay clears it");
+            // Checkpoints to confirm the slot (after a crash its saved confirmation is not
+            // trusted, and one from before the start takes two), then LMCache deletes it.
+            tick(&mut r);
+            tick(&mut r);
+            let a = r.delete_key(&keys[0]);
+            for _ in 0..2 {
+                checkpoint(&mut r);
+            }
+            assert_eq!(r.state(a) == SlotState::Trimmed, lowered, "{case}: {:?}", r.state(a));
+            if lowered {
+                continue;
+            }
+            // Judged by this run (three intervals), still at risk: still paused.
+            for _ in 0..3 {
+                checkpoint(&mut r);
+            }
+            assert!(paused_by(&r).is_some_and(|w| !w.contains("previous run")), "{case}: {:?}", paused_by(&r));
+            assert_ne!(r.state(a), SlotState::Trimmed, "{case}");
+            // The delay lowered: it resumes, and the saved state no longer holds a pause.
+            r.w.cfg.writeback = low.clone();
+            tick(&mut r);
+            r.step();
+            assert_eq!(paused_by(&r), None, "{case}");
+            assert_eq!(r.w.counters().writeback_pause, None, "{case}");
+            // The next checkpoint confirms what it lists (the one that ended the pause did not).
+            tick(&mut r);
+            let b = r.delete_key(&keys[1]);
+            for _ in 0..2 {
+                checkpoint(&mut r);
+            }
+            assert_eq!(r.state(b), SlotState::Trimmed, "{case}");
+            r.verify_all();
+        }
+    }
+}
+
 /// The interval the writeback check weighs: the second shortest of the last few, so that one
 /// checkpoint out of turn (LMCache's `close()`) does not pass for LMCache's interval, while a
 /// short interval, which recurs, does.

@@ -7,8 +7,10 @@
 # writes buffered (its non-MP default), a checkpoint header could reach the drive after later
 # slot writes, which fdpblk's deallocation assumes it does not: fdpblk sees the device's dirty
 # pages and pauses deallocation, says why in `stats` and its log, and resumes once the delay is
-# below the interval again; every entry still verifies. With O_DIRECT writes (MP mode), which
-# leave no dirty pages, the same settings pause nothing.
+# below the interval again; every entry still verifies. The pause is saved with fdpblk's
+# state: a daemon killed while paused is recovered paused, before it has seen an interval of
+# its own. With O_DIRECT writes (MP mode), which leave no dirty pages, the same settings pause
+# nothing.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq
@@ -100,6 +102,38 @@ live=$(wfield resume index.live)
 writer reopen reopen verify
 expect_eq "reopen: entries recovered" "$(wfield reopen run.recovered)" "$live"
 expect_eq "reopen: entries verified" "$(wfield reopen run.verified)" "$live"
+
+# The risk again (buffered writes, once seen, pause at every risk of the run): paused, and
+# the pause saved (a persist cycle after it).
+echo 6000 >$VM/dirty_expire_centisecs
+echo 10 >$VM/dirty_writeback_centisecs
+exec 3<>"$DEV"
+bwriter again put 1 checkpoint
+sync
+wait_stat checkpoint_seq "$(wfield again index.seq)"
+poll_eq "the risk again: paused" true bash -c "$FDPBLK stats -n 0 --json | jq -c '(.trim.paused_by // \"\") | test(\"writes through the page cache\")'"
+c0=$(dev_stat own_state.cycles)
+poll_eq "the pause saved (a persist cycle since)" true bash -c "[[ \$($FDPBLK stats -n 0 --json | jq .own_state.cycles) -gt $c0 ]] && echo true || echo false"
+# Killed: the daemon that recovers the device pauses from its start, although it has seen
+# no checkpoint interval yet (it would otherwise deallocate for three of them).
+t1=$(trims)
+old=$(daemon_pid 0)
+expect "SIGKILL the paused daemon $old" kill -9 "$old"
+for _ in $(seq 100); do kill -0 "$old" 2>/dev/null || break; sleep 0.1; done
+expect "fdpblk recover" "$FDPBLK" recover -n 0
+poll_eq "recovered: paused from its start" true bash -c "$FDPBLK stats -n 0 --json | jq -c '(.trim.paused_by // \"\") | test(\"as the previous run judged it\")'"
+expect "the recovered daemon logged why" log_has "the previous run paused deallocation"
+bwriter recovered delete 2 checkpoint
+sync
+bwriter recovered-put put 1 --partial-every 1 checkpoint
+sync
+wait_stat checkpoint_seq "$(wfield recovered-put index.seq)"
+sleep 2
+expect_eq "recovered: nothing deallocated (evicted or tails)" "$(deallocated)" "$t1"
+exec 3<&-
+live=$(wfield recovered-put index.live)
+writer reopen2 reopen verify
+expect_eq "reopen after recovery: entries verified" "$(wfield reopen2 run.verified)" "$live"
 expect_eq "no error in fdpblk's log since the check began" "$(daemon_errors)" 0
 expect "del" "$FDPBLK" del -n 0
 check_done
