@@ -23,11 +23,8 @@ OUT=${FDPBLK_CHECK_OUT:-/tmp}
 GEOM=(--slot-bytes 64K --meta-total-bytes 1M)
 rm -f "$STATE"
 fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
-VM=/proc/sys/vm
-expire=$(cat $VM/dirty_expire_centisecs) every=$(cat $VM/dirty_writeback_centisecs)
-trap 'echo "$expire" >$VM/dirty_expire_centisecs; echo "$every" >$VM/dirty_writeback_centisecs; "$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
-echo 20 >$VM/dirty_expire_centisecs
-echo 10 >$VM/dirty_writeback_centisecs
+trap 'writeback_restore; "$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
+writeback_set 20 10
 
 dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough "${GEOM[@]}")
 expect_eq "fdpblk add" "$dev" "$DEV"

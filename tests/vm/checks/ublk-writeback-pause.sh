@@ -23,11 +23,8 @@ OUT=${FDPBLK_CHECK_OUT:-/tmp}
 GEOM=(--slot-bytes 64K --meta-total-bytes 1M)
 rm -f "$STATE"
 fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
-VM=/proc/sys/vm
-expire=$(cat $VM/dirty_expire_centisecs) every=$(cat $VM/dirty_writeback_centisecs)
-trap 'exec 3<&- 2>/dev/null; echo "$expire" >$VM/dirty_expire_centisecs; echo "$every" >$VM/dirty_writeback_centisecs; "$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
-echo 6000 >$VM/dirty_expire_centisecs
-echo 10 >$VM/dirty_writeback_centisecs
+trap 'exec 3<&- 2>/dev/null; writeback_restore; "$FDPBLK" del -n 0 >/dev/null 2>&1 || true; fdpblk_fresh_drive || true' EXIT
+writeback_set 6000 10
 
 trims() { dev_stat trim.trims; }
 # deallocated: evicted slots, stale tails and early tails, as one number.
@@ -88,8 +85,7 @@ expect "paused: evicted slots wait" test "$(dev_stat slots.evicted)" -gt 0
 # The delay below every interval again (0.01 s + 0.01 s; fdpblk times the intervals as it
 # reads the checkpoints back, a little apart from LMCache's writes): the next checkpoint ends
 # the pause.
-echo 1 >$VM/dirty_expire_centisecs
-echo 1 >$VM/dirty_writeback_centisecs
+writeback_set 1 1
 bwriter resume put 1 checkpoint
 sync
 wait_stat checkpoint_seq "$(wfield resume index.seq)"
@@ -105,8 +101,7 @@ expect_eq "reopen: entries verified" "$(wfield reopen run.verified)" "$live"
 
 # The risk again (buffered writes, once seen, pause at every risk of the run): paused, and
 # the pause saved (a persist cycle after it).
-echo 6000 >$VM/dirty_expire_centisecs
-echo 10 >$VM/dirty_writeback_centisecs
+writeback_set 6000 10
 exec 3<>"$DEV"
 bwriter again put 1 checkpoint
 sync

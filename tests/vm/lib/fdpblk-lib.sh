@@ -103,6 +103,20 @@ fdpblk_fresh_drive() {
     blkdiscard -o 0 -l $((1 << 20)) "$NS_DEV" && blkdiscard -o $((size - tail_bytes)) -l "$tail_bytes" "$NS_DEV"
 }
 
+# writeback_set EXPIRE EVERY: the kernel's vm.dirty_expire_centisecs and
+# vm.dirty_writeback_centisecs (how long a dirty page may wait, and the flusher's period); the
+# first call saves what they were, for writeback_restore (in the check's EXIT trap).
+writeback_set() {
+    local vm=/proc/sys/vm
+    [[ ${WRITEBACK_SAVED:-} ]] || WRITEBACK_SAVED="$(cat $vm/dirty_expire_centisecs) $(cat $vm/dirty_writeback_centisecs)"
+    echo "$1" >$vm/dirty_expire_centisecs
+    echo "$2" >$vm/dirty_writeback_centisecs
+}
+writeback_restore() {
+    [[ ${WRITEBACK_SAVED:-} ]] || return 0
+    writeback_set "${WRITEBACK_SAVED% *}" "${WRITEBACK_SAVED#* }"
+}
+
 # rbw_run NAME LABEL OPTION... -- ARGS...: one rawblock-writer run (one LMCache process) on
 # $DEV with the check's ${GEOM[@]}, the OPTIONs and its index in $STATE; its stats JSON goes
 # to $OUT/$WRITER_PREFIX-NAME.json (WRITER_PREFIX: the check's name).
