@@ -2097,6 +2097,23 @@ impl Rig {
         self.delete_key(&k);
         self.checkpoint();
     }
+
+    /// `checkpoint_dirty` with `from` in the checkpoint's JSON (it must be there) replaced by
+    /// `to` (`None`: as LMCache wrote it), then a step.
+    fn checkpoint_edited(&mut self, from: &str, to: Option<&str>) {
+        let k = self.filler.pop().expect("a filler key");
+        self.delete_key(&k);
+        assert!(self.snapshot());
+        let c = self.lmc.ckpt.as_mut().unwrap();
+        let json = String::from_utf8(c.json.clone()).unwrap();
+        assert!(json.contains(from), "{from} in {json}");
+        if let Some(to) = to {
+            c.json = json.replace(from, to).into_bytes();
+        }
+        self.ckpt_payload();
+        self.ckpt_header();
+        self.step();
+    }
 }
 
 #[test]
@@ -3380,20 +3397,10 @@ fn a_checkpoint_of_another_geometry_confirms_no_slot() {
             r.put(k.clone()).unwrap();
         }
         r.fillers(3);
+        let ours = format!("\"slot_bytes\":{}", r.g.slot_bytes);
+        let theirs = format!("\"slot_bytes\":{}", 2 * r.g.slot_bytes);
         for _ in 0..3 {
-            let k = r.filler.pop().unwrap();
-            r.delete_key(&k);
-            assert!(r.snapshot());
-            let c = r.lmc.ckpt.as_mut().unwrap();
-            let json = String::from_utf8(c.json.clone()).unwrap();
-            let ours = format!("\"slot_bytes\":{}", r.g.slot_bytes);
-            assert!(json.contains(&ours), "{json}");
-            if conflicting {
-                c.json = json.replace(&ours, &format!("\"slot_bytes\":{}", 2 * r.g.slot_bytes)).into_bytes();
-            }
-            r.ckpt_payload();
-            r.ckpt_header();
-            r.step();
+            r.checkpoint_edited(&ours, conflicting.then_some(theirs.as_str()));
         }
         let confirmed = (0..4).filter(|&s| r.slots.get(s).unwrap().confirmed).count();
         assert_eq!(confirmed, if conflicting { 0 } else { 4 }, "conflicting {conflicting}");
@@ -3408,16 +3415,7 @@ fn edited_checkpoints_deallocate_nothing(from: &str, to: &str) {
     r.confirmed_keys(4);
     assert!((0..4).all(|s| r.slots.get(s).unwrap().confirmed));
     for _ in 0..2 {
-        let k = r.filler.pop().unwrap();
-        r.delete_key(&k);
-        assert!(r.snapshot());
-        let c = r.lmc.ckpt.as_mut().unwrap();
-        let json = String::from_utf8(c.json.clone()).unwrap();
-        assert!(json.contains(from), "{from}");
-        c.json = json.replace(from, to).into_bytes();
-        r.ckpt_payload();
-        r.ckpt_header();
-        r.step();
+        r.checkpoint_edited(from, Some(to));
     }
     assert_eq!((r.trims, r.early_evictions), (0, 0));
     assert!((0..4).all(|s| r.state(s) == SlotState::Live));
