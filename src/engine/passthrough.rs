@@ -1311,7 +1311,7 @@ mod tests {
         // comes at once, without the rest (which would be 2 TiB of lists).
         let mut lazy = dsm_lists(0, 1 << 40, 8, MAX_DSM_RANGES);
         let first = lazy.next().unwrap().unwrap();
-        assert_eq!((lens(&[first.clone()]), total(&first)), (vec![1], 8));
+        assert_eq!((lens(std::slice::from_ref(&first)), total(&first)), (vec![1], 8));
         assert_eq!(u64::from_le_bytes(lazy.next().unwrap().unwrap()[8..16].try_into().unwrap()), 8, "the second starts where the first ends");
     }
 

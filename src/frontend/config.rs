@@ -221,7 +221,7 @@ impl DeviceConfig {
         };
         // A request buffer holds whole logical blocks (`add` takes powers of two from 4096, or
         // the namespace's largest transfer, in whole blocks, below that).
-        if cfg.io_buf_bytes % (1u32 << cfg.lba_shift) != 0 {
+        if !cfg.io_buf_bytes.is_multiple_of(1u32 << cfg.lba_shift) {
             return Err(format!("device config's \"io_buf_bytes\" {} is not a whole number of {}-byte blocks", cfg.io_buf_bytes, 1u32 << cfg.lba_shift));
         }
         Ok(cfg)
