@@ -327,6 +327,9 @@ impl Watcher {
             }
             self.recent_gaps.push_back(d);
             self.check_writeback();
+        } else if self.carried.is_some() {
+            // A carried pause is weighed at every checkpoint, the first after the start too.
+            self.check_writeback();
         }
         self.commit = Some(Commit {
             seq: h.seq,
@@ -349,18 +352,16 @@ impl Watcher {
     /// does not. O_DIRECT writes (MP mode) do not wait in the page cache.
     fn check_writeback(&mut self) {
         const GAPS: u32 = 3;
-        let (Some(interval), Some(delay)) = (self.interval, self.cfg.writeback.now()) else { return };
-        self.writeback = Some(delay);
-        let shortest = self.short_gap().unwrap_or(interval);
+        let Some(delay) = self.cfg.writeback.now() else { return };
         // Until this run has seen enough intervals, a pause the previous run saved holds while
         // the delay still reaches the interval it was judged at.
         if self.gaps >= GAPS {
-            self.carried_interval = None;
+            self.carried = None;
         }
-        let risk = match self.carried_interval {
-            Some(i) => writeback_outlasts_interval(i, delay),
-            None => self.gaps >= GAPS && writeback_outlasts_interval(shortest, delay),
-        };
+        let carried = self.carried.map(|p| Duration::from_millis(u64::from(p.interval_ms)));
+        let Some(shortest) = carried.or_else(|| self.short_gap()).or(self.interval) else { return };
+        self.writeback = Some(delay);
+        let risk = (carried.is_some() || self.gaps >= GAPS) && writeback_outlasts_interval(shortest, delay);
         if risk && !self.writeback_risk {
             // Looked at at once: this checkpoint's confirmations wait for the answer.
             self.buffered_checked = None;
@@ -378,20 +379,21 @@ impl Watcher {
 
     /// Takes over the pause the previous run saved (`Counters::writeback_pause`): a daemon
     /// restarted under a running LMCache (`fdpblk recover`) would otherwise deallocate for 3
-    /// intervals before it could judge the risk again. It holds while the kernel's delay still
-    /// reaches the interval the pause was judged at, until this run has judged for itself
-    /// ([`Self::check_writeback`]); the first step pauses.
+    /// intervals before it could judge the risk again. It holds from the start while the
+    /// kernel's delay still reaches the interval the pause was judged at (weighed again at
+    /// each checkpoint, as a pause's end is: that checkpoint confirms nothing), until this run
+    /// has judged for itself ([`Self::check_writeback`]). Buffered writes the previous run saw
+    /// count as seen only until then.
     pub(super) fn carry_writeback_pause(&mut self) {
         let Some(p) = self.counters.writeback_pause else { return };
         let interval = Duration::from_millis(u64::from(p.interval_ms));
         let delay = self.cfg.writeback.now();
         if self.cfg.trim && delay.is_some_and(|d| writeback_outlasts_interval(interval, d)) {
-            self.carried_interval = Some(interval);
+            self.carried = Some(p);
             self.writeback_risk = true;
             self.writeback = delay;
-            self.buffered_seen = p.buffered;
             tracing::warn!(
-                "device {}: the previous run paused deallocation (LMCache checkpointed as often as every {:.1}s, within the kernel's writeback delay): paused until this run has seen 3 checkpoint intervals",
+                "device {}: the previous run paused deallocation (LMCache checkpointed as often as every {:.1}s, within the kernel's writeback delay): paused until this run has seen 3 checkpoint intervals, or a checkpoint comes with the kernel's delay below that interval",
                 self.cfg.device,
                 interval.as_secs_f64()
             );
@@ -435,7 +437,8 @@ impl Watcher {
         }
         // Buffered writes, once seen, pause at every risk for the rest of the run; a pause
         // because that could not be told is looked at again once a second.
-        let why = if self.buffered_seen {
+        let seen = self.buffered_seen || self.carried.is_some_and(|p| p.buffered);
+        let why = if seen {
             None
         } else if self.buffered_checked.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
             return false;
@@ -454,7 +457,7 @@ impl Watcher {
             }
         };
         let why = why.unwrap_or_else(|| "LMCache writes through the page cache (its non-MP default)".to_string());
-        let carried = if self.carried_interval.is_some() { " (as the previous run judged it, until this run has seen 3 checkpoint intervals)" } else { "" };
+        let carried = if self.carried.is_some() { " (as the previous run judged it, until this run has seen 3 checkpoint intervals)" } else { "" };
         let why = format!(
             "{why}, and the kernel may hold a dirty page back as long as LMCache's checkpoint interval{carried}: a checkpoint could reach the drive after later slot writes; fix: keep vm.dirty_expire_centisecs + vm.dirty_writeback_centisecs well below LMCache's meta_checkpoint_interval_sec (in centiseconds), or raise that interval"
         );
@@ -462,9 +465,14 @@ impl Watcher {
             tracing::warn!("device {}: deallocation paused: {why}", self.cfg.device);
             self.writeback_pause = Some(why);
         }
-        let interval = self.carried_interval.or_else(|| self.short_gap()).or(self.interval).unwrap_or(Duration::ZERO);
-        let interval_ms = u32::try_from(interval.as_millis()).unwrap_or(u32::MAX).max(1);
-        self.save_writeback_pause(Some(SavedPause { interval_ms, buffered: self.buffered_seen }));
+        let saved = match self.carried {
+            Some(p) => p,
+            None => {
+                let interval = self.short_gap().or(self.interval).unwrap_or(Duration::ZERO);
+                SavedPause { interval_ms: u32::try_from(interval.as_millis()).unwrap_or(u32::MAX).max(1), buffered: seen }
+            }
+        };
+        self.save_writeback_pause(Some(saved));
         false
     }
 
@@ -475,6 +483,8 @@ impl Watcher {
         if self.counters.writeback_pause != p {
             self.counters.writeback_pause = p;
             self.counters_dirty = true;
+            // At once: a crash before the next periodic cycle would lose it.
+            self.persist_soon = true;
         }
     }
 

@@ -599,12 +599,15 @@ pub struct Watcher {
     /// Why deallocation is paused: `writeback_risk` while LMCache writes through the page
     /// cache, or while that cannot be told ([`Watcher::check_writeback_pause`]).
     writeback_pause: Option<String>,
-    /// Buffered writes were seen on the exported device during this run, or by the run whose
-    /// saved pause this one carries (it stays so).
+    /// Buffered writes were seen on the exported device during this run (it stays so).
     buffered_seen: bool,
-    /// The checkpoint interval a saved pause of the previous run was judged at: until this
-    /// run has seen enough intervals to judge itself, the risk is weighed against it.
-    carried_interval: Option<Duration>,
+    /// A pause the previous run saved ([`Watcher::carry_writeback_pause`]): until this run has
+    /// seen enough intervals to judge itself, the risk is weighed against its interval, and
+    /// buffered writes it saw count as seen.
+    carried: Option<SavedPause>,
+    /// A persist cycle is due now (the saved pause changed), unless persisting only at start
+    /// and stop.
+    persist_soon: bool,
     /// When the page cache was last looked at (once a second at most).
     buffered_checked: Option<Instant>,
     /// The confirmations of the checkpoint parsed last, applied by [`Watcher::apply_confirms`].
@@ -751,7 +754,8 @@ impl Watcher {
             writeback_risk: false,
             writeback_pause: None,
             buffered_seen: false,
-            carried_interval: None,
+            carried: None,
+            persist_soon: false,
             buffered_checked: None,
             confirms: Vec::new(),
             conflict: None,
@@ -826,6 +830,8 @@ impl Watcher {
         }
         w.unclean_error = marked.err();
         let _ = w.sweep(false);
+        // A carried pause shows from the start.
+        w.check_writeback_pause();
         w.publish();
         w
     }
@@ -898,7 +904,8 @@ impl Watcher {
             self.slots.wait_events(wait);
             self.step();
             let retry = self.unclean_error.is_some() && self.last_persist.elapsed() >= Duration::from_secs(1);
-            if retry || self.last_persist.elapsed() >= self.cfg.persist_interval {
+            let soon = std::mem::take(&mut self.persist_soon) && self.cfg.persist_interval != Duration::MAX;
+            if retry || soon || self.last_persist.elapsed() >= self.cfg.persist_interval {
                 let _ = self.persist_now(false, false);
             }
         }

@@ -3171,11 +3171,20 @@ fn deallocation_pauses_while_buffered_writes_may_outlast_the_checkpoint_interval
 }
 
 /// A pause is saved with fdpblk's state: a daemon restarted under the same LMCache and kernel
-/// settings pauses from its first step (else it would deallocate for 3 intervals before it
-/// could judge the risk), also after a clean stop, and holds the pause while it judges the
-/// risk itself; a daemon started after the kernel's delay was lowered carries nothing.
+/// settings, after a crash or a stop, is paused from its start (else it would deallocate for
+/// 3 intervals before it could judge the risk), and holds the pause until it has judged the
+/// risk itself: paused on where it sees buffered writes, resumed where it sees none (MP mode
+/// since). A daemon started after the kernel's delay was lowered carries nothing; one whose
+/// delay is lowered after its start resumes at its first checkpoint.
 #[test]
 fn a_writeback_pause_outlives_a_daemon_restart() {
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Then {
+        LoweredBefore,
+        LoweredAfter,
+        Direct,
+        Buffered,
+    }
     let hour = WritebackDelay::Fixed(Some(Duration::from_secs(3600)));
     let low = WritebackDelay::Fixed(Some(Duration::ZERO));
     // A checkpoint (that deletes a filler key), and one after a new put (a put could take
@@ -3190,8 +3199,8 @@ fn a_writeback_pause_outlives_a_daemon_restart() {
     };
     let paused_by = |r: &Rig| r.w.published_json()["trim"]["paused_by"].as_str().map(str::to_string);
     for clean in [false, true] {
-        for lowered in [false, true] {
-            let case = format!("clean {clean}, delay lowered {lowered}");
+        for then in [Then::LoweredBefore, Then::LoweredAfter, Then::Direct, Then::Buffered] {
+            let case = format!("clean {clean}, {then:?}");
             let mut r = Rig::new(2 * SLOTS, META, true);
             for c in [&mut r.cfg, &mut r.w.cfg] {
                 c.writeback = hour.clone();
@@ -3200,46 +3209,57 @@ fn a_writeback_pause_outlives_a_daemon_restart() {
             let keys = r.confirmed_keys(4);
             r.fillers(8);
             for _ in 0..2 {
-                checkpoint(&mut r);
+                tick(&mut r);
             }
             assert!(paused_by(&r).is_some(), "{case}");
             r.w.persist_now(false, false).unwrap();
             assert!(r.w.counters().writeback_pause.is_some_and(|p| p.buffered && p.interval_ms > 0), "{case}");
-            // The new run sees no dirty page yet: the saved pause says LMCache wrote buffered.
-            r.cfg.buffered = BufferedWrites::Fixed(Some(false));
-            if lowered {
+            // A clean stop ends the pause for its last round (nothing is written after it),
+            // but keeps it saved.
+            r.w.stopped = clean;
+            r.cfg.buffered = BufferedWrites::Fixed(Some(then == Then::Buffered));
+            if then == Then::LoweredBefore {
                 r.cfg.writeback = low.clone();
             }
             r.restart_fdpblk(clean);
+            let carried = then != Then::LoweredBefore;
+            assert_eq!(r.w.trims_allowed(), !carried, "{case}: before the first step");
+            assert_eq!(paused_by(&r).is_some_and(|w| w.contains("previous run")), carried, "{case}: {:?}", paused_by(&r));
+            assert_eq!(r.w.counters().writeback_pause.is_some(), carried, "{case}: a lowered delay clears it");
             r.step();
-            assert_eq!(paused_by(&r).is_some_and(|w| w.contains("previous run")), !lowered, "{case}: {:?}", paused_by(&r));
-            assert_eq!(r.w.counters().writeback_pause.is_some(), !lowered, "{case}: a lowered delay clears it");
+            if then == Then::LoweredAfter {
+                // Weighed at the first checkpoint after the start, which confirms nothing.
+                r.w.cfg.writeback = low.clone();
+                tick(&mut r);
+                assert_eq!(paused_by(&r), None, "{case}");
+                assert_eq!(r.w.counters().writeback_pause, None, "{case}");
+            }
+            let lowered = matches!(then, Then::LoweredBefore | Then::LoweredAfter);
             // Checkpoints to confirm the slot (after a crash its saved confirmation is not
             // trusted, and one from before the start takes two), then LMCache deletes it.
             tick(&mut r);
             tick(&mut r);
             let a = r.delete_key(&keys[0]);
-            for _ in 0..2 {
-                checkpoint(&mut r);
-            }
+            checkpoint(&mut r);
             assert_eq!(r.state(a) == SlotState::Trimmed, lowered, "{case}: {:?}", r.state(a));
             if lowered {
                 continue;
             }
-            // Judged by this run (three intervals), still at risk: still paused.
-            for _ in 0..3 {
+            // Judged by this run (its third interval), still at risk: paused on where this run
+            // sees buffered writes; where it sees none, the carried pause ends.
+            checkpoint(&mut r);
+            assert_eq!(paused_by(&r).is_some_and(|w| !w.contains("previous run")), then == Then::Buffered, "{case}: {:?}", paused_by(&r));
+            assert_eq!(r.w.counters().writeback_pause.is_some(), then == Then::Buffered, "{case}");
+            if then == Then::Buffered {
+                assert_ne!(r.state(a), SlotState::Trimmed, "{case}");
+                // The delay lowered: it resumes, and the saved state no longer holds a pause.
+                r.w.cfg.writeback = low.clone();
                 checkpoint(&mut r);
+                assert_eq!(paused_by(&r), None, "{case}");
+                assert_eq!(r.w.counters().writeback_pause, None, "{case}");
             }
-            assert!(paused_by(&r).is_some_and(|w| !w.contains("previous run")), "{case}: {:?}", paused_by(&r));
-            assert_ne!(r.state(a), SlotState::Trimmed, "{case}");
-            // The delay lowered: it resumes, and the saved state no longer holds a pause.
-            r.w.cfg.writeback = low.clone();
-            tick(&mut r);
-            r.step();
-            assert_eq!(paused_by(&r), None, "{case}");
-            assert_eq!(r.w.counters().writeback_pause, None, "{case}");
             // The next checkpoint confirms what it lists (the one that ended the pause did not).
-            tick(&mut r);
+            checkpoint(&mut r);
             let b = r.delete_key(&keys[1]);
             for _ in 0..2 {
                 checkpoint(&mut r);
