@@ -174,7 +174,7 @@ impl DeviceConfig {
             capacity_bytes: fu("capacity_bytes"),
         };
         let cfg = Self {
-            id: v.get("id").and_then(Value::as_i64).and_then(|i| i32::try_from(i).ok()).ok_or("device config lacks \"id\" (a device id)")?,
+            id: v.get("id").and_then(Value::as_i64).and_then(|i| i32::try_from(i).ok()).filter(|&i| i >= 0).ok_or("device config lacks \"id\" (a device id, 0 or more)")?,
             // It names a link under /dev/fdpblk/: checked as `add --name` checks it.
             name: match v.get("name").and_then(Value::as_str) {
                 Some(n) => Some(super::state::check_name(n).map(|()| n.to_string()).map_err(|e| format!("device config's \"name\" {e}"))?),

@@ -131,15 +131,18 @@ pub fn read_state(id: i32) -> Result<(DeviceConfig, Daemon), String> {
     Ok((cfg, Daemon::from_state(&v)))
 }
 
+/// The ids of the state files in the run directory. Only names fdpblk writes count
+/// (`N.json`, N as `{id}` prints it): a stray `-1.json` or `03.json` is no device's.
 pub fn state_ids() -> Vec<i32> {
-    let mut ids: Vec<i32> = fs::read_dir(RUN_DIR)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.strip_suffix(".json")?.parse().ok())
-        .collect();
+    let mut ids: Vec<i32> = fs::read_dir(RUN_DIR).into_iter().flatten().flatten().filter_map(|e| state_id(e.file_name().to_str()?)).collect();
     ids.sort_unstable();
     ids
+}
+
+/// The device id a state file's name gives, if it is one fdpblk writes.
+fn state_id(file: &str) -> Option<i32> {
+    let stem = file.strip_suffix(".json")?;
+    stem.parse::<i32>().ok().filter(|&id| id >= 0 && id.to_string() == stem)
 }
 
 /// The drive's FDP statistics when the device was added: `fdpblk stats` reports deltas.
@@ -513,6 +516,15 @@ fn other_threads(pid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// Only names fdpblk writes are state files: a stray `-1.json` would reach the driver
+    /// with a negative id (libublk asserts), and `03.json` would list device 3 twice.
+    #[test]
+    fn only_canonical_state_file_names_are_devices() {
+        for (name, id) in [("0.json", Some(0)), ("17.json", Some(17)), ("-1.json", None), ("+3.json", None), ("03.json", None), ("3.stats.json", None), ("3.json.tmp", None), ("x.json", None)] {
+            assert_eq!(super::state_id(name), id, "{name}");
+        }
+    }
+
     /// A killed writer's temp file goes; a running one's (this process's) stays.
     #[test]
     fn stale_temps_of_dead_writers_are_removed() {
