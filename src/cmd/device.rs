@@ -1315,10 +1315,17 @@ pub fn del(a: &DelArgs) -> CmdResult {
 fn del_one(id: i32) -> Result<(), String> {
     let read = state::read_state(id);
     if !target::device_exists(id) {
+        // The device is gone already: its files go, under the add lock and only as read
+        // here (an add may have been given the id since, and written its own).
         match (&read, state::state_path(id).exists()) {
-            (Ok((c, _)), _) => state::remove_state(c), // the device is gone already
+            (Ok((c, _)), _) => super::up::remove_stale(c),
             // A corrupt state file of a device that is gone: nothing else to clean.
-            (Err(_), true) => state::remove_state_files(id),
+            (Err(_), true) => {
+                let _one = target::add_lock();
+                if !target::device_exists(id) && state::read_state(id).is_err() {
+                    state::remove_state_files(id);
+                }
+            }
             (Err(_), false) => return Err(format!("no ublk device {id}; see `fdpblk list`")),
         }
         return Ok(());
@@ -1382,7 +1389,10 @@ fn del_one(id: i32) -> Result<(), String> {
         return Err(format!("ublk device {id} did not go away; is its daemon stuck? (kill it, then `fdpblk del -n {id}`)"));
     }
     // The state file goes unless it is another device's by now (the id, free once the device
-    // went, may have been taken by an add since).
+    // went, may have been taken by an add since). Under the add lock: a file read here as
+    // the stopped device's is not yet cleared by an add of the id (`clear_stale`, under
+    // the lock at its creation), so no add of the id has a file to lose.
+    let _one = target::add_lock();
     match (&read, state::read_state(id)) {
         (Ok((_, before)), Ok((c, now))) if now == *before => state::remove_state(&c),
         (Err(_), Err(_)) => state::remove_state_files(id),

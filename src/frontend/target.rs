@@ -104,8 +104,9 @@ fn errno_of(e: &UblkError) -> i32 {
 }
 
 /// An exclusive lock on `/run/fdpblk/.add.lock`, taken by every add around its creation of
-/// the device (and its clearing of what an earlier device of its id left), and by the removal
-/// of a stale state file ([`crate::cmd::up::remove_stale`]).
+/// the device (and its clearing of what an earlier device of its id left), by the removal
+/// of a stale state file ([`crate::cmd::up::remove_stale`]), and by a stopping daemon from
+/// the deletion of its device to the removal of its files ([`finish_device`]).
 pub(crate) fn add_lock() -> Result<std::fs::File, String> {
     let path = Path::new(state::RUN_DIR).join(".add.lock");
     let _ = std::fs::create_dir_all(state::RUN_DIR);
@@ -256,6 +257,10 @@ pub(crate) fn ublk_error(e: &UblkError) -> String {
 fn finish_device(ctrl: UblkCtrl, cfg: &DeviceConfig) {
     let me = std::process::id();
     let id = cfg.id;
+    // Under the add lock from before the device goes until its files have: an add given the
+    // freed id meanwhile would write its own state file, which this would remove. (Without
+    // the lock, /run/fdpblk not writable, it goes on unlocked.)
+    let _one = add_lock();
     let state_ours = match state::read_state(id) {
         Ok((_, d)) => d.pid == me || !d.alive(),
         Err(_) => true,

@@ -246,6 +246,20 @@ for round in 1 2 3; do
     expect "round $round: the name is gone with it" bash -c "for i in \$(seq 50); do [[ -e /dev/fdpblk/kvrace ]] || exit 0; sleep 0.1; done; exit 1"
 done
 expect "the daemons, not add's own check, refused the second add ($raced of 3 rounds)" test "$raced" -ge 1
+# A stopping daemon deletes its device and then its files under the add lock: an add given
+# the freed id in between would have its new state file removed by the stopping daemon.
+dev=$(fdpblk_add --backing /var/tmp/race1.img --engine plain --policy none -n 11 "${GEO[@]}")
+expect_eq "add a device to stop while the add lock is held" "$dev" /dev/ublkb11
+exec 7>/run/fdpblk/.add.lock
+flock 7
+"$FDPBLK" del -n 11 >/tmp/del11.out 2>&1 7>&- &
+pdel=$!
+sleep 3
+expect "lock held: the stopping daemon keeps its device (/dev/ublkc11) and state file" test -e /dev/ublkc11 -a -e /run/fdpblk/11.json
+flock -u 7
+exec 7>&-
+expect "lock free: del finishes ($(tr '\n' ' ' </tmp/del11.out))" wait "$pdel"
+expect "device and state file gone" bash -c "[[ ! -e /dev/ublkc11 && ! -e /run/fdpblk/11.json ]]"
 # A device whose state file went (a cleared /run) is still listed, and `del` removes it.
 pid=$(daemon_pid 5)
 mv /run/fdpblk/5.json /var/tmp/5.json
