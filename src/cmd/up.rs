@@ -234,7 +234,16 @@ pub fn down(u: &UpArgs) -> CmdResult {
         Some(n) => n.clone(),
         None => resolve(u, Path::new(CONFIG_DIR))?.1,
     };
-    match find(&name) {
+    // A daemon killed with NVMe commands in flight is still exiting: waited for, so that its
+    // device is kept for recovery as any dead daemon's, not stopped under LMCache.
+    match find_settled(|| find(&name), device::exiting, 450, std::time::Duration::from_millis(100), &name) {
+        Found::Running { id, pid } if device::exiting(pid) => {
+            return Err(format!(
+                "device {name}: its daemon (pid {pid}) is still exiting (NVMe commands in flight); run `fdpblk down {name}` again once it is gone (it keeps {} for recovery)",
+                state::bdev_path(id)
+            )
+            .into())
+        }
         // A device whose state file does not read, which /dev/fdpblk/NAME still leads to, is
         // this one: not "nothing to stop".
         Found::None => match linked_unreadable(&name) {
