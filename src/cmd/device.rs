@@ -1206,6 +1206,11 @@ fn recover_device(a: &IdArgs) -> CmdResult {
     if st == sys::UBLK_S_DEV_LIVE {
         return Err(format!("device {} is live; nothing to recover", a.number).into());
     }
+    // The id may have gone to another ublk server's device since (this one deleted by other
+    // means), whose server died too: never serve this backing under its users.
+    if let Some(whose) = read.as_ref().ok().and_then(|(_, ours)| foreign_server(a.number, ours)) {
+        return Err(format!("ublk device {} {whose}: not fdpblk's to recover; its state file is left over (`fdpblk del -n {}` removes it and leaves the device)", a.number, a.number).into());
+    }
     // Only a device the driver holds for a new daemon can be recovered; a stopped one (its
     // daemon died while stopping it) serves nothing and can only be deleted.
     if st != sys::UBLK_S_DEV_QUIESCED && st != sys::UBLK_S_DEV_FAIL_IO {
@@ -1335,10 +1340,13 @@ fn del_one(id: i32) -> Result<(), String> {
     let foreign = match &read {
         Ok((c, daemon)) => foreign_server(id, daemon).inspect(|_| state::remove_state(c)),
         // A corrupt state file tells nothing either: its id may have been taken since.
-        Err(_) => ublk_server(id).filter(|(_, c)| !c.starts_with("fdpblk")),
+        Err(_) => match ublk_server(id) {
+            Some((pid, comm)) => (!comm.starts_with("fdpblk")).then(|| format!("is served by {comm} (pid {pid}), not by fdpblk")),
+            None => (maker(id) == Maker::Other).then(|| "was served by another ublk server (gone), not by fdpblk".to_string()),
+        },
     };
-    if let Some((pid, comm)) = foreign {
-        return Err(format!("ublk device {id} is served by {comm} (pid {pid}), not by fdpblk: stop it with its own server"));
+    if let Some(whose) = foreign {
+        return Err(format!("ublk device {id} {whose}: stop it with its own server"));
     }
     let daemon = serving_daemon(id, &read);
     // The daemon itself opens the device now and then (its state thread drops cached pages).
@@ -1458,10 +1466,50 @@ fn dev_state(id: i32, name: Option<&str>) -> (&'static str, Option<String>) {
 
 /// Whose ublk device `id` is, for one that has no state file: its server's pid and name.
 fn ublk_owner(id: i32) -> String {
-    match ublk_server(id) {
-        Some((pid, c)) if c.starts_with("fdpblk") => format!("served by fdpblk (pid {pid}) but its state file is gone: `fdpblk del -n {id}` deletes it"),
-        Some((pid, c)) => format!("another ublk server's ({c}, pid {pid}): not fdpblk's to delete"),
-        None => format!("its server is gone and no state file says whose it was: if it was fdpblk's, `fdpblk del -n {id}` deletes it"),
+    match (ublk_server(id), maker(id)) {
+        (Some((pid, c)), _) if c.starts_with("fdpblk") => format!("served by fdpblk (pid {pid}) but its state file is gone: `fdpblk del -n {id}` deletes it"),
+        (Some((pid, c)), _) => format!("another ublk server's ({c}, pid {pid}): not fdpblk's to delete"),
+        (None, Maker::Fdpblk) => format!("fdpblk's, its daemon is gone and so is its state file: `fdpblk del -n {id}` deletes it"),
+        (None, Maker::Other) => "another ublk server's, whose server is gone: not fdpblk's to delete".to_string(),
+        (None, Maker::Unknown) => format!("its server is gone and no state file says whose it was: if it was fdpblk's, `fdpblk del -n {id}` deletes it"),
+    }
+}
+
+/// Who added a ublk device, by its `ublksrv_flags` ([`target::DEVICE_TAG`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Maker {
+    Fdpblk,
+    /// Another server that tags its devices.
+    Other,
+    /// Untagged: another server's, or one an fdpblk before the tag added.
+    Unknown,
+}
+
+impl Maker {
+    fn of(ublksrv_flags: u64) -> Maker {
+        match ublksrv_flags {
+            target::DEVICE_TAG => Maker::Fdpblk,
+            0 => Maker::Unknown,
+            _ => Maker::Other,
+        }
+    }
+}
+
+/// The maker of device `id` (unknown where the driver does not answer).
+fn maker(id: i32) -> Maker {
+    UblkCtrl::new_simple(id).map_or(Maker::Unknown, |c| Maker::of(c.dev_info().ublksrv_flags))
+}
+
+/// Whether a device no live server serves, of `maker`, whose last server the driver names
+/// `server_pid`, is another server's although a state file of fdpblk daemon `ours` names its
+/// id: tagged by another server, or untagged and last served by another process (fdpblk's
+/// daemon starts and recovers its device itself, so the driver names the daemon its state
+/// file names, or for a few moments after a recovery, the recovering one: tagged).
+fn dead_device_foreign(maker: Maker, server_pid: i32, ours: u32) -> bool {
+    match maker {
+        Maker::Fdpblk => false,
+        Maker::Other => true,
+        Maker::Unknown => u32::try_from(server_pid).is_ok_and(|p| p > 0 && p != ours),
     }
 }
 
@@ -1486,11 +1534,18 @@ pub(crate) fn still_ours(id: i32, read: &Result<(DeviceConfig, state::Daemon), S
     read.as_ref().is_ok_and(|(_, ours)| target::device_exists(id) && foreign_server(id, ours).is_none())
 }
 
-/// The live server of device `id` when it is not the fdpblk daemon `ours` (of `id`'s state
+/// The server of device `id` when it is not the fdpblk daemon `ours` (of `id`'s state
 /// file): the driver reuses ids, so a state file left by a killed daemon whose device was
-/// then deleted by other means names whatever device took the id next.
-pub(crate) fn foreign_server(id: i32, ours: &state::Daemon) -> Option<(i32, String)> {
-    ublk_server(id).filter(|(pid, comm)| *pid as u32 != ours.pid && !comm.starts_with("fdpblk"))
+/// then deleted by other means names whatever device took the id next. A live device's is
+/// told by its server's process; a dead one's by [`dead_device_foreign`]. Says whose, as
+/// "ublk device N ...": "is served by NAME (pid P), not by fdpblk".
+pub(crate) fn foreign_server(id: i32, ours: &state::Daemon) -> Option<String> {
+    let info = UblkCtrl::new_simple(id).ok()?.dev_info();
+    if u32::from(info.state) == sys::UBLK_S_DEV_LIVE {
+        return ublk_server(id).filter(|(pid, comm)| *pid as u32 != ours.pid && !comm.starts_with("fdpblk")).map(|(pid, comm)| format!("is served by {comm} (pid {pid}), not by fdpblk"));
+    }
+    let pid = info.ublksrv_pid;
+    dead_device_foreign(Maker::of(info.ublksrv_flags), pid, ours.pid).then(|| format!("was served by another ublk server (pid {pid}, gone), not by fdpblk (its state file names pid {})", ours.pid))
 }
 
 pub fn list(a: &ListArgs) -> CmdResult {
@@ -1806,8 +1861,8 @@ pub fn drive_deltas(id: i32) -> CmdResult {
 /// For udev: prints the stable name of device `id`, or fails if it has none.
 pub fn name(id: i32) -> CmdResult {
     let (cfg, daemon) = state::read_state(id)?;
-    if let Some((pid, comm)) = foreign_server(id, &daemon) {
-        return Err(format!("ublk device {id} is served by {comm} (pid {pid}), not by fdpblk; its state file is left over").into());
+    if let Some(whose) = foreign_server(id, &daemon) {
+        return Err(format!("ublk device {id} {whose}; its state file is left over").into());
     }
     match cfg.name {
         Some(n) => {
@@ -1889,6 +1944,27 @@ mod tests {
         match crate::cli::Cli::try_parse_from(["fdpblk", "add"].iter().chain(argv)).unwrap().command {
             crate::cli::Command::Add(a) => a,
             _ => unreachable!(),
+        }
+    }
+
+    /// A dead device whose id a state file names: fdpblk's by its tag; another server's by
+    /// another tag, or untagged and last served by a process other than the file's daemon.
+    #[test]
+    fn a_dead_device_of_another_server_is_told_by_its_tag_or_last_server() {
+        assert_eq!(Maker::of(target::DEVICE_TAG), Maker::Fdpblk);
+        assert_eq!(Maker::of(0), Maker::Unknown);
+        assert_eq!(Maker::of(1 << 1), Maker::Other);
+        assert_eq!(&target::DEVICE_TAG.to_le_bytes(), b"fdpblk\x00\x01");
+        for (maker, server, ours, foreign) in [
+            (Maker::Fdpblk, 100, 200, false), // a recovered daemon not in the file yet
+            (Maker::Fdpblk, 200, 200, false),
+            (Maker::Other, 200, 200, true),
+            (Maker::Unknown, 200, 200, false), // an earlier fdpblk's
+            (Maker::Unknown, 100, 200, true),
+            (Maker::Unknown, 0, 200, false), // no server ever started it
+            (Maker::Unknown, -1, 200, false),
+        ] {
+            assert_eq!(dead_device_foreign(maker, server, ours), foreign, "{maker:?} {server} {ours}");
         }
     }
 

@@ -103,6 +103,12 @@ fn errno_of(e: &UblkError) -> i32 {
     }
 }
 
+/// What fdpblk keeps in the `ublksrv_flags` of each device it adds: the driver stores that
+/// word for the server (through recovery too) and never reads it, so it still tells an
+/// fdpblk device from another ublk server's once its daemon died (a dead device names no
+/// live server). 0 on devices of other servers that set nothing, and of fdpblk before it.
+pub(crate) const DEVICE_TAG: u64 = u64::from_le_bytes(*b"fdpblk\x00\x01");
+
 /// An exclusive lock on `/run/fdpblk/.add.lock`, taken by every add around its creation of
 /// the device (and its clearing of what an earlier device of its id left), by the removal
 /// of a stale state file ([`crate::cmd::up::remove_stale`]), and by a stopping daemon from
@@ -997,6 +1003,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         .depth(cfg.depth)
         .io_buf_bytes(cfg.io_buf_bytes)
         .ctrl_flags(u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE))
+        .ctrl_target_flags(DEVICE_TAG)
         .dev_flags(dev_flags)
         .build()
         .map_err(|e| fail(format!("creating ublk device {}: {}", cfg.id, ublk_error(&e))))?;

@@ -260,6 +260,18 @@ flock -u 7
 exec 7>&-
 expect "lock free: del finishes ($(tr '\n' ' ' </tmp/del11.out))" wait "$pdel"
 expect "device and state file gone" bash -c "[[ ! -e /dev/ublkc11 && ! -e /run/fdpblk/11.json ]]"
+# A dead device without its state file: the tag fdpblk keeps in the driver's device info
+# (ublksrv_flags) says it is fdpblk's, where no live server can.
+dev=$(fdpblk_add --backing /var/tmp/race2.img --engine plain --policy none -n 12 "${GEO[@]}")
+expect_eq "add a device to kill" "$dev" /dev/ublkb12
+pid=$(daemon_pid 12)
+mv /run/fdpblk/12.json /var/tmp/12.json
+expect "SIGKILL its daemon" kill -9 "$pid"
+expect "it exits" bash -c "for i in \$(seq 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
+poll_eq "list --json: a dead device without a state file is fdpblk's, by its tag" true bash -c "$FDPBLK list --json | jq -c '[.[] | select(.id == 12) | .hint | test(\"fdpblk.s, its daemon is gone\")] == [true]'"
+mv /var/tmp/12.json /run/fdpblk/12.json
+expect "del with its state file back" "$FDPBLK" del -n 12
+expect "device 12 gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkc12 ]] || exit 0; sleep 0.1; done; exit 1"
 # A device whose state file went (a cleared /run) is still listed, and `del` removes it.
 pid=$(daemon_pid 5)
 mv /run/fdpblk/5.json /var/tmp/5.json
