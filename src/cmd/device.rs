@@ -1323,7 +1323,14 @@ fn del_one(id: i32) -> Result<(), String> {
         // The device is gone already: its files go, under the add lock and only as read
         // here (an add may have been given the id since, and written its own).
         match (&read, state::state_path(id).exists()) {
-            (Ok((c, _)), _) => super::up::remove_stale(c),
+            (Ok((c, d)), _) => {
+                super::up::remove_stale(c);
+                // Kept where its daemon still runs (a device deleted by other means): it
+                // removes its files when it stops.
+                if state::read_state(id).is_ok_and(|(now, _)| now == *c) {
+                    return Err(format!("ublk device {id} is gone, but its daemon (pid {}) still runs: it removes its state file when it stops (`kill {}`)", d.pid, d.pid));
+                }
+            }
             // A corrupt state file of a device that is gone: nothing else to clean.
             (Err(_), true) => {
                 let _one = target::add_lock();
@@ -1388,6 +1395,12 @@ fn del_one(id: i32) -> Result<(), String> {
     if target::device_exists(id) {
         let server = ctrl.read_dev_info().map_or(0, |_| ctrl.dev_info().ublksrv_pid);
         if !still_the_stopped_device(daemon.map(|d| d.pid), server) {
+            // A server pid of none: a new add's device not started yet, or this one, its
+            // daemon died before deleting it (the driver clears the pid at the stop). Which
+            // cannot be told; neither is deleted here, and the second says so.
+            if server <= 0 && state::read_state(id).ok().map(|(_, d)| d) == read.as_ref().ok().map(|(_, d)| *d) {
+                return Err(format!("ublk device {id} is still there, stopped: its daemon exited without deleting it; `fdpblk del -n {id}` again deletes it"));
+            }
             return Ok(());
         }
         target::delete_device(&ctrl)?;
@@ -1486,10 +1499,13 @@ enum Maker {
 }
 
 impl Maker {
+    /// By the tag's first seven bytes (`fdpblk\0`): its last byte is a version, which a
+    /// later fdpblk may raise.
     fn of(ublksrv_flags: u64) -> Maker {
+        const PREFIX: u64 = (1 << 56) - 1;
         match ublksrv_flags {
-            target::DEVICE_TAG => Maker::Fdpblk,
             0 => Maker::Unknown,
+            f if f & PREFIX == target::DEVICE_TAG & PREFIX => Maker::Fdpblk,
             _ => Maker::Other,
         }
     }
@@ -1498,19 +1514,6 @@ impl Maker {
 /// The maker of device `id` (unknown where the driver does not answer).
 fn maker(id: i32) -> Maker {
     UblkCtrl::new_simple(id).map_or(Maker::Unknown, |c| Maker::of(c.dev_info().ublksrv_flags))
-}
-
-/// Whether a device no live server serves, of `maker`, whose last server the driver names
-/// `server_pid`, is another server's although a state file of fdpblk daemon `ours` names its
-/// id: tagged by another server, or untagged and last served by another process (fdpblk's
-/// daemon starts and recovers its device itself, so the driver names the daemon its state
-/// file names, or for a few moments after a recovery, the recovering one: tagged).
-fn dead_device_foreign(maker: Maker, server_pid: i32, ours: u32) -> bool {
-    match maker {
-        Maker::Fdpblk => false,
-        Maker::Other => true,
-        Maker::Unknown => u32::try_from(server_pid).is_ok_and(|p| p > 0 && p != ours),
-    }
 }
 
 /// The server of live ublk device `id`: its pid and process name (of a device that is not
@@ -1537,15 +1540,16 @@ pub(crate) fn still_ours(id: i32, read: &Result<(DeviceConfig, state::Daemon), S
 /// The server of device `id` when it is not the fdpblk daemon `ours` (of `id`'s state
 /// file): the driver reuses ids, so a state file left by a killed daemon whose device was
 /// then deleted by other means names whatever device took the id next. A live device's is
-/// told by its server's process; a dead one's by [`dead_device_foreign`]. Says whose, as
-/// "ublk device N ...": "is served by NAME (pid P), not by fdpblk".
+/// told by its server's process; a dead one's only by another server's tag ([`Maker`]; an
+/// untagged one may be an earlier fdpblk's, whose last server the driver may name otherwise
+/// than its state file: a recovering daemon that died before it rewrote the file). Says
+/// whose, as "ublk device N ...": "is served by NAME (pid P), not by fdpblk".
 pub(crate) fn foreign_server(id: i32, ours: &state::Daemon) -> Option<String> {
     let info = UblkCtrl::new_simple(id).ok()?.dev_info();
     if u32::from(info.state) == sys::UBLK_S_DEV_LIVE {
         return ublk_server(id).filter(|(pid, comm)| *pid as u32 != ours.pid && !comm.starts_with("fdpblk")).map(|(pid, comm)| format!("is served by {comm} (pid {pid}), not by fdpblk"));
     }
-    let pid = info.ublksrv_pid;
-    dead_device_foreign(Maker::of(info.ublksrv_flags), pid, ours.pid).then(|| format!("was served by another ublk server (pid {pid}, gone), not by fdpblk (its state file names pid {})", ours.pid))
+    (Maker::of(info.ublksrv_flags) == Maker::Other).then(|| format!("was served by another ublk server (tagged so; its server, pid {}, is gone), not by fdpblk", info.ublksrv_pid))
 }
 
 pub fn list(a: &ListArgs) -> CmdResult {
@@ -1553,7 +1557,11 @@ pub fn list(a: &ListArgs) -> CmdResult {
     let known = state::state_ids();
     for &id in &known {
         let read = state::read_state(id);
-        let (st, hint) = dev_state(id, read.as_ref().ok().and_then(|(c, _)| c.name.as_deref()));
+        let (st, mut hint) = dev_state(id, read.as_ref().ok().and_then(|(c, _)| c.name.as_deref()));
+        // Not "recover it" where the device is another server's by now.
+        if let Some(whose) = read.as_ref().ok().and_then(|(_, d)| foreign_server(id, d)) {
+            hint = Some(format!("ublk device {id} {whose}: this state file is left over; `fdpblk del -n {id}` removes it"));
+        }
         // The daemon that serves it, which may not be the one its file names yet.
         let serving = read.as_ref().ok().and_then(|_| serving_daemon(id, &read));
         let (cfg, pid) = match read {
@@ -1947,24 +1955,16 @@ mod tests {
         }
     }
 
-    /// A dead device whose id a state file names: fdpblk's by its tag; another server's by
-    /// another tag, or untagged and last served by a process other than the file's daemon.
+    /// Who added a device, by the tag in its `ublksrv_flags`: fdpblk's, of any version of the
+    /// tag; another server's that sets the word; or untold.
     #[test]
-    fn a_dead_device_of_another_server_is_told_by_its_tag_or_last_server() {
-        assert_eq!(Maker::of(target::DEVICE_TAG), Maker::Fdpblk);
-        assert_eq!(Maker::of(0), Maker::Unknown);
-        assert_eq!(Maker::of(1 << 1), Maker::Other);
+    fn a_device_is_told_by_its_tag() {
         assert_eq!(&target::DEVICE_TAG.to_le_bytes(), b"fdpblk\x00\x01");
-        for (maker, server, ours, foreign) in [
-            (Maker::Fdpblk, 100, 200, false), // a recovered daemon not in the file yet
-            (Maker::Fdpblk, 200, 200, false),
-            (Maker::Other, 200, 200, true),
-            (Maker::Unknown, 200, 200, false), // an earlier fdpblk's
-            (Maker::Unknown, 100, 200, true),
-            (Maker::Unknown, 0, 200, false), // no server ever started it
-            (Maker::Unknown, -1, 200, false),
-        ] {
-            assert_eq!(dead_device_foreign(maker, server, ours), foreign, "{maker:?} {server} {ours}");
+        assert_eq!(Maker::of(target::DEVICE_TAG), Maker::Fdpblk);
+        assert_eq!(Maker::of(u64::from_le_bytes(*b"fdpblk\x00\x02")), Maker::Fdpblk, "a later version");
+        assert_eq!(Maker::of(0), Maker::Unknown);
+        for other in [1 << 1, u64::from_le_bytes(*b"fdpblkX\x01"), u64::MAX] {
+            assert_eq!(Maker::of(other), Maker::Other, "{other:#x}");
         }
     }
 

@@ -239,7 +239,7 @@ pub fn down(u: &UpArgs) -> CmdResult {
     match find_settled(|| find(&name), device::exiting, 450, std::time::Duration::from_millis(100), &name) {
         Found::Running { id, pid } if device::exiting(pid) => {
             return Err(format!(
-                "device {name}: its daemon (pid {pid}) is still exiting (NVMe commands in flight); run `fdpblk down {name}` again once it is gone (it keeps {} for recovery)",
+                "device {name}: its daemon (pid {pid}) is still exiting (NVMe commands in flight), so it died: {} is kept for recovery (`fdpblk up {name}` once the daemon is gone); `fdpblk del -n {id}` deletes it",
                 state::bdev_path(id)
             )
             .into())

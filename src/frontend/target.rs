@@ -1151,7 +1151,6 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
                 }
                 r => r,
             };
-            state::record_fdp_baseline(c);
             // The name is LMCache's device_path: an added device without it fails, as
             // without its state file (`ready` would start LMCache on a missing path).
             let linked = match (c.name.as_ref().filter(|_| saved.is_ok()), taken) {
@@ -1161,6 +1160,9 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
                 (None, _) => Ok(()),
             };
             drop(name_lock);
+            // Not under the add lock: it asks the drive (admin commands a resetting drive may
+            // hold up), and stopping daemons wait for that lock.
+            state::record_fdp_baseline(c);
             let saved = match (saved, linked) {
                 (Ok(()), Err(e)) if recover => {
                     tracing::error!("device {}: {e}", c.id);
