@@ -903,9 +903,7 @@ impl Watcher {
             let wait = self.next_wakeup().min(EARLY_TAILS_INTERVAL);
             self.slots.wait_events(wait);
             self.step();
-            let retry = self.unclean_error.is_some() && self.last_persist.elapsed() >= Duration::from_secs(1);
-            let soon = std::mem::take(&mut self.persist_soon) && self.cfg.persist_interval != Duration::MAX;
-            if retry || soon || self.last_persist.elapsed() >= self.cfg.persist_interval {
+            if self.persist_due() {
                 let _ = self.persist_now(false, false);
             }
         }
@@ -917,6 +915,15 @@ impl Watcher {
         }
         let _ = self.persist_now(clean, true);
         self.publish();
+    }
+
+    /// Whether a persist cycle is due after a step: the interval passed, the start's mark is
+    /// retried (once a second), or something is to be saved at once (`persist_soon`), unless
+    /// the state is persisted only at start and stop.
+    fn persist_due(&mut self) -> bool {
+        let retry = self.unclean_error.is_some() && self.last_persist.elapsed() >= Duration::from_secs(1);
+        let soon = std::mem::take(&mut self.persist_soon) && self.cfg.persist_interval != Duration::MAX;
+        retry || soon || self.last_persist.elapsed() >= self.cfg.persist_interval
     }
 
     /// The last round left evicted or unwritten slots to deallocate (the next one follows at

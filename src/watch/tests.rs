@@ -3212,6 +3212,13 @@ fn a_writeback_pause_outlives_a_daemon_restart() {
                 tick(&mut r);
             }
             assert!(paused_by(&r).is_some(), "{case}");
+            // Saved at once, not at the next interval (an hour here), unless persisting only
+            // at start and stop.
+            assert!(r.w.persist_due(), "{case}");
+            assert!(!r.w.persist_due(), "{case}: once");
+            r.w.persist_soon = true;
+            r.w.cfg.persist_interval = Duration::MAX;
+            assert!(!r.w.persist_due(), "{case}: --persist-interval-ms 0");
             r.w.persist_now(false, false).unwrap();
             assert!(r.w.counters().writeback_pause.is_some_and(|p| p.buffered && p.interval_ms > 0), "{case}");
             // A clean stop ends the pause for its last round (nothing is written after it),
