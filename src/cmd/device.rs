@@ -1353,7 +1353,7 @@ fn del_one(id: i32) -> Result<(), String> {
         },
     };
     if let Some(whose) = foreign {
-        return Err(format!("ublk device {id} {whose}: stop it with its own server"));
+        return Err(format!("ublk device {id} {whose}: stop or delete it with its own server"));
     }
     let daemon = serving_daemon(id, &read);
     // The daemon itself opens the device now and then (its state thread drops cached pages).
@@ -1549,7 +1549,7 @@ pub(crate) fn foreign_server(id: i32, ours: &state::Daemon) -> Option<String> {
     if u32::from(info.state) == sys::UBLK_S_DEV_LIVE {
         return ublk_server(id).filter(|(pid, comm)| *pid as u32 != ours.pid && !comm.starts_with("fdpblk")).map(|(pid, comm)| format!("is served by {comm} (pid {pid}), not by fdpblk"));
     }
-    (Maker::of(info.ublksrv_flags) == Maker::Other).then(|| format!("was served by another ublk server (tagged so; its server, pid {}, is gone), not by fdpblk", info.ublksrv_pid))
+    (Maker::of(info.ublksrv_flags) == Maker::Other).then(|| "was served by another ublk server (tagged so; its server is gone), not by fdpblk".to_string())
 }
 
 pub fn list(a: &ListArgs) -> CmdResult {
