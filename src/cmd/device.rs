@@ -1346,11 +1346,9 @@ fn del_one(id: i32) -> Result<(), String> {
     // another ublk server's: never fdpblk's to stop.
     let foreign = match &read {
         Ok((c, daemon)) => foreign_server(id, daemon).inspect(|_| state::remove_state(c)),
-        // A corrupt state file tells nothing either: its id may have been taken since.
-        Err(_) => match ublk_server(id) {
-            Some((pid, comm)) => (!comm.starts_with("fdpblk")).then(|| format!("is served by {comm} (pid {pid}), not by fdpblk")),
-            None => (maker(id) == Maker::Other).then(|| "was served by another ublk server (gone), not by fdpblk".to_string()),
-        },
+        // A corrupt state file tells nothing either: its id may have been taken since. (No
+        // daemon of its own: pid 0 is no server's.)
+        Err(_) => foreign_server(id, &state::Daemon { pid: 0, start: None }),
     };
     if let Some(whose) = foreign {
         return Err(format!("ublk device {id} {whose}: stop or delete it with its own server"));
