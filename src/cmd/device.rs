@@ -1517,7 +1517,11 @@ fn maker(id: i32) -> Maker {
 /// The server of live ublk device `id`: its pid and process name (of a device that is not
 /// live, the pid may be reused by now).
 fn ublk_server(id: i32) -> Option<(i32, String)> {
-    let info = UblkCtrl::new_simple(id).ok()?.dev_info();
+    live_server(&UblkCtrl::new_simple(id).ok()?.dev_info())
+}
+
+/// [`ublk_server`] of the device info read already.
+fn live_server(info: &sys::ublksrv_ctrl_dev_info) -> Option<(i32, String)> {
     let pid = Some(info.ublksrv_pid).filter(|&p| p > 0 && u32::from(info.state) == sys::UBLK_S_DEV_LIVE)?;
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
     Some((pid, comm.trim().to_string()))
@@ -1545,7 +1549,7 @@ pub(crate) fn still_ours(id: i32, read: &Result<(DeviceConfig, state::Daemon), S
 pub(crate) fn foreign_server(id: i32, ours: &state::Daemon) -> Option<String> {
     let info = UblkCtrl::new_simple(id).ok()?.dev_info();
     if u32::from(info.state) == sys::UBLK_S_DEV_LIVE {
-        return ublk_server(id).filter(|(pid, comm)| *pid as u32 != ours.pid && !comm.starts_with("fdpblk")).map(|(pid, comm)| format!("is served by {comm} (pid {pid}), not by fdpblk"));
+        return live_server(&info).filter(|(pid, comm)| *pid as u32 != ours.pid && !comm.starts_with("fdpblk")).map(|(pid, comm)| format!("is served by {comm} (pid {pid}), not by fdpblk"));
     }
     (Maker::of(info.ublksrv_flags) == Maker::Other).then(|| "was served by another ublk server (tagged so; its server is gone), not by fdpblk".to_string())
 }

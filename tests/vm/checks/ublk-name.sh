@@ -298,8 +298,7 @@ expect "device 7 gone" test ! -e /dev/ublkb7
 # A killed daemon's state file, its device deleted by other means and the id taken by a
 # ublk server that is not fdpblk (it tags its devices as its own), which died too: the
 # dead device is not fdpblk's to recover, list as recoverable or delete.
-OTHER=$(cd "$(dirname "$0")/../../.." && pwd)/target/release/examples/other_ublk_server
-[[ -x $OTHER ]] || check_fatal "no $OTHER: run 'cargo build --release --examples' (cargo test builds it) on the host first"
+[[ -x $OTHER_UBLK ]] || check_fatal "no $OTHER_UBLK: run 'cargo build --release --examples' (cargo test builds it) on the host first"
 dev=$(fdpblk_add --backing /var/tmp/race1.img --engine plain --policy none -n 9 "${GEO[@]}")
 expect_eq "add device 9" "$dev" /dev/ublkb9
 cp /run/fdpblk/9.json /var/tmp/9.json
@@ -307,7 +306,7 @@ pid=$(daemon_pid 9)
 expect "SIGKILL its daemon" kill -9 "$pid"
 expect "it exits" bash -c "for i in \$(seq 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
 expect "its device deleted" "$FDPBLK" del -n 9
-"$OTHER" add 9 >/tmp/other9.out 2>&1 &
+"$OTHER_UBLK" add 9 >/tmp/other9.out 2>&1 &
 opid=$!
 expect "another server takes id 9" bash -c "for i in \$(seq 100); do [[ -e /dev/ublkb9 ]] && exit 0; sleep 0.1; done; exit 1"
 { kill -9 "$opid"; wait "$opid"; } 2>/dev/null || true
@@ -320,5 +319,5 @@ out=$("$FDPBLK" del -n 9 2>&1) && rc=0 || rc=$?
 expect "del refuses it ($out)" test "$rc" -ne 0
 expect "and removes the left-over state file" test ! -e /run/fdpblk/9.json
 expect "the other server's device is still there" test -e /dev/ublkc9
-expect "deleted by its own server" "$OTHER" del 9
+expect "deleted by its own server" "$OTHER_UBLK" del 9
 check_done

@@ -91,6 +91,9 @@ fio_verify() {
 # The LMCache raw_block writer (tools/rawblock_writer), built on the host with fdpblk.
 # shellcheck disable=SC2034 # used by the checks that source this file
 RBW=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/target/release/rawblock-writer
+# A ublk server that is not fdpblk (examples/other_ublk_server.rs; `cargo test` builds it).
+# shellcheck disable=SC2034 # used by the checks that source this file
+OTHER_UBLK=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/target/release/examples/other_ublk_server
 
 # fdpblk_fresh_drive: no LMCache checkpoint and no saved fdpblk state on $NS_DEV (the checks of
 # one boot share the drive): discards the first MiB (the metadata region of the checks'
