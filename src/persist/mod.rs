@@ -179,6 +179,13 @@ pub struct SavedPause {
     pub buffered: bool,
 }
 
+impl SavedPause {
+    /// The checkpoint interval it was judged at.
+    pub fn interval(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(u64::from(self.interval_ms))
+    }
+}
+
 impl Counters {
     pub fn count_trim(&mut self, handle: Handle, bytes: u64) {
         // Saturating: the counters come back from the device, where any value passes a CRC.

@@ -358,7 +358,7 @@ impl Watcher {
         if self.gaps >= GAPS {
             self.carried = None;
         }
-        let carried = self.carried.map(|p| Duration::from_millis(u64::from(p.interval_ms)));
+        let carried = self.carried.map(|p| p.interval());
         let Some(shortest) = carried.or_else(|| self.short_gap()).or(self.interval) else { return };
         self.writeback = Some(delay);
         let risk = (carried.is_some() || self.gaps >= GAPS) && writeback_outlasts_interval(shortest, delay);
@@ -386,7 +386,7 @@ impl Watcher {
     /// count as seen only until then.
     pub(super) fn carry_writeback_pause(&mut self) {
         let Some(p) = self.counters.writeback_pause else { return };
-        let interval = Duration::from_millis(u64::from(p.interval_ms));
+        let interval = p.interval();
         let delay = self.cfg.writeback.now();
         if self.cfg.trim && delay.is_some_and(|d| writeback_outlasts_interval(interval, d)) {
             self.carried = Some(p);
