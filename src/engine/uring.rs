@@ -17,10 +17,12 @@ const BACKING: types::Fixed = types::Fixed(1);
 /// What the kernel is told of a failed BLKDISCARD: `None` where the backing takes no discard
 /// (a file: ENOTTY; a device without it: EOPNOTSUPP), so that PUNCH_HOLE may do instead; else
 /// the drive's error (EIO, a lost path), not "not supported", after which a caller may stop
-/// discarding without a word.
+/// discarding without a word. EBUSY, EAGAIN and EINTR would reach the block layer as "busy"
+/// or "again", retries it never makes for a completed request: an I/O error, as elsewhere.
 fn blkdiscard_result(e: &std::io::Error) -> Option<i32> {
     match e.raw_os_error() {
         Some(libc::ENOTTY | libc::EOPNOTSUPP) => None,
+        Some(libc::EBUSY | libc::EAGAIN | libc::EINTR) => Some(-libc::EIO),
         Some(n) => Some(-n),
         None => Some(-libc::EIO),
     }
@@ -272,6 +274,9 @@ mod tests {
     fn a_failed_blkdiscard_reports_the_drives_error_or_falls_back() {
         assert_eq!(blkdiscard_result(&Error::from_raw_os_error(libc::EIO)), Some(-libc::EIO));
         assert_eq!(blkdiscard_result(&Error::from_raw_os_error(libc::ENOLINK)), Some(-libc::ENOLINK));
+        for busy in [libc::EBUSY, libc::EAGAIN, libc::EINTR] {
+            assert_eq!(blkdiscard_result(&Error::from_raw_os_error(busy)), Some(-libc::EIO), "errno {busy}");
+        }
         // The discard thread ended without a result: not known to be done.
         assert_eq!(blkdiscard_result(&Error::other("no errno")), Some(-libc::EIO));
         // A file, or a device without discard: PUNCH_HOLE instead.

@@ -730,6 +730,18 @@ impl Watcher {
             );
             cfg.early_evictions = false;
         }
+        // With buffered I/O, LMCache's payload write into the rest of the header's page
+        // dirties that page, old header included, before the zeroing; its writeback would
+        // bring the old copy back past the zeroes (a dirty page cannot be dropped).
+        if cfg.early_evictions && cfg.page_cache.is_some() && !geom.block_align.is_multiple_of(page_cache::page_bytes()) {
+            let page = page_cache::page_bytes();
+            tracing::warn!(
+                "device {}: early evictions off: LMCache's block_align {} is smaller than a {page}-byte page, whose writeback could bring a zeroed checkpoint header back (a block_align of {page} or more turns them on)",
+                cfg.device,
+                geom.block_align,
+            );
+            cfg.early_evictions = false;
+        }
         let now = Instant::now();
         let reclaim = cfg.reclaim;
         let mut w = Watcher {

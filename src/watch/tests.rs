@@ -990,6 +990,33 @@ fn no_early_evictions_when_a_header_block_is_smaller_than_the_drives_block() {
     r.verify_all();
 }
 
+#[test]
+fn no_early_evictions_when_a_header_block_is_smaller_than_a_page() {
+    // block_align 512 on a drive of 512-byte blocks, served through a page cache: LMCache's
+    // buffered payload write dirties the header's page, old header included, and its
+    // writeback would undo the zeroing.
+    let mut r = Rig::new(SLOTS, META, true);
+    assert!(BA < super::page_cache::page_bytes());
+    let cache = std::env::temp_dir().join(format!("fdpblk-page-cache-{}", std::process::id()));
+    std::fs::write(&cache, vec![0u8; 8192]).unwrap();
+    r.cfg.page_cache = Some(cache.clone());
+    r.w = Watcher::new(r.g, r.slots.clone(), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
+    std::fs::remove_file(&cache).unwrap();
+    let keys: Vec<String> = (0..6).map(|_| r.new_key(false)).collect();
+    for k in &keys {
+        r.put(k.clone()).unwrap();
+    }
+    r.fillers(3);
+    let a = r.evict_first_behind_two_checkpoints(&keys);
+    assert_eq!((r.early_evictions, r.invalidated, r.w.early_evictions()), (0, 0, 0));
+    assert_ne!(r.state(a), SlotState::Trimmed);
+    assert_eq!(r.w.published_json()["trim"]["early_evictions_enabled"], false);
+    r.checkpoint();
+    r.step();
+    assert_eq!(r.state(a), SlotState::Trimmed);
+    r.verify_all();
+}
+
 /// A rig with `keys` keys put, then `fillers` filler keys.
 fn rig_with_keys(keys: usize, fillers: usize) -> (Rig, Vec<String>) {
     let mut r = Rig::new(SLOTS, META, true);
