@@ -1622,7 +1622,7 @@ pub fn list(a: &ListArgs) -> CmdResult {
 /// The daemon's stats file, a JSON object (`stats` adds fields to it; indexing anything else
 /// would panic).
 fn parse_stats(p: &Path, text: &str) -> Result<serde_json::Value, String> {
-    // The daemon rewrites it every second (atomically): a corrupt one is not fdpblk's.
+    // The daemon rewrites it every half second (atomically): a corrupt one is not fdpblk's.
     let corrupt = |e: &dyn std::fmt::Display| format!("{} is corrupt ({e}); the daemon rewrites it within a second if it runs, see `fdpblk list`", p.display());
     match serde_json::from_str::<serde_json::Value>(text) {
         Ok(v) if v.is_object() => Ok(v),

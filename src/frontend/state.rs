@@ -1,5 +1,5 @@
 //! Run-time state under `/run/fdpblk/`: one `<id>.json` per device (its config and daemon pid,
-//! what `list`, `stats` and `recover` read) and `<id>.stats.json`, refreshed every second.
+//! what `list`, `stats` and `recover` read) and `<id>.stats.json`, refreshed every half second.
 //! Stable names: `/dev/fdpblk/<name>` links to `/dev/ublkb<id>`, since LMCache discards its
 //! checkpoint when `device_path` changes.
 
