@@ -733,8 +733,8 @@ impl Watcher {
         // With buffered I/O, LMCache's payload write into the rest of the header's page
         // dirties that page, old header included, before the zeroing; its writeback would
         // bring the old copy back past the zeroes (a dirty page cannot be dropped).
-        if cfg.early_evictions && cfg.page_cache.is_some() && !geom.block_align.is_multiple_of(page_cache::page_bytes()) {
-            let page = page_cache::page_bytes();
+        if cfg.early_evictions && cfg.page_cache.is_some() && !geom.block_align.is_multiple_of(crate::device::page_size()) {
+            let page = crate::device::page_size();
             tracing::warn!(
                 "device {}: early evictions off: LMCache's block_align {} is smaller than a {page}-byte page, whose writeback could bring a zeroed checkpoint header back (a block_align of {page} or more turns them on)",
                 cfg.device,

@@ -13,15 +13,6 @@ fn node_gone(path: &std::path::Path, e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV)) || (e.kind() == std::io::ErrorKind::NotFound && disk_gone())
 }
 
-/// The kernel's page size: the page cache keeps and writes back whole pages.
-pub(super) fn page_bytes() -> u64 {
-    // SAFETY: sysconf reads a constant of the running kernel; it touches no memory of ours.
-    match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-        n if n > 0 => n as u64,
-        _ => 4096,
-    }
-}
-
 impl Watcher {
     /// Drops both containers' header blocks from the exported device's page cache, in each
     /// early-tail round (once a second) while early tails or the pass for unwritten slots are
@@ -70,7 +61,7 @@ impl Watcher {
         let Some(path) = &self.cfg.page_cache else { return Ok(()) };
         std::fs::File::open(path).and_then(|f| {
             // Whole pages: the kernel drops only pages entirely inside the range.
-            let page = page_bytes();
+            let page = crate::device::page_size();
             let (start, end) = (off / page * page, off.saturating_add(len).div_ceil(page).saturating_mul(page));
             let (off, len) = (i64::try_from(start).unwrap_or(i64::MAX), i64::try_from(end - start).unwrap_or(i64::MAX));
             // SAFETY: a plain syscall on an open descriptor; it touches no memory of ours.

@@ -996,7 +996,7 @@ fn no_early_evictions_when_a_header_block_is_smaller_than_a_page() {
     // buffered payload write dirties the header's page, old header included, and its
     // writeback would undo the zeroing.
     let mut r = Rig::new(SLOTS, META, true);
-    assert!(BA < super::page_cache::page_bytes());
+    assert!(BA < crate::device::page_size());
     let cache = std::env::temp_dir().join(format!("fdpblk-page-cache-{}", std::process::id()));
     std::fs::write(&cache, vec![0u8; 8192]).unwrap();
     r.cfg.page_cache = Some(cache.clone());
@@ -1135,6 +1135,10 @@ fn rig_with_an_undroppable_page_cache() -> (Rig, Vec<String>) {
     r.faults = true;
     r.cfg.page_cache = Some(std::path::PathBuf::from("/nonexistent/ublkb0"));
     r.w = Watcher::new(r.g, r.slots.clone(), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
+    // The rig's header blocks are smaller than a page, which turns early evictions off
+    // under a page cache; as with a page-sized `block_align`, they stay on here.
+    assert!(!r.w.cfg.early_evictions);
+    r.w.cfg.early_evictions = true;
     (r, keys)
 }
 
