@@ -659,13 +659,14 @@ const NAMESPACE: &str = "NVMe namespace ";
 const IDENTIFY_WAIT: Duration = Duration::from_secs(30);
 
 /// What names the backing whatever its path, saved by `add` and checked at every daemon
-/// start (`None`: nothing to check, a block device of another kind): an NVMe namespace's
-/// identity ([`crate::nvme::discover::namespace_identity`]), or a file's inode and file
-/// system (a file deleted and made again under the path is another). A file's holds within
-/// one boot, as do the devices that check it (their state lives in /run). Saved strings are
+/// start (`None`: nothing to check, a block device sysfs tells nothing of): an NVMe
+/// namespace's identity ([`crate::nvme::discover::namespace_identity`]), another block
+/// device's ([`block_identity`]), or a file's inode and file system (a file deleted and made
+/// again under the path is another). A file's and a disk sequence number hold within one
+/// boot, as do the devices that check them (their state lives in /run). Saved strings are
 /// compared whole: a change of this format must still accept the ones saved before.
 pub fn backing_identity(path: &Path) -> Result<Option<String>, String> {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
     if meta.file_type().is_file() {
         let mut id = format!("file inode {} on device {}:{}", meta.ino(), libc::major(meta.dev()), libc::minor(meta.dev()));
@@ -676,7 +677,42 @@ pub fn backing_identity(path: &Path) -> Result<Option<String>, String> {
         }
         return Ok(Some(id));
     }
-    crate::nvme::discover::identity_of(path).map(|id| id.map(|id| format!("{NAMESPACE}{id}"))).map_err(|e| e.to_string())
+    match crate::nvme::discover::identity_of(path) {
+        Ok(Some(id)) => Ok(Some(format!("{NAMESPACE}{id}"))),
+        // Another kind of block device (a SCSI or virtio disk, device mapper, md, loop) or a
+        // partition: what sysfs tells of its disk.
+        Ok(None) if meta.file_type().is_block_device() => {
+            Ok(crate::device::sysfs_block_dir(meta.rdev()).and_then(|dir| block_identity(&dir)))
+        }
+        Ok(None) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Prefix of a saved identity of another kind of block device ([`block_identity`]).
+const BLOCK_DEVICE: &str = "block device ";
+
+/// What names a block device that is no NVMe namespace, from its sysfs directory `dir`: its
+/// disk's world-wide id (SCSI, and an NVMe namespace under a partition), device-mapper or md
+/// uuid, else the disk's sequence number (Linux >= 5.15: new at every attach, so a loop device
+/// set up again on another file, or a disk plugged in again under the same name, is another);
+/// a partition adds its number and first sector. None where sysfs tells nothing of these.
+fn block_identity(dir: &Path) -> Option<String> {
+    let attr = |d: &Path, a: &str| std::fs::read_to_string(d.join(a)).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let (disk, part) = match attr(dir, "partition") {
+        Some(n) => (dir.parent()?, Some(format!(" partition {n} from sector {}", attr(dir, "start")?))),
+        None => (dir, None),
+    };
+    let id = if let Some(w) = attr(disk, "wwid").or_else(|| attr(disk, "device/wwid")) {
+        format!("wwid {w}")
+    } else if let Some(u) = attr(disk, "dm/uuid") {
+        format!("device-mapper uuid {u}")
+    } else if let Some(u) = attr(disk, "md/uuid") {
+        format!("md uuid {u}")
+    } else {
+        format!("{} disk sequence number {}", disk.file_name()?.to_str()?, attr(disk, "diskseq")?)
+    };
+    Some(format!("{BLOCK_DEVICE}{id}{}", part.unwrap_or_default()))
 }
 
 /// The backing must still be what the device was added on: the same size proves nothing
@@ -693,7 +729,7 @@ fn backing_identity_unchanged(
     let now = match now {
         Ok(Some(now)) if now == saved => return Ok(()),
         Ok(Some(now)) => format!("is now the {now}"),
-        Ok(None) => "is neither an NVMe namespace nor a file now".to_string(),
+        Ok(None) => "is neither an NVMe namespace, nor a block device sysfs names, nor a file now".to_string(),
         Err(e) => {
             return Err(format!(
                 "device {}: cannot tell whether backing {} is still the one it was added on ({saved}): {e}. \
@@ -712,6 +748,10 @@ fn backing_identity_unchanged(
             cfg.id
         ),
         Some(None) => format!("no node names that namespace now: give the device its drive back, or `fdpblk del -n {}` and add it again", cfg.id),
+        None if saved.starts_with(BLOCK_DEVICE) => format!(
+            "give the device its disk back, or `fdpblk del -n {}` and add it again (a disk or loop device set up again counts as another even with the same bytes; LMCache's checkpoint on them is kept)",
+            cfg.id
+        ),
         None => format!("give the device its file back, or `fdpblk del -n {}` and add it again (LMCache then fills it from empty)", cfg.id),
     };
     Err(format!(
@@ -1014,9 +1054,6 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         state::clear_stale(id);
     }
     drop(one_add);
-    if recover {
-        ctrl.start_user_recover().map_err(|e| fail(format!("starting recovery of device {}: {}", cfg.id, ublk_error(&e))))?;
-    }
     if !recover {
         // A driver without user recovery (Linux 6.0) drops the flag rather than refusing it.
         if ctrl.dev_info().flags & u64::from(sys::UBLK_F_USER_RECOVERY) == 0 {
@@ -1096,6 +1133,12 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
                 )))
             }
         }
+    }
+    // Last before the threads and the char device: on some kernels (Linux 6.12) a recovery
+    // started once cannot be started again until a daemon has served the device, so nothing
+    // that can fail is left between (see `start_recovery` for a start that failed anyway).
+    if recover {
+        start_recovery(&ctrl, id).map_err(fail)?;
     }
     *shared.watch.lock().unwrap_or_else(|e| e.into_inner()) = watcher.as_ref().map(|w| w.published());
     let stop = Arc::new(AtomicBool::new(false));
@@ -1253,6 +1296,10 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
                 Some(q) => format!("device {id}: {q}"),
                 // libublk reports any failure to open the char device (after 3 s of tries) as
                 // EACCES; by now the descriptors it lacked may be free again.
+                None if matches!(e, UblkError::OtherError(n) if n == -libc::EACCES) && !Path::new(&format!("/dev/ublkc{id}")).exists() => format!(
+                    "device {id}: the daemon could not open /dev/ublkc{id}: there is no such node (the kernel's devtmpfs, or udev, makes it: is /dev a devtmpfs here?); once it is there, {}",
+                    start_again(&shared.cfg, recover)
+                ),
                 None if matches!(e, UblkError::OtherError(n) if n == -libc::EACCES) => format!(
                     "device {id}: the daemon could not open /dev/ublkc{id} (libublk says EACCES whatever the cause; \
                      the usual one is running out of file descriptors): raise the open-files limit (ulimit -n; LimitNOFILE= in a systemd unit)"
@@ -1260,6 +1307,39 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
                 None => format!("device {id}: {}", ublk_error(&e)),
             }))
         }
+    }
+}
+
+/// Tells the driver a new daemon is taking over the held device (START_USER_RECOVERY). The
+/// driver waits for the dead daemon to let go of `/dev/ublkcN` (libublk asks again for 30 s).
+/// A driver that refuses a second start of one recovery (Linux 6.12: EINVAL while no queue
+/// was served since the first) leaves a device whose earlier recovery failed before serving
+/// held for good: with the device still quiesced, that start stands, and this daemon serves
+/// the queues it readied.
+fn start_recovery(ctrl: &UblkCtrl, id: i32) -> Result<(), String> {
+    let quiesced = || ctrl.read_dev_info().is_ok() && ctrl.dev_info().state == sys::UBLK_S_DEV_QUIESCED as u16;
+    recovery_started(id, ctrl.start_user_recover(), quiesced)
+}
+
+/// What [`start_recovery`] makes of the driver's answer `res` (`quiesced`: whether the device
+/// is still held for a recovery, asked only after a refusal).
+fn recovery_started(id: i32, res: Result<i32, UblkError>, quiesced: impl FnOnce() -> bool) -> Result<(), String> {
+    match res {
+        Ok(r) if r >= 0 => Ok(()),
+        // libublk answers EBUSY as a value once its 30 s of tries are up.
+        Ok(_) => Err(format!(
+            "device {id}: the driver did not let its recovery start within 30 s: /dev/ublkc{id} is still open (its dead daemon still exiting, \
+             or another process: `fuser -v /dev/ublkc{id}`), or the device is no longer held for a recovery (`fdpblk list`); \
+             once it is free, `fdpblk recover -n {id}` again"
+        )),
+        Err(e) if errno_of(&e) == libc::EINVAL && quiesced() => {
+            tracing::warn!(
+                "device {id}: the driver refuses to start its recovery again (a recovery before this one started it and failed before serving, \
+                 and this kernel takes one start until a daemon serves); this daemon takes over that start"
+            );
+            Ok(())
+        }
+        Err(e) => Err(format!("starting recovery of device {id}: {}", ublk_error(&e))),
     }
 }
 
@@ -1857,7 +1937,7 @@ mod tests {
         );
         assert!(e.contains("Nothing was written") && e.contains("/dev/ng1n1 now: `fdpblk del -n 4`"), "{e}");
         let e = backing_identity_unchanged(&cfg, saved, Ok(None), nowhere).unwrap_err();
-        assert!(e.contains("is neither an NVMe namespace nor a file now") && e.contains("no node names that namespace now"), "{e}");
+        assert!(e.contains("is neither an NVMe namespace, nor a block device sysfs names, nor a file now") && e.contains("no node names that namespace now"), "{e}");
         let streams = DeviceConfig { engine: EngineKind::Streams, ..cfg.clone() };
         let _ = backing_identity_unchanged(&streams, saved, Ok(None), |_, k| {
             assert_eq!(k, DevKind::Block, "streams looks for a block device");
@@ -1866,6 +1946,73 @@ mod tests {
         // Unanswered, it is not taken as the same drive.
         let e = backing_identity_unchanged(&cfg, saved, Err("identify failed".into()), nowhere).unwrap_err();
         assert!(e.contains("cannot tell whether") && e.contains("identify failed") && e.contains("recover -n 4"), "{e}");
+    }
+
+    #[test]
+    fn a_recovery_started_before_is_taken_over_while_the_device_is_held() {
+        let asked = std::cell::Cell::new(false);
+        let ask = |held: bool| {
+            let a = &asked;
+            move || {
+                a.set(true);
+                held
+            }
+        };
+        recovery_started(1, Ok(0), ask(true)).unwrap();
+        assert!(!asked.get(), "a start that succeeds asks nothing");
+        // Refused as a second start (Linux 6.12) while the device is still held: taken over.
+        recovery_started(1, Err(UblkError::UringIOError(-libc::EINVAL)), ask(true)).unwrap();
+        assert!(asked.get());
+        // Not held any more (deleted, or served by another daemon): the refusal stands.
+        let e = recovery_started(1, Err(UblkError::UringIOError(-libc::EINVAL)), ask(false)).unwrap_err();
+        assert!(e.starts_with("starting recovery of device 1: ") && e.contains("Invalid argument"), "{e}");
+        let e = recovery_started(1, Err(UblkError::UringIOError(-libc::EPERM)), || panic!("only EINVAL asks")).unwrap_err();
+        assert!(e.contains("run as root"), "{e}");
+        // libublk's EBUSY after 30 s comes as a value: not a start.
+        let e = recovery_started(2, Ok(-libc::EBUSY), || panic!("not asked")).unwrap_err();
+        assert!(e.contains("did not let its recovery start within 30 s") && e.contains("fuser -v /dev/ublkc2") && e.contains("fdpblk recover -n 2"), "{e}");
+    }
+
+    #[test]
+    fn another_disk_under_the_saved_name_is_refused() {
+        // Sysfs directories as the kernel lays them out: a partition's is under its disk's.
+        let root = std::env::temp_dir().join(format!("fdpblk-sysfs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let mk = |rel: &str, attrs: &[(&str, &str)]| {
+            let d = root.join(rel);
+            for (a, v) in attrs {
+                std::fs::create_dir_all(d.join(a).parent().unwrap()).unwrap();
+                std::fs::write(d.join(a), format!("{v}\n")).unwrap();
+            }
+            d
+        };
+        let sda = mk("sda", &[("device/wwid", "naa.5000c500a1b2c3d4"), ("diskseq", "3")]);
+        let sda2 = mk("sda/sda2", &[("partition", "2"), ("start", "4096")]);
+        let dm = mk("dm-0", &[("dm/uuid", "LVM-abc"), ("diskseq", "9")]);
+        let dm_unnamed = mk("dm-1", &[("dm/uuid", ""), ("diskseq", "10")]);
+        let md = mk("md0", &[("md/uuid", "0a1b:2c3d"), ("diskseq", "11")]);
+        let nvme_p1 = mk("nvme0n1/nvme0n1p1", &[("partition", "1"), ("start", "2048")]);
+        mk("nvme0n1", &[("wwid", "eui.0011223344556677"), ("diskseq", "1")]);
+        let loop0 = mk("loop0", &[("diskseq", "17")]);
+        let bare = mk("ram0", &[("size", "1")]);
+        assert_eq!(block_identity(&sda).as_deref(), Some("block device wwid naa.5000c500a1b2c3d4"));
+        assert_eq!(block_identity(&sda2).as_deref(), Some("block device wwid naa.5000c500a1b2c3d4 partition 2 from sector 4096"));
+        assert_eq!(block_identity(&dm).as_deref(), Some("block device device-mapper uuid LVM-abc"));
+        assert_eq!(block_identity(&dm_unnamed).as_deref(), Some("block device dm-1 disk sequence number 10"), "an empty uuid names nothing");
+        assert_eq!(block_identity(&md).as_deref(), Some("block device md uuid 0a1b:2c3d"));
+        assert_eq!(block_identity(&nvme_p1).as_deref(), Some("block device wwid eui.0011223344556677 partition 1 from sector 2048"));
+        assert_eq!(block_identity(&loop0).as_deref(), Some("block device loop0 disk sequence number 17"));
+        assert_eq!(block_identity(&bare), None, "a kernel without diskseq tells nothing");
+        // The loop device set up again (on another file): a new sequence number, refused.
+        let saved = block_identity(&loop0).unwrap();
+        mk("loop0", &[("diskseq", "18")]);
+        let cfg = DeviceConfig { id: 3, backing: "/dev/loop0".into(), ..file_backing(Path::new("/x")) };
+        let nowhere = |_: &str, _: crate::nvme::path::DevKind| -> Option<PathBuf> { panic!("only NVMe namespaces are looked for") };
+        backing_identity_unchanged(&cfg, &saved, Ok(Some(saved.clone())), nowhere).unwrap();
+        let e = backing_identity_unchanged(&cfg, &saved, Ok(block_identity(&loop0)), nowhere).unwrap_err();
+        assert!(e.contains("is now the block device loop0 disk sequence number 18, not the block device loop0 disk sequence number 17"), "{e}");
+        assert!(e.contains("Nothing was written") && e.contains("give the device its disk back, or `fdpblk del -n 3`"), "{e}");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
