@@ -694,9 +694,10 @@ const BLOCK_DEVICE: &str = "block device ";
 
 /// What names a block device that is no NVMe namespace, from its sysfs directory `dir`: its
 /// disk's world-wide id (SCSI, and an NVMe namespace under a partition), device-mapper or md
-/// uuid, else the disk's sequence number (Linux >= 5.15: new at every attach, so a loop device
-/// set up again on another file, or a disk plugged in again under the same name, is another);
-/// a partition adds its number and first sector. None where sysfs tells nothing of these.
+/// uuid, or (virtio) serial, else the disk's sequence number (Linux >= 5.15: new at every
+/// attach, so a loop device set up again on another file, or a disk plugged in again under the
+/// same name, is another; also after a removable disk's media change); a partition adds its
+/// number and first sector. None where sysfs tells nothing of these.
 fn block_identity(dir: &Path) -> Option<String> {
     let attr = |d: &Path, a: &str| std::fs::read_to_string(d.join(a)).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
     let (disk, part) = match attr(dir, "partition") {
@@ -707,8 +708,12 @@ fn block_identity(dir: &Path) -> Option<String> {
         format!("wwid {w}")
     } else if let Some(u) = attr(disk, "dm/uuid") {
         format!("device-mapper uuid {u}")
-    } else if let Some(u) = attr(disk, "md/uuid") {
+    } else if let Some(u) = attr(disk, "md/uuid").filter(|u| u.chars().any(|c| c.is_ascii_hexdigit() && c != '0')) {
+        // (All zeros: an array of external metadata or built without a superblock.)
         format!("md uuid {u}")
+    } else if let Some(v) = attr(disk, "serial") {
+        // A virtio disk's serial, as the hypervisor gives it.
+        format!("serial {v}")
     } else {
         format!("{} disk sequence number {}", disk.file_name()?.to_str()?, attr(disk, "diskseq")?)
     };
@@ -1137,9 +1142,9 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // Last before the threads and the char device: on some kernels (Linux 6.12) a recovery
     // started once cannot be started again until a daemon has served the device, so nothing
     // that can fail is left between (see `start_recovery` for a start that failed anyway).
-    if recover {
-        start_recovery(&ctrl, id).map_err(fail)?;
-    }
+    // (fdpblk's own state is marked in use by now: a start refused below only costs the
+    // next run the deallocations it would have trusted.)
+    let took_over = recover && start_recovery(&ctrl, id).map_err(fail)?;
     *shared.watch.lock().unwrap_or_else(|e| e.into_inner()) = watcher.as_ref().map(|w| w.published());
     let stop = Arc::new(AtomicBool::new(false));
     let watch_stop = Arc::new(AtomicBool::new(false));
@@ -1292,7 +1297,17 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
                 finish_device(ctrl, &shared.cfg);
             }
             let why = shared.queue_failed.lock().unwrap_or_else(|e| e.into_inner()).take();
-            Err(fail(match why {
+            // A start taken over from a daemon that died after it mapped the driver's buffers
+            // cannot be finished by another process on such a kernel: each retry ends here.
+            let again = if took_over {
+                format!(
+                    " (this daemon took over the start of an earlier recovery that failed; if the next `fdpblk recover -n {id}` fails the same way, \
+                     the kernel cannot finish that recovery: `fdpblk del -n {id}` fails the I/O it holds, the data on the backing stays, and add the device again)"
+                )
+            } else {
+                String::new()
+            };
+            let what = match why {
                 Some(q) => format!("device {id}: {q}"),
                 // libublk reports any failure to open the char device (after 3 s of tries) as
                 // EACCES; by now the descriptors it lacked may be free again.
@@ -1305,7 +1320,8 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
                      the usual one is running out of file descriptors): raise the open-files limit (ulimit -n; LimitNOFILE= in a systemd unit)"
                 ),
                 None => format!("device {id}: {}", ublk_error(&e)),
-            }))
+            };
+            Err(fail(what + &again))
         }
     }
 }
@@ -1316,16 +1332,17 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
 /// was served since the first) leaves a device whose earlier recovery failed before serving
 /// held for good: with the device still quiesced, that start stands, and this daemon serves
 /// the queues it readied.
-fn start_recovery(ctrl: &UblkCtrl, id: i32) -> Result<(), String> {
+fn start_recovery(ctrl: &UblkCtrl, id: i32) -> Result<bool, String> {
     let quiesced = || ctrl.read_dev_info().is_ok() && ctrl.dev_info().state == sys::UBLK_S_DEV_QUIESCED as u16;
     recovery_started(id, ctrl.start_user_recover(), quiesced)
 }
 
 /// What [`start_recovery`] makes of the driver's answer `res` (`quiesced`: whether the device
-/// is still held for a recovery, asked only after a refusal).
-fn recovery_started(id: i32, res: Result<i32, UblkError>, quiesced: impl FnOnce() -> bool) -> Result<(), String> {
+/// is still held for a recovery, asked only after a refusal): whether an earlier start is
+/// taken over.
+fn recovery_started(id: i32, res: Result<i32, UblkError>, quiesced: impl FnOnce() -> bool) -> Result<bool, String> {
     match res {
-        Ok(r) if r >= 0 => Ok(()),
+        Ok(r) if r >= 0 => Ok(false),
         // libublk answers EBUSY as a value once its 30 s of tries are up.
         Ok(_) => Err(format!(
             "device {id}: the driver did not let its recovery start within 30 s: /dev/ublkc{id} is still open (its dead daemon still exiting, \
@@ -1337,7 +1354,7 @@ fn recovery_started(id: i32, res: Result<i32, UblkError>, quiesced: impl FnOnce(
                 "device {id}: the driver refuses to start its recovery again (a recovery before this one started it and failed before serving, \
                  and this kernel takes one start until a daemon serves); this daemon takes over that start"
             );
-            Ok(())
+            Ok(true)
         }
         Err(e) => Err(format!("starting recovery of device {id}: {}", ublk_error(&e))),
     }
@@ -1510,7 +1527,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
                 half_written = None;
                 shared.layout.half_written(None);
                 if last_refusal.as_deref() != Some(e.as_str()) {
-                    tracing::error!("device {}: LMCache's checkpoint cannot be used: {e}; writes stay unclassified, and fdpblk looks again every 30 s (LMCache's next checkpoints may clear this; else delete the device and add it again as this says)", cfg.id);
+                    tracing::error!("device {}: LMCache's checkpoint cannot be used: {e}; writes stay unclassified, and fdpblk looks again every 30 s (LMCache's next checkpoints may clear this; else stop LMCache, `fdpblk del -n {}` and add the device again: `add` then names what to erase or which flags to give)", cfg.id, cfg.id);
                     shared.layout.refuse(e.clone());
                     last_refusal = Some(e);
                 }
@@ -1958,10 +1975,10 @@ mod tests {
                 held
             }
         };
-        recovery_started(1, Ok(0), ask(true)).unwrap();
+        assert!(!recovery_started(1, Ok(0), ask(true)).unwrap());
         assert!(!asked.get(), "a start that succeeds asks nothing");
         // Refused as a second start (Linux 6.12) while the device is still held: taken over.
-        recovery_started(1, Err(UblkError::UringIOError(-libc::EINVAL)), ask(true)).unwrap();
+        assert!(recovery_started(1, Err(UblkError::UringIOError(-libc::EINVAL)), ask(true)).unwrap());
         assert!(asked.get());
         // Not held any more (deleted, or served by another daemon): the refusal stands.
         let e = recovery_started(1, Err(UblkError::UringIOError(-libc::EINVAL)), ask(false)).unwrap_err();
@@ -1991,6 +2008,8 @@ mod tests {
         let dm = mk("dm-0", &[("dm/uuid", "LVM-abc"), ("diskseq", "9")]);
         let dm_unnamed = mk("dm-1", &[("dm/uuid", ""), ("diskseq", "10")]);
         let md = mk("md0", &[("md/uuid", "0a1b:2c3d"), ("diskseq", "11")]);
+        let md_external = mk("md127", &[("md/uuid", "00000000:00000000:00000000:00000000"), ("diskseq", "12")]);
+        let vda = mk("vda", &[("serial", "disk-7"), ("diskseq", "2")]);
         let nvme_p1 = mk("nvme0n1/nvme0n1p1", &[("partition", "1"), ("start", "2048")]);
         mk("nvme0n1", &[("wwid", "eui.0011223344556677"), ("diskseq", "1")]);
         let loop0 = mk("loop0", &[("diskseq", "17")]);
@@ -2000,6 +2019,8 @@ mod tests {
         assert_eq!(block_identity(&dm).as_deref(), Some("block device device-mapper uuid LVM-abc"));
         assert_eq!(block_identity(&dm_unnamed).as_deref(), Some("block device dm-1 disk sequence number 10"), "an empty uuid names nothing");
         assert_eq!(block_identity(&md).as_deref(), Some("block device md uuid 0a1b:2c3d"));
+        assert_eq!(block_identity(&md_external).as_deref(), Some("block device md127 disk sequence number 12"), "a zero uuid names nothing");
+        assert_eq!(block_identity(&vda).as_deref(), Some("block device serial disk-7"));
         assert_eq!(block_identity(&nvme_p1).as_deref(), Some("block device wwid eui.0011223344556677 partition 1 from sector 2048"));
         assert_eq!(block_identity(&loop0).as_deref(), Some("block device loop0 disk sequence number 17"));
         assert_eq!(block_identity(&bare), None, "a kernel without diskseq tells nothing");

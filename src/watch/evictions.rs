@@ -60,8 +60,8 @@
 //! again.
 //!
 //! Early evictions are off where `block_align` is not a whole number of the drive's blocks
-//! (zeroing the header block would take part of the JSON with it) or, with the exported
-//! device's page cache in play, smaller than a page: LMCache writes a checkpoint's JSON before
+//! (zeroing the header block would take part of the JSON with it) or, on a ublk device
+//! (whose page cache LMCache may write through), smaller than a page: LMCache writes a checkpoint's JSON before
 //! its header, and a buffered JSON write into the header's page dirties that page with the old
 //! header in it, before the zeroing; a dirty page cannot be dropped, and its writeback would
 //! bring the older copy back.

@@ -732,7 +732,8 @@ impl Watcher {
         }
         // With buffered I/O, LMCache's payload write into the rest of the header's page
         // dirties that page, old header included, before the zeroing; its writeback would
-        // bring the old copy back past the zeroes (a dirty page cannot be dropped).
+        // bring the old copy back past the zeroes (a dirty page cannot be dropped). Whatever
+        // I/O LMCache uses now: a LMCache restarted buffered would not be seen in time.
         if cfg.early_evictions && cfg.page_cache.is_some() && !geom.block_align.is_multiple_of(crate::device::page_size()) {
             let page = crate::device::page_size();
             tracing::warn!(

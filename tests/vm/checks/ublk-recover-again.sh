@@ -57,6 +57,8 @@ old=$(daemon_pid 0)
 expect "SIGKILL daemon $old (loop backing)" kill -9 "$old"
 for _ in $(seq 100); do kill -0 "$old" 2>/dev/null || break; sleep 0.1; done
 expect "the loop device let go" losetup -d "$loopdev"
+# Detached at its last close: the killed daemon's rings may still hold it a moment.
+for _ in $(seq 100); do [[ -e /sys/block/${loopdev#/dev/}/loop/backing_file ]] || break; sleep 0.1; done
 expect "set up again on another file" losetup "$loopdev" /tmp/again-b.img
 out=$("$FDPBLK" recover -n 0 2>&1) && rc=0 || rc=$?
 expect "recover refuses the loop device set up again ($out)" bash -c 'test "$1" -ne 0 && grep -qF "is now the block device ${2#/dev/} disk sequence number" <<<"$3" && grep -qF "not the $4 the device was added on. Nothing was written" <<<"$3"' _ "$rc" "$loopdev" "$out" "$saved"
