@@ -28,6 +28,9 @@
 #                        images of --disk-size; with FDP they share all RUHs) [1]
 #   --lba-size 512|4096  logical block size of the namespace [512]
 #   --lba-ms 0|8|16|64   metadata bytes per block, in a separate buffer [0]
+#   --bad-sector N       reads and writes touching 512-byte sector N of namespace 1
+#                        fail (QEMU blkdebug: the controller reports a media error);
+#                        may be given more than once
 #   --mem SIZE           guest memory [2G]
 #   --cpus N             guest vCPUs [2]
 #   --timeout SECS       limit on the command's run time; 0 = none [600]
@@ -60,7 +63,7 @@ KERNEL=${FDPBLK_VM_KERNEL:-new}
 FDP=on NRUH=8 NRG=1 RU_SIZE=4M DISK_SIZE=1G DISK='' NAMESPACES=1 LBA=512 LBA_MS=0 MEM=2G CPUS=2
 TIMEOUT=600 BOOT_TIMEOUT=60 SHELL_MODE=0 CONSOLE_OUT='' VERBOSE=0 TIMING=0
 ACCEL=${FDPBLK_VM_ACCEL:-tcg}
-ENVS=() SHARES=()
+ENVS=() SHARES=() BAD_SECTORS=()
 
 need() { [[ $# -ge 2 && -n $2 ]] || vm_die "option $1 needs a value (see --help)"; }
 while (($#)); do
@@ -75,6 +78,7 @@ while (($#)); do
         --namespaces) need "$@"; NAMESPACES=$2; shift ;;
         --lba-size) need "$@"; LBA=$2; shift ;;
         --lba-ms) need "$@"; LBA_MS=$2; shift ;;
+        --bad-sector) need "$@"; BAD_SECTORS+=("$2"); shift ;;
         --mem) need "$@"; MEM=$2; shift ;;
         --cpus) need "$@"; CPUS=$2; shift ;;
         --timeout) need "$@"; TIMEOUT=$2; shift ;;
@@ -108,6 +112,9 @@ done
 ((NRUH >= 1 && NRUH <= 128)) || vm_die "--nruh must be 1..128"
 ((NRG >= 1 && NRG <= 8)) || vm_die "--nrg must be 1..8"
 ((NAMESPACES >= 1 && NAMESPACES <= 4)) || vm_die "--namespaces must be 1..4"
+for b in ${BAD_SECTORS[@]+"${BAD_SECTORS[@]}"}; do
+    [[ $b =~ ^[0-9]+$ ]] || vm_die "--bad-sector must be a 512-byte sector number, not '$b'"
+done
 ((BOOT_TIMEOUT >= 1)) || vm_die "--boot-timeout must be at least 1"
 bytes() { numfmt --from=iec "$1" 2>/dev/null || vm_die "bad size '$1' (use e.g. 4M, 1G)"; }
 RU_BYTES=$(bytes "$RU_SIZE")
@@ -255,7 +262,18 @@ for i in "${!SHARE_PATHS[@]}"; do
         -device "virtio-9p-pci,fsdev=fsshare$i,mount_tag=share$i")
 done
 # discard=unmap: deallocated ranges must read back as zeroes.
-QEMU+=(-drive "file=$IMG,if=none,id=nvm,format=raw,cache=unsafe,discard=unmap")
+if ((${#BAD_SECTORS[@]})); then
+    # blkdebug under the raw format: every read and write touching a bad sector fails with
+    # EIO, which the NVMe controller reports as a media error (unrecovered read, write fault).
+    for b in "${BAD_SECTORS[@]}"; do
+        for ev in read_aio write_aio; do
+            printf '[inject-error]\nevent = "%s"\nerrno = "5"\nsector = "%s"\nonce = "off"\n\n' "$ev" "$b"
+        done
+    done >"$R/blkdebug.conf"
+    QEMU+=(-drive "driver=raw,file.driver=blkdebug,file.config=$R/blkdebug.conf,file.image.filename=$IMG,if=none,id=nvm,cache=unsafe,discard=unmap")
+else
+    QEMU+=(-drive "file=$IMG,if=none,id=nvm,format=raw,cache=unsafe,discard=unmap")
+fi
 NS="nvme-ns,drive=nvm,nsid=1,logical_block_size=$LBA,physical_block_size=$LBA"
 ((LBA_MS)) && NS+=",ms=$LBA_MS"
 if [[ $FDP == on ]]; then
