@@ -28,9 +28,9 @@
 #                        images of --disk-size; with FDP they share all RUHs) [1]
 #   --lba-size 512|4096  logical block size of the namespace [512]
 #   --lba-ms 0|8|16|64   metadata bytes per block, in a separate buffer [0]
-#   --bad-sector N       reads and writes touching 512-byte sector N of namespace 1
-#                        fail (QEMU blkdebug: the controller reports a media error);
-#                        may be given more than once
+#   --bad-sector N       I/O touching 512-byte sector N of namespace 1 fails (QEMU
+#                        blkdebug: reads and writes as media errors; discards and
+#                        Write Zeroes too, as internal errors); may be given more than once
 #   --mem SIZE           guest memory [2G]
 #   --cpus N             guest vCPUs [2]
 #   --timeout SECS       limit on the command's run time; 0 = none [600]
@@ -263,8 +263,9 @@ for i in "${!SHARE_PATHS[@]}"; do
 done
 # discard=unmap: deallocated ranges must read back as zeroes.
 if ((${#BAD_SECTORS[@]})); then
-    # blkdebug under the raw format: every read and write touching a bad sector fails with
-    # EIO, which the NVMe controller reports as a media error (unrecovered read, write fault).
+    # blkdebug under the raw format: from the first read or write on, every request touching
+    # a bad sector fails with EIO, which the NVMe controller reports as a media error for a
+    # read or write (unrecovered read, write fault), as an internal error for the rest.
     for b in "${BAD_SECTORS[@]}"; do
         for ev in read_aio write_aio; do
             printf '[inject-error]\nevent = "%s"\nerrno = "5"\nsector = "%s"\nonce = "off"\n\n' "$ev" "$b"
