@@ -1299,7 +1299,10 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             let why = shared.queue_failed.lock().unwrap_or_else(|e| e.into_inner()).take();
             // A start taken over from a daemon that died after it mapped the driver's buffers
             // cannot be finished by another process on such a kernel: each retry ends here.
-            let no_node = matches!(e, UblkError::OtherError(n) if n == -libc::EACCES) && !Path::new(&format!("/dev/ublkc{id}")).exists();
+            // libublk reports any failure to open the char device (after 3 s of tries) as
+            // EACCES.
+            let no_open = matches!(e, UblkError::OtherError(n) if n == -libc::EACCES);
+            let no_node = no_open && !Path::new(&format!("/dev/ublkc{id}")).exists();
             let again = if took_over && !no_node {
                 format!(
                     " (this daemon took over the start of an earlier recovery that failed; if the next `fdpblk recover -n {id}` fails the same way, \
@@ -1310,13 +1313,12 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             };
             let what = match why {
                 Some(q) => format!("device {id}: {q}"),
-                // libublk reports any failure to open the char device (after 3 s of tries) as
-                // EACCES; by now the descriptors it lacked may be free again.
                 None if no_node => format!(
                     "device {id}: the daemon could not open /dev/ublkc{id}: there is no such node (the kernel's devtmpfs, or udev, makes it: is /dev a devtmpfs here?); once it is there, {}",
                     start_again(&shared.cfg, recover)
                 ),
-                None if matches!(e, UblkError::OtherError(n) if n == -libc::EACCES) => format!(
+                // By now the descriptors it lacked may be free again.
+                None if no_open => format!(
                     "device {id}: the daemon could not open /dev/ublkc{id} (libublk says EACCES whatever the cause; \
                      the usual one is running out of file descriptors): raise the open-files limit (ulimit -n; LimitNOFILE= in a systemd unit)"
                 ),

@@ -61,10 +61,11 @@
 //!
 //! Early evictions are off where `block_align` is not a whole number of the drive's blocks
 //! (zeroing the header block would take part of the JSON with it) or, on a ublk device
-//! (whose page cache LMCache may write through), smaller than a page: LMCache writes a checkpoint's JSON before
-//! its header, and a buffered JSON write into the header's page dirties that page with the old
-//! header in it, before the zeroing; a dirty page cannot be dropped, and its writeback would
-//! bring the older copy back.
+//! (whose page cache LMCache may write through), smaller than a page: LMCache writes a
+//! checkpoint's JSON before its header, and a buffered JSON write into the header's page
+//! dirties that page with the old header in it, before the zeroing; a dirty page cannot be
+//! dropped, and its writeback would bring the older copy back. This holds whatever I/O
+//! LMCache uses now: a LMCache restarted with buffered I/O would not be seen in time.
 //!
 //! Conditions 1–5 and claims A–C are in the doc of [`super`].
 

@@ -730,12 +730,10 @@ impl Watcher {
             );
             cfg.early_evictions = false;
         }
-        // With buffered I/O, LMCache's payload write into the rest of the header's page
-        // dirties that page, old header included, before the zeroing; its writeback would
-        // bring the old copy back past the zeroes (a dirty page cannot be dropped). Whatever
-        // I/O LMCache uses now: a LMCache restarted buffered would not be seen in time.
-        if cfg.early_evictions && cfg.page_cache.is_some() && !geom.block_align.is_multiple_of(crate::device::page_size()) {
-            let page = crate::device::page_size();
+        // A header block smaller than a page: its page's writeback could undo the zeroing
+        // (`evictions`' module doc).
+        let page = crate::device::page_size();
+        if cfg.early_evictions && cfg.page_cache.is_some() && !geom.block_align.is_multiple_of(page) {
             tracing::warn!(
                 "device {}: early evictions off: LMCache's block_align {} is smaller than a {page}-byte page, whose writeback could bring a zeroed checkpoint header back (a block_align of {page} or more turns them on)",
                 cfg.device,
