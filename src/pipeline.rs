@@ -476,9 +476,10 @@ impl Pipeline {
                 if let Some(generation) = known {
                     self.slots.payload_written(slot, e.len, generation);
                 } else {
-                    // Placed without its header: maybe a later put's payload.
+                    // Placed without its header: maybe a later put's payload. Not where a
+                    // credit ended the current header's count early: its own bytes, late.
                     self.slots.note_orphan(slot, self.orphan_end(slot, e));
-                    if self.slots.headers_seen() {
+                    if self.slots.headers_seen() && !(self.slots.count_ended_on_a_credit(slot) && self.within_payload(slot, e)) {
                         self.slots.payload_ahead(slot, e.len);
                     }
                     self.counters.payload_fallbacks.fetch_add(1, Relaxed);
@@ -713,6 +714,38 @@ mod tests {
         let long = SlotHeader { identity: 8, payload_len: 61440 }.encode(4096);
         write(&mut p, 0, 4096, Some(&long));
         assert!(!p.slots().expects_payload(1), "the header still expects payload that came ahead of it");
+    }
+
+    /// A wrong credit (a piece of the put before, re-sent after a restart, placed while no
+    /// header expected payload) ends the next put's count early, and that one only: its own
+    /// last bytes, which then come with no payload expected, are no credit for the put after.
+    #[test]
+    fn a_wrong_credit_ends_one_puts_count_early_not_every_later_ones() {
+        let g = geom();
+        let mut p = Pipeline::new(g, Box::new(RegionPolicy));
+        let mut segs = Vec::new();
+        let mut write = |p: &mut Pipeline, off: u64, len: u64, data: Option<&[u8]>| {
+            p.plan(&Request { op: Op::Write, offset: g.slot_offset(1) + off, len, data }, &mut segs, HeaderWait::Expired).unwrap();
+        };
+        let header = |identity| SlotHeader { identity, payload_len: 8192 }.encode(4096);
+        write(&mut p, 0, 4096, Some(&header(7)));
+        write(&mut p, 4096, 8192, None);
+        assert!(!p.slots().expects_payload(1));
+        write(&mut p, 8192, 4096, None);
+        assert_eq!(p.stats().payload_fallbacks, 1);
+        // The next put takes it as its own: its count ends with its first piece.
+        write(&mut p, 0, 4096, Some(&header(8)));
+        write(&mut p, 4096, 4096, None);
+        assert!(!p.slots().expects_payload(1));
+        write(&mut p, 8192, 4096, None);
+        assert_eq!(p.stats().payload_fallbacks, 2);
+        // The put after it expects all of its payload.
+        write(&mut p, 0, 4096, Some(&header(9)));
+        write(&mut p, 4096, 4096, None);
+        assert!(p.slots().expects_payload(1), "the put before's late bytes were credited to this one");
+        write(&mut p, 8192, 4096, None);
+        assert!(!p.slots().expects_payload(1));
+        assert_eq!(p.stats().payload_fallbacks, 2);
     }
 
     /// 8 KiB header blocks (`header_bytes` and `block_align` 8192) written back by the page

@@ -16,7 +16,8 @@
 //!   with its top bit (`CREDIT`), payload sectors placed while no header expected any (ahead
 //!   of their header, past the header wait), which the next header counts as written. The
 //!   upper 32 bits hold the generation of the header that set the count, so that a trim
-//!   clearing an old put's count can never take a new put's equal one.
+//!   clearing an old put's count can never take a new put's equal one, and above it a bit
+//!   saying that header took a credit (`ABSORBED`).
 //!
 //! Beside the slots: a bounded history of identities that left their slot (overwritten or
 //! evicted), with their tags, so that a key that returns after eviction is recognised
@@ -202,6 +203,11 @@ fn reads_worth_saving(n: u8) -> bool {
 const CREDIT: u32 = 1 << 31;
 /// The count half of a `remaining` word (the upper half is the header generation that set it).
 const COUNT: u64 = u32::MAX as u64;
+/// A bit of a `remaining` word above its generation: the header that set the count took bytes
+/// placed ahead of it as its own (a credit). Were they not its payload (a re-sent piece of the
+/// put before, after a restart), its own last bytes come once its count is done; credited to
+/// the next header, they would end that one's count early in turn, at every later put.
+const ABSORBED: u64 = 1 << 48;
 
 /// The count of a `remaining` word.
 fn count_of(word: u64) -> u32 {
@@ -496,11 +502,14 @@ impl SlotTable {
         // Last: a payload piece on another queue that sees the count also sees the new
         // header's handle, and a trim that ended before the touch cannot zero the count.
         // Bytes that came ahead of the header count as its own (if they were a later put's,
-        // its count only ends early: the rest is placed as orphan bytes, which is safe).
+        // its count only ends early: the rest is placed as orphan bytes, which is safe, and is
+        // no credit for the next header: `ABSORBED`).
         let prev = count_of(self.remaining[i].swap(u64::from(generation) << 32 | u64::from(sectors(header.payload_len)), Ordering::AcqRel));
         if prev & CREDIT != 0 {
             let ahead = prev & !CREDIT;
-            let _ = self.remaining[i].fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| with_count(w, |v| (v & CREDIT == 0).then(|| v.saturating_sub(ahead))));
+            let _ = self.remaining[i].fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                with_count(w, |v| (v & CREDIT == 0).then(|| v.saturating_sub(ahead))).map(|w| if ahead > 0 { w | ABSORBED } else { w })
+            });
         }
         if !self.headers_seen.load(Ordering::Relaxed) {
             self.headers_seen.store(true, Ordering::Relaxed);
@@ -676,6 +685,16 @@ impl SlotTable {
     /// True when the slot's current header still expects payload bytes.
     pub fn expects_payload(&self, slot: u64) -> bool {
         self.expected_payload(slot).is_some()
+    }
+
+    /// True when the slot's current header expects no more payload and took bytes that came
+    /// ahead of it as its own ([`ABSORBED`]): payload within it that comes now was counted
+    /// early, and is not a credit for the next header.
+    pub fn count_ended_on_a_credit(&self, slot: u64) -> bool {
+        usize::try_from(slot).ok().and_then(|i| self.remaining.get(i)).is_some_and(|r| {
+            let w = r.load(Ordering::Acquire);
+            w & ABSORBED != 0 && count_of(w) == 0
+        })
     }
 
     /// Counts `bytes` of payload placed in `slot` while no header expected any: the next
