@@ -118,7 +118,13 @@ impl ConfigFile {
                 _ => Err(format!("{file}: `{key}` must be a whole number from {lo} to {hi}, e.g. {key} = {}", example(key))),
             };
             match key.as_str() {
-                "backing" => c.backing = Some(PathBuf::from(string()?)),
+                // Not taken relative to anything: a service runs in `/`, not where its file is.
+                "backing" => match PathBuf::from(string()?) {
+                    b if b.is_relative() => {
+                        return Err(format!("{file}: `backing` must be an absolute path (a relative one would be taken from the directory fdpblk runs in), e.g. backing = \"{}\"", example(key)))
+                    }
+                    b => c.backing = Some(b),
+                },
                 "backing_id" => c.backing_id = Some(string()?),
                 "engine" => c.engine = Some(string()?),
                 "policy" => c.policy = Some(string()?),
@@ -484,6 +490,8 @@ capacity_bytes = "1T"
         assert!(e.contains("`slot_bytes`") && e.contains("use K, M, G or T"), "{e}");
         let e = err("backing = /dev/ng0n1\n");
         assert!(e.starts_with("/etc/fdpblk/kv0.toml line 1:") && e.contains("double quotes"), "{e}");
+        let e = err("backing = \"kv0.img\"\n");
+        assert!(e.contains("`backing` must be an absolute path") && e.contains("backing = \"/dev/ng0n1\""), "{e}");
         let e = err("\n\nname = \"kv0\"\nname = \"kv1\"\n");
         assert!(e.contains("line 4"), "{e}");
         let e = err("no_trim = \"yes\"\n");
