@@ -5,7 +5,8 @@
 # its checkpoint when device_path changes) and is never taken over by a second device;
 # list/stats/features answer; SIGTERM stops cleanly. `down` finds the daemon that serves a
 # device when its state file names a dead one, and a recovered daemon writes the state file
-# it could not write at first.
+# it could not write at first. A dead fdpblk device whose state file is gone is listed as
+# fdpblk's (by its tag), and an add is refused until it is deleted.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 GEO=(--slot-bytes 64K --meta-total-bytes 1M)
@@ -269,6 +270,12 @@ mv /run/fdpblk/12.json /var/tmp/12.json
 expect "SIGKILL its daemon" kill -9 "$pid"
 expect "it exits" bash -c "for i in \$(seq 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
 poll_eq "list --json: a dead device without a state file is fdpblk's, by its tag" true bash -c "$FDPBLK list --json | jq -c '[.[] | select(.id == 12) | .hint | test(\"fdpblk.s, its daemon is gone\")] == [true]'"
+# Its writes, held by the driver, may be any backing's: an add is refused until it is deleted.
+before=$(ls /sys/class/ublk-char)
+out=$("$FDPBLK" add --backing /var/tmp/race2.img --engine plain --policy none "${GEO[@]}" 2>&1) && rc=0 || rc=$?
+expect "an add on its backing is refused ($out)" test "$rc" -ne 0
+expect "naming the device and del" grep -q "/dev/ublkb12 is fdpblk's and its daemon died, but its state file in /run/fdpblk is gone .*; .fdpblk del -n 12. deletes it first" <<<"$out"
+expect_eq "no device was made" "$(ls /sys/class/ublk-char)" "$before"
 mv /var/tmp/12.json /run/fdpblk/12.json
 expect "del with its state file back" "$FDPBLK" del -n 12
 expect "device 12 gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkc12 ]] || exit 0; sleep 0.1; done; exit 1"
