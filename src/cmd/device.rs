@@ -1150,7 +1150,7 @@ fn backing_in_use(backing: &Path) -> Option<String> {
     // known, nor can it be recovered, but the driver holds its writes, maybe this backing's.
     // A second device here would take LMCache's path while the first hangs LMCache's I/O.
     ublk_ids().into_iter().filter(|&id| !state::state_path(id).exists()).find_map(|id| {
-        let info = UblkCtrl::new_simple(id).ok()?.dev_info().clone();
+        let info = UblkCtrl::new_simple(id).ok()?.dev_info();
         (Maker::of(info.ublksrv_flags) == Maker::Fdpblk && u32::from(info.state) == sys::UBLK_S_DEV_QUIESCED).then(|| {
             format!(
                 "{} is fdpblk's and its daemon died, but its state file in {} is gone (`/run` cleared, or a container's own): the driver holds its writes, maybe of backing {}, for a recovery that needs that file; `fdpblk del -n {id}` deletes it first (the I/O it holds fails)",
