@@ -1153,7 +1153,7 @@ fn backing_in_use(backing: &Path) -> Option<String> {
         let info = UblkCtrl::new_simple(id).ok()?.dev_info();
         (Maker::of(info.ublksrv_flags) == Maker::Fdpblk && u32::from(info.state) == sys::UBLK_S_DEV_QUIESCED).then(|| {
             format!(
-                "{} is fdpblk's and its daemon died, but its state file in {} is gone (`/run` cleared, or a container's own): the driver holds its writes, maybe of backing {}, for a recovery that needs that file; `fdpblk del -n {id}` deletes it first (the I/O it holds fails)",
+                "{} is fdpblk's and its daemon died, but its state file in {} is gone (`/run` cleared, or a container's own): the driver holds its writes, maybe of backing {}, for a recovery that needs that file; `fdpblk del -n {id}` deletes it first (the I/O it holds fails), unless another fdpblk (in another container) has its state file: recover it there",
                 state::bdev_path(id),
                 state::RUN_DIR,
                 backing.display()

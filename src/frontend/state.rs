@@ -184,7 +184,8 @@ pub fn fdp_deltas(cfg: &DeviceConfig) -> Option<Value> {
 /// drive holds its caller in the kernel, uninterruptibly, until the driver's timeout and reset
 /// (a minute or more), and a thread of this process would hold up its exit as long. A child
 /// past the deadline is killed (it dies when the kernel lets go of it, so it cannot rewrite
-/// the baseline late) and not waited for (init reaps it). `Err` names why there is no answer.
+/// the baseline late), and so is one whose waiting thread is gone (this process exited
+/// first: `stats`, `metrics --once`). `Err` names why there is no answer.
 pub fn fdp_deltas_within(cfg: &DeviceConfig, deadline: std::time::Duration) -> Result<Option<Value>, String> {
     // No baseline: not an FDP drive, nothing to ask it.
     if !fdp_baseline_path(cfg.id).exists() {
@@ -216,11 +217,25 @@ enum ChildError {
 }
 
 /// Runs `cmd` and returns the JSON it prints (`None` for nothing, or not JSON). A child past
-/// `deadline` is killed and not waited for.
+/// `deadline` is killed, and reaped by a thread of its own once the kernel lets it go (the
+/// metrics exporter runs for months: a hung drive would otherwise leave a zombie a pass). A
+/// child whose waiting thread ends first (the process exits) is killed by the kernel.
 fn json_from_child(mut cmd: std::process::Command, deadline: std::time::Duration) -> Result<Option<Value>, ChildError> {
     use std::io::Read;
+    use std::os::unix::process::CommandExt;
     use std::process::Stdio;
+    // SAFETY: prctl is async-signal-safe; the closure touches nothing of the parent's.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().map_err(|e| ChildError::Start(format!("cannot start a child process: {e}")))?;
+    let kill = |mut child: std::process::Child| {
+        let _ = child.kill();
+        let _ = std::thread::Builder::new().name("fdpblk-reap".into()).spawn(move || child.wait());
+    };
     let mut out = child.stdout.take().ok_or_else(|| ChildError::Start("no pipe from the child".into()))?;
     let (tx, rx) = std::sync::mpsc::channel();
     // A reader blocked on the pipe does not hold up this process's exit, as the child would.
@@ -229,7 +244,7 @@ fn json_from_child(mut cmd: std::process::Command, deadline: std::time::Duration
         let _ = tx.send(out.read_to_end(&mut got).map(|_| got));
     });
     if let Err(e) = reader {
-        let _ = child.kill();
+        kill(child);
         return Err(ChildError::Start(format!("cannot start a thread: {e}")));
     }
     match rx.recv_timeout(deadline) {
@@ -238,11 +253,11 @@ fn json_from_child(mut cmd: std::process::Command, deadline: std::time::Duration
             Ok(serde_json::from_slice(&got).ok())
         }
         Ok(Err(e)) => {
-            let _ = child.kill();
+            kill(child);
             Err(ChildError::Start(format!("reading the child's answer: {e}")))
         }
         Err(_) => {
-            let _ = child.kill();
+            kill(child);
             Err(ChildError::NoAnswer)
         }
     }
@@ -808,5 +823,16 @@ mod tests {
         assert_eq!(late, Err(ChildError::NoAnswer));
         std::thread::sleep(Duration::from_millis(1000));
         assert!(!mark.exists(), "the child outlived its deadline");
+        // And reaped once dead: a long-running caller (the metrics exporter) keeps no zombie.
+        let pid_file = std::env::temp_dir().join(format!("fdpblk-child-pid-{}", std::process::id()));
+        let hung = json_from_child(sh(&format!("echo $$ >{}; exec sleep 5", pid_file.display())), Duration::from_millis(300));
+        assert_eq!(hung, Err(ChildError::NoAnswer));
+        let pid = fs::read_to_string(&pid_file).unwrap().trim().to_string();
+        let _ = fs::remove_file(&pid_file);
+        let gone = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            !Path::new(&format!("/proc/{pid}")).exists()
+        });
+        assert!(gone, "the killed child {pid} is left a zombie ({:?})", fs::read_to_string(format!("/proc/{pid}/stat")).ok());
     }
 }

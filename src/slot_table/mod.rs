@@ -206,7 +206,10 @@ const COUNT: u64 = u32::MAX as u64;
 /// A bit of a `remaining` word above its generation: the header that set the count took bytes
 /// placed ahead of it as its own (a credit). Were they not its payload (a re-sent piece of the
 /// put before, after a restart), its own last bytes come once its count is done; credited to
-/// the next header, they would end that one's count early in turn, at every later put.
+/// the next header, they would end that one's count early in turn, at every later put. The
+/// cost where the credit was right: the next put's own payload, should it too come ahead of
+/// its header past the header wait, is not credited, and that put's count does not end (its
+/// slot expects payload until the put after: a stale tail kept, never one deallocated).
 const ABSORBED: u64 = 1 << 48;
 
 /// The count of a `remaining` word.
@@ -914,7 +917,7 @@ impl SlotTable {
     /// equal to the old (its header's generation is in the word).
     fn clear_left_count(&self, i: usize, left: u64) {
         if count_of(left) != 0 {
-            let _ = self.remaining[i].compare_exchange(left, left & !COUNT, Ordering::AcqRel, Ordering::Relaxed);
+            let _ = self.remaining[i].compare_exchange(left, left & !(COUNT | ABSORBED), Ordering::AcqRel, Ordering::Relaxed);
         }
     }
 

@@ -270,7 +270,9 @@ mv /run/fdpblk/12.json /var/tmp/12.json
 expect "SIGKILL its daemon" kill -9 "$pid"
 expect "it exits" bash -c "for i in \$(seq 100); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
 poll_eq "list --json: a dead device without a state file is fdpblk's, by its tag" true bash -c "$FDPBLK list --json | jq -c '[.[] | select(.id == 12) | .hint | test(\"fdpblk.s, its daemon is gone\")] == [true]'"
-# Its writes, held by the driver, may be any backing's: an add is refused until it is deleted.
+# Its writes, held by the driver, may be any backing's: an add is refused until it is deleted
+# (once the driver holds them: it quiesces the device a moment after the daemon's exit).
+poll_eq "list --json: it is quiesced" '"quiesced"' bash -c "$FDPBLK list --json | jq -c '.[] | select(.id == 12) | .state'"
 before=$(ls /sys/class/ublk-char)
 out=$("$FDPBLK" add --backing /var/tmp/race2.img --engine plain --policy none "${GEO[@]}" 2>&1) && rc=0 || rc=$?
 expect "an add on its backing is refused ($out)" test "$rc" -ne 0
