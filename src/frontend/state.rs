@@ -825,7 +825,8 @@ mod tests {
         assert!(!mark.exists(), "the child outlived its deadline");
         // And reaped once dead: a long-running caller (the metrics exporter) keeps no zombie.
         let pid_file = std::env::temp_dir().join(format!("fdpblk-child-pid-{}", std::process::id()));
-        let hung = json_from_child(sh(&format!("echo $$ >{}; exec sleep 5", pid_file.display())), Duration::from_millis(300));
+        // (Its deadline leaves a loaded machine time to start the shell and write its pid.)
+        let hung = json_from_child(sh(&format!("echo $$ >{}; exec sleep 30", pid_file.display())), Duration::from_secs(3));
         assert_eq!(hung, Err(ChildError::NoAnswer));
         let pid = fs::read_to_string(&pid_file).unwrap().trim().to_string();
         let _ = fs::remove_file(&pid_file);
