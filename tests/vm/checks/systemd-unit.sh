@@ -102,7 +102,7 @@ expect_eq "no second device: fdpblk up recovered the first" "$(ls /sys/class/ubl
 expect "data written before the crash reads back" \
     bash -c "dd if=/dev/fdpblk/demo bs=1M skip=2 count=4 iflag=direct status=none | cmp - /tmp/a"
 expect "data written during the crash reads back" \
-    bash -c "dd if=/dev/fdpblk/demo bs=4K skip=2048 count=8192 iflag=direct status=none | cmp - /tmp/b"
+    bash -c "dd if=/dev/fdpblk/demo bs=1M skip=8 count=32 iflag=direct status=none | cmp - /tmp/b"
 id=${dev#/dev/ublkb}
 expect_eq "fdpblk list: live" "$(in_ns /usr/local/bin/fdpblk list --json | grep -o '"state":"[a-z]*' | head -1)" '"state":"live'
 

@@ -78,16 +78,10 @@ expect "wipefs" quiet wipefs -a "$NS_DEV"
 
 # A partition: FDP placement needs the whole namespace (write streams are the disk's).
 mbr_with_one_partition() {
-    python3 - "$NS_DEV" <<'PY'
-import os, struct, sys
-mbr = bytearray(512)
-mbr[446:462] = struct.pack("<B3sB3sII", 0, bytes(3), 0x83, bytes(3), 2048, 262144)
-mbr[510:512] = b"\x55\xaa"
-fd = os.open(sys.argv[1], os.O_WRONLY)
-os.pwrite(fd, bytes(mbr), 0)
-os.fsync(fd)
-os.close(fd)
-PY
+    # One Linux partition (type 0x83) at sector 2048, 262144 sectors long (little-endian).
+    { head -c 446 /dev/zero; printf '\x00\x00\x00\x00\x83\x00\x00\x00\x00\x08\x00\x00\x00\x00\x04\x00'
+        head -c 48 /dev/zero; printf '\x55\xaa'; } |
+        dd of="$NS_DEV" bs=512 count=1 iflag=fullblock conv=notrunc,fsync status=none || return 1
     blockdev --rereadpt "$NS_DEV" && for _ in $(seq 50); do [[ -b ${NS_DEV}p1 ]] && return; sleep 0.1; done; return 1
 }
 expect "a partition table with one partition" mbr_with_one_partition

@@ -5,7 +5,8 @@
 # The passthrough engine (NVMe commands on /dev/ng0n1 through io_uring URING_CMD) behind
 # /dev/ublkb0, on kernels with and without block write streams:
 # - fio with verify=crc32c passes: sequential and random, 4 KiB, 1 MiB and 32 MiB blocks,
-#   1 queue at depth 1 and 2 queues at depth 64; fdpblk counts every byte;
+#   1 queue at depth 1 and 2 queues at depth 64 (only the latter on the kernel without write
+#   streams); fdpblk counts every byte;
 # - bytes written through ublk read back bit-identical from /dev/nvme0n1 and the other way
 #   round, at block-aligned and at 512-byte-misaligned offsets (same LBAs, no offset);
 # - discard (DSM deallocate) and write zeroes (split at the drive's limit into more commands
@@ -17,7 +18,7 @@
 # - fdpblk del under load (2 queues x 64, tag tasks in header waits) drains and exits.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
-need_tool fio nvme python3 blkdiscard cmp dd
+need_tool fio nvme python3 jq blkdiscard cmp dd
 
 DEV=/dev/ublkb0
 MIB=1048576
@@ -68,7 +69,11 @@ head -c $((4 * MIB)) /dev/urandom >"$W/a"
 head -c $((4 * MIB)) /dev/urandom >"$W/b"
 
 mhs=$(cat /sys/block/nvme0n1/queue/max_hw_sectors_kb)
-for qdb in "1 1 256K" "2 64 32M"; do
+# The 1-queue, depth-1 set tests the engine's own ring (kernel-independent): on the kernel
+# without block write streams it is left out, to keep the suite's time (the 2-queue set runs).
+sets=("1 1 256K" "2 64 32M")
+[[ -e /sys/block/nvme0n1/queue/max_write_streams ]] || sets=("2 64 32M")
+for qdb in "${sets[@]}"; do
     read -r queues depth iobuf <<<"$qdb"
     tag="passthrough-q$queues-d$depth"
     add_pt "${GEOM[@]}" --policy region -q "$queues" -d "$depth" --io-buf-size "$iobuf"
@@ -124,7 +129,8 @@ for qdb in "1 1 256K" "2 64 32M"; do
         zeroes "$tag: 512 MiB zeroed: its last block reads zeroes on /dev/nvme0n1" "$NS_DEV" $((768 * MIB - 4096)) 4096
     fi
     # Flush reaches the drive: a sync of the block device succeeds.
-    expect "$tag: fsync of $DEV (NVMe flush)" python3 -c "import os; f = os.open('$DEV', os.O_WRONLY); os.fsync(f)"
+    # (coreutils' sync FILE is an fsync of it)
+    expect "$tag: fsync of $DEV (NVMe flush)" sync "$DEV"
     del_pt "$tag"
 done
 
@@ -187,10 +193,7 @@ done
 expect_eq "placement: HBMW increase (bytes; $own blocks of own state on PID 3)" $((b1 - b0)) $((ck + sl + own * LBA))
 got=""
 for _ in $(seq 40); do
-    got=$("$FDPBLK" stats -n 0 --json | python3 -c '
-import json, sys
-h = json.load(sys.stdin)["pipeline"]["handles"]
-print(" ".join(str(h.get(str(i), 0)) for i in range(4)))' 2>/dev/null || true)
+    got=$("$FDPBLK" stats -n 0 --json | jq -r '.pipeline.handles as $h | [range(4) | $h[tostring] // 0] | join(" ")' 2>/dev/null || true)
     [[ $got == "0 $ck $sl 0" ]] && break
     sleep 0.25
 done
@@ -203,8 +206,8 @@ del_pt placement
 # char device has no pread): no geometry flags.
 add_pt --policy region
 expect_eq "re-added without layout flags: slot_bytes, meta_total_bytes, placement IDs" \
-    "$("$FDPBLK" list --json | python3 -c 'import json, sys; d = json.load(sys.stdin)[0]; g = d["geometry"]; print(g["slot_bytes"], g["meta_total_bytes"], d["pids"])')" \
-    "65536 1048576 [0, 1, 2, 3]"
+    "$("$FDPBLK" list --json | jq -r '.[0] | "\(.geometry.slot_bytes) \(.geometry.meta_total_bytes) \(.pids | join(","))"')" \
+    "65536 1048576 0,1,2,3"
 same "re-added: slots read back" "$DEV" "$MIB" "$W/slots" 0 $((6 * 65536))
 del_pt re-added
 
@@ -221,7 +224,7 @@ waits=0
 # Up to 30 s: fio's two jobs start slowly on an emulated guest.
 for _ in $(seq 150); do
     sleep 0.2
-    waits=$("$FDPBLK" stats -n 0 --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["pipeline"]["header_waits"])' 2>/dev/null || echo 0)
+    waits=$("$FDPBLK" stats -n 0 --json | jq -r '.pipeline.header_waits' 2>/dev/null || echo 0)
     ((waits > 100)) && break
 done
 expect "stop under load: tag tasks were in header waits ($waits)" test "${waits:-0}" -gt 0

@@ -8,7 +8,7 @@
 # per-handle bytes equal the writer's; after fdpblk del + add (layout found on the device) the
 # writer's reopen recovers the same index and every slot verifies.
 . "$(dirname "$0")/../lib/check-lib.sh"
-need_tool nvme awk python3
+need_tool nvme awk jq
 
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 FDPBLK=$ROOT/target/release/fdpblk
@@ -55,25 +55,18 @@ handles() {
     echo "${out[*]} ${BASH_REMATCH[1]}"
 }
 
-# load_writer_stats FILE: the writer's stats JSON into W[...] (one python3 run).
+# load_writer_stats FILE: the writer's stats JSON into W[...] (one jq run: python3 takes
+# seconds to start under TCG).
 declare -A W
 load_writer_stats() {
     local k v
     W=()
-    while IFS='=' read -r k v; do W[$k]=$v; done < <(python3 - "$1" <<'PY'
-import json, sys
-v = json.load(open(sys.argv[1]))
-r, i, d = v["run"], v["index"], v["run"]["device_bytes"]
-for k, x in {
-    "ck": d["checkpoint_header"] + d["checkpoint_payload"],
-    "sl": d["slot_header"] + d["slot_payload"],
-    "puts": r["puts"], "checkpoints": r["checkpoints_written"], "slot_headers": r["writes"]["slot_header"],
-    "recovered": r["recovered"], "dropped": r["recovery_dropped"], "verified": r["verified"],
-    "live": i["live"], "seq": i["seq"], "dirty": i["dirty"], "matches": i["reopen_matches_previous"],
-}.items():
-    print(f"{k}={x}")
-PY
-    )
+    while IFS='=' read -r k v; do W[$k]=$v; done < <(jq -r '.run as $r | .index as $i | $r.device_bytes as $d | {
+        ck: ($d.checkpoint_header + $d.checkpoint_payload), sl: ($d.slot_header + $d.slot_payload),
+        puts: $r.puts, checkpoints: $r.checkpoints_written, slot_headers: $r.writes.slot_header,
+        recovered: $r.recovered, dropped: $r.recovery_dropped, verified: $r.verified,
+        live: $i.live, seq: $i.seq, dirty: $i.dirty, matches: $i.reopen_matches_previous
+    } | to_entries[] | "\(.key)=\(.value)"' "$1")
 }
 
 # Handle bytes as of the end of the previous phase (fdpblk's stats refresh once a second).
@@ -155,24 +148,24 @@ phase posix-buffered --engine posix \
     put 20 --partial-every 4 sync checkpoint sync delete 5 --random sync reput 3 put 2 --salt tenantB:bob \
     sync checkpoint sync verify
 live=${W[live]} seq=${W[seq]}
-expect_eq "writer index clean after its last checkpoint: dirty" "${W[dirty]}" False
+expect_eq "writer index clean after its last checkpoint: dirty" "${W[dirty]}" false
 
 # The device again, with no layout flags: fdpblk learns the geometry from the checkpoint.
 del_device
 add_device
 expect_eq "re-added device: layout from the checkpoint" \
-    "$("$FDPBLK" list --json | python3 -c 'import json, sys; g = json.load(sys.stdin)[0]["geometry"]; print(g["slot_bytes"], g["meta_total_bytes"])')" \
+    "$("$FDPBLK" list --json | jq -r '.[0].geometry | "\(.slot_bytes) \(.meta_total_bytes)"')" \
     "65536 1048576"
 PREV_HANDLES="0 0 0 0 0 0 0 0 0"
 phase reopen --engine posix --odirect reopen verify
 expect_eq "reopen: entries recovered" "${W[recovered]}" "$live"
 expect_eq "reopen: dropped by the slot header check" "${W[dropped]}" 0
-expect_eq "reopen: recovered index equals the writer's" "${W[matches]}" True
+expect_eq "reopen: recovered index equals the writer's" "${W[matches]}" true
 expect_eq "reopen: checkpoint seq" "${W[seq]}" "$seq"
 expect_eq "reopen: entries verified" "${W[verified]}" "$live"
 phase after-reopen --engine io_uring --odirect put 8 delete 3 checkpoint verify
 expect_eq "after-reopen: checkpoint seq" "${W[seq]}" $((seq + 1))
-inspect=$("$FDPBLK" inspect "$DEV" --json | python3 -c 'import json, sys; s = json.load(sys.stdin)["summary"]; print(s["live"], s["header_mismatch"], s["checkpoint_seq"])')
+inspect=$("$FDPBLK" inspect "$DEV" --json | jq -r '.summary | "\(.live) \(.header_mismatch) \(.checkpoint_seq)"')
 expect_eq "fdpblk inspect $DEV: live, header mismatches, seq" "$inspect" \
     "${W[live]} 0 $((seq + 1))"
 del_device

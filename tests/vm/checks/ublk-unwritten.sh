@@ -58,7 +58,7 @@ expect "del" "$FDPBLK" del -n 0
 tail_at=$("$FDPBLK" inspect "$NS_DEV" "${GEOM[@]}" --json | jq -r .fdpblk_state.region_offset)
 [[ $tail_at =~ ^[0-9]+$ ]] || check_fatal "inspect: no fdpblk_state.region_offset ($tail_at)"
 pages_at=$((tail_at + 8192))
-dd if="$NS_DEV" of=/tmp/unwritten-pages bs=4096 skip=$((pages_at / 4096)) iflag=direct status=none ||
+dd if="$NS_DEV" of=/tmp/unwritten-pages bs=1M skip="$pages_at" iflag=direct,skip_bytes status=none ||
     check_fatal "saving the state's pages"
 dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough --policy region "${GEOM[@]}")
 poll_eq "add again (the saved state loads clean)" true dev_stat own_state.loaded_clean
@@ -78,7 +78,7 @@ expect "del" "$FDPBLK" del -n 0
 # A drive that loses the page writes of that run although it acknowledged their flushes: the
 # pages are back as the first stop left them, under this stop's clean superblocks. The page
 # digest tells: inspect and the next start say the state is not trusted, and why.
-dd if=/tmp/unwritten-pages of="$NS_DEV" bs=4096 seek=$((pages_at / 4096)) oflag=direct status=none ||
+dd if=/tmp/unwritten-pages of="$NS_DEV" bs=1M seek="$pages_at" oflag=direct,seek_bytes status=none ||
     check_fatal "putting the older pages back"
 state=$("$FDPBLK" inspect "$NS_DEV" "${GEOM[@]}" --json | jq -c '.fdpblk_state | [.clean, .trusted, (.note // "" | test("not the versions its superblock committed"))]')
 expect_eq "inspect: a clean superblock, not trusted, saying why" "$state" '[true,false,true]'
