@@ -9,7 +9,7 @@
 
 use crate::classify::{classify, Class, Extent, ExtentKind, Op, Parsed};
 use crate::layout::checkpoint_header::CHECKPOINT_HEADER_LEN;
-use crate::layout::slot_header::SLOT_HEADER_PREFIX;
+use crate::layout::slot_header::{SlotHeader, SLOT_HEADER_PREFIX};
 use crate::engine::{Engine, Errno};
 use crate::layout::Geometry;
 use crate::place::{Handle, Observation, Policy, Target};
@@ -192,6 +192,9 @@ pub struct Pipeline {
     headers: Vec<(u64, u16)>,
     /// Checkpoint containers (bit `copy`) whose payload the last planned request changes.
     containers: u8,
+    /// The last planned write placed slot bytes without their header (a request counts once
+    /// in `payload_fallbacks`, whatever its pieces: payload and padding, several slots).
+    fell_back: bool,
 }
 
 impl Pipeline {
@@ -205,7 +208,7 @@ impl Pipeline {
     pub fn with_slots(geom: Geometry, mut policy: Box<dyn Policy>, slots: Arc<SlotTable>) -> Self {
         policy.observe(&Observation::Layout { max_slots: geom.max_slots });
         let counters = Arc::new(PipelineCounters::new(policy.handles()));
-        Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new(), container_waits: Vec::new(), headers: Vec::new(), containers: 0 }
+        Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new(), container_waits: Vec::new(), headers: Vec::new(), containers: 0, fell_back: false }
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -246,6 +249,7 @@ impl Pipeline {
         let mut touched = 0u8;
         self.count_classes(&mut touched);
         if req.op == Op::Write {
+            self.fell_back = false;
             for i in 0..self.extents.len() {
                 let e = self.extents[i];
                 let handle = self.place(&e);
@@ -256,6 +260,9 @@ impl Pipeline {
                         b.fetch_add(n, Relaxed);
                     }
                 }
+            }
+            if self.fell_back {
+                self.counters.payload_fallbacks.fetch_add(1, Relaxed);
             }
         } else {
             self.observe_other(req.op);
@@ -444,6 +451,10 @@ impl Pipeline {
             ExtentKind::Outside => self.policy.place(&Target::Outside),
             ExtentKind::SlotHeader { slot, header } => match header.valid() {
                 Some(h) => {
+                    // A header claiming more payload than its slot holds (not LMCache's: its
+                    // loader drops such an entry) is taken as a full slot; its count would
+                    // otherwise never end, and the slot would expect payload until its next put.
+                    let h = &SlotHeader { payload_len: h.payload_len.min(self.geom.slot_payload_capacity()), ..*h };
                     // Bytes that came before this header within its payload are its own (or
                     // it overwrites them).
                     self.slots.settle_orphans(slot, self.covered_units(h.payload_len));
@@ -482,7 +493,7 @@ impl Pipeline {
                     if self.slots.headers_seen() && !(self.slots.count_ended_on_a_credit(slot) && self.within_payload(slot, e)) {
                         self.slots.payload_ahead(slot, e.len);
                     }
-                    self.counters.payload_fallbacks.fetch_add(1, Relaxed);
+                    self.fell_back = true;
                 }
                 h
             }
@@ -495,7 +506,7 @@ impl Pipeline {
                 }
                 if ahead {
                     self.slots.payload_ahead(slot, e.len);
-                    self.counters.payload_fallbacks.fetch_add(1, Relaxed);
+                    self.fell_back = true;
                 }
                 self.slot_handle(slot)
             }
@@ -661,7 +672,6 @@ fn push_segment(segments: &mut Vec<Segment>, offset: u64, len: u64, handle: Hand
 mod tests {
     use super::*;
     use crate::engine::sim::SimEngine;
-    use crate::layout::slot_header::SlotHeader;
     use crate::place::{NonePolicy, RegionPolicy};
 
     use crate::test_fixtures::small_geometry as geom;
@@ -714,6 +724,41 @@ mod tests {
         let long = SlotHeader { identity: 8, payload_len: 61440 }.encode(4096);
         write(&mut p, 0, 4096, Some(&long));
         assert!(!p.slots().expects_payload(1), "the header still expects payload that came ahead of it");
+    }
+
+    /// One write past the header wait that runs from a complete payload into the padding past
+    /// it (a longer put's bytes, ahead of its header) is one fallback, not one per piece.
+    #[test]
+    fn a_fallback_over_payload_and_padding_counts_once() {
+        let g = geom();
+        let mut p = Pipeline::new(g, Box::new(RegionPolicy));
+        let mut segs = Vec::new();
+        let mut write = |p: &mut Pipeline, off: u64, len: u64, data: Option<&[u8]>| {
+            p.plan(&Request { op: Op::Write, offset: g.slot_offset(1) + off, len, data }, &mut segs, HeaderWait::Expired).unwrap();
+        };
+        let short = SlotHeader { identity: 7, payload_len: 8192 }.encode(4096);
+        write(&mut p, 0, 4096, Some(&short));
+        write(&mut p, 4096, 8192, None);
+        write(&mut p, 4096, 61440, None);
+        assert_eq!(p.stats().payload_fallbacks, 1);
+    }
+
+    /// A header whose payload_len is past the slot's capacity (foreign bytes that parse as
+    /// one): its count ends with the slot's last payload byte, as a full slot's would.
+    #[test]
+    fn a_header_longer_than_its_slot_counts_as_a_full_slot() {
+        let g = geom();
+        let mut p = Pipeline::new(g, Box::new(RegionPolicy));
+        let mut segs = Vec::new();
+        let mut write = |p: &mut Pipeline, off: u64, len: u64, data: Option<&[u8]>| {
+            p.plan(&Request { op: Op::Write, offset: g.slot_offset(1) + off, len, data }, &mut segs, HeaderWait::Expired).unwrap();
+        };
+        let long = SlotHeader { identity: 7, payload_len: 1 << 20 }.encode(4096);
+        write(&mut p, 0, 4096, Some(&long));
+        assert!(p.slots().expects_payload(1));
+        write(&mut p, 4096, g.slot_payload_capacity(), None);
+        assert!(!p.slots().expects_payload(1), "the slot still expects payload past its end");
+        assert_eq!(p.stats().payload_fallbacks, 0);
     }
 
     /// A wrong credit (a piece of the put before, re-sent after a restart, placed while no
