@@ -3,7 +3,7 @@
 # vm-fdp: on
 # vm-timeout: 400
 # Kill the daemon with SIGKILL during a verifying fio write, `fdpblk recover`, and fio's
-# verify passes: 5 times on the block device's engine, 3 times with NVMe passthrough (whose
+# verify passes: 3 times on the block device's engine, twice with NVMe passthrough (whose
 # recovered daemon first waits for the killed one's commands to leave the drive: its lock
 # on the char device goes with the last of them). In-flight I/O is re-issued by the driver,
 # nothing is lost. A recover that finds another namespace under the saved name (a saved
@@ -113,8 +113,8 @@ done
 expect "fdpblk del" "$FDPBLK" del -n 0
 }
 
-rounds 1 5 --backing "$NS_DEV"
-rounds 6 8 --backing "$NG_DEV" --engine passthrough
+rounds 1 3 --backing "$NS_DEV"
+rounds 4 5 --backing "$NG_DEV" --engine passthrough
 expect "the passthrough rounds checked a recovery's placement identifiers" test "${checked_pids:-}" = 1
 
 # A namespace formatted to other blocks while its daemon was dead keeps its name, serial and

@@ -53,7 +53,7 @@ for eng in passthrough:"$NG_DEV" streams:"$NS_DEV"; do
     rm -f /tmp/discard-result /tmp/discard-errors
     discard_loop "$dev" &
     discards=$!
-    fio_verify "reset-$engine" "$dev" --rw=randwrite --bs=64k --size=256M --iodepth=32
+    fio_verify "reset-$engine" "$dev" --rw=randwrite --bs=64k --size=128M --iodepth=32
     during=$(($(resets_so_far) - before))
     wait "$resets" || true
     rm -f /tmp/discarding
