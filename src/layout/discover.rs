@@ -428,7 +428,9 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
         // Only here, on the way to an error. A payload longer than its own layout's container
         // holds is one LMCache's loader skips: damaged without reading it (a torn length
         // would otherwise have every look, the learner's every 30 s, read the device whole).
-        let cap = ((meta_total_bytes / 2) / a * a).saturating_sub(a);
+        // The JSON's own `meta_total_bytes` may be as damaged: past the most any checkpoint
+        // is read (`JsonLimits`), it is not read either.
+        let cap = ((meta_total_bytes / 2) / a * a).saturating_sub(a).min(JsonLimits::default().max_payload_bytes);
         let crc_ok = h.payload_len <= cap.min(size - start) && payload_crc(dev, start, h.payload_len)? == h.crc32;
         return Ok(Some(Hint::Error { error, crc_ok }));
     }
@@ -650,6 +652,39 @@ mod tests {
         assert!(matches!(e, DiscoverError::ImpossibleCheckpoint { .. }), "still named: {e}");
         // Its JSON's first 64 KiB at each block size tried, not the 64 MiB its length says.
         assert!(torn_len < 1 << 20, "read {torn_len} bytes, {sound_len} with its true length");
+    }
+
+    /// A damaged copy whose JSON's own meta_total_bytes is past the device (so its container
+    /// bounds nothing) and whose length reaches most of the device: not read either, beyond
+    /// the most any checkpoint is read.
+    #[test]
+    fn a_damaged_copy_of_a_layout_past_the_device_is_not_read_whole() {
+        struct Sparse(Vec<u8>, u64, std::cell::Cell<u64>);
+        impl ReadAt for Sparse {
+            fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+                let n = (buf.len() as u64).min(self.1.saturating_sub(offset)) as usize;
+                buf[..n].fill(0);
+                if let Some(head) = self.0.get(offset.min(self.0.len() as u64) as usize..) {
+                    let k = head.len().min(n);
+                    buf[..k].copy_from_slice(&head[..k]);
+                }
+                self.2.set(self.2.get() + n as u64);
+                Ok(n)
+            }
+            fn size(&self) -> std::io::Result<u64> {
+                Ok(self.1)
+            }
+        }
+        let (mut img, _) = fixture("object-evict");
+        let json = copy_json(&img, 0).1.replace(r#""meta_total_bytes":1048576"#, r#""meta_total_bytes":8589934592"#);
+        put_copy(&mut img, 0, 1, &json);
+        img[524288..524288 + 4096].fill(0);
+        // Its length torn to 3 GiB of a 4 GiB device (the CRC no longer matches).
+        img[20..28].copy_from_slice(&(3u64 << 30).to_le_bytes());
+        let dev = Sparse(img, 4 << 30, Default::default());
+        let e = discover(&dev, &GeometryFlags::default()).unwrap_err();
+        assert!(matches!(e, DiscoverError::CheckpointTooBig { .. }), "{e}");
+        assert!(dev.2.get() < 1 << 20, "read {} bytes", dev.2.get());
     }
 
     /// object-evict restarted with 32 KiB slots: LMCache wrote seq 1 into copy 0 and copy 1
