@@ -107,12 +107,26 @@ fn validation_uniform_random_greedy_on_the_headline_drive() {
 
 #[test]
 fn fifo_matches_analytic_with_the_open_ru_correction() {
-    // Small RUs: FIFO's WAF does not depend on them, and the correction is then what matters
-    // (1.5 of 36 spare RUs at 7 % OP moves the WAF by ~4 %).
-    for (op, tol) in [(0.07, 0.015), (0.20, 0.01)] {
-        let (sim, corrected, nominal) = validation_run(Victim::Fifo, 512, 64, op, 2);
-        eprintln!("fifo op {op}: simulated {sim:.3}, analytic {corrected:.3} (nominal {nominal:.3})");
-        assert!((sim / corrected - 1.0).abs() < tol, "op {op}: simulated {sim:.3} vs analytic {corrected:.3}");
+    // Few, large RUs: FIFO's WAF does not depend on their size, and half an RU is then a large
+    // part of the spare (at 7 % OP, 128 RUs hold 9 spare ones: each half moves the WAF by
+    // about 6 %), so the correction is told apart from W + 0 and W + 1 RUs, not only within
+    // a tolerance of the analytic value.
+    let (rus, upr, unit) = (128u64, 256u64, 4 * KIB);
+    for op in [0.07, 0.20] {
+        let physical = rus * upr * unit;
+        let logical = (physical as f64 * (1.0 - op)) as u64 / unit * unit;
+        let mut cfg = SsdConfig::new(logical, physical, unit, upr * unit, 1, HandleType::InitiallyIsolated);
+        cfg.gc.victim = Victim::Fifo;
+        let w = f64::from(cfg.gc.free_ru_low_watermark);
+        let mut s = ssd(cfg);
+        let lu = logical / unit;
+        let sim = uniform_waf(&mut s, 0x5eed, 3 * lu, 6 * lu);
+        s.audit().unwrap();
+        let lost = |x: f64| analytic_waf_alpha((rus as f64 - w - x) * upr as f64 / lu as f64);
+        let (none, half, one) = (lost(0.0), lost(0.5), lost(1.0));
+        eprintln!("fifo op {op}: simulated {sim:.3}; analytic with W + 0, ½, 1 RUs lost: {none:.3}, {half:.3}, {one:.3}");
+        assert!((sim / half - 1.0).abs() < 0.01, "op {op}: simulated {sim:.3} vs analytic {half:.3}");
+        assert!((sim - half).abs() < (sim - none).abs().min((sim - one).abs()), "op {op}: simulated {sim:.3} is nearer another correction");
     }
 }
 
