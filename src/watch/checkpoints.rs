@@ -314,13 +314,19 @@ impl Watcher {
     pub(super) fn committed(&mut self, h: CheckpointHeader, entries: u64, fixed_bytes: u64, epoch: u32) {
         let now = Instant::now();
         // The first checkpoint after a baseline found at start comes any time after the start.
-        let prev = self.commit.as_ref().filter(|c| c.observed).map(|c| c.at);
-        if let Some(p) = prev {
+        let prev = self.commit.as_ref().filter(|c| c.observed).map(|c| (c.at, c.puts_at));
+        if let Some((p, puts_at)) = prev {
             let d = now.duration_since(p);
-            self.interval = Some(match self.interval {
-                Some(i) => (i * 3 + d) / 4,
-                None => d,
-            });
+            // From the first slot write (within a round), not over an idle stretch before it:
+            // LMCache checkpoints only a changed index. (Deletes alone change it unseen: such
+            // a gap is left out.)
+            if self.slots.header_writes() > puts_at {
+                let busy = now.saturating_duration_since(p.max(self.clean_at));
+                self.interval = Some(match self.interval {
+                    Some(i) => (i * 3 + busy) / 4,
+                    None => busy,
+                });
+            }
             self.gaps = self.gaps.saturating_add(1);
             if self.recent_gaps.len() == RECENT_GAPS {
                 self.recent_gaps.pop_front();

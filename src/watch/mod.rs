@@ -588,6 +588,12 @@ pub struct Watcher {
     unclean_error: Option<String>,
     commit: Option<Commit>,
     started: Instant,
+    /// The last round that saw no slot write past the baseline commit (at first, the start):
+    /// LMCache has had something to checkpoint since then at most. An idle LMCache writes no
+    /// checkpoint, so the commit's own age says nothing of a stall.
+    clean_at: Instant,
+    /// The running average of how long LMCache took to checkpoint what it wrote: from the
+    /// previous commit, or from the first slot write after it where LMCache was idle first.
     interval: Option<Duration>,
     /// Intervals seen between commits (the check waits for a few).
     gaps: u32,
@@ -758,6 +764,7 @@ impl Watcher {
             last_persist: now,
             commit: None,
             started: now,
+            clean_at: Instant::now(),
             interval: None,
             gaps: 0,
             recent_gaps: std::collections::VecDeque::new(),

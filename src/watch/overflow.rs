@@ -72,8 +72,14 @@ impl Watcher {
         }
         self.risk = risk;
         let puts = self.slots.header_writes().saturating_sub(c.puts_at);
-        let after = self.interval.map_or(STALL_MIN, |i| (i * 3).max(STALL_MIN)).max(self.cfg.stall_min);
-        let age = c.at.elapsed();
+        if puts == 0 {
+            self.clean_at = Instant::now();
+        }
+        // `stall_min` is STALL_MIN unless configured (the simulator: never).
+        let after = self.interval.map_or(self.cfg.stall_min, |i| (i * 3).max(self.cfg.stall_min));
+        // From the first slot write LMCache has not checkpointed, not from the last checkpoint:
+        // after an idle hour, one put is no stall.
+        let age = c.at.max(self.clean_at).elapsed();
         let stalled = puts > 0 && age >= after;
         if stalled && !self.stalled {
             let cause = if e.bytes >= e.cap {
@@ -87,7 +93,7 @@ impl Watcher {
                 "LMCache writes a checkpoint only when no I/O has been in flight for 100 ms at its tick (meta_checkpoint_interval_sec, 60 s by default), so continuous traffic defers it; fix: leave LMCache idle moments, or lower meta_checkpoint_interval_sec".to_string()
             };
             tracing::error!(
-                "device {dev}: LMCache wrote {puts} slots but no checkpoint for {}s (last seq {}): {cause}. A restart now loses those entries",
+                "device {dev}: LMCache wrote {puts} slots, the first {}s ago, and no checkpoint since (last seq {}): {cause}. A restart now loses those entries",
                 age.as_secs(),
                 c.seq
             );

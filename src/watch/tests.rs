@@ -932,6 +932,41 @@ fn checkpoint_age_goes_on_across_a_daemon_restart() {
     assert_eq!(r.w.counters().checkpoint_seen.map(|(s, _)| s), Some(seq));
 }
 
+/// An idle LMCache writes no checkpoint: a put after an idle stretch is no stall, and the idle
+/// stretch is no interval of LMCache's. A put left without a checkpoint past the stall time is.
+#[test]
+fn a_put_after_an_idle_stretch_is_no_stall() {
+    let mut r = Rig::new(SLOTS, META, true);
+    r.w.cfg.stall_min = Duration::from_secs(3);
+    let stalled = |r: &Rig| r.w.published_json()["checkpoint_stalled"].as_bool().unwrap();
+    for _ in 0..2 {
+        let k = r.new_key(false);
+        r.put(k).unwrap();
+        r.checkpoint();
+        r.step();
+    }
+    assert!(r.w.commit.as_ref().is_some_and(|c| c.observed));
+    // Idle for 30 s since that checkpoint, then one put.
+    let c = r.w.commit.as_mut().unwrap();
+    c.at = c.at.checked_sub(Duration::from_secs(30)).expect("an uptime of 30 s");
+    let k = r.new_key(false);
+    r.put(k).unwrap();
+    r.step();
+    assert!(!stalled(&r), "one put after an idle stretch taken for a stall");
+    // The put waits 4 s for a checkpoint (past the 3 s): a stall.
+    r.w.clean_at = r.w.clean_at.checked_sub(Duration::from_secs(4)).unwrap();
+    r.step();
+    assert!(stalled(&r));
+    // Its checkpoint ends the stall; the interval is the 4 s it took, not the 30 idle ones.
+    let before = r.w.interval.unwrap();
+    r.checkpoint();
+    r.step();
+    assert!(!stalled(&r));
+    let i = r.w.interval.unwrap();
+    // (3 x before + 4 s) / 4, where counting the idle stretch would make it about 8.5 s.
+    assert!(before < Duration::from_secs(1) && i < Duration::from_secs(3), "interval {i:?} (was {before:?}): the idle stretch counted");
+}
+
 #[test]
 fn evicted_slots_go_early_once_the_newest_checkpoint_lacks_them() {
     let (mut r, keys) = rig_with_keys(6, 3);
