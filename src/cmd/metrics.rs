@@ -198,11 +198,15 @@ impl Registry {
                 }
             }
         }
-        if let Some(h) = p["handles"].as_object() {
-            for (handle, b) in h {
-                if let Some(v) = num(b) {
-                    self.add("fdpblk_handle_written_bytes_total", "Bytes written per placement handle (the policy's logical handle).", Counter, with("handle", handle), v);
-                }
+        // Every handle of the policy has a series from 0 (the stats list the handles written),
+        // so that rate() sees a handle's first bytes.
+        let policy_handles = crate::place::policy_by_name(st["policy"].as_str().unwrap_or("")).map_or(0, |p| p.handles());
+        let written = p["handles"].as_object();
+        let handles: std::collections::BTreeSet<String> =
+            written.into_iter().flat_map(|w| w.keys().cloned()).chain((0..policy_handles).map(|h| h.to_string())).collect();
+        for handle in &handles {
+            if let Some(v) = written.and_then(|w| w.get(handle)).map_or(Some(0.0), num) {
+                self.add("fdpblk_handle_written_bytes_total", "Bytes written per placement handle (the policy's logical handle).", Counter, with("handle", handle), v);
             }
         }
         if let Some(v) = num(&p["header_waits"]) {
@@ -325,10 +329,9 @@ impl Registry {
         // expects: the lifetime values `fdpblk stats` shows come back from the drive and can
         // go back by what a crash lost.
         let since = &st["since_start"];
-        // Every handle written has a series from 0, so that rate() sees its first trims.
+        // Every handle has a series from 0, so that rate() sees its first trims.
         if let Some(h) = since["trim_handles"].as_object() {
-            let written = p["handles"].as_object().into_iter().flat_map(|w| w.keys());
-            let handles: std::collections::BTreeSet<&String> = h.keys().chain(written).collect();
+            let handles: std::collections::BTreeSet<&String> = h.keys().chain(&handles).collect();
             for handle in handles {
                 if let Some(v) = h.get(handle).map_or(Some(0.0), num) {
                     self.add("fdpblk_trims_total", "Slot deallocations per placement handle, since the daemon started.", Counter, with("handle", handle), v);
@@ -773,7 +776,9 @@ mod tests {
         let get = |k: &str| *s.get(k).unwrap_or_else(|| panic!("no {k} in\n{doc}"));
         assert_eq!(get(r#"fdpblk_handle_written_bytes_total{handle="1",id="0",name="kv0"}"#), 8192.0);
         assert_eq!(get(r#"fdpblk_handle_written_bytes_total{handle="2",id="0",name="kv0"}"#), 1048576.0);
-        assert!(!s.contains_key(r#"fdpblk_handle_written_bytes_total{handle="0",id="0",name="kv0"}"#), "the stats list only handles written");
+        // key-aware's three handles from 0, handle 0 unwritten in the stats too.
+        assert_eq!(get(r#"fdpblk_handle_written_bytes_total{handle="0",id="0",name="kv0"}"#), 0.0, "a handle not yet written starts at 0");
+        assert!(!s.contains_key(r#"fdpblk_handle_written_bytes_total{handle="3",id="0",name="kv0"}"#), "key-aware has 3 handles");
         assert_eq!(get(r#"fdpblk_class_bytes_total{class="slot_payload",id="0",name="kv0"}"#), 430080.0);
         assert_eq!(get(r#"fdpblk_class_requests_total{class="slot_payload",id="0",name="kv0"}"#), 7.0);
         assert_eq!(get(r#"fdpblk_io_bytes_total{id="0",name="kv0",op="write"}"#), 3145728.0);
@@ -787,6 +792,7 @@ mod tests {
         // Counters are this daemon's (the stats' lifetime values came back from the drive).
         assert_eq!(get(r#"fdpblk_trims_total{handle="2",id="0",name="kv0"}"#), 1.0);
         assert_eq!(get(r#"fdpblk_trims_total{handle="1",id="0",name="kv0"}"#), 0.0, "a handle written starts at 0");
+        assert_eq!(get(r#"fdpblk_trims_total{handle="0",id="0",name="kv0"}"#), 0.0, "so does one not written");
         assert_eq!(get(r#"fdpblk_trim_bytes_total{id="0",name="kv0"}"#), 65536.0);
         assert_eq!(get(r#"fdpblk_evictions_total{id="0",name="kv0"}"#), 2.0);
         assert_eq!(get(r#"fdpblk_own_state_cycles_total{id="0",name="kv0"}"#), 2.0);
