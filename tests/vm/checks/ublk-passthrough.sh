@@ -9,8 +9,9 @@
 #   streams); fdpblk counts every byte;
 # - bytes written through ublk read back bit-identical from /dev/nvme0n1 and the other way
 #   round, at block-aligned and at 512-byte-misaligned offsets (same LBAs, no offset);
-# - discard (DSM deallocate) and write zeroes (split at the drive's limit into more commands
-#   than the depth-1 ring holds) read back zeroes and leave the neighbouring bytes alone;
+# - discard (DSM deallocate) and write zeroes (split at the drive's limit; on the new kernel
+#   also into more commands than the depth-1 ring holds) read back zeroes and leave the
+#   neighbouring bytes alone;
 # - policy region places checkpoint bytes on placement ID 1 and slot bytes (LMCBLK01 headers
 #   and their payload) on PID 2, nothing elsewhere (RUAMW per PID, HBMW, fdpblk's handles);
 # - without layout flags, fdpblk add learns the layout from that checkpoint through the char

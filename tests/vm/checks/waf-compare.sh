@@ -220,6 +220,13 @@ for name, r in rows.items():
         fails.append(f"{name}: the fill wrote {r.get('fill_bytes')} bytes of the namespace's {ns}")
 if not any(k["what"].startswith("key-aware: placement ID index 0:") and k["ok"] for k in p["checks"]):
     fails.append(f"key-aware: no check that placement ID 0 (the fill's) holds only fdpblk's handle 0 bytes: {p['checks']}")
+# Exact, not modulo the RU: a counted fill (whole RUs here) would vanish modulo the RU.
+inexact = [k["what"] for k in p["checks"] if k.get("skipped") or "modulo" in k["what"]]
+if inexact:
+    fails.append("checks not exact (the fill counted?): " + "; ".join(inexact))
+ka = rows["key-aware"]
+if not ka["drive_write_bytes"] < ns:
+    fails.append(f"key-aware: drive bytes {ka['drive_write_bytes']} after the fill, not below the namespace's {ns} (the fill counted?)")
 # The workload's last put leaves slots 48.. of 64 never written (the writer reuses freed slots first).
 unwritten = st["trim"]["reclaimed_bytes"]
 if not unwritten > 0:
