@@ -35,7 +35,9 @@
 //! index and that version's seq; older superblocks hold zero and flag bit 1 clear) | at byte
 //! 672: a deallocation pause for the writeback delay in force when it was written (u32: the
 //! checkpoint interval it was judged at, in milliseconds, 0 = none; u32 flags, bit 0: LMCache
-//! was seen writing through the page cache) | zeros | CRC-32 of bytes 0..4092 at 4092.
+//! was seen writing through the page cache) | at byte 680: since when LMCache had slot writes
+//! that no checkpoint followed (u64 Unix seconds, 0 = none; older superblocks hold zero) |
+//! zeros | CRC-32 of bytes 0..4092 at 4092.
 //!
 //! ## Persist cycle (incremental, crash-consistent)
 //!
@@ -128,6 +130,8 @@ const CHECKPOINT_SEEN_AT: usize = 136 + 8 * MAX_HANDLES;
 const DIGEST_AT: usize = CHECKPOINT_SEEN_AT + 16;
 /// Where the superblock keeps a writeback pause ([`SavedPause`]).
 const PAUSE_AT: usize = DIGEST_AT + 8;
+/// Where the superblock keeps [`Counters::uncheckpointed_since`].
+const UNCHECKPOINTED_AT: usize = PAUSE_AT + 8;
 /// Largest run of pages written in one request.
 const MAX_RUN: usize = 256;
 /// Page copies that may fail to read before a load gives the saved state up.
@@ -168,6 +172,9 @@ pub struct Counters {
     /// Deallocation was paused for the kernel's writeback delay: the next run pauses from its
     /// start until it has judged LMCache's interval itself (see `crate::watch`).
     pub writeback_pause: Option<SavedPause>,
+    /// Since when (Unix seconds) LMCache had slot writes that no checkpoint after
+    /// `checkpoint_seen` followed: a stalled checkpoint stays stalled across a daemon restart.
+    pub uncheckpointed_since: Option<u64>,
 }
 
 /// A deallocation pause for the writeback delay, as saved.
@@ -303,6 +310,9 @@ impl Superblock {
             b[PAUSE_AT..PAUSE_AT + 4].copy_from_slice(&p.interval_ms.max(1).to_le_bytes());
             b[PAUSE_AT + 4..PAUSE_AT + 8].copy_from_slice(&u32::from(p.buffered).to_le_bytes());
         }
+        if let Some(t) = c.uncheckpointed_since.filter(|&t| t > 0) {
+            b[UNCHECKPOINTED_AT..UNCHECKPOINTED_AT + 8].copy_from_slice(&t.to_le_bytes());
+        }
         let crc = crc32fast::hash(&b[..CRC_AT]);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     }
@@ -336,6 +346,7 @@ impl Superblock {
                 trims_by_handle: (0..n).map(|i| u64at(b, 136 + 8 * i)).collect(),
                 checkpoint_seen: Some((u64at(b, CHECKPOINT_SEEN_AT), u64at(b, CHECKPOINT_SEEN_AT + 8))).filter(|&(_, at)| at > 0),
                 writeback_pause: (u32at(b, PAUSE_AT) > 0).then(|| SavedPause { interval_ms: u32at(b, PAUSE_AT), buffered: u32at(b, PAUSE_AT + 4) & 1 != 0 }),
+                uncheckpointed_since: Some(u64at(b, UNCHECKPOINTED_AT)).filter(|&t| t > 0),
             },
             digest: (u32at(b, 12) & 2 != 0).then(|| u64at(b, DIGEST_AT)),
         })

@@ -117,6 +117,7 @@ fn round_trip_and_incremental() {
         trims_by_handle: vec![0, 2, 3],
         checkpoint_seen: Some((41, 1_700_000_000)),
         writeback_pause: Some(SavedPause { interval_ms: 2500, buffered: true }),
+        uncheckpointed_since: Some(1_700_000_100),
         ..Counters::default()
     };
     let r = p.cycle(&dev, &t, &c, true, false).unwrap().unwrap();
@@ -136,6 +137,7 @@ fn round_trip_and_incremental() {
     assert_eq!(l.counters.trims, 5);
     assert_eq!(l.counters.checkpoint_seen, Some((41, 1_700_000_000)));
     assert_eq!(l.counters.writeback_pause, Some(SavedPause { interval_ms: 2500, buffered: true }));
+    assert_eq!(l.counters.uncheckpointed_since, Some(1_700_000_100));
     assert_eq!(l.counters.trims_by_handle, vec![0, 2, 3]);
     assert_eq!(first_diff(&snapshot(&u), &snapshot(&t)), None, "records are {} bytes", t.len() * RECORD_BYTES);
     assert_eq!(u.get(7).unwrap().identity, 77);

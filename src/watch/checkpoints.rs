@@ -92,6 +92,7 @@ impl Watcher {
         let baseline = self.newest().map(|v| (v.seq, v.payload_len, v.entries, v.fixed_bytes));
         if let Some((seq, payload_len, entries, fixed_bytes)) = baseline.filter(|b| self.commit.as_ref().is_none_or(|c| c.seq != b.0)) {
             self.commit = Some(Commit { seq, payload_len, entries, at: Instant::now(), puts_at: 0, fixed_bytes, epoch: self.seen_epoch, observed: false });
+            self.carried_dirty = false;
             self.arm_alarm();
         }
         self.need_sweep = true;
@@ -348,6 +349,8 @@ impl Watcher {
             observed: true,
         });
         self.counters.checkpoint_seen = Some((h.seq, unix_now()));
+        self.counters.uncheckpointed_since = None;
+        self.carried_dirty = false;
         self.stalled = false;
         self.arm_alarm();
     }

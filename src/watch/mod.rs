@@ -208,7 +208,8 @@ pub struct WatchConfig {
     pub persist_interval: Duration,
     /// Device id, for messages.
     pub device: i32,
-    /// Checkpoints count as stalled after max(3 observed intervals, 180 s, this).
+    /// Checkpoints count as stalled this long (STALL_MIN by default) after the first slot write
+    /// no checkpoint followed, or 3 observed intervals or 2 shortest gaps if longer.
     pub stall_min: Duration,
     /// The exported block device (`/dev/ublkbN`): where fdpblk writes the backing underneath
     /// it (zeroing a checkpoint container), it drops the clean cached pages of that range, so
@@ -373,7 +374,7 @@ pub const RISK_FRACTION: f64 = 0.9;
 const FIXED_JSON_BYTES: u64 = 320;
 /// Bytes per entry assumed before a checkpoint with entries was seen (reference §11).
 const DEFAULT_ENTRY_BYTES: f64 = 240.0;
-/// Checkpoints are considered stalled after max(3 intervals, this).
+/// The default of `WatchConfig::stall_min`.
 const STALL_MIN: Duration = Duration::from_secs(180);
 /// Active retries of a checkpoint whose header block is not the one announced stop after
 /// this; later only writes to the container (or a new header) trigger a look. A payload that
@@ -592,6 +593,9 @@ pub struct Watcher {
     /// LMCache has had something to checkpoint since then at most. An idle LMCache writes no
     /// checkpoint, so the commit's own age says nothing of a stall.
     clean_at: Instant,
+    /// The previous daemon saw slot writes that no checkpoint followed yet (its saved
+    /// `uncheckpointed_since`, for the checkpoint this one starts from), until the next one.
+    carried_dirty: bool,
     /// The running average of how long LMCache took to checkpoint what it wrote: from the
     /// previous commit, or from the first slot write after it where LMCache was idle first.
     interval: Option<Duration>,
@@ -765,6 +769,7 @@ impl Watcher {
             commit: None,
             started: now,
             clean_at: Instant::now(),
+            carried_dirty: false,
             interval: None,
             gaps: 0,
             recent_gaps: std::collections::VecDeque::new(),
@@ -832,6 +837,15 @@ impl Watcher {
                 }
             };
             w.commit = Some(Commit { seq, payload_len, entries, at, puts_at: 0, fixed_bytes, epoch: w.seen_epoch, observed: false });
+            // Slot writes the previous daemon saw after that checkpoint, none checkpointed yet:
+            // a stall goes on from then.
+            if let Some(t) = w.counters.uncheckpointed_since.filter(|&t| t <= unix && w.counters.checkpoint_seen.is_some_and(|(s, _)| s == seq)) {
+                w.clean_at = now.checked_sub(Duration::from_secs(unix - t)).unwrap_or(now);
+                w.carried_dirty = true;
+            }
+        }
+        if !w.carried_dirty {
+            w.counters.uncheckpointed_since = None;
         }
         w.arm_alarm();
         w.carry_writeback_pause();

@@ -72,15 +72,25 @@ impl Watcher {
         }
         self.risk = risk;
         let puts = self.slots.header_writes().saturating_sub(c.puts_at);
-        if puts == 0 {
+        let dirty = puts > 0 || self.carried_dirty;
+        let since = c.at.max(self.clean_at);
+        if !dirty {
             self.clean_at = Instant::now();
+            self.counters.uncheckpointed_since = None;
+        } else if self.counters.uncheckpointed_since.is_none() {
+            // Saved with the own state (once, not a value that moves every round): a restarted
+            // daemon goes on from it.
+            self.counters.uncheckpointed_since = Some(unix_now().saturating_sub(since.elapsed().as_secs()).max(1));
         }
-        // `stall_min` is STALL_MIN unless configured (the simulator: never).
-        let after = self.interval.map_or(self.cfg.stall_min, |i| (i * 3).max(self.cfg.stall_min));
+        // `stall_min` is STALL_MIN unless configured (the simulator: never). Not below two of
+        // LMCache's shortest gaps between checkpoints: a write just after its tick waits a
+        // whole one, which the average from first writes to checkpoints can fall below.
+        let ticks = self.short_gap().map_or(Duration::ZERO, |g| g * 2);
+        let after = self.interval.map_or(Duration::ZERO, |i| i * 3).max(ticks).max(self.cfg.stall_min);
         // From the first slot write LMCache has not checkpointed, not from the last checkpoint:
         // after an idle hour, one put is no stall.
-        let age = c.at.max(self.clean_at).elapsed();
-        let stalled = puts > 0 && age >= after;
+        let age = since.elapsed();
+        let stalled = dirty && age >= after;
         if stalled && !self.stalled {
             let cause = if e.bytes >= e.cap {
                 format!(
@@ -92,8 +102,9 @@ impl Watcher {
             } else {
                 "LMCache writes a checkpoint only when no I/O has been in flight for 100 ms at its tick (meta_checkpoint_interval_sec, 60 s by default), so continuous traffic defers it; fix: leave LMCache idle moments, or lower meta_checkpoint_interval_sec".to_string()
             };
+            let slots = if self.carried_dirty { format!("{puts} slots since fdpblk restarted, others before that") } else { format!("{puts} slots") };
             tracing::error!(
-                "device {dev}: LMCache wrote {puts} slots, the first {}s ago, and no checkpoint since (last seq {}): {cause}. A restart now loses those entries",
+                "device {dev}: LMCache wrote {slots}, the first {}s ago, and no checkpoint since (last seq {}): {cause}. A restart now loses those entries",
                 age.as_secs(),
                 c.seq
             );

@@ -933,15 +933,20 @@ fn checkpoint_age_goes_on_across_a_daemon_restart() {
 }
 
 /// An idle LMCache writes no checkpoint: a put after an idle stretch is no stall, and the idle
-/// stretch is no interval of LMCache's. A put left without a checkpoint past the stall time is.
+/// stretch is no interval of LMCache's. A put left without a checkpoint past the stall time is,
+/// and stays one across a daemon restart.
 #[test]
 fn a_put_after_an_idle_stretch_is_no_stall() {
     let mut r = Rig::new(SLOTS, META, true);
-    r.w.cfg.stall_min = Duration::from_secs(3);
+    r.cfg.stall_min = Duration::from_secs(3);
+    r.w.cfg.stall_min = r.cfg.stall_min;
     let stalled = |r: &Rig| r.w.published_json()["checkpoint_stalled"].as_bool().unwrap();
-    for _ in 0..2 {
+    let put = |r: &mut Rig| {
         let k = r.new_key(false);
         r.put(k).unwrap();
+    };
+    for _ in 0..2 {
+        put(&mut r);
         r.checkpoint();
         r.step();
     }
@@ -949,22 +954,51 @@ fn a_put_after_an_idle_stretch_is_no_stall() {
     // Idle for 30 s since that checkpoint, then one put.
     let c = r.w.commit.as_mut().unwrap();
     c.at = c.at.checked_sub(Duration::from_secs(30)).expect("an uptime of 30 s");
-    let k = r.new_key(false);
-    r.put(k).unwrap();
+    r.w.counters.checkpoint_seen = r.w.counters.checkpoint_seen.map(|(s, at)| (s, at - 30));
+    put(&mut r);
     r.step();
     assert!(!stalled(&r), "one put after an idle stretch taken for a stall");
-    // The put waits 4 s for a checkpoint (past the 3 s): a stall.
-    r.w.clean_at = r.w.clean_at.checked_sub(Duration::from_secs(4)).unwrap();
+    // The put waits 5 s for a checkpoint (past the 3 s): a stall.
+    r.w.clean_at = r.w.clean_at.checked_sub(Duration::from_secs(5)).unwrap();
+    r.w.counters.uncheckpointed_since = r.w.counters.uncheckpointed_since.map(|t| t - 5);
     r.step();
     assert!(stalled(&r));
-    // Its checkpoint ends the stall; the interval is the 4 s it took, not the 30 idle ones.
-    let before = r.w.interval.unwrap();
+    // A restarted daemon goes on from the saved time (the previous one saw the put).
+    r.restart_fdpblk(true);
+    r.step();
+    assert!(stalled(&r), "the restart forgot the stall");
+    // Its checkpoint ends the stall.
     r.checkpoint();
     r.step();
     assert!(!stalled(&r));
+    // The interval is what LMCache took from a first put to its checkpoint, not the idle
+    // stretch before: (3 x before + 5 s) / 4, where counting the idle stretch would make it
+    // about 9 s.
+    for _ in 0..2 {
+        put(&mut r);
+        r.checkpoint();
+        r.step();
+    }
+    let c = r.w.commit.as_mut().unwrap();
+    c.at = c.at.checked_sub(Duration::from_secs(30)).unwrap();
+    put(&mut r);
+    r.step();
+    r.w.clean_at = r.w.clean_at.checked_sub(Duration::from_secs(5)).unwrap();
+    let before = r.w.interval.unwrap();
+    r.checkpoint();
+    r.step();
     let i = r.w.interval.unwrap();
-    // (3 x before + 4 s) / 4, where counting the idle stretch would make it about 8.5 s.
     assert!(before < Duration::from_secs(1) && i < Duration::from_secs(3), "interval {i:?} (was {before:?}): the idle stretch counted");
+    // LMCache's checkpoints come 10 s apart at the shortest: a put just after one waits a whole
+    // gap, which is no stall, however short the average from first puts to checkpoints.
+    r.w.recent_gaps = std::iter::repeat_n(Duration::from_secs(10), 8).collect();
+    let c = r.w.commit.as_mut().unwrap();
+    c.at = c.at.checked_sub(Duration::from_secs(30)).unwrap();
+    put(&mut r);
+    r.step();
+    r.w.clean_at = r.w.clean_at.checked_sub(Duration::from_secs(5)).unwrap();
+    r.step();
+    assert!(!stalled(&r), "a put waiting less than two of LMCache's gaps taken for a stall");
 }
 
 #[test]
