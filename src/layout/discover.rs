@@ -527,31 +527,33 @@ mod tests {
         assert!(matches!(discover(&img, &fixed).unwrap_err(), DiscoverError::Conflict { field: "header_bytes", .. }));
     }
 
+    /// An image (its first bytes), then zeroes up to a size; it counts the bytes read.
+    struct Sparse(Vec<u8>, u64, std::cell::Cell<u64>);
+    impl ReadAt for Sparse {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+            let n = (buf.len() as u64).min(self.1.saturating_sub(offset)) as usize;
+            buf[..n].fill(0);
+            if let Some(head) = self.0.get(offset.min(self.0.len() as u64) as usize..) {
+                let k = head.len().min(n);
+                buf[..k].copy_from_slice(&head[..k]);
+            }
+            self.2.set(self.2.get() + n as u64);
+            Ok(n)
+        }
+        fn size(&self) -> std::io::Result<u64> {
+            Ok(self.1)
+        }
+    }
+
     /// A device whose whole size would hold more slots than fdpblk tracks still shows its
     /// checkpoint: only the metadata region is needed to find it, and the layout then takes
     /// the checkpoint's capacity_bytes (or the flag's, which may be the one too large).
     #[test]
     fn a_checkpoint_is_found_on_a_device_of_more_slots_than_fdpblk_tracks() {
-        /// The fixture's image, then zeroes up to `size`.
-        struct Sparse(Vec<u8>, u64);
-        impl ReadAt for Sparse {
-            fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-                let n = (buf.len() as u64).min(self.1.saturating_sub(offset)) as usize;
-                buf[..n].fill(0);
-                if let Some(head) = self.0.get(offset.min(self.0.len() as u64) as usize..) {
-                    let k = head.len().min(n);
-                    buf[..k].copy_from_slice(&head[..k]);
-                }
-                Ok(n)
-            }
-            fn size(&self) -> std::io::Result<u64> {
-                Ok(self.1)
-            }
-        }
         let (img, m) = fixture("object-evict");
         assert_eq!(m["geometry"]["capacity_bytes_effective"], 4 << 20);
         let size = (1 << 20) + (crate::layout::geometry::MAX_SLOTS + 1) * 65536;
-        let dev = Sparse(img, size);
+        let dev = Sparse(img, size, Default::default());
         let layout = GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(1 << 20), ..Default::default() };
         for (flags, source) in [(GeometryFlags::default(), GeometrySource::Checkpoint), (layout, GeometrySource::Both)] {
             let d = discover(&dev, &flags).unwrap_or_else(|e| panic!("{e}"));
@@ -659,22 +661,6 @@ mod tests {
     /// the most any checkpoint is read.
     #[test]
     fn a_damaged_copy_of_a_layout_past_the_device_is_not_read_whole() {
-        struct Sparse(Vec<u8>, u64, std::cell::Cell<u64>);
-        impl ReadAt for Sparse {
-            fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-                let n = (buf.len() as u64).min(self.1.saturating_sub(offset)) as usize;
-                buf[..n].fill(0);
-                if let Some(head) = self.0.get(offset.min(self.0.len() as u64) as usize..) {
-                    let k = head.len().min(n);
-                    buf[..k].copy_from_slice(&head[..k]);
-                }
-                self.2.set(self.2.get() + n as u64);
-                Ok(n)
-            }
-            fn size(&self) -> std::io::Result<u64> {
-                Ok(self.1)
-            }
-        }
         let (mut img, _) = fixture("object-evict");
         let json = copy_json(&img, 0).1.replace(r#""meta_total_bytes":1048576"#, r#""meta_total_bytes":8589934592"#);
         put_copy(&mut img, 0, 1, &json);
