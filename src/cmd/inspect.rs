@@ -413,6 +413,12 @@ pub fn run(a: &InspectArgs) -> CmdResult {
                 if let Some(note) = o["note"].as_str() {
                     writeln!(w, "  {note}")?;
                 }
+                if let (Some(t), Some(seq)) = (o["uncheckpointed_since_unix"].as_u64(), o["checkpoint_seen"]["seq"].as_u64()) {
+                    writeln!(
+                        w,
+                        "  at the daemon's last state save, LMCache had slot writes since Unix time {t} that no checkpoint after seq {seq} followed: unless one came after that save, a LMCache restarted since has lost them"
+                    )?;
+                }
                 if let Some(i) = o["writeback_pause"]["interval_s"].as_f64() {
                     writeln!(
                         w,

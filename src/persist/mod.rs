@@ -1367,6 +1367,8 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<Re
         "trims": c.trims, "trim_bytes": c.trim_bytes, "trims_by_handle": handles, "evictions": c.evictions,
         "persist_cycles": c.cycles, "own_bytes_written": c.own_bytes,
         "writeback_pause": c.writeback_pause.map(|p| serde_json::json!({"interval_s": f64::from(p.interval_ms) / 1000.0, "buffered": p.buffered})),
+        "checkpoint_seen": c.checkpoint_seen.map(|(seq, at)| serde_json::json!({"seq": seq, "at_unix": at})),
+        "uncheckpointed_since_unix": c.uncheckpointed_since,
     })))
 }
 

@@ -426,10 +426,13 @@ fn summary_reads_the_state_at_the_tail_of_an_image() {
     t.cas_life(4, l, life::with_state(l | life::CONFIRMED, SlotState::Live));
     t.history().insert(999, 0);
     let pause = Some(SavedPause { interval_ms: 1500, buffered: true });
-    p.cycle(&dev, &t, &Counters { trims: 3, trims_by_handle: vec![0, 0, 3], writeback_pause: pause, ..Counters::default() }, true, true).unwrap();
+    let c = Counters { trims: 3, trims_by_handle: vec![0, 0, 3], writeback_pause: pause, checkpoint_seen: Some((7, 1_700_000_000)), uncheckpointed_since: Some(1_700_000_060), ..Counters::default() };
+    p.cycle(&dev, &t, &c, true, true).unwrap();
     let img = dev.image();
     let v = summary(&img, size).unwrap().unwrap();
     assert_eq!(v["writeback_pause"], serde_json::json!({"interval_s": 1.5, "buffered": true}));
+    assert_eq!(v["checkpoint_seen"], serde_json::json!({"seq": 7, "at_unix": 1_700_000_000u64}));
+    assert_eq!(v["uncheckpointed_since_unix"], 1_700_000_060u64);
     assert_eq!(v["slots"]["with_header"], 10);
     assert_eq!(v["slots"]["live"], 1);
     assert_eq!(v["slots"]["unknown"], 9);
