@@ -349,7 +349,7 @@ impl Pipeline {
                     let identity = self.slots.get(slot).map(|h| h.identity);
                     self.policy.observe(&Observation::Read { slot, identity, len: e.len, slot_reads });
                 }
-                (Op::Read, ExtentKind::CheckpointHeader { .. }) => self.slots.note_checkpoint_read(),
+                (Op::Read, ExtentKind::CheckpointHeader { copy, .. }) => self.slots.note_checkpoint_read(copy),
                 (Op::Discard | Op::WriteZeroes, kind) => match kind {
                     ExtentKind::CheckpointHeader { copy, .. } => {
                         if self.slots.checkpoint_header(copy, None) {

@@ -310,6 +310,9 @@ pub struct SlotTable {
     /// Reads of a checkpoint container's header block through the device: LMCache reads both
     /// when it opens the device (a restart, possibly with another geometry).
     checkpoint_reads: AtomicU64,
+    /// Per container: `checkpoint_reads` after its header block's last read, and
+    /// `header_writes` then (what LMCache had put when it read it).
+    header_read: [(AtomicU64, AtomicU64); 2],
     /// One bit per slot: a header with a stale tail behind it completed since the state
     /// thread last looked (early stale-tail deallocation; no lock on the data path).
     completed: Box<[AtomicU64]>,
@@ -361,6 +364,7 @@ impl SlotTable {
             returning: AtomicU64::new(0),
             alarm_at: AtomicU64::new(u64::MAX),
             checkpoint_reads: AtomicU64::new(0),
+            header_read: [(AtomicU64::new(0), AtomicU64::new(0)), (AtomicU64::new(0), AtomicU64::new(0))],
             completed: zeroed_u64(n.div_ceil(64)),
             orphans: zeroed_u16(n),
             unseen: zeroed_u64(n.div_ceil(64)),
@@ -417,9 +421,25 @@ impl SlotTable {
         self.epoch.load(Ordering::SeqCst)
     }
 
-    /// A read of a checkpoint container's header block was served.
-    pub fn note_checkpoint_read(&self) {
-        self.checkpoint_reads.fetch_add(1, Ordering::SeqCst);
+    /// A read of container `copy`'s header block was served.
+    pub fn note_checkpoint_read(&self, copy: u8) {
+        let n = self.checkpoint_reads.fetch_add(1, Ordering::SeqCst) + 1;
+        let (at, puts) = &self.header_read[usize::from(copy.min(1))];
+        puts.store(self.header_writes(), Ordering::SeqCst);
+        at.store(n, Ordering::SeqCst);
+    }
+    /// Both containers' header blocks were read after `checkpoint_reads` was `since`, as
+    /// LMCache does when it opens the device and loads its index: `header_writes` at the
+    /// later of those reads (puts before it are not in the index a restarted LMCache loaded).
+    pub fn both_headers_read_since(&self, since: u64) -> Option<u64> {
+        let mut puts = 0;
+        for (at, p) in &self.header_read {
+            if at.load(Ordering::SeqCst) <= since {
+                return None;
+            }
+            puts = puts.max(p.load(Ordering::SeqCst));
+        }
+        Some(puts)
     }
     /// Reads of checkpoint header blocks served so far.
     pub fn checkpoint_reads(&self) -> u64 {

@@ -596,6 +596,13 @@ pub struct Watcher {
     /// The previous daemon saw slot writes that no checkpoint followed yet (its saved
     /// `uncheckpointed_since`, for the checkpoint this one starts from), until the next one.
     carried_dirty: bool,
+    /// `SlotTable::checkpoint_reads` at the last round with nothing uncheckpointed: LMCache
+    /// reading both header blocks after it opened the device with those writes unlisted.
+    clean_reads: u64,
+    /// `SlotTable::header_writes` when LMCache last opened the device with puts unlisted
+    /// by the checkpoint it loaded: the index it has now lacks them, so they no longer wait
+    /// for a checkpoint (0: not in this run).
+    reloaded_at: u64,
     /// The running average of how long LMCache took to checkpoint what it wrote: from the
     /// previous commit, or from the first slot write after it where LMCache was idle first.
     interval: Option<Duration>,
@@ -770,6 +777,8 @@ impl Watcher {
             started: now,
             clean_at: Instant::now(),
             carried_dirty: false,
+            clean_reads: 0,
+            reloaded_at: 0,
             interval: None,
             gaps: 0,
             recent_gaps: std::collections::VecDeque::new(),

@@ -24,9 +24,12 @@ impl Watcher {
         g.max_slots.max(theirs)
     }
 
-    /// The newest committed checkpoint, or an empty one when fdpblk started.
+    /// The newest committed checkpoint, or an empty one when fdpblk started; its puts counted
+    /// from LMCache's last reload of it, if that came later (puts before are not in its index).
     fn baseline(&self) -> Commit {
-        self.commit.clone().unwrap_or(Commit { seq: 0, payload_len: 0, entries: 0, at: self.started, puts_at: 0, fixed_bytes: FIXED_JSON_BYTES, epoch: 0, observed: false })
+        let mut c = self.commit.clone().unwrap_or(Commit { seq: 0, payload_len: 0, entries: 0, at: self.started, puts_at: 0, fixed_bytes: FIXED_JSON_BYTES, epoch: 0, observed: false });
+        c.puts_at = c.puts_at.max(self.reloaded_at);
+        c
     }
 
     /// Tells the data path after how many more puts the estimate reaches the risk threshold.
@@ -71,11 +74,14 @@ impl Watcher {
             tracing::info!("device {dev}: checkpoint overflow risk gone: next checkpoint about {} of {} bytes", e.bytes, e.cap);
         }
         self.risk = risk;
+        self.check_reload(&c);
+        let c = self.baseline();
         let puts = self.slots.header_writes().saturating_sub(c.puts_at);
         let dirty = puts > 0 || self.carried_dirty;
         let since = c.at.max(self.clean_at);
         if !dirty {
             self.clean_at = Instant::now();
+            self.clean_reads = self.slots.checkpoint_reads();
             self.counters.uncheckpointed_since = None;
         } else if self.counters.uncheckpointed_since.is_none() {
             // Saved with the own state (once, not a value that moves every round): a restarted
@@ -110,5 +116,32 @@ impl Watcher {
             );
         }
         self.stalled = stalled;
+    }
+
+    /// LMCache opened the device again while it had puts no checkpoint listed: it read both
+    /// containers' header blocks (its index load) since the last round that had none. A
+    /// restarted LMCache loaded the last checkpoint, so those puts are lost to it, said once
+    /// here; they no longer wait for a checkpoint, and the stall alarm counts from its puts
+    /// since. (Another reader of both blocks, a whole-device copy, looks the same: the alarm
+    /// then waits for the puts after it.)
+    fn check_reload(&mut self, c: &Commit) {
+        let Some(at) = self.slots.both_headers_read_since(self.clean_reads) else { return };
+        self.clean_reads = self.slots.checkpoint_reads();
+        let lost = at.saturating_sub(c.puts_at);
+        if lost == 0 && !self.carried_dirty {
+            return;
+        }
+        let slots = if self.carried_dirty { format!("{lost} slots since fdpblk restarted, and others before that") } else { format!("{lost} slots") };
+        tracing::warn!(
+            "device {}: LMCache opened the device again (it read both checkpoint copies) after it wrote {slots} that no checkpoint lists: a restarted LMCache loaded checkpoint seq {} and has lost those entries (their slots are free to it). Fix: none now; to keep such puts over a restart, let LMCache checkpoint before it stops (it writes one at close)",
+            self.cfg.device,
+            c.seq
+        );
+        self.reloaded_at = at;
+        self.carried_dirty = false;
+        self.counters.uncheckpointed_since = None;
+        self.clean_at = Instant::now();
+        self.stalled = false;
+        self.arm_alarm();
     }
 }

@@ -1001,6 +1001,71 @@ fn a_put_after_an_idle_stretch_is_no_stall() {
     assert!(!stalled(&r), "a put waiting less than two of LMCache's gaps taken for a stall");
 }
 
+/// A LMCache that opens the device again (it reads both checkpoint copies' header blocks)
+/// loaded its last checkpoint: puts it made after that are lost to it, not waiting for a
+/// checkpoint, so they end the stall; one header block read (a probe) does not.
+#[test]
+fn a_restarted_lmcache_ends_the_stall_of_the_puts_it_lost() {
+    let mut r = Rig::new(SLOTS, META, true);
+    r.cfg.stall_min = Duration::from_secs(3);
+    r.w.cfg.stall_min = r.cfg.stall_min;
+    let stalled = |r: &Rig| r.w.published_json()["checkpoint_stalled"].as_bool().unwrap();
+    let put = |r: &mut Rig| {
+        let k = r.new_key(false);
+        r.put(k).unwrap();
+    };
+    let age = |r: &mut Rig| {
+        r.w.clean_at = r.w.clean_at.checked_sub(Duration::from_secs(5)).unwrap();
+        r.w.counters.uncheckpointed_since = r.w.counters.uncheckpointed_since.map(|t| t - 5);
+        r.step();
+    };
+    let (c0, c1) = (r.g.container_offset(0), r.g.container_offset(1));
+    for _ in 0..2 {
+        put(&mut r);
+        r.checkpoint();
+        r.step();
+    }
+    let c = r.w.commit.as_mut().unwrap();
+    c.at = c.at.checked_sub(Duration::from_secs(30)).expect("an uptime of 30 s");
+    r.w.counters.checkpoint_seen = r.w.counters.checkpoint_seen.map(|(s, at)| (s, at - 30));
+    let listed = r.w.estimate().unwrap().entries;
+    // A header block read while nothing waits for a checkpoint is not half of a later reload.
+    r.read(c1, BA);
+    r.step();
+    put(&mut r);
+    put(&mut r);
+    r.step();
+    age(&mut r);
+    assert!(stalled(&r));
+    assert_eq!(r.w.estimate().unwrap().entries, listed + 2);
+    // A probe of the first block only is no reload.
+    r.read(c0, BA);
+    r.step();
+    assert!(stalled(&r), "one header block read taken for LMCache's reload");
+    // LMCache restarts: it reads both, loads the checkpoint and puts once more.
+    r.read(c1, BA);
+    r.restart_lmcache(true);
+    put(&mut r);
+    r.step();
+    assert!(!stalled(&r), "the stall of puts the restarted LMCache lost goes on");
+    assert!(r.w.counters.uncheckpointed_since.is_some(), "the put after the reload waits for a checkpoint");
+    assert_eq!(r.w.estimate().unwrap().entries, listed + 1, "the lost puts still counted in the next checkpoint");
+    // That put, unlisted past the stall time, is a stall of its own.
+    age(&mut r);
+    assert!(stalled(&r));
+    // Across a restart of fdpblk (the puts saved as uncheckpointed), LMCache reloading ends it.
+    r.restart_fdpblk(true);
+    r.step();
+    assert!(stalled(&r));
+    r.read(c0, BA);
+    r.read(c1, BA);
+    r.restart_lmcache(true);
+    r.step();
+    assert!(!stalled(&r));
+    assert_eq!(r.w.counters.uncheckpointed_since, None);
+    r.verify_all();
+}
+
 #[test]
 fn evicted_slots_go_early_once_the_newest_checkpoint_lacks_them() {
     let (mut r, keys) = rig_with_keys(6, 3);
@@ -1143,8 +1208,8 @@ impl StateWriter for ReadDuringZeroing {
         self.dev.read_at(off, buf)
     }
     fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> std::io::Result<()> {
-        if self.headers.contains(&off) && buf.iter().all(|&b| b == 0) {
-            self.table.note_checkpoint_read();
+        if let Some(copy) = self.headers.iter().position(|&h| h == off).filter(|_| buf.iter().all(|&b| b == 0)) {
+            self.table.note_checkpoint_read(copy as u8);
         }
         self.dev.write_at(off, buf, handle)
     }
