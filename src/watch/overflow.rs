@@ -131,7 +131,11 @@ impl Watcher {
         if lost == 0 && !self.carried_dirty {
             return;
         }
-        let slots = if self.carried_dirty { format!("{lost} slots since fdpblk restarted, and others before that") } else { format!("{lost} slots") };
+        let slots = match (self.carried_dirty, lost) {
+            (true, 0) => "slots before fdpblk restarted".to_string(),
+            (true, _) => format!("{lost} slots since fdpblk restarted, and others before that"),
+            _ => format!("{lost} slots"),
+        };
         tracing::warn!(
             "device {}: LMCache opened the device again (it read both checkpoint copies) after it wrote {slots} that no checkpoint lists: a restarted LMCache loaded checkpoint seq {} and has lost those entries (their slots are free to it). Fix: none now; to keep such puts over a restart, let LMCache checkpoint before it stops (it writes one at close)",
             self.cfg.device,

@@ -18,7 +18,7 @@
 # the older checkpoint container's header zeroed, then the slots deallocated); the streams
 # engine runs with --no-early-evictions and waits for both containers. Last, LMCache crashes
 # with puts after its last checkpoint: restarted, it forgets them and reuses their slots for
-# other keys, and every entry still verifies and reopens.
+# other keys, and every entry still verifies and reopens; fdpblk warns that the restart lost them.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq nvme dd cmp blkdiscard blockdev
@@ -184,7 +184,6 @@ expect_eq "evicted slots read zeroes (zeroed/free)" "$(free_zero "$DEV")" "12/16
 expect_eq "every live entry verifies" "$(wfield again run.verified)" 10
 
 # A clean stop keeps everything, confirmations included.
-sleep 6
 expect "fdpblk del" "$FDPBLK" del -n 0
 add_device --backing "$NS_DEV" --engine streams
 wait_stat own_state.loaded_clean true
@@ -239,7 +238,6 @@ writer early-verify verify
 expect_eq "early tails: every live entry verifies" "$(wfield early-verify run.verified)" 3
 
 # --no-early-tails: tails wait for a checkpoint's confirmation.
-sleep 6
 expect "fdpblk del" "$FDPBLK" del -n 0
 add_device --backing "$NS_DEV" --engine streams --no-early-tails
 expect_eq "--no-early-tails: off in the stats" "$(dev_stat trim.early_tails_enabled)" false
@@ -271,7 +269,6 @@ expect_eq "--no-early-tails: a reopen recovers every entry" "$(wfield late-reope
 # process loads that checkpoint, forgets the later puts and hands their slots out again (its
 # bump pointer rewinds) to other keys with shorter payloads, over slots fdpblk saw written
 # with other identities. Nothing live may be deallocated on the way.
-sleep 6
 expect "fdpblk del" "$FDPBLK" del -n 0
 add_device --backing "$NS_DEV" --engine streams
 writer crash-ckpt delete 1 checkpoint
@@ -279,6 +276,10 @@ wait_stat checkpoint_seq $((seq0 + 4))
 writer crash-lost put 4
 writer crash-restart reopen put 4 --partial-every 1
 expect_eq "crash: the restarted LMCache recovers only its checkpoint's entries" "$(wfield crash-restart run.recovered)" 3
+# fdpblk saw the restart (both checkpoint header blocks read) and says the 4 puts are lost.
+lost="LMCache opened the device again (it read both checkpoint copies) after it wrote 4 slots that no checkpoint lists"
+for _ in $(seq 40); do daemon_log_since_start | grep -qF "$lost" && break; sleep 0.25; done
+expect "crash: fdpblk warns of the 4 puts the restart lost" grep -qF "$lost" <(daemon_log_since_start)
 writer crash-verify checkpoint verify
 wait_stat checkpoint_seq $((seq0 + 5))
 expect_eq "crash: every live entry verifies" "$(wfield crash-verify run.verified)" 7
