@@ -53,9 +53,9 @@ pub struct LayoutCell {
     /// Writes served while learning (requests, bytes).
     pub learning_writes: AtomicU64,
     pub learning_bytes: AtomicU64,
-    /// Writes served while learning that have completed (failed ones too: part of one may
-    /// have landed). The learner looks again only when this moved: nothing else changes
-    /// the device.
+    /// Writes, discards and write-zeroes served while learning that have completed (failed
+    /// ones too: part of one may have landed). The learner looks again only when this moved:
+    /// nothing else changes the device.
     learning_done: AtomicU64,
     /// Why the learned layout was refused, if it was.
     refused: Mutex<Option<String>>,
@@ -121,7 +121,8 @@ impl LayoutCell {
         self.learning_bytes.fetch_add(bytes, Relaxed);
     }
 
-    /// Counts a write served while learning that completed, with or without an error.
+    /// Counts a write (discard, write-zeroes) served while learning that completed, with or
+    /// without an error.
     pub fn note_learning_done(&self) {
         self.learning_done.fetch_add(1, Release);
     }

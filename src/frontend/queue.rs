@@ -352,6 +352,11 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
             ctx.engine.write_zeroes(q, offset, len, unmap, ctx.layout.learning_handle).await
         }
     };
+    // A discard or write-zeroes served while learning changes the device as a write does
+    // (a half-written checkpoint copy zeroed): the learner looks again.
+    if learning && matches!(op, Op::Discard | Op::WriteZeroes) {
+        ctx.layout.note_learning_done();
+    }
     // Failed too: part of it may have landed.
     if let Some(SlotIo { slots, containers, .. }) = &slot_io {
         slots.containers_written(*containers);
