@@ -18,9 +18,11 @@ tests/vm/setup.sh
 step "cargo test"
 cargo test --release --locked
 # The benchmarks are not tests, but they must keep compiling with the code they measure; so
-# must the fuzz targets (their own workspace, which `cargo test` does not build).
+# must the fuzz targets (their own workspace, which `cargo test` does not build). Checked in
+# the release build's target directory and profile, which have its build scripts and macros
+# (bindgen's run among them), without libFuzzer's C++ (only a fuzzing run links it).
 cargo build --release --locked --benches
-cargo check --locked --manifest-path fuzz/Cargo.toml
+cargo check --locked --release --manifest-path fuzz/Cargo.toml --target-dir target --no-default-features
 
 step "the demo (the README's main command)"
 # demo_fail WHY: the end of the demo's output, then WHY, and the run fails.

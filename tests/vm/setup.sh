@@ -6,7 +6,7 @@
 # 1. Host packages: QEMU >= 8.0 with FDP emulation (from <codename>-backports on
 #    bookworm; the backports source is written from the mirror URI found in the
 #    host's own apt configuration), busybox-static, nvme-cli, fio, blktrace, cpio, kmod,
-#    zstd, xz-utils, gcc, g++ (libFuzzer, for the fuzz targets' check), libc6-dev, libclang-dev.
+#    zstd, xz-utils, gcc, g++ (libFuzzer, for `cargo fuzz`), libc6-dev, libclang-dev.
 # 2. Guest kernels, downloaded with a private apt configuration and unpacked into
 #    the cache (never installed):
 #      new  newest generic amd64 kernel in trixie-backports (must be >= 6.16)
