@@ -17,6 +17,11 @@ tests/vm/setup.sh
 
 step "cargo test"
 cargo test --release --locked
+# The binaries the demo and the VM tests run: `cargo test` built them already (Cargo.toml
+# names the features its dev-dependencies turn on), unless a dependency's update changed those.
+cargo build --release --locked --bins 2>&1 | tee target/bins.log
+! grep -q '^ *Compiling' target/bins.log ||
+    echo "note: cargo build --release rebuilt what cargo test --release had built (a minute more): the dev-dependencies turn on features of shared dependencies that Cargo.toml's [dependencies] do not name; compare cargo tree -e features with and without dev edges"
 # The benchmarks are not tests, but they must keep compiling with the code they measure; so
 # must the fuzz targets (their own workspace, which `cargo test` does not build). Checked in
 # the release build's target directory and profile, which have its build scripts and macros
