@@ -137,7 +137,7 @@ impl Watcher {
             _ => format!("{lost} slots"),
         };
         tracing::warn!(
-            "device {}: LMCache opened the device again (it read both checkpoint copies) after it wrote {slots} that no checkpoint lists: a restarted LMCache loaded checkpoint seq {} and has lost those entries (their slots are free to it). Fix: none now; to keep such puts over a restart, let LMCache checkpoint before it stops (it writes one at close)",
+            "device {}: LMCache opened the device again (it read both checkpoint copies) after it wrote {slots} that no checkpoint lists: a restarted LMCache loaded checkpoint seq {} and has lost those entries (their slots are free to it), and the stall alarm counts from its puts after that. Fix: none now; to keep such puts over a restart, let LMCache checkpoint before it stops (it writes one at close). (Another reader of both blocks, `fdpblk inspect` of this device or a copy of it, looks the same.)",
             self.cfg.device,
             c.seq
         );
