@@ -81,7 +81,44 @@ pub struct PipelineCounters {
     header_waits: AtomicU64,
 }
 
+/// What one planned request adds to the counters (besides its bytes per handle, which its
+/// segments carry): added at once, or where the pipeline was told to
+/// ([`Pipeline::count_when_served`]) by the caller once the engine served it
+/// ([`PipelineCounters::served`]), so that requests a failing drive refuses are not counted
+/// as served, nor their bytes as written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    op: Option<usize>,
+    op_bytes: u64,
+    classes: [Counter; 6],
+    fell_back: bool,
+}
+
 impl PipelineCounters {
+    /// Adds a request the engine served: its tally, and for a write its `segments`' bytes
+    /// per handle (exactly the pieces planned for it).
+    pub fn served(&self, t: &Tally, segments: &[Segment]) {
+        self.add_tally(t);
+        for s in segments {
+            if let Some(b) = self.handle_bytes.get(usize::from(s.handle)) {
+                b.fetch_add(s.len, Relaxed);
+            }
+        }
+    }
+
+    fn add_tally(&self, t: &Tally) {
+        let Some(op) = t.op else { return };
+        self.ops[op].add(1, t.op_bytes);
+        for (c, n) in self.classes.iter().zip(&t.classes) {
+            if n.requests > 0 || n.bytes > 0 {
+                c.add(n.requests, n.bytes);
+            }
+        }
+        if t.fell_back {
+            self.payload_fallbacks.fetch_add(1, Relaxed);
+        }
+    }
+
     pub fn new(handles: u16) -> Self {
         Self {
             classes: Default::default(),
@@ -192,9 +229,12 @@ pub struct Pipeline {
     headers: Vec<(u64, u16)>,
     /// Checkpoint containers (bit `copy`) whose payload the last planned request changes.
     containers: u8,
-    /// The last planned write placed slot bytes without their header (a request counts once
-    /// in `payload_fallbacks`, whatever its pieces: payload and padding, several slots).
-    fell_back: bool,
+    /// The last planned request's counts (a write's payload fallback among them: a request
+    /// counts once in `payload_fallbacks`, whatever its pieces: payload and padding, several
+    /// slots).
+    tally: Tally,
+    /// Counted by the caller once served ([`Self::count_when_served`]), not at planning.
+    deferred: bool,
 }
 
 impl Pipeline {
@@ -208,7 +248,7 @@ impl Pipeline {
     pub fn with_slots(geom: Geometry, mut policy: Box<dyn Policy>, slots: Arc<SlotTable>) -> Self {
         policy.observe(&Observation::Layout { max_slots: geom.max_slots });
         let counters = Arc::new(PipelineCounters::new(policy.handles()));
-        Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new(), container_waits: Vec::new(), headers: Vec::new(), containers: 0, fell_back: false }
+        Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new(), container_waits: Vec::new(), headers: Vec::new(), containers: 0, tally: Tally::default(), deferred: false }
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -232,6 +272,7 @@ impl Pipeline {
     /// arrived returns `Err(slot)` and counts nothing, so the caller can wait and retry.
     pub fn plan(&mut self, req: &Request<'_>, segments: &mut Vec<Segment>, wait: HeaderWait) -> Result<&[Extent], u64> {
         self.extents.clear();
+        self.tally = Tally::default();
         self.trim_waits.clear();
         self.container_waits.clear();
         self.headers.clear();
@@ -245,27 +286,30 @@ impl Pipeline {
                 return Err(slot);
             }
         }
-        self.counters.ops[op_index(req.op)].add(1, if req.op == Op::Flush { 0 } else { req.len });
+        self.tally.op = Some(op_index(req.op));
+        self.tally.op_bytes = if req.op == Op::Flush { 0 } else { req.len };
         let mut touched = 0u8;
         self.count_classes(&mut touched);
         if req.op == Op::Write {
-            self.fell_back = false;
             for i in 0..self.extents.len() {
                 let e = self.extents[i];
                 let handle = self.place(&e);
                 let prev = segments.last().map(|s| s.handle);
                 let kept = push_segment(segments, e.offset, e.len, handle, self.geom.block_align);
+                if self.deferred {
+                    continue; // the caller counts the segments
+                }
                 for (h, n) in [(prev.unwrap_or(handle), kept), (handle, e.len - kept)] {
                     if let Some(b) = self.counters.handle_bytes.get(usize::from(h)).filter(|_| n > 0) {
                         b.fetch_add(n, Relaxed);
                     }
                 }
             }
-            if self.fell_back {
-                self.counters.payload_fallbacks.fetch_add(1, Relaxed);
-            }
         } else {
             self.observe_other(req.op);
+        }
+        if !self.deferred {
+            self.counters.add_tally(&self.tally);
         }
         Ok(&self.extents)
     }
@@ -275,7 +319,8 @@ impl Pipeline {
     /// would otherwise be held at once, and their memory kept for the queue's life. Returns
     /// the last piece's extents.
     fn plan_discard(&mut self, req: &Request<'_>) -> &[Extent] {
-        self.counters.ops[op_index(req.op)].add(1, req.len);
+        self.tally.op = Some(op_index(req.op));
+        self.tally.op_bytes = req.len;
         let piece = self.geom.slot_bytes.saturating_mul(DISCARD_PIECE_SLOTS);
         let end = req.offset.saturating_add(req.len);
         let (mut off, mut touched) = (req.offset, 0u8);
@@ -287,17 +332,35 @@ impl Pipeline {
             self.observe_other(req.op);
             off += len;
         }
+        if !self.deferred {
+            self.counters.add_tally(&self.tally);
+        }
         &self.extents
     }
 
     /// Adds the last classified extents to the per-class counters; a class counts one request
     /// per request (`touched` carries which were counted across a request's pieces).
-    fn count_classes(&self, touched: &mut u8) {
+    fn count_classes(&mut self, touched: &mut u8) {
         for e in &self.extents {
             let i = e.kind.class().index();
-            self.counters.classes[i].add(u64::from(*touched & (1 << i) == 0), e.len);
+            let c = &mut self.tally.classes[i];
+            c.requests += u64::from(*touched & (1 << i) == 0);
+            c.bytes += e.len;
             *touched |= 1 << i;
         }
+    }
+
+    /// From now on the counts of a planned request wait for the caller: once the engine
+    /// served it, [`PipelineCounters::served`] with [`Self::tally`] and its segments (which
+    /// the caller clears before each plan). A ublk queue does, so that a failing drive's
+    /// refusals do not count as served requests and written bytes.
+    pub fn count_when_served(&mut self) {
+        self.deferred = true;
+    }
+
+    /// The last planned request's counts (see [`Self::count_when_served`]).
+    pub fn tally(&self) -> Tally {
+        self.tally
     }
 
     /// The slot headers the last planned write carries, as (slot, generation): once the
@@ -493,7 +556,7 @@ impl Pipeline {
                     if self.slots.headers_seen() && !(self.slots.count_ended_on_a_credit(slot) && self.within_payload(slot, e)) {
                         self.slots.payload_ahead(slot, e.len);
                     }
-                    self.fell_back = true;
+                    self.tally.fell_back = true;
                 }
                 h
             }
@@ -506,7 +569,7 @@ impl Pipeline {
                 }
                 if ahead {
                     self.slots.payload_ahead(slot, e.len);
-                    self.fell_back = true;
+                    self.tally.fell_back = true;
                 }
                 self.slot_handle(slot)
             }
@@ -741,6 +804,49 @@ mod tests {
         write(&mut p, 4096, 8192, None);
         write(&mut p, 4096, 61440, None);
         assert_eq!(p.stats().payload_fallbacks, 1);
+    }
+
+    /// A pipeline that counts once served (a ublk queue's) counts nothing at planning, and,
+    /// given each served request's tally and segments, exactly what one counting at once does;
+    /// a request the engine failed is not counted.
+    #[test]
+    fn counted_when_served_as_at_planning_and_failed_requests_not_at_all() {
+        let g = geom();
+        let new = || Pipeline::new(g, Box::new(RegionPolicy));
+        let (mut now, mut later, mut failed) = (new(), new(), new());
+        later.count_when_served();
+        failed.count_when_served();
+        let mut hdr_and_payload = SlotHeader { identity: 7, payload_len: 8192 }.encode(4096);
+        hdr_and_payload.resize(4096 + 8192, 1);
+        let reqs = [
+            Request { op: Op::Write, offset: g.slot_offset(1), len: 4096 + 8192, data: Some(&hdr_and_payload) },
+            Request { op: Op::Write, offset: g.container_offset(0), len: 8192, data: None },
+            // Payload without its header (a fallback) running into the next slot's header block.
+            Request { op: Op::Write, offset: g.slot_offset(3) - 8192, len: 12288, data: None },
+            Request { op: Op::Read, offset: g.slot_offset(1) + 4096, len: 8192, data: None },
+            Request { op: Op::Flush, offset: 0, len: 0, data: None },
+            Request { op: Op::Discard, offset: g.slot_offset(4), len: 2 * g.slot_bytes, data: None },
+            Request { op: Op::WriteZeroes, offset: g.slot_offset(6), len: 4096, data: None },
+        ];
+        let zero = failed.stats();
+        let mut segs = Vec::new();
+        for r in &reqs {
+            segs.clear();
+            now.plan(r, &mut segs, HeaderWait::Expired).unwrap();
+            let at_once = std::mem::take(&mut segs);
+            let before = later.stats();
+            later.plan(r, &mut segs, HeaderWait::Expired).unwrap();
+            assert_eq!(segs, at_once);
+            assert_eq!(later.stats(), before, "{:?} counted before it was served", r.op);
+            later.counters().served(&later.tally(), if r.op == Op::Write { &segs } else { &[] });
+            assert_eq!(later.stats(), now.stats(), "after {:?} at {}", r.op, r.offset);
+            segs.clear();
+            failed.plan(r, &mut segs, HeaderWait::Expired).unwrap();
+        }
+        assert_eq!(failed.stats(), zero, "requests never served are not counted");
+        let s = now.stats();
+        assert_eq!((s.payload_fallbacks, s.ops.iter().map(|o| o.requests).sum::<u64>()), (1, 7));
+        assert!(s.handle_bytes.iter().filter(|&&b| b > 0).count() >= 2, "{:?}", s.handle_bytes);
     }
 
     /// A header whose payload_len is past the slot's capacity (foreign bytes that parse as

@@ -162,7 +162,7 @@ impl Registry {
         if let Some(ops) = p["ops"].as_object() {
             for (op, c) in ops {
                 if let Some(v) = num(&c["requests"]) {
-                    self.add("fdpblk_io_requests_total", "Requests served per operation.", Counter, with("op", op), v);
+                    self.add("fdpblk_io_requests_total", "Requests served per operation (counted once the drive completed them; failed ones are in fdpblk_queue_errors_total).", Counter, with("op", op), v);
                 }
             }
             for (op, c) in ops {
@@ -206,7 +206,7 @@ impl Registry {
             written.into_iter().flat_map(|w| w.keys().cloned()).chain((0..policy_handles).map(|h| h.to_string())).collect();
         for handle in &handles {
             if let Some(v) = written.and_then(|w| w.get(handle)).map_or(Some(0.0), num) {
-                self.add("fdpblk_handle_written_bytes_total", "Bytes written per placement handle (the policy's logical handle).", Counter, with("handle", handle), v);
+                self.add("fdpblk_handle_written_bytes_total", "Bytes written per placement handle (the policy's logical handle), counted once the drive completed their write.", Counter, with("handle", handle), v);
             }
         }
         if let Some(v) = num(&p["header_waits"]) {

@@ -103,10 +103,12 @@ impl LayoutCell {
         *self.half_written.lock().unwrap_or_else(|e| e.into_inner()) = copy;
     }
 
-    /// A classifying pipeline for one queue, once the layout is known.
+    /// A classifying pipeline for one queue, once the layout is known; the queue counts each
+    /// request once served ([`Pipeline::count_when_served`]).
     pub fn pipeline(&self) -> Option<Pipeline> {
         let k = self.known.get()?;
-        let p = Pipeline::with_slots(k.geometry, Box::new(self.policy.clone()), k.slots.clone());
+        let mut p = Pipeline::with_slots(k.geometry, Box::new(self.policy.clone()), k.slots.clone());
+        p.count_when_served();
         self.counters.lock().unwrap_or_else(|e| e.into_inner()).push(p.counters().clone());
         Some(p)
     }
@@ -303,7 +305,10 @@ mod tests {
         let mut segs = Vec::new();
         q0.plan(&Request { op: Op::Write, offset: g.slot_offset(0) + g.header_bytes, len: 4096, data: None }, &mut segs, HeaderWait::Expired)
             .unwrap();
+        assert_eq!(cell.counters()[0].snapshot().ops[1].bytes, 0, "counted once served");
+        q0.counters().served(&q0.tally(), &segs);
         assert_eq!(cell.counters()[0].snapshot().ops[1].bytes, 4096);
+        assert_eq!(cell.counters()[0].snapshot().handle_bytes.iter().sum::<u64>(), 4096);
         let j = cell.to_json(true);
         assert_eq!((j["state"].as_str(), j["writes_before_layout"].as_u64(), j["bytes_before_layout"].as_u64()), (Some("learned"), Some(1), Some(4096)));
     }

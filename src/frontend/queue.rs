@@ -254,6 +254,8 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         *ctx.pipeline.borrow_mut() = ctx.layout.pipeline();
     }
     let learning = ctx.pipeline.borrow().is_none();
+    // Its counts, added once the engine served it.
+    let mut tally = None;
     let slot_io = if !learning {
         let deadline = Instant::now() + ctx.header_wait;
         let mut waited = false;
@@ -280,6 +282,7 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         // A write to a slot fdpblk is deallocating goes out only after the deallocation;
         // the headers and containers it writes are reported once it completed.
         let p = ctx.pipeline.borrow();
+        tally = p.as_ref().map(|p| p.tally());
         p.as_ref().and_then(|p| {
             (!p.trim_waits().is_empty() || !p.container_waits().is_empty() || !p.planned_headers().is_empty() || p.planned_containers() != 0)
                 .then(|| SlotIo {
@@ -352,6 +355,11 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
             ctx.engine.write_zeroes(q, offset, len, unmap, ctx.layout.learning_handle).await
         }
     };
+    if let (Some(t), true) = (tally, res >= 0) {
+        if let Some(p) = ctx.pipeline.borrow().as_ref() {
+            p.counters().served(&t, if op == Op::Write { &segments[..] } else { &[] });
+        }
+    }
     // A discard or write-zeroes served while learning changes the device as a write does
     // (a half-written checkpoint copy zeroed): the learner looks again.
     if learning && matches!(op, Op::Discard | Op::WriteZeroes) {
