@@ -129,7 +129,7 @@ impl LayoutCell {
         self.learning_done.fetch_add(1, Release);
     }
 
-    /// How many writes served while learning have completed.
+    /// How many writes, discards and write-zeroes served while learning have completed.
     pub fn learning_done(&self) -> u64 {
         self.learning_done.load(Acquire)
     }

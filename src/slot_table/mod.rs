@@ -428,18 +428,16 @@ impl SlotTable {
         puts.store(self.header_writes(), Ordering::SeqCst);
         at.store(n, Ordering::SeqCst);
     }
-    /// Both containers' header blocks were read after `checkpoint_reads` was `since`, as
-    /// LMCache does when it opens the device and loads its index: `header_writes` at the
-    /// later of those reads (puts before it are not in the index a restarted LMCache loaded).
+    /// Both containers' header blocks were read after `checkpoint_reads` was `since`, one
+    /// right after the other with no put between, as LMCache's loader reads them when it
+    /// opens the device (a lone read of one, a probe at offset 0, never pairs with an old read
+    /// of the other): `header_writes` then (puts before it are not in the index a restarted
+    /// LMCache loaded).
     pub fn both_headers_read_since(&self, since: u64) -> Option<u64> {
-        let mut puts = 0;
-        for (at, p) in &self.header_read {
-            if at.load(Ordering::SeqCst) <= since {
-                return None;
-            }
-            puts = puts.max(p.load(Ordering::SeqCst));
-        }
-        Some(puts)
+        let [(a0, p0), (a1, p1)] = &self.header_read;
+        let (at, puts) = ([a0, a1].map(|a| a.load(Ordering::SeqCst)), [p0, p1].map(|p| p.load(Ordering::SeqCst)));
+        // Adjacent: at most one other header-block read in between (a retried read).
+        (at[0] > since && at[1] > since && at[0].abs_diff(at[1]) <= 2 && puts[0] == puts[1]).then_some(puts[0])
     }
     /// Reads of checkpoint header blocks served so far.
     pub fn checkpoint_reads(&self) -> u64 {

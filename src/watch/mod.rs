@@ -601,7 +601,7 @@ pub struct Watcher {
     clean_reads: u64,
     /// `SlotTable::header_writes` when LMCache last opened the device with puts unlisted
     /// by the checkpoint it loaded: the index it has now lacks them, so they no longer wait
-    /// for a checkpoint (0: not in this run).
+    /// for a checkpoint (0: not in this run). The overflow estimate still counts them.
     reloaded_at: u64,
     /// The running average of how long LMCache took to checkpoint what it wrote: from the
     /// previous commit, or from the first slot write after it where LMCache was idle first.

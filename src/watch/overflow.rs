@@ -24,12 +24,9 @@ impl Watcher {
         g.max_slots.max(theirs)
     }
 
-    /// The newest committed checkpoint, or an empty one when fdpblk started; its puts counted
-    /// from LMCache's last reload of it, if that came later (puts before are not in its index).
+    /// The newest committed checkpoint, or an empty one when fdpblk started.
     fn baseline(&self) -> Commit {
-        let mut c = self.commit.clone().unwrap_or(Commit { seq: 0, payload_len: 0, entries: 0, at: self.started, puts_at: 0, fixed_bytes: FIXED_JSON_BYTES, epoch: 0, observed: false });
-        c.puts_at = c.puts_at.max(self.reloaded_at);
-        c
+        self.commit.clone().unwrap_or(Commit { seq: 0, payload_len: 0, entries: 0, at: self.started, puts_at: 0, fixed_bytes: FIXED_JSON_BYTES, epoch: 0, observed: false })
     }
 
     /// Tells the data path after how many more puts the estimate reaches the risk threshold.
@@ -75,8 +72,10 @@ impl Watcher {
         }
         self.risk = risk;
         self.check_reload(&c);
-        let c = self.baseline();
-        let puts = self.slots.header_writes().saturating_sub(c.puts_at);
+        // Puts that wait for a checkpoint: since the commit, or since LMCache reloaded it (the
+        // estimate above still counts the puts before a reload: it errs high, the safe side
+        // for an overflow alarm, should the reload have been another reader's).
+        let puts = self.slots.header_writes().saturating_sub(c.puts_at.max(self.reloaded_at));
         let dirty = puts > 0 || self.carried_dirty;
         let since = c.at.max(self.clean_at);
         if !dirty {
@@ -122,12 +121,12 @@ impl Watcher {
     /// containers' header blocks (its index load) since the last round that had none. A
     /// restarted LMCache loaded the last checkpoint, so those puts are lost to it, said once
     /// here; they no longer wait for a checkpoint, and the stall alarm counts from its puts
-    /// since. (Another reader of both blocks, a whole-device copy, looks the same: the alarm
-    /// then waits for the puts after it.)
+    /// since. (Another reader of both blocks, `fdpblk inspect` of the device, looks the same:
+    /// the stall alarm then waits for the puts after it; the overflow estimate keeps them.)
     fn check_reload(&mut self, c: &Commit) {
         let Some(at) = self.slots.both_headers_read_since(self.clean_reads) else { return };
         self.clean_reads = self.slots.checkpoint_reads();
-        let lost = at.saturating_sub(c.puts_at);
+        let lost = at.saturating_sub(c.puts_at.max(self.reloaded_at));
         if lost == 0 && !self.carried_dirty {
             return;
         }
@@ -146,6 +145,5 @@ impl Watcher {
         self.counters.uncheckpointed_since = None;
         self.clean_at = Instant::now();
         self.stalled = false;
-        self.arm_alarm();
     }
 }
