@@ -16,6 +16,7 @@ use super::CmdResult;
 use crate::frontend::state;
 use clap::Args;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -117,7 +118,7 @@ impl Registry {
         self.add("fdpblk_device_info", "An fdpblk device: its ublk block device, backing, engine and placement policy (always 1).", Gauge, info, 1.0);
         self.add(
             "fdpblk_daemon_up",
-            "1 while the device's daemon runs; 0 when it died and the device waits for recovery (its systemd unit's restart, `fdpblk up` or `fdpblk recover`).",
+            "1 while the device's daemon runs; 0 when it died and the device waits for recovery (its systemd unit's restart, `fdpblk up` or `fdpblk recover`), or, where `fdpblk list` says gone, its state file outlived the device (`fdpblk del -n ID` removes it).",
             Gauge,
             base(),
             if daemon_up { 1.0 } else { 0.0 },
@@ -470,16 +471,34 @@ where
     }
 }
 
-/// Every device's metrics.
+/// Every device's metrics. Why a device could not be read (a corrupt state file) is logged
+/// once while it stays the same, not at every pass of a long-running exporter.
 pub fn all() -> Registry {
+    static LAST_ERRORS: std::sync::Mutex<BTreeMap<i32, String>> = std::sync::Mutex::new(BTreeMap::new());
     let mut reg = Registry::default();
-    reg.add("fdpblk_devices", "fdpblk devices on this host (with a state file under /run/fdpblk).", Kind::Gauge, Vec::new(), state::state_ids().len() as f64);
-    for id in state::state_ids() {
-        if let Err(e) = collect(&mut reg, id) {
-            tracing::warn!("{e}");
+    let ids = state::state_ids();
+    reg.add("fdpblk_devices", "fdpblk devices on this host (with a state file under /run/fdpblk).", Kind::Gauge, Vec::new(), ids.len() as f64);
+    let mut last = LAST_ERRORS.lock().unwrap_or_else(|e| e.into_inner());
+    last.retain(|id, _| ids.contains(id));
+    for id in ids {
+        let r = collect(&mut reg, id);
+        if let (true, Err(e)) = (new_error(&mut last, id, r.as_ref().err()), r) {
+            tracing::warn!("{e} (said once while it lasts)");
         }
     }
     reg
+}
+
+/// Notes device `id`'s outcome in `last`: whether `err` is an error not logged before (a
+/// success forgets the device's last one).
+fn new_error(last: &mut BTreeMap<i32, String>, id: i32, err: Option<&String>) -> bool {
+    match err {
+        None => {
+            last.remove(&id);
+            false
+        }
+        Some(e) => last.insert(id, e.clone()).as_ref() != Some(e),
+    }
 }
 
 /// `fdpblk stats -n ID --prometheus`.
@@ -541,6 +560,18 @@ mod tests {
         matches!(c.next(), Some(ch) if ch.is_ascii_alphabetic() || ch == '_')
             && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
             && !n.starts_with("__")
+    }
+
+    #[test]
+    fn a_device_error_is_logged_once_while_it_lasts() {
+        let mut last = BTreeMap::new();
+        let (a, b) = ("state file 3 is corrupt".to_string(), "state file 3 is corrupt: other".to_string());
+        assert!(new_error(&mut last, 3, Some(&a)));
+        assert!(!new_error(&mut last, 3, Some(&a)), "said again at the next pass");
+        assert!(new_error(&mut last, 4, Some(&a)), "another device's");
+        assert!(new_error(&mut last, 3, Some(&b)), "a changed error");
+        assert!(!new_error(&mut last, 3, None));
+        assert!(new_error(&mut last, 3, Some(&b)), "back after a success");
     }
 
     /// Parses `{a="x",b="y"}` (after the name); returns the labels and the rest of the line.
