@@ -219,6 +219,17 @@ expect_eq "link unchanged" "$(readlink /dev/fdpblk/kv0)" /dev/ublkb5
 # one device gets the name and the other add fails naming it. (Three rounds; the add lock is
 # held while both start, so that both daemons get past add's check.)
 truncate -s 64M /var/tmp/race1.img /var/tmp/race2.img
+# lock_waiters N: waits (up to 5 s) until N processes wait for the add lock (flock entries
+# marked "->" in /proc/locks for its inode), where a fixed sleep took 3 s a round.
+lock_waiters() {
+    local ino i
+    ino=$(stat -c %i /run/fdpblk/.add.lock)
+    for i in $(seq 50); do
+        (($(grep -c -- "-> FLOCK .*:$ino " /proc/locks || true) >= $1)) && return 0
+        sleep 0.1
+    done
+    return 1
+}
 raced=0
 for round in 1 2 3; do
     exec 7>/run/fdpblk/.add.lock
@@ -227,7 +238,7 @@ for round in 1 2 3; do
     p1=$!
     "$FDPBLK" add --backing /var/tmp/race2.img --engine plain --policy none -n 12 --name kvrace "${GEO[@]}" >/tmp/race2.out 2>&1 7>&- &
     p2=$!
-    sleep 3
+    expect "round $round: both adds wait for the add lock" lock_waiters 2
     flock -u 7
     exec 7>&-
     r1=0 r2=0
@@ -255,7 +266,7 @@ exec 7>/run/fdpblk/.add.lock
 flock 7
 "$FDPBLK" del -n 11 >/tmp/del11.out 2>&1 7>&- &
 pdel=$!
-sleep 3
+expect "the stopping daemon waits for the add lock" lock_waiters 1
 expect "lock held: the stopping daemon keeps its device (/dev/ublkc11) and state file" test -e /dev/ublkc11 -a -e /run/fdpblk/11.json
 flock -u 7
 exec 7>&-
