@@ -136,7 +136,8 @@ wait "$apid" || arc=$?
 exec 9<&-
 expect_eq "the add exits 1 (not killed: 143)" "$arc" 1
 expect "and says the start stopped" grep -q "^fdpblk: stopped by a signal while waiting for backing $NG_DEV; nothing was made" /tmp/sig-add.log
-sleep 6
+# Once no daemon is left (up to 10 s), none can start a device.
+for _ in $(seq 100); do pgrep -x fdpblk >/dev/null || break; sleep 0.1; done
 if no_device; then ok "no device started after the backing was let go"; else cat /tmp/sig-add.log; not_ok "no device started after the backing was let go"; "$FDPBLK" del --all >/dev/null 2>&1 || true; fi
 expect "no daemon is left" bash -c "! pgrep -x fdpblk"
 
