@@ -1780,6 +1780,9 @@ fn print_watch(v: &serde_json::Value) {
         n(&v["checkpoint_entries"]),
         n(&v["checkpoint_estimate_bytes"])
     );
+    if let Some(opens) = v["lmcache_opens"].as_u64().filter(|&o| o > 0) {
+        println!("LMCache loaded its index {opens} time(s) since this daemon started (restarts, or readers such as fdpblk inspect); {} put(s) made after the checkpoint it loaded were lost to it", n(&v["lmcache_lost_puts"]));
+    }
     // A stall whose checkpoint still fits is LMCache's idle rule, also when it is close to the cap.
     let stalled = v["checkpoint_stalled"] == true;
     let past_cap = v["checkpoint_estimate_bytes"].as_u64().zip(v["checkpoint_cap_bytes"].as_u64()).is_some_and(|(e, c)| e >= c);

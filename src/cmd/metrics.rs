@@ -258,6 +258,24 @@ impl Registry {
         if let Some(v) = flag(&st["checkpoint_stalled"]) {
             self.add("fdpblk_checkpoint_stalled", "1 when slot writes go on but LMCache's checkpoints stopped.", Gauge, base(), v);
         }
+        if let Some(v) = num(&st["lmcache_opens"]) {
+            self.add(
+                "fdpblk_lmcache_opens_total",
+                "LMCache index loads this daemon saw (both checkpoint header blocks read in a row: a LMCache start, or another reader such as fdpblk inspect of the device).",
+                Counter,
+                base(),
+                v,
+            );
+        }
+        if let Some(v) = num(&st["lmcache_lost_puts"]) {
+            self.add(
+                "fdpblk_lmcache_lost_puts_total",
+                "Puts a LMCache that opened the device again had made after the checkpoint it loaded: lost to it.",
+                Counter,
+                base(),
+                v,
+            );
+        }
         if let Some(v) = flag(&st["writeback_risk"]) {
             self.add(
                 "fdpblk_writeback_risk",
@@ -757,7 +775,7 @@ mod tests {
             "geometry": g.to_json(), "pipeline": p.to_json(), "queues": [{"requests": 5, "header_wait_peak": 0, "errors": 0}, {"requests": 4, "header_wait_peak": 3, "errors": 2, "held_for_trims": 7, "held_longest_us": 2500000}],
             "state_age_s": 0.4, "checkpoint_seq": 12, "checkpoint_age_s": 3.5, "checkpoint_bytes": 1000, "checkpoint_entries": 4,
             "checkpoint_cap_bytes": g.payload_cap(), "checkpoint_estimate_bytes": 1200, "overflow_risk": false,
-            "checkpoint_stalled": false, "meta_total_bytes_needed": null, "containers": [],
+            "checkpoint_stalled": false, "meta_total_bytes_needed": null, "containers": [], "lmcache_opens": 2, "lmcache_lost_puts": 5,
             "checkpoint_interval_s": 20.0, "writeback_delay_s": 35.0, "writeback_risk": true,
             "slots": {"max_slots": g.max_slots, "with_header": 5, "confirmed": 4, "unknown": 1, "live": 3, "evicted": 1,
                       "trimmed": 0, "identity_history": 2, "identity_history_capacity": 6, "returning": 1, "tags": 1},
@@ -811,6 +829,7 @@ mod tests {
         assert_eq!(get(r#"fdpblk_handle_written_bytes_total{handle="0",id="0",name="kv0"}"#), 0.0, "a handle not yet written starts at 0");
         assert!(!s.contains_key(r#"fdpblk_handle_written_bytes_total{handle="3",id="0",name="kv0"}"#), "key-aware has 3 handles");
         assert_eq!(get(r#"fdpblk_class_bytes_total{class="slot_payload",id="0",name="kv0"}"#), 430080.0);
+        assert_eq!((get(r#"fdpblk_lmcache_opens_total{id="0",name="kv0"}"#), get(r#"fdpblk_lmcache_lost_puts_total{id="0",name="kv0"}"#)), (2.0, 5.0));
         assert_eq!(get(r#"fdpblk_class_requests_total{class="slot_payload",id="0",name="kv0"}"#), 7.0);
         assert_eq!(get(r#"fdpblk_io_bytes_total{id="0",name="kv0",op="write"}"#), 3145728.0);
         assert_eq!(get(r#"fdpblk_header_waits_total{id="0",name="kv0"}"#), 2.0);

@@ -603,6 +603,10 @@ pub struct Watcher {
     /// by the checkpoint it loaded: the index it has now lacks them, so they no longer wait
     /// for a checkpoint (0: not in this run). The overflow estimate still counts them.
     reloaded_at: u64,
+    /// LMCache index loads seen by this daemon (both header blocks read in a row), and the
+    /// puts they lost (made after the checkpoint loaded), for stats.
+    lmcache_opens: u64,
+    lmcache_lost_puts: u64,
     /// The running average of how long LMCache took to checkpoint what it wrote: from the
     /// previous commit, or from the first slot write after it where LMCache was idle first.
     interval: Option<Duration>,
@@ -779,6 +783,8 @@ impl Watcher {
             carried_dirty: false,
             clean_reads: 0,
             reloaded_at: 0,
+            lmcache_opens: 0,
+            lmcache_lost_puts: 0,
             interval: None,
             gaps: 0,
             recent_gaps: std::collections::VecDeque::new(),
@@ -1279,6 +1285,8 @@ impl Watcher {
             "checkpoint_estimate_bytes": est.map(|e| e.bytes),
             "overflow_risk": self.risk,
             "checkpoint_stalled": self.stalled,
+            "lmcache_opens": self.lmcache_opens,
+            "lmcache_lost_puts": self.lmcache_lost_puts,
             "checkpoint_interval_s": self.interval.map(|i| (i.as_secs_f64() * 10.0).round() / 10.0),
             "checkpoint_interval_shortest_s": self.short_gap().map(|i| (i.as_secs_f64() * 1000.0).round() / 1000.0),
             "writeback_delay_s": self.writeback.map(|d| d.map(|d| d.as_secs_f64())),

@@ -127,6 +127,8 @@ impl Watcher {
         let Some(at) = self.slots.both_headers_read_since(self.clean_reads) else { return };
         self.clean_reads = self.slots.checkpoint_reads();
         let lost = at.saturating_sub(c.puts_at.max(self.reloaded_at));
+        self.lmcache_opens += 1;
+        self.lmcache_lost_puts += lost;
         if lost == 0 && !self.carried_dirty {
             return;
         }

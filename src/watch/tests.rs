@@ -1029,6 +1029,12 @@ fn a_restarted_lmcache_ends_the_stall_of_the_puts_it_lost() {
     c.at = c.at.checked_sub(Duration::from_secs(30)).expect("an uptime of 30 s");
     r.w.counters.checkpoint_seen = r.w.counters.checkpoint_seen.map(|(s, at)| (s, at - 30));
     let listed = r.w.estimate().unwrap().entries;
+    let opens = |r: &Rig| (r.w.published_json()["lmcache_opens"].as_u64().unwrap(), r.w.published_json()["lmcache_lost_puts"].as_u64().unwrap());
+    // LMCache opening the device while nothing waits for a checkpoint: counted, nothing lost.
+    r.read(c0, BA);
+    r.read(c1, BA);
+    r.step();
+    assert_eq!(opens(&r), (1, 0));
     // A header block read while nothing waits for a checkpoint is not half of a later reload.
     r.read(c1, BA);
     r.step();
@@ -1054,6 +1060,7 @@ fn a_restarted_lmcache_ends_the_stall_of_the_puts_it_lost() {
     put(&mut r);
     r.step();
     assert!(!stalled(&r), "the stall of puts the restarted LMCache lost goes on");
+    assert_eq!(opens(&r), (2, 3), "the three puts after the checkpoint lost");
     assert!(r.w.counters.uncheckpointed_since.is_some(), "the put after the reload waits for a checkpoint");
     assert_eq!(r.w.estimate().unwrap().entries, listed + 4, "the overflow estimate errs high: it keeps the lost puts");
     // That put, unlisted past the stall time, is a stall of its own.

@@ -280,6 +280,7 @@ expect_eq "crash: the restarted LMCache recovers only its checkpoint's entries" 
 lost="LMCache opened the device again (it read both checkpoint copies) after it wrote 4 slots that no checkpoint lists"
 for _ in $(seq 40); do daemon_log_since_start | grep -qF "$lost" && break; sleep 0.25; done
 expect "crash: fdpblk warns of the 4 puts the restart lost" grep -qF "$lost" <(daemon_log_since_start)
+poll_eq "crash: and its stats count them" 4 dev_stat lmcache_lost_puts
 writer crash-verify checkpoint verify
 wait_stat checkpoint_seq $((seq0 + 5))
 expect_eq "crash: every live entry verifies" "$(wfield crash-verify run.verified)" 7
