@@ -932,19 +932,31 @@ fn checkpoint_age_goes_on_across_a_daemon_restart() {
     assert_eq!(r.w.counters().checkpoint_seen.map(|(s, _)| s), Some(seq));
 }
 
+impl Rig {
+    /// A rig whose stall alarm goes off after 3 s (not 180 s).
+    fn stall_rig() -> Rig {
+        let mut r = Rig::new(SLOTS, META, true);
+        r.cfg.stall_min = Duration::from_secs(3);
+        r.w.cfg.stall_min = r.cfg.stall_min;
+        r
+    }
+    fn stalled(&self) -> bool {
+        self.w.published_json()["checkpoint_stalled"].as_bool().unwrap()
+    }
+    /// A put of a new key.
+    fn put_new(&mut self) {
+        let k = self.new_key(false);
+        self.put(k).unwrap();
+    }
+}
+
 /// An idle LMCache writes no checkpoint: a put after an idle stretch is no stall, and the idle
 /// stretch is no interval of LMCache's. A put left without a checkpoint past the stall time is,
 /// and stays one across a daemon restart.
 #[test]
 fn a_put_after_an_idle_stretch_is_no_stall() {
-    let mut r = Rig::new(SLOTS, META, true);
-    r.cfg.stall_min = Duration::from_secs(3);
-    r.w.cfg.stall_min = r.cfg.stall_min;
-    let stalled = |r: &Rig| r.w.published_json()["checkpoint_stalled"].as_bool().unwrap();
-    let put = |r: &mut Rig| {
-        let k = r.new_key(false);
-        r.put(k).unwrap();
-    };
+    let mut r = Rig::stall_rig();
+    let (stalled, put) = (Rig::stalled, Rig::put_new);
     for _ in 0..2 {
         put(&mut r);
         r.checkpoint();
@@ -1006,14 +1018,8 @@ fn a_put_after_an_idle_stretch_is_no_stall() {
 /// checkpoint, so they end the stall; one header block read (a probe) does not.
 #[test]
 fn a_restarted_lmcache_ends_the_stall_of_the_puts_it_lost() {
-    let mut r = Rig::new(SLOTS, META, true);
-    r.cfg.stall_min = Duration::from_secs(3);
-    r.w.cfg.stall_min = r.cfg.stall_min;
-    let stalled = |r: &Rig| r.w.published_json()["checkpoint_stalled"].as_bool().unwrap();
-    let put = |r: &mut Rig| {
-        let k = r.new_key(false);
-        r.put(k).unwrap();
-    };
+    let mut r = Rig::stall_rig();
+    let (stalled, put) = (Rig::stalled, Rig::put_new);
     let age = |r: &mut Rig| {
         r.w.clean_at = r.w.clean_at.checked_sub(Duration::from_secs(5)).unwrap();
         r.w.counters.uncheckpointed_since = r.w.counters.uncheckpointed_since.map(|t| t - 5);
