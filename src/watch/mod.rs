@@ -596,9 +596,9 @@ pub struct Watcher {
     /// The previous daemon saw slot writes that no checkpoint followed yet (its saved
     /// `uncheckpointed_since`, for the checkpoint this one starts from), until the next one.
     carried_dirty: bool,
-    /// `SlotTable::checkpoint_reads` at the last round with nothing uncheckpointed: LMCache
-    /// reading both header blocks after it opened the device with those writes unlisted.
-    clean_reads: u64,
+    /// `SlotTable::checkpoint_reads` when LMCache's last index load was taken: the next is a
+    /// pair of header-block reads after it (`Watcher::check_reload`).
+    loads_taken: u64,
     /// `SlotTable::header_writes` when LMCache last opened the device with puts unlisted
     /// by the checkpoint it loaded: the index it has now lacks them, so they no longer wait
     /// for a checkpoint (0: not in this run). The overflow estimate still counts them.
@@ -781,7 +781,7 @@ impl Watcher {
             started: now,
             clean_at: Instant::now(),
             carried_dirty: false,
-            clean_reads: 0,
+            loads_taken: 0,
             reloaded_at: 0,
             lmcache_opens: 0,
             lmcache_lost_puts: 0,

@@ -80,7 +80,6 @@ impl Watcher {
         let since = c.at.max(self.clean_at);
         if !dirty {
             self.clean_at = Instant::now();
-            self.clean_reads = self.slots.checkpoint_reads();
             self.counters.uncheckpointed_since = None;
         } else if self.counters.uncheckpointed_since.is_none() {
             // Saved with the own state (once, not a value that moves every round): a restarted
@@ -117,15 +116,19 @@ impl Watcher {
         self.stalled = stalled;
     }
 
-    /// LMCache opened the device again while it had puts no checkpoint listed: it read both
-    /// containers' header blocks (its index load) since the last round that had none. A
-    /// restarted LMCache loaded the last checkpoint, so those puts are lost to it, said once
+    /// LMCache opened the device again: it read both containers' header blocks in a row (its
+    /// index load) since the last load taken. Judged once every checkpoint header written so
+    /// far was read back (its closing checkpoint is then the commit). With puts no
+    /// checkpoint listed, a restarted LMCache loaded the last checkpoint, so those puts are lost to it, said once
     /// here; they no longer wait for a checkpoint, and the stall alarm counts from its puts
     /// since. (Another reader of both blocks, `fdpblk inspect` of the device, looks the same:
     /// the stall alarm then waits for the puts after it; the overflow estimate keeps them.)
     fn check_reload(&mut self, c: &Commit) {
-        let Some(at) = self.slots.both_headers_read_since(self.clean_reads) else { return };
-        self.clean_reads = self.slots.checkpoint_reads();
+        if self.slots.events_pending() || self.slots.epoch() != self.seen_epoch || !self.pending.is_empty() {
+            return;
+        }
+        let Some(at) = self.slots.both_headers_read_since(self.loads_taken) else { return };
+        self.loads_taken = self.slots.checkpoint_reads();
         let lost = at.saturating_sub(c.puts_at.max(self.reloaded_at));
         self.lmcache_opens += 1;
         self.lmcache_lost_puts += lost;

@@ -1085,6 +1085,33 @@ fn a_restarted_lmcache_ends_the_stall_of_the_puts_it_lost() {
     r.verify_all();
 }
 
+/// LMCache's closing checkpoint, its header read back before its payload landed (io_uring),
+/// then LMCache opening the device again: the load is judged once that checkpoint is
+/// committed, so the puts it lists are not taken for lost.
+#[test]
+fn a_reload_right_after_a_checkpoint_waits_for_its_read_back() {
+    let mut r = Rig::stall_rig();
+    let (c0, c1) = (r.g.container_offset(0), r.g.container_offset(1));
+    let lost = |r: &Rig| r.w.published_json()["lmcache_lost_puts"].as_u64().unwrap();
+    r.put_new();
+    r.checkpoint();
+    r.step();
+    r.put_new();
+    r.put_new();
+    r.step();
+    assert!(r.snapshot());
+    r.ckpt_header();
+    r.read(c0, BA);
+    r.read(c1, BA);
+    r.step();
+    assert_eq!(lost(&r), 0, "judged against the checkpoint before the one still landing");
+    r.ckpt_payload();
+    r.step();
+    assert_eq!((r.w.published_json()["lmcache_opens"].as_u64(), lost(&r)), (Some(1), 0));
+    assert_eq!(r.w.counters.uncheckpointed_since, None);
+    r.verify_all();
+}
+
 #[test]
 fn evicted_slots_go_early_once_the_newest_checkpoint_lacks_them() {
     let (mut r, keys) = rig_with_keys(6, 3);
