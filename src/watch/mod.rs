@@ -1170,16 +1170,19 @@ impl Watcher {
         self.publish();
     }
 
+    /// Every checkpoint header write planned so far was taken from the mailbox and read back.
+    fn checkpoints_read_back(&self) -> bool {
+        !self.slots.events_pending() && self.slots.epoch() == self.seen_epoch && self.pending.is_empty()
+    }
+
     /// True when deallocation may happen now (conditions 3 and 4 of the module doc).
     pub fn trims_allowed(&self) -> bool {
         self.cfg.trim
             && self.conflict.is_none()
             && self.writeback_pause.is_none()
-            && self.pending.is_empty()
             && self.containers.iter().all(|c| !matches!(c, Container::Unknown))
             && !self.awaiting_header.iter().any(|&a| a)
-            && !self.slots.events_pending()
-            && self.slots.epoch() == self.seen_epoch
+            && self.checkpoints_read_back()
     }
 
     /// True when evicted slots may go now: deallocation is allowed and not paused after an

@@ -118,13 +118,14 @@ impl Watcher {
 
     /// LMCache opened the device again: it read both containers' header blocks in a row (its
     /// index load) since the last load taken. Judged once every checkpoint header written so
-    /// far was read back (its closing checkpoint is then the commit). With puts no
-    /// checkpoint listed, a restarted LMCache loaded the last checkpoint, so those puts are lost to it, said once
-    /// here; they no longer wait for a checkpoint, and the stall alarm counts from its puts
-    /// since. (Another reader of both blocks, `fdpblk inspect` of the device, looks the same:
-    /// the stall alarm then waits for the puts after it; the overflow estimate keeps them.)
+    /// far was read back (its closing checkpoint is then the commit). With puts no checkpoint
+    /// listed, a restarted LMCache loaded the last checkpoint, so those puts are lost to it,
+    /// said once here; they no longer wait for a checkpoint, and the stall alarm counts from
+    /// its puts since. (Another reader of both blocks, `fdpblk inspect` of the device, looks
+    /// the same: the stall alarm then waits for the puts after it; the overflow estimate
+    /// keeps them.)
     fn check_reload(&mut self, c: &Commit) {
-        if self.slots.events_pending() || self.slots.epoch() != self.seen_epoch || !self.pending.is_empty() {
+        if !self.checkpoints_read_back() {
             return;
         }
         let Some(at) = self.slots.both_headers_read_since(self.loads_taken) else { return };

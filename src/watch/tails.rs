@@ -194,7 +194,7 @@ impl Watcher {
         let mut todo: Vec<(u64, u16)> = Vec::new();
         let mut deferred_slots = std::collections::HashSet::new();
         // Every checkpoint header planned so far was taken and read back.
-        let quiet = !self.slots.events_pending() && self.slots.epoch() == self.seen_epoch && self.pending.is_empty();
+        let quiet = self.checkpoints_read_back();
         let basis = self.early_eviction_basis();
         let mut older_only: Vec<(u64, u16)> = Vec::new();
         for (slot, deferred) in done {
