@@ -210,6 +210,35 @@ fn refuse_foreign_data(
     }
 }
 
+/// Refuses a backing whose reserved tail holds a newer fdpblk's own state
+/// ([`crate::persist::newer_format`]), unless `--force`: this fdpblk cannot read it and would
+/// start afresh over it, losing for good what that one learnt (a rollback must not cost an
+/// operator that without being asked).
+fn refuse_newer_state(a: &AddArgs, file: &std::fs::File, probe: &Option<passthrough::NsProbe>, backing_bytes: u64) -> Result<(), String> {
+    let newer = match probe {
+        Some(p) => passthrough::NsReader::open(&a.backing, p.nsid, p.lba_size, p.ns_bytes, p.max_transfer)
+            .ok()
+            .and_then(|r| crate::persist::newer_format(&r, backing_bytes)),
+        None => crate::persist::newer_format(file, backing_bytes),
+    };
+    match newer {
+        None => Ok(()),
+        Some(v) if a.force => {
+            tracing::warn!(
+                "--force: the own state a newer fdpblk left on {} (format {v}) is started afresh: its slot history, pending deallocations and counters are lost (LMCache's data is not touched)",
+                a.backing.display()
+            );
+            Ok(())
+        }
+        Some(v) => Err(format!(
+            "backing {} holds fdpblk's own state in format {v}, written by a newer fdpblk (this one reads format {}): add it with that fdpblk; or, to start fdpblk's slot history, pending deallocations and counters afresh on it with this one (LMCache's data is not touched), {}",
+            a.backing.display(),
+            crate::persist::FORMAT,
+            with_force(a)
+        )),
+    }
+}
+
 /// A util-linux tool by its full path (a daemon's or a user's PATH may lack the sbin
 /// directories), else by name.
 fn sbin_tool(name: &str) -> String {
@@ -421,8 +450,28 @@ fn unpinned_warning<E>(a: &AddArgs, identify: impl Fn(&Path) -> Result<Option<Na
     ))
 }
 
-/// Turns `fdpblk add` arguments into a device config, checking everything first.
+/// Turns `fdpblk add` arguments into a device config, checking everything first; with
+/// `--force`, erases the signatures that would refuse it once every check passed.
 pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
+    let (cfg, to_wipe) = check(a)?;
+    erase_signatures(to_wipe)?;
+    Ok(cfg)
+}
+
+/// What `--force` erases, once nothing else can refuse the device (the ublk driver too).
+fn erase_signatures(to_wipe: Option<PathBuf>) -> Result<(), String> {
+    match to_wipe {
+        Some(target) => {
+            tracing::warn!("--force: erasing the signatures on {} (wipefs -a)", target.display());
+            wipe_signatures(&target)
+        }
+        None => Ok(()),
+    }
+}
+
+/// [`validate`] without the erasing: the config, and the path whose signatures `--force`
+/// erases if the add goes ahead.
+fn check(a: &AddArgs) -> Result<(DeviceConfig, Option<PathBuf>), String> {
     // The flags alone first: nothing is opened, let alone erased, for a typo.
     let policy = policy_by_name(&a.policy)
         .ok_or_else(|| format!("unknown --policy {}; choose one of {}", a.policy, POLICY_NAMES.join(", ")))?;
@@ -571,6 +620,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
             reserved_tail_bytes(backing_bytes)
         )
     })?;
+    refuse_newer_state(a, &file, &probe, backing_bytes)?;
     let source: Box<dyn ReadAt + '_> = match &probe {
         Some(p) => Box::new(
             passthrough::NsReader::open(&a.backing, p.nsid, p.lba_size, exported, p.max_transfer)
@@ -708,11 +758,7 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
     if let Some(w) = no_deallocation_warning(&passthrough::CommandLimits::of(&a.backing), engine == EngineKind::Passthrough, !a.no_trim, &a.backing) {
         tracing::warn!("{w}");
     }
-    if let Some(target) = to_wipe {
-        tracing::warn!("--force: erasing the signatures on {} (wipefs -a)", target.display());
-        wipe_signatures(&target)?;
-    }
-    Ok(DeviceConfig {
+    let cfg = DeviceConfig {
         id: a.number,
         name: a.name.clone(),
         backing: std::fs::canonicalize(&a.backing).unwrap_or_else(|_| a.backing.clone()),
@@ -734,7 +780,8 @@ pub fn validate(a: &AddArgs) -> Result<DeviceConfig, String> {
         early_tails: !a.no_trim && !a.no_early_tails,
         early_evictions: !a.no_trim && !a.no_early_evictions,
         persist_interval_ms: a.persist_interval_ms,
-    })
+    };
+    Ok((cfg, to_wipe))
 }
 
 /// The descriptors above stderr this process was started with, noted by `main` before it
@@ -968,7 +1015,6 @@ fn raise_fd_limit(queues: u16) {
 }
 
 fn add_device(a: &AddArgs) -> CmdResult {
-    need_ublk_driver()?;
     raise_fd_limit(a.queues);
     // The name first: a device of the same name whose daemon died is named with `recover`,
     // where the id's message would name `del`, which fails LMCache's held I/O.
@@ -1017,7 +1063,10 @@ fn add_device(a: &AddArgs) -> CmdResult {
     if let Some(e) = backing_served(&a.backing).filter(|_| a.force) {
         return Err(format!("--force: {e}; nothing was erased").into());
     }
-    let cfg = validate(a)?;
+    // The driver last: a typo in the arguments is worth hearing before `modprobe`.
+    let (cfg, to_wipe) = check(a)?;
+    need_ublk_driver()?;
+    erase_signatures(to_wipe)?;
     daemonize(a.foreground, move |notify| target::run(cfg, false, notify))
 }
 
@@ -2146,6 +2195,54 @@ mod tests {
         assert!(foreign_signature(&img).unwrap().is_some(), "kept while the add is refused");
         with(&["--force"]).unwrap();
         assert_eq!(foreign_signature(&img), Ok(None), "erased when it goes ahead");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `add` checks its arguments and the backing before it asks for the ublk driver: a typo
+    /// is heard before `modprobe`, on a host without the driver too.
+    #[test]
+    fn add_names_a_bad_argument_before_a_missing_driver() {
+        let dir = scratch("add-order");
+        let img = dir.join("kv.img");
+        std::fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
+        let path = img.to_str().unwrap();
+        for (argv, says) in [
+            (vec!["--backing", path, "--policy", "bogus"], "unknown --policy bogus"),
+            (vec!["--backing", path, "--engine", "plain", "--policy", "none", "--slot-bytes", "64K"], "--slot-bytes is given but --meta-total-bytes is not"),
+            (vec!["--backing", "/nonexistent/kv.img"], "/nonexistent/kv.img"),
+        ] {
+            let e = add(&add_args(&argv)).unwrap_err().to_string();
+            assert!(e.contains(says) && !e.contains("ublk_drv"), "{argv:?}: {e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A backing whose reserved tail holds a newer fdpblk's own state (a rollback) is refused,
+    /// naming that fdpblk and --force; with --force the add goes ahead and writes nothing yet.
+    #[test]
+    fn a_newer_fdpblks_own_state_is_refused_unless_forced() {
+        let dir = scratch("newer-state");
+        let img = dir.join("kv.img");
+        let (mut bytes, _) = crate::test_fixtures::fixture("object-evict");
+        let size = 64u64 << 20;
+        bytes.resize(size as usize, 0);
+        let tail = crate::persist::Region::tail(size).offset as usize;
+        let sb = &mut bytes[tail + 4096..tail + 8192];
+        sb[..8].copy_from_slice(b"FDPBSB01");
+        sb[8..12].copy_from_slice(&(crate::persist::FORMAT + 1).to_le_bytes());
+        let crc = crc32fast::hash(&sb[..4092]);
+        sb[4092..].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&img, &bytes).unwrap();
+        let base = ["--backing", img.to_str().unwrap(), "--engine", "plain", "--policy", "none"];
+        let e = validate(&add_args(&base)).unwrap_err();
+        let format = format!("own state in format {}, written by a newer fdpblk (this one reads format {})", crate::persist::FORMAT + 1, crate::persist::FORMAT);
+        assert!(e.contains(&format) && e.contains("add it with --force"), "{e}");
+        validate(&add_args(&[&base[..], &["--force"]].concat())).unwrap();
+        assert!(std::fs::read(&img).unwrap() == bytes, "--force: the daemon starts afresh, the add writes nothing");
+        // A torn copy of that format is damage, not a newer fdpblk's: no refusal.
+        bytes[tail + 4096 + 100] ^= 1;
+        std::fs::write(&img, &bytes).unwrap();
+        validate(&add_args(&base)).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -37,7 +37,9 @@
 //! checkpoint interval it was judged at, in milliseconds, 0 = none; u32 flags, bit 0: LMCache
 //! was seen writing through the page cache) | at byte 680: since when LMCache had slot writes
 //! that no checkpoint followed (u64 Unix seconds, 0 = none; older superblocks hold zero) |
-//! zeros | CRC-32 of bytes 0..4092 at 4092.
+//! zeros | CRC-32 of bytes 0..4092 at 4092. A later format keeps the magic's first six bytes
+//! (`FDPBSB`), the version at byte 8 and the CRC at 4092: this fdpblk then tells a newer
+//! fdpblk's state from damage, and `add` refuses it unless `--force` ([`newer_format`]).
 //!
 //! ## Persist cycle (incremental, crash-consistent)
 //!
@@ -110,8 +112,14 @@ use std::io;
 
 pub const BLOCK: u64 = 4096;
 const SB_MAGIC: &[u8; 8] = b"FDPBSB01";
+/// What every format's superblock magic starts with: a later format keeps it, its version at
+/// byte 8 and its CRC at [`CRC_AT`], so that an older fdpblk tells its state from damage
+/// ([`newer_format`]) and never takes its device for one no fdpblk used.
+const SB_MAGIC_PREFIX: &[u8; 6] = b"FDPBSB";
 const PG_MAGIC: &[u8; 8] = b"FDPBPG01";
 const VERSION: u32 = 1;
+/// The own-state format this fdpblk reads and writes (the superblock's version).
+pub const FORMAT: u32 = VERSION;
 const PAGE_HEADER: usize = 32;
 const CRC_AT: usize = 4092;
 /// Payload bytes per page.
@@ -531,7 +539,7 @@ impl Persist {
         let mut broken = false;
         for c in 0..2usize {
             let blk = &mut b[c * BLOCK as usize..(c + 1) * BLOCK as usize];
-            let whole = &blk[..8] == SB_MAGIC && crc32fast::hash(&blk[..CRC_AT]) == u32at(blk, CRC_AT);
+            let whole = blk.starts_with(SB_MAGIC_PREFIX) && crc32fast::hash(&blk[..CRC_AT]) == u32at(blk, CRC_AT);
             if decoded[c].is_none() && whole {
                 blk[CRC_AT] ^= 0xff;
                 dev.write_at(region.offset + c as u64 * BLOCK, blk, handle)?;
@@ -656,7 +664,7 @@ impl Persist {
                     // A superblock that is there but does not decode (another version, or
                     // both copies torn) is a state that could not be read, not "never used";
                     // nor is one copy that does not read.
-                    let magic = |i: usize| &b[i * BLOCK as usize..i * BLOCK as usize + 8] == SB_MAGIC;
+                    let magic = |i: usize| b[i * BLOCK as usize..].starts_with(SB_MAGIC_PREFIX);
                     loaded.none_saved = a.is_none() && c.is_none() && !magic(0) && !magic(1) && read == [true; 2];
                     // Whole (its CRC holds) yet not decoding: another version's, or a seq
                     // past the bound. A torn one is an unfinished cycle's, which never
@@ -671,10 +679,16 @@ impl Persist {
                         .map(|(i, _)| u64at(&b[i * BLOCK as usize..], 16))
                         .max();
                     if a.is_none() && c.is_none() && !loaded.none_saved {
-                        let version = [0, 1].map(|i| u32at(&b[i * BLOCK as usize..], 8));
+                        // A version is worth naming only where the copy is whole.
+                        let copy = |i: usize| match (magic(i) && whole(i), u32at(&b[i * BLOCK as usize..], 8)) {
+                            (true, v) if v > VERSION => format!("format {v}, a newer fdpblk's"),
+                            (true, v) => format!("format {v}"),
+                            (false, _) => "damaged".to_string(),
+                        };
                         loaded.note = Some(format!(
-                            "the saved state's superblocks do not read (version {} / {}, this fdpblk writes {VERSION}; or both copies are damaged): starting fresh, and slots no checkpoint lists are not taken for unwritten",
-                            version[0], version[1]
+                            "the saved state's superblocks do not read (copy 0: {}; copy 1: {}; this fdpblk reads format {VERSION}): starting fresh, and slots no checkpoint lists are not taken for unwritten",
+                            copy(0),
+                            copy(1)
                         ));
                     }
                     newest([a, c]).map(|(copy, s)| {
@@ -1311,7 +1325,26 @@ pub fn state_present(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> boo
         return false;
     }
     let (b, _, _) = read_superblock_copies(&ReadOnly(dev), region);
-    &b[..8] == SB_MAGIC || &b[BLOCK as usize..BLOCK as usize + 8] == SB_MAGIC
+    b.starts_with(SB_MAGIC_PREFIX) || b[BLOCK as usize..].starts_with(SB_MAGIC_PREFIX)
+}
+
+/// The format of a whole superblock (magic and CRC right) in the reserved tail of a backing
+/// of `size` bytes that is newer than the one this fdpblk reads: a newer fdpblk's state,
+/// which this one could only start afresh over (`add` refuses it unless `--force`). The
+/// newest such format of the two copies; `None` for none (also where they do not read).
+pub fn newer_format(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<u32> {
+    let region = Region::tail(size);
+    if region.len < 2 * BLOCK {
+        return None;
+    }
+    let (b, read, _) = read_superblock_copies(&ReadOnly(dev), region);
+    (0..2usize)
+        .filter(|&c| read[c])
+        .map(|c| &b[c * BLOCK as usize..(c + 1) * BLOCK as usize])
+        .filter(|blk| blk.starts_with(SB_MAGIC_PREFIX) && crc32fast::hash(&blk[..CRC_AT]) == u32at(blk, CRC_AT))
+        .map(|blk| u32at(blk, 8))
+        .filter(|&v| v > VERSION)
+        .max()
 }
 
 /// fdpblk's saved state on a backing device or image of `size` bytes, summarised as JSON

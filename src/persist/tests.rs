@@ -1240,7 +1240,7 @@ fn superblocks_of_another_version_or_torn_are_not_taken_for_a_never_used_device(
     }
     let (u, p, l, mem) = load(&g, img.clone(), region);
     assert!(!l.found && !l.none_saved, "{l:?}");
-    assert!(l.note.as_deref().is_some_and(|n| n.contains(&format!("version {}", VERSION + 1))), "{:?}", l.note);
+    assert!(l.note.as_deref().is_some_and(|n| n.contains(&format!("format {}, a newer fdpblk's", VERSION + 1))), "{:?}", l.note);
     // The fresh state's first superblock replaces both copies, above their seq: neither is
     // left for that version to take as its own newest (and clean) state.
     let newer_seq = [0usize, 1].map(|c| u64::from_le_bytes(img[c * 4096 + 16..c * 4096 + 24].try_into().unwrap()));
@@ -1329,6 +1329,37 @@ fn state_present_looks_for_a_superblock_magic_in_the_reserved_tail() {
     img[tail.offset as usize + 4096] = 0;
     img[tail.offset as usize - 4096..][..8].copy_from_slice(b"FDPBSB01");
     assert!(!state_present(&img, size), "only the reserved tail counts");
+}
+
+/// A whole superblock of a later format, under the magic's later names too, is a newer
+/// fdpblk's state; a torn one, this format's, or one outside the reserved tail is not.
+#[test]
+fn newer_format_finds_a_whole_superblock_of_a_later_format_in_the_tail() {
+    let size = 16u64 << 20;
+    let tail = Region::tail(size).offset as usize;
+    let mut img = vec![0u8; size as usize];
+    let put = |img: &mut Vec<u8>, at: usize, magic: &[u8; 8], version: u32| {
+        let b = &mut img[at..at + 4096];
+        b.fill(0);
+        b[..8].copy_from_slice(magic);
+        b[8..12].copy_from_slice(&version.to_le_bytes());
+        let crc = crc32fast::hash(&b[..CRC_AT]);
+        b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+    };
+    assert_eq!(newer_format(&img, size), None, "blank");
+    put(&mut img, tail, b"FDPBSB01", VERSION);
+    assert_eq!(newer_format(&img, size), None, "this format's");
+    put(&mut img, tail + 4096, b"FDPBSB01", VERSION + 1);
+    assert_eq!(newer_format(&img, size), Some(VERSION + 1), "copy 1 of a later format");
+    img[tail + 4096 + 100] ^= 1;
+    assert_eq!(newer_format(&img, size), None, "torn: damage, not a format");
+    put(&mut img, tail, b"FDPBSB02", VERSION + 2);
+    assert_eq!(newer_format(&img, size), Some(VERSION + 2), "a later magic");
+    assert!(state_present(&img, size), "a later magic is a state too");
+    img[tail..tail + 4096].fill(0);
+    img[tail + 4096..tail + 8192].fill(0);
+    put(&mut img, tail - 4096, b"FDPBSB01", VERSION + 1);
+    assert_eq!(newer_format(&img, size), None, "only the reserved tail counts");
 }
 
 /// A page that reads in the first pass but not when it is restored is said, not dropped in
