@@ -114,10 +114,10 @@ pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), 
             // A flush has no range (its sector is -1).
             let what = match iod.op_flags & 0xff {
                 sys::UBLK_IO_OP_FLUSH => "a flush".to_string(),
-                op => format!("op {op}, {} bytes at byte {}", u64::from(iod.nr_sectors) << 9, iod.start_sector << 9),
+                op => format!("{} of {} bytes at byte {}", op_name(op), u64::from(iod.nr_sectors) << 9, iod.start_sector << 9),
             };
             tracing::warn!(
-                "queue {}: a request failed ({what}): {} ({} failed so far on this queue; `fdpblk stats` counts them)",
+                "queue {}: a request failed ({what}): {} ({} failed so far on this queue; `fdpblk stats` counts them; the drive's side: `dmesg`, `nvme error-log`)",
                 q.get_qid(),
                 std::io::Error::from_raw_os_error(-res),
                 ctx.stats.errors.load(Ordering::Relaxed)
@@ -126,6 +126,23 @@ pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), 
         fetched(q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?);
     }
 }
+
+/// A ublk operation's name, for the log.
+fn op_name(op: u32) -> String {
+    match op {
+        sys::UBLK_IO_OP_READ => "a read".into(),
+        sys::UBLK_IO_OP_WRITE => "a write".into(),
+        sys::UBLK_IO_OP_FLUSH => "a flush".into(),
+        sys::UBLK_IO_OP_DISCARD => "a discard".into(),
+        sys::UBLK_IO_OP_WRITE_ZEROES => "a write zeroes".into(),
+        op => format!("operation {op}"),
+    }
+}
+
+/// The longest a request held behind a deallocation sleeps between looks: it starts at
+/// [`HEADER_POLL`] and doubles, so that a drive stuck in a deallocation (until its NVMe
+/// timeout, 30 s) does not have every held tag wake its queue thread 5000 times a second.
+const HOLD_POLL_MAX: Duration = Duration::from_millis(5);
 
 /// How long a held request says it is still held: a deallocation takes milliseconds, and one
 /// that takes this long is a drive slow or stuck in it (the kernel's NVMe timeout and reset
@@ -140,11 +157,20 @@ struct Hold<'a> {
     offset: u64,
     since: Option<Instant>,
     warned: u32,
+    /// The next sleep before looking again.
+    next_poll: Duration,
 }
 
 impl<'a> Hold<'a> {
     fn new(queue: u16, stats: &'a QueueStats, offset: u64) -> Self {
-        Self { queue, stats, offset, since: None, warned: 0 }
+        Self { queue, stats, offset, since: None, warned: 0, next_poll: HEADER_POLL }
+    }
+
+    /// How long to sleep before looking again: [`HEADER_POLL`], doubling up to [`HOLD_POLL_MAX`].
+    fn poll(&mut self) -> Duration {
+        let p = self.next_poll;
+        self.next_poll = (p * 2).min(HOLD_POLL_MAX);
+        p
     }
 
     /// The request is held (again) for `what`.
@@ -306,14 +332,14 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         for &slot in trim_waits {
             while slots.trimming(slot) {
                 hold.tick(|| format!("its slot {slot}'s deallocation"));
-                sleep(q, HEADER_POLL).await;
+                sleep(q, hold.poll()).await;
             }
         }
         // A checkpoint header write waits for fdpblk's zeroing of the same block to land.
         for &copy in container_waits {
             while slots.container_zeroing(copy) {
                 hold.tick(|| format!("the zeroing of checkpoint container {copy}"));
-                sleep(q, HEADER_POLL).await;
+                sleep(q, hold.poll()).await;
             }
         }
         hold.end();
@@ -401,6 +427,16 @@ mod tests {
         assert_eq!(stats.held_longest_us.load(Ordering::Relaxed), longest);
         let j = stats.to_json();
         assert_eq!((j["held_for_trims"].as_u64(), j["held_longest_us"].as_u64()), (Some(2), Some(longest)));
+    }
+
+    /// A held request looks again soon at first (a deallocation takes milliseconds), then
+    /// ever less often, up to [`HOLD_POLL_MAX`] (a drive stuck in one).
+    #[test]
+    fn a_held_request_looks_less_often_the_longer_it_is_held() {
+        let stats = QueueStats::default();
+        let mut h = Hold::new(0, &stats, 0);
+        let polls: Vec<u64> = (0..10).map(|_| h.poll().as_micros() as u64).collect();
+        assert_eq!(polls, [200, 400, 800, 1600, 3200, 5000, 5000, 5000, 5000, 5000]);
     }
 
     #[test]

@@ -410,6 +410,7 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
         })
     });
     let exe2 = exe.clone();
+    let dev_id = dev.dev_info.dev_id;
     smol::block_on(exe.run(async move {
         let run_ops = || while exe2.try_tick() {};
         let done = || tasks.iter().all(|t| t.is_finished());
@@ -421,7 +422,7 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
             // their buffers, anyway. Exiting leaves the pages to the kernel until the I/O
             // ends, as the passthrough drain below does.
             if !matches!(ctx.engine, QueueEngine::Passthrough(_)) && !tasks.iter().all(|t| t.is_finished()) {
-                tracing::error!("queue {qid}: tag tasks still had I/O in flight: aborting (`fdpblk recover` or `fdpblk del -n ID`)");
+                tracing::error!("queue {qid}: tag tasks still had I/O in flight: aborting (`fdpblk recover -n {dev_id}` or `fdpblk del -n {dev_id}`)");
                 std::process::abort();
             }
         }
@@ -434,7 +435,7 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
                 // Dropping the tasks would free buffers the drive may still write or read;
                 // keeping them keeps the queue's ring, so the device could never be deleted.
                 // Exiting hands both to the kernel, which frees them when the commands end.
-                tracing::error!("queue {qid}: {} NVMe commands did not complete within {PASSTHROUGH_DRAIN:?} of the queue going down: aborting (`fdpblk del -n ID` or `recover` once the drive answers)", e.inflight());
+                tracing::error!("queue {qid}: {} NVMe commands did not complete within {PASSTHROUGH_DRAIN:?} of the queue going down: aborting (`fdpblk del -n {dev_id}`, or `fdpblk recover -n {dev_id}` once the drive answers)", e.inflight());
                 std::process::abort();
             }
         }

@@ -172,7 +172,7 @@ expect "a read past the cut fails" bash -c "! dd if=/dev/ublkb9 of=/dev/null bs=
 expect "stats --json counts it" bash -c "for i in \$(seq 30); do $FDPBLK stats -n 9 --json | jq -e '([.queues[].errors] | add) >= 1 and ([.queues[].last_error] | any(. == \"Input/output error (os error 5)\"))' >/dev/null && exit 0; sleep 0.2; done; exit 1"
 expect "stats text names it" bash -c "$FDPBLK stats -n 9 | grep -q '^FAILED REQUESTS per queue'"
 expect "and its metric" bash -c "$FDPBLK stats -n 9 --prometheus | grep -q '^fdpblk_queue_errors_total{.*} [1-9]'"
-expect "the daemon logged it" log_has "a request failed \\(op 0, 4096 bytes at byte 16777216\\)"
+expect "the daemon logged it" log_has "a request failed \\(a read of 4096 bytes at byte 16777216\\)"
 # Its daemon killed, the cut backing is refused by recover before anything is written to it.
 pid9=$(daemon_pid 9)
 expect "SIGKILL device 9's daemon" kill -KILL "$pid9"
