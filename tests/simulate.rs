@@ -87,12 +87,22 @@ fn errors_name_the_fix() {
         (vec!["--policy", "lmcache-fdp", "--trim", "on"], "no trim"),
         (vec!["--policy", "clairvoyant", "--clairvoyant-handles", "9"], "use 2 to --handles"),
         (vec!["--policy", "popularity", "--clairvoyant-handles", "1"], "use 2 to --handles"),
+        (vec!["--policy", " , "], "--policy: none given"),
+        (vec!["--utilization", ""], "--utilization: none given"),
+        (vec!["--trim-rules", "slots,bogus"], "choose from slots, tails"),
+        // 1 % of a 1 GiB drive holds no slot after the metadata region: said before the
+        // 100 % run has run, naming simulate's flags (not `add`'s --capacity-bytes).
+        (vec!["--utilization", "100,1"], "at --utilization 1: LMCache's share of the simulated device"),
+        (vec!["--utilization", "1"], "give a larger --device-size or a higher --utilization"),
+        (vec!["--plot", "/nonexistent-fdpblk-dir/waf.png"], "--plot: cannot write /nonexistent-fdpblk-dir/waf.png"),
+        (vec!["--plot", d.to_str().unwrap()], "--plot: cannot write"),
     ] {
         let out =
             fdpblk().args(["simulate", "--workload", w.to_str().unwrap()]).args(&args).args(SMALL).output().unwrap();
         assert!(!out.status.success());
         let e = String::from_utf8_lossy(&out.stderr);
         assert!(e.contains(needle), "{args:?}: {e}");
+        assert!(!e.contains("WAF") && !e.contains("--capacity-bytes"), "{args:?}: refused only after a run, or naming add's flag: {e}");
     }
     // Out-of-range values are refused before the model sizes its tables by them.
     for (workload, needle) in [

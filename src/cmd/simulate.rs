@@ -205,6 +205,7 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
         POLICY_NAMES.iter().map(|s| s.to_string()).collect()
     } else {
         parse_list(&a.policy, "--policy", |p| sim_policy_names().contains(&p).then(|| p.to_string()))
+            .and_then(|l| if l.is_empty() { Err("--policy: none given".to_string()) } else { Ok(l) })
             .map_err(|e| format!("{e}; choose from {} or all", sim_policy_names().join(", ")))?
     };
     // Percent only: a fraction such as 0.5 would be ambiguous with 1 (1 % or 100 %?).
@@ -212,6 +213,7 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
         let v: f64 = u.strip_suffix('%').unwrap_or(u).parse().ok()?;
         (1.0..=100.0).contains(&v).then_some(v / 100.0)
     })
+    .and_then(|l| if l.is_empty() { Err("--utilization: none given".to_string()) } else { Ok(l) })
     .map_err(|e| format!("{e} (percent of the device, 1 to 100, e.g. 50,80,90,100)"))?;
     let trims: Vec<bool> = match a.trim.as_str() {
         "on" => vec![true],
@@ -219,7 +221,9 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
         "both" => vec![false, true],
         t => return Err(format!("--trim {t}: use on, off or both")),
     };
-    let rules = parse_list(&a.trim_rules, "--trim-rules", |r| ["slots", "tails", "early-tails", "early-evictions", "unwritten"].contains(&r).then(|| r.to_string()))?;
+    const RULES: [&str; 5] = ["slots", "tails", "early-tails", "early-evictions", "unwritten"];
+    let rules = parse_list(&a.trim_rules, "--trim-rules", |r| RULES.contains(&r).then(|| r.to_string()))
+        .map_err(|e| format!("{e}; choose from {}", RULES.join(", ")))?;
     // 0 stands for auto in the drive's spec: an explicit size must be a real one.
     let size = |s: &str, what: &str| -> Result<u64, String> {
         if s == "auto" {
@@ -293,6 +297,16 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
     }
     if out.is_empty() {
         return Err("nothing to run: lmcache-fdp has no trim (LMCache's own FDP mode writes to /dev/ng, without fdpblk); use --trim off or both".into());
+    }
+    // Each utilisation's LMCache geometry before any run: a run that cannot start is not
+    // found after the others have taken their time.
+    let resolved = crate::sim::run::resolve_drive(&drive, &workload);
+    for &u in &utils {
+        let (lm_device, capacity) = crate::sim::run::lmcache_share(resolved.logical_bytes, u)?;
+        workload.geometry(lm_device, capacity).map_err(|e| format!("at --utilization {}: {e}", u * 100.0))?;
+    }
+    if let Some(p) = &a.plot {
+        crate::sim::plot::check_writable(p)?;
     }
     Ok(out)
 }

@@ -368,6 +368,17 @@ pub fn render(results: &[RunResult], title: &str) -> Canvas {
 }
 
 /// Writes the WAF-vs-utilisation plot of `results` to `path`.
+/// Whether a PNG can be written at `path`, asked before the runs it would draw take their
+/// time: nothing is left behind where no file was.
+pub fn check_writable(path: &Path) -> Result<(), String> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new().append(true).create(true).open(path).map_err(|e| format!("--plot: cannot write {}: {e}", path.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
 pub fn waf_vs_utilization(results: &[RunResult], path: &Path) -> Result<(), String> {
     let title = results.first().map_or(String::new(), |r| format!("{}: steady-state waf", r.workload));
     let png = render(results, &title).png();

@@ -1052,6 +1052,21 @@ pub fn fdpblk_runs(policy: &str, trim: bool) -> bool {
     trim || !matches!(policy, "none" | "lmcache-fdp")
 }
 
+/// The device LMCache sees on a simulated drive of `logical_bytes` (fdpblk exports it less its
+/// reserved tail; every policy sees the same LMCache geometry, so that runs compare), and the
+/// `capacity_bytes` it is given at `utilization` (0: all of it).
+pub fn lmcache_share(logical_bytes: u64, utilization: f64) -> Result<(u64, u64), String> {
+    let lm_device = exported_bytes(logical_bytes, 4096).ok_or_else(|| {
+        format!(
+            "--device-size {} is smaller than fdpblk's reserved tail ({} bytes); give a device of gigabytes",
+            logical_bytes,
+            crate::frontend::config::reserved_tail_bytes(logical_bytes)
+        )
+    })?;
+    let capacity = if utilization >= 1.0 { 0 } else { ((lm_device as f64 * utilization) as u64).max(1) };
+    Ok((lm_device, capacity))
+}
+
 fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<Bound>), String> {
     let start = Instant::now();
     let w = &spec.workload;
@@ -1077,15 +1092,7 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
         return Err(format!("utilization {} must be in (0, 1]", spec.utilization));
     }
     let fdpblk = fdpblk_runs(&spec.policy, spec.trim);
-    // fdpblk exports the drive less its reserved tail (own state); every policy sees the same
-    // LMCache geometry so that runs compare.
-    let lm_device = exported_bytes(drive.logical_bytes, 4096).ok_or_else(|| {
-        format!(
-            "--device-size {} is smaller than fdpblk's reserved tail ({} bytes); give a device of gigabytes",
-            drive.logical_bytes,
-            crate::frontend::config::reserved_tail_bytes(drive.logical_bytes)
-        )
-    })?;
+    let (lm_device, capacity) = lmcache_share(drive.logical_bytes, spec.utilization)?;
     let physical = SsdConfig::physical_for_op(drive.logical_bytes, drive.op);
     super::memory::drive_fits(
         drive.logical_bytes,
@@ -1095,10 +1102,8 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
         super::memory::budget(),
         "give a smaller --device-size or a larger --unit (the workload's block_align may force small units: use a slot_bytes with larger power-of-two factors)",
     )?;
-    let capacity = ((lm_device as f64 * spec.utilization) as u64).max(1);
     let fdp = (spec.policy == "lmcache-fdp").then(|| LmcacheFdpMode { data_pids: LmcacheFdpPolicy::data_handles() });
-    let mut wl =
-        Workload::new(w.clone(), lm_device, if spec.utilization >= 1.0 { 0 } else { capacity }, spec.seed, fdp)?;
+    let mut wl = Workload::new(w.clone(), lm_device, capacity, spec.seed, fdp)?;
     wl.emit_json(fdpblk);
     let geom = wl.geometry;
     let mut cfg = SsdConfig::new(drive.logical_bytes, physical, unit, drive.ru_bytes, drive.handles, drive.handle_type);

@@ -1,6 +1,7 @@
 //! A workload file (`tools/workloads/*.json`): its fields, their defaults and bounds.
 
 use super::*;
+use crate::layout::geometry::{GeometryError, MAX_SLOTS};
 
 /// LMCache's deployment mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -486,11 +487,20 @@ impl WorkloadSpec {
             capacity_bytes,
         }
         .validate(device_bytes)
-        .map_err(|e| {
+        .map_err(|e| match e {
+            // What fits LMCache's share of the simulated drive is `simulate`'s flags' to change.
+            GeometryError::DeviceTooSmall { meta_total_bytes, capacity, slot_bytes }
+            | GeometryError::CapacityTooSmall { meta_total_bytes, capacity_bytes: capacity, slot_bytes } => format!(
+                "LMCache's share of the simulated device ({capacity} bytes: --device-size less fdpblk's reserved tail, at the run's --utilization) holds no slot of {slot_bytes} bytes after the {meta_total_bytes}-byte metadata region; give a larger --device-size or a higher --utilization (LMCache needs more than {} bytes), or the workload a smaller \"slot_bytes\" or \"meta_total_bytes\"",
+                meta_total_bytes.saturating_add(slot_bytes).saturating_sub(1)
+            ),
+            GeometryError::TooManySlots { max_slots, capacity, slot_bytes } => format!(
+                "LMCache's share of the simulated device ({capacity} bytes) makes {max_slots} slots of {slot_bytes} bytes, more than the {MAX_SLOTS} fdpblk tracks; give a smaller --device-size or the workload a larger \"slot_bytes\""
+            ),
             // The rule's text names `add`'s flags: here the values come from the workload file.
-            ["block_align", "header_bytes", "slot_bytes", "meta_total_bytes"]
+            e => ["block_align", "header_bytes", "slot_bytes", "meta_total_bytes"]
                 .iter()
-                .fold(e.to_string(), |s, f| s.replace(&format!("--{}", f.replace('_', "-")), &format!("the workload's \"{f}\"")))
+                .fold(e.to_string(), |s, f| s.replace(&format!("--{}", f.replace('_', "-")), &format!("the workload's \"{f}\""))),
         })
     }
 
