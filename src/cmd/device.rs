@@ -1199,7 +1199,7 @@ fn backing_in_use(backing: &Path) -> Option<String> {
     // known, nor can it be recovered, but the driver holds its writes, maybe this backing's.
     // A second device here would take LMCache's path while the first hangs LMCache's I/O.
     ublk_ids().into_iter().filter(|&id| !state::state_path(id).exists()).find_map(|id| {
-        let info = UblkCtrl::new_simple(id).ok()?.dev_info();
+        let info = target::ublk_ctrl(id).ok()?.dev_info();
         (Maker::of(info.ublksrv_flags) == Maker::Fdpblk && u32::from(info.state) == sys::UBLK_S_DEV_QUIESCED).then(|| {
             format!(
                 "{} is fdpblk's and its daemon died, but its state file in {} is gone (`/run` cleared, or a container's own): the driver holds its writes, maybe of backing {}, for a recovery that needs that file; `fdpblk del -n {id}` deletes it first (the I/O it holds fails), unless another fdpblk (in another container) has its state file: recover it there",
@@ -1220,6 +1220,11 @@ pub(crate) fn exiting(pid: u32) -> bool {
 pub fn recover(a: &IdArgs) -> CmdResult {
     recover_device(a).map_err(|e| with_limit_fix(e.to_string()).into())
 }
+
+/// How long `recover` waits for the driver to hold a device whose daemon died: kernels before
+/// about 6.8 notice a dead daemon only at a look every 5 s, and then wait for the requests in
+/// flight.
+const DRIVER_NOTICE_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 fn recover_device(a: &IdArgs) -> CmdResult {
     need_ublk_driver()?;
@@ -1251,23 +1256,37 @@ fn recover_device(a: &IdArgs) -> CmdResult {
         }
         .into());
     }
-    // The driver quiesces the device once it notices the daemon's exit: give it a moment.
+    // The driver quiesces the device once it notices the daemon's exit: at once on recent
+    // kernels, at its next look on those that look every 5 s, then after the requests in
+    // flight. A live server that is not the dead daemon is not waited for.
     let mut st = sys::UBLK_S_DEV_LIVE;
     let mut ctrl = None;
-    for _ in 0..50 {
-        let c = UblkCtrl::new_simple(a.number).map_err(|e| match target::device_exists(a.number) {
+    let mut server = None;
+    for _ in 0..(DRIVER_NOTICE_WAIT.as_millis() / 100) {
+        let c = target::ublk_ctrl(a.number).map_err(|e| match target::device_exists(a.number) {
             true => format!("ublk device {}: {}", a.number, target::ublk_error(&e)),
             false => format!("no ublk device {}: {}; see `fdpblk list`", a.number, target::ublk_error(&e)),
         })?;
         st = u32::from(c.dev_info().state);
+        server = live_server(&c.dev_info()).filter(|&(p, _)| p as u32 != pid.pid);
         ctrl = Some(c);
-        if st != sys::UBLK_S_DEV_LIVE {
+        if st != sys::UBLK_S_DEV_LIVE || server.is_some() {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     if st == sys::UBLK_S_DEV_LIVE {
-        return Err(format!("device {} is live; nothing to recover", a.number).into());
+        return Err(match server {
+            Some((p, comm)) => format!("device {} is live, served by {comm} (pid {p}); nothing to recover", a.number),
+            None => format!(
+                "device {} is still live {} s after its daemon (pid {pid}) died: the driver has not noticed yet (a kernel under load, or I/O it still waits for); run `fdpblk recover -n {}` again, or `fdpblk del -n {}` (which fails LMCache's held I/O)",
+                a.number,
+                DRIVER_NOTICE_WAIT.as_secs(),
+                a.number,
+                a.number
+            ),
+        }
+        .into());
     }
     // The id may have gone to another ublk server's device since (this one deleted by other
     // means), whose server died too: never serve this backing under its users.
@@ -1297,7 +1316,7 @@ fn recover_device(a: &IdArgs) -> CmdResult {
 
 /// Whether device `id` is stopped (neither live nor held for recovery).
 pub(crate) fn ublk_stopped(id: i32) -> bool {
-    UblkCtrl::new_simple(id).is_ok_and(|c| u32::from(c.dev_info().state) == sys::UBLK_S_DEV_DEAD)
+    target::ublk_ctrl(id).is_ok_and(|c| u32::from(c.dev_info().state) == sys::UBLK_S_DEV_DEAD)
 }
 
 /// The ids of every ublk device, from the driver's char devices in sysfs.
@@ -1426,7 +1445,7 @@ fn del_one(id: i32) -> Result<(), String> {
             users.join(", ")
         );
     }
-    let ctrl = UblkCtrl::new_simple(id).map_err(|e| format!("ublk device {id}: {}", target::ublk_error(&e)))?;
+    let ctrl = target::ublk_ctrl(id).map_err(|e| format!("ublk device {id}: {}", target::ublk_error(&e)))?;
     // Stopping makes the daemon drain its queues, delete the device and exit.
     if let Err(e) = ctrl.kill_dev() {
         // Not told to stop: waiting for the daemon would be waiting for nothing.
@@ -1523,7 +1542,7 @@ fn holders(dev: &Path, skip: Option<u32>) -> Vec<String> {
 
 /// The driver's state of device `id` (one word) and what an operator can do about it.
 fn dev_state(id: i32, name: Option<&str>) -> (&'static str, Option<String>) {
-    match UblkCtrl::new_simple(id).map(|c| u32::from(c.dev_info().state)) {
+    match target::ublk_ctrl(id).map(|c| u32::from(c.dev_info().state)) {
         Ok(sys::UBLK_S_DEV_LIVE) => ("live", None),
         Ok(s @ (sys::UBLK_S_DEV_QUIESCED | sys::UBLK_S_DEV_FAIL_IO)) => (
             if s == sys::UBLK_S_DEV_QUIESCED { "quiesced" } else { "fail-io" },
@@ -1574,13 +1593,13 @@ impl Maker {
 
 /// The maker of device `id` (unknown where the driver does not answer).
 fn maker(id: i32) -> Maker {
-    UblkCtrl::new_simple(id).map_or(Maker::Unknown, |c| Maker::of(c.dev_info().ublksrv_flags))
+    target::ublk_ctrl(id).map_or(Maker::Unknown, |c| Maker::of(c.dev_info().ublksrv_flags))
 }
 
 /// The server of live ublk device `id`: its pid and process name (of a device that is not
 /// live, the pid may be reused by now).
 fn ublk_server(id: i32) -> Option<(i32, String)> {
-    live_server(&UblkCtrl::new_simple(id).ok()?.dev_info())
+    live_server(&target::ublk_ctrl(id).ok()?.dev_info())
 }
 
 /// [`ublk_server`] of the device info read already.
@@ -1610,7 +1629,7 @@ pub(crate) fn still_ours(id: i32, read: &Result<(DeviceConfig, state::Daemon), S
 /// than its state file: a recovering daemon that died before it rewrote the file). Says
 /// whose, as "ublk device N ...": "is served by NAME (pid P), not by fdpblk".
 pub(crate) fn foreign_server(id: i32, ours: &state::Daemon) -> Option<String> {
-    let info = UblkCtrl::new_simple(id).ok()?.dev_info();
+    let info = target::ublk_ctrl(id).ok()?.dev_info();
     if u32::from(info.state) == sys::UBLK_S_DEV_LIVE {
         return live_server(&info).filter(|(pid, comm)| *pid as u32 != ours.pid && !comm.starts_with("fdpblk")).map(|(pid, comm)| format!("is served by {comm} (pid {pid}), not by fdpblk"));
     }

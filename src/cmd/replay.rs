@@ -40,6 +40,12 @@ pub struct TraceRequest {
 pub fn parse_trace_line(line: &str) -> Result<TraceRequest, String> {
     let v: Value = serde_json::from_str(line)
         .map_err(|e| format!("not JSON: {e} (a trace of blkparse's text takes --format blkparse or auto; a JSON-lines trace has one object per line, without a byte-order mark)"))?;
+    // A misspelt field would be dropped in silence (a "datahex" losing the bytes a header's
+    // classification needs).
+    const FIELDS: [&str; 4] = ["op", "offset", "len", "data_hex"];
+    if let Some(k) = v.as_object().and_then(|o| o.keys().find(|k| !FIELDS.contains(&k.as_str()))) {
+        return Err(format!("unknown field \"{k}\" (a record has {})", FIELDS.join(", ")));
+    }
     let op_name = v.get("op").and_then(Value::as_str).ok_or("missing \"op\"")?;
     let op = Op::parse(op_name).ok_or_else(|| format!("unknown op \"{op_name}\" (write, read, flush, discard, write_zeroes)"))?;
     let num = |k: &str| -> Result<u64, String> {
@@ -999,6 +1005,7 @@ mod tests {
             "",
             "{}",
             r#"{"op":"trim","offset":0,"len":1}"#,
+            r#"{"op":"write","offset":0,"len":4,"datahex":"4c4d"}"#,
             r#"{"op":"read","offset":-1,"len":1}"#,
             r#"{"op":"read","offset":0}"#,
             r#"{"op":"write","offset":0,"len":1,"data_hex":"abcd"}"#,

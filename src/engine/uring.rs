@@ -83,9 +83,11 @@ async fn blkdiscard_off_queue(q: &UblkQueue<'_>, fd: i32, off: u64, len: u64) ->
         let _wake = Wake(done);
         let _ = tx.send(crate::device::blkdiscard(fd, off, len));
     });
-    if spawned.is_err() {
-        // No thread to be had: discard here, holding the queue.
-        return crate::device::blkdiscard(fd, off, len);
+    if let Err(e) = spawned {
+        // No thread to be had (a tasks limit): failed back rather than done here, which would
+        // hold the queue, and the header writes its other tags' payloads wait for, for as
+        // long as the drive takes (a discard is advice: failing it loses nothing).
+        return Err(std::io::Error::new(e.kind(), format!("no thread for the discard ({e}): raise the tasks limit (TasksMax=, ulimit -u)")));
     }
     loop {
         match rx.try_recv() {

@@ -241,6 +241,15 @@ fn deleted_holders(id: i32) -> Vec<String> {
         .collect()
 }
 
+/// The control of ublk device `id`; without the driver, an error and nothing on stderr
+/// (libublk prints a line of its own there, which `list` or `stats` would show per device).
+pub(crate) fn ublk_ctrl(id: i32) -> Result<UblkCtrl, UblkError> {
+    if !Path::new("/dev/ublk-control").exists() {
+        return Err(UblkError::OtherError(-libc::ENOENT));
+    }
+    UblkCtrl::new_simple(id)
+}
+
 /// libublk's error with its cause: its own text ("other IO failure") drops the errno.
 pub(crate) fn ublk_error(e: &UblkError) -> String {
     let errno = errno_of(e);
@@ -310,7 +319,7 @@ pub(crate) fn delete_device(ctrl: &UblkCtrl) -> Result<(), String> {
     tracing::debug!("device {id}: asynchronous delete unknown to the driver ({}); deleting on a thread", ublk_error(&e));
     let (tx, rx) = std::sync::mpsc::channel();
     spawn_named("fdpblk-delete", move || {
-        let _ = tx.send(UblkCtrl::new_simple(id).and_then(|c| c.del_dev()).map(drop).map_err(|e| ublk_error(&e)));
+        let _ = tx.send(ublk_ctrl(id).and_then(|c| c.del_dev()).map(drop).map_err(|e| ublk_error(&e)));
     })
     .map_err(|e| format!("ublk device {id} could not be deleted: {e}; `fdpblk del -n {id}` deletes it"))?;
     for _ in 0..200 {
@@ -1749,7 +1758,7 @@ fn spawn_signal_thread() -> Result<(), String> {
         tracing::info!("signal {sig}: stopping device {id}");
         // Tried twice: the control handle needs descriptors, which a daemon at its limit
         // may free a moment later.
-        let stop = || UblkCtrl::new_simple(id).and_then(|c| c.kill_dev());
+        let stop = || ublk_ctrl(id).and_then(|c| c.kill_dev());
         if let Err(e) = stop().or_else(|_| {
             std::thread::sleep(Duration::from_millis(200));
             stop()
