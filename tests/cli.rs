@@ -211,6 +211,10 @@ fn bad_input_is_one_clear_line() {
     let (code, _, err) = fdpblk(&["inspect", "--slot-bytes", "64K", "--meta-total-bytes", "4M", img.to_str().unwrap()]);
     assert_ne!(code, 0);
     assert!(err.contains("use a larger device"), "{err}");
+    // A capacity past an image's end is said, not cut to the image in silence.
+    let (code, _, err) = fdpblk(&["inspect", "--slot-bytes", "64K", "--meta-total-bytes", "1M", "--capacity-bytes", "4M", img.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--capacity-bytes 4194304 is past the end of") && err.contains("without the flag"), "{err}");
     let trace = dir.join("bad.jsonl");
     std::fs::write(&trace, "{\"op\":\"write\",\"offset\":0}\n").unwrap();
     let (code, _, err) = fdpblk(&["replay", "--slot-bytes", "64K", "--meta-total-bytes", "1M", trace.to_str().unwrap()]);

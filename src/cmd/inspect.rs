@@ -258,7 +258,18 @@ pub fn run(a: &InspectArgs) -> CmdResult {
     let flags: GeometryFlags = a.geometry.flags();
     // An image file may be the leading part of a larger device, unless --capacity-bytes says
     // how much of it LMCache used.
-    let image = std::fs::metadata(&a.path).is_ok_and(|m| m.is_file()) && flags.capacity_bytes.is_none();
+    let file_size = std::fs::metadata(&a.path).ok().filter(|m| m.is_file()).map(|m| m.len());
+    let image = file_size.is_some() && flags.capacity_bytes.is_none();
+    // Past the image's end, the flag would be cut to the image's size in silence.
+    if let (Some(size), Some(c)) = (file_size, flags.capacity_bytes) {
+        if c > size {
+            return Err(format!(
+                "--capacity-bytes {c} is past the end of {} ({size} bytes): an image shorter than LMCache's device is checked against its checkpoint's capacity_bytes without the flag (`truncated_from`); with it, give at most the image's size",
+                a.path.display()
+            )
+            .into());
+        }
+    }
     let d = discover(&dev, &flags).map_err(|e| match e {
         // `add`'s advice (`--layout lmcache`) is no help here: the entries are what inspect shows.
         crate::layout::discover::DiscoverError::Unparsable(e) => format!("LMCache's checkpoint on {} is beyond what fdpblk parses ({e}): inspect cannot list its entries", a.path.display()),

@@ -519,16 +519,28 @@ impl Persist {
     /// trust its confirmations, whatever layout it is for. A higher seq would vouch for page
     /// copies that an unfinished cycle left with that seq. A whole superblock this version
     /// cannot decode (another version's) first gets its CRC broken. A copy that does not read
-    /// gets the mark whatever the other holds (it may be a newer clean one). The copy that
-    /// holds the mark, now the newest superblock; `None`: no mark written (no clean state this
-    /// version reads, or none at all).
+    /// gets the mark whatever the other holds (it may be a newer clean one); where neither
+    /// reads, both get a block that keeps only the magic. The copy that holds the mark, now
+    /// the newest superblock; `None`: no mark written (no clean state this version reads, or
+    /// none at all).
     pub fn mark_in_use(dev: &dyn StateWriter, region: Region, handle: Handle) -> io::Result<Option<u8>> {
         if region.len < 2 * BLOCK {
             return Ok(None);
         }
         let (mut b, read, err) = read_superblock_copies(dev, region);
+        // Neither copy reads (bad sectors; a write often remaps them): each gets a block that
+        // keeps only the magic, so that neither vouches for anything if it reads again later,
+        // and the region is still not taken for one no fdpblk used. As where the layout is
+        // known ([`Persist::load`]'s first superblock goes into both copies).
         if let (Some(e), [false, false]) = (&err, read) {
-            return Err(io::Error::new(e.kind(), format!("neither superblock copy reads: {e}")));
+            let mut mark = AlignedBuf::zeroed(BLOCK as usize);
+            mark[..8].copy_from_slice(SB_MAGIC);
+            let not_written = |w: io::Error| io::Error::new(w.kind(), format!("neither superblock copy reads ({e}), nor could be written again: {w}"));
+            for c in 0..2u64 {
+                dev.write_at(region.offset + c * BLOCK, &mark[..BLOCK as usize], handle).map_err(not_written)?;
+            }
+            dev.flush().map_err(not_written)?;
+            return Ok(None);
         }
         let decoded = [0u8, 1].map(|c| Superblock::decode(&b[c as usize * BLOCK as usize..(c as usize + 1) * BLOCK as usize]));
         // A whole superblock of a form this version does not decode (another version's, maybe
