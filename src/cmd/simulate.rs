@@ -303,7 +303,7 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
     let resolved = crate::sim::run::resolve_drive(&drive, &workload);
     for &u in &utils {
         let (lm_device, capacity) = crate::sim::run::lmcache_share(resolved.logical_bytes, u)?;
-        workload.geometry(lm_device, capacity).map_err(|e| format!("at --utilization {}: {e}", u * 100.0))?;
+        workload.geometry(lm_device, capacity).map_err(|e| format!("at --utilization {}: {e}", (u * 1e4).round() / 100.0))?;
     }
     if let Some(p) = &a.plot {
         crate::sim::plot::check_writable(p)?;

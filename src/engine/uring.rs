@@ -86,8 +86,10 @@ async fn blkdiscard_off_queue(q: &UblkQueue<'_>, fd: i32, off: u64, len: u64) ->
     if let Err(e) = spawned {
         // No thread to be had (a tasks limit): failed back rather than done here, which would
         // hold the queue, and the header writes its other tags' payloads wait for, for as
-        // long as the drive takes (a discard is advice: failing it loses nothing).
-        return Err(std::io::Error::new(e.kind(), format!("no thread for the discard ({e}): raise the tasks limit (TasksMax=, ulimit -u)")));
+        // long as the drive takes (a discard is advice: failing it loses nothing). Said here:
+        // the request's failure is logged by its errno, which would point at the drive.
+        tracing::warn!("a discard of {len} bytes at byte {off} failed: no thread to run it ({e}); raise the tasks limit (TasksMax= in the unit, ulimit -u)");
+        return Err(e);
     }
     loop {
         match rx.try_recv() {

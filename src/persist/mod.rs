@@ -37,9 +37,11 @@
 //! checkpoint interval it was judged at, in milliseconds, 0 = none; u32 flags, bit 0: LMCache
 //! was seen writing through the page cache) | at byte 680: since when LMCache had slot writes
 //! that no checkpoint followed (u64 Unix seconds, 0 = none; older superblocks hold zero) |
-//! zeros | CRC-32 of bytes 0..4092 at 4092. A later format keeps the magic's first six bytes
+//! zeros | CRC-32 of bytes 0..4092 at 4092. A later format keeps the region's place
+//! ([`Region::tail`]), its two 4096-byte superblock copies first, the magic's first six bytes
 //! (`FDPBSB`), the version at byte 8 and the CRC at 4092: this fdpblk then tells a newer
-//! fdpblk's state from damage, and `add` refuses it unless `--force` ([`newer_format`]).
+//! fdpblk's state from damage, and `add` (and `recover`) refuse it unless `add --force`
+//! ([`newer_format`]).
 //!
 //! ## Persist cycle (incremental, crash-consistent)
 //!
@@ -527,7 +529,15 @@ impl Persist {
         if region.len < 2 * BLOCK {
             return Ok(None);
         }
-        let (mut b, read, err) = read_superblock_copies(dev, region);
+        let (mut b, mut read, mut err) = read_superblock_copies(dev, region);
+        // A passing failure (a controller reset) must not cost a good state: read again first.
+        for _ in 0..2 {
+            if read != [false, false] {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            (b, read, err) = read_superblock_copies(dev, region);
+        }
         // Neither copy reads (bad sectors; a write often remaps them): each gets a block that
         // keeps only the magic, so that neither vouches for anything if it reads again later,
         // and the region is still not taken for one no fdpblk used. As where the layout is
@@ -692,9 +702,13 @@ impl Persist {
                         .max();
                     if a.is_none() && c.is_none() && !loaded.none_saved {
                         // A version is worth naming only where the copy is whole.
-                        let copy = |i: usize| match (magic(i) && whole(i), u32at(&b[i * BLOCK as usize..], 8)) {
+                        let blk = |i: usize| &b[i * BLOCK as usize..(i + 1) * BLOCK as usize];
+                        let copy = |i: usize| match (magic(i) && whole(i), u32at(blk(i), 8)) {
                             (true, v) if v > VERSION => format!("format {v}, a newer fdpblk's"),
+                            (true, v) if v == VERSION && blk(i).starts_with(SB_MAGIC) => "a seq past the bound".to_string(),
                             (true, v) => format!("format {v}"),
+                            // Written so where neither copy read ([`Persist::mark_in_use`]).
+                            (false, _) if magic(i) && blk(i)[8..].iter().all(|&x| x == 0) => "emptied where it did not read".to_string(),
                             (false, _) => "damaged".to_string(),
                         };
                         loaded.note = Some(format!(
@@ -1345,11 +1359,15 @@ pub fn state_present(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> boo
 /// which this one could only start afresh over (`add` refuses it unless `--force`). The
 /// newest such format of the two copies; `None` for none (also where they do not read).
 pub fn newer_format(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<u32> {
-    let region = Region::tail(size);
+    newer_format_in(&ReadOnly(dev), Region::tail(size))
+}
+
+/// [`newer_format`] in `region` of a state device.
+pub fn newer_format_in(dev: &dyn StateWriter, region: Region) -> Option<u32> {
     if region.len < 2 * BLOCK {
         return None;
     }
-    let (b, read, _) = read_superblock_copies(&ReadOnly(dev), region);
+    let (b, read, _) = read_superblock_copies(dev, region);
     (0..2usize)
         .filter(|&c| read[c])
         .map(|c| &b[c * BLOCK as usize..(c + 1) * BLOCK as usize])

@@ -367,7 +367,6 @@ pub fn render(results: &[RunResult], title: &str) -> Canvas {
     c
 }
 
-/// Writes the WAF-vs-utilisation plot of `results` to `path`.
 /// Whether a PNG can be written at `path`, asked before the runs it would draw take their
 /// time: nothing is left behind where no file was.
 pub fn check_writable(path: &Path) -> Result<(), String> {
@@ -379,6 +378,7 @@ pub fn check_writable(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Writes the WAF-vs-utilisation plot of `results` to `path`.
 pub fn waf_vs_utilization(results: &[RunResult], path: &Path) -> Result<(), String> {
     let title = results.first().map_or(String::new(), |r| format!("{}: steady-state waf", r.workload));
     let png = render(results, &title).png();

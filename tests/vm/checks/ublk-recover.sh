@@ -10,7 +10,8 @@
 # identity that is not the drive's), the namespace formatted to other blocks, or (passthrough)
 # placement identifiers the drive does not list for the policy, is refused before it writes
 # anything, and so is a state file that does not describe the driver's device
-# (another size); the driver's queues are what a recovered daemon serves.
+# (another size), and a newer fdpblk's own state on the backing; the driver's queues are
+# what a recovered daemon serves.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool fio
@@ -77,6 +78,29 @@ for i in $(seq "$first" "$last"); do
         expect "round $i: add refused while device 0's state file does not read ($out)" \
             bash -c 'test "$1" -ne 0 && grep -qF "/dev/ublkb0 has a state file that does not read" <<<"$2" && grep -qF "fdpblk del -n 0" <<<"$2"' _ "$rc" "$out"
         expect "round $i: still no device 1" test ! -e /dev/ublkb1
+        # A newer fdpblk's own state in the backing's tail (a rollback while its daemon ran,
+        # which then died): a recovery would start afresh over it, so it is refused, naming
+        # that fdpblk and `add --force`; the copy put back, the recovery below goes ahead.
+        cp /tmp/recover-state.json /run/fdpblk/0.json
+        sb1=$(($(dev_stat own_state.region_offset) + 4096))
+        # sb newer|back: copy 1 saved and replaced by a whole superblock of format 2 (magic,
+        # version 2, zeros, the CRC-32 of its first 4092 bytes, which gzip's trailer holds);
+        # or put back.
+        sb() {
+            if [[ $1 == newer ]]; then
+                dd if="$NS_DEV" of=/tmp/recover-sb1 bs=4096 skip=$((sb1 / 4096)) count=1 iflag=direct status=none &&
+                    { printf 'FDPBSB01\x02\x00\x00\x00'; head -c 4080 /dev/zero; } >/tmp/recover-sb2 &&
+                    gzip -c /tmp/recover-sb2 | tail -c 8 | head -c 4 >>/tmp/recover-sb2 &&
+                    dd if=/tmp/recover-sb2 of="$NS_DEV" bs=4096 seek=$((sb1 / 4096)) count=1 oflag=direct conv=notrunc status=none
+            else
+                dd if=/tmp/recover-sb1 of="$NS_DEV" bs=4096 seek=$((sb1 / 4096)) count=1 oflag=direct conv=notrunc status=none
+            fi
+        }
+        expect "round $i: a format-2 superblock into copy 1 of the state at byte $sb1" sb newer
+        out=$("$FDPBLK" recover -n 0 2>&1) && rc=0 || rc=$?
+        expect "round $i: recover refuses a newer fdpblk's own state ($out)" \
+            bash -c 'test "$1" -ne 0 && grep -qF "holds fdpblk'"'"'s own state in format 2, written by a newer fdpblk (this one reads format 1)" <<<"$2" && grep -qF "add it again with --force" <<<"$2"' _ "$rc" "$out"
+        expect "round $i: copy 1 put back" sb back
         # A state file that is not this device's (smaller than the driver's device: the
         # backing check takes a larger backing for a grown namespace) is refused; one that
         # names fewer queues than the driver gave recovers with the driver's (libublk would
