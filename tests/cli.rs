@@ -32,6 +32,7 @@ fn inspect_json_matches_manifest() {
         assert_eq!(v["summary"]["header_mismatch"], 0);
         assert_eq!(v["entries"].as_array().unwrap().len(), live);
         let on_dev = m["checkpoints_on_device"].as_object().unwrap();
+        assert_eq!(v["checkpoints"].as_array().unwrap().len(), 2, "{scen}: both copies shown");
         for c in v["checkpoints"].as_array().unwrap() {
             let copy = c["copy"].as_u64().unwrap().to_string();
             assert_eq!(c["crc_ok"] == true, on_dev.contains_key(&copy), "{scen} copy {copy}");

@@ -696,6 +696,9 @@ pub struct Watcher {
     /// A policy that learns from committed checkpoints (`Policy::observes_checkpoints`).
     observer: Option<SharedPolicy>,
     published: Arc<Mutex<Published>>,
+    /// Rounds ([`Watcher::step`]) since the start: a check that nothing happened can wait
+    /// for rounds that would have seen it happen.
+    rounds: u64,
 }
 
 /// What the state thread last published for the stats thread, and when: the ages in it are
@@ -830,6 +833,7 @@ impl Watcher {
             deferred_tails: Vec::new(),
             observer: None,
             published: Arc::new(Mutex::new(Published::default())),
+            rounds: 0,
         };
         w.seen_epoch = w.slots.epoch();
         for copy in 0..2u8 {
@@ -1024,6 +1028,7 @@ impl Watcher {
     /// One round: take checkpoint events, read back what they announced, update slot states,
     /// deallocate what is dead, check the overflow estimate, publish the stats.
     pub fn step(&mut self) {
+        self.rounds += 1;
         let (events, alarm) = self.slots.take_events();
         let mut changed = false;
         for ev in events {
@@ -1281,6 +1286,7 @@ impl Watcher {
             .map(|(h, n)| (h.to_string(), json!(n)))
             .collect();
         let v = json!({
+            "state_rounds": self.rounds,
             "checkpoint_seq": c.map(|c| c.seq),
             "checkpoint_bytes": c.map(|c| c.payload_len),
             "checkpoint_entries": c.map(|c| c.entries),

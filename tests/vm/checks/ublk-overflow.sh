@@ -44,6 +44,7 @@ for _ in $(seq 100); do [[ -e /run/fdpblk/0.stats.json ]] && break; sleep 0.1; d
 # About 230 bytes per entry: 100 entries are 80 % of the 28 KiB a checkpoint may hold.
 expect_eq "first checkpoint fits (skipped)" "$(skipped_by put 100 checkpoint)" 0
 sleep 1.5
+wait_rounds 2
 read -r risk seq bytes cap est need <<<"$(stats)"
 echo "    after 100 entries: checkpoint seq $seq, $bytes of $cap bytes, next about $est"
 expect_eq "no alarm at 100 entries" "$risk" false
@@ -54,6 +55,7 @@ skip_round=
 for round in $(seq 1 12); do
     skipped_by put 4 >/dev/null
     sleep 1.2 # fdpblk's stats refresh twice a second
+    wait_rounds 1
     read -r risk seq bytes cap est need <<<"$(stats)"
     if [[ $risk == true && -z $alarm_round ]]; then
         alarm_round=$round

@@ -99,6 +99,7 @@ evictions() {
         exec {held}<&-
         gone=9
     else
+        wait_rounds 2
         expect_eq "$e: nothing deallocated while one container still lists the slots" "$(dev_stat trim.trims)" 0
     fi
     writer "$e-evict2" delete 1 checkpoint
@@ -217,6 +218,7 @@ while read -r slot size; do
 done < <(jq -r '.entries[-3:][] | "\(.slot) \(.size)"' "$STATE")
 expect "early tails: the partial puts have tails ($tails of 3)" test "$tails" -ge 1
 sleep 3 # three rounds of the state thread
+wait_rounds 2 # however slow the guest
 expect_eq "early tails: none before a checkpoint written after the puts" "$(dev_stat trim.early_tail_trims)" "$early0"
 writer early-ckpt checkpoint
 wait_stat checkpoint_seq $((seq0 + 1))
@@ -248,6 +250,7 @@ while read -r slot size; do
 done < <(jq -r '.entries[-3:][] | "\(.slot) \(.size)"' "$STATE")
 expect "--no-early-tails: the partial puts have tails ($tails of 3)" test "$tails" -ge 1
 sleep 3
+wait_rounds 2
 expect_eq "--no-early-tails: no early tail" "$(dev_stat trim.early_tail_trims)" 0
 # Confirmed by the second checkpoint this fdpblk sees (the puts preceded the first). One
 # checkpoint at a time, as LMCache writes them (at least 1 s apart).

@@ -40,6 +40,7 @@ for r in $(seq 6); do
 done
 poll_eq "O_DIRECT: writeback_risk (delay $(dev_stat writeback_delay_s) s, interval $(dev_stat checkpoint_interval_s) s)" true dev_stat writeback_risk
 sleep 2 # a few rounds that look at the page cache
+wait_rounds 2
 expect_eq "O_DIRECT: deallocation not paused" "$(dev_stat trim.paused_by)" null
 # The oldest keys (confirmed by the later checkpoints) evicted under the risk still go.
 t0=$(trims)
@@ -80,6 +81,7 @@ bwriter paused-put put 1 --partial-every 1 checkpoint
 sync
 wait_stat checkpoint_seq "$(wfield paused-put index.seq)"
 sleep 2
+wait_rounds 2
 expect_eq "paused: nothing deallocated (LMCache evicted $(dev_stat slots.evicted))" "$(deallocated)" "$d0"
 expect "paused: evicted slots wait" test "$(dev_stat slots.evicted)" -gt 0
 # The delay below every interval again (0.01 s + 0.01 s; fdpblk times the intervals as it
@@ -134,6 +136,7 @@ bwriter recovered-put put 1 --partial-every 1
 sync
 wait_stat checkpoint_seq "$(wfield recovered-evict index.seq)"
 sleep 2
+wait_rounds 2
 expect_eq "recovered: nothing deallocated (evicted or tails)" "$(deallocated)" "$t1"
 bwriter recovered-last checkpoint
 sync

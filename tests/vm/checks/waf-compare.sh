@@ -157,6 +157,7 @@ for name, c in rows.items():
         # shared clock the workload's events come that much later than on its own.
         want((c["sim_clock_offset_s"] or 0) > 0.2, f"{name}: the two captures' clocks are {c['sim_clock_offset_s']} s apart")
         want(c["sim_reads_of_deallocated_bytes"] == 0, f"{name}: the simulated drive reads {c['sim_reads_of_deallocated_bytes']} deallocated bytes (clocks apart: {c.get('sim_reads_of_deallocated_bytes_clocks_apart')})")
+want(len(r["checks"]) >= 6, f"only {len(r['checks'])} of waf-compare's own checks ran")
 want(all(k["ok"] for k in r["checks"]), "waf-compare's own checks: " + "; ".join(k["what"] for k in r["checks"] if not k["ok"]))
 # Here (64 MiB reclaim units, no metadata) every check is exact: none modulo the RU, none skipped.
 want(not any(k.get("skipped") or "modulo" in k["what"] for k in r["checks"]), "waf-compare's checks not exact here: " + "; ".join(k["what"] for k in r["checks"] if k.get("skipped") or "modulo" in k["what"]))

@@ -186,3 +186,17 @@ expect_written() { poll_eq "$3" "$2" written_bytes "$1"; }
 
 # wait_stat PATH WANT: until device 0's stats show WANT.
 wait_stat() { poll_eq "fdpblk stats $1" "$2" dev_stat "$1"; }
+
+# wait_rounds N: until device 0's state thread has run N more rounds (30 s), so that a check
+# that nothing happened is made after rounds that would have seen it happen, however slow the
+# guest.
+wait_rounds() {
+    local r0 r
+    r0=$(dev_stat state_rounds)
+    for _ in $(seq 120); do
+        r=$(dev_stat state_rounds)
+        ((r >= r0 + $1)) && return 0
+        sleep 0.25
+    done
+    not_ok "the state thread ran $1 rounds in 30 s (at $r, from $r0)"
+}
