@@ -212,6 +212,14 @@ fn bad_input_is_one_clear_line() {
     let (code, _, err) = fdpblk(&["inspect", "--slot-bytes", "64K", "--meta-total-bytes", "4M", img.to_str().unwrap()]);
     assert_ne!(code, 0);
     assert!(err.contains("use a larger device"), "{err}");
+    // metrics' textfile: a directory where the file goes, or no directory for it.
+    let prom_dir = dir.join("d.prom");
+    std::fs::create_dir_all(&prom_dir).unwrap();
+    for (path, want) in [(prom_dir.clone(), "is a directory: give a file in it"), (dir.join("none/x.prom"), "no directory")] {
+        let (code, _, err) = fdpblk(&["metrics", "--once", "--textfile", path.to_str().unwrap()]);
+        assert_ne!(code, 0);
+        assert!(err.contains(want), "{path:?}: {err}");
+    }
     // A capacity past an image's end is said, not cut to the image in silence.
     let (code, _, err) = fdpblk(&["inspect", "--slot-bytes", "64K", "--meta-total-bytes", "1M", "--capacity-bytes", "4M", img.to_str().unwrap()]);
     assert_ne!(code, 0);
@@ -389,6 +397,12 @@ fn replay_blkparse_of_a_fixture() {
     assert!(out.contains("note: the trace carries no data"), "{out}");
     assert!(out.contains("handle 0 (young)"), "{out}");
     assert!(out.contains("simulated SSD: WAF"), "{out}");
+    // A reclaim unit the model cannot take as given is refused, not rounded in silence.
+    for ru in ["4097", "1"] {
+        let (code, _, err) = fdpblk(&["replay", "--ssd", "--ssd-ru-size", ru, "--slot-bytes", "64K", "--meta-total-bytes", "1M", t]);
+        assert_ne!(code, 0);
+        assert!(err.contains(&format!("--ssd-ru-size {ru}: give a whole number of the model's 4096-byte units")), "{err}");
+    }
     // Explicit formats, and a file with no events: one line that names the line.
     let (code, _, err) = fdpblk(&["replay", "--format", "json", "--slot-bytes", "64K", "--meta-total-bytes", "1M", t]);
     assert_ne!(code, 0);

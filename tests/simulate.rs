@@ -82,6 +82,7 @@ fn errors_name_the_fix() {
         (vec!["--policy", "fastest"], "choose from"),
         (vec!["--utilization", "150"], "--utilization"),
         (vec!["--utilization", "0.5"], "percent of the device"),
+        (vec!["--utilization", "50.5"], "a whole number from 1 to 100"),
         (vec!["--trim", "maybe"], "on, off or both"),
         (vec!["--handle-type", "xx"], "ii or pi"),
         (vec!["--policy", "lmcache-fdp", "--trim", "on"], "no trim"),

@@ -543,13 +543,16 @@ pub fn run(a: &MetricsArgs) -> CmdResult {
     if !dir.is_dir() {
         return Err(format!("--textfile {}: no directory {}; give node_exporter's --collector.textfile.directory", path.display(), dir.display()).into());
     }
+    if path.is_dir() {
+        return Err(format!("--textfile {} is a directory: give a file in it, e.g. {}", path.display(), path.join("fdpblk.prom").display()).into());
+    }
     // What an exporter killed mid-write left there.
     state::remove_stale_temps(path);
     loop {
         // The temporary file is `fdpblk.prom.tmp.PID.N` beside `fdpblk.prom`: not a *.prom,
         // so the collector skips it.
         state::write_atomic(path, all().render().as_bytes()).map_err(|e| {
-            format!("cannot write {}: {e}; create its directory or pick another --textfile", path.display())
+            format!("cannot write {}: {e}; check that directory's permissions and free space, or pick another --textfile", path.display())
         })?;
         if a.once {
             return Ok(());

@@ -571,6 +571,11 @@ fn read_blkparse(
             why += &format!(" (line {n}: {w})");
         }
         let present: Vec<String> = actions.into_iter().collect();
+        // The action's events are there but none was usable: another action would not help,
+        // the line's reason says what would.
+        if info.first_unusable.is_some() && present.iter().any(|a| a == event.letter()) {
+            return Err(format!("{why}: none of them could be replayed (--sector-offset, --blk-device and the trace's requests decide which can)"));
+        }
         return Err(format!("{why}; actions present: {}; choose one with --blk-event Q|D|C", present.join(" ")));
     }
     if info.devices.len() > 1 && device.is_none() {
@@ -1095,6 +1100,11 @@ mod tests {
         assert!(err.contains("1 failed completions"), "{err}");
         let err = read("8,0 1 1 0.1 7 D N 0 (12 00) [p]\n", TraceFormat::Auto, BlkAction::Issue, None).unwrap_err();
         assert!(err.contains("line 1: no block request"), "{err}");
+        // Events of the action asked for, none usable: not "choose another action".
+        let before = "259,1 1 1 0.1 7 D WS 8 + 8 [p]\n";
+        let err = read_trace_from(before.as_bytes(), TraceFormat::Auto, BlkFilter { event: BlkAction::Issue, device: None, sector_offset: 2048, partition_bytes: None })
+            .unwrap_err();
+        assert!(err.contains("line 1: a request before --sector-offset") && err.contains("none of them could be replayed") && !err.contains("choose one with"), "{err}");
         // A 4 GiB write-zeroes shows as a write: unusable, named, not "damaged".
         let wz = "8,0 1 1 0.1 7 D WS 0 + 8 [p]\n8,0 1 2 0.2 7 D WS 8 + 8388600 [blkdiscard]\n";
         let (reqs, info) = read(wz, TraceFormat::Auto, BlkAction::Issue, None).unwrap();

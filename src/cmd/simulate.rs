@@ -211,10 +211,11 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
     // Percent only: a fraction such as 0.5 would be ambiguous with 1 (1 % or 100 %?).
     let utils = parse_list(&a.utilization, "--utilization", |u| {
         let v: f64 = u.strip_suffix('%').unwrap_or(u).parse().ok()?;
-        (1.0..=100.0).contains(&v).then_some(v / 100.0)
+        // Whole percents: the tables and the plot print them so.
+        ((1.0..=100.0).contains(&v) && v.fract() == 0.0).then_some(v / 100.0)
     })
     .and_then(|l| if l.is_empty() { Err("--utilization: none given".to_string()) } else { Ok(l) })
-    .map_err(|e| format!("{e} (percent of the device, 1 to 100, e.g. 50,80,90,100)"))?;
+    .map_err(|e| format!("{e} (percent of the device, a whole number from 1 to 100, e.g. 50,80,90,100)"))?;
     let trims: Vec<bool> = match a.trim.as_str() {
         "on" => vec![true],
         "off" => vec![false],
