@@ -363,9 +363,10 @@ impl TraceSsd {
         // 4 KiB units (exact for LMCache's block_align) up to 64 GiB; larger devices map in the
         // simulator's unit, which keeps slots whole.
         let unit = if size <= 64 << 30 { 4096 } else { super::run::auto_unit(geom.slot_bytes, geom.meta_total_bytes) };
-        // One given is taken as it is, or refused: rounded, it would not be the drive asked for.
-        if let Some(r) = ru_bytes.filter(|&r| r == 0 || !r.is_multiple_of(unit)) {
-            return Err(format!("--ssd-ru-size {r}: give a whole number of the model's {unit}-byte units (e.g. {})", (r / unit).max(1) * unit));
+        // Less than one unit is no reclaim unit (it became one unit in silence); a size that
+        // is not a whole number of units is rounded down to one, which the report shows.
+        if let Some(r) = ru_bytes.filter(|&r| r < unit) {
+            return Err(format!("--ssd-ru-size {r}: give at least the model's {unit}-byte unit (a drive's reclaim units are megabytes to gigabytes)"));
         }
         let ru = ru_bytes.unwrap_or((size as f64 * super::run::RU_PER_DEVICE) as u64);
         let ru = (ru / unit).max(1) * unit;
