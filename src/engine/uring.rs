@@ -88,7 +88,11 @@ async fn blkdiscard_off_queue(q: &UblkQueue<'_>, fd: i32, off: u64, len: u64) ->
         // hold the queue, and the header writes its other tags' payloads wait for, for as
         // long as the drive takes (a discard is advice: failing it loses nothing). Said here:
         // the request's failure is logged by its errno, which would point at the drive.
-        tracing::warn!("a discard of {len} bytes at byte {off} failed: no thread to run it ({e}); raise the tasks limit (TasksMax= in the unit, ulimit -u)");
+        // Once: while the limit holds, every discard fails so.
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!("a discard of {len} bytes at byte {off} failed: no thread to run it ({e}); raise the tasks limit (TasksMax= in the unit, ulimit -u); further discards that fail so are not logged again");
+        }
         return Err(e);
     }
     loop {

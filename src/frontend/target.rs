@@ -1081,7 +1081,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     let state_dev = open_state_dev(&cfg, &backing, recover).map_err(fail)?;
     // A newer fdpblk's own state (rolled back while its daemon ran, which then died): this
     // one would start afresh over it. `add` refuses it unless --force; a recovery has none.
-    if let Some(v) = crate::persist::newer_format_in(&*state_dev, Region::tail(cfg.backing_bytes)).filter(|_| recover) {
+    if let Some(v) = recover.then(|| crate::persist::newer_format_in(&*state_dev, Region::tail(cfg.backing_bytes))).flatten() {
         return Err(fail(format!(
             "device {id}: backing {} holds fdpblk's own state in format {v}, written by a newer fdpblk (this one reads format {}): recover it with that fdpblk; or `fdpblk del -n {id}` (which fails LMCache's held I/O) and add it again with --force, which starts that state afresh",
             cfg.backing.display(),

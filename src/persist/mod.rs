@@ -499,6 +499,21 @@ fn read_superblock_copies(dev: &dyn StateWriter, region: Region) -> (AlignedBuf,
     (b, read, first)
 }
 
+/// [`read_superblock_copies`], read again twice, 100 ms apart, while neither copy reads: what
+/// is decided on a failure to read both (writing over them, taking the state for none) must
+/// not be decided on a passing one (a controller reset).
+fn read_superblock_copies_again(dev: &dyn StateWriter, region: Region) -> (AlignedBuf, [bool; 2], Option<io::Error>) {
+    let mut r = read_superblock_copies(dev, region);
+    for _ in 0..2 {
+        if r.1 != [false, false] {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        r = read_superblock_copies(dev, region);
+    }
+    r
+}
+
 impl Persist {
     /// Reads both superblocks (for `fdpblk inspect`): the newest valid one.
     pub fn read_superblock(dev: &dyn StateWriter, region: Region) -> Option<Superblock> {
@@ -529,15 +544,7 @@ impl Persist {
         if region.len < 2 * BLOCK {
             return Ok(None);
         }
-        let (mut b, mut read, mut err) = read_superblock_copies(dev, region);
-        // A passing failure (a controller reset) must not cost a good state: read again first.
-        for _ in 0..2 {
-            if read != [false, false] {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            (b, read, err) = read_superblock_copies(dev, region);
-        }
+        let (mut b, read, err) = read_superblock_copies_again(dev, region);
         // Neither copy reads (bad sectors; a write often remaps them): each gets a block that
         // keeps only the magic, so that neither vouches for anything if it reads again later,
         // and the region is still not taken for one no fdpblk used. As where the layout is
@@ -1367,7 +1374,7 @@ pub fn newer_format_in(dev: &dyn StateWriter, region: Region) -> Option<u32> {
     if region.len < 2 * BLOCK {
         return None;
     }
-    let (b, read, _) = read_superblock_copies(dev, region);
+    let (b, read, _) = read_superblock_copies_again(dev, region);
     (0..2usize)
         .filter(|&c| read[c])
         .map(|c| &b[c * BLOCK as usize..(c + 1) * BLOCK as usize])

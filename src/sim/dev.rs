@@ -363,10 +363,10 @@ impl TraceSsd {
         // 4 KiB units (exact for LMCache's block_align) up to 64 GiB; larger devices map in the
         // simulator's unit, which keeps slots whole.
         let unit = if size <= 64 << 30 { 4096 } else { super::run::auto_unit(geom.slot_bytes, geom.meta_total_bytes) };
-        // Less than one unit is no reclaim unit (it became one unit in silence); a size that
-        // is not a whole number of units is rounded down to one, which the report shows.
-        if let Some(r) = ru_bytes.filter(|&r| r < unit) {
-            return Err(format!("--ssd-ru-size {r}: give at least the model's {unit}-byte unit (a drive's reclaim units are megabytes to gigabytes)"));
+        // Below 4 KiB is no reclaim unit of any drive (it became one unit in silence); a size
+        // that is not a whole number of units is rounded to one, which the report shows.
+        if let Some(r) = ru_bytes.filter(|&r| r < 4096) {
+            return Err(format!("--ssd-ru-size {r}: give at least 4K (a drive's reclaim units are megabytes to gigabytes)"));
         }
         let ru = ru_bytes.unwrap_or((size as f64 * super::run::RU_PER_DEVICE) as u64);
         let ru = (ru / unit).max(1) * unit;

@@ -198,5 +198,5 @@ wait_rounds() {
         ((r >= r0 + $1)) && return 0
         sleep 0.25
     done
-    not_ok "the state thread ran $1 rounds in 30 s (at $r, from $r0)"
+    not_ok "the state thread did not run $1 rounds in 30 s (at $r, from $r0)"
 }
