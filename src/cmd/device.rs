@@ -161,11 +161,7 @@ fn refuse_foreign_data(
     probe: &Option<passthrough::NsProbe>,
     backing_bytes: u64,
 ) -> Result<Option<std::path::PathBuf>, String> {
-    let ours = match probe {
-        Some(p) => passthrough::NsReader::open(&a.backing, p.nsid, p.lba_size, p.ns_bytes, p.max_transfer)
-            .is_ok_and(|r| crate::persist::state_present(&r, backing_bytes)),
-        None => crate::persist::state_present(file, backing_bytes),
-    };
+    let ours = read_whole_backing(a, file, probe, |r| crate::persist::state_present(r, backing_bytes)).unwrap_or(false);
     // fdpblk's state alone does not vouch for the rest: a device given a partition table or a
     // file system since it was fdpblk's keeps that state at its end (blkid looks anyway).
     // blkid reads the block device; a char device's is its namespace's.
@@ -210,18 +206,27 @@ fn refuse_foreign_data(
     }
 }
 
+/// `read` run on the whole backing, its reserved tail included (the checks' reader stops at
+/// the exported end): a namespace's through NVMe reads, else the file; `None` where the
+/// namespace cannot be opened so.
+fn read_whole_backing<T>(
+    a: &AddArgs,
+    file: &std::fs::File,
+    probe: &Option<passthrough::NsProbe>,
+    read: impl FnOnce(&(dyn ReadAt + Sync)) -> T,
+) -> Option<T> {
+    match probe {
+        Some(p) => passthrough::NsReader::open(&a.backing, p.nsid, p.lba_size, p.ns_bytes, p.max_transfer).ok().map(|r| read(&r)),
+        None => Some(read(file)),
+    }
+}
+
 /// Refuses a backing whose reserved tail holds a newer fdpblk's own state
 /// ([`crate::persist::newer_format`]), unless `--force`: this fdpblk cannot read it and would
 /// start afresh over it, losing for good what that one learnt (a rollback must not cost an
 /// operator that without being asked).
 fn refuse_newer_state(a: &AddArgs, file: &std::fs::File, probe: &Option<passthrough::NsProbe>, backing_bytes: u64) -> Result<(), String> {
-    let newer = match probe {
-        Some(p) => passthrough::NsReader::open(&a.backing, p.nsid, p.lba_size, p.ns_bytes, p.max_transfer)
-            .ok()
-            .and_then(|r| crate::persist::newer_format(&r, backing_bytes)),
-        None => crate::persist::newer_format(file, backing_bytes),
-    };
-    match newer {
+    match read_whole_backing(a, file, probe, |r| crate::persist::newer_format(r, backing_bytes)).flatten() {
         None => Ok(()),
         Some(v) if a.force => {
             tracing::warn!(
@@ -973,7 +978,7 @@ fn daemonize(foreground: bool, body: impl FnOnce(Box<dyn FnOnce(Result<i32, Stri
 }
 
 fn need_ublk_driver() -> Result<(), String> {
-    if Path::new("/dev/ublk-control").exists() {
+    if Path::new(target::UBLK_CONTROL).exists() {
         Ok(())
     } else {
         Err("no ublk driver: /dev/ublk-control is missing; run `modprobe ublk_drv` (Linux >= 6.0 with CONFIG_BLK_DEV_UBLK)".into())

@@ -241,10 +241,13 @@ fn deleted_holders(id: i32) -> Vec<String> {
         .collect()
 }
 
+/// The ublk driver's control node: absent, the driver is not loaded.
+pub(crate) const UBLK_CONTROL: &str = "/dev/ublk-control";
+
 /// The control of ublk device `id`; without the driver, an error and nothing on stderr
 /// (libublk prints a line of its own there, which `list` or `stats` would show per device).
 pub(crate) fn ublk_ctrl(id: i32) -> Result<UblkCtrl, UblkError> {
-    if !Path::new("/dev/ublk-control").exists() {
+    if !Path::new(UBLK_CONTROL).exists() {
         return Err(UblkError::OtherError(-libc::ENOENT));
     }
     UblkCtrl::new_simple(id)
@@ -989,7 +992,7 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         }
         msg
     };
-    if !std::path::Path::new("/dev/ublk-control").exists() {
+    if !std::path::Path::new(UBLK_CONTROL).exists() {
         return Err(fail("no ublk driver: /dev/ublk-control is missing; run `modprobe ublk_drv` (Linux >= 6.0 with CONFIG_BLK_DEV_UBLK)".into()));
     }
     // Before the backing: a recovery may wait there up to a minute for an earlier daemon's

@@ -499,6 +499,12 @@ fn read_superblock_copies(dev: &dyn StateWriter, region: Region) -> (AlignedBuf,
     (b, read, first)
 }
 
+/// A superblock block of some fdpblk format whose CRC holds (this version's or a later one's:
+/// they keep the magic's prefix and the CRC's place).
+fn whole_superblock(blk: &[u8]) -> bool {
+    blk.len() >= BLOCK as usize && blk.starts_with(SB_MAGIC_PREFIX) && crc32fast::hash(&blk[..CRC_AT]) == u32at(blk, CRC_AT)
+}
+
 /// [`read_superblock_copies`], read again twice, 100 ms apart, while neither copy reads: what
 /// is decided on a failure to read both (writing over them, taking the state for none) must
 /// not be decided on a passing one (a controller reset).
@@ -568,8 +574,7 @@ impl Persist {
         let mut broken = false;
         for c in 0..2usize {
             let blk = &mut b[c * BLOCK as usize..(c + 1) * BLOCK as usize];
-            let whole = blk.starts_with(SB_MAGIC_PREFIX) && crc32fast::hash(&blk[..CRC_AT]) == u32at(blk, CRC_AT);
-            if decoded[c].is_none() && whole {
+            if decoded[c].is_none() && whole_superblock(blk) {
                 blk[CRC_AT] ^= 0xff;
                 dev.write_at(region.offset + c as u64 * BLOCK, blk, handle)?;
                 broken = true;
@@ -698,19 +703,16 @@ impl Persist {
                     // Whole (its CRC holds) yet not decoding: another version's, or a seq
                     // past the bound. A torn one is an unfinished cycle's, which never
                     // committed (a start serves only once its first cycle did).
-                    let whole = |i: usize| {
-                        let blk = &b[i * BLOCK as usize..(i + 1) * BLOCK as usize];
-                        crc32fast::hash(&blk[..CRC_AT]) == u32at(blk, CRC_AT)
-                    };
+                    let whole = |i: usize| whole_superblock(&b[i * BLOCK as usize..(i + 1) * BLOCK as usize]);
                     undecoded_seq = [(0, a.is_none()), (1, c.is_none())]
                         .into_iter()
-                        .filter(|&(i, none)| none && magic(i) && whole(i))
+                        .filter(|&(i, none)| none && whole(i))
                         .map(|(i, _)| u64at(&b[i * BLOCK as usize..], 16))
                         .max();
                     if a.is_none() && c.is_none() && !loaded.none_saved {
                         // A version is worth naming only where the copy is whole.
                         let blk = |i: usize| &b[i * BLOCK as usize..(i + 1) * BLOCK as usize];
-                        let copy = |i: usize| match (magic(i) && whole(i), u32at(blk(i), 8)) {
+                        let copy = |i: usize| match (whole(i), u32at(blk(i), 8)) {
                             (true, v) if v > VERSION => format!("format {v}, a newer fdpblk's"),
                             (true, v) if v == VERSION && blk(i).starts_with(SB_MAGIC) => "a seq past the bound".to_string(),
                             (true, v) => format!("format {v}"),
@@ -1378,7 +1380,7 @@ pub fn newer_format_in(dev: &dyn StateWriter, region: Region) -> Option<u32> {
     (0..2usize)
         .filter(|&c| read[c])
         .map(|c| &b[c * BLOCK as usize..(c + 1) * BLOCK as usize])
-        .filter(|blk| blk.starts_with(SB_MAGIC_PREFIX) && crc32fast::hash(&blk[..CRC_AT]) == u32at(blk, CRC_AT))
+        .filter(|blk| whole_superblock(blk))
         .map(|blk| u32at(blk, 8))
         .filter(|&v| v > VERSION)
         .max()
