@@ -11,6 +11,7 @@
 //! `deploy/fdpblk.example.toml`.
 
 use crate::cli::{parse_size, AddArgs, GeometryArgs};
+use crate::frontend::config::{MAX_DEPTH, MAX_QUEUES};
 use clap::parser::ValueSource;
 use clap::ArgMatches;
 use std::path::{Path, PathBuf};
@@ -137,8 +138,8 @@ impl ConfigFile {
                 "capacity_bytes" => c.geometry.capacity_bytes = Some(size()?),
                 "io_buf_size" => c.io_buf_size = Some(size()?),
                 "number" => c.number = Some(int(-1, i64::from(i32::MAX))? as i32),
-                "queues" => c.queues = Some(int(0, i64::from(u16::MAX))? as u16),
-                "depth" => c.depth = Some(int(0, i64::from(u16::MAX))? as u16),
+                "queues" => c.queues = Some(int(1, i64::from(MAX_QUEUES))? as u16),
+                "depth" => c.depth = Some(int(1, i64::from(MAX_DEPTH))? as u16),
                 "header_wait_us" => c.header_wait_us = Some(int(0, 1_000_000)? as u64),
                 "persist_interval_ms" => c.persist_interval_ms = Some(int(0, i64::MAX)? as u64),
                 "no_trim" => {
@@ -481,9 +482,12 @@ capacity_bytes = "1T"
         let e = err("force = true\n");
         assert!(e.contains("--force is a command-line flag only"), "{e}");
         let e = err("queues = \"2\"\n");
-        assert!(e.contains("`queues` must be a whole number from 0 to 65535"), "{e}");
-        let e = err("queues = 70000\n");
-        assert!(e.contains("`queues`"), "{e}");
+        assert!(e.contains("`queues` must be a whole number from 1 to 32"), "{e}");
+        // The bounds `add` takes, not u16's (70000 and 40 were told 0 to 65535 and 1..=32).
+        for q in ["0", "40", "70000"] {
+            assert!(err(&format!("queues = {q}\n")).contains("`queues` must be a whole number from 1 to 32"), "{q}");
+        }
+        assert!(err("depth = 5000\n").contains("`depth` must be a whole number from 1 to 4096"));
         let e = err("slot_bytes = -1\n");
         assert!(e.contains("`slot_bytes` must be a size in bytes, e.g. slot_bytes = 33558528 or slot_bytes = \"32M\""), "{e}");
         let e = err("slot_bytes = \"32Q\"\n");
@@ -507,7 +511,7 @@ capacity_bytes = "1T"
 
     #[test]
     fn errors_about_a_flag_name_the_key_in_the_file_behind_it() {
-        let (_d, p) = write("backing = \"/nonexistent/ng9n1\"\npolicy = \"nope\"\nqueues = 0\nnumber = 3\n");
+        let (_d, p) = write("backing = \"/nonexistent/ng9n1\"\npolicy = \"nope\"\npersist_interval_ms = 10\nqueues = 2\nnumber = 3\n");
         let (mut a, explicit) = add_args(&["fdpblk", "add", "--config", p.to_str().unwrap(), "--depth", "0"]);
         resolve_add(&mut a, &explicit).unwrap();
         let from = |key: &str| format!(" (from `{key}` in {})", p.display());
@@ -515,8 +519,11 @@ capacity_bytes = "1T"
         assert!(e.starts_with("unknown --policy nope; choose one of") && e.ends_with(&from("policy")), "{e}");
         a.policy = "none".into();
         let e = name_config_keys(crate::cmd::device::validate(&a).unwrap_err(), &a);
-        assert_eq!(e, format!("--queues must be 1..=32{}", from("queues")));
-        (a.queues, a.depth) = (1, 1);
+        assert!(e.starts_with("--persist-interval-ms 10: ") && e.ends_with(&from("persist_interval_ms")), "{e}");
+        a.persist_interval_ms = 5000;
+        let e = name_config_keys(crate::cmd::device::validate(&a).unwrap_err(), &a);
+        assert_eq!(e, "--depth must be 1..=4096", "typed on the command line");
+        a.depth = 1;
         let e = name_config_keys(crate::cmd::device::validate(&a).unwrap_err(), &a);
         assert!(e.starts_with("backing /nonexistent/ng9n1: ") && e.ends_with(&from("backing")), "{e}");
         assert_eq!(name_config_keys("--queues must be 1..=32".into(), &a), format!("--queues must be 1..=32{}", from("queues")));

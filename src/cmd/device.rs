@@ -494,11 +494,12 @@ fn check(a: &AddArgs) -> Result<(DeviceConfig, Option<PathBuf>), String> {
             a.persist_interval_ms
         ));
     }
-    if a.queues == 0 || a.queues > 32 {
-        return Err("--queues must be 1..=32".into());
+    use crate::frontend::config::{MAX_DEPTH, MAX_QUEUES};
+    if a.queues == 0 || a.queues > MAX_QUEUES {
+        return Err(format!("--queues must be 1..={MAX_QUEUES}"));
     }
-    if a.depth == 0 || a.depth > 4096 {
-        return Err("--depth must be 1..=4096".into());
+    if a.depth == 0 || a.depth > MAX_DEPTH {
+        return Err(format!("--depth must be 1..={MAX_DEPTH}"));
     }
     if a.io_buf_size < 4096 || !a.io_buf_size.is_power_of_two() || a.io_buf_size > 32 << 20 {
         return Err("--io-buf-size must be a power of two from 4K to 32M".into());

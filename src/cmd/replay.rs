@@ -46,6 +46,11 @@ pub fn parse_trace_line(line: &str) -> Result<TraceRequest, String> {
     if let Some(k) = v.as_object().and_then(|o| o.keys().find(|k| !FIELDS.contains(&k.as_str()))) {
         return Err(format!("unknown field \"{k}\" (a record has {})", FIELDS.join(", ")));
     }
+    // JSON takes a field named twice at its last value, in silence. Counting the quoted name in
+    // the text is exact here: no value of a record that passes the checks below holds a quote.
+    if let Some(k) = FIELDS.iter().find(|k| line.matches(&format!("\"{k}\"")).count() > 1) {
+        return Err(format!("\"{k}\" is given twice (a record names each field once)"));
+    }
     let op_name = v.get("op").and_then(Value::as_str).ok_or("missing \"op\"")?;
     let op = Op::parse(op_name).ok_or_else(|| format!("unknown op \"{op_name}\" (write, read, flush, discard, write_zeroes)"))?;
     let num = |k: &str| -> Result<u64, String> {
@@ -1019,6 +1024,10 @@ mod tests {
         ] {
             assert!(parse_trace_line(bad).is_err(), "{bad}");
         }
+        // A field given twice is refused, not taken at its last value.
+        let e = parse_trace_line(r#"{"op":"write","offset":0,"len":4096,"offset":8192}"#).unwrap_err();
+        assert_eq!(e, "\"offset\" is given twice (a record names each field once)");
+        assert!(parse_trace_line(r#"{"op":"write","offset":0,"len":4,"data_hex":"00", "data_hex" :"4c4d"}"#).is_err());
     }
 
     const BLK_SAMPLE: &str = include_str!("../../tests/data/blkparse/ublk-sample.txt");

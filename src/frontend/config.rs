@@ -187,8 +187,8 @@ impl DeviceConfig {
             policy: v.get("policy").and_then(Value::as_str).ok_or("device config lacks \"policy\"")?.to_string(),
             // The ranges `add` allows: a state file edited by hand (or by another version) is
             // refused here rather than run with wrapped values.
-            queues: within(u("queues")?, "queues", 1, 32)? as u16,
-            depth: within(u("depth")?, "depth", 1, 4096)? as u16,
+            queues: within(u("queues")?, "queues", 1, MAX_QUEUES.into())? as u16,
+            depth: within(u("depth")?, "depth", 1, MAX_DEPTH.into())? as u16,
             io_buf_bytes: within(u("io_buf_bytes")?, "io_buf_bytes", 512, 32 << 20)? as u32,
             lba_shift: within(u("lba_shift")?, "lba_shift", 9, 12)? as u8,
             backing_bytes: u("backing_bytes")?,
@@ -252,6 +252,12 @@ fn clamped(v: u64, key: &str, lo: u64, hi: u64) -> u64 {
 }
 
 /// `v` when it lies in `lo..=hi`, else an error naming the key.
+/// The ranges `add` allows for `--queues` and `--depth` (a config file's keys and a saved
+/// device config are held to the same).
+pub const MAX_QUEUES: u16 = 32;
+/// ublk's largest queue depth.
+pub const MAX_DEPTH: u16 = 4096;
+
 fn within(v: u64, key: &str, lo: u64, hi: u64) -> Result<u64, String> {
     if (lo..=hi).contains(&v) {
         Ok(v)

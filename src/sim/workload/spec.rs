@@ -137,7 +137,7 @@ fn get_size(v: &Value, k: &str, default: u64) -> Result<u64, String> {
     match v.get(k) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Number(n)) => {
-            n.as_u64().ok_or_else(|| format!("\"{k}\" must be a non-negative integer or a size like \"16M\""))
+            n.as_u64().ok_or_else(|| format!("\"{k}\" must be a whole number of bytes from 0 to {} or a size like \"16M\"", u64::MAX))
         }
         Some(Value::String(s)) => parse_size(s).map_err(|e| format!("\"{k}\": {e}")),
         Some(_) => err(format!("\"{k}\" must be a number or a size string like \"16M\"")),
@@ -168,7 +168,7 @@ fn get_u32(v: &Value, k: &str, default: u32) -> Result<u32, String> {
         Some(x) => x
             .as_u64()
             .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| format!("\"{k}\" must be a non-negative integer")),
+            .ok_or_else(|| format!("\"{k}\" must be a whole number from 0 to {}", u32::MAX)),
     }
 }
 

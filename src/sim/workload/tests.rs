@@ -92,6 +92,9 @@ fn bad_specs_say_what_is_wrong() {
         (&format!(r#"{{"tenants": [{{"name": "t", "salt": "{}"}}]}}"#, "s".repeat(129)), "salt"),
         (r#"{"tenants": [{"name": "t", "salt": "a\u0000"}]}"#, "salt"),
         (r#"{"tenants": [{"name": "t", "salt": "a\"b"}]}"#, "salt"),
+        // Too large for its field: the bound is named (it said "a non-negative integer").
+        (r#"{"writeback_puts": 5000000000, "tenants": [{}]}"#, "\"writeback_puts\" must be a whole number from 0 to 4294967295"),
+        (r#"{"slot_bytes": 1e20, "tenants": [{}]}"#, "from 0 to 18446744073709551615 or a size"),
     ] {
         let e = WorkloadSpec::from_json_str(text).unwrap_err();
         assert!(e.contains(needle), "{text}: {e}");
