@@ -203,6 +203,12 @@ fn check_keys(v: &Value, what: &str, allowed: &[&str]) -> Result<(), String> {
 const MAX_UNIVERSE: f64 = 100.0;
 const MAX_PROMPTS: u32 = 1_000_000;
 const MAX_REQUEST_CHUNKS: u32 = 65_536;
+const MAX_SHARE: f64 = 1e9;
+/// A request's writes are modelled at once, with a copy of LMCache's whole index for each
+/// checkpoint taken while they last and an entry for each eviction check: a request may last
+/// this many checkpoint intervals and eviction checks at most.
+const MAX_CHECKPOINTS_PER_REQUEST: f64 = 16.0;
+const MAX_TICKS_PER_REQUEST: f64 = 100_000.0;
 pub(super) const MAX_TENANTS: usize = 4096;
 
 impl WorkloadSpec {
@@ -363,8 +369,10 @@ impl WorkloadSpec {
                 unique_tail_chunks: get_u32(t, "unique_tail_chunks", 0)?,
                 partial_last: get_bool(t, "partial_last", true)?,
             };
-            if !(ts.share > 0.0 && ts.share.is_finite() && (0.0..=10.0).contains(&ts.zipf)) {
-                return err(format!("{what}: share must be > 0, zipf 0 to 10"));
+            // Shares are weights: bounded so that their sum stays finite (two of 1e308 summed to
+            // infinity and every request went to the last tenant).
+            if !(ts.share > 0.0 && ts.share <= MAX_SHARE && (0.0..=10.0).contains(&ts.zipf)) {
+                return err(format!("{what}: share must be > 0 and at most {MAX_SHARE:e}, zipf 0 to 10"));
             }
             // Bounds keep the model's tables (documents, prompts) within memory.
             if !(ts.universe > 0.0 && ts.universe <= MAX_UNIVERSE) {
@@ -473,6 +481,17 @@ impl WorkloadSpec {
         }
         if spec.remove_after_read && mode == Mode::Mp {
             return err("\"remove_after_read\" is a non-MP option");
+        }
+        let tick_s = spec.eviction.as_ref().map_or(1.0, |e| e.interval_s);
+        for t in &spec.tenants {
+            let chunks = u64::from(t.prefix_chunks) + u64::from(t.doc_chunks_max) + u64::from(t.unique_tail_chunks);
+            let secs = chunks as f64 * spec.chunk_bytes as f64 / (spec.write_rate_mb_s * 1e6);
+            if secs > MAX_CHECKPOINTS_PER_REQUEST * spec.checkpoint_interval_s || secs > MAX_TICKS_PER_REQUEST * tick_s {
+                return err(format!(
+                    "tenant {:?}: a request of up to {chunks} chunks takes {secs:.0} s at \"write_rate_mb_s\" {}, more than {MAX_CHECKPOINTS_PER_REQUEST} checkpoint intervals ({} s each) or {MAX_TICKS_PER_REQUEST} eviction checks ({tick_s} s each); the model holds a request's writes until it ends: raise \"write_rate_mb_s\" or lower the request's chunks",
+                    t.name, spec.write_rate_mb_s, spec.checkpoint_interval_s
+                ));
+            }
         }
         Ok(spec)
     }

@@ -95,6 +95,17 @@ fn bad_specs_say_what_is_wrong() {
         // Too large for its field: the bound is named (it said "a non-negative integer").
         (r#"{"writeback_puts": 5000000000, "tenants": [{}]}"#, "\"writeback_puts\" must be a whole number from 0 to 4294967295"),
         (r#"{"slot_bytes": 1e20, "tenants": [{}]}"#, "from 0 to 18446744073709551615 or a size"),
+        (r#"{"tenants": [{"name": "a", "share": 1e308}, {"name": "b", "share": 1e308}]}"#, "share must be > 0 and at most 1e9"),
+        // A request lasting many checkpoint intervals or eviction checks (a copy of the index
+        // for each, an entry per check: memory without bound).
+        (
+            r#"{"slot_bytes": "16M", "write_rate_mb_s": 1, "checkpoint_interval_s": 1, "tenants": [{"name": "a", "prefix_chunks": 0, "doc_chunks": [60000, 60000]}]}"#,
+            "tenant \"a\": a request of up to 60000 chunks takes",
+        ),
+        (
+            r#"{"slot_bytes": "16M", "write_rate_mb_s": 1, "checkpoint_interval_s": 86400, "eviction": {"policy": "LRU", "interval_s": 0.01}, "tenants": [{"prefix_chunks": 0, "doc_chunks": [65536, 65536]}]}"#,
+            "100000 eviction checks (0.01 s each)",
+        ),
     ] {
         let e = WorkloadSpec::from_json_str(text).unwrap_err();
         assert!(e.contains(needle), "{text}: {e}");
