@@ -286,7 +286,7 @@ impl Watcher {
             p.observe(&Observation::Checkpoint { seq: h.seq, entries: &entries });
         }
         listed_len.finish();
-        Ok(Ok(ValidCopy { seq: h.seq, payload_len: h.payload_len, entries: meta.entries, fixed_bytes, listed, listed_len }))
+        Ok(Ok(ValidCopy { seq: h.seq, payload_len: h.payload_len, entries: meta.entries, fixed_bytes, listed, listed_len, device_path: meta.device_path }))
     }
 
     /// Whether a checkpoint read back whole (header `h`, its write's `epoch`) is newer than
@@ -360,7 +360,7 @@ impl Watcher {
     /// drive after slot writes of a later snapshot, which the deallocation rules assume it
     /// does not. O_DIRECT writes (MP mode) do not wait in the page cache.
     fn check_writeback(&mut self) {
-        const GAPS: u32 = 3;
+        const GAPS: u32 = JUDGE_GAPS;
         let Some(delay) = self.cfg.writeback.now() else { return };
         // Until this run has seen enough intervals, a pause the previous run saved holds while
         // the delay still reaches the interval it was judged at.
@@ -441,9 +441,18 @@ impl Watcher {
             return resume(self, "the device stopped");
         }
         if !self.writeback_risk {
+            if let Some(delay) = self.unjudged_delay() {
+                return self.pause_until_judged(delay);
+            }
             self.save_writeback_pause(None);
-            return resume(self, "LMCache's checkpoint interval is above the kernel's writeback delay again");
+            let why = if std::mem::take(&mut self.pause_unjudged) {
+                "LMCache's checkpoint interval, now seen, is above the kernel's writeback delay"
+            } else {
+                "LMCache's checkpoint interval is above the kernel's writeback delay again"
+            };
+            return resume(self, why);
         }
+        self.pause_unjudged = false;
         // Buffered writes, once seen, pause at every risk for the rest of the run; a pause
         // because that could not be told is looked at again once a second.
         let seen = self.buffered_seen || self.carried.is_some_and(|p| p.buffered);
@@ -482,6 +491,52 @@ impl Watcher {
             }
         };
         self.save_writeback_pause(Some(saved));
+        false
+    }
+
+    /// The kernel's writeback delay while this run has not yet seen the [`JUDGE_GAPS`]
+    /// checkpoint intervals it judges the risk by, nor carries a judgement over, and a dirty
+    /// page may wait as long as LMCache's shortest interval (1 s); `None` otherwise.
+    fn unjudged_delay(&self) -> Option<Option<Duration>> {
+        if !self.cfg.trim || self.carried.is_some() || self.gaps >= JUDGE_GAPS {
+            return None;
+        }
+        self.cfg.writeback.now().filter(|&d| writeback_outlasts_interval(MIN_CHECKPOINT_INTERVAL, d))
+    }
+
+    /// Before the risk is judged (a fresh start, or a restart whose predecessor saved no
+    /// pause): LMCache's interval may be within the kernel's delay, so deallocation pauses
+    /// where buffered writes are seen, until the intervals are (LMCache's default 60 s is above
+    /// the kernel's default 35 s: then it resumes). Where that cannot be told (no cachestat)
+    /// it goes on, as before this run judged. Not saved: a restart starts unjudged again.
+    fn pause_until_judged(&mut self, delay: Option<Duration>) -> bool {
+        if !self.buffered_seen {
+            if self.buffered_checked.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+                return false;
+            }
+            self.buffered_checked = Some(Instant::now());
+            match self.cfg.buffered.seen(self.cfg.page_cache.as_deref()) {
+                Ok(true) => self.buffered_seen = true,
+                Ok(false) | Err(_) => {
+                    if self.writeback_pause.take().is_some() {
+                        tracing::info!("device {}: deallocation resumes: no write through the page cache is seen", self.cfg.device);
+                        return true;
+                    }
+                    return false;
+                }
+            }
+        }
+        let held = delay.map_or_else(|| "indefinitely (vm.dirty_writeback_centisecs is 0)".to_string(), |d| format!("{:.1}s", d.as_secs_f64()));
+        let why = format!(
+            "LMCache writes through the page cache, and fdpblk has seen {} of the {JUDGE_GAPS} checkpoint intervals it compares with the kernel's writeback delay ({held}): a checkpoint could reach the drive after later slot writes if the interval is shorter; deallocation resumes once they are seen above it",
+            self.gaps
+        );
+        if self.writeback_pause.as_deref() != Some(why.as_str()) {
+            // Expected at every start under a buffered LMCache: not a warning.
+            tracing::info!("device {}: deallocation paused: {why}", self.cfg.device);
+            self.writeback_pause = Some(why);
+        }
+        self.pause_unjudged = true;
         false
     }
 

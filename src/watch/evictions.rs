@@ -97,8 +97,11 @@ impl Watcher {
             // Only the immediate predecessor: its header write has come and gone. With an
             // older view, that header (buffered I/O writes back in any order) may still be on
             // its way and would bring back a copy listing what was deallocated.
-            // (An empty one lists nothing: no slot is an early eviction then.)
-            Container::Valid(o) if o.seq.checked_add(1) == Some(v.seq) => Some(n),
+            // (An empty one lists nothing: no slot is an early eviction then.) Both of one
+            // LMCache's: a LMCache that rejected the other's index (another device_path)
+            // numbers its own checkpoints from 1, and a late header of the other's could pass
+            // for its predecessor.
+            Container::Valid(o) if o.seq.checked_add(1) == Some(v.seq) && o.device_path == v.device_path => Some(n),
             _ => None,
         }
     }

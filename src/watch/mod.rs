@@ -154,7 +154,9 @@
 //! write through the page cache (dirty pages of the exported device), or where that cannot be
 //! told, deallocation pauses (`WatchConfig::buffered`, [`Watcher::check_writeback_pause`]).
 //! The pause is saved with fdpblk's state, and a restarted daemon carries it on until it has
-//! judged the risk itself ([`Watcher::carry_writeback_pause`]).
+//! judged the risk itself ([`Watcher::carry_writeback_pause`]); one with nothing to carry
+//! pauses where it sees buffered writes until it has judged
+//! ([`Watcher::pause_until_judged`]).
 
 use crate::layout::checkpoint_header::CheckpointHeader;
 use crate::layout::checkpoint_json::{parse_checkpoint_json, JsonLimits};
@@ -341,6 +343,12 @@ pub fn kernel_writeback_delay(expire: u64, every: u64) -> Option<Duration> {
 
 /// Whether LMCache's checkpoint `interval` leaves the writeback assumption in doubt: a page may
 /// be held back (`delay`, `None` unbounded) for as long as the interval.
+/// Checkpoint intervals seen before the writeback risk is judged: the first few may be
+/// LMCache's out-of-turn checkpoints (`close()`, `checkpoint_now()`) or idle multiples.
+const JUDGE_GAPS: u32 = 3;
+/// LMCache's checkpoint thread wakes every `max(1, meta_checkpoint_interval_sec)` seconds.
+const MIN_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+
 pub fn writeback_outlasts_interval(interval: Duration, delay: Option<Duration>) -> bool {
     delay.is_none_or(|d| d >= interval)
 }
@@ -414,6 +422,8 @@ struct ValidCopy {
     listed: Vec<u64>,
     /// Per slot, the longest payload the checkpoint lists there.
     listed_len: ListedLens,
+    /// The path the LMCache that wrote it opened (its index is only for that path).
+    device_path: Option<String>,
 }
 
 /// Per slot a checkpoint lists, the longest payload it lists there plus one (saturating: one of
@@ -622,6 +632,8 @@ pub struct Watcher {
     writeback_pause: Option<String>,
     /// Buffered writes were seen on the exported device during this run (it stays so).
     buffered_seen: bool,
+    /// The pause is one before the risk was judged ([`Watcher::pause_until_judged`]).
+    pause_unjudged: bool,
     /// A pause the previous run saved ([`Watcher::carry_writeback_pause`]): until this run has
     /// seen enough intervals to judge itself, the risk is weighed against its interval, and
     /// buffered writes it saw count as seen.
@@ -790,6 +802,7 @@ impl Watcher {
             lmcache_lost_puts: 0,
             interval: None,
             gaps: 0,
+            pause_unjudged: false,
             recent_gaps: std::collections::VecDeque::new(),
             writeback: None,
             writeback_risk: false,

@@ -1460,6 +1460,27 @@ fn early_eviction_then_same_key_reput_torn_by_a_crash_after_a_seq_restart() {
     r.verify_all();
 }
 
+/// Early evictions take the newest checkpoint and its predecessor of one LMCache as their
+/// basis: a pair that names two device paths (two LMCache processes, the later of which
+/// rejected the other's index) deallocates nothing early; the two-container rule still holds.
+#[test]
+fn early_evictions_need_both_checkpoints_from_one_device_path() {
+    for other in [false, true] {
+        let (mut r, keys) = rig_with_keys(4, 6);
+        for _ in 0..4 {
+            r.checkpoint_dirty(); // seq 1..4; seq 4 lists every key
+            r.step();
+        }
+        let s0 = r.delete_key(&keys[0]);
+        let before = r.early_evictions;
+        // Seq 5 lacks slot s0; seq 4 lists it.
+        r.checkpoint_edited("\"device_path\":\"/dev/ublkb0\"", other.then_some("\"device_path\":\"/dev/ublkb1\""));
+        assert_eq!(r.early_evictions > before, !other, "another device_path: {other}");
+        assert_eq!(r.state(s0) == SlotState::Trimmed, !other, "another device_path: {other}: {:?}", r.state(s0));
+        r.verify_all();
+    }
+}
+
 #[test]
 fn early_evictions_wait_for_the_checkpoint_written_last_to_hold_the_higher_seq() {
     // The first fdpblk deallocates by the two-container rule only.
@@ -3322,9 +3343,12 @@ fn deallocation_pauses_while_buffered_writes_may_outlast_the_checkpoint_interval
     for (buffered, paused) in [(Some(true), true), (None, true), (Some(false), false)] {
         let mut r = Rig::new(2 * SLOTS, META, true);
         r.w.cfg.writeback = WritebackDelay::Fixed(hour);
-        r.w.cfg.buffered = BufferedWrites::Fixed(buffered);
+        // No buffered writes seen before the risk is judged (they would pause deallocation
+        // until then: `buffered_writes_pause_deallocation_until_the_risk_is_judged`).
+        r.w.cfg.buffered = BufferedWrites::Fixed(Some(false));
         let keys = r.confirmed_keys(4);
         r.fillers(8);
+        r.w.cfg.buffered = BufferedWrites::Fixed(buffered);
         // Two more checkpoints: four intervals seen, the risk flagged.
         for _ in 0..2 {
             r.checkpoint_dirty();
@@ -3373,6 +3397,55 @@ fn deallocation_pauses_while_buffered_writes_may_outlast_the_checkpoint_interval
         r.step();
         r.step();
         assert_eq!(r.w.published_json()["trim"]["paused_by"].is_string(), paused, "{buffered:?}: a second risk");
+        r.verify_all();
+    }
+}
+
+/// Before a run has seen the intervals it judges the writeback risk by, a kernel delay that
+/// could reach LMCache's interval pauses deallocation where buffered writes are seen (a fresh
+/// start under a non-MP LMCache checkpointing more often than the delay would otherwise
+/// deallocate on checkpoints that may have come late); not where none are seen, nor where that
+/// cannot be told, nor where the delay is below LMCache's shortest interval (1 s). Once judged
+/// safe, the pause ends and the checkpoints after it confirm and deallocate as usual.
+#[test]
+fn buffered_writes_pause_deallocation_until_the_risk_is_judged() {
+    let hour = Some(Duration::from_secs(3600));
+    let short = Some(Duration::from_millis(900));
+    for (delay, buffered, paused) in [(hour, Some(true), true), (None, Some(true), true), (hour, Some(false), false), (hour, None, false), (short, Some(true), false)] {
+        let case = format!("delay {delay:?}, buffered {buffered:?}");
+        let mut r = Rig::new(2 * SLOTS, META, true);
+        r.w.cfg.writeback = WritebackDelay::Fixed(delay);
+        r.w.cfg.buffered = BufferedWrites::Fixed(buffered);
+        let keys = r.confirmed_keys(2);
+        r.fillers(8);
+        let paused_by = |r: &Rig| r.w.published_json()["trim"]["paused_by"].as_str().map(str::to_string);
+        assert_eq!(paused_by(&r).is_some_and(|w| w.contains("of the 3 checkpoint intervals")), paused, "{case}: {:?}", paused_by(&r));
+        assert_eq!(r.w.trims_allowed(), !paused, "{case}");
+        // Evicted before the risk is judged: kept while paused (its put was never confirmed).
+        let a = r.delete_key(&keys[0]);
+        r.checkpoint();
+        r.step();
+        assert_eq!(r.state(a) == SlotState::Trimmed, !paused, "{case}: {:?}", r.state(a));
+        // The kernel's delay lowered below every interval: judged safe at the third interval,
+        // the pause ends; later checkpoints confirm, and an eviction after them goes.
+        r.w.cfg.writeback = WritebackDelay::Fixed(Some(Duration::ZERO));
+        for _ in 0..2 {
+            r.checkpoint_dirty();
+            r.step();
+        }
+        r.step();
+        assert_eq!(paused_by(&r), None, "{case}");
+        assert!(r.w.trims_allowed(), "{case}");
+        for _ in 0..2 {
+            r.checkpoint_dirty();
+            r.step();
+        }
+        let b = r.delete_key(&keys[1]);
+        for _ in 0..2 {
+            r.checkpoint_dirty();
+            r.step();
+        }
+        assert_eq!(r.state(b), SlotState::Trimmed, "{case}");
         r.verify_all();
     }
 }

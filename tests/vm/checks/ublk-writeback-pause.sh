@@ -10,7 +10,8 @@
 # below the interval again; every entry still verifies. The pause is saved with fdpblk's
 # state: a daemon killed while paused is recovered paused, before it has seen an interval of
 # its own. With O_DIRECT writes (MP mode), which leave no dirty pages, the same settings pause
-# nothing.
+# nothing. A fresh daemon that has not yet seen the intervals it judges the risk by pauses
+# where it sees buffered writes, from its start.
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool jq
@@ -53,8 +54,27 @@ expect "its daemon exits" daemons_gone
 fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
 rm -f "$STATE"
 
+# Buffered, before fdpblk has seen the 3 checkpoint intervals it judges the risk by: a
+# fresh daemon cannot tell LMCache's interval from the kernel's 60 s delay yet, so puts left
+# dirty pause deallocation from the start (an expected state, logged as information).
+dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough "${GEOM[@]}")
+expect_eq "fdpblk add (buffered, not yet judged)" "$dev" "$DEV"
+exec 3<>"$DEV"
+bwriter early put 2 checkpoint
+poll_eq "not yet judged: deallocation paused" true bash -c "$FDPBLK stats -n 0 --json | jq -c '(.trim.paused_by // \"\") | test(\"of the 3 checkpoint intervals\")'"
+expect "the daemon logged why, as information" log_has "INFO.*deallocation paused: LMCache writes through the page cache, and fdpblk has seen 0 of the 3 checkpoint intervals"
+exec 3<&-
+sync
+expect "del" "$FDPBLK" del -n 0
+expect "its daemon exits" daemons_gone
+fdpblk_fresh_drive || check_fatal "blkdiscard of the metadata region and the reserved tail"
+rm -f "$STATE"
+
 # Buffered: LMCache holds the device open for its life (so a writer's close writes nothing
-# back); a sync after each round lands its checkpoint, which would otherwise wait 60 s.
+# back); a sync after each round lands its checkpoint. The rounds run under a delay below
+# every interval (0.01 s + 0.01 s), so their checkpoints confirm their puts; then the 60 s
+# delay, which the next checkpoint weighs.
+writeback_set 1 1
 dev=$(fdpblk_add -n 0 --backing "$NG_DEV" --engine passthrough "${GEOM[@]}")
 expect_eq "fdpblk add again" "$dev" "$DEV"
 exec 3<>"$DEV"
@@ -63,6 +83,10 @@ for r in $(seq 6); do
     sync
     sleep 0.2
 done
+expect_eq "judged below the delay: not paused" "$(dev_stat trim.paused_by)" null
+writeback_set 6000 10
+bwriter buffered-7 put 1 checkpoint
+sync
 poll_eq "buffered: writeback_risk" true dev_stat writeback_risk
 # Puts left dirty in the page cache (for 60 s): the next look at it pauses deallocation.
 bwriter dirty put 2
@@ -70,7 +94,7 @@ poll_eq "buffered: deallocation paused" true bash -c "$FDPBLK stats -n 0 --json 
 expect "the daemon logged why" log_has "deallocation paused: LMCache writes through the page cache"
 expect "stats text: DEALLOCATION PAUSED" bash -c "$FDPBLK stats -n 0 | grep -q '^DEALLOCATION PAUSED: LMCache writes through the page cache'"
 expect_eq "stats: allowed_now" "$(dev_stat trim.allowed_now)" false
-# The oldest keys (confirmed before the pause: the risk is flagged at the fourth checkpoint,
+# The oldest keys (confirmed before the pause: the risk is flagged at the eighth checkpoint,
 # their puts were in the first round) are evicted, and a short put leaves a stale tail.
 t0=$(trims) d0=$(deallocated)
 # (Two runs apart: the risk weighs the shortest interval, and LMCache's are a tick apart.)
