@@ -57,6 +57,10 @@ pub struct LayoutCell {
     /// ones too: part of one may have landed). The learner looks again only when this moved:
     /// nothing else changes the device.
     learning_done: AtomicU64,
+    /// Writes, discards and write-zeroes that began while learning: once the layout is set,
+    /// the learner waits for `learning_done` to reach it before it reads the checkpoint
+    /// containers again ([`Self::wait_learning_drained`]).
+    learning_started: AtomicU64,
     /// Why the learned layout was refused, if it was.
     refused: Mutex<Option<String>>,
     /// A checkpoint copy the learner has found half-written for long (which, since when):
@@ -74,6 +78,7 @@ impl LayoutCell {
             learning_writes: AtomicU64::new(0),
             learning_bytes: AtomicU64::new(0),
             learning_done: AtomicU64::new(0),
+            learning_started: AtomicU64::new(0),
             refused: Mutex::new(None),
             half_written: Mutex::new(None),
         }
@@ -132,6 +137,28 @@ impl LayoutCell {
     /// How many writes, discards and write-zeroes served while learning have completed.
     pub fn learning_done(&self) -> u64 {
         self.learning_done.load(Acquire)
+    }
+
+    /// Counts a write, discard or write-zeroes served while learning, before it goes out.
+    pub fn note_learning_started(&self) {
+        self.learning_started.fetch_add(1, Release);
+    }
+
+    /// Waits, after the layout was set, until every write that began while learning has
+    /// completed (a queue held in a controller reset can hold one for many seconds), at most
+    /// `limit` or until `stop`; true when they all have. Such a write raises no event of the
+    /// classified path, so the containers are read again only after it.
+    pub fn wait_learning_drained(&self, limit: std::time::Duration, stop: &std::sync::atomic::AtomicBool) -> bool {
+        let start = Instant::now();
+        loop {
+            if self.learning_done.load(Acquire) >= self.learning_started.load(Acquire) {
+                return true;
+            }
+            if stop.load(Relaxed) || start.elapsed() >= limit {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     pub fn refuse(&self, why: String) {
@@ -295,6 +322,16 @@ mod tests {
         let j = cell.to_json(true);
         assert_eq!((j["half_written"]["copy"].as_u64(), j["half_written"]["for_s"].as_u64().is_some_and(|s| s >= 130)), (Some(1), true));
         cell.note_learning_write(4096);
+        // A write that began while learning and has not completed holds the reread back.
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        cell.note_learning_started();
+        assert!(!cell.wait_learning_drained(std::time::Duration::from_millis(20), &stop), "one in flight");
+        cell.note_learning_done();
+        assert!(cell.wait_learning_drained(std::time::Duration::ZERO, &stop), "all completed");
+        cell.note_learning_started();
+        stop.store(true, Relaxed);
+        assert!(!cell.wait_learning_drained(std::time::Duration::from_secs(3600), &stop), "a stop ends the wait");
+        cell.note_learning_done();
         let slots = Arc::new(SlotTable::new(g.max_slots));
         assert!(cell.set(Known { geometry: g, slots: slots.clone() }));
         assert!(!cell.set(Known { geometry: g, slots }), "the layout is set once");

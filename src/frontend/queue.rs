@@ -325,6 +325,9 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
             ctx.layout.note_learning_write(len);
             segments.push(Segment { offset, len, handle: ctx.layout.learning_handle });
         }
+        if matches!(op, Op::Write | Op::Discard | Op::WriteZeroes) {
+            ctx.layout.note_learning_started();
+        }
         None
     };
     if let Some(SlotIo { slots, trim_waits, container_waits, .. }) = &slot_io {

@@ -1503,6 +1503,10 @@ fn half_written_after(prev: Option<(u8, Instant, bool)>, seen: Option<u8>, now: 
     }
 }
 
+/// The longest the learner waits, once the layout is set, for writes served before it to
+/// complete: past a controller reset's hold (30 s).
+const LEARNING_DRAIN_WAIT: Duration = Duration::from_secs(40);
+
 /// The learner, then the state thread: looks for LMCache's first checkpoint every second until
 /// it tells the layout, sets it (the queues switch to classifying pipelines), records it in
 /// the device's state file, and runs the state thread.
@@ -1581,10 +1585,17 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
     shared.learned.store(true, Ordering::Relaxed);
     shared.layout.set(Known { geometry: g, slots });
     // A checkpoint written between the watcher's first read and the switch came with no
-    // event: read both containers again once the writes planned before the switch are done
-    // (queue latency; one still later is covered by confirmation's two-epoch rule, which
-    // waits for both containers to be written through the classifying queues).
+    // event: read both containers again once the writes planned before the switch are done.
+    // A queue that saw no layout just before the switch counts its write within moments; the
+    // wait then covers a write held longer (a controller reset holds commands up to 30 s).
     std::thread::sleep(Duration::from_millis(200));
+    if !shared.layout.wait_learning_drained(LEARNING_DRAIN_WAIT, stop) && !stop.load(Ordering::Relaxed) {
+        tracing::warn!(
+            "device {}: a write served before the layout was learned has not completed after {} s; the checkpoint containers are read now, and again when LMCache next writes them",
+            cfg.id,
+            LEARNING_DRAIN_WAIT.as_secs()
+        );
+    }
     w.reread_containers();
     let c = g.config();
     tracing::info!(
