@@ -1069,6 +1069,9 @@ fn add_device(a: &AddArgs) -> CmdResult {
     if let Some(e) = backing_served(&a.backing).filter(|_| a.force) {
         return Err(format!("--force: {e}; nothing was erased").into());
     }
+    if let Some(e) = other_writers(&a.backing, OTHER_WRITER_WAIT) {
+        return Err(e.into());
+    }
     // The driver last: a typo in the arguments is worth hearing before `modprobe`.
     let (cfg, to_wipe) = check(a)?;
     need_ublk_driver()?;
@@ -1166,6 +1169,52 @@ fn backing_served(backing: &Path) -> Option<String> {
             backing.display()
         ))
     })
+}
+
+/// How long `add` waits for another program that holds the namespace open for writing to
+/// let go (udev's probe after a write closes it again at once).
+const OTHER_WRITER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A program other than fdpblk holding the namespace open for writing through either of its
+/// nodes (LMCache pointed at the drive itself, fio, a passthrough tool): its writes would land
+/// over LMCache's slots and fdpblk's own state, and the daemon's exclusive open sees none of
+/// them (only exclusive holders conflict, and a char device cannot be claimed). Readers
+/// (blktrace) are no harm. Waits `wait` for a passing one. fdpblk's own processes are left
+/// to the daemon's lock, which names the device they serve.
+fn other_writers(backing: &Path, wait: std::time::Duration) -> Option<String> {
+    let meta = std::fs::metadata(backing).ok()?;
+    if !meta.file_type().is_block_device() && !meta.file_type().is_char_device() {
+        return None;
+    }
+    let other = crate::nvme::path::namespace_other_node(backing);
+    let nodes: Vec<&Path> = std::iter::once(backing).chain(other.as_deref()).collect();
+    let find = || -> Vec<String> {
+        let mut found: Vec<String> = Vec::new();
+        for n in &nodes {
+            for (pid, comm) in state::writers(n) {
+                let who = format!("{comm} (pid {pid}) on {}", n.display());
+                if !comm.starts_with("fdpblk") && !found.contains(&who) {
+                    found.push(who);
+                }
+            }
+        }
+        found
+    };
+    let start = std::time::Instant::now();
+    loop {
+        let found = find();
+        if found.is_empty() {
+            return None;
+        }
+        if start.elapsed() >= wait {
+            return Some(format!(
+                "backing {} is open for writing by {}: its writes would land over LMCache's slots and fdpblk's own state; stop it (LMCache's device_path must be fdpblk's device, not the drive), then add again",
+                backing.display(),
+                found.join(", ")
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// Refuses a backing of an fdpblk device whose daemon died: a live daemon holds its backing
@@ -1366,7 +1415,7 @@ pub fn del(a: &DelArgs) -> CmdResult {
             // link leads to a device whose state file does not read: that may be it, held
             // with LMCache's I/O.
             Found::None if a.if_orphaned && super::up::linked_unreadable(name).is_none() => {
-                println!("no fdpblk device named {name}: nothing to delete");
+                say_out(format_args!("no fdpblk device named {name}: nothing to delete"));
                 return Ok(());
             }
             Found::None => {
@@ -1387,7 +1436,7 @@ pub fn del(a: &DelArgs) -> CmdResult {
     for id in ids {
         if a.if_orphaned {
             if let Some(pid) = serving_daemon(id, &state::read_state(id)) {
-                println!("{} is served by its daemon (pid {pid}): kept (--if-orphaned deletes only a device whose daemon died)", state::bdev_path(id));
+                say_out(format_args!("{} is served by its daemon (pid {pid}): kept (--if-orphaned deletes only a device whose daemon died)", state::bdev_path(id)));
                 continue;
             }
         }
@@ -1463,10 +1512,10 @@ fn del_one(id: i32) -> Result<(), String> {
         // It drains its queues (NVMe commands the drive is slow with: up to its 40 s limit)
         // and writes its state, which may be large; it then deletes the device itself.
         if !wait_for(10, || !pid.alive()) {
-            eprintln!(
+            say_err(format_args!(
                 "fdpblk: device {id}: its daemon (pid {pid}) is still stopping (draining its queues, writing its state); waiting up to {} s more",
                 STOP_WAIT_S - 10
-            );
+            ));
             // Never deleted under a daemon still running: it deletes its device by id once
             // done, which by then could be another device's.
             if !wait_for(STOP_WAIT_S - 10, || !pid.alive()) {
@@ -1764,6 +1813,9 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
         );
     }
     println!("device {}  engine {}  policy {}", state::bdev_path(a.number), v["engine"].as_str().unwrap_or(""), v["policy"].as_str().unwrap_or(""));
+    if let Some(age) = v["state_age_s"].as_f64().filter(|&a| daemon_up && a >= STATE_AGE_HELD_UP_S) {
+        println!("STATE THREAD HELD UP: its figures below (checkpoint, slots, deallocation) are {age:.0} s old; it refreshes them at least once a second");
+    }
     let l = &v["layout"];
     if let (Some(c), Some(s)) = (l["half_written"]["copy"].as_u64(), l["half_written"]["for_s"].as_u64()) {
         println!(
@@ -1823,6 +1875,13 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     print_watch(&v);
     if !daemon_up {
         // A script that reads only the exit status must not take a dead device for a live one.
+        if !target::device_exists(a.number) {
+            return Err(format!(
+                "the daemon of device {0} is not running and the device is gone (its state file is left over): `fdpblk del -n {0}` removes it",
+                a.number
+            )
+            .into());
+        }
         let how = match &name {
             Some(n) => format!(
                 "under systemd `systemctl reset-failed fdpblk@{n}; systemctl start fdpblk@{n}` (its own restart does it unless the unit gave up), by hand fdpblk up {n} (or fdpblk recover -n {})",
@@ -1838,6 +1897,23 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     }
     Ok(())
 }
+
+/// Prints a line for the operator; `del` and `down` run under systemd's ExecStop with SIGPIPE
+/// ignored, where a stream journald dropped must not turn a done stop into a panic.
+pub(crate) fn say_out(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+/// [`say_out`] on standard error.
+pub(crate) fn say_err(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// `stats` flags the state thread's figures as held up from this age (it refreshes them at
+/// least once a second, after a deallocation round of at most 1 s).
+const STATE_AGE_HELD_UP_S: f64 = 5.0;
 
 /// The state thread's part of the stats: LMCache's checkpoints, slots, deallocation.
 fn print_watch(v: &serde_json::Value) {
@@ -2221,6 +2297,36 @@ mod tests {
         with(&["--force"]).unwrap();
         assert_eq!(foreign_signature(&img), Ok(None), "erased when it goes ahead");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A device node another program holds open for writing is named with that program;
+    /// a file backing is not looked at (the daemon's lock covers it).
+    #[test]
+    fn another_writer_of_the_backing_is_named() {
+        let dev = std::path::Path::new("/dev/null");
+        let mut child = std::process::Command::new("sh").arg("-c").arg("exec 3<>/dev/null; read -r _").stdin(std::process::Stdio::piped()).spawn().unwrap();
+        let pid = format!("(pid {}) on /dev/null", child.id());
+        let e = (0..200).find_map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            other_writers(dev, std::time::Duration::ZERO).filter(|e| e.contains(&pid))
+        });
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        let e = e.expect("the child holding /dev/null read-write is named");
+        assert!(e.starts_with("backing /dev/null is open for writing by ") && e.contains("stop it"), "{e}");
+        let file = std::env::temp_dir().join(format!("fdpblk-other-writers-{}", std::process::id()));
+        std::fs::write(&file, b"x").unwrap();
+        let mut child = std::process::Command::new("sh").arg("-c").arg("exec 3<>\"$0\"; read -r _").arg(&file).stdin(std::process::Stdio::piped()).spawn().unwrap();
+        let held = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            state::writers(&file).iter().any(|&(p, _)| p == child.id())
+        });
+        let e = other_writers(&file, std::time::Duration::ZERO);
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        std::fs::remove_file(&file).unwrap();
+        assert!(held);
+        assert_eq!(e, None, "a file backing");
     }
 
     /// `add` checks its arguments and the backing before it asks for the ublk driver: a typo

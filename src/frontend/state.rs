@@ -445,6 +445,28 @@ pub fn openers(path: &Path) -> Vec<(u32, String)> {
     }
 }
 
+/// The processes other than this one that hold `path` open for writing (read-write or
+/// write-only, by `/proc/PID/fdinfo/N`'s flags), with their names.
+pub fn writers(path: &Path) -> Vec<(u32, String)> {
+    let Some(n) = Node::of(path) else { return Vec::new() };
+    openers_of(|fd| n.is(fd) && opened_for_writing(fd))
+}
+
+/// Whether descriptor `/proc/PID/fd/N` was opened for writing; false where that cannot be read.
+fn opened_for_writing(fd: &Path) -> bool {
+    let (Some(dir), Some(n)) = (fd.parent().and_then(Path::parent), fd.file_name()) else { return false };
+    let Ok(info) = fs::read_to_string(dir.join("fdinfo").join(n)) else { return false };
+    fdinfo_writes(&info)
+}
+
+/// Whether an fdinfo text's `flags:` (octal) has write access.
+fn fdinfo_writes(info: &str) -> bool {
+    info.lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .and_then(|f| i32::from_str_radix(f.trim(), 8).ok())
+        .is_some_and(|f| f & libc::O_ACCMODE != libc::O_RDONLY)
+}
+
 /// An fdpblk process other than this one that holds every one of `paths` open (a daemon
 /// known by what it holds, not by a state file). Only fdpblk processes' descriptors are
 /// looked at.
@@ -531,6 +553,35 @@ fn other_threads(pid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// A descriptor counts as a writer's by its open flags: read-write and write-only do, a
+    /// reader's (blktrace's, a monitor's) does not.
+    #[test]
+    fn writers_are_told_by_their_open_flags() {
+        use std::os::fd::AsRawFd;
+        assert!(super::fdinfo_writes("pos:\t0\nflags:\t0100002\nmnt_id:\t25\n"));
+        assert!(super::fdinfo_writes("flags:\t01\n"));
+        assert!(!super::fdinfo_writes("pos:\t0\nflags:\t0104000\n"));
+        assert!(!super::fdinfo_writes("pos:\t0\n"));
+        let path = std::env::temp_dir().join(format!("fdpblk-writers-{}", std::process::id()));
+        std::fs::write(&path, b"x").unwrap();
+        let rw = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let ro = std::fs::File::open(&path).unwrap();
+        let fd = |f: &std::fs::File| std::path::PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+        assert!(super::opened_for_writing(&fd(&rw)));
+        assert!(!super::opened_for_writing(&fd(&ro)));
+        // This process is not counted; another that writes is.
+        assert!(super::writers(&path).is_empty());
+        let mut child = std::process::Command::new("sh").arg("-c").arg("exec 3<>\"$0\"; read -r _").arg(&path).stdin(std::process::Stdio::piped()).spawn().unwrap();
+        let found = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            super::writers(&path).iter().any(|&(pid, _)| pid == child.id())
+        });
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(found, "a child holding the file read-write is a writer");
+    }
+
     /// Only names fdpblk writes are state files: a stray `-1.json` would reach the driver
     /// with a negative id (libublk asserts), and `03.json` would list device 3 twice.
     #[test]

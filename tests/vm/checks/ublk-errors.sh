@@ -111,7 +111,16 @@ expect "the served data's swap signature is still there" bash -c "blkid -p '$NS_
 expect "del" "$FDPBLK" del -n 0
 expect "its daemon exits" daemons_gone
 expect "LMCache image on the drive again" bash -c "wipefs -a '$NS_DEV' >/dev/null && dd if='$FIXTURES/object-evict/device.img' of='$NS_DEV' bs=1M oflag=direct status=none"
-expect "device 0 again" quiet fdpblk_add --backing "$NS_DEV" -n 0
+# Another program holding the namespace open for writing (here this shell, through the block
+# node: LMCache pointed at the drive itself) is refused after add's 5 s wait, named; the
+# daemon's exclusive open would not see it. A reader (blktrace, a monitor) is no bar.
+exec 4<>"$NS_DEV"
+refuse "a namespace another program holds open for writing" "^fdpblk: backing $NG_DEV is open for writing by bash \(pid $$\) on $NS_DEV: .*stop it" \
+    add --backing "$NG_DEV" -n 0 --engine passthrough
+exec 4<&-
+exec 4<"$NS_DEV"
+expect "device 0 again, while a reader holds the namespace" quiet fdpblk_add --backing "$NS_DEV" -n 0 4<&-
+exec 4<&-
 # Deleting a device someone holds open (here this shell) says who: their I/O fails from now on.
 # Neither del nor the daemon waits for them to close it (LMCache may hold it for hours).
 exec 3</dev/ublkb0
