@@ -247,7 +247,7 @@ pub fn down(u: &UpArgs) -> CmdResult {
         // A device whose state file does not read, which /dev/fdpblk/NAME still leads to, is
         // this one: not "nothing to stop".
         Found::None => match linked_unreadable(&name) {
-            None => println!("no fdpblk device named {name}; nothing to stop"),
+            None => device::say_out(format_args!("no fdpblk device named {name}; nothing to stop")),
             Some(id) => {
                 return Err(format!(
                     "{} leads to device {id}, whose state file does not read, so it cannot be stopped by name: see `fdpblk list`; `fdpblk del -n {id}` stops it",
@@ -258,12 +258,12 @@ pub fn down(u: &UpArgs) -> CmdResult {
         },
         Found::Running { id, .. } => {
             device::del(&DelArgs { number: Some(id), name: None, all: false, if_orphaned: false })?;
-            println!("stopped {} ({name})", state::bdev_path(id));
+            device::say_out(format_args!("stopped {} ({name})", state::bdev_path(id)));
         }
-        Found::Orphaned { id } => println!(
+        Found::Orphaned { id } => device::say_out(format_args!(
             "the daemon of {} ({name}) died: the device is kept for recovery; under systemd the unit's restart recovers it (`systemctl reset-failed fdpblk@{name}; systemctl start fdpblk@{name}` once it gave up), by hand `fdpblk up {name}`; `fdpblk del -n {id}` deletes it",
             state::bdev_path(id)
-        ),
+        )),
         Found::Stale { cfg } => remove_stale(&cfg),
     }
     Ok(())

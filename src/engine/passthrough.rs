@@ -1126,8 +1126,14 @@ fn check_uring(path: &Path, nsid: u32) -> Result<(), String> {
     unsafe { ring.submission().push(&sqe) }.map_err(|_| "io_uring submission queue full".to_string())?;
     ring.submit_and_wait(1).map_err(|e| format!("io_uring passthrough on {}: {e}: {need}", path.display()))?;
     let res = ring.completion().next().map(|c| c.result()).unwrap_or(-libc::EIO);
+    probe_result(res, path, need)
+}
+
+/// The probe flush's completion: an errno, or an NVMe status.
+fn probe_result(res: i32, path: &Path, need: &str) -> Result<(), String> {
     match res {
-        0 => Ok(()),
+        // Success with the More or Do Not Retry bit set too, as every other completion here.
+        r if r >= 0 && cmd::NvmeStatus(r as u16).succeeded() => Ok(()),
         r if r < 0 => Err(format!(
             "io_uring passthrough flush on {}: {}: {need}",
             path.display(),
@@ -1211,6 +1217,18 @@ fn describe(c: &PassthruCmd) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// The probe flush at `add` succeeds whatever its completion's More or Do Not Retry bit
+    /// says (a drive's quirk that refused `add` with "NVMe status 0x4000").
+    #[test]
+    fn the_probe_flush_takes_a_success_with_flag_bits() {
+        let p = std::path::Path::new("/dev/ng0n1");
+        assert!(super::probe_result(0, p, "").is_ok());
+        assert!(super::probe_result(0x4000, p, "").is_ok(), "Do Not Retry set");
+        assert!(super::probe_result(0x2000, p, "").is_ok(), "More set");
+        assert!(super::probe_result(0x0002, p, "").unwrap_err().contains("Invalid Field in Command"));
+        assert!(super::probe_result(-libc::EOPNOTSUPP, p, "need").unwrap_err().ends_with(": need"));
+    }
+
     use super::*;
 
     #[test]

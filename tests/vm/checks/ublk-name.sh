@@ -117,9 +117,15 @@ fi
 truncate -s 64M /var/tmp/kv6.img /var/tmp/kv7.img
 expect "device 1 named kv6" quiet fdpblk_add --backing /var/tmp/kv6.img --engine plain --policy none -n 1 --name kv6 "${GEO[@]}"
 cp /run/fdpblk/1.json /tmp/kv6-state.json
+cp /run/fdpblk/1.stats.json /tmp/kv6-stats.json
 expect "kv6: del" quiet "$FDPBLK" del -n 1
 expect "kv6: device 1 is gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb1 ]] || exit 0; sleep 0.1; done; exit 1"
 cp /tmp/kv6-state.json /run/fdpblk/1.json && ln -sfn /dev/ublkb1 /dev/fdpblk/kv6
+# The stats of a device that is gone (its files left over) name del, not recover.
+cp /tmp/kv6-stats.json /run/fdpblk/1.stats.json
+out=$("$FDPBLK" stats -n 1 2>&1) && rc=0 || rc=$?
+expect "kv6 gone: stats fails naming del (exit $rc)" bash -c 'test "$1" -ne 0 && grep -q "device is gone (its state file is left over): .fdpblk del -n 1. removes it" <<<"$2"' _ "$rc" "$out"
+rm -f /run/fdpblk/1.stats.json
 expect "device 1 named kv7" quiet fdpblk_add --backing /var/tmp/kv7.img --engine plain --policy none -n 1 --name kv7 "${GEO[@]}"
 expect "kv7: the earlier device's link /dev/fdpblk/kv6 is gone" test ! -L /dev/fdpblk/kv6
 expect_eq "kv7: fdpblk name 1 (udev rule)" "$("$FDPBLK" name 1)" kv7
