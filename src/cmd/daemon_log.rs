@@ -66,7 +66,60 @@ where
         .with_writer(make_writer)
         .with_ansi(ansi)
         .log_internal_errors(false)
+        .event_format(JournalPriority { inner: tracing_subscriber::fmt::format().with_ansi(ansi), on: journal_stderr })
         .finish()
+}
+
+/// Gives each line its syslog priority (`<3>` error, `<4>` warning, `<6>` information, `<7>`
+/// debug) where `on` says the line goes to the journal: journald reads a line's priority only
+/// from such a prefix, and takes every other line as information (`journalctl -p err` would
+/// find none of fdpblk's errors).
+struct JournalPriority<F> {
+    inner: F,
+    on: fn() -> bool,
+}
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for JournalPriority<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        if (self.on)() {
+            let p = match *event.metadata().level() {
+                tracing::Level::ERROR => 3,
+                tracing::Level::WARN => 4,
+                tracing::Level::INFO => 6,
+                _ => 7,
+            };
+            write!(writer, "<{p}>")?;
+        }
+        self.inner.format_event(ctx, writer, event)
+    }
+}
+
+/// Whether standard error is the journal's stream (systemd's `JOURNAL_STREAM`, "DEV:INODE",
+/// names it): a unit's daemon. Looked at per line: a daemon started by hand points its
+/// standard error at its log file after its first lines.
+fn journal_stderr() -> bool {
+    static STREAM: std::sync::OnceLock<Option<(u64, u64)>> = std::sync::OnceLock::new();
+    let Some((dev, ino)) = *STREAM.get_or_init(|| {
+        let v = std::env::var("JOURNAL_STREAM").ok()?;
+        let (d, i) = v.split_once(':')?;
+        Some((d.parse().ok()?, i.parse().ok()?))
+    }) else {
+        return false;
+    };
+    // SAFETY: fstat of the standard error descriptor into a zeroed struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::fstat(2, &mut st) } == 0;
+    ok && st.st_dev == dev && st.st_ino == ino
 }
 
 /// Called before each log line: rotates the log first where it has grown past [`LOG_CAP`] or
@@ -150,6 +203,48 @@ mod tests {
     fn write_fd(fd: RawFd, bytes: &[u8]) {
         // SAFETY: a plain write from a live buffer.
         assert_eq!(unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) }, bytes.len() as isize);
+    }
+
+    /// Lines for the journal carry their syslog priority; others (a terminal, the log file)
+    /// do not.
+    #[test]
+    fn lines_for_the_journal_carry_their_priority() {
+        #[derive(Clone, Default)]
+        struct Lines(std::sync::Arc<Mutex<Vec<u8>>>);
+        impl io::Write for Lines {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        for on in [true, false] {
+            let lines = Lines::default();
+            let sink = lines.clone();
+            let sub = tracing_subscriber::fmt()
+                .with_env_filter("info")
+                .with_writer(move || sink.clone())
+                .with_ansi(false)
+                .event_format(super::JournalPriority { inner: tracing_subscriber::fmt::format().with_ansi(false), on: if on { || true } else { || false } })
+                .finish();
+            let _g = tracing::subscriber::set_default(sub);
+            tracing::error!("e");
+            tracing::warn!("w");
+            tracing::info!("i");
+            let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+            let starts: Vec<&str> = text.lines().map(|l| l.get(..3).unwrap_or("")).collect();
+            if on {
+                assert_eq!(starts, ["<3>", "<4>", "<6>"], "{text}");
+            } else {
+                assert!(starts.len() == 3 && starts.iter().all(|s| !s.starts_with('<')), "{text}");
+            }
+        }
+        // Not under systemd here (or not with this stderr): no prefix.
+        if std::env::var_os("JOURNAL_STREAM").is_none() {
+            assert!(!super::journal_stderr());
+        }
     }
 
     /// A log that cannot take a line (stderr on a full device) loses the line, and the thread

@@ -41,7 +41,9 @@ refuse "plain on the char device names its block device" "--engine plain needs a
 printf 'backing = "%s"\npolicy = "nope"\n' "$NS_DEV" >/var/tmp/bad-policy.toml
 refuse "policy from a config file" "unknown --policy nope; .* \\(from .policy. in /var/tmp/bad-policy.toml\\)$" add --config /var/tmp/bad-policy.toml "${GEO[@]}"
 printf 'backing = "%s"\nqueues = 0\n' "$NS_DEV" >/var/tmp/bad-queues.toml
-refuse "queues from up's config file" "^fdpblk: --queues must be 1..=32 \\(from .queues. in /var/tmp/bad-queues.toml\\)$" up bad --config /var/tmp/bad-queues.toml
+refuse "queues from up's config file" "^fdpblk: /var/tmp/bad-queues.toml: .queues. must be a whole number from 1 to 32, e.g. queues = 1$" up bad --config /var/tmp/bad-queues.toml
+printf 'backing = "%s"\npersist_interval_ms = 10\n' "$NS_DEV" >/var/tmp/bad-interval.toml
+refuse "a value add refuses, from up's config file" "^fdpblk: --persist-interval-ms 10: .* \\(from .persist_interval_ms. in /var/tmp/bad-interval.toml\\)$" up bad --config /var/tmp/bad-interval.toml
 refuse "del unknown id" "no ublk device 7" del -n 7
 refuse "recover unknown id" "no fdpblk device 7" recover -n 7
 refuse "stats unknown id" "no stats for device 7" stats -n 7
@@ -115,7 +117,7 @@ expect "LMCache image on the drive again" bash -c "wipefs -a '$NS_DEV' >/dev/nul
 # node: LMCache pointed at the drive itself) is refused after add's 5 s wait, named; the
 # daemon's exclusive open would not see it. A reader (blktrace, a monitor) is no bar.
 exec 4<>"$NS_DEV"
-refuse "a namespace another program holds open for writing" "^fdpblk: backing $NG_DEV is open for writing by bash \(pid $$\) on $NS_DEV: .*stop it" \
+refuse "a namespace another program holds open for writing" "^fdpblk: backing $NG_DEV is open for writing by bash \(pid $$\) on $NS_DEV(, bash \(pid [0-9]+\) on $NS_DEV)*: .*stop it" \
     add --backing "$NG_DEV" -n 0 --engine passthrough
 exec 4<&-
 exec 4<"$NS_DEV"
