@@ -1069,11 +1069,13 @@ fn add_device(a: &AddArgs) -> CmdResult {
     if let Some(e) = backing_served(&a.backing).filter(|_| a.force) {
         return Err(format!("--force: {e}; nothing was erased").into());
     }
+    // The driver last: a typo in the arguments is worth hearing before `modprobe`.
+    let (cfg, to_wipe) = check(a)?;
+    // After the checks of the backing (a ublk device given as one, another namespace than
+    // --backing-id names), which name the right fix.
     if let Some(e) = other_writers(&a.backing, OTHER_WRITER_WAIT) {
         return Err(e.into());
     }
-    // The driver last: a typo in the arguments is worth hearing before `modprobe`.
-    let (cfg, to_wipe) = check(a)?;
     need_ublk_driver()?;
     erase_signatures(to_wipe)?;
     daemonize(a.foreground, move |notify| target::run(cfg, false, notify))

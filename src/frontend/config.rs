@@ -251,13 +251,13 @@ fn clamped(v: u64, key: &str, lo: u64, hi: u64) -> u64 {
     c
 }
 
-/// `v` when it lies in `lo..=hi`, else an error naming the key.
 /// The ranges `add` allows for `--queues` and `--depth` (a config file's keys and a saved
 /// device config are held to the same).
 pub const MAX_QUEUES: u16 = 32;
 /// ublk's largest queue depth.
 pub const MAX_DEPTH: u16 = 4096;
 
+/// `v` when it lies in `lo..=hi`, else an error naming the key.
 fn within(v: u64, key: &str, lo: u64, hi: u64) -> Result<u64, String> {
     if (lo..=hi).contains(&v) {
         Ok(v)

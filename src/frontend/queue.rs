@@ -351,6 +351,9 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         // A write is acknowledged once its pieces are: they must be the whole request.
         Op::Write if !crate::pipeline::segments_tile(segments, offset, len) => {
             tracing::error!("write at {offset} of {len} bytes: planned pieces {segments:?} do not cover it; failed with EIO (a bug: please report it)");
+            if learning {
+                ctx.layout.note_learning_done();
+            }
             -libc::EIO
         }
         Op::Write => {

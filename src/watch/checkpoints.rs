@@ -348,6 +348,7 @@ impl Watcher {
             epoch,
             observed: true,
         });
+        self.unjudged = self.unjudged_delay();
         self.counters.checkpoint_seen = Some((h.seq, unix_now()));
         self.counters.uncheckpointed_since = None;
         self.carried_dirty = false;
@@ -441,14 +442,16 @@ impl Watcher {
             return resume(self, "the device stopped");
         }
         if !self.writeback_risk {
-            if let Some(delay) = self.unjudged_delay() {
+            if let Some(delay) = self.unjudged {
                 return self.pause_until_judged(delay);
             }
             self.save_writeback_pause(None);
-            let why = if std::mem::take(&mut self.pause_unjudged) {
+            let why = if !std::mem::take(&mut self.pause_unjudged) {
+                "LMCache's checkpoint interval is above the kernel's writeback delay again"
+            } else if self.gaps >= JUDGE_GAPS {
                 "LMCache's checkpoint interval, now seen, is above the kernel's writeback delay"
             } else {
-                "LMCache's checkpoint interval is above the kernel's writeback delay again"
+                "the kernel's writeback delay is below LMCache's shortest checkpoint interval (1 s), or no longer readable"
             };
             return resume(self, why);
         }
@@ -497,7 +500,7 @@ impl Watcher {
     /// The kernel's writeback delay while this run has not yet seen the [`JUDGE_GAPS`]
     /// checkpoint intervals it judges the risk by, nor carries a judgement over, and a dirty
     /// page may wait as long as LMCache's shortest interval (1 s); `None` otherwise.
-    fn unjudged_delay(&self) -> Option<Option<Duration>> {
+    pub(super) fn unjudged_delay(&self) -> Option<Option<Duration>> {
         if !self.cfg.trim || self.carried.is_some() || self.gaps >= JUDGE_GAPS {
             return None;
         }

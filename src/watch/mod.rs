@@ -341,14 +341,14 @@ pub fn kernel_writeback_delay(expire: u64, every: u64) -> Option<Duration> {
     (every > 0).then(|| Duration::from_millis(expire.saturating_add(every).saturating_mul(10)))
 }
 
-/// Whether LMCache's checkpoint `interval` leaves the writeback assumption in doubt: a page may
-/// be held back (`delay`, `None` unbounded) for as long as the interval.
 /// Checkpoint intervals seen before the writeback risk is judged: the first few may be
 /// LMCache's out-of-turn checkpoints (`close()`, `checkpoint_now()`) or idle multiples.
 const JUDGE_GAPS: u32 = 3;
 /// LMCache's checkpoint thread wakes every `max(1, meta_checkpoint_interval_sec)` seconds.
 const MIN_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Whether LMCache's checkpoint `interval` leaves the writeback assumption in doubt: a page may
+/// be held back (`delay`, `None` unbounded) for as long as the interval.
 pub fn writeback_outlasts_interval(interval: Duration, delay: Option<Duration>) -> bool {
     delay.is_none_or(|d| d >= interval)
 }
@@ -634,6 +634,10 @@ pub struct Watcher {
     buffered_seen: bool,
     /// The pause is one before the risk was judged ([`Watcher::pause_until_judged`]).
     pause_unjudged: bool,
+    /// The kernel's delay while the risk is not yet judged ([`Watcher::unjudged_delay`]), as
+    /// weighed at the last checkpoint (or the start): like the judged risk, it changes only
+    /// with a checkpoint, which then confirms nothing if it ends a pause.
+    unjudged: Option<Option<Duration>>,
     /// A pause the previous run saved ([`Watcher::carry_writeback_pause`]): until this run has
     /// seen enough intervals to judge itself, the risk is weighed against its interval, and
     /// buffered writes it saw count as seen.
@@ -803,6 +807,7 @@ impl Watcher {
             interval: None,
             gaps: 0,
             pause_unjudged: false,
+            unjudged: None,
             recent_gaps: std::collections::VecDeque::new(),
             writeback: None,
             writeback_risk: false,
@@ -881,6 +886,7 @@ impl Watcher {
         }
         w.arm_alarm();
         w.carry_writeback_pause();
+        w.unjudged = w.unjudged_delay();
         // From now on a crash leaves an unclean state: confirmations are not trusted then.
         // A transient failure gets two more tries; after that the caller decides (`add`
         // refuses to serve) and the cycle is retried while the device runs.

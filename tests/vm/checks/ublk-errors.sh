@@ -117,7 +117,7 @@ expect "LMCache image on the drive again" bash -c "wipefs -a '$NS_DEV' >/dev/nul
 # node: LMCache pointed at the drive itself) is refused after add's 5 s wait, named; the
 # daemon's exclusive open would not see it. A reader (blktrace, a monitor) is no bar.
 exec 4<>"$NS_DEV"
-refuse "a namespace another program holds open for writing" "^fdpblk: backing $NG_DEV is open for writing by bash \(pid $$\) on $NS_DEV(, bash \(pid [0-9]+\) on $NS_DEV)*: .*stop it" \
+refuse "a namespace another program holds open for writing" "^fdpblk: backing $NG_DEV is open for writing by (bash \(pid [0-9]+\) on $NS_DEV, )*bash \(pid $$\) on $NS_DEV(, bash \(pid [0-9]+\) on $NS_DEV)*: .*stop it" \
     add --backing "$NG_DEV" -n 0 --engine passthrough
 exec 4<&-
 exec 4<"$NS_DEV"

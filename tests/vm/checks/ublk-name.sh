@@ -117,7 +117,9 @@ fi
 truncate -s 64M /var/tmp/kv6.img /var/tmp/kv7.img
 expect "device 1 named kv6" quiet fdpblk_add --backing /var/tmp/kv6.img --engine plain --policy none -n 1 --name kv6 "${GEO[@]}"
 cp /run/fdpblk/1.json /tmp/kv6-state.json
-cp /run/fdpblk/1.stats.json /tmp/kv6-stats.json
+# (The stats are written a moment after the add returns.)
+for _ in $(seq 100); do [[ -e /run/fdpblk/1.stats.json ]] && break; sleep 0.1; done
+cp /run/fdpblk/1.stats.json /tmp/kv6-stats.json || check_fatal "no stats file for device 1 after 10 s"
 expect "kv6: del" quiet "$FDPBLK" del -n 1
 expect "kv6: device 1 is gone" bash -c "for i in \$(seq 50); do [[ -e /dev/ublkb1 ]] || exit 0; sleep 0.1; done; exit 1"
 cp /tmp/kv6-state.json /run/fdpblk/1.json && ln -sfn /dev/ublkb1 /dev/fdpblk/kv6
