@@ -1191,16 +1191,10 @@ fn other_writers(backing: &Path, wait: std::time::Duration) -> Option<String> {
     let other = crate::nvme::path::namespace_other_node(backing);
     let nodes: Vec<&Path> = std::iter::once(backing).chain(other.as_deref()).collect();
     let find = || -> Vec<String> {
-        let mut found: Vec<String> = Vec::new();
-        for n in &nodes {
-            for (pid, comm) in state::writers(n) {
-                let who = format!("{comm} (pid {pid}) on {}", n.display());
-                if !comm.starts_with("fdpblk") && !found.contains(&who) {
-                    found.push(who);
-                }
-            }
-        }
-        found
+        nodes
+            .iter()
+            .flat_map(|n| state::writers(n).into_iter().filter(|(_, comm)| !comm.starts_with("fdpblk")).map(move |(pid, comm)| format!("{comm} (pid {pid}) on {}", n.display())))
+            .collect()
     };
     let start = std::time::Instant::now();
     loop {

@@ -361,17 +361,16 @@ impl Watcher {
     /// drive after slot writes of a later snapshot, which the deallocation rules assume it
     /// does not. O_DIRECT writes (MP mode) do not wait in the page cache.
     fn check_writeback(&mut self) {
-        const GAPS: u32 = JUDGE_GAPS;
         let Some(delay) = self.cfg.writeback.now() else { return };
         // Until this run has seen enough intervals, a pause the previous run saved holds while
         // the delay still reaches the interval it was judged at.
-        if self.gaps >= GAPS {
+        if self.gaps >= JUDGE_GAPS {
             self.carried = None;
         }
         let carried = self.carried.map(|p| p.interval());
         let Some(shortest) = carried.or_else(|| self.short_gap()).or(self.interval) else { return };
         self.writeback = Some(delay);
-        let risk = (carried.is_some() || self.gaps >= GAPS) && writeback_outlasts_interval(shortest, delay);
+        let risk = (carried.is_some() || self.gaps >= JUDGE_GAPS) && writeback_outlasts_interval(shortest, delay);
         if risk && !self.writeback_risk {
             // Looked at at once: this checkpoint's confirmations wait for the answer.
             self.buffered_checked = None;
@@ -461,20 +460,15 @@ impl Watcher {
         let seen = self.buffered_seen || self.carried.is_some_and(|p| p.buffered);
         let why = if seen {
             None
-        } else if self.buffered_checked.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
-            return false;
         } else {
-            self.buffered_checked = Some(Instant::now());
-            match self.cfg.buffered.seen(self.cfg.page_cache.as_deref()) {
-                Ok(false) => {
+            match self.look_for_buffered_writes() {
+                None => return false,
+                Some(Ok(false)) => {
                     self.save_writeback_pause(None);
                     return resume(self, "no write through the page cache is seen");
                 }
-                Ok(true) => {
-                    self.buffered_seen = true;
-                    None
-                }
-                Err(e) => Some(format!("fdpblk cannot tell whether LMCache writes through the page cache ({e})")),
+                Some(Ok(true)) => None,
+                Some(Err(e)) => Some(format!("fdpblk cannot tell whether LMCache writes through the page cache ({e})")),
             }
         };
         let why = why.unwrap_or_else(|| "LMCache writes through the page cache (its non-MP default)".to_string());
@@ -512,22 +506,10 @@ impl Watcher {
     /// where buffered writes are seen, until the intervals are (LMCache's default 60 s is above
     /// the kernel's default 35 s: then it resumes). Where that cannot be told (no cachestat)
     /// it goes on, as before this run judged. Not saved: a restart starts unjudged again.
+    /// No pause to end here: this one needs buffered writes seen, which stays so for the run.
     fn pause_until_judged(&mut self, delay: Option<Duration>) -> bool {
-        if !self.buffered_seen {
-            if self.buffered_checked.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
-                return false;
-            }
-            self.buffered_checked = Some(Instant::now());
-            match self.cfg.buffered.seen(self.cfg.page_cache.as_deref()) {
-                Ok(true) => self.buffered_seen = true,
-                Ok(false) | Err(_) => {
-                    if self.writeback_pause.take().is_some() {
-                        tracing::info!("device {}: deallocation resumes: no write through the page cache is seen", self.cfg.device);
-                        return true;
-                    }
-                    return false;
-                }
-            }
+        if !self.buffered_seen && self.look_for_buffered_writes() != Some(Ok(true)) {
+            return false;
         }
         let held = delay.map_or_else(|| "indefinitely (vm.dirty_writeback_centisecs is 0)".to_string(), |d| format!("{:.1}s", d.as_secs_f64()));
         let why = format!(
@@ -541,6 +523,18 @@ impl Watcher {
         }
         self.pause_unjudged = true;
         false
+    }
+
+    /// Looks at the exported device's page cache for buffered writes, at most once a second
+    /// (`None`: looked at less than a second ago); a "yes" counts for the rest of the run.
+    fn look_for_buffered_writes(&mut self) -> Option<Result<bool, String>> {
+        if self.buffered_checked.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return None;
+        }
+        self.buffered_checked = Some(Instant::now());
+        let seen = self.cfg.buffered.seen(self.cfg.page_cache.as_deref());
+        self.buffered_seen |= seen == Ok(true);
+        Some(seen)
     }
 
     /// Keeps the pause in force in the saved state (for the next run: see
