@@ -909,7 +909,8 @@ impl CommandLimits {
     /// What the kernel derived from WZSL and DMRSL for the namespace behind `ng`
     /// (`write_zeroes_max_bytes`, `discard_max_hw_bytes`), or its queue's limits for any other
     /// block device `ng` names. 0 there means "not supported": not a limit, but the ublk
-    /// device then offers none (`write_zeroes_off`, `discard_off`).
+    /// device then offers none (`write_zeroes_off`, `discard_off`). A namespace without a
+    /// block device has them off where its controller's ONCS lacks the command.
     pub fn of(ng: &Path) -> Self {
         let block = crate::nvme::path::namespace_block_device(ng).or_else(|| {
             use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -920,13 +921,30 @@ impl CommandLimits {
         });
         let name = block.as_deref().and_then(Path::file_name).and_then(|n| n.to_str());
         let get = |attr| sysfs_queue(name, attr).filter(|&b| b > 0);
-        CommandLimits {
+        let limits = CommandLimits {
             write_zeroes_bytes: get("write_zeroes_max_bytes"),
             discard_bytes: get("discard_max_hw_bytes"),
             discard_segments: get("max_discard_segments"),
             write_zeroes_off: sysfs_queue(name, "write_zeroes_max_bytes") == Some(0),
             discard_off: sysfs_queue(name, "discard_max_hw_bytes") == Some(0),
+        };
+        if name.is_some() {
+            return limits;
         }
+        // No block device (the kernel made none for the namespace's format): the
+        // controller's own word, where `ng` is an NVMe node that answers Identify.
+        let ctrl = crate::nvme::NvmeDevice::open(ng).and_then(|d| d.identify_ctrl()).ok();
+        limits.or_controller(ctrl.as_ref())
+    }
+
+    /// Where the kernel said nothing, what the controller's ONCS says: a command it lacks
+    /// is not offered (passthrough would send it and fail every such request).
+    fn or_controller(mut self, ctrl: Option<&crate::nvme::identify::IdCtrl>) -> Self {
+        if let Some(c) = ctrl {
+            self.discard_off |= !c.dsm_supported();
+            self.write_zeroes_off |= !c.write_zeroes_supported();
+        }
+        self
     }
 
     /// Whether fdpblk's own deallocation can reach the drive: through passthrough only as
@@ -1245,7 +1263,7 @@ mod tests {
     #[test]
     fn write_zeroes_is_offered_only_where_the_kernel_offers_it_for_the_namespace() {
         assert_eq!(CommandLimits { write_zeroes_off: true, ..Default::default() }.ublk_write_zeroes_sectors(12), 0);
-        // Unknown (no block device for the namespace): offered, the drive answers per command.
+        // Unknown (no block device, no Identify answer): offered, the drive answers per command.
         assert_eq!(CommandLimits::default().ublk_write_zeroes_sectors(9), u32::MAX >> 9);
         // 4 KiB blocks: whole blocks, or kernels before 6.10 split a large request off them.
         assert_eq!(CommandLimits::default().ublk_write_zeroes_sectors(12), (u32::MAX >> 9) & !7);
@@ -1258,6 +1276,27 @@ mod tests {
         assert_eq!(CommandLimits { write_zeroes_off: true, ..Default::default() }.ublk_discard_sectors(9), u32::MAX >> 9);
         assert_eq!(CommandLimits::default().ublk_discard_sectors(12), (u32::MAX >> 9) & !7);
         assert!(!CommandLimits::of(Path::new("/dev/ng-none")).discard_off);
+    }
+
+    #[test]
+    fn without_a_block_device_the_controllers_oncs_decides() {
+        let mut id = vec![0u8; 4096];
+        let ctrl = |id: &[u8]| crate::nvme::identify::IdCtrl::parse(id).unwrap();
+        // ONCS (bytes 520..522) without Dataset Management or Write Zeroes: neither offered.
+        let none = CommandLimits::default().or_controller(Some(&ctrl(&id)));
+        assert!(none.discard_off && none.write_zeroes_off);
+        assert_eq!(none.ublk_discard_sectors(12), 0);
+        assert_eq!(none.ublk_write_zeroes_sectors(12), 0);
+        id[520] = 1 << 2 | 1 << 3;
+        let both = CommandLimits::default().or_controller(Some(&ctrl(&id)));
+        assert!(!both.discard_off && !both.write_zeroes_off);
+        id[520] = 1 << 2;
+        let dsm = CommandLimits::default().or_controller(Some(&ctrl(&id)));
+        assert!(!dsm.discard_off && dsm.write_zeroes_off);
+        // The kernel's "off" stands whatever the controller says; no answer changes nothing.
+        let off = CommandLimits { discard_off: true, ..Default::default() };
+        assert!(off.or_controller(Some(&ctrl(&id))).discard_off);
+        assert!(!CommandLimits::default().or_controller(None).discard_off);
     }
 
     #[test]
