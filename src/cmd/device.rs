@@ -83,6 +83,11 @@ fn with_erase_hint(e: DiscoverError, backing: &Path, is_bdev: bool, is_chardev: 
         let then = if flag.is_some() { "then add again" } else { "if the other one is LMCache's layout; then add again" };
         return format!("{e}. Erase the old copy's header (the current checkpoint stays) {then}: {erase}");
     }
+    if let DiscoverError::DamagedCopy { offset, block_align, .. } = e {
+        // Its header block alone: LMCache loads nothing from that copy either way.
+        let erase = zero_command(offset, block_align, backing, is_bdev, is_chardev);
+        return format!("{e}. Give LMCache's layout with --slot-bytes and --meta-total-bytes (LMCache overwrites the copy with its first checkpoint), or erase the copy's header and add again to learn the layout from that checkpoint: {erase}");
+    }
     let (DiscoverError::Conflict { meta_bytes, .. } | DiscoverError::CheckpointTooBig { meta_bytes, .. } | DiscoverError::ImpossibleCheckpoint { meta_bytes, .. }) = e else {
         return e.to_string();
     };
@@ -2396,6 +2401,33 @@ mod tests {
         let cfg = validate(&args).unwrap_or_else(|e| panic!("after `{cmd}`: {e}"));
         assert_eq!(cfg.geometry.map(|g| g.slot_bytes), Some(32768));
         assert!(std::fs::read(&img).unwrap()[..4096] == bytes[..4096], "the current copy stays");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Copy 0 failing its CRC with a torn meta_total_bytes, no sound copy: the command the
+    /// error prints zeroes that copy's header block only (not the 934 MB its JSON says), and
+    /// the add then learns the layout; with the layout's flags it goes ahead at once.
+    #[test]
+    fn a_damaged_copy_is_erased_by_its_header_block_or_passed_by_the_flags() {
+        let dir = scratch("damaged");
+        let img = dir.join("kv.img");
+        let (mut bytes, _) = crate::test_fixtures::fixture("object-evict");
+        let json = crate::test_fixtures::copy_json(&bytes, 0).1.replace(r#""meta_total_bytes":1048576"#, r#""meta_total_bytes":934217728"#);
+        bytes[4096..4096 + json.len()].copy_from_slice(json.as_bytes());
+        bytes[524288..524288 + 4096].fill(0);
+        std::fs::write(&img, &bytes).unwrap();
+        std::fs::File::options().write(true).open(&img).unwrap().set_len(64 << 20).unwrap(); // room for fdpblk's state
+        let base = ["--backing", img.to_str().unwrap(), "--engine", "plain", "--policy", "none"];
+        let with = |extra: &[&str]| validate(&add_args(&[&base[..], extra].concat()));
+        let flagged = with(&["--slot-bytes", "64K", "--meta-total-bytes", "1M"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(flagged.geometry.map(|g| (g.slot_bytes, g.meta_total_bytes)), Some((65536, 1 << 20)));
+        let e = with(&[]).unwrap_err();
+        let cmd = e.rsplit(": ").next().unwrap();
+        assert!(e.contains("skips it") && e.contains("--slot-bytes") && cmd.ends_with("bs=4096 count=1 conv=notrunc"), "{e}");
+        assert!(std::process::Command::new("sh").arg("-c").arg(cmd).output().unwrap().status.success(), "{cmd}");
+        let learning = with(&[]).unwrap_or_else(|e| panic!("after `{cmd}`: {e}"));
+        assert!(learning.geometry.is_none(), "learns the layout");
+        assert!(std::fs::read(&img).unwrap()[4096..1 << 20] == bytes[4096..1 << 20], "only the header block is zeroed");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

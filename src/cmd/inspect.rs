@@ -5,7 +5,7 @@
 use super::CmdResult;
 use crate::cli::InspectArgs;
 use crate::device::{open_readonly, ReadAt};
-use crate::layout::checkpoint::{newest_valid, read_entries, CopyStatus};
+use crate::layout::checkpoint::{newest_valid, python_only_literal_at, read_entries, CopyStatus};
 use crate::layout::checkpoint_json::{JsonError, JsonLimits};
 use crate::layout::discover::{discover, GeometryFlags};
 use crate::layout::keys;
@@ -183,10 +183,7 @@ fn inspect_entries_tracking<D: ReadAt + ?Sized>(
         // does not fall back to the other copy. Python also takes NaN and Infinity, which
         // strict JSON has not: there the verdict is not known.
         Err(e @ JsonError::Syntax { at, .. }) => {
-            let mut b = [0u8; 9];
-            let n = b.len().min(newest.payload_len().unwrap_or(0).saturating_sub(at) as usize);
-            dev.read_exact_at(&mut b[..n], newest.payload_offset(g) + at)?;
-            if [&b"NaN"[..], b"Infinity", b"-Infinity"].iter().any(|w| b[..n].starts_with(w)) {
+            if python_only_literal_at(dev, g, newest, at)? {
                 return Err(format!("{e}: a NaN or Infinity literal, which Python's json.loads (LMCache's) accepts; what LMCache would load is not known").into());
             }
             s.rejected = Some(format!("its JSON does not decode ({e})"));

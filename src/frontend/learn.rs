@@ -241,6 +241,8 @@ pub fn look_why(dev: &dyn ReadAt, flags: &GeometryFlags) -> Result<Looked, Strin
         Err(DiscoverError::NoCheckpoint { .. }) => Ok(Looked::Nothing),
         // A read error or a torn copy now may be a checkpoint on its way: look again later.
         Err(DiscoverError::Io(_)) => Ok(Looked::Nothing),
+        // A damaged copy LMCache skips; its first checkpoint overwrites it.
+        Err(DiscoverError::DamagedCopy { .. }) => Ok(Looked::Nothing),
         Err(e) => Err(e.to_string()),
     }
 }

@@ -72,6 +72,16 @@ pub fn payload_crc<D: ReadAt + ?Sized>(dev: &D, offset: u64, len: u64) -> io::Re
     Ok(hasher.finalize())
 }
 
+/// Whether the syntax error at byte `at` of `copy`'s JSON is a NaN or Infinity literal, which
+/// Python's json.loads (LMCache's) accepts and strict JSON does not: LMCache loads that
+/// checkpoint, so it is not one to take as malformed.
+pub fn python_only_literal_at<D: ReadAt + ?Sized>(dev: &D, geom: &Geometry, copy: &CopyStatus, at: u64) -> io::Result<bool> {
+    let mut b = [0u8; 9];
+    let n = b.len().min(copy.payload_len().unwrap_or(0).saturating_sub(at) as usize);
+    dev.read_exact_at(&mut b[..n], copy.payload_offset(geom) + at)?;
+    Ok([&b"NaN"[..], b"Infinity", b"-Infinity"].iter().any(|w| b[..n].starts_with(w)))
+}
+
 /// Streams the JSON of a copy whose header is valid, calling `on_entry` per index entry.
 pub fn read_entries<D: ReadAt + ?Sized>(
     dev: &D,

@@ -52,6 +52,11 @@ pub enum DiscoverError {
     /// enforces: a damaged or hand-made checkpoint, which a flag cannot override (it would
     /// conflict), so the way out is to erase it.
     ImpossibleCheckpoint { error: GeometryError, meta_bytes: u64 },
+    /// `error` ([`Self::ImpossibleCheckpoint`], [`Self::CheckpointTooBig`]) is read from a
+    /// copy whose checksum fails, at `offset` with its JSON `block_align` bytes on, and no
+    /// sound copy is anywhere: LMCache skips it and starts empty, so its layout is no
+    /// measure of what to erase; only its header block is in the way.
+    DamagedCopy { error: Box<DiscoverError>, offset: u64, block_align: u64 },
     /// LMCache's newest checkpoint is valid JSON beyond the parser's bounds.
     Unparsable(JsonError),
     /// The two valid copies hold different layouts: LMCache restarted with a new one (starting
@@ -79,6 +84,10 @@ impl fmt::Display for DiscoverError {
                 "the LMCache checkpoint on the device lays out {meta_bytes} bytes of metadata and {slot_bytes}-byte slots, no slot of which fits in the device's {capacity} bytes; give the whole device LMCache wrote (is this a truncated image?)"
             ),
             Self::Geometry(e) => e.fmt(f),
+            Self::DamagedCopy { error, offset, .. } => write!(
+                f,
+                "{error}; that copy (its header at byte {offset}) fails its checksum too, so LMCache skips it and starts with an empty cache"
+            ),
             Self::ImpossibleCheckpoint { error, .. } => write!(
                 f,
                 "the LMCache checkpoint on the device lists a layout LMCache itself refuses ({error}): it is damaged or not LMCache's"
@@ -118,7 +127,15 @@ impl From<GeometryError> for DiscoverError {
 /// Finds the layout of `dev`. The checkpoint is preferred; flags fill gaps and must agree.
 pub fn discover<D: ReadAt + ?Sized>(dev: &D, flags: &GeometryFlags) -> Result<Discovered, DiscoverError> {
     let size = dev.size()?;
-    let found = find_checkpoint(dev, flags, size)?;
+    let found = match find_checkpoint(dev, flags, size) {
+        // Nothing LMCache loads, and the flags give the layout: theirs (LMCache overwrites
+        // the damaged copy with its first checkpoint).
+        Err(e @ DiscoverError::DamagedCopy { .. }) if flags.slot_bytes.is_some() && flags.meta_total_bytes.is_some() => {
+            tracing::warn!("{e}: taking the layout of the flags");
+            None
+        }
+        r => r?,
+    };
     let (meta, copies, found_in, found_align) = match &found {
         Some((meta, copies, geom)) => (Some(meta.clone()), Some(copies.clone()), geom.meta_total_bytes, Some(geom.block_align)),
         None => (None, None, 0, None),
@@ -288,9 +305,9 @@ fn find_checkpoint<D: ReadAt + ?Sized>(
                 damaged_layouts.push((g, copies));
             }
             Hint::Layout(_) => {}
-            Hint::Error { error, crc_ok: true } => return Err(error),
-            Hint::Error { error, crc_ok: false } => {
-                damaged_error.get_or_insert(error);
+            Hint::Error { error, crc_ok: true, .. } => return Err(error),
+            Hint::Error { error, crc_ok: false, block_align } => {
+                damaged_error.get_or_insert(DiscoverError::DamagedCopy { error: Box::new(error), offset: at, block_align });
             }
         }
     }
@@ -321,6 +338,11 @@ fn checkpoint_in<D: ReadAt + ?Sized>(
         Ok(m) => m,
         // Past fdpblk's bounds, not malformed: LMCache would load it.
         Err(e @ (JsonError::TooDeep { .. } | JsonError::StringTooLong { .. } | JsonError::TooLarge { .. })) => {
+            return Err(DiscoverError::Unparsable(e))
+        }
+        Err(JsonError::Io(e)) => return Err(DiscoverError::Io(std::io::Error::other(e))),
+        // Python's json.loads takes NaN and Infinity: LMCache loads it.
+        Err(e @ JsonError::Syntax { at, .. }) if super::checkpoint::python_only_literal_at(dev, &geom, newest, at)? => {
             return Err(DiscoverError::Unparsable(e))
         }
         Err(_) => return Ok(None), // valid CRC but malformed JSON: LMCache starts empty too
@@ -366,8 +388,9 @@ const COPY1_CANDIDATES: std::ops::RangeInclusive<u32> = 19..=30;
 /// believed only where nothing sound says otherwise.
 enum Hint {
     Layout(Geometry),
-    /// A layout that cannot be, and whether its copy passes its CRC (then it is LMCache's).
-    Error { error: DiscoverError, crc_ok: bool },
+    /// A layout that cannot be, whether its copy passes its CRC (then it is LMCache's), and
+    /// the block size its JSON was found with.
+    Error { error: DiscoverError, crc_ok: bool, block_align: u64 },
 }
 
 /// Reads the container header at `at`, finds its JSON one block later (trying each possible
@@ -414,7 +437,7 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
             // A checkpoint that is LMCache's (its JSON begins where its block_align says) on
             // a device too small for its layout: that is the error, not "no checkpoint".
             Err(GeometryError::DeviceTooSmall { meta_total_bytes, capacity, slot_bytes }) if get("block_align") == Some(a) => {
-                DiscoverError::CheckpointTooBig { meta_bytes: meta_total_bytes, slot_bytes, capacity }
+                DiscoverError::CheckpointTooBig { meta_bytes: meta_total_bytes.min(size), slot_bytes, capacity }
             }
             // A layout LMCache takes but fdpblk does not serve: not damage, nothing to erase.
             Err(error @ GeometryError::BlockAlignTooLarge(_)) if get("block_align") == Some(a) => DiscoverError::Geometry(error),
@@ -432,7 +455,7 @@ fn geometry_hint_at<D: ReadAt + ?Sized>(
         // is read (`JsonLimits`), it is not read either.
         let cap = ((meta_total_bytes / 2) / a * a).saturating_sub(a).min(JsonLimits::default().max_payload_bytes);
         let crc_ok = h.payload_len <= cap.min(size - start) && payload_crc(dev, start, h.payload_len)? == h.crc32;
-        return Ok(Some(Hint::Error { error, crc_ok }));
+        return Ok(Some(Hint::Error { error, crc_ok, block_align: a }));
     }
     Ok(None)
 }
@@ -525,6 +548,54 @@ mod tests {
         // The flag for it conflicts, as before: the erase (named by `add`) is the way out.
         let fixed = GeometryFlags { header_bytes: Some(4096), ..layout };
         assert!(matches!(discover(&img, &fixed).unwrap_err(), DiscoverError::Conflict { field: "header_bytes", .. }));
+    }
+
+    /// The error a damaged copy at `offset` (block_align 4096) names.
+    fn damaged_at(e: &DiscoverError, offset: u64) -> &DiscoverError {
+        match e {
+            DiscoverError::DamagedCopy { error, offset: o, block_align: 4096 } if *o == offset => error,
+            _ => panic!("not a damaged copy at {offset}: {e:?}"),
+        }
+    }
+
+    /// Copy 0 failing its CRC with a torn meta_total_bytes (not a 4 KiB multiple, 934 MB on a
+    /// device of less) and no sound copy: LMCache skips it and starts empty. The flags' layout
+    /// is taken; without them the error says so, and its own values size nothing.
+    #[test]
+    fn a_damaged_copy_with_an_impossible_layout_gives_way_to_the_flags() {
+        let (mut img, _) = fixture("object-evict");
+        let json = copy_json(&img, 0).1.replace(r#""meta_total_bytes":1048576"#, r#""meta_total_bytes":934217728"#);
+        img[4096..4096 + json.len()].copy_from_slice(json.as_bytes());
+        img[524288..524288 + 4096].fill(0);
+        let img = Sparse(img, 2 << 30, Default::default());
+        let e = discover(&img, &GeometryFlags::default()).unwrap_err();
+        assert!(matches!(damaged_at(&e, 0), DiscoverError::ImpossibleCheckpoint { .. }), "{e}");
+        assert!(e.to_string().contains("fails its checksum too, so LMCache skips it"), "{e}");
+        let layout = GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(1 << 20), ..Default::default() };
+        let d = discover(&img, &layout).unwrap();
+        assert_eq!((d.source, d.geometry.meta_total_bytes, d.geometry.slot_bytes), (GeometrySource::Flags, 1 << 20, 65536));
+        assert!(d.checkpoint.is_none());
+        // Half the layout given: still the error (the other half is not known).
+        let half = GeometryFlags { slot_bytes: Some(65536), ..Default::default() };
+        assert!(matches!(discover(&img, &half).unwrap_err(), DiscoverError::DamagedCopy { .. }));
+    }
+
+    /// Python's json.loads takes NaN and Infinity: a checkpoint holding one is LMCache's to
+    /// load, so it is past what fdpblk parses, not a malformed one LMCache starts empty over.
+    #[test]
+    fn a_checkpoint_with_a_nan_is_beyond_the_parser_not_malformed() {
+        let (mut img, _) = fixture("object-evict");
+        let (seq, json) = copy_json(&img, 524288);
+        assert!(copy_json(&img, 0).0 < seq, "copy 1 is the newest");
+        let with_nan = json.replacen(r#""entries":"#, r#""x":NaN,"entries":"#, 1);
+        assert!(with_nan.contains("NaN"));
+        put_copy(&mut img, 524288, seq, &with_nan);
+        let e = discover(&img, &GeometryFlags::default()).unwrap_err();
+        assert!(matches!(e, DiscoverError::Unparsable(JsonError::Syntax { .. })), "{e}");
+        // Malformed in a way Python refuses too: LMCache starts empty; the older copy is not
+        // its fallback either, so no checkpoint is taken from the container.
+        put_copy(&mut img, 524288, seq, &json.replacen(r#""entries":"#, r#""x":nan,"entries":"#, 1));
+        assert!(!matches!(discover(&img, &GeometryFlags::default()), Err(DiscoverError::Unparsable(_))));
     }
 
     /// An image (its first bytes), then zeroes up to a size; it counts the bytes read.
@@ -648,10 +719,10 @@ mod tests {
             (e, dev.1.get())
         };
         let (e, sound_len) = run(&img);
-        assert!(matches!(e, DiscoverError::ImpossibleCheckpoint { .. }), "{e}");
+        assert!(matches!(damaged_at(&e, 0), DiscoverError::ImpossibleCheckpoint { .. }), "{e}");
         img[20..28].copy_from_slice(&((64u64 << 20) - 8192).to_le_bytes());
         let (e, torn_len) = run(&img);
-        assert!(matches!(e, DiscoverError::ImpossibleCheckpoint { .. }), "still named: {e}");
+        assert!(matches!(damaged_at(&e, 0), DiscoverError::ImpossibleCheckpoint { .. }), "still named: {e}");
         // Its JSON's first 64 KiB at each block size tried, not the 64 MiB its length says.
         assert!(torn_len < 1 << 20, "read {torn_len} bytes, {sound_len} with its true length");
     }
@@ -669,7 +740,7 @@ mod tests {
         img[20..28].copy_from_slice(&(3u64 << 30).to_le_bytes());
         let dev = Sparse(img, 4 << 30, Default::default());
         let e = discover(&dev, &GeometryFlags::default()).unwrap_err();
-        assert!(matches!(e, DiscoverError::CheckpointTooBig { .. }), "{e}");
+        assert!(matches!(damaged_at(&e, 0), DiscoverError::CheckpointTooBig { .. }), "{e}");
         assert!(dev.2.get() < 1 << 20, "read {} bytes", dev.2.get());
     }
 
@@ -858,7 +929,7 @@ mod tests {
             img[524288..524288 + 4096].fill(0);
             let e = discover(&img, &GeometryFlags::default()).unwrap_err();
             match to.contains("slot_bytes") {
-                true => assert!(matches!(e, DiscoverError::ImpossibleCheckpoint { .. }), "{to}: {e}"),
+                true => assert!(matches!(damaged_at(&e, 0), DiscoverError::ImpossibleCheckpoint { .. }), "{to}: {e}"),
                 false => assert!(matches!(e, DiscoverError::NoCheckpoint { .. }), "{to}: {e}"),
             }
         }
