@@ -127,6 +127,9 @@ fn errors_name_the_fix() {
         let e = String::from_utf8_lossy(&out.stderr);
         assert!(e.contains(needle), "{workload}: {e}");
     }
+    // A device given as the workload is refused at 1 MiB, not read until memory runs out.
+    let out = fdpblk().args(["simulate", "--workload", "/dev/zero"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("workload /dev/zero is over 1024 KiB"), "{out:?}");
     std::fs::write(&w, WORKLOAD).unwrap();
     for (flag, value, needle) in [("--measure", "inf", "0.1 to 100"), ("--warmup", "NaN", "0 to 100"), ("--unit", "1000", "power of two")] {
         let out = fdpblk().args(["simulate", "--workload", w.to_str().unwrap(), flag, value]).output().unwrap();

@@ -15,7 +15,6 @@ use super::CmdResult;
 use crate::sim::plot::Canvas;
 use clap::Args;
 use serde_json::Value;
-use std::io::Read;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -164,13 +163,16 @@ pub fn render(t: &BarTable) -> Canvas {
     c
 }
 
+/// The largest table read (`simulate --json` of every policy and utilisation is a few KiB).
+const MAX_TABLE_BYTES: u64 = 16 << 20;
+
 pub fn run(a: &PlotArgs) -> CmdResult {
-    let mut text = String::new();
-    if a.table.as_os_str() == "-" {
-        std::io::stdin().read_to_string(&mut text)?;
+    let what = a.table.display().to_string();
+    let text = if a.table.as_os_str() == "-" {
+        super::read_text_at_most(std::io::stdin(), MAX_TABLE_BYTES, &what)?
     } else {
-        text = std::fs::read_to_string(&a.table).map_err(|e| format!("cannot read {}: {e}", a.table.display()))?;
-    }
+        std::fs::File::open(&a.table).map_err(|e| format!("cannot read {what}: {e}")).and_then(|f| super::read_text_at_most(f, MAX_TABLE_BYTES, &what))?
+    };
     let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", a.table.display()))?;
     let t = parse_table(&v).map_err(|e| format!("{}: {e}", a.table.display()))?;
     std::fs::write(&a.out, render(&t).png()).map_err(|e| format!("cannot write {}: {e}", a.out.display()))?;

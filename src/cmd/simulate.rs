@@ -131,10 +131,15 @@ fn parse_list<T>(s: &str, what: &str, f: impl Fn(&str) -> Option<T>) -> Result<V
         .collect()
 }
 
+/// The largest workload file read (the shipped ones are about 1 KiB).
+const MAX_WORKLOAD_BYTES: u64 = 1 << 20;
+
 /// Builds the run specifications the arguments ask for, in table order.
 pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
-    let text = std::fs::read_to_string(&a.workload)
-        .map_err(|e| format!("cannot read workload {}: {e}", a.workload.display()))?;
+    let what = format!("workload {}", a.workload.display());
+    let text = std::fs::File::open(&a.workload)
+        .map_err(|e| format!("cannot read {what}: {e}"))
+        .and_then(|f| super::read_text_at_most(f, MAX_WORKLOAD_BYTES, &what))?;
     let mut workload =
         WorkloadSpec::from_json_str(&text).map_err(|e| format!("workload {}: {e}", a.workload.display()))?;
     if workload.name.is_empty() {
