@@ -123,8 +123,8 @@ pub fn whole_blocks_within(off: u64, len: u64, block: u64) -> Option<(u64, u64)>
 
 pub fn block_device_size(f: &File) -> io::Result<u64> {
     use std::os::fd::AsRawFd;
-    // _IOR(0x12, 114, size_t); not exported by the libc crate.
-    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    // _IOR(0x12, 114, size_t), whose size field is size_t's; not exported by the libc crate.
+    const BLKGETSIZE64: libc::c_ulong = 0x8000_1272 | (std::mem::size_of::<usize>() as libc::c_ulong) << 16;
     let mut size: u64 = 0;
     // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which outlives the call.
     let rc = unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };

@@ -482,8 +482,10 @@ impl PassthroughEngine {
             opcode::UringCmd80::new(types::Fd(self.fd), NVME_URING_CMD_IO).cmd(bytes).build().user_data(u64::from(key));
         let mut ring = self.ring.borrow_mut();
         for _ in 0..EAGAIN_RETRIES {
-            // SAFETY: the command's buffers (data, DSM ranges) outlive its completion: the
-            // caller awaits the returned Op, and a dropped Op keeps the slot until completion.
+            // SAFETY: the command's buffers outlive its completion: the data buffer is the
+            // tag's, and every caller awaits the returned Op to its end (never dropped early:
+            // see `QueueEngine`; a dropped Op keeps only its slot, not the buffer), and the
+            // queue drains before its tasks are dropped; DSM range lists are kept until then.
             if unsafe { ring.submission().push(&sqe) }.is_ok() {
                 return Ok(Op { slab: &self.slab, key, done: false });
             }

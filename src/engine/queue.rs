@@ -8,6 +8,10 @@ use libublk::io::UblkQueue;
 
 /// Results follow ublk's completion rules: bytes done for reads and writes, 0 for the other
 /// operations, a negative errno on failure.
+///
+/// A read or write future must be awaited to its end, never dropped early (no `select!` or
+/// timeout around one): the kernel or the drive holds the tag's buffer until the command
+/// completes, and only the engine's slot outlives a dropped future, not the buffer.
 #[allow(clippy::large_enum_variant)] // one per queue thread, never moved on the data path
 pub enum QueueEngine {
     /// `plain` and `streams`: I/O on the ublk queue's own ring.

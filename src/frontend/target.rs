@@ -428,15 +428,16 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
         let done = || tasks.iter().all(|t| t.is_finished());
         if let Err(e) = libublk::wait_and_handle_io_events(&q, Some(20), run_ops, done).await {
             tracing::error!("queue {qid}: {}", ublk_error(&e));
-            // The io_uring engine's reads and writes go on the queue's own ring: a tag task
-            // still waiting may have one in flight into its buffer. Forgetting the task
-            // handles would not keep it: dropping the executor drops the tasks' futures, and
-            // their buffers, anyway. Exiting leaves the pages to the kernel until the I/O
-            // ends, as the passthrough drain below does.
-            if !matches!(ctx.engine, QueueEngine::Passthrough(_)) && !tasks.iter().all(|t| t.is_finished()) {
-                tracing::error!("queue {qid}: tag tasks still had I/O in flight: aborting (`fdpblk recover -n {dev_id}` or `fdpblk del -n {dev_id}`)");
-                std::process::abort();
-            }
+        }
+        // The io_uring engine's reads and writes go on the queue's own ring: a tag task still
+        // waiting may have one in flight into its buffer. Forgetting the task handles would
+        // not keep it: dropping the executor drops the tasks' futures, and their buffers,
+        // anyway. Exiting leaves the pages to the kernel until the I/O ends, as the
+        // passthrough drain below does. (libublk 0.4 returns Ok only once every task is
+        // done; this does not lean on that.)
+        if !matches!(ctx.engine, QueueEngine::Passthrough(_)) && !tasks.iter().all(|t| t.is_finished()) {
+            tracing::error!("queue {qid}: tag tasks still had I/O in flight: aborting (`fdpblk recover -n {dev_id}` or `fdpblk del -n {dev_id}`)");
+            std::process::abort();
         }
         drop(reaper);
         // A tag task owns the buffer its NVMe commands read into or write from: a queue that

@@ -73,7 +73,7 @@ pub const ALIGN: usize = 4096;
 
 impl AlignedBuf {
     pub fn zeroed(len: usize) -> Self {
-        let len = len.max(ALIGN).div_ceil(ALIGN) * ALIGN;
+        let len = len.max(ALIGN).checked_next_multiple_of(ALIGN).expect("a buffer size below usize::MAX");
         let layout = std::alloc::Layout::from_size_align(len, ALIGN).expect("aligned layout");
         // SAFETY: the layout has a non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
