@@ -598,6 +598,76 @@ mod tests {
         assert!(!matches!(discover(&img, &GeometryFlags::default()), Err(DiscoverError::Unparsable(_))));
     }
 
+    /// Seeded mutations of real LMCache images: bytes of a container's header block and
+    /// JSON flipped, its length torn, its CRC made to match the result or not. Discovery and
+    /// a full read of the newest copy's entries never panic, and read a bounded number of
+    /// bytes. (The fuzz targets do this unseeded and are not run in CI; this is.)
+    #[test]
+    fn mutated_fixture_images_never_panic_and_read_a_bounded_amount() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut images: Vec<Vec<u8>> = ["object-evict", "legacy-basic", "object-multitenant", "reopen"].map(|f| fixture(f).0).into();
+        let flags = [GeometryFlags::default(), GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(1 << 20), ..Default::default() }];
+        let (mut found, mut entries, mut most) = (0, 0u64, 0u64);
+        for i in 0..2000usize {
+            let img = &mut images[i % 4];
+            let size = img.len() as u64;
+            let mut undo: Vec<(usize, u8)> = Vec::new();
+            let mut set = |img: &mut Vec<u8>, at: usize, b: u8| {
+                undo.push((at, img[at]));
+                img[at] = b;
+            };
+            let at = if next() % 2 == 0 { 0 } else { 524288 };
+            let len = u64::from_le_bytes(img[at + 20..at + 28].try_into().unwrap()).min(64 << 10) as usize;
+            for _ in 0..1 + next() % 8 {
+                let k = at + (next() as usize) % (4096 + len + 16);
+                set(img, k, next() as u8);
+            }
+            if next() % 4 == 0 {
+                let torn = match next() % 3 {
+                    0 => next() % 64,
+                    1 => next() % (size * 2),
+                    _ => next(),
+                };
+                for (j, b) in torn.to_le_bytes().into_iter().enumerate() {
+                    set(img, at + 20 + j, b);
+                }
+            }
+            if next() % 2 == 0 {
+                let n = u64::from_le_bytes(img[at + 20..at + 28].try_into().unwrap());
+                if let Some(payload) = img.get(at + 4096..).and_then(|p| p.get(..usize::try_from(n).ok()?)) {
+                    for (j, b) in crc32fast::hash(payload).to_le_bytes().into_iter().enumerate() {
+                        set(img, at + 28 + j, b);
+                    }
+                }
+            }
+            for f in &flags {
+                let dev = Sparse(img.clone(), size, Default::default());
+                if let Ok(d) = discover(&dev, f) {
+                    found += 1;
+                    if let Some(c) = read_copies(&dev, &d.geometry).ok().as_ref().and_then(|c| newest_valid(c).cloned()) {
+                        let _ = read_entries(&dev, &d.geometry, &c, &JsonLimits::default(), &mut |_| {
+                            entries += 1;
+                            Ok(())
+                        });
+                    }
+                }
+                most = most.max(dev.2.get());
+            }
+            for (k, b) in undo.into_iter().rev() {
+                img[k] = b;
+            }
+        }
+        // 3108 layouts and 40724 entries found, 1.77 MB read at most, with this seed.
+        assert!(found > 2000 && entries > 20_000, "the mutations leave checkpoints to read ({found} found, {entries} entries)");
+        assert!(most < 4 << 20, "one look read {most} bytes, more than the 4 MiB image");
+    }
+
     /// An image (its first bytes), then zeroes up to a size; it counts the bytes read.
     struct Sparse(Vec<u8>, u64, std::cell::Cell<u64>);
     impl ReadAt for Sparse {
