@@ -97,8 +97,9 @@ pub fn logical_block_bytes(f: &File) -> u64 {
 }
 
 /// The alignment a regular file's O_DIRECT offsets and lengths need (statx `STATX_DIOALIGN`,
-/// Linux >= 6.1), at least 512; 512 when the file system does not say or has no O_DIRECT
-/// (fdpblk then opens the file without it).
+/// Linux >= 6.1), at least 512; where the kernel does not say, the smallest of 512 to 4096
+/// that an O_DIRECT read takes ([`probe_dio_block_bytes`]); 512 where the file system has no
+/// O_DIRECT (fdpblk then opens the file without it).
 pub fn file_dio_block_bytes(f: &File) -> u64 {
     use std::os::fd::AsRawFd;
     const STATX_DIOALIGN: u32 = 0x2000;
@@ -106,9 +107,27 @@ pub fn file_dio_block_bytes(f: &File) -> u64 {
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::statx(f.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, STATX_DIOALIGN, &mut st) };
     if rc != 0 || st.stx_mask & STATX_DIOALIGN == 0 {
-        return 512;
+        return probe_dio_block_bytes(f).unwrap_or(512);
     }
     u64::from(st.stx_dio_offset_align).max(512)
+}
+
+/// The smallest block of 512 to 4096 bytes at which an O_DIRECT read of `f` (reopened so)
+/// is not refused as misaligned (EINVAL); None where it cannot be opened so, or every read
+/// fails otherwise. A file on a 4 KiB-sector disk needs 4096 on a kernel too old to say.
+pub fn probe_dio_block_bytes(f: &File) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let d = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(format!("/proc/self/fd/{}", f.as_raw_fd())).ok()?;
+    let mut buf = crate::persist::dev::AlignedBuf::zeroed(4096);
+    for b in [512u64, 1024, 2048, 4096] {
+        match FileExt::read_at(&d, &mut buf[..b as usize], b) {
+            Ok(_) => return Some(b),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => continue,
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 /// The whole blocks of `block` bytes inside `[off, off + len)`, as (offset, length): a
@@ -215,6 +234,10 @@ mod tests {
         let f = std::fs::File::open(&path).unwrap();
         let b = file_dio_block_bytes(&f);
         assert!(b >= 512 && b.is_power_of_two(), "{b}");
+        // What a kernel before 6.1 finds by trying (where the file system takes O_DIRECT).
+        if let Some(p) = super::probe_dio_block_bytes(&f) {
+            assert_eq!(p, b.min(4096), "the probe finds what statx says");
+        }
         // Where the file system takes O_DIRECT, a read of one such block at that offset works.
         use std::os::unix::fs::{FileExt, OpenOptionsExt};
         if let Ok(d) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&path) {
