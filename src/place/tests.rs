@@ -309,3 +309,25 @@ fn shared_policy_is_one_policy() {
     b.observe(&Observation::Read { slot: 0, identity: Some(1), len: 1, slot_reads: 0 });
     assert_eq!(put(&mut a, 1, 1), KeyAwarePolicy::READ);
 }
+
+/// tools/waf-compare checks each configuration's handles against the drive before its first
+/// erase, from a table of its own: the table is each policy's `handles()`.
+#[test]
+fn waf_compares_table_of_handles_is_the_policies() {
+    let tool = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tools/waf-compare")).unwrap();
+    let line = tool.lines().find(|l| l.starts_with("declare -A HANDLES_NEEDED=(")).expect("the table");
+    let table: Vec<(String, u16)> = line
+        .split('[')
+        .skip(1)
+        .map(|e| {
+            let (name, rest) = e.split_once("]=").unwrap();
+            (name.to_string(), rest.trim_end_matches([')', ' ']).parse().unwrap())
+        })
+        .collect();
+    for name in ["none", "region", "lmcache-fdp", "key-aware"] {
+        let want = super::policy_by_name(name).unwrap().handles();
+        let listed = table.iter().find(|(n, _)| n == name).map(|&(_, h)| h);
+        assert_eq!(listed.unwrap_or(1), want, "{name}");
+    }
+    assert_eq!(table.len(), 3, "{table:?}");
+}
