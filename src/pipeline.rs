@@ -474,10 +474,11 @@ impl Pipeline {
                     self.slots.note_payload_write(slot)
                 }
                 ExtentKind::SlotPayload { .. } | ExtentKind::SlotPadding { .. } => {
-                    // Past the current payload: a longer put's bytes ahead of its header.
-                    let waits = self.slots.note_write(slot);
+                    // Past the current payload: a longer put's bytes ahead of its header. The
+                    // orphan mark goes first: a tail deallocation that read no mark then finds
+                    // the write's touch (its CAS fails) or holds the write (`note_write`).
                     self.slots.note_orphan(slot, self.orphan_end(slot, e));
-                    waits
+                    self.slots.note_write(slot)
                 }
                 // The rest of a header block past its identity and length (the page cache
                 // writing back an 8 KiB header's second page apart): neither payload nor tail.
@@ -590,10 +591,11 @@ impl Pipeline {
         if now == judged || (self.within_payload(slot, e) && self.slots.generation(slot) == now) {
             return false;
         }
+        // The orphan mark before the touch, as for bytes past the payload.
+        self.slots.note_orphan(slot, self.orphan_end(slot, e));
         if self.slots.note_write(slot) {
             self.trim_waits.push(slot);
         }
-        self.slots.note_orphan(slot, self.orphan_end(slot, e));
         true
     }
 

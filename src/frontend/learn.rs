@@ -139,9 +139,13 @@ impl LayoutCell {
         self.learning_done.load(Acquire)
     }
 
-    /// Counts a write, discard or write-zeroes served while learning, before it goes out.
+    /// Counts a write, discard or write-zeroes that may be served while learning, before the
+    /// queue looks for the layout: with the fence, and the learner's after its `set`, either
+    /// the queue finds the layout or the learner's wait counts the request (a request counted
+    /// and then classified is counted done at once).
     pub fn note_learning_started(&self) {
         self.learning_started.fetch_add(1, Release);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Waits, after the layout was set, until every write that began while learning has
@@ -150,6 +154,9 @@ impl LayoutCell {
     /// classified path, so the containers are read again only after it.
     pub fn wait_learning_drained(&self, limit: std::time::Duration, stop: &std::sync::atomic::AtomicBool) -> bool {
         let start = Instant::now();
+        // Pairs with `note_learning_started`'s fence: the layout set before it is seen by
+        // every request counted after.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         loop {
             if self.learning_done.load(Acquire) >= self.learning_started.load(Acquire) {
                 return true;

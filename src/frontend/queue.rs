@@ -276,10 +276,21 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
     segments.clear();
     let data = (op == Op::Write).then(|| &buf[..len as usize]);
     let req = Request { op, offset, len, data };
+    let mutating = matches!(op, Op::Write | Op::Discard | Op::WriteZeroes);
+    let mut counted = false;
     if ctx.pipeline.borrow().is_none() {
+        // Counted before the look, not after: a learner that set the layout between the two
+        // would not wait for this request, served unclassified (`wait_learning_drained`).
+        if mutating {
+            ctx.layout.note_learning_started();
+            counted = true;
+        }
         *ctx.pipeline.borrow_mut() = ctx.layout.pipeline();
     }
     let learning = ctx.pipeline.borrow().is_none();
+    if counted && !learning {
+        ctx.layout.note_learning_done();
+    }
     // Its counts, added once the engine served it.
     let mut tally = None;
     let slot_io = if !learning {
@@ -324,9 +335,6 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         if op == Op::Write {
             ctx.layout.note_learning_write(len);
             segments.push(Segment { offset, len, handle: ctx.layout.learning_handle });
-        }
-        if matches!(op, Op::Write | Op::Discard | Op::WriteZeroes) {
-            ctx.layout.note_learning_started();
         }
         None
     };

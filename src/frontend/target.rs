@@ -1282,7 +1282,8 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // saved now would miss (the next run would trust it).
     FINISHING.store(true, Ordering::SeqCst);
     clean_stop.store(res.is_ok(), Ordering::SeqCst);
-    watch_stop.store(true, Ordering::Relaxed);
+    // Release (in SeqCst): a state thread that sees the stop (Acquire) sees `clean_stop` too.
+    watch_stop.store(true, Ordering::SeqCst);
     if let Some(k) = shared.layout.known() {
         k.slots.wake();
     }
@@ -1523,7 +1524,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
     // again after 30 s all the same, in case a read failed.
     let mut looked_at: Option<(u64, Instant)> = None;
     let g: Geometry = loop {
-        if stop.load(Ordering::Relaxed) {
+        if stop.load(Ordering::Acquire) {
             return;
         }
         let done = shared.layout.learning_done();
@@ -1565,7 +1566,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
         }
         // Once a second; after a refusal every 30 s (each look reads the whole checkpoint).
         for _ in 0..if last_refusal.is_some() { 300 } else { 10 } {
-            if stop.load(Ordering::Relaxed) {
+            if stop.load(Ordering::Acquire) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -1590,7 +1591,7 @@ fn learn_then_watch(shared: &Shared, dev: Arc<dyn StateWriter>, stop: &AtomicBoo
     // A queue that saw no layout just before the switch counts its write within moments; the
     // wait then covers a write held longer (a controller reset holds commands up to 30 s).
     std::thread::sleep(Duration::from_millis(200));
-    if !shared.layout.wait_learning_drained(LEARNING_DRAIN_WAIT, stop) && !stop.load(Ordering::Relaxed) {
+    if !shared.layout.wait_learning_drained(LEARNING_DRAIN_WAIT, stop) && !stop.load(Ordering::Acquire) {
         tracing::warn!(
             "device {}: a write served before the layout was learned has not completed after {} s; the checkpoint containers are read now, and again when LMCache next writes them",
             cfg.id,
@@ -1688,7 +1689,7 @@ pub fn no_deallocation(backing: &Path) -> String {
 
 fn stats_loop(shared: &Shared, stop: &AtomicBool) {
     let (pid, pid_start) = (std::process::id(), state::start_time(std::process::id()));
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::Acquire) {
         let c = &shared.cfg;
         let learned = shared.learned.load(Ordering::Relaxed);
         let mut v = daemon_stats(pid, pid_start, c, &shared.layout, learned, &shared.stats(), &shared.queues);

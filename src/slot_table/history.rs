@@ -97,13 +97,14 @@ impl IdentityHistory {
                 empty = Some(w);
             }
         }
-        let w = match empty {
-            Some(w) => {
-                self.used.fetch_add(1, Ordering::Relaxed);
-                w
-            }
-            None => (self.clock.fetch_add(1, Ordering::Relaxed) as u64 % WAYS) as usize,
-        };
+        // An empty way is taken by a CAS: two queues (or the state thread's sweep) inserting
+        // at once would otherwise both take it, losing one entry and counting it twice.
+        if let Some(w) = empty.filter(|&w| ways[w].compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed).is_ok()) {
+            self.used.fetch_add(1, Ordering::Relaxed);
+            self.mark_dirty(base + w);
+            return;
+        }
+        let w = (self.clock.fetch_add(1, Ordering::Relaxed) as u64 % WAYS) as usize;
         ways[w].store(want, Ordering::Relaxed);
         self.mark_dirty(base + w);
     }

@@ -271,6 +271,9 @@ struct Mailbox {
     last: [Option<(CheckpointHeader, u32)>; 2],
     /// The overflow estimate crossed its threshold on the data path.
     alarm: bool,
+    /// [`SlotTable::wake`] was called since the last wait: a wake that lands between the
+    /// state thread's look at its stop flag and its wait is not lost.
+    woken: bool,
 }
 
 /// Dense per-slot records, indexed by slot number.
@@ -848,15 +851,20 @@ impl SlotTable {
 
     /// Waits up to `timeout` for a checkpoint event, an alarm or [`wake`](Self::wake).
     pub fn wait_events(&self, timeout: Duration) {
-        let m = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
-        if m.events.is_empty() && !m.alarm {
-            let _ = self.wake.wait_timeout(m, timeout);
+        let mut m = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        if m.events.is_empty() && !m.alarm && !m.woken {
+            m = match self.wake.wait_timeout(m, timeout) {
+                Ok((m, _)) => m,
+                Err(e) => e.into_inner().0,
+            };
         }
+        m.woken = false;
     }
 
     /// Wakes the state thread (shutdown).
     pub fn wake(&self) {
-        let _g = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        m.woken = true;
         self.wake.notify_all();
     }
 

@@ -406,3 +406,15 @@ fn a_tables_memory_is_known_before_it_is_made() {
     let per_slot = SlotTable::heap_bytes_for(1 << 20) as f64 / f64::from(1u32 << 20);
     assert!((36.0..38.0).contains(&per_slot), "{per_slot} bytes a slot");
 }
+
+/// A wake that comes before the state thread waits (between its look at the stop flag and
+/// its wait) ends that wait at once; the next wait waits again.
+#[test]
+fn a_wake_before_the_wait_is_not_lost() {
+    let t = SlotTable::new(4);
+    t.wake();
+    let began = std::time::Instant::now();
+    t.wait_events(Duration::from_secs(60));
+    assert!(began.elapsed() < Duration::from_secs(30), "waited {:?} for a wake already given", began.elapsed());
+    assert!(!t.mailbox.lock().unwrap().woken, "the wake is taken once");
+}

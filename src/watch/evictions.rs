@@ -272,10 +272,11 @@ impl Watcher {
         // A header block read since the newest checkpoint was read back (a LMCache opening
         // the device) may be in flight: it could bring the old header back past the zeroes
         // (into the page cache, or the opener's buffer). The early tails' gate.
-        if !self.layout_in_use() {
+        // One count for both looks: a read counted between two would pass both.
+        let reads = self.slots.checkpoint_reads();
+        if self.conflict.is_some() || self.geometry_seen_at != Some(reads) {
             return false;
         }
-        let reads = self.slots.checkpoint_reads();
         if !self.slots.begin_container_zeroing(copy, self.container_writes[c]) {
             return false; // LMCache is writing it: its event comes next
         }

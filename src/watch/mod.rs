@@ -366,8 +366,18 @@ impl Default for WatchConfig {
 pub const TRIM_PER_ROUND: u64 = 4096;
 pub const TRIM_ROUND_TIME: Duration = Duration::from_secs(1);
 
-/// Most unwritten slots in one deallocation request (a run of consecutive slots).
+/// Most unwritten slots in one deallocation request (a run of consecutive slots), and most
+/// bytes ([`reclaim_run_slots`]).
 const RECLAIM_RUN_SLOTS: u64 = 256;
+const RECLAIM_RUN_BYTES: u64 = 256 << 20;
+
+/// Slots of `slot_bytes` in one reclaim run: a put into any of them waits for the whole
+/// deallocation, and the run lies where LMCache's next new slots go (past its bump pointer),
+/// so 256 slots of 32 MiB (8 GiB in one request) would hold its puts for as long as a drive
+/// takes over that; at most 256 MiB, and at least one slot.
+fn reclaim_run_slots(slot_bytes: u64) -> u64 {
+    (RECLAIM_RUN_BYTES / slot_bytes.max(1)).clamp(1, RECLAIM_RUN_SLOTS)
+}
 /// How many slots the reclaim pass looks at between two looks at the round's clock.
 const RECLAIM_SCAN_STRIDE: u64 = 1 << 16;
 
@@ -969,7 +979,7 @@ impl Watcher {
     /// Runs the state thread until `stop`, then a final step and a clean persist, or, when
     /// `clean` is false at the stop, a persist that leaves the state marked in use.
     pub fn run(mut self, stop: &AtomicBool, clean: &AtomicBool) {
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.load(Ordering::Acquire) {
             let wait = self.next_wakeup().min(EARLY_TAILS_INTERVAL);
             self.slots.wait_events(wait);
             self.step();

@@ -3890,6 +3890,16 @@ fn no_unwritten_slot_goes_while_lmcaches_layout_differs() {
     assert!(!r.w.trims_allowed());
 }
 
+#[test]
+fn a_reclaim_run_is_at_most_256_mib() {
+    assert_eq!(reclaim_run_slots(2048), RECLAIM_RUN_SLOTS);
+    assert_eq!(reclaim_run_slots(1 << 20), 256);
+    assert_eq!(reclaim_run_slots(16 << 20), 16);
+    assert_eq!(reclaim_run_slots(32 << 20), 8);
+    assert_eq!(reclaim_run_slots(80 << 20), 3);
+    assert_eq!(reclaim_run_slots(512 << 20), 1);
+}
+
 /// Unwritten slots go in runs, at most `trim_per_round` requests a round; the next round
 /// follows at once and goes on where the last one stopped, without a sweep of the table.
 #[test]

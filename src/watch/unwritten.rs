@@ -103,6 +103,7 @@ impl Watcher {
         let end = self.slots.len() as u64;
         let (mut done, mut requests) = (0, 0);
         let mut run: Vec<(u64, u64)> = Vec::new();
+        let run_slots = reclaim_run_slots(self.geom.slot_bytes);
         while slot < end {
             if slot.is_multiple_of(RECLAIM_SCAN_STRIDE) && began.elapsed() >= self.cfg.trim_round_time {
                 break;
@@ -110,7 +111,7 @@ impl Watcher {
             let l = self.slots.life(slot);
             // Marked `TRIMMING` as it joins the run: a write to it waits from here on, so a run
             // goes out as soon as the next slot does not join it, not when the scan moves on.
-            let joins = (run.len() as u64) < RECLAIM_RUN_SLOTS
+            let joins = (run.len() as u64) < run_slots
                 && is_unwritten(l)
                 && !self.containers[0].lists(slot)
                 && !self.containers[1].lists(slot)
