@@ -196,8 +196,8 @@ fn refuse_foreign_data(
             target.display(),
             with_force(a)
         )),
-        // What said "ours" before blkid was asked still does.
-        Err(_) if ours => Ok(None),
+        // Not even where fdpblk's state is there: it does not vouch for what was written
+        // since (above), as README and deploy/README say.
         Err(e) if a.force => {
             tracing::warn!("--force: cannot check {} for other data ({e}); adding it anyway", target.display());
             Ok(None)

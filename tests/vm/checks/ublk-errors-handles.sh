@@ -11,6 +11,7 @@ expect "names the limit: $out" grep -q "needs 4 placement handles but $NS_DEV ha
 expect "nothing created" bash -c '! compgen -G "/dev/ublkb*" >/dev/null'
 # tools/waf-compare checks every configuration's handles before its first erase, not when
 # that configuration's turn comes after the others have run.
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 printf '%s\n' "--slot-bytes 64K --meta-total-bytes 1M --capacity-bytes 8M" "--engine posix --odirect --quiet" "put 4 checkpoint" >/tmp/waf-handles.args
 dd if=/dev/urandom of=/tmp/waf-marker bs=1M count=1 status=none
 dd if=/tmp/waf-marker of="$NS_DEV" bs=1M oflag=direct status=none

@@ -204,6 +204,7 @@ else
 fi
 sed -n '/^| configuration | workload/,/^$/p' "$PRE/report.md" | sed 's/^/    /'
 expect "its report says the drive was full" grep -q '^Each configuration ran on a full drive' "$PRE/report.md"
+expect "and how much of the fill fdpblk deallocated as never written" grep -q '^fdpblk with trim deallocates the fill in the slots LMCache never wrote.*: key-aware [1-9]' "$PRE/report.md"
 expect "and that nothing was traced" bash -c "grep -q '^Run with --no-trace' '$PRE/report.md' && ! compgen -G '$PRE/*/trace-*' >/dev/null"
 pre=$(python3 - "$PRE/report.json" "$PRE/key-aware/fdpblk-stats.json" "$(blockdev --getsize64 /dev/nvme0n1)" <<'PY'
 import json, sys
@@ -232,6 +233,9 @@ if not ka["drive_write_bytes"] < ns:
 unwritten = st["trim"]["reclaimed_bytes"]
 if not unwritten > 0:
     fails.append(f"key-aware: {unwritten} bytes of unwritten slots deallocated")
+# The report says so: the deallocated column (fdpblk's own count, no trace) holds them.
+if not (ka.get("drive_discard_bytes") or 0) >= unwritten:
+    fails.append(f"key-aware: deallocated column {ka.get('drive_discard_bytes')} below the {unwritten} bytes of unwritten slots")
 print("; ".join(fails) or f"ok: each fill wrote the whole namespace, {len(p['checks'])} checks hold; key-aware deallocated {unwritten} bytes of slots never written")
 PY
 )
