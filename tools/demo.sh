@@ -19,6 +19,7 @@ fixtures=${fixtures:-../shared/fixtures/lmcache-0.5.6}
 [[ -d $fixtures ]] || { echo "demo: no LMCache fixtures at $fixtures; pass their directory as the first argument" >&2; exit 1; }
 [[ -x target/release/fdpblk ]] || echo "== building fdpblk (the first build takes a few minutes)"
 # --locked, as the tests build: the versions in Cargo.lock, never a rewritten lock file.
+command -v cargo >/dev/null || { echo "demo: no cargo: install Rust 1.88 or later (rustup, or the distribution's cargo), then run this again" >&2; exit 1; }
 cargo build --release --locked --quiet --bins ||
     { echo "demo: the build failed (above); it needs a C compiler and libclang (Debian: apt-get install gcc libc6-dev libclang-dev)" >&2; exit 1; }
 bin=target/release/fdpblk

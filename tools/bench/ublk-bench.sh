@@ -72,6 +72,9 @@ for round in $(seq "$ROUNDS"); do
         MADE=(fdpblk)
         dev=$("$FDPBLK" add --backing "$backing" -n 0 --engine "$engine" --policy "$policy" \
             --slot-bytes 64K --meta-total-bytes 1M -q 2 -d 128)
+        for _ in $(seq 50); do [[ -b $dev ]] && break; sleep 0.1; done
+        # Else fio would create a regular file there and measure memory.
+        [[ -b $dev ]] || { echo "ublk-bench: fdpblk's $dev did not appear (is udev running?)" >&2; exit 1; }
         measure "$round" "fdpblk $engine" "$dev"
         "$FDPBLK" del -n 0
         MADE=()
