@@ -64,6 +64,13 @@ modprobe loop 2>/dev/null || true
 loopdev=$(losetup -f --show /dev/nvme0n1) || check_fatal "losetup over /dev/nvme0n1"
 refused "a loop device over the namespace" "is open by: $loopdev \\(a loop device over it\\); stop them first" --drive /dev/nvme0n1 --erase
 losetup -d "$loopdev"
+# Workloads that cannot give comparable rows: no --capacity-bytes (raw would take the whole
+# namespace, fdpblk's device less its tail); --no-trace with buffered writes (the writer's
+# counts are not what reaches the device).
+printf '%s\n' "--slot-bytes 64K --meta-total-bytes 256K" "--engine posix --odirect --quiet" "put 4 checkpoint" >/tmp/waf-nocap.args
+refused "a workload without --capacity-bytes" "/tmp/waf-nocap.args: needs --capacity-bytes" --drive /dev/nvme0n1 --erase --workload /tmp/waf-nocap.args
+printf '%s\n' "--slot-bytes 64K --meta-total-bytes 256K --capacity-bytes 4352K" "--engine posix --quiet" "put 4 checkpoint" >/tmp/waf-buffered.args
+refused "--no-trace with a buffered workload" "/tmp/waf-buffered.args: --no-trace needs a workload with --odirect" --drive /dev/nvme0n1 --erase --no-trace --workload /tmp/waf-buffered.args
 
 # fio-static replays raw's queued writes through NVMe passthrough, which cannot split them:
 # 1 MiB slots queue payload writes of about 1 MiB, past this drive's maximum transfer size.
