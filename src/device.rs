@@ -97,9 +97,10 @@ pub fn logical_block_bytes(f: &File) -> u64 {
 }
 
 /// The alignment a regular file's O_DIRECT offsets and lengths need (statx `STATX_DIOALIGN`,
-/// Linux >= 6.1), at least 512; where the kernel does not say, the smallest of 512 to 4096
-/// that an O_DIRECT read takes ([`probe_dio_block_bytes`]); 512 where the file system has no
-/// O_DIRECT (fdpblk then opens the file without it).
+/// Linux >= 6.1), at least 512; where the kernel does not say, the larger of the smallest
+/// block of 512 to 4096 an O_DIRECT read takes ([`probe_dio_block_bytes`]) and the logical
+/// block of the disk the file system is on (a read of a hole skips the alignment check, and
+/// a new backing file is mostly holes); 512 where neither is known.
 pub fn file_dio_block_bytes(f: &File) -> u64 {
     use std::os::fd::AsRawFd;
     const STATX_DIOALIGN: u32 = 0x2000;
@@ -107,9 +108,19 @@ pub fn file_dio_block_bytes(f: &File) -> u64 {
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::statx(f.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, STATX_DIOALIGN, &mut st) };
     if rc != 0 || st.stx_mask & STATX_DIOALIGN == 0 {
-        return probe_dio_block_bytes(f).unwrap_or(512);
+        let disk = f.metadata().ok().and_then(|m| disk_logical_block_bytes(std::os::unix::fs::MetadataExt::dev(&m)));
+        return probe_dio_block_bytes(f).unwrap_or(512).max(disk.unwrap_or(512));
     }
     u64::from(st.stx_dio_offset_align).max(512)
+}
+
+/// The logical block size of the disk holding device number `dev` (a file system's `st_dev`;
+/// a partition's disk), from sysfs; None for a device without a queue (tmpfs, btrfs's
+/// anonymous devices, overlay).
+pub fn disk_logical_block_bytes(dev: u64) -> Option<u64> {
+    let dir = sysfs_block_dir(dev)?;
+    let disk = if dir.join("partition").exists() { dir.parent()?.to_path_buf() } else { dir };
+    std::fs::read_to_string(disk.join("queue/logical_block_size")).ok()?.trim().parse().ok().filter(|&b: &u64| b >= 512 && b.is_power_of_two())
 }
 
 /// The smallest block of 512 to 4096 bytes at which an O_DIRECT read of `f` (reopened so)
@@ -234,9 +245,14 @@ mod tests {
         let f = std::fs::File::open(&path).unwrap();
         let b = file_dio_block_bytes(&f);
         assert!(b >= 512 && b.is_power_of_two(), "{b}");
-        // What a kernel before 6.1 finds by trying (where the file system takes O_DIRECT).
+        // What a kernel before 6.1 finds by trying (where the file system takes O_DIRECT),
+        // and the disk's logical block below it: neither above what statx says.
         if let Some(p) = super::probe_dio_block_bytes(&f) {
             assert_eq!(p, b.min(4096), "the probe finds what statx says");
+        }
+        let dev = std::os::unix::fs::MetadataExt::dev(&f.metadata().unwrap());
+        if let Some(d) = super::disk_logical_block_bytes(dev) {
+            assert!(d <= b, "the disk's {d}-byte blocks, statx {b}");
         }
         // Where the file system takes O_DIRECT, a read of one such block at that offset works.
         use std::os::unix::fs::{FileExt, OpenOptionsExt};

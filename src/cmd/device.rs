@@ -2423,7 +2423,7 @@ mod tests {
         assert_eq!(flagged.geometry.map(|g| (g.slot_bytes, g.meta_total_bytes)), Some((65536, 1 << 20)));
         let e = with(&[]).unwrap_err();
         let cmd = e.rsplit(": ").next().unwrap();
-        assert!(e.contains("skips it") && e.contains("--slot-bytes") && cmd.ends_with("bs=4096 count=1 conv=notrunc"), "{e}");
+        assert!(e.contains("LMCache skips it") && e.contains("--slot-bytes") && cmd.ends_with("bs=4096 count=1 conv=notrunc"), "{e}");
         assert!(std::process::Command::new("sh").arg("-c").arg(cmd).output().unwrap().status.success(), "{cmd}");
         let learning = with(&[]).unwrap_or_else(|e| panic!("after `{cmd}`: {e}"));
         assert!(learning.geometry.is_none(), "learns the layout");

@@ -83,26 +83,30 @@ impl IdentityHistory {
         let (base, fp) = self.slot_of(identity);
         let want = fp << 16 | u64::from(tag);
         let ways = &self.entries[base..base + WAYS as usize];
-        let mut empty = None;
-        for (w, e) in ways.iter().enumerate() {
-            let v = e.load(Ordering::Relaxed);
-            if v >> 16 == fp {
-                if tag != 0 && v as u16 != tag {
-                    e.store(want, Ordering::Relaxed);
-                    self.mark_dirty(base + w);
+        // An empty way is taken by a CAS: two queues (or the state thread's sweep) inserting
+        // at once would otherwise both take it, losing one entry and counting it twice. A
+        // lost CAS looks at the ways again (the winner may have inserted this identity).
+        for _ in 0..WAYS {
+            let mut empty = None;
+            for (w, e) in ways.iter().enumerate() {
+                let v = e.load(Ordering::Relaxed);
+                if v >> 16 == fp {
+                    if tag != 0 && v as u16 != tag {
+                        e.store(want, Ordering::Relaxed);
+                        self.mark_dirty(base + w);
+                    }
+                    return;
                 }
+                if v == 0 && empty.is_none() {
+                    empty = Some(w);
+                }
+            }
+            let Some(w) = empty else { break };
+            if ways[w].compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                self.used.fetch_add(1, Ordering::Relaxed);
+                self.mark_dirty(base + w);
                 return;
             }
-            if v == 0 && empty.is_none() {
-                empty = Some(w);
-            }
-        }
-        // An empty way is taken by a CAS: two queues (or the state thread's sweep) inserting
-        // at once would otherwise both take it, losing one entry and counting it twice.
-        if let Some(w) = empty.filter(|&w| ways[w].compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed).is_ok()) {
-            self.used.fetch_add(1, Ordering::Relaxed);
-            self.mark_dirty(base + w);
-            return;
         }
         let w = (self.clock.fetch_add(1, Ordering::Relaxed) as u64 % WAYS) as usize;
         ways[w].store(want, Ordering::Relaxed);
