@@ -342,8 +342,8 @@ fn checkpoint_in<D: ReadAt + ?Sized>(
         }
         Err(JsonError::Io(e)) => return Err(DiscoverError::Io(std::io::Error::other(e))),
         // Python's json.loads takes NaN and Infinity: LMCache loads it.
-        Err(e @ JsonError::Syntax { at, .. }) if super::checkpoint::python_only_literal_at(dev, &geom, newest, at)? => {
-            return Err(DiscoverError::Unparsable(e))
+        Err(JsonError::Syntax { at, .. }) if super::checkpoint::python_only_literal_at(dev, &geom, newest, at)? => {
+            return Err(DiscoverError::Unparsable(JsonError::Syntax { at, what: "a NaN or Infinity literal (Python's json.loads, LMCache's, takes it)" }))
         }
         Err(_) => return Ok(None), // valid CRC but malformed JSON: LMCache starts empty too
     };
