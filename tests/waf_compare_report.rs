@@ -73,11 +73,8 @@ fn with_metadata_the_hbmw_checks_do_not_apply() {
 
 #[test]
 fn the_overhead_counts_data_bytes_only_where_blocks_carry_metadata() {
-    let script = r#"
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("report", sys.argv[1])
-m = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(m)
+    let out = with_report(
+        r#"
 n = 1000
 # 1000 blocks of 4096 + 64 bytes on the drive for 1000 blocks written: no overhead; 1010 of
 # them: 1 %; with no metadata, HBMW is the data.
@@ -85,11 +82,18 @@ print(m.data_overhead({"host_bytes": n * 4160, "lba_size": 4096, "lba_metadata":
 print(m.data_overhead({"host_bytes": (n + 10) * 4160, "lba_size": 4096, "lba_metadata": 64}, n * 4096))
 print(m.data_overhead({"host_bytes": n * 4096, "lba_size": 4096, "lba_metadata": 0}, n * 4096))
 print(m.data_overhead({"host_bytes": 4096, "lba_size": 4096, "lba_metadata": 0}, 0))
-"#;
+"#,
+    );
+    assert_eq!(out, "1.0\n1.01\n1.0\nNone\n");
+}
+
+/// Runs `script` with the report's module as `m` (and `random`), and returns what it printed.
+fn with_report(script: &str) -> String {
+    let preamble = "import importlib.util, random, sys\nspec = importlib.util.spec_from_file_location(\"report\", sys.argv[1])\nm = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(m)\n";
     let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/waf-compare-report.py");
-    let out = Command::new("python3").args(["-c", script, tool]).output().expect("python3 runs");
+    let out = Command::new("python3").args(["-c", &format!("{preamble}{script}"), tool]).output().expect("python3 runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), "1.0\n1.01\n1.0\nNone\n");
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// The deallocated-read count keeps runs of blocks, not a set of every block (a real drive's
@@ -97,11 +101,8 @@ print(m.data_overhead({"host_bytes": 4096, "lba_size": 4096, "lba_metadata": 0},
 /// set counts.
 #[test]
 fn reads_of_deallocated_blocks_are_counted_by_runs_as_by_blocks() {
-    let script = r#"
-import importlib.util, random, sys
-spec = importlib.util.spec_from_file_location("report", sys.argv[1])
-m = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(m)
+    let out = with_report(
+        r#"
 def by_blocks(events, block=4096):
     gone, bad = set(), 0
     for _, o, off, n in events:
@@ -126,9 +127,7 @@ for run in range(300):
     nonzero += want > 0
 assert nonzero > 200, nonzero
 print("ok")
-"#;
-    let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/waf-compare-report.py");
-    let out = Command::new("python3").args(["-c", script, tool]).output().expect("python3 runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), "ok\n");
+"#,
+    );
+    assert_eq!(out, "ok\n");
 }

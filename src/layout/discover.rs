@@ -598,6 +598,19 @@ mod tests {
         assert!(!matches!(discover(&img, &GeometryFlags::default()), Err(DiscoverError::Unparsable(_))));
     }
 
+    /// An image, borrowed, counting the bytes read.
+    struct Counting<'a>(&'a [u8], std::cell::Cell<u64>);
+    impl ReadAt for Counting<'_> {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+            let n = self.0.read_at(buf, offset)?;
+            self.1.set(self.1.get() + n as u64);
+            Ok(n)
+        }
+        fn size(&self) -> std::io::Result<u64> {
+            self.0.size()
+        }
+    }
+
     /// Seeded mutations of real LMCache images: bytes of a container's header block and
     /// JSON flipped, its length torn, its CRC made to match the result or not. Discovery and
     /// a full read of the newest copy's entries never panic, and read a bounded number of
@@ -646,20 +659,8 @@ mod tests {
                     }
                 }
             }
-            /// The image, borrowed, counting the bytes read.
-            struct Counted<'a>(&'a [u8], std::cell::Cell<u64>);
-            impl ReadAt for Counted<'_> {
-                fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-                    let n = self.0.read_at(buf, offset)?;
-                    self.1.set(self.1.get() + n as u64);
-                    Ok(n)
-                }
-                fn size(&self) -> std::io::Result<u64> {
-                    self.0.size()
-                }
-            }
             for f in &flags {
-                let dev = Counted(&img[..], Default::default());
+                let dev = Counting(&img[..], Default::default());
                 if let Ok(d) = discover(&dev, f) {
                     found += 1;
                     if let Some(c) = read_copies(&dev, &d.geometry).ok().as_ref().and_then(|c| newest_valid(c).cloned()) {
@@ -777,17 +778,6 @@ mod tests {
     /// to check its CRC: LMCache's loader skips it for that length alone.
     #[test]
     fn a_damaged_copy_longer_than_its_container_is_not_read_whole() {
-        struct Counting<'a>(&'a [u8], std::cell::Cell<u64>);
-        impl ReadAt for Counting<'_> {
-            fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-                let n = self.0.read_at(buf, offset)?;
-                self.1.set(self.1.get() + n as u64);
-                Ok(n)
-            }
-            fn size(&self) -> std::io::Result<u64> {
-                self.0.size()
-            }
-        }
         let (mut img, _) = fixture("object-evict");
         img.resize(64 << 20, 0);
         // Copy 0 with an impossible header_bytes, then its length torn to most of the device;
