@@ -131,3 +131,43 @@ print("ok")
     );
     assert_eq!(out, "ok\n");
 }
+
+/// A reclaim unit the drive changed itself (an FDP event new in the run's window) restarts
+/// its handle's RUAMW: the per-placement-ID checks are skipped, naming the event, instead of
+/// failing a long run; events already logged before the window, and other kinds, change
+/// nothing.
+#[test]
+fn reclaim_units_the_drive_changed_itself_skip_the_per_pid_checks() {
+    let out = with_report(
+        r#"
+import json, os, tempfile
+d = tempfile.mkdtemp()
+old = {"type": 1, "name": "Reclaim Unit Time Limit Exceeded", "pid": 1, "timestamp_ms": 5}
+new = {"type": 129, "name": "Implicitly Modified Reclaim Unit Handle", "pid": 2, "timestamp_ms": 9}
+other = {"type": 128, "name": "Media Reallocated", "pid": 0, "timestamp_ms": 9}
+def put(w, host, ctrl):
+    json.dump({"events": {"host": {"events": host}, "controller": {"events": ctrl}}}, open(os.path.join(d, f"fdp-stats-{w}.json"), "w"))
+put("before", [old], [])
+put("after", [old], [new, other])
+print(m.ru_events(d))
+put("after", [old], [other])
+print(m.ru_events(d))
+os.remove(os.path.join(d, "fdp-stats-before.json"))
+print(m.ru_events(d))
+row = {
+    "config": "region", "classified_bytes": 100, "workload_write_bytes": 100, "workload_source": "blktrace",
+    "drive_write_bytes_blktrace": 100, "drive_write_bytes": 100, "own_state_bytes": 0,
+    "fdp": {"bytes_by_pid_index": {"0": 40}, "ru_bytes": 64, "pid_bytes_below_one_ru": False, "lba_metadata": 0},
+    "ru_events": ["Implicitly Modified Reclaim Unit Handle"],
+}
+for k in m.consistency([row]):
+    if "PID" in k["what"]:
+        print(k.get("skipped", "checked"))
+"#,
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "['Implicitly Modified Reclaim Unit Handle']", "{out}");
+    assert_eq!(lines[1], "[]", "{out}");
+    assert_eq!(lines[2], "[]", "a log not read: {out}");
+    assert!(lines.len() > 3 && lines[3..].iter().all(|l| l.contains("changed reclaim units itself") && l.contains("Implicitly Modified")), "{out}");
+}
