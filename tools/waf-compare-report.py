@@ -7,6 +7,7 @@ OUT/chart.png (`fdpblk plot`). Run by tools/waf-compare; not meant to be run alo
 
 import argparse
 import bisect
+import collections
 import json
 import os
 import subprocess
@@ -195,9 +196,11 @@ def ru_events(d):
         before, after = (l.get(kind, {}).get("events") for l in logs)
         if before is None or after is None:
             continue
-        seen = [json.dumps(e, sort_keys=True) for e in before]
-        new += [e.get("name", str(e.get("type"))) for e in after
-                if e.get("type") in RU_CHANGING_EVENTS and json.dumps(e, sort_keys=True) not in seen]
+        # Counted, not a set: an event identical to an earlier one (a drive with a coarse
+        # timestamp) is new all the same.
+        key = lambda e: json.dumps(e, sort_keys=True)
+        fresh = collections.Counter(map(key, after)) - collections.Counter(map(key, before))
+        new += [e.get("name", str(e.get("type"))) for e in after if e.get("type") in RU_CHANGING_EVENTS and fresh[key(e)] > 0]
     return sorted(set(new))
 
 
