@@ -63,3 +63,19 @@ pub fn stats_fields_missing_from_readme(value: &serde_json::Value) -> Vec<String
     }
     missing
 }
+
+/// xorshift64: the seeded generator of the tests that mutate inputs (a fixed seed, the same
+/// draws on every run).
+pub struct XorShift(pub u64);
+
+impl XorShift {
+    pub fn draw(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.draw() % n.max(1)
+    }
+}

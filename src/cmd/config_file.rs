@@ -77,7 +77,6 @@ impl ConfigFile {
     /// Reads and parses `path`: at most [`MAX_CONFIG_BYTES`] of UTF-8 text, not a directory
     /// nor a block device (`--config /dev/nvme0n1`, a slip, must not read the namespace).
     pub fn load(path: &Path) -> Result<Self, String> {
-        use std::io::Read;
         let p = path.display();
         let cannot = |e: std::io::Error| format!("cannot read config {p}: {e}; create it (deploy/fdpblk.example.toml shows every key) or pass another --config");
         // A pipe (`--config <(...)`) is read as a file is, up to the same bound.
@@ -88,12 +87,8 @@ impl ConfigFile {
                 if kind.is_dir() { "directory" } else { "block device" }
             ));
         }
-        let mut bytes = Vec::new();
-        std::fs::File::open(path).and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes)).map_err(cannot)?;
-        if bytes.len() as u64 > MAX_CONFIG_BYTES {
-            return Err(format!("config {p} is over {} KiB: not an fdpblk config; pass the device's .toml file", MAX_CONFIG_BYTES >> 10));
-        }
-        let text = String::from_utf8(bytes).map_err(|e| format!("config {p} is not UTF-8 text (byte {}); pass the device's .toml file", e.utf8_error().valid_up_to()))?;
+        let f = std::fs::File::open(path).map_err(cannot)?;
+        let text = super::read_text_at_most(f, MAX_CONFIG_BYTES, &format!("config {p}")).map_err(|e| format!("{e}; pass the device's .toml file"))?;
         Self::parse(path, &text)
     }
 

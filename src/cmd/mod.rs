@@ -21,7 +21,7 @@ pub fn read_text_at_most(r: impl std::io::Read, max: u64, what: &str) -> Result<
     let mut bytes = Vec::new();
     r.take(max + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read {what}: {e}"))?;
     if bytes.len() as u64 > max {
-        return Err(format!("{what} is over {} KiB, more than any such file holds: is it the right file?", max >> 10));
+        return Err(format!("{what} is over {} KiB, more than any such file holds", max >> 10));
     }
     String::from_utf8(bytes).map_err(|e| format!("{what} is not UTF-8 text (byte {})", e.utf8_error().valid_up_to()))
 }

@@ -617,13 +617,8 @@ mod tests {
     /// bytes. (The fuzz targets do this unseeded and are not run in CI; this is.)
     #[test]
     fn mutated_fixture_images_never_panic_and_read_a_bounded_amount() {
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut rng = crate::test_fixtures::XorShift(0x9e37_79b9_7f4a_7c15);
+        let mut next = move || rng.draw();
         let mut images: Vec<Vec<u8>> = ["object-evict", "legacy-basic", "object-multitenant", "reopen"].map(|f| fixture(f).0).into();
         let flags = [GeometryFlags::default(), GeometryFlags { slot_bytes: Some(65536), meta_total_bytes: Some(1 << 20), ..Default::default() }];
         let (mut found, mut entries, mut most) = (0, 0u64, 0u64);

@@ -13,24 +13,13 @@ fn geom(slots: u64) -> Geometry {
         .unwrap()
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use crate::test_fixtures::XorShift as Rng;
 
 /// Changes `n` random slots (headers, confirmations, states, tags) and the history.
 fn mutate(t: &SlotTable, rng: &mut Rng, n: usize) {
     for _ in 0..n {
         let slot = rng.below(t.len() as u64);
-        let id = rng.next() | 1;
+        let id = rng.draw() | 1;
         t.record_header(slot, &SlotHeader { identity: id, payload_len: rng.below(60000) + 1 }, rng.below(4) as u16);
         let l = t.life(slot);
         let tag = t.tags().intern(&format!("model{}", rng.below(3)), &format!("salt{}", rng.below(5)));
@@ -38,7 +27,7 @@ fn mutate(t: &SlotTable, rng: &mut Rng, n: usize) {
         // Confirmed only where a checkpoint can confirm: live or evicted contents.
         let conf = if rng.below(2) == 0 && matches!(state, SlotState::Live | SlotState::Evicted) { life::CONFIRMED } else { 0 };
         t.cas_life(slot, l, life::with_tag(life::with_state(l | conf, state), tag));
-        t.history().insert(rng.next(), tag);
+        t.history().insert(rng.draw(), tag);
     }
 }
 
@@ -401,7 +390,7 @@ fn garbage_region_never_panics() {
     let region = region_for(&t);
     let mut rng = Rng(99);
     for _ in 0..50 {
-        let mut img: Vec<u8> = (0..region.len).map(|_| rng.next() as u8).collect();
+        let mut img: Vec<u8> = (0..region.len).map(|_| rng.draw() as u8).collect();
         // Valid-looking superblock magic with garbage after it.
         img[..8].copy_from_slice(b"FDPBSB01");
         let (_, p, l, _) = load(&g, img, region);
@@ -1452,7 +1441,7 @@ fn hostile_state_that_passes_its_crcs_never_panics() {
             let b = &mut img[off..off + BLOCK as usize];
             for byte in &mut b[PAGE_HEADER..CRC_AT] {
                 if round % 2 == 0 || rng.below(16) == 0 {
-                    *byte = rng.next() as u8;
+                    *byte = rng.draw() as u8;
                 }
             }
             // Tag streams: names without their terminator, or runs of 0xff (not UTF-8).
@@ -1467,7 +1456,7 @@ fn hostile_state_that_passes_its_crcs_never_panics() {
                 let b = &mut img[off..off + BLOCK as usize];
                 for _ in 0..1 + rng.below(6) {
                     let i = 12 + rng.below((CRC_AT - 12) as u64) as usize;
-                    b[i] = rng.next() as u8;
+                    b[i] = rng.draw() as u8;
                 }
                 if round % 6 == 0 {
                     b[128..130].copy_from_slice(&u16::MAX.to_le_bytes());
