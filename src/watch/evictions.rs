@@ -274,7 +274,7 @@ impl Watcher {
         // (into the page cache, or the opener's buffer). The early tails' gate.
         // One count for both looks: a read counted between two would pass both.
         let reads = self.slots.checkpoint_reads();
-        if self.conflict.is_some() || self.geometry_seen_at != Some(reads) {
+        if !self.layout_in_use_at(reads) {
             return false;
         }
         if !self.slots.begin_container_zeroing(copy, self.container_writes[c]) {

@@ -82,7 +82,13 @@ impl Watcher {
     /// R2 of "Unwritten slots": LMCache committed a checkpoint through this run with fdpblk's
     /// geometry, and has not read a checkpoint header block since.
     pub(super) fn layout_in_use(&self) -> bool {
-        self.conflict.is_none() && self.geometry_seen_at == Some(self.slots.checkpoint_reads())
+        self.layout_in_use_at(self.slots.checkpoint_reads())
+    }
+
+    /// [`Self::layout_in_use`] with the checkpoint-read count `reads` the caller took (and
+    /// compares again later).
+    pub(super) fn layout_in_use_at(&self, reads: u64) -> bool {
+        self.conflict.is_none() && self.geometry_seen_at == Some(reads)
     }
 
     /// Whether the pass for unwritten slots may go on now: one is pending, and R2 and
