@@ -1,8 +1,15 @@
-//! Test helpers shared by the unit tests: the LMCache fixtures beside the repository and a
-//! small standard geometry.
+//! Test helpers shared by the unit tests: the LMCache fixtures beside the repository, a
+//! small standard geometry and a scratch directory.
 
 use crate::layout::{Geometry, GeometryConfig};
 use std::path::PathBuf;
+
+/// A directory of its own for a test (`tag`) in this test process.
+pub fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fdpblk-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
 
 /// The LMCache 0.5.6 fixtures (real images, manifests and I/O captures).
 pub fn fixtures_dir() -> PathBuf {
