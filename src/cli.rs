@@ -174,7 +174,8 @@ pub struct AddArgs {
     pub policy: String,
     /// auto: the geometry of the LMCache checkpoint on the device (flags must agree); on a
     /// device without one, the flags' where --slot-bytes and --meta-total-bytes are given
-    /// (placed from the first write), else learned from LMCache's first checkpoint; lmcache:
+    /// (placed from the first write), with neither learned from LMCache's first checkpoint
+    /// (one without the other is refused); lmcache:
     /// from the flags, never learned.
     #[arg(long, default_value = "auto")]
     pub layout: String,

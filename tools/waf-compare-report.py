@@ -550,8 +550,9 @@ def markdown(rep):
               f"`fdpblk replay --ssd` with the configuration's policy, {rep['ssd_op'] * 100:g} % over-provisioning; "
               "WAF over the writes after the first pass over the modelled drive (the fill, which costs no garbage "
               "collection, is left out; the whole trace's WAF follows it); "
-              "blktrace carries no data, so policies that read slot headers (key-aware, lmcache-fdp) see none "
-              "there and place by LBA and history only. Commands: `*/sim.jsonl.cmd`.", ""]
+              "blktrace carries no data, so policies that read slot headers or tenants (key-aware, lmcache-fdp) see "
+              "none there and put every slot on handle 0, as `none` does: their rows are not those policies' WAF. "
+              "Commands: `*/sim.jsonl.cmd`.", ""]
         for r in rows:
             s = r["sim"]
             m.append(f"- {r['config']} (`{r['sim_policy']}`): WAF {ratio(s.get('waf'))} after {human(s['warmup_bytes'])} "

@@ -59,15 +59,18 @@ usage_die() { echo "$PROG: $*; see --help" >&2; exit 2; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 OUT='' DURATION='' EVENTS=issue,complete IOLOG='' KEEP='' BUFKIB=1024 NBUF=8 DEV=''
+# need_value OPT N: OPT was given its value (N arguments remain, the option's own included).
+need_value() { (($2 >= 2)) || usage_die "$1 needs a value"; }
 while (($#)); do
     case $1 in
-        -o | --output) OUT=${2?}; shift ;;
-        -w | --duration) DURATION=${2?}; shift ;;
-        -e | --events) EVENTS=${2?}; shift ;;
-        --iolog) IOLOG=${2?}; shift ;;
-        --keep) KEEP=${2?}; shift ;;
-        -b | --buffer-kib) BUFKIB=${2?}; shift ;;
-        -n | --buffers) NBUF=${2?}; shift ;;
+        -o | --output | -w | --duration | -e | --events | --iolog | --keep | -b | --buffer-kib | -n | --buffers) need_value "$1" $# ;;&
+        -o | --output) OUT=$2; shift ;;
+        -w | --duration) DURATION=$2; shift ;;
+        -e | --events) EVENTS=$2; shift ;;
+        --iolog) IOLOG=$2; shift ;;
+        --keep) KEEP=$2; shift ;;
+        -b | --buffer-kib) BUFKIB=$2; shift ;;
+        -n | --buffers) NBUF=$2; shift ;;
         -h | --help) usage; exit 0 ;;
         --) shift; break ;;
         -*) usage_die "unknown option '$1'" ;;
