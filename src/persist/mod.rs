@@ -677,7 +677,9 @@ impl Persist {
         let mut sb_unread = None;
         let mut sb_any_read = false;
         let sb = {
-            let (b, read, err) = read_superblock_copies(dev, region);
+            // Read again where neither copy reads: taking the state for unreadable writes
+            // a new instance over both, and a passing failure (a reset) must not decide that.
+            let (b, read, err) = read_superblock_copies_again(dev, region);
             match err {
                 Some(e) if read == [false; 2] => {
                     loaded.note = Some(format!("cannot read the state superblocks: {e}"));
@@ -769,7 +771,13 @@ impl Persist {
                 let first = unread.len();
                 if dev.read_at(p.page_off(i, copy), b).is_err() {
                     for k in 0..n {
-                        if let Err(e) = dev.read_at(p.page_off(i + k, copy), &mut b[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize]) {
+                        let page = &mut b[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize];
+                        // Once more 100 ms later: a page copy given up is a version lost.
+                        let read = dev.read_at(p.page_off(i + k, copy), page).or_else(|_| {
+                            std::thread::sleep(std::time::Duration::from_millis(100));
+                            dev.read_at(p.page_off(i + k, copy), page)
+                        });
+                        if let Err(e) = read {
                             unreadable.get_or_insert(e);
                             give_up |= unread.len() >= MAX_UNREAD || unread.contains(&(i + k, 0));
                             unread.push((i + k, copy));
@@ -1389,6 +1397,16 @@ pub fn newer_format_in(dev: &dyn StateWriter, region: Region) -> Option<u32> {
 /// fdpblk's saved state on a backing device or image of `size` bytes, summarised as JSON
 /// (`None` when its reserved tail holds none, `Err` saying why a superblock whose CRC holds
 /// is not read): superblock, slot counts by state, identity history, tags, trims.
+/// Why a table of `max_slots` is too much to read on a machine of `mem_total` bytes (more than
+/// half of it, as `add` refuses).
+fn table_memory_error(geometry: &str, max_slots: u64, mem_total: u64) -> Option<String> {
+    let need = SlotTable::heap_bytes_for(max_slots);
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    (need > mem_total / 2).then(|| {
+        format!("{geometry} needs a slot table of {:.1} GiB, more than half of this machine's {:.1} GiB; read it on a machine with more memory", gib(need), gib(mem_total))
+    })
+}
+
 pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<Result<serde_json::Value, String>> {
     use crate::slot_table::SlotState;
     let ro = ReadOnly(dev);
@@ -1412,6 +1430,10 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<Re
     let cfg = crate::layout::GeometryConfig { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0 };
     if !cfg.validate(exported).is_ok_and(|v| v.max_slots >= max_slots) {
         return Some(Err(format!("{geometry} does not fit the {exported} bytes this device exports")));
+    }
+    // Nor past half the memory, which `add` refuses too (a sparse image can claim 2^28 slots).
+    if let Some(e) = crate::device::mem_total_bytes().and_then(|m| table_memory_error(&geometry, max_slots, m)) {
+        return Some(Err(e));
     }
     let g = Geometry { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0, container_bytes: meta_total_bytes / 2, max_slots };
     let slots = SlotTable::new(max_slots);

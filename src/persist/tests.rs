@@ -87,6 +87,7 @@ fn load(g: &Geometry, img: Vec<u8>, region: Region) -> (SlotTable, Option<Persis
     (t, p, l, dev)
 }
 
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
 #[test]
@@ -844,12 +845,15 @@ fn a_committed_page_version_the_drive_lost_makes_a_clean_state_untrusted() {
     }
     // A superblock of an fdpblk before the digest (flag clear) loads as it did.
     let mut img = dev.image();
+    let mut rewritten = 0;
     for c in 0..2 {
         if let Some(mut sb) = Superblock::decode(&img[c * 4096..(c + 1) * 4096]) {
             sb.digest = None;
             sb.encode(&mut img[c * 4096..(c + 1) * 4096]);
+            rewritten += 1;
         }
     }
+    assert_eq!(rewritten, 2, "both superblocks decode");
     let (_, _, l, _) = load(&g, img, region);
     assert!(l.found && l.clean, "{l:?}");
 }
@@ -880,6 +884,56 @@ impl StateWriter for FailTwo<'_> {
     }
     fn size(&self) -> u64 {
         self.dev.size()
+    }
+}
+
+/// A device whose reads touching `range` fail the first `left` times (a passing controller
+/// reset on an engine that does not hold commands through it).
+struct FailFirst<'a> {
+    dev: &'a MemDev,
+    range: std::ops::Range<u64>,
+    left: std::sync::atomic::AtomicU32,
+}
+
+impl StateWriter for FailFirst<'_> {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        let end = off + buf.len() as u64;
+        let fail = self.range.start < end && off < self.range.end && self.left.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok();
+        if fail {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.dev.read_at(off, buf)
+    }
+    fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
+        self.dev.write_at(off, buf, handle)
+    }
+    fn discard(&self, off: u64, len: u64) -> io::Result<()> {
+        self.dev.discard(off, len)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.dev.flush()
+    }
+    fn size(&self) -> u64 {
+        self.dev.size()
+    }
+}
+
+/// A read that fails once at load (both superblock copies, or a page copy) is read again: the
+/// saved state loads whole and trusted, where giving up would start a new instance over it
+/// (the superblocks) or take an older copy untrusted (a page).
+#[test]
+fn a_read_that_fails_once_at_load_is_read_again() {
+    let (g, region, dev, newest) = two_versions_of_page_0();
+    let want = snapshot(&load(&g, dev.image(), region).0);
+    let superblocks = region.offset..region.offset + 2 * 4096;
+    // The two superblock copies are read together, then one by one: one failure of each read.
+    for (range, fails) in [(superblocks, 3), (newest..newest + 4096, 2)] {
+        let d = FailFirst { dev: &dev, range: range.clone(), left: std::sync::atomic::AtomicU32::new(fails) };
+        let u = SlotTable::new(g.max_slots);
+        let (p, l) = Persist::load(&d, region, &g, &u, 3);
+        assert!(l.found && l.clean && l.note.is_none(), "{range:?}: {l:?}");
+        assert!(p.is_some() && snapshot(&u) == want, "{range:?}");
+        assert_eq!(d.left.load(SeqCst), 0, "{range:?}: the failures were met");
     }
 }
 
@@ -1470,4 +1524,13 @@ fn hostile_state_that_passes_its_crcs_never_panics() {
         let u = SlotTable::new(g.max_slots);
         let _ = Persist::load(&d, region, &g, &u, 3);
     }
+}
+
+/// `inspect` refuses a saved table past half the memory before allocating it.
+#[test]
+fn a_table_past_half_the_memory_is_not_read() {
+    let e = table_memory_error("its geometry", 1 << 28, 16 << 30).unwrap();
+    assert!(e.starts_with("its geometry needs a slot table of 9.3 GiB") && e.contains("16.0 GiB"), "{e}");
+    assert_eq!(table_memory_error("g", 1 << 28, 32 << 30), None);
+    assert_eq!(table_memory_error("g", 2 << 20, 1 << 30), None, "2 M slots: 74 MiB");
 }
