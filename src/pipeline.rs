@@ -495,6 +495,9 @@ impl Pipeline {
         }
         match e.kind {
             ExtentKind::CheckpointHeader { copy, .. } if e.offset >= self.geom.container_offset(copy) + CHECKPOINT_HEADER_LEN as u64 => {
+                // Only the header's padding (a block past 4 KiB written alone): it waits for a
+                // zeroing under way but does not hold one off, and either order is safe, since
+                // the zeroed 32-byte header alone makes the copy one LMCache does not load.
                 if self.slots.checkpoint_block_padding(copy) {
                     self.container_waits.push(copy);
                 }

@@ -153,7 +153,8 @@ impl UringEngine {
             if res == -libc::EBUSY {
                 return -libc::EIO;
             }
-            if res != -libc::EAGAIN {
+            // EINTR (io-wq interrupted): the same request again, as passthrough does.
+            if res != -libc::EAGAIN && res != -libc::EINTR {
                 return res;
             }
             retry += 1;

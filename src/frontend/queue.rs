@@ -7,7 +7,6 @@ use crate::classify::Op;
 use crate::engine::queue::QueueEngine;
 use crate::pipeline::{HeaderWait, Pipeline, Request, Segment};
 use crate::slot_table::SlotTable;
-use io_uring::{opcode, types};
 use libublk::helpers::IoBuf;
 use libublk::io::UblkQueue;
 use libublk::{sys, BufDesc, UblkError};
@@ -234,10 +233,13 @@ fn since_start_ns() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
+/// Waits `d` on the queue's ring. A stopping ring cancels timeouts at once: a request held
+/// there (behind a deallocation a stuck drive takes its 30 s over) then waits on the thread
+/// instead of spinning it.
 async fn sleep(q: &UblkQueue<'_>, d: Duration) {
-    let ts = types::Timespec::new().sec(d.as_secs()).nsec(d.subsec_nanos());
-    // Completes with -ETIME; the timespec lives in this frame until then.
-    let _ = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
+    if !crate::engine::sleep_for(q, d).await {
+        std::thread::sleep(d);
+    }
 }
 
 /// What a request's planning leaves to do around its I/O, taken out of the pipeline (which
@@ -432,7 +434,7 @@ mod tests {
         h.end();
         assert_eq!(stats.held_for_trims.load(Ordering::Relaxed), 1);
         let longest = stats.held_longest_us.load(Ordering::Relaxed);
-        assert!((3_000..2_000_000).contains(&longest), "{longest} us");
+        assert!(longest >= 3_000 && longest < HOLD_WARN.as_micros() as u64, "{longest} us");
         // A shorter hold later keeps the longest.
         let mut h = Hold::new(0, &stats, 8192);
         h.tick(|| unreachable!());
