@@ -924,7 +924,7 @@ mod tests {
         assert_eq!(drive_read_within(id - 1, || Some(json!(2)), Duration::from_secs(5)), Some(json!(2)), "other devices are read");
         release.send(()).unwrap();
         let mut got = None;
-        for _ in 0..200 {
+        for _ in 0..1000 {
             got = drive_read_within(id, || Some(json!(3)), Duration::from_secs(5));
             if got.is_some() {
                 break;

@@ -72,6 +72,16 @@ for i in 0 1 2; do
     done
     expect "$e: del" "$FDPBLK" del -n 0
 done
+# And back: the engines that wrote first read the regions written after them.
+for i in 0 1; do
+    e=${engines[$i]}
+    dev=$(add "$e")
+    for j in $(seq $((i + 1)) 2); do
+        # shellcheck disable=SC2046
+        expect "$e reads region $j (written by ${engines[$j]}) bit-identical" quiet fio $(job "$j" "$dev") --verify_only=1
+    done
+    expect "$e: del" "$FDPBLK" del -n 0
+done
 for j in 0 1 2; do
     # shellcheck disable=SC2046
     expect "raw $NS_DEV reads region $j bit-identical (LBA identity)" quiet fio $(job "$j" "$NS_DEV") --verify_only=1 --offset=$((j * 64))M --size=16M

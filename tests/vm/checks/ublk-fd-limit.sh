@@ -48,8 +48,9 @@ try() {
 
 for engine in passthrough streams; do
     bad=()
-    # Every step of start-up runs out at some limit below about 30 (4 queues).
-    for n in 4 5 6 8 10 12 16 20 24 32 64; do
+    # fdpblk raises its limit before anything else, so the lowest limits and one in the middle
+    # show it (the unprivileged sweep below walks every step of start-up).
+    for n in 4 5 16; do
         r=$(try "" "$engine" "$n")
         [[ $r == served ]] || bad+=("ulimit -n $n: $r")
     done

@@ -3,13 +3,15 @@
 # vm-fdp: on
 # vm-timeout: 600
 # fio with verify=crc32c passes on /dev/ublkbN over the streams and plain engines:
-# sequential and random, 4 KiB to 32 MiB blocks, 1 and 2 queues, depth 1 and 64.
+# sequential and random, 4 KiB to 32 MiB blocks, 1 and 2 queues, depth 1 and 64 (plain only
+# with 2 queues of 64: it is streams' io_uring engine without the write stream).
 . "$(dirname "$0")/../lib/check-lib.sh"
 . "$(dirname "$0")/../lib/fdpblk-lib.sh"
 need_tool fio
 
 for engine in streams plain; do
     for qd in "1 1" "2 64"; do
+        [[ $engine == plain && $qd == "1 1" ]] && continue
         read -r queues depth <<<"$qd"
         policy=region
         [[ $engine == plain ]] && policy=none

@@ -40,10 +40,14 @@ sig_stop_ok() {
 }
 
 # Control: a device that started, then SIGTERM: a clean exit and no device left.
+t0=$(date +%s.%N)
 "$FDPBLK" add --backing "$NS_DEV" -n 0 "${GEO[@]}" --foreground >/tmp/sig-started.log 2>&1 &
 pid=$!
 for _ in $(seq 300); do [[ -e /run/fdpblk/0.json && -e /dev/ublkb0 ]] && break; sleep 0.1; done
 expect "a foreground add starts its device" test -e /dev/ublkb0
+# The sweep below spans this start and 0.2 s past it, however long the guest takes.
+start_s=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }')
+step_s=$(awk -v s="$start_s" 'BEGIN { printf "%.3f", (s + 0.2) / 24 }')
 expect "SIGTERM to the started daemon" kill -TERM "$pid"
 sig_stop_ok "SIGTERM to the started daemon" "$pid" /tmp/sig-started.log
 expect_eq "SIGTERM to the started daemon: its exit status" "$SIG_RC" 0
@@ -51,7 +55,7 @@ for _ in $(seq 50); do no_device && break; sleep 0.1; done
 expect "SIGTERM to the started daemon: no device left" no_device
 
 started=0
-for delay in $(seq 0 0.025 0.6); do
+for delay in $(seq 0 "$step_s" "$(awk -v s="$step_s" 'BEGIN { printf "%.3f", s * 24 }')"); do
     "$FDPBLK" add --backing "$NS_DEV" -n 0 "${GEO[@]}" --foreground >/tmp/sig-$delay.log 2>&1 &
     pid=$!
     sleep "$delay"
@@ -68,7 +72,8 @@ for delay in $(seq 0 0.025 0.6); do
         "$FDPBLK" del --all >/dev/null 2>&1 || true
     fi
 done
-echo "# the device existed at the signal in $started of 25 starts"
+echo "# the device existed at the signal in $started of 25 starts (the control took ${start_s}s, a step ${step_s}s)"
+expect "the sweep signalled some starts before the device existed and some after" test "$started" -gt 0 -a "$started" -lt 25
 
 dev=$(fdpblk_add --backing "$NS_DEV" -n 0 "${GEO[@]}")
 pid=$(daemon_pid 0)
