@@ -163,7 +163,7 @@ pub fn rotate_if_needed(path: &Path, fds: &[RawFd], cap: u64) -> io::Result<()> 
     let _one = ROTATING.lock().unwrap_or_else(|e| e.into_inner());
     // Across processes: the check and the rename under one lock, so two daemons that find the
     // file full at once rotate it once.
-    let lock = OpenOptions::new().create(true).append(true).open(path.with_extension("log.lock"))?;
+    let lock = crate::frontend::state::open_lock_file(&path.with_extension("log.lock"))?;
     // SAFETY: flock on a descriptor owned by `lock`; released when it is closed.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
         return Err(io::Error::last_os_error());

@@ -7,3 +7,4 @@ pub mod learn;
 pub mod queue;
 pub mod state;
 pub mod target;
+pub mod ublk_run_dir;

@@ -29,6 +29,17 @@ pub fn name_path(name: &str) -> PathBuf {
     Path::new(NAME_DIR).join(name)
 }
 
+/// Opens (creating) a lock file under [`RUN_DIR`] that only root can open: `flock` needs no
+/// write access, so a lock file others can read lets any user hold fdpblk's lock (every `add`,
+/// a stopping daemon, the log's rotation waiting on them). A file an earlier fdpblk made
+/// 0644 is made 0600.
+pub fn open_lock_file(path: &Path) -> io::Result<fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let f = fs::OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(path)?;
+    f.set_permissions(fs::Permissions::from_mode(0o600))?;
+    Ok(f)
+}
+
 /// Writes a file atomically (temp file + rename), so readers never see half of it. The temp
 /// file is this writer's own: the daemon, `fdpblk stats` and the metrics exporter may write
 /// the same file at once, and a shared one could be renamed while another writes it.
@@ -40,10 +51,24 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(format!(".tmp.{}.{n}", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    let written = fs::write(&tmp, bytes).and_then(|()| fs::rename(&tmp, path));
+    write_through(&PathBuf::from(tmp), path, bytes)
+}
+
+/// [`write_atomic`] through the temp file `tmp`.
+fn write_through(tmp: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    // A new file, never one found there: in a directory others can write (a textfile
+    // collector's), a name planted beforehand as a link would have root write through it.
+    let create = || {
+        use std::os::unix::fs::OpenOptionsExt;
+        fs::OpenOptions::new().write(true).create_new(true).mode(0o644).custom_flags(libc::O_NOFOLLOW).open(tmp)
+    };
+    let file = create().or_else(|e| match e.kind() {
+        io::ErrorKind::AlreadyExists => fs::remove_file(tmp).and_then(|()| create()),
+        _ => Err(e),
+    });
+    let written = file.and_then(|mut f| io::Write::write_all(&mut f, bytes)).and_then(|()| fs::rename(tmp, path));
     if written.is_err() {
-        let _ = fs::remove_file(&tmp);
+        let _ = fs::remove_file(tmp);
     }
     written
 }
@@ -847,6 +872,34 @@ mod tests {
         assert!(check_name("-kv0").is_ok());
         assert!(check_new_name("-kv0").is_err_and(|e| e.contains("must not start with '-'")));
         assert!(check_new_name("kv-0").is_ok() && check_new_name(".kv0").is_err());
+    }
+
+    /// A link planted at the temp file's name is not written through; a lock file is root's
+    /// alone (0600, made so where an earlier fdpblk left it 0644) and never a link.
+    #[test]
+    fn files_written_as_root_are_never_written_through_links() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::test_fixtures::scratch("links");
+        let victim = dir.join("victim");
+        fs::write(&victim, b"keep").unwrap();
+        fs::set_permissions(&victim, fs::Permissions::from_mode(0o640)).unwrap();
+        let (tmp, path) = (dir.join("m.prom.tmp.1.0"), dir.join("m.prom"));
+        let _ = fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        super::write_through(&tmp, &path, b"metrics").unwrap();
+        assert_eq!((fs::read(&victim).unwrap(), fs::read(&path).unwrap()), (b"keep".to_vec(), b"metrics".to_vec()));
+        assert!(fs::symlink_metadata(&tmp).is_err(), "the link was replaced, then renamed");
+        let lock = dir.join("x.lock");
+        fs::write(&lock, b"").unwrap();
+        fs::set_permissions(&lock, fs::Permissions::from_mode(0o644)).unwrap();
+        super::open_lock_file(&lock).unwrap();
+        assert_eq!(fs::metadata(&lock).unwrap().permissions().mode() & 0o777, 0o600);
+        let link = dir.join("l.lock");
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        assert!(super::open_lock_file(&link).is_err(), "a link is not followed");
+        assert_eq!(fs::metadata(&victim).unwrap().permissions().mode() & 0o777, 0o640, "nor is its target's mode changed");
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A drive's statistics are read in a child: its answer comes back; a child that does not

@@ -5,6 +5,7 @@ use super::config::{DeviceConfig, EngineKind};
 use super::learn::{self, ExportedReader, Known, LayoutCell};
 use super::queue::{io_task, QueueCtx, QueueStats};
 use super::state;
+use super::ublk_run_dir;
 use crate::engine::passthrough::PassthroughEngine;
 use crate::engine::queue::QueueEngine;
 use crate::engine::uring::UringEngine;
@@ -116,12 +117,7 @@ pub(crate) const DEVICE_TAG: u64 = u64::from_le_bytes(*b"fdpblk\x00\x01");
 pub(crate) fn add_lock() -> Result<std::fs::File, String> {
     let path = Path::new(state::RUN_DIR).join(".add.lock");
     let _ = std::fs::create_dir_all(state::RUN_DIR);
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| format!("cannot open {} ({e}); make {} writable", path.display(), state::RUN_DIR))?;
+    let f = state::open_lock_file(&path).map_err(|e| format!("cannot open {} ({e}); make {} writable", path.display(), state::RUN_DIR))?;
     // SAFETY: flock on a descriptor this function owns.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
         return Err(format!("cannot lock {}: {}", path.display(), std::io::Error::last_os_error()));
@@ -249,6 +245,13 @@ pub(crate) const UBLK_CONTROL: &str = "/dev/ublk-control";
 pub(crate) fn ublk_ctrl(id: i32) -> Result<UblkCtrl, UblkError> {
     if !Path::new(UBLK_CONTROL).exists() {
         return Err(UblkError::OtherError(-libc::ENOENT));
+    }
+    // libublk reads the device's file in its run directory, following links, whole: one
+    // planted there is removed first.
+    let run_dir = Path::new(ublk_run_dir::RUN_DIR);
+    if let Err(e) = ublk_run_dir::secure(run_dir).and_then(|()| ublk_run_dir::check_readable(run_dir, id)) {
+        tracing::warn!("ublk device {id}: {e}");
+        return Err(UblkError::OtherError(-libc::EPERM));
     }
     UblkCtrl::new_simple(id)
 }
@@ -1055,6 +1058,13 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
             return Err(fail(id_exists(cfg.id)));
         }
     }
+    // libublk reads (recover) and writes its file of the device in its run directory as
+    // root: the directory is made safe first, and a file planted at this id is removed.
+    let run_dir = Path::new(ublk_run_dir::RUN_DIR);
+    ublk_run_dir::secure(run_dir).map_err(fail)?;
+    if cfg.id >= 0 {
+        ublk_run_dir::clear_for_write(run_dir, cfg.id).map_err(fail)?;
+    }
     let ctrl = UblkCtrlBuilder::default()
         .name("fdpblk")
         .id(cfg.id)
@@ -1073,6 +1083,8 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
         state::clear_stale(id);
     }
     drop(one_add);
+    // The id the driver chose: before libublk writes its file there.
+    ublk_run_dir::clear_for_write(run_dir, id).map_err(fail)?;
     if !recover {
         // A driver without user recovery (Linux 6.0) drops the flag rather than refusing it.
         if ctrl.dev_info().flags & u64::from(sys::UBLK_F_USER_RECOVERY) == 0 {

@@ -48,14 +48,24 @@ fn block_size_error(lba: u64, backing: &std::path::Path) -> Option<String> {
 fn erase_checkpoint_command(meta_bytes: u64, backing: &Path, is_bdev: bool, is_chardev: bool) -> String {
     zero_command(0, meta_bytes, backing, is_bdev, is_chardev)
 }
+/// `path` as one shell word: a file backing's name with a space or a `;` must not make the
+/// pasted command write somewhere else.
+fn shell_word(path: &Path) -> String {
+    let s = path.to_string_lossy();
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+:@,=".contains(c)) {
+        return s.into_owned();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
 /// The command that zeroes `len` bytes at `offset` of the backing (both multiples of 512).
 fn zero_command(offset: u64, len: u64, backing: &Path, is_bdev: bool, is_chardev: bool) -> String {
     let block = if is_chardev { crate::nvme::path::namespace_block_device(backing) } else { Some(backing.to_path_buf()) };
     let at = if offset == 0 { String::new() } else { format!("-o {offset} ") };
-    match block {
-        Some(b) if is_bdev || is_chardev => format!("blkdiscard -z {at}-l {len} {}", b.display()),
-        Some(b) if offset == 0 => format!("dd if=/dev/zero of={} bs=4096 count={} conv=notrunc", b.display(), len.div_ceil(4096)),
-        Some(b) => format!("dd if=/dev/zero of={} bs=512 seek={} count={} conv=notrunc", b.display(), offset / 512, len.div_ceil(512)),
+    match block.as_deref().map(shell_word) {
+        Some(b) if is_bdev || is_chardev => format!("blkdiscard -z {at}-l {len} {b}"),
+        Some(b) if offset == 0 => format!("dd if=/dev/zero of={b} bs=4096 count={} conv=notrunc", len.div_ceil(4096)),
+        Some(b) => format!("dd if=/dev/zero of={b} bs=512 seek={} count={} conv=notrunc", offset / 512, len.div_ceil(512)),
         None => format!("zero {len} bytes at byte {offset} of the namespace behind {}", backing.display()),
     }
 }
@@ -749,6 +759,15 @@ mod tests {
             crate::cli::Command::Add(a) => a,
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn printed_commands_quote_a_backing_the_shell_would_split() {
+        assert_eq!(zero_command(0, 8192, Path::new("/dev/nvme0n1"), true, false), "blkdiscard -z -l 8192 /dev/nvme0n1");
+        assert_eq!(
+            zero_command(4096, 4096, Path::new("/srv/kv cache;rm x/it's.img"), false, false),
+            r"dd if=/dev/zero of='/srv/kv cache;rm x/it'\''s.img' bs=512 seek=8 count=8 conv=notrunc"
+        );
     }
 
     #[test]

@@ -21,7 +21,8 @@ pub(super) fn sysfs_queue_attr(dev: &Path, attr: &str) -> Option<u64> {
 /// A util-linux tool by its full path (a daemon's or a user's PATH may lack the sbin
 /// directories), else by name.
 pub(super) fn sbin_tool(name: &str) -> String {
-    ["/usr/sbin", "/sbin"].iter().map(|d| format!("{d}/{name}")).find(|p| Path::new(p).exists()).unwrap_or_else(|| name.to_string())
+    // util-linux's own places (some distributions keep these in /usr/bin) before root's PATH.
+    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"].iter().map(|d| format!("{d}/{name}")).find(|p| Path::new(p).exists()).unwrap_or_else(|| name.to_string())
 }
 /// `wipefs -a PATH`: erases the signatures blkid finds.
 fn wipe_signatures(path: &Path) -> Result<(), String> {

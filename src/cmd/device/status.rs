@@ -374,6 +374,10 @@ pub fn features(json_out: bool) -> CmdResult {
     if !Path::new("/dev/ublk-control").exists() {
         return Err("no ublk driver: /dev/ublk-control is missing; run `modprobe ublk_drv`".into());
     }
+    // Not root: the control node does not open, which is not a driver without the command.
+    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/ublk-control") {
+        return Err(format!("cannot open /dev/ublk-control ({e}); run as root").into());
+    }
     // Linux < 6.5 has no GET_FEATURES: say so rather than print "no features".
     let f = UblkCtrl::get_features().ok_or("the ublk driver does not report its features; Linux >= 6.5 does")?;
     let names: Vec<&str> = (0..NAMES.len()).filter(|b| f & (1u64 << b) != 0).map(|b| NAMES[b]).collect();
