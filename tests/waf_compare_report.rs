@@ -171,3 +171,40 @@ for k in m.consistency([row]):
     assert_eq!(lines[2], "[]", "a log not read: {out}");
     assert!(lines.len() > 3 && lines[3..].iter().all(|l| l.contains("changed reclaim units itself") && l.contains("Implicitly Modified")), "{out}");
 }
+
+/// An event that names its placement ID (PIV set) skips only that placement ID's checks and
+/// the sum over all of them; the other placement IDs are still checked.
+#[test]
+fn an_event_on_one_placement_id_skips_only_its_checks() {
+    let out = with_report(
+        r#"
+import json, os, tempfile
+d = tempfile.mkdtemp()
+def put(w, ctrl):
+    json.dump({"events": {"host": {"events": []}, "controller": {"events": ctrl}}}, open(os.path.join(d, f"fdp-stats-{w}.json"), "w"))
+put("before", [])
+for pid in (2, 1):
+    put("after", [{"type": 129, "name": "Implicitly Modified Reclaim Unit Handle", "fdpef": 1, "pid": pid, "timestamp_ms": 9}])
+    ev = m.ru_events(d)
+    print(ev)
+    row = {
+        "config": "raw", "classified_bytes": 100, "workload_write_bytes": 100, "workload_source": "blktrace",
+        "drive_write_bytes_blktrace": 100, "drive_write_bytes": 100, "own_state_bytes": 0,
+        "fdp": {"bytes_by_pid_index": {"0": 100, "1": 0}, "pid_by_index": {"0": 1, "1": 2}, "ru_bytes": 1 << 20,
+                "pid_bytes_below_one_ru": True, "lba_metadata": 0},
+        "ru_events": ev,
+    }
+    for k in m.consistency([row]):
+        if "PID" in k["what"] or "placement ID" in k["what"]:
+            print(k["what"], "|", "skipped" if "skipped" in k else ("ok" if k["ok"] else "bad"))
+"#,
+    );
+    let want = "['Implicitly Modified Reclaim Unit Handle (placement ID 2)']
+raw: per-PID bytes (RUAMW) add up to HBMW | skipped
+raw: all bytes on placement ID 0 | ok
+['Implicitly Modified Reclaim Unit Handle (placement ID 1)']
+raw: per-PID bytes (RUAMW) add up to HBMW | skipped
+raw: all bytes on placement ID 0 | skipped
+";
+    assert_eq!(out, want);
+}

@@ -161,6 +161,7 @@ def fdp_delta(before, after):
     media = int(after["mbmw"]) - int(before["mbmw"])
     return {
         "bytes_by_pid_index": pids,
+        "pid_by_index": {str(i): r["pid"] for i, r in enumerate(before["ruhs"])},
         "host_bytes": host,
         "media_bytes": media,
         "media_host_ratio": media / host if host else None,
@@ -183,10 +184,11 @@ RU_CHANGING_EVENTS = {0x00, 0x01, 0x02, 0x81}
 
 
 def ru_events(d):
-    """The names of the FDP events in configuration dir `d`'s window (`fdp stats` before and
-    after; an event in the after log and not in the before one) that change a reclaim unit
-    without host writes. Where either log could not be read, none (the drive may not log them
-    at all: its FDP events are off unless enabled)."""
+    """The FDP events in configuration dir `d`'s window (`fdp stats` before and after; an event
+    in the after log and not in the before one) that change a reclaim unit without host
+    writes, as "NAME (placement ID P)", or "NAME" where the event names no placement ID (its
+    PIV flag clear: every one may have changed). Where either log could not be read, none (the
+    drive may not log them at all: its FDP events are off unless enabled)."""
     try:
         logs = [json.load(open(os.path.join(d, f"fdp-stats-{w}.json")))["events"] for w in ("before", "after")]
     except (OSError, ValueError, KeyError):
@@ -200,8 +202,17 @@ def ru_events(d):
         # timestamp) is new all the same.
         key = lambda e: json.dumps(e, sort_keys=True)
         fresh = collections.Counter(map(key, after)) - collections.Counter(map(key, before))
-        new += [e.get("name", str(e.get("type"))) for e in after if e.get("type") in RU_CHANGING_EVENTS and fresh[key(e)] > 0]
+        for e in after:
+            if e.get("type") in RU_CHANGING_EVENTS and fresh[key(e)] > 0:
+                name = e.get("name", str(e.get("type")))
+                new.append(f"{name} (placement ID {e['pid']})" if e.get("fdpef", 0) & 1 and "pid" in e else name)
     return sorted(set(new))
+
+
+def events_on(events, pid):
+    """Those of `events` (ru_events) that may have changed placement ID `pid`'s reclaim unit:
+    the ones that name it, or name none. `pid` None: any."""
+    return [e for e in events if pid is None or not e.endswith(")") or e.endswith(f"(placement ID {pid})")]
 
 
 def fdpblk_counters(c, d):
@@ -430,11 +441,14 @@ def consistency(rows):
             else:
                 eq(what, got, want)
 
-        def pid_eq(what, got, want):
+        def pid_eq(what, got, want, index=None):
             # A reclaim unit the drive changed itself (its time limit, a reset) restarts the
-            # handle's RUAMW without host writes: the bytes per placement ID no longer add up.
-            if r.get("ru_events"):
-                skip(what, "the drive changed reclaim units itself during the run (FDP events: " + ", ".join(r["ru_events"]) + ")")
+            # handle's RUAMW without host writes: that placement ID's bytes (and the sum of
+            # all) no longer add up; the other placement IDs' still do.
+            pid = None if index is None else fd.get("pid_by_index", {}).get(index)
+            ev = events_on(r.get("ru_events") or [], pid)
+            if ev:
+                skip(what, "the drive changed reclaim units itself during the run (FDP events: " + ", ".join(ev) + ")")
             elif got is None or want is None or fd["pid_bytes_below_one_ru"]:
                 eq(what, got, want)
             else:
@@ -455,21 +469,21 @@ def consistency(rows):
             hbmw_eq(f"{c}: drive bytes, blktrace vs HBMW", r["drive_write_bytes_blktrace"], r["drive_write_bytes"])
         if c == "raw":
             hbmw_eq("raw: drive bytes (HBMW) = the workload's bytes", r["drive_write_bytes"], r["workload_write_bytes"])
-        pid_checks = [(f"{c}: per-PID bytes (RUAMW) add up to HBMW", sum(fd["bytes_by_pid_index"].values()))]
+        pid_checks = [(f"{c}: per-PID bytes (RUAMW) add up to HBMW", sum(fd["bytes_by_pid_index"].values()), None)]
         if c == "raw":
-            pid_checks.append(("raw: all bytes on placement ID 0", fd["bytes_by_pid_index"].get("0")))
-        for what, got in pid_checks:
+            pid_checks.append(("raw: all bytes on placement ID 0", fd["bytes_by_pid_index"].get("0"), "0"))
+        for what, got, index in pid_checks:
             if fd["lba_metadata"]:
                 skip(what, f"the LBA format has {fd['lba_metadata']} metadata bytes per block, which HBMW counts")
             else:
-                pid_eq(what, got, r["drive_write_bytes"])
+                pid_eq(what, got, r["drive_write_bytes"], index)
         if c == "fio-static":
             raw = next((x for x in rows if x["config"] == "raw"), None)
             if raw:
                 eq("fio-static: fio replayed raw's bytes", r["workload_write_bytes"], raw["workload_write_bytes"])
                 ck = raw["classes"]["checkpoint_header"] + raw["classes"]["checkpoint_payload"]
-                pid_eq("fio-static: metadata bytes on placement ID 1", fd["bytes_by_pid_index"].get("1"), ck)
-                pid_eq("fio-static: slot bytes on placement ID 2", fd["bytes_by_pid_index"].get("2"), raw["workload_write_bytes"] - ck)
+                pid_eq("fio-static: metadata bytes on placement ID 1", fd["bytes_by_pid_index"].get("1"), ck, "1")
+                pid_eq("fio-static: slot bytes on placement ID 2", fd["bytes_by_pid_index"].get("2"), raw["workload_write_bytes"] - ck, "2")
         if "sim_reads_of_deallocated_bytes" in r:
             # LMCache never reads a slot fdpblk deallocated: on the merged traces, a read of
             # deallocated bytes means the two captures were merged out of order.
@@ -485,7 +499,7 @@ def consistency(rows):
                 hbmw_eq(f"{c}: drive bytes = ublk bytes + own-state bytes + zeroed checkpoint headers", r["drive_write_bytes"], r["workload_write_bytes"] + own)
             for i, got in sorted(fd["bytes_by_pid_index"].items(), key=lambda kv: int(kv[0])):
                 want = f["handles"].get(i, 0) + (own if int(i) == f["own_state_handle"] else 0)
-                pid_eq(f"{c}: placement ID index {i}: drive bytes (RUAMW) = fdpblk's handle {i} bytes + own state there", got, want)
+                pid_eq(f"{c}: placement ID index {i}: drive bytes (RUAMW) = fdpblk's handle {i} bytes + own state there", got, want, i)
     return out
 
 
