@@ -208,3 +208,17 @@ raw: all bytes on placement ID 0 | skipped
 ";
     assert_eq!(out, want);
 }
+
+/// The drive's media bytes erased (MBE) over a configuration's window is reported, as is
+/// none where a status lacks the counter.
+#[test]
+fn media_bytes_erased_are_the_mbe_delta() {
+    let out = with_report(
+        r#"
+st = lambda hbmw, mbmw, mbe: {"lba_size": 4096, "ru_blocks": 256, "ruhs": [{"pid": 0, "ruamw": 256}], "hbmw": hbmw, "mbmw": mbmw, **({} if mbe is None else {"mbe": mbe})}
+print(m.fdp_delta(st(0, 0, "18446744073709551616"), st(4096, 8192, "18446744073709555712"))["erased_bytes"])
+print(m.fdp_delta(st(0, 0, None), st(4096, 8192, 1))["erased_bytes"])
+"#,
+    );
+    assert_eq!(out, "4096\nNone\n");
+}

@@ -165,6 +165,9 @@ def fdp_delta(before, after):
         "host_bytes": host,
         "media_bytes": media,
         "media_host_ratio": media / host if host else None,
+        # Media bytes erased (MBE): what garbage collection and reclaim unit resets cost the
+        # flash; on a drive without GC (QEMU's) only its RU resets.
+        "erased_bytes": int(after["mbe"]) - int(before["mbe"]) if "mbe" in before and "mbe" in after else None,
         "ru_bytes": rub * lba,
         # RUAMW counts modulo the RU size: exact only while the per-PID sum is the host bytes.
         "pid_bytes_exact": sum(pids.values()) == host,
@@ -534,8 +537,8 @@ def markdown(rep):
     else:
         m += ["Each configuration ran on a deallocated drive: what the workload leaves unwritten is spare space "
               "to the drive, so drive media/host reads low (`--precondition` fills the drive first).", ""]
-    m.append("| configuration | workload device | written there | checkpoint | slot header | slot payload | fdpblk state | on the drive (HBMW) | deallocated | fdpblk overhead | drive media/host | simulated device WAF |")
-    m.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    m.append("| configuration | workload device | written there | checkpoint | slot header | slot payload | fdpblk state | on the drive (HBMW) | deallocated | fdpblk overhead | drive media/host | erased on the drive (MBE) | simulated device WAF |")
+    m.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         cl = r["classes"]
         m.append("| " + " | ".join([
@@ -543,7 +546,7 @@ def markdown(rep):
             human(cl["checkpoint_header"] + cl["checkpoint_payload"]), human(cl["slot_header"]),
             human(cl["slot_payload"] + cl["slot_padding"]), human(r["own_state_bytes"]),
             human(r["drive_write_bytes"]), human(r["drive_discard_bytes"]), ratio(r["fdpblk_overhead"]),
-            ratio(r["fdp"]["media_host_ratio"]), ratio(r["sim"].get("waf")),
+            ratio(r["fdp"]["media_host_ratio"]), human(r["fdp"].get("erased_bytes")), ratio(r["sim"].get("waf")),
         ]) + " |")
     npid = max((len(r["fdp"]["bytes_by_pid_index"]) for r in rows), default=0)
     m += ["", "Bytes per placement ID on the drive (RUAMW deltas), and fdpblk's own per-handle counters:", ""]

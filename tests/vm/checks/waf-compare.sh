@@ -124,6 +124,7 @@ for name, c in rows.items():
     want(c["sim"]["host_bytes"] > 0 and c["sim"]["waf"] is not None and c["sim"]["waf"] >= 1.0, f"{name}: simulated drive {c['sim']}")
     want(0 < (c["sim"]["window_host_bytes"] or 0) < c["sim"]["host_bytes"] and c["sim"]["warmup_bytes"] > 0, f"{name}: simulated drive's window {c['sim']}")
     want(c["fdp"]["media_host_ratio"] is not None and c["fdp"]["media_host_ratio"] >= 1.0, f"{name}: media/host {c['fdp']['media_host_ratio']}")
+    want(isinstance(c["fdp"]["erased_bytes"], int) and c["fdp"]["erased_bytes"] >= 0, f"{name}: erased (MBE) {c['fdp']['erased_bytes']}")
     if "writer_bytes" in c:
         w = c["writer_bytes"]
         want(ck == w["checkpoint_header"] + w["checkpoint_payload"], f"{name}: checkpoint bytes {ck} != the writer's")
