@@ -6,9 +6,15 @@ fn main() -> ExitCode {
     // Before anything opens a file: what the caller left open (a background daemon closes it).
     fdpblk::cmd::device::note_inherited_fds();
     // What root creates (state files, /run/fdpblk, /dev/fdpblk links) is never writable by
-    // others, whatever umask the caller's shell had (systemd's default is this one).
-    // SAFETY: umask has no preconditions.
-    unsafe { libc::umask(0o022) };
+    // others, whatever umask the caller's shell had (systemd's default is 022); a stricter
+    // umask stays.
+    // SAFETY: geteuid and umask have no preconditions.
+    unsafe {
+        if libc::geteuid() == 0 {
+            let caller = libc::umask(0o022);
+            libc::umask(caller | 0o022);
+        }
+    }
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // Colour codes only on a terminal: a daemon's log file and journald get plain text, and so

@@ -16,10 +16,17 @@ if [[ -n $fixtures ]]; then
 fi
 cd "$(dirname "$0")/.."
 fixtures=${fixtures:-../shared/fixtures/lmcache-0.5.6}
-[[ -d $fixtures ]] || { echo "demo: no LMCache fixtures at $fixtures; pass their directory as the first argument" >&2; exit 1; }
-[[ -x target/release/fdpblk ]] || echo "== building fdpblk (the first build takes a few minutes)"
+[[ -d $fixtures ]] || { echo "demo: no LMCache fixtures at $fixtures (LMCache 0.5.6 device images and I/O captures, kept beside the repository, not in it); pass their directory as the first argument" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "demo: no python3 (the demo converts LMCache's capture with it): install python3, then run this again" >&2; exit 1; }
 # --locked, as the tests build: the versions in Cargo.lock, never a rewritten lock file.
-command -v cargo >/dev/null || { echo "demo: no cargo: install Rust 1.88 or later (rustup, or the distribution's cargo), then run this again" >&2; exit 1; }
+command -v cargo >/dev/null || { echo "demo: no cargo: install Rust 1.88 or later (rustup), then run this again" >&2; exit 1; }
+# A distribution's packaged Rust is often older (Debian 12's is 1.63): name that, not the build.
+rustc_v=$(rustc --version 2>/dev/null | awk '{ print $2 }')
+if [[ ! $rustc_v =~ ^1\.([0-9]+) ]] || ((BASH_REMATCH[1] < 88)); then
+    echo "demo: rustc ${rustc_v:-(none)} is older than 1.88 (a distribution's packaged Rust often is): install Rust with rustup, then run this again" >&2
+    exit 1
+fi
+[[ -x target/release/fdpblk ]] || echo "== building fdpblk (the first build takes a few minutes)"
 cargo build --release --locked --quiet --bins ||
     { echo "demo: the build failed (above); it needs a C compiler and libclang (Debian: apt-get install gcc libc6-dev libclang-dev)" >&2; exit 1; }
 bin=target/release/fdpblk

@@ -258,6 +258,15 @@ impl Registry {
         if let Some(v) = flag(&st["checkpoint_stalled"]) {
             self.add("fdpblk_checkpoint_stalled", "1 when slot writes go on but LMCache's checkpoints stopped.", Gauge, base(), v);
         }
+        if let Some(w) = st["backing_writers"].as_array() {
+            self.add(
+                "fdpblk_backing_foreign_writers",
+                "Programs other than fdpblk holding the backing open for writing (LMCache pointed at the drive itself): their writes land over LMCache's slots and fdpblk's own state.",
+                Gauge,
+                base(),
+                w.len() as f64,
+            );
+        }
         if let Some(v) = num(&st["lmcache_opens"]) {
             self.add(
                 "fdpblk_lmcache_opens_total",
@@ -779,7 +788,7 @@ mod tests {
             "state_age_s": 0.4, "checkpoint_seq": 12, "checkpoint_age_s": 3.5, "checkpoint_bytes": 1000, "checkpoint_entries": 4,
             "checkpoint_cap_bytes": g.payload_cap(), "checkpoint_estimate_bytes": 1200, "overflow_risk": false,
             "checkpoint_stalled": false, "meta_total_bytes_needed": null, "containers": [], "lmcache_opens": 2, "lmcache_lost_puts": 5,
-            "checkpoint_interval_s": 20.0, "writeback_delay_s": 35.0, "writeback_risk": true,
+            "backing_writers": ["python3 (pid 77) on /dev/nvme0n1"], "checkpoint_interval_s": 20.0, "writeback_delay_s": 35.0, "writeback_risk": true,
             "slots": {"max_slots": g.max_slots, "with_header": 5, "confirmed": 4, "unknown": 1, "live": 3, "evicted": 1,
                       "trimmed": 0, "identity_history": 2, "identity_history_capacity": 6, "returning": 1, "tags": 1},
             "trim": {"enabled": true, "allowed_now": true, "blocked_by": null, "trims": 3, "trim_bytes": 196608,
@@ -833,6 +842,7 @@ mod tests {
         assert!(!s.contains_key(r#"fdpblk_handle_written_bytes_total{handle="3",id="0",name="kv0"}"#), "key-aware has 3 handles");
         assert_eq!(get(r#"fdpblk_class_bytes_total{class="slot_payload",id="0",name="kv0"}"#), 430080.0);
         assert_eq!((get(r#"fdpblk_lmcache_opens_total{id="0",name="kv0"}"#), get(r#"fdpblk_lmcache_lost_puts_total{id="0",name="kv0"}"#)), (2.0, 5.0));
+        assert_eq!(get(r#"fdpblk_backing_foreign_writers{id="0",name="kv0"}"#), 1.0);
         assert_eq!(get(r#"fdpblk_class_requests_total{class="slot_payload",id="0",name="kv0"}"#), 7.0);
         assert_eq!(get(r#"fdpblk_io_bytes_total{id="0",name="kv0",op="write"}"#), 3145728.0);
         assert_eq!(get(r#"fdpblk_header_waits_total{id="0",name="kv0"}"#), 2.0);

@@ -1012,9 +1012,10 @@ pub fn select_pids(config: &FdpConfig, ruhs: &[RuhStatusDesc], handles: u16, pol
     }
     if pids.len() < usize::from(handles) {
         return Err(format!(
-            "policy {policy} needs {handles} placement handles but {} has {}; create the namespace with more placement handles, or use --policy none",
+            "policy {policy} needs {handles} placement handles but {} has {}; create the namespace with more placement handles, or use a policy of fewer ({})",
             path.display(),
-            pids.len()
+            pids.len(),
+            crate::place::handles_of_each()
         ));
     }
     Ok(pids)

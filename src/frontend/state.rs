@@ -477,6 +477,23 @@ pub fn writers(path: &Path) -> Vec<(u32, String)> {
     openers_of(|fd| n.is(fd) && opened_for_writing(fd))
 }
 
+/// Programs other than fdpblk holding an NVMe namespace open for writing through either of
+/// its nodes, as "COMM (pid N) on NODE": LMCache pointed at the drive itself, fio, a
+/// passthrough tool. None for a file or a path that is not there (a file's writers are not
+/// looked for).
+pub fn foreign_writers(backing: &Path) -> Vec<String> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = fs::metadata(backing) else { return Vec::new() };
+    if !meta.file_type().is_block_device() && !meta.file_type().is_char_device() {
+        return Vec::new();
+    }
+    let other = crate::nvme::path::namespace_other_node(backing);
+    std::iter::once(backing)
+        .chain(other.as_deref())
+        .flat_map(|n| writers(n).into_iter().filter(|(_, comm)| !comm.starts_with("fdpblk")).map(move |(pid, comm)| format!("{comm} (pid {pid}) on {}", n.display())))
+        .collect()
+}
+
 /// Whether descriptor `/proc/PID/fd/N` was opened for writing; false where that cannot be read.
 fn opened_for_writing(fd: &Path) -> bool {
     let (Some(dir), Some(n)) = (fd.parent().and_then(Path::parent), fd.file_name()) else { return false };

@@ -247,9 +247,10 @@ pub(crate) fn ublk_ctrl(id: i32) -> Result<UblkCtrl, UblkError> {
         return Err(UblkError::OtherError(-libc::ENOENT));
     }
     // libublk reads the device's file in its run directory, following links, whole: one
-    // planted there is removed first.
+    // planted there is removed first. (The directory itself is left to `add`: a stop, a
+    // `del` must go ahead whatever it is.)
     let run_dir = Path::new(ublk_run_dir::RUN_DIR);
-    if let Err(e) = ublk_run_dir::secure(run_dir).and_then(|()| ublk_run_dir::check_readable(run_dir, id)) {
+    if let Err(e) = ublk_run_dir::check_readable(run_dir, id) {
         tracing::warn!("ublk device {id}: {e}");
         return Err(UblkError::OtherError(-libc::EPERM));
     }
@@ -1699,12 +1700,18 @@ pub fn no_deallocation(backing: &Path) -> String {
     )
 }
 
+/// How often the daemon looks for other programs writing its backing.
+const FOREIGN_WRITERS_EVERY: Duration = Duration::from_secs(10);
+
 fn stats_loop(shared: &Shared, stop: &AtomicBool) {
     let (pid, pid_start) = (std::process::id(), state::start_time(std::process::id()));
+    let mut writers = ForeignWriters::default();
     while !stop.load(Ordering::Acquire) {
         let c = &shared.cfg;
+        writers.poll(c);
         let learned = shared.learned.load(Ordering::Relaxed);
         let mut v = daemon_stats(pid, pid_start, c, &shared.layout, learned, &shared.stats(), &shared.queues);
+        v["backing_writers"] = serde_json::json!(writers.now);
         let watch = shared.watch.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|w| w.lock().unwrap_or_else(|e| e.into_inner()).now());
         if let (Some(o), Some(serde_json::Value::Object(w))) = (v.as_object_mut(), watch) {
             o.extend(w);
@@ -1714,6 +1721,37 @@ fn stats_loop(shared: &Shared, stop: &AtomicBool) {
             tracing::info!("device {}: {} written at last", c.id, state::state_path(c.id).display());
         }
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Other programs writing the backing while the device runs (`add` refuses one already
+/// there, but LMCache started afterwards with the drive as its `device_path` is not seen
+/// then): their writes land over LMCache's slots through fdpblk and over fdpblk's own state,
+/// and bypass placement and deallocation. Each is warned of once; the stats list them.
+#[derive(Default)]
+struct ForeignWriters {
+    next: Option<Instant>,
+    warned: std::collections::HashSet<String>,
+    now: Vec<String>,
+}
+
+impl ForeignWriters {
+    fn poll(&mut self, c: &DeviceConfig) {
+        if self.next.is_some_and(|n| Instant::now() < n) {
+            return;
+        }
+        self.next = Some(Instant::now() + FOREIGN_WRITERS_EVERY);
+        self.now = state::foreign_writers(&c.backing);
+        for w in &self.now {
+            if self.warned.insert(w.clone()) {
+                tracing::error!(
+                    "device {}: {w} writes the backing {} directly: its writes land over LMCache's slots and fdpblk's own state; point LMCache's device_path at fdpblk's device ({}), never at the drive",
+                    c.id,
+                    c.backing.display(),
+                    c.name.as_ref().map_or_else(|| state::bdev_path(c.id), |n| format!("/dev/fdpblk/{n}"))
+                );
+            }
+        }
     }
 }
 

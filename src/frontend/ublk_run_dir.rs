@@ -33,7 +33,23 @@ pub fn secure(dir: &Path) -> Result<(), String> {
     if !as_root() {
         return Ok(());
     }
-    secure_for(dir, 0)
+    secure_for(dir, 0)?;
+    // The sticky bit protects only with the kernel's link and FIFO protections on (systemd
+    // turns them on; the kernel's own defaults are off).
+    let others_write = std::fs::metadata(dir).is_ok_and(|m| m.mode() & 0o002 != 0);
+    let off: Vec<&str> = ["protected_symlinks", "protected_fifos", "protected_regular"]
+        .into_iter()
+        .filter(|s| std::fs::read_to_string(format!("/proc/sys/fs/{s}")).is_ok_and(|v| v.trim() == "0"))
+        .collect();
+    if others_write && !off.is_empty() {
+        tracing::warn!(
+            "{} is writable by others and fs.{} is 0: libublk, as root, may follow a link or open a FIFO another user plants there; set it to 1 (sysctl), or chmod 755 {} where no unprivileged ublk server needs it",
+            dir.display(),
+            off.join(", fs."),
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 fn secure_for(dir: &Path, owner: u32) -> Result<(), String> {

@@ -678,7 +678,7 @@ impl Persist {
         let mut sb_any_read = false;
         let sb = {
             // Read again where neither copy reads: taking the state for unreadable writes
-            // a new instance over both, and a passing failure (a reset) must not decide that.
+            // a new instance over both, and a momentary failure must not decide that.
             let (b, read, err) = read_superblock_copies_again(dev, region);
             match err {
                 Some(e) if read == [false; 2] => {
@@ -772,7 +772,8 @@ impl Persist {
                 if dev.read_at(p.page_off(i, copy), b).is_err() {
                     for k in 0..n {
                         let page = &mut b[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize];
-                        // Once more 100 ms later: a page copy given up is a version lost.
+                        // Once more 100 ms later (a momentary failure): a page copy given up
+                        // is a version lost.
                         let read = dev.read_at(p.page_off(i + k, copy), page).or_else(|_| {
                             std::thread::sleep(std::time::Duration::from_millis(100));
                             dev.read_at(p.page_off(i + k, copy), page)
@@ -1394,9 +1395,6 @@ pub fn newer_format_in(dev: &dyn StateWriter, region: Region) -> Option<u32> {
         .max()
 }
 
-/// fdpblk's saved state on a backing device or image of `size` bytes, summarised as JSON
-/// (`None` when its reserved tail holds none, `Err` saying why a superblock whose CRC holds
-/// is not read): superblock, slot counts by state, identity history, tags, trims.
 /// Why a table of `max_slots` is too much to read on a machine of `mem_total` bytes (more than
 /// half of it, as `add` refuses).
 fn table_memory_error(geometry: &str, max_slots: u64, mem_total: u64) -> Option<String> {
@@ -1407,6 +1405,9 @@ fn table_memory_error(geometry: &str, max_slots: u64, mem_total: u64) -> Option<
     })
 }
 
+/// fdpblk's saved state on a backing device or image of `size` bytes, summarised as JSON
+/// (`None` when its reserved tail holds none, `Err` saying why a superblock whose CRC holds
+/// is not read): superblock, slot counts by state, identity history, tags, trims.
 pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<Result<serde_json::Value, String>> {
     use crate::slot_table::SlotState;
     let ro = ReadOnly(dev);

@@ -138,5 +138,11 @@ pub fn policy_by_name(name: &str) -> Option<Box<dyn Policy>> {
     }
 }
 
+/// Each policy with the placement handles it needs, for errors that name the choices
+/// ("none 1, region 4, lmcache-fdp 8, key-aware 3").
+pub fn handles_of_each() -> String {
+    POLICY_NAMES.iter().filter_map(|n| policy_by_name(n).map(|p| format!("{n} {}", p.handles()))).collect::<Vec<_>>().join(", ")
+}
+
 #[cfg(test)]
 mod tests;

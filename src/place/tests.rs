@@ -331,3 +331,8 @@ fn waf_compares_table_of_handles_is_the_policies() {
     }
     assert_eq!(table.len(), 3, "{table:?}");
 }
+
+#[test]
+fn the_choices_named_in_errors_are_each_policys_handles() {
+    assert_eq!(super::handles_of_each(), "none 1, region 4, lmcache-fdp 8, key-aware 3");
+}

@@ -247,8 +247,10 @@ impl Watcher {
         ];
         if let Some((name, Some(theirs), ours)) = geo.into_iter().find(|(_, t, o)| t.is_some_and(|t| t != *o)) {
             let msg = format!(
-                "LMCache's checkpoint seq {} says {name} {theirs}, but fdpblk serves the device with {ours}: fdpblk's layout is wrong; deallocation is off until the device is re-added with the right geometry",
-                h.seq
+                "LMCache's checkpoint seq {} says {name} {theirs}, but fdpblk serves the device with {ours}: fdpblk's layout is wrong, so placement is too, and deallocation is off; add the device again with --{} {theirs} (`{} = {theirs}` in its config file; `systemctl restart fdpblk@NAME`, or `fdpblk del` then `add`)",
+                h.seq,
+                name.replace('_', "-"),
+                name
             );
             if self.conflict.is_none() {
                 tracing::error!("device {}: {msg}", self.cfg.device);

@@ -178,13 +178,13 @@ fn refuse_foreign_data(
         Ok(Some(what)) => Err(format!(
             "backing {} holds {what} (blkid -p {}), and {}: fdpblk would overwrite and deallocate it. Check that this is the right device; if its data may go, erase it first (wipefs -a {}) or {}, which does that",
             a.backing.display(),
-            target.display(),
+            shell_word(&target),
             match (found, ours) {
                 (Lmcache::Copy1Only, _) => "only copy 1 of an LMCache checkpoint (copy 0, at the device's start, is not a whole one)",
                 (Lmcache::Nothing, true) => "no LMCache checkpoint (only fdpblk's state from an earlier use)",
                 (Lmcache::Nothing, false) => "neither an LMCache checkpoint nor fdpblk's state",
             },
-            target.display(),
+            shell_word(&target),
             with_force(a)
         )),
         // Not even where fdpblk's state is there: it does not vouch for what was written
@@ -413,10 +413,11 @@ fn check(a: &AddArgs) -> Result<(DeviceConfig, Option<PathBuf>), String> {
         }
         if u64::from(policy.handles()) > max {
             return Err(format!(
-                "policy {} needs {} placement handles but {} has {max}; use a policy with fewer handles",
+                "policy {} needs {} placement handles but {} has {max}; use a policy of at most {max} ({}), or give the namespace more handles",
                 a.policy,
                 policy.handles(),
-                a.backing.display()
+                a.backing.display(),
+                crate::place::handles_of_each()
             ));
         }
         // Stream N writes to the drive's placement identifier N-1 (RUH Status order).

@@ -258,21 +258,9 @@ pub(super) const OTHER_WRITER_WAIT: std::time::Duration = std::time::Duration::f
 /// (blktrace) are no harm. Waits `wait` for a passing one. fdpblk's own processes are left
 /// to the daemon's lock, which names the device they serve.
 pub(super) fn other_writers(backing: &Path, wait: std::time::Duration) -> Option<String> {
-    let meta = std::fs::metadata(backing).ok()?;
-    if !meta.file_type().is_block_device() && !meta.file_type().is_char_device() {
-        return None;
-    }
-    let other = crate::nvme::path::namespace_other_node(backing);
-    let nodes: Vec<&Path> = std::iter::once(backing).chain(other.as_deref()).collect();
-    let find = || -> Vec<String> {
-        nodes
-            .iter()
-            .flat_map(|n| state::writers(n).into_iter().filter(|(_, comm)| !comm.starts_with("fdpblk")).map(move |(pid, comm)| format!("{comm} (pid {pid}) on {}", n.display())))
-            .collect()
-    };
     let start = std::time::Instant::now();
     loop {
-        let found = find();
+        let found = state::foreign_writers(backing);
         if found.is_empty() {
             return None;
         }

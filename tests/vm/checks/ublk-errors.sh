@@ -123,6 +123,16 @@ exec 4<&-
 exec 4<"$NS_DEV"
 expect "device 0 again, while a reader holds the namespace" quiet fdpblk_add --backing "$NS_DEV" -n 0 4<&-
 exec 4<&-
+# A writer that comes after the add (LMCache started later with the drive as its device_path),
+# through the other node: the running daemon finds it within its 10 s poll, logs it once as an
+# error and lists it in its stats.
+exec 4<>"$NG_DEV"
+expect "the daemon lists a writer of the backing that came after the add" bash -c \
+    "for i in \$(seq 60); do $FDPBLK stats -n 0 --json | jq -e --arg w 'bash (pid $$) on $NG_DEV' '.backing_writers | any(. == \$w)' >/dev/null && exit 0; sleep 0.5; done; exit 1"
+expect "and logs it as an error" log_has "ERROR.*bash \(pid $$\) on $NG_DEV writes the backing $NS_DEV directly"
+exec 4<&-
+expect "once it closed, the daemon lists none" bash -c \
+    "for i in \$(seq 60); do $FDPBLK stats -n 0 --json | jq -e '.backing_writers == []' >/dev/null && exit 0; sleep 0.5; done; exit 1"
 # Deleting a device someone holds open (here this shell) says who: their I/O fails from now on.
 # Neither del nor the daemon waits for them to close it (LMCache may hold it for hours).
 exec 3</dev/ublkb0
