@@ -647,7 +647,8 @@ fn a_page_with_both_copies_unreadable_starts_a_fresh_state() {
     let (c0, c1) = (region.offset + 2 * 4096, region.offset + (2 + pages) * 4096);
     let u = SlotTable::new(g.max_slots);
     // Both copies of page 0, one bad sector each: fail the reads that touch either.
-    let fail = FailTwo { dev: &dev, a: c0..c0 + 4096, b: c1..c1 + 4096 };
+    let (a, b) = (c0..c0 + 4096, c1..c1 + 4096);
+    let fail = FailReads { dev: &dev, fails: |off, end| touches(&a, off, end) || touches(&b, off, end) };
     let (p2, l) = Persist::load(&fail, region, &g, &u, 3);
     assert!(!l.found && l.note.as_deref().is_some_and(|n| n.contains("either copy")), "{l:?}");
     assert!(u.get(3).is_none() && u.get(200).is_none());
@@ -875,17 +876,16 @@ fn a_committed_page_version_the_drive_lost_makes_a_clean_state_untrusted() {
     assert!(l.found && l.clean, "{l:?}");
 }
 
-/// A device whose reads fail where they touch either of two ranges.
-struct FailTwo<'a> {
+/// A device whose reads of `off..end` fail where `fails` says so (a bad sector, a momentary
+/// failure); everything else goes to `dev`.
+struct FailReads<'a, F: Fn(u64, u64) -> bool + Send + Sync> {
     dev: &'a MemDev,
-    a: std::ops::Range<u64>,
-    b: std::ops::Range<u64>,
+    fails: F,
 }
 
-impl StateWriter for FailTwo<'_> {
+impl<F: Fn(u64, u64) -> bool + Send + Sync> StateWriter for FailReads<'_, F> {
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        let end = off + buf.len() as u64;
-        if [&self.a, &self.b].iter().any(|r| r.start < end && off < r.end) {
+        if (self.fails)(off, off + buf.len() as u64) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.dev.read_at(off, buf)
@@ -904,35 +904,8 @@ impl StateWriter for FailTwo<'_> {
     }
 }
 
-/// A device whose reads touching `range` fail the first `left` times (a passing controller
-/// reset on an engine that does not hold commands through it).
-struct FailFirst<'a> {
-    dev: &'a MemDev,
-    range: std::ops::Range<u64>,
-    left: std::sync::atomic::AtomicU32,
-}
-
-impl StateWriter for FailFirst<'_> {
-    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        let end = off + buf.len() as u64;
-        let fail = self.range.start < end && off < self.range.end && self.left.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok();
-        if fail {
-            return Err(io::Error::from_raw_os_error(libc::EIO));
-        }
-        self.dev.read_at(off, buf)
-    }
-    fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
-        self.dev.write_at(off, buf, handle)
-    }
-    fn discard(&self, off: u64, len: u64) -> io::Result<()> {
-        self.dev.discard(off, len)
-    }
-    fn flush(&self) -> io::Result<()> {
-        self.dev.flush()
-    }
-    fn size(&self) -> u64 {
-        self.dev.size()
-    }
+fn touches(r: &std::ops::Range<u64>, off: u64, end: u64) -> bool {
+    r.start < end && off < r.end
 }
 
 /// A read that fails once at load (both superblock copies, or a page copy) is read again: the
@@ -945,12 +918,14 @@ fn a_read_that_fails_once_at_load_is_read_again() {
     let superblocks = region.offset..region.offset + 2 * 4096;
     // The two superblock copies are read together, then one by one: one failure of each read.
     for (range, fails) in [(superblocks, 3), (newest..newest + 4096, 2)] {
-        let d = FailFirst { dev: &dev, range: range.clone(), left: std::sync::atomic::AtomicU32::new(fails) };
+        // Reads touching `range` fail the first `fails` times.
+        let left = std::sync::atomic::AtomicU32::new(fails);
+        let d = FailReads { dev: &dev, fails: |off, end| touches(&range, off, end) && left.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok() };
         let u = SlotTable::new(g.max_slots);
         let (p, l) = Persist::load(&d, region, &g, &u, 3);
         assert!(l.found && l.clean && l.note.is_none(), "{range:?}: {l:?}");
         assert!(p.is_some() && snapshot(&u) == want, "{range:?}");
-        assert_eq!(d.left.load(SeqCst), 0, "{range:?}: the failures were met");
+        assert_eq!(left.load(SeqCst), 0, "{range:?}: the failures were met");
     }
 }
 
