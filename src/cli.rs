@@ -288,8 +288,11 @@ pub struct ListArgs {
 #[derive(Args, Debug)]
 pub struct StatsArgs {
     /// The device's id (N of /dev/ublkbN).
-    #[arg(short = 'n', long)]
-    pub number: i32,
+    #[arg(short = 'n', long, required_unless_present = "name")]
+    pub number: Option<i32>,
+    /// The device added with --name NAME (or `fdpblk up NAME`), whatever its id.
+    #[arg(long, conflicts_with = "number")]
+    pub name: Option<String>,
     /// The daemon's stats as one JSON object.
     #[arg(long)]
     pub json: bool,

@@ -6,13 +6,13 @@ fn main() -> ExitCode {
     // Before anything opens a file: what the caller left open (a background daemon closes it).
     fdpblk::cmd::device::note_inherited_fds();
     // What root creates (state files, /run/fdpblk, /dev/fdpblk links) is never writable by
-    // others, whatever umask the caller's shell had (systemd's default is 022); a stricter
-    // umask stays.
+    // others, whatever umask the caller's shell had, nor closed to them by a stricter one
+    // (LMCache's user opens /dev/fdpblk/NAME; `list` and `stats` read /run/fdpblk): 022, as
+    // systemd gives a unit.
     // SAFETY: geteuid and umask have no preconditions.
     unsafe {
         if libc::geteuid() == 0 {
-            let caller = libc::umask(0o022);
-            libc::umask(caller | 0o022);
+            libc::umask(0o022);
         }
     }
     let matches = Cli::command().get_matches();
@@ -51,8 +51,13 @@ fn main() -> ExitCode {
         Command::Del(a) => fdpblk::cmd::device::del(&a),
         Command::List(a) => fdpblk::cmd::device::list(&a),
         Command::Recover(a) => fdpblk::cmd::device::recover(&a),
-        Command::Stats(a) if a.prometheus => fdpblk::cmd::metrics::print_device(a.number),
-        Command::Stats(a) => fdpblk::cmd::device::stats(&fdpblk::cli::IdArgs { number: a.number, foreground: false }, a.json),
+        Command::Stats(a) => fdpblk::cmd::device::id_of(a.number, a.name.as_deref()).and_then(|number| {
+            if a.prometheus {
+                fdpblk::cmd::metrics::print_device(number)
+            } else {
+                fdpblk::cmd::device::stats(&fdpblk::cli::IdArgs { number, foreground: false }, a.json)
+            }
+        }),
         Command::Up(a) => fdpblk::cmd::up::up(&a),
         Command::Down(a) => fdpblk::cmd::up::down(&a),
         Command::Metrics(a) => fdpblk::cmd::metrics::run(&a),

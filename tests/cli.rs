@@ -194,6 +194,8 @@ fn bad_input_is_one_clear_line() {
         // Not a trace: refused, not copied into $TMPDIR until it fills.
         (&["replay", "/"], "trace / is a directory, not a trace"),
         (&["replay", "--sector-offset", "2048", "--slot-bytes", "64K", "--meta-total-bytes", "1M", "/dev/null"], "the trace is empty"),
+        (&["stats", "--name", "fdpblk-cli-test-no-such-device"], "no fdpblk device named fdpblk-cli-test-no-such-device; see `fdpblk list`"),
+        (&["stats", "--name", "fdpblk-cli-test-no-such-device", "--prometheus"], "no fdpblk device named fdpblk-cli-test-no-such-device"),
     ];
     for (args, want) in cases {
         let (code, _, err) = fdpblk(args);

@@ -21,9 +21,10 @@ command -v python3 >/dev/null || { echo "demo: no python3 (the demo converts LMC
 # --locked, as the tests build: the versions in Cargo.lock, never a rewritten lock file.
 command -v cargo >/dev/null || { echo "demo: no cargo: install Rust 1.88 or later (rustup), then run this again" >&2; exit 1; }
 # A distribution's packaged Rust is often older (Debian 12's is 1.63): name that, not the build.
-rustc_v=$(rustc --version 2>/dev/null | awk '{ print $2 }')
-if [[ ! $rustc_v =~ ^1\.([0-9]+) ]] || ((BASH_REMATCH[1] < 88)); then
-    echo "demo: rustc ${rustc_v:-(none)} is older than 1.88 (a distribution's packaged Rust often is): install Rust with rustup, then run this again" >&2
+rustc_v=$(rustc --version 2>/dev/null | awk '{ print $2 }' || true)
+[[ -n $rustc_v ]] || { echo "demo: cargo is here but rustc does not run (rustup without a default toolchain? rustup default stable), then run this again" >&2; exit 1; }
+if [[ $rustc_v =~ ^1\.([0-9]+) ]] && ((BASH_REMATCH[1] < 88)); then
+    echo "demo: rustc $rustc_v is older than 1.88 (a distribution's packaged Rust often is): install Rust with rustup, then run this again" >&2
     exit 1
 fi
 [[ -x target/release/fdpblk ]] || echo "== building fdpblk (the first build takes a few minutes)"

@@ -488,10 +488,28 @@ pub fn foreign_writers(backing: &Path) -> Vec<String> {
         return Vec::new();
     }
     let other = crate::nvme::path::namespace_other_node(backing);
-    std::iter::once(backing)
-        .chain(other.as_deref())
-        .flat_map(|n| writers(n).into_iter().filter(|(_, comm)| !comm.starts_with("fdpblk")).map(move |(pid, comm)| format!("{comm} (pid {pid}) on {}", n.display())))
-        .collect()
+    let nodes: Vec<(&Path, Node)> = std::iter::once(backing).chain(other.as_deref()).filter_map(|p| Node::of(p).map(|n| (p, n))).collect();
+    // One walk of every process's descriptors for both nodes.
+    let mut out = Vec::new();
+    for (pid, dir) in other_processes() {
+        let mut on: Vec<&Path> = Vec::new();
+        for fd in fd_paths(&dir) {
+            if let Some((p, _)) = nodes.iter().find(|(p, n)| !on.contains(p) && n.is(&fd)) {
+                if opened_for_writing(&fd) {
+                    on.push(p);
+                }
+            }
+        }
+        if on.is_empty() {
+            continue;
+        }
+        let comm = fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let comm = comm.trim();
+        if !comm.starts_with("fdpblk") {
+            out.extend(on.iter().map(|p| format!("{comm} (pid {pid}) on {}", p.display())));
+        }
+    }
+    out
 }
 
 /// Whether descriptor `/proc/PID/fd/N` was opened for writing; false where that cannot be read.

@@ -1705,13 +1705,12 @@ const FOREIGN_WRITERS_EVERY: Duration = Duration::from_secs(10);
 
 fn stats_loop(shared: &Shared, stop: &AtomicBool) {
     let (pid, pid_start) = (std::process::id(), state::start_time(std::process::id()));
-    let mut writers = ForeignWriters::default();
+    let writers = ForeignWriters::start(&shared.cfg);
     while !stop.load(Ordering::Acquire) {
         let c = &shared.cfg;
-        writers.poll(c);
         let learned = shared.learned.load(Ordering::Relaxed);
         let mut v = daemon_stats(pid, pid_start, c, &shared.layout, learned, &shared.stats(), &shared.queues);
-        v["backing_writers"] = serde_json::json!(writers.now);
+        v["backing_writers"] = serde_json::json!(writers.now());
         let watch = shared.watch.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|w| w.lock().unwrap_or_else(|e| e.into_inner()).now());
         if let (Some(o), Some(serde_json::Value::Object(w))) = (v.as_object_mut(), watch) {
             o.extend(w);
@@ -1722,36 +1721,60 @@ fn stats_loop(shared: &Shared, stop: &AtomicBool) {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+    writers.stop();
 }
 
-/// Other programs writing the backing while the device runs (`add` refuses one already
-/// there, but LMCache started afterwards with the drive as its `device_path` is not seen
-/// then): their writes land over LMCache's slots through fdpblk and over fdpblk's own state,
-/// and bypass placement and deallocation. Each is warned of once; the stats list them.
-#[derive(Default)]
+/// Other programs holding the backing open for writing while the device runs (`add` refuses
+/// one already there, but LMCache started afterwards with the drive as its `device_path` is
+/// not seen then): their writes land over LMCache's slots through fdpblk and over fdpblk's
+/// own state, and bypass placement and deallocation. Looked for on a thread of its own (a
+/// walk of every process's descriptors takes long on a host with many), each logged once
+/// while it holds it; the stats list them.
 struct ForeignWriters {
-    next: Option<Instant>,
-    warned: std::collections::HashSet<String>,
-    now: Vec<String>,
+    now: Arc<Mutex<Vec<String>>>,
+    done: Arc<AtomicBool>,
 }
 
 impl ForeignWriters {
-    fn poll(&mut self, c: &DeviceConfig) {
-        if self.next.is_some_and(|n| Instant::now() < n) {
-            return;
-        }
-        self.next = Some(Instant::now() + FOREIGN_WRITERS_EVERY);
-        self.now = state::foreign_writers(&c.backing);
-        for w in &self.now {
-            if self.warned.insert(w.clone()) {
-                tracing::error!(
-                    "device {}: {w} writes the backing {} directly: its writes land over LMCache's slots and fdpblk's own state; point LMCache's device_path at fdpblk's device ({}), never at the drive",
-                    c.id,
-                    c.backing.display(),
-                    c.name.as_ref().map_or_else(|| state::bdev_path(c.id), |n| format!("/dev/fdpblk/{n}"))
-                );
+    fn start(c: &DeviceConfig) -> Self {
+        let (now, done) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(false)));
+        let (n, d, c) = (now.clone(), done.clone(), c.clone());
+        let looked = spawn_named("fdpblk-writers", move || {
+            let mut warned = std::collections::HashSet::new();
+            while !d.load(Ordering::Acquire) {
+                let found = state::foreign_writers(&c.backing);
+                for w in &found {
+                    if !warned.contains(w) {
+                        tracing::error!(
+                            "device {}: {w} holds the backing {} open for writing: stop it; if it is LMCache, point its device_path at fdpblk's device ({}), never at the drive (its writes land over LMCache's slots and fdpblk's own state)",
+                            c.id,
+                            c.backing.display(),
+                            c.name.as_ref().map_or_else(|| state::bdev_path(c.id), |n| format!("/dev/fdpblk/{n}"))
+                        );
+                    }
+                }
+                // Only those still there: one that comes back is logged again.
+                warned = found.iter().cloned().collect();
+                *n.lock().unwrap_or_else(|e| e.into_inner()) = found;
+                let next = Instant::now() + FOREIGN_WRITERS_EVERY;
+                while Instant::now() < next && !d.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
             }
+        });
+        if let Err(e) = looked {
+            tracing::warn!("device {}: {e}: other programs writing the backing are not looked for", c.id);
         }
+        ForeignWriters { now, done }
+    }
+
+    fn now(&self) -> Vec<String> {
+        self.now.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Ends the thread after its walk in progress, if any (not waited for).
+    fn stop(&self) {
+        self.done.store(true, Ordering::Release);
     }
 }
 

@@ -245,12 +245,14 @@ impl Watcher {
             ("slot_bytes", meta.py_int("slot_bytes"), g.slot_bytes),
             ("meta_total_bytes", meta.py_int("meta_total_bytes"), g.meta_total_bytes),
         ];
-        if let Some((name, Some(theirs), ours)) = geo.into_iter().find(|(_, t, o)| t.is_some_and(|t| t != *o)) {
+        let differ: Vec<(&str, u64, u64)> = geo.into_iter().filter_map(|(n, t, o)| t.filter(|&t| t != o).map(|t| (n, t, o))).collect();
+        if !differ.is_empty() {
+            let says = differ.iter().map(|(n, t, o)| format!("{n} {t} (fdpblk serves {o})")).collect::<Vec<_>>().join(", ");
+            let flags = differ.iter().map(|(n, t, _)| format!("--{} {t}", n.replace('_', "-"))).collect::<Vec<_>>().join(" ");
+            let keys = differ.iter().map(|(n, t, _)| format!("{n} = {t}")).collect::<Vec<_>>().join(", ");
             let msg = format!(
-                "LMCache's checkpoint seq {} says {name} {theirs}, but fdpblk serves the device with {ours}: fdpblk's layout is wrong, so placement is too, and deallocation is off; add the device again with --{} {theirs} (`{} = {theirs}` in its config file; `systemctl restart fdpblk@NAME`, or `fdpblk del` then `add`)",
-                h.seq,
-                name.replace('_', "-"),
-                name
+                "LMCache's checkpoint seq {} says {says}: fdpblk's layout is wrong, so placement is too, and deallocation is off; add the device again with {flags} (`{keys}` in its config file; `systemctl restart fdpblk@NAME`, or `fdpblk del` then `add`)",
+                h.seq
             );
             if self.conflict.is_none() {
                 tracing::error!("device {}: {msg}", self.cfg.device);

@@ -3768,6 +3768,12 @@ fn a_checkpoint_of_another_geometry_confirms_no_slot() {
         let confirmed = (0..4).filter(|&s| r.slots.get(s).unwrap().confirmed).count();
         assert_eq!(confirmed, if conflicting { 0 } else { 4 }, "conflicting {conflicting}");
         assert_eq!(r.w.published_json()["trim"]["blocked_by"].is_string(), conflicting);
+        if conflicting {
+            // The way out, named: the flag and the config key, with LMCache's value.
+            let why = r.w.published_json()["trim"]["blocked_by"].as_str().unwrap().to_string();
+            let s = 2 * r.g.slot_bytes;
+            assert!(why.contains(&format!("--slot-bytes {s}")) && why.contains(&format!("slot_bytes = {s}")), "{why}");
+        }
     }
 }
 

@@ -15,7 +15,7 @@ pub use daemon::note_inherited_fds;
 pub use del::del;
 pub use recover::recover;
 pub(crate) use server::{exiting, serving_daemon, still_ours, ublk_stopped};
-pub use status::{drive_deltas, features, list, name, stats};
+pub use status::{drive_deltas, features, id_of, list, name, stats};
 
 /// Prints a line for the operator; `del` and `down` run under systemd's ExecStop with SIGPIPE
 /// ignored, where a stream journald dropped must not turn a done stop into a panic.

@@ -100,6 +100,21 @@ fn parse_stats(p: &Path, text: &str) -> Result<serde_json::Value, String> {
         Err(e) => Err(corrupt(&e)),
     }
 }
+/// The id `-n` gives, or the one of the device added with `--name` (as `del --name` finds it:
+/// live, its daemon dead, or a state file left over).
+pub fn id_of(number: Option<i32>, name: Option<&str>) -> Result<i32, Box<dyn std::error::Error>> {
+    use crate::cmd::up::Found;
+    match (number, name) {
+        (Some(n), _) => Ok(n),
+        (None, Some(name)) => match crate::cmd::up::find(name) {
+            Found::Running { id, .. } | Found::Orphaned { id } => Ok(id),
+            Found::Stale { cfg } => Ok(cfg.id),
+            Found::None => Err(format!("no fdpblk device named {name}; see `fdpblk list`").into()),
+        },
+        (None, None) => Err("pass -n ID or --name NAME".into()),
+    }
+}
+
 pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     let p = state::stats_path(a.number);
     let text = std::fs::read_to_string(&p).map_err(|e| format!("no stats for device {} ({}: {e}); is it running? see `fdpblk list`", a.number, p.display()))?;
@@ -147,6 +162,10 @@ pub fn stats(a: &IdArgs, json_out: bool) -> CmdResult {
     println!("device {}  engine {}  policy {}", state::bdev_path(a.number), v["engine"].as_str().unwrap_or(""), v["policy"].as_str().unwrap_or(""));
     if let Some(age) = v["state_age_s"].as_f64().filter(|&a| daemon_up && a >= STATE_AGE_HELD_UP_S) {
         println!("STATE THREAD HELD UP: its figures below (checkpoint, slots, deallocation) are {age:.0} s old; it refreshes them at least once a second");
+    }
+    if let Some(w) = v["backing_writers"].as_array().filter(|w| daemon_up && !w.is_empty()) {
+        let w: Vec<&str> = w.iter().filter_map(|s| s.as_str()).collect();
+        println!("BACKING WRITTEN BY ANOTHER PROGRAM: {} (stop it; LMCache's device_path must be this device, never the drive)", w.join(", "));
     }
     let l = &v["layout"];
     if let (Some(c), Some(s)) = (l["half_written"]["copy"].as_u64(), l["half_written"]["for_s"].as_u64()) {

@@ -128,8 +128,9 @@ exec 4<&-
 # error and lists it in its stats.
 exec 4<>"$NG_DEV"
 expect "the daemon lists a writer of the backing that came after the add" bash -c \
-    "for i in \$(seq 60); do $FDPBLK stats -n 0 --json | jq -e --arg w 'bash (pid $$) on $NG_DEV' '.backing_writers | any(. == \$w)' >/dev/null && exit 0; sleep 0.5; done; exit 1"
-expect "and logs it as an error" log_has "ERROR.*bash \(pid $$\) on $NG_DEV writes the backing $NS_DEV directly"
+    "for i in \$(seq 60); do $FDPBLK stats -n 0 --json | jq -e --arg w 'bash (pid $$) on $NG_DEV' '.backing_writers | any(. == \$w)' >/dev/null && exit 0; sleep 0.5; done; exit 1" 4<&-
+expect "and logs it as an error" log_has "ERROR.*bash \(pid $$\) on $NG_DEV holds the backing $NS_DEV open for writing" 4<&-
+expect "and the text stats flag it" bash -c "$FDPBLK stats -n 0 | grep -q '^BACKING WRITTEN BY ANOTHER PROGRAM: .*bash (pid $$) on $NG_DEV'" 4<&-
 exec 4<&-
 expect "once it closed, the daemon lists none" bash -c \
     "for i in \$(seq 60); do $FDPBLK stats -n 0 --json | jq -e '.backing_writers == []' >/dev/null && exit 0; sleep 0.5; done; exit 1"

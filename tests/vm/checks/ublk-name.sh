@@ -15,6 +15,8 @@ dev=$(fdpblk_add --backing "$NS_DEV" -n 3 --name kv0 "${GEO[@]}")
 expect_eq "device" "$dev" /dev/ublkb3
 expect_eq "/dev/fdpblk/kv0" "$(readlink /dev/fdpblk/kv0)" /dev/ublkb3
 expect_eq "fdpblk name 3 (udev rule)" "$("$FDPBLK" name 3)" kv0
+expect_eq "stats --name kv0 is device 3's" "$("$FDPBLK" stats --name kv0 --json | jq -c '[.id, .name]')" '[3,"kv0"]'
+expect "stats --name kv0 --prometheus is device 3's" bash -c "$FDPBLK stats --name kv0 --prometheus | grep -q 'id=\"3\",name=\"kv0\"}'"
 # deploy/99-fdpblk.rules as deploy/README.md installs it: udev's own dry run on the device
 # names the same link (the guest runs no udevd; `udevadm test` applies the rules by itself).
 if command -v udevadm >/dev/null; then
