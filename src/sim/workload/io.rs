@@ -38,6 +38,9 @@ pub struct IoShaper {
     batch: Vec<(u64, BlockIo)>,
     reorder: u64,
     rng: SplitMix64,
+    /// io_uring: the delivery order of a checkpoint's two writes (a generator of its own, so
+    /// that the puts' batches come out as they would without checkpoints).
+    checkpoint_rng: SplitMix64,
 }
 
 impl IoShaper {
@@ -58,6 +61,7 @@ impl IoShaper {
             batch: Vec::new(),
             reorder: spec.uring_reorder_window,
             rng: SplitMix64(mix64(seed ^ 0x1e0_0d1e_c7ed)),
+            checkpoint_rng: SplitMix64(mix64(seed ^ 0xc4e_c7b0_1d7e)),
         }
     }
 
@@ -124,12 +128,15 @@ impl IoShaper {
             }
             LmOp::Checkpoint { seq, json_bytes, json, .. } => {
                 // Payload first, then the header block (posix order). Buffered: the dirty slot
-                // pages go before them, or right after (`checkpoint_writeback`).
+                // pages go before them, or right after (`checkpoint_writeback`). io_uring: the
+                // two are one `batched_write`, delivered in the modelled order as a put
+                // batch is, so the header may come first.
                 if !self.checkpoint_first {
                     self.flush(out);
                 }
                 let c = g.container_offset(Geometry::copy_for_seq(seq));
-                self.split(c + g.block_align, self.round(json_bytes), None, true, out);
+                let mut reqs = Vec::new();
+                self.split(c + g.block_align, self.round(json_bytes), None, true, &mut |io| reqs.push(*io));
                 let crc = json.map_or(0, crc32fast::hash);
                 let mut hb = [0u8; 32];
                 hb[..8].copy_from_slice(crate::layout::checkpoint_header::META_MAGIC);
@@ -137,7 +144,16 @@ impl IoShaper {
                 hb[12..20].copy_from_slice(&seq.to_le_bytes());
                 hb[20..28].copy_from_slice(&json_bytes.to_le_bytes());
                 hb[28..32].copy_from_slice(&crc.to_le_bytes());
-                out(&BlockIo { write: true, offset: c, len: g.block_align, header: None, checkpoint: Some(hb) });
+                reqs.push(BlockIo { write: true, offset: c, len: g.block_align, header: None, checkpoint: Some(hb) });
+                if self.io == IoMode::IoUring && self.reorder > 1 {
+                    let mut ranked: Vec<(u64, BlockIo)> =
+                        reqs.into_iter().enumerate().map(|(i, io)| (i as u64 + self.checkpoint_rng.below(self.reorder), io)).collect();
+                    ranked.sort_by_key(|&(rank, _)| rank);
+                    reqs = ranked.into_iter().map(|(_, io)| io).collect();
+                }
+                for io in &reqs {
+                    out(io);
+                }
                 if self.checkpoint_first {
                     self.flush(out);
                 }

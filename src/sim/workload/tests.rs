@@ -460,14 +460,30 @@ fn io_uring_batches_keys_and_reorders_within_the_window() {
             .count();
         assert!(early > 0, "some payload came before its header");
     }
-    // A checkpoint writes the gathered keys first.
-    let mut sh = IoShaper::new(&s, g, 3);
-    let mut out = Vec::new();
-    sh.shape(&put(1), &mut |io| out.push(*io));
-    assert!(out.is_empty());
-    sh.shape(&LmOp::Checkpoint { seq: 1, json_bytes: 100, entries: &[], json: None }, &mut |io| out.push(*io));
-    assert_eq!(out.len(), 3 + 2);
-    assert!(out[3].offset < g.meta_total_bytes && out[4].checkpoint.is_some());
+    // A checkpoint writes the gathered keys first; its payload and header are one batch,
+    // in order without a window, in either order with one (LMCache's checkpoint batch).
+    for window in [0u64, 8] {
+        s.uring_reorder_window = window;
+        let mut sh = IoShaper::new(&s, g, 3);
+        let mut out = Vec::new();
+        sh.shape(&put(1), &mut |io| out.push(*io));
+        assert!(out.is_empty());
+        let mut header_first = 0;
+        for seq in 1..=40 {
+            let start = out.len();
+            sh.shape(&LmOp::Checkpoint { seq, json_bytes: 100, entries: &[], json: None }, &mut |io| out.push(*io));
+            let cp = &out[start..];
+            assert_eq!(cp.len(), if seq == 1 { 3 + 2 } else { 2 });
+            let cp = &cp[cp.len() - 2..];
+            assert!(cp.iter().all(|io| io.offset < g.meta_total_bytes) && cp.iter().filter(|io| io.checkpoint.is_some()).count() == 1);
+            header_first += usize::from(cp[0].checkpoint.is_some());
+        }
+        if window == 0 {
+            assert_eq!(header_first, 0, "posix order: payload, then header");
+        } else {
+            assert!((1..40).contains(&header_first), "{header_first} of 40 headers first");
+        }
+    }
 }
 
 /// Two tenants with buckets of their own ("a", "b": salts with a prefix) and one without.
