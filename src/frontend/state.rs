@@ -470,11 +470,43 @@ pub fn openers(path: &Path) -> Vec<(u32, String)> {
     }
 }
 
-/// The processes other than this one that hold `path` open for writing (read-write or
-/// write-only, by `/proc/PID/fdinfo/N`'s flags), with their names.
-pub fn writers(path: &Path) -> Vec<(u32, String)> {
-    let Some(n) = Node::of(path) else { return Vec::new() };
-    openers_of(|fd| n.is(fd) && opened_for_writing(fd))
+/// A process other than this one holding some of the asked paths open for writing
+/// (read-write or write-only, by `/proc/PID/fdinfo/N`'s flags).
+pub struct Writer {
+    pub pid: u32,
+    /// Its command name (`/proc/PID/comm`).
+    pub comm: String,
+    /// Which of the asked paths it writes, in the order they were asked.
+    pub on: Vec<PathBuf>,
+}
+
+/// The processes other than this one that hold any of `paths` open for writing, found in one
+/// walk of every process's descriptors. A path that is neither a device nor a file, or is
+/// not there, is not looked for.
+pub fn writers(paths: &[&Path]) -> Vec<Writer> {
+    let nodes: Vec<(&Path, Node)> = paths.iter().filter_map(|&p| Node::of(p).map(|n| (p, n))).collect();
+    if nodes.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (pid, dir) in other_processes() {
+        let mut on: Vec<&Path> = Vec::new();
+        for fd in fd_paths(&dir) {
+            if let Some(&(p, _)) = nodes.iter().find(|(p, n)| !on.contains(p) && n.is(&fd)) {
+                if opened_for_writing(&fd) {
+                    on.push(p);
+                }
+            }
+        }
+        if on.is_empty() {
+            continue;
+        }
+        let comm = fs::read_to_string(dir.join("comm")).unwrap_or_default().trim().to_string();
+        // Asked order, whatever order the descriptors came in.
+        let on = nodes.iter().filter(|(p, _)| on.contains(p)).map(|(p, _)| p.to_path_buf()).collect();
+        out.push(Writer { pid, comm, on });
+    }
+    out
 }
 
 /// Programs other than fdpblk holding an NVMe namespace open for writing through either of
@@ -488,28 +520,12 @@ pub fn foreign_writers(backing: &Path) -> Vec<String> {
         return Vec::new();
     }
     let other = crate::nvme::path::namespace_other_node(backing);
-    let nodes: Vec<(&Path, Node)> = std::iter::once(backing).chain(other.as_deref()).filter_map(|p| Node::of(p).map(|n| (p, n))).collect();
-    // One walk of every process's descriptors for both nodes.
-    let mut out = Vec::new();
-    for (pid, dir) in other_processes() {
-        let mut on: Vec<&Path> = Vec::new();
-        for fd in fd_paths(&dir) {
-            if let Some((p, _)) = nodes.iter().find(|(p, n)| !on.contains(p) && n.is(&fd)) {
-                if opened_for_writing(&fd) {
-                    on.push(p);
-                }
-            }
-        }
-        if on.is_empty() {
-            continue;
-        }
-        let comm = fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        let comm = comm.trim();
-        if !comm.starts_with("fdpblk") {
-            out.extend(on.iter().map(|p| format!("{comm} (pid {pid}) on {}", p.display())));
-        }
-    }
-    out
+    let nodes: Vec<&Path> = std::iter::once(backing).chain(other.as_deref()).collect();
+    writers(&nodes)
+        .into_iter()
+        .filter(|w| !w.comm.starts_with("fdpblk"))
+        .flat_map(|w| w.on.iter().map(|p| format!("{} (pid {}) on {}", w.comm, w.pid, p.display())).collect::<Vec<_>>())
+        .collect()
 }
 
 /// Whether descriptor `/proc/PID/fd/N` was opened for writing; false where that cannot be read.
@@ -629,17 +645,26 @@ mod tests {
         let fd = |f: &std::fs::File| std::path::PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
         assert!(super::opened_for_writing(&fd(&rw)));
         assert!(!super::opened_for_writing(&fd(&ro)));
-        // This process is not counted; another that writes is.
-        assert!(super::writers(&path).is_empty());
-        let mut child = std::process::Command::new("sh").arg("-c").arg("exec 3<>\"$0\"; read -r _").arg(&path).stdin(std::process::Stdio::piped()).spawn().unwrap();
-        let found = (0..1000).any(|_| {
+        // This process is not counted; another that writes is, with the paths it writes in
+        // the asked order (it opened them the other way round), not the one it only reads.
+        assert!(super::writers(&[&path]).is_empty());
+        let (second, read) = (path.with_extension("second"), path.with_extension("read"));
+        std::fs::write(&second, b"x").unwrap();
+        std::fs::write(&read, b"x").unwrap();
+        let script = "exec 3<>\"$1\" 4<>\"$0\" 5<\"$2\"; read -r _";
+        let mut child = std::process::Command::new("sh").arg("-c").arg(script).args([&path, &second, &read]).stdin(std::process::Stdio::piped()).spawn().unwrap();
+        let found = (0..1000).find_map(|_| {
             std::thread::sleep(std::time::Duration::from_millis(10));
-            super::writers(&path).iter().any(|&(pid, _)| pid == child.id())
+            super::writers(&[&path, &read, &second]).into_iter().find(|w| w.pid == child.id() && w.on.len() == 2)
         });
         drop(child.stdin.take());
         child.wait().unwrap();
-        std::fs::remove_file(&path).unwrap();
-        assert!(found, "a child holding the file read-write is a writer");
+        for p in [&path, &second, &read] {
+            std::fs::remove_file(p).unwrap();
+        }
+        let w = found.expect("a child holding two files read-write is a writer of both");
+        assert_eq!(w.on, [path.clone(), second.clone()]);
+        assert_eq!(w.comm, "sh");
     }
 
     /// Only names fdpblk writes are state files: a stray `-1.json` would reach the driver

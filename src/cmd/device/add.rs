@@ -947,7 +947,7 @@ mod tests {
         let mut child = std::process::Command::new("sh").arg("-c").arg("exec 3<>\"$0\"; read -r _").arg(&file).stdin(std::process::Stdio::piped()).spawn().unwrap();
         let held = (0..200).any(|_| {
             std::thread::sleep(std::time::Duration::from_millis(10));
-            state::writers(&file).iter().any(|&(p, _)| p == child.id())
+            state::writers(&[&file]).iter().any(|w| w.pid == child.id())
         });
         let e = other_writers(&file, std::time::Duration::ZERO);
         drop(child.stdin.take());
