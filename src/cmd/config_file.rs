@@ -73,6 +73,41 @@ fn line_of(text: &str, at: usize) -> usize {
     text.as_bytes()[..at.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
 }
 
+/// Whose files root takes settings from: root's, and under sudo the invoking user's (their
+/// own file says nothing they could not pass as flags).
+fn trusted_owners() -> Vec<u32> {
+    std::iter::once(0).chain(std::env::var("SUDO_UID").ok().and_then(|u| u.parse().ok())).collect()
+}
+
+/// Why config `path` (its metadata `file`, its directory's `dir`) could say what another
+/// account chose, when root is about to act on it (a backing to write, a daemon to run):
+/// owned by someone not in `trusted`, writable by others or by a group other than root's,
+/// or in a directory where others could replace it. None where none of that holds.
+fn others_can_change(path: &Path, file: &std::fs::Metadata, dir: Option<(&Path, &std::fs::Metadata)>, trusted: &[u32]) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let p = path.display();
+    let loose = |m: &std::fs::Metadata| {
+        if !trusted.contains(&m.uid()) {
+            Some(format!("owned by uid {}", m.uid()))
+        } else if m.mode() & 0o002 != 0 {
+            Some("writable by every user".to_string())
+        } else if m.mode() & 0o020 != 0 && m.gid() != 0 {
+            Some(format!("writable by group {}", m.gid()))
+        } else {
+            None
+        }
+    };
+    let fix = "whatever it says runs as root (the backing written, the daemon's settings)";
+    if let Some(why) = loose(file) {
+        return Some(format!("config {p} is {why}: {fix}; make it root's and writable by root only (`chown root:root {p} && chmod 644 {p}`)"));
+    }
+    let (d, m) = dir?;
+    // In a sticky directory (/tmp) others cannot replace a file they do not own.
+    let why = loose(m).filter(|_| m.mode() & 0o1000 == 0)?;
+    let d = d.display();
+    Some(format!("config {p} is in {d}, which is {why}, so another account could replace it: {fix}; keep it in a directory of root's (/etc/fdpblk) or `chown root:root {d} && chmod 755 {d}`"))
+}
+
 impl ConfigFile {
     /// Reads and parses `path`: at most [`MAX_CONFIG_BYTES`] of UTF-8 text, not a directory
     /// nor a block device (`--config /dev/nvme0n1`, a slip, must not read the namespace).
@@ -88,6 +123,18 @@ impl ConfigFile {
             ));
         }
         let f = std::fs::File::open(path).map_err(cannot)?;
+        let meta = f.metadata().map_err(cannot)?;
+        // A file or a pipe carries what someone wrote (a character device such as /dev/null
+        // is the system's, and read as any text is).
+        let written = meta.is_file() || std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type());
+        // SAFETY: geteuid has no preconditions.
+        if written && unsafe { libc::geteuid() } == 0 {
+            let dir = meta.is_file().then(|| std::fs::canonicalize(path).ok()).flatten().and_then(|c| Some(c.parent()?.to_path_buf()));
+            let dir = dir.and_then(|d| std::fs::metadata(&d).ok().map(|m| (d, m)));
+            if let Some(why) = others_can_change(path, &meta, dir.as_ref().map(|(d, m)| (d.as_path(), m)), &trusted_owners()) {
+                return Err(why);
+            }
+        }
         let text = super::read_text_at_most(f, MAX_CONFIG_BYTES, &format!("config {p}")).map_err(|e| format!("{e}; pass the device's .toml file"))?;
         Self::parse(path, &text)
     }
@@ -374,6 +421,54 @@ capacity_bytes = "1T"
         assert!(e.contains("cannot read config") && e.contains("create it"), "{e}");
         std::fs::write(&big, b"queues = 2\n").unwrap();
         assert_eq!(ConfigFile::load(&big).unwrap().queues, Some(2));
+    }
+
+    /// Root takes no settings another account could have written: the file or its directory
+    /// owned by another user, or writable by others or a group other than root's.
+    #[test]
+    fn a_config_another_account_could_change_is_refused_for_root() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempdir::Dir::new();
+        let f = d.0.join("kv0.toml");
+        std::fs::write(&f, "queues = 1\n").unwrap();
+        let mode = |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        let check = |trusted: &[u32]| {
+            let dm = std::fs::metadata(&d.0).unwrap();
+            others_can_change(&f, &std::fs::metadata(&f).unwrap(), Some((&d.0, &dm)), trusted)
+        };
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        mode(&d.0, 0o755);
+        mode(&f, 0o644);
+        assert_eq!(check(&[me]), None);
+        let e = check(&[me + 1]).unwrap();
+        assert!(e.contains(&format!("is owned by uid {me}")) && e.contains("chown root:root") && e.contains("runs as root"), "{e}");
+        mode(&f, 0o646);
+        let e = check(&[me]).unwrap();
+        assert!(e.contains("is writable by every user") && e.contains("chmod 644"), "{e}");
+        mode(&f, 0o664);
+        assert_eq!(check(&[me]).is_some(), std::fs::metadata(&f).map(|m| std::os::unix::fs::MetadataExt::gid(&m)).unwrap() != 0);
+        mode(&f, 0o644);
+        mode(&d.0, 0o757);
+        let e = check(&[me]).unwrap();
+        assert!(e.contains("which is writable by every user, so another account could replace it") && e.contains("chmod 755"), "{e}");
+        // A sticky directory (/tmp) keeps others from replacing the file.
+        mode(&d.0, 0o1777);
+        assert_eq!(check(&[me]), None);
+        mode(&d.0, 0o755);
+        // No directory to look at (a pipe): the file alone.
+        assert_eq!(others_can_change(&f, &std::fs::metadata(&f).unwrap(), None, &[me]), None);
+        if me == 0 {
+            // As root, load itself refuses; a file handed over to another user is refused too.
+            mode(&f, 0o666);
+            assert!(ConfigFile::load(&f).unwrap_err().contains("writable by every user"));
+            mode(&f, 0o644);
+            std::os::unix::fs::chown(&f, Some(4242), None).unwrap();
+            let e = ConfigFile::load(&f).unwrap_err();
+            assert!(e.contains("owned by uid 4242") || std::env::var("SUDO_UID").as_deref() == Ok("4242"), "{e}");
+            std::os::unix::fs::chown(&f, Some(0), None).unwrap();
+            assert_eq!(ConfigFile::load(&f).unwrap().queues, Some(1));
+        }
     }
 
     #[test]
