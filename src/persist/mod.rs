@@ -142,6 +142,13 @@ const DIGEST_AT: usize = CHECKPOINT_SEEN_AT + 16;
 const PAUSE_AT: usize = DIGEST_AT + 8;
 /// Where the superblock keeps [`Counters::uncheckpointed_since`].
 const UNCHECKPOINTED_AT: usize = PAUSE_AT + 8;
+/// Where the superblock keeps [`Counters::checkpoint_headers`] (two 32-byte headers).
+const CHECKPOINT_HEADERS_AT: usize = UNCHECKPOINTED_AT + 8;
+/// Superblock flags: the state was saved by a clean stop; a page digest is kept; the
+/// checkpoint headers are kept.
+const FLAG_CLEAN: u32 = 1;
+const FLAG_DIGEST: u32 = 2;
+const FLAG_CHECKPOINT_HEADERS: u32 = 4;
 /// Largest run of pages written in one request.
 const MAX_RUN: usize = 256;
 /// Page copies that may fail to read before a load gives the saved state up.
@@ -185,6 +192,62 @@ pub struct Counters {
     /// Since when (Unix seconds) LMCache had slot writes that no checkpoint after
     /// `checkpoint_seen` followed: a stalled checkpoint stays stalled across a daemon restart.
     pub uncheckpointed_since: Option<u64>,
+    /// LMCache's two checkpoint headers (`LMCIDX01`, version, seq, length, CRC) as the last
+    /// clean stop read them: a start trusts the saved confirmations only where the containers
+    /// still hold these, so a program that wrote the backing while fdpblk was stopped (new
+    /// checkpoints, slots put again) leaves none standing. None where they could not be read.
+    pub checkpoint_headers: Option<CheckpointHeaders>,
+}
+
+/// Bytes of a checkpoint header: LMCache's `<8sIQQI`.
+pub const CHECKPOINT_HEADER_BYTES: usize = 32;
+
+/// The first [`CHECKPOINT_HEADER_BYTES`] of each of the two checkpoint containers.
+pub type CheckpointHeaders = [[u8; CHECKPOINT_HEADER_BYTES]; 2];
+
+/// What the containers of `geom` on `dev` begin with now; None where one cannot be read.
+pub fn read_checkpoint_headers(dev: &dyn StateWriter, geom: &Geometry) -> Option<CheckpointHeaders> {
+    let mut out = [[0u8; CHECKPOINT_HEADER_BYTES]; 2];
+    let mut block = vec![0u8; (geom.block_align as usize).max(CHECKPOINT_HEADER_BYTES)];
+    for (copy, h) in out.iter_mut().enumerate() {
+        dev.read_at(geom.container_offset(copy as u8), &mut block).ok()?;
+        h.copy_from_slice(&block[..CHECKPOINT_HEADER_BYTES]);
+    }
+    Some(out)
+}
+
+/// What a load compares a clean state's [`Counters::checkpoint_headers`] with.
+#[derive(Clone, Copy, Debug)]
+pub enum CheckpointsNow {
+    /// What the containers hold now (None: they could not be read, so nothing is trusted).
+    Read(Option<CheckpointHeaders>),
+    /// Not compared: the state format's own tests, whose region lies where containers would.
+    NotCompared,
+}
+
+/// Why a clean state's confirmations do not hold for the checkpoints on the device now.
+fn checkpoints_changed(saved: Option<&CheckpointHeaders>, now: CheckpointsNow) -> Option<String> {
+    let now = match now {
+        CheckpointsNow::NotCompared => return None,
+        CheckpointsNow::Read(None) => return Some("LMCache's checkpoint headers cannot be read to compare them with the clean stop's".into()),
+        CheckpointsNow::Read(Some(h)) => h,
+    };
+    let Some(saved) = saved else {
+        return Some("the clean stop did not record LMCache's checkpoint headers (an earlier fdpblk's state, or they could not be read then)".into());
+    };
+    // The seq LMCache's loader would see, or what else is there.
+    let seq = |h: &[u8; CHECKPOINT_HEADER_BYTES]| match crate::layout::checkpoint_header::CheckpointHeader::parse(h, u64::MAX) {
+        Ok(c) => format!("seq {}", c.seq),
+        Err(_) if h.iter().all(|&b| b == 0) => "zeroes".to_string(),
+        Err(_) => "no checkpoint".to_string(),
+    };
+    let changed: Vec<String> = (0..2).filter(|&c| saved[c] != now[c]).map(|c| format!("container {c}: {} then, {} now", seq(&saved[c]), seq(&now[c]))).collect();
+    (!changed.is_empty()).then(|| {
+        format!(
+            "LMCache's checkpoints changed while fdpblk was stopped ({}): a program wrote the backing device without fdpblk (run LMCache only on the ublk device, /dev/fdpblk/NAME)",
+            changed.join("; ")
+        )
+    })
 }
 
 /// A deallocation pause for the writeback delay, as saved.
@@ -289,7 +352,10 @@ impl Superblock {
         b[..BLOCK as usize].fill(0);
         b[0..8].copy_from_slice(SB_MAGIC);
         b[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        let flags = u32::from(self.clean) | (u32::from(self.digest.is_some()) << 1);
+        let c = &self.counters;
+        let flags = if self.clean { FLAG_CLEAN } else { 0 }
+            | if self.digest.is_some() { FLAG_DIGEST } else { 0 }
+            | if c.checkpoint_headers.is_some() { FLAG_CHECKPOINT_HEADERS } else { 0 };
         b[12..16].copy_from_slice(&flags.to_le_bytes());
         if let Some(d) = self.digest {
             b[DIGEST_AT..DIGEST_AT + 8].copy_from_slice(&d.to_le_bytes());
@@ -303,7 +369,6 @@ impl Superblock {
         for (i, v) in [l.record_pages, l.history_pages, l.tag_pages, l.history_capacity].iter().enumerate() {
             b[72 + 4 * i..76 + 4 * i].copy_from_slice(&(*v as u32).to_le_bytes());
         }
-        let c = &self.counters;
         for (i, v) in [c.trims, c.trim_bytes, c.evictions, c.cycles, c.own_bytes].iter().enumerate() {
             b[88 + 8 * i..96 + 8 * i].copy_from_slice(&v.to_le_bytes());
         }
@@ -323,6 +388,10 @@ impl Superblock {
         if let Some(t) = c.uncheckpointed_since.filter(|&t| t > 0) {
             b[UNCHECKPOINTED_AT..UNCHECKPOINTED_AT + 8].copy_from_slice(&t.to_le_bytes());
         }
+        if let Some(h) = &c.checkpoint_headers {
+            b[CHECKPOINT_HEADERS_AT..CHECKPOINT_HEADERS_AT + CHECKPOINT_HEADER_BYTES].copy_from_slice(&h[0]);
+            b[CHECKPOINT_HEADERS_AT + CHECKPOINT_HEADER_BYTES..CHECKPOINT_HEADERS_AT + 2 * CHECKPOINT_HEADER_BYTES].copy_from_slice(&h[1]);
+        }
         let crc = crc32fast::hash(&b[..CRC_AT]);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     }
@@ -339,7 +408,7 @@ impl Superblock {
         Some(Superblock {
             seq: u64at(b, 16),
             instance: u64at(b, 24),
-            clean: u32at(b, 12) & 1 != 0,
+            clean: u32at(b, 12) & FLAG_CLEAN != 0,
             geometry: std::array::from_fn(|i| u64at(b, 32 + 8 * i)),
             layout: Layout {
                 record_pages: u64::from(u32at(b, 72)),
@@ -357,8 +426,12 @@ impl Superblock {
                 checkpoint_seen: Some((u64at(b, CHECKPOINT_SEEN_AT), u64at(b, CHECKPOINT_SEEN_AT + 8))).filter(|&(_, at)| at > 0),
                 writeback_pause: (u32at(b, PAUSE_AT) > 0).then(|| SavedPause { interval_ms: u32at(b, PAUSE_AT), buffered: u32at(b, PAUSE_AT + 4) & 1 != 0 }),
                 uncheckpointed_since: Some(u64at(b, UNCHECKPOINTED_AT)).filter(|&t| t > 0),
+                checkpoint_headers: (u32at(b, 12) & FLAG_CHECKPOINT_HEADERS != 0).then(|| {
+                    let at = |c: usize| std::array::from_fn(|i| b[CHECKPOINT_HEADERS_AT + c * CHECKPOINT_HEADER_BYTES + i]);
+                    [at(0), at(1)]
+                }),
             },
-            digest: (u32at(b, 12) & 2 != 0).then(|| u64at(b, DIGEST_AT)),
+            digest: (u32at(b, 12) & FLAG_DIGEST != 0).then(|| u64at(b, DIGEST_AT)),
         })
     }
 }
@@ -633,11 +706,12 @@ impl Persist {
     /// an unreadable, foreign or mismatching state yields a fresh one (reported in `Loaded`).
     /// `None` when the region cannot hold the state (persistence off).
     pub fn load(dev: &dyn StateWriter, region: Region, geom: &Geometry, slots: &SlotTable, handle: Handle) -> (Option<Persist>, Loaded) {
-        Self::load_trusting(dev, region, geom, slots, handle, true)
+        Self::load_trusting(dev, region, geom, slots, handle, true, CheckpointsNow::NotCompared)
     }
 
     /// [`Persist::load`]; with `trust_clean` false even a clean state's confirmations are
-    /// dropped (writes were served that the slot table did not see).
+    /// dropped (writes were served that the slot table did not see), and so they are where
+    /// the checkpoint headers `checkpoints_now` are not those the clean stop recorded.
     pub fn load_trusting(
         dev: &dyn StateWriter,
         region: Region,
@@ -645,6 +719,7 @@ impl Persist {
         slots: &SlotTable,
         handle: Handle,
         trust_clean: bool,
+        checkpoints_now: CheckpointsNow,
     ) -> (Option<Persist>, Loaded) {
         let layout = Layout::of(slots);
         let mut loaded = Loaded::default();
@@ -884,7 +959,8 @@ impl Persist {
             p.seqs[idx] = c.map_or(0, |(_, q)| q);
         }
         let lost_versions = s.digest.is_some_and(|d| d != p.digest_with(&[], 0));
-        let trusted = s.clean && trust_clean && suspect == 0 && !lost_versions && unread.is_empty() && sb_unread.is_none() && newer_undecoded.is_none();
+        let changed = checkpoints_changed(s.counters.checkpoint_headers.as_ref(), checkpoints_now);
+        let trusted = s.clean && trust_clean && suspect == 0 && !lost_versions && unread.is_empty() && sb_unread.is_none() && newer_undecoded.is_none() && changed.is_none();
         if let Some(e) = &sb_unread {
             loaded.note = Some(format!(
                 "cannot read one copy of the saved state's superblock ({e}); the other is used{} and both are written again now (if this comes back at every start, a sector of the reserved tail at the device's end cannot be read or written: see the drive's error log, `nvme error-log`)",
@@ -910,6 +986,8 @@ impl Persist {
                 "the other copy of the saved state's superblock claims seq {q}, at or above the {} loaded, but does not read (another fdpblk version's): its slot confirmations are not trusted this time",
                 s.seq
             ));
+        } else if let Some(why) = changed.filter(|_| s.clean && trust_clean) {
+            loaded.note = Some(format!("{why}: the saved state's slot confirmations are not trusted this time"));
         } else if s.clean && !trust_clean {
             loaded.note = Some(
                 "the saved state is marked as a clean stop, but this start does not trust its slot confirmations (a recovery, whose dead daemon served writes after it, or a layout being learned)"
@@ -1436,9 +1514,10 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<Re
     if let Some(e) = crate::device::mem_total_bytes().and_then(|m| table_memory_error(&geometry, max_slots, m)) {
         return Some(Err(e));
     }
-    let g = Geometry { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0, container_bytes: meta_total_bytes / 2, max_slots };
+    let g = Geometry { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0, container_bytes: meta_total_bytes / 2 / block_align * block_align, max_slots };
     let slots = SlotTable::new(max_slots);
-    let (_, loaded) = Persist::load(&ro, region, &g, &slots, 0);
+    let now = CheckpointsNow::Read(read_checkpoint_headers(&ro, &g));
+    let (_, loaded) = Persist::load_trusting(&ro, region, &g, &slots, 0, true, now);
     let mut by_state = [0u64; 4];
     let (mut with_header, mut confirmed, mut returning) = (0u64, 0u64, 0u64);
     for s in 0..max_slots {
@@ -1464,6 +1543,7 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<Re
         "writeback_pause": c.writeback_pause.map(|p| serde_json::json!({"interval_s": f64::from(p.interval_ms) / 1000.0, "buffered": p.buffered})),
         "checkpoint_seen": c.checkpoint_seen.map(|(seq, at)| serde_json::json!({"seq": seq, "at_unix": at})),
         "uncheckpointed_since_unix": c.uncheckpointed_since,
+        "checkpoint_headers_recorded": c.checkpoint_headers.is_some(),
     })))
 }
 

@@ -150,7 +150,7 @@ fn unclean_state_drops_confirmations_and_other_geometry_starts_fresh() {
     let (c, _, l, _) = load(&g, dev.image(), region);
     assert!(l.clean && c.get(3).unwrap().confirmed);
     let c = SlotTable::new(g.max_slots);
-    let (_, l) = Persist::load_trusting(&dev, region, &g, &c, 3, false);
+    let (_, l) = Persist::load_trusting(&dev, region, &g, &c, 3, false, CheckpointsNow::NotCompared);
     assert!(l.found && !l.clean);
     // Said, so that a clean stop not trusted is not taken for an unclean one.
     assert!(l.note.as_deref().is_some_and(|n| n.contains("marked as a clean stop, but this start does not trust")), "{l:?}");
@@ -433,8 +433,14 @@ fn summary_reads_the_state_at_the_tail_of_an_image() {
     t.cas_life(4, l, life::with_state(l | life::CONFIRMED, SlotState::Live));
     t.history().insert(999, 0);
     let pause = Some(SavedPause { interval_ms: 1500, buffered: true });
-    let c = Counters { trims: 3, trims_by_handle: vec![0, 0, 3], writeback_pause: pause, checkpoint_seen: Some((7, 1_700_000_000)), uncheckpointed_since: Some(1_700_000_060), ..Counters::default() };
+    let c = Counters { trims: 3, trims_by_handle: vec![0, 0, 3], writeback_pause: pause, checkpoint_seen: Some((7, 1_700_000_000)), uncheckpointed_since: Some(1_700_000_060), checkpoint_headers: read_checkpoint_headers(&dev, &g), ..Counters::default() };
     p.cycle(&dev, &t, &c, true, true).unwrap();
+    // Another checkpoint written since the clean stop: trusted no more.
+    let mut img = dev.image();
+    img[..8].copy_from_slice(b"LMCIDX01");
+    let v = summary(&img, size).unwrap().unwrap();
+    assert_eq!(v["trusted"], false);
+    assert!(v["note"].as_str().unwrap().contains("container 0: zeroes then, no checkpoint now"), "{}", v["note"]);
     let img = dev.image();
     let v = summary(&img, size).unwrap().unwrap();
     assert_eq!(v["writeback_pause"], serde_json::json!({"interval_s": 1.5, "buffered": true}));
@@ -448,6 +454,7 @@ fn summary_reads_the_state_at_the_tail_of_an_image() {
     assert_eq!(v["trims_by_handle"]["2"], 3);
     assert_eq!(v["clean"], true);
     assert_eq!((&v["trusted"], &v["note"]), (&serde_json::json!(true), &serde_json::Value::Null));
+    assert_eq!(v["checkpoint_headers_recorded"], true);
     assert!(summary(&vec![0u8; 1 << 20], 1 << 20).is_none());
     // A page copy rotted whole: what a start would make of it, with why.
     let mut rotted = img.clone();
@@ -1037,7 +1044,7 @@ fn marking_in_use_never_vouches_for_an_unfinished_cycles_pages() {
     // The committed state as an untrusted load sees it (confirmations dropped).
     let committed = {
         let r = SlotTable::new(g.max_slots);
-        let (_, l) = Persist::load_trusting(&dev, region, &g, &r, 3, false);
+        let (_, l) = Persist::load_trusting(&dev, region, &g, &r, 3, false, CheckpointsNow::NotCompared);
         assert!(l.found);
         snapshot(&r)
     };
@@ -1190,7 +1197,7 @@ fn a_cycle_counts_both_superblock_copies_and_the_mark() {
         let (g, region, dev) = three_saved_cycles();
         dev.set_fail_reads(unreadable.clone());
         let u = SlotTable::new(g.max_slots);
-        let mut p = Persist::load_trusting(&dev, region, &g, &u, 3, false).0.unwrap();
+        let mut p = Persist::load_trusting(&dev, region, &g, &u, 3, false, CheckpointsNow::NotCompared).0.unwrap();
         let (both, mark) = (p.sb_both, p.unclean_first);
         assert!(mark, "a clean state loaded untrusted is marked in use by the first cycle");
         let _ = dev.take_log();

@@ -164,7 +164,7 @@ use crate::layout::keys::{legacy_identity, object_identity, salt_bucket_id, Key}
 use crate::layout::slot_header::{SlotHeader, SLOT_HEADER_PREFIX};
 use crate::layout::Geometry;
 use crate::persist::dev::{DevReader, StateWriter};
-use crate::persist::{Counters, Loaded, Persist, Region, SavedPause};
+use crate::persist::{CheckpointsNow, Counters, Loaded, Persist, Region, SavedPause};
 use crate::place::{Handle, LiveEntry, Observation, Policy, SharedPolicy};
 use crate::slot_table::{life, CheckpointEvent, SlotEntry, SlotState, SlotTable};
 use crate::device::RegionReader;
@@ -757,7 +757,11 @@ impl Watcher {
     /// containers, and marks the persisted state unclean. Call before the device serves I/O.
     pub fn new(geom: Geometry, slots: Arc<SlotTable>, dev: Arc<dyn StateWriter>, cfg: WatchConfig, region: Option<Region>, own_handle: Handle) -> Self {
         let (persist, loaded) = match region {
-            Some(r) => Persist::load_trusting(&*dev, r, &geom, &slots, own_handle, cfg.trust_saved_confirmations),
+            Some(r) => {
+                // What the clean stop's confirmations are checked against.
+                let now = CheckpointsNow::Read(crate::persist::read_checkpoint_headers(&*dev, &geom));
+                Persist::load_trusting(&*dev, r, &geom, &slots, own_handle, cfg.trust_saved_confirmations, now)
+            }
             None => (None, Loaded::default()),
         };
         if let Some(n) = &loaded.note {
@@ -1231,6 +1235,11 @@ impl Watcher {
         self.last_persist = Instant::now();
         let Some(p) = self.persist.as_mut() else { return Ok(()) };
         let clean = clean && self.conflict.is_none();
+        if clean {
+            // The checkpoints this clean state's confirmations hold for: the next start
+            // trusts them only if the containers still begin so.
+            self.counters.checkpoint_headers = crate::persist::read_checkpoint_headers(&*self.dev, &self.geom);
+        }
         let force = force || self.counters_dirty || self.unclean_error.is_some();
         match p.cycle(&*self.dev, &self.slots, &self.counters, clean, force) {
             Ok(r) => {

@@ -3213,6 +3213,54 @@ fn a_saved_state_that_cannot_be_marked_in_use_is_reported_and_retried() {
     assert!(after_crash.loaded().found && !after_crash.loaded().clean);
 }
 
+/// A checkpoint written while fdpblk was stopped (LMCache run on the drive itself, or any
+/// program writing the backing): the clean state's confirmations are not taken, and the
+/// start says why. The same containers as at the stop: they are.
+#[test]
+fn checkpoints_changed_while_stopped_void_the_clean_states_confirmations() {
+    use crate::persist::dev::StateWriter;
+    // Confirmations need a checkpoint two on from the puts.
+    let mut r = Rig::new(SLOTS, META, true);
+    for _ in 0..4 {
+        let k = r.new_key(false);
+        r.put(k).unwrap();
+    }
+    for _ in 0..3 {
+        r.checkpoint();
+        r.step();
+    }
+    r.w.persist_now(true, true).unwrap();
+    let confirmed = |t: &SlotTable| (0..t.len() as u64).filter(|&s| t.life(s) & life::CONFIRMED != 0).count();
+    assert!(confirmed(&r.slots) > 0, "the rig confirms its puts");
+    let start = || {
+        let t = Arc::new(SlotTable::new(r.g.max_slots));
+        let w = Watcher::new(r.g, t.clone(), r.dev.clone(), r.cfg.clone(), Some(r.region), OWN);
+        (w, t)
+    };
+    let (w, t) = start();
+    assert!(w.loaded().clean, "{:?}", w.loaded());
+    assert_eq!(confirmed(&t), confirmed(&r.slots));
+    // It stops cleanly again, recording the same checkpoints.
+    let yes = std::sync::atomic::AtomicBool::new(true);
+    w.run(&yes, &yes);
+    // Another writer's next checkpoint into the same container: seq two on, payload kept.
+    let off = r.g.container_offset(0);
+    let mut h = vec![0u8; r.g.block_align as usize];
+    r.dev.read_at(off, &mut h).unwrap();
+    let seq = u64::from_le_bytes(h[12..20].try_into().unwrap());
+    assert!(seq >= 1, "container 0 holds the rig's checkpoint");
+    h[12..20].copy_from_slice(&(seq + 2).to_le_bytes());
+    r.dev.write_at(off, &h, 0).unwrap();
+    let (w, t) = start();
+    assert!(w.loaded().found && !w.loaded().clean, "{:?}", w.loaded());
+    assert_eq!(confirmed(&t), 0);
+    let note = w.published_json()["own_state"]["loaded_note"].as_str().unwrap_or_default().to_string();
+    assert!(
+        note.contains(&format!("LMCache's checkpoints changed while fdpblk was stopped (container 0: seq {seq} then, seq {} now)", seq + 2)) && note.contains("not trusted this time"),
+        "{note}"
+    );
+}
+
 /// A bad sector under the saved state: the start loads the rest, untrusted, and says why in
 /// its stats (`own_state.loaded_note`), where `fdpblk stats` prints it.
 #[test]
