@@ -72,6 +72,12 @@ pub struct SimulateArgs {
     /// Off: a handle takes an RU at its first write.
     #[arg(long)]
     pub hold_open_rus: bool,
+    /// How much of a write the drive takes in before it cleans for it (bytes, or K/M/G): GC
+    /// never copies that part of the data the write overwrites. `whole` (the default): all
+    /// of a write the RU takes, as the simulator merged it (adjacent writes on one handle, up
+    /// to an RU); 512K: one request, a drive that cleans first beyond it.
+    #[arg(long, default_value = "whole")]
+    pub write_buffer: String,
     /// Warm-up: LMCache writes this many times its capacity before measuring (and the drive
     /// at least its physical capacity, so that it has had to collect).
     #[arg(long, default_value_t = 2.0)]
@@ -260,6 +266,13 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
         },
         precondition: a.precondition,
         hold_open_rus: a.hold_open_rus,
+        write_buffer_bytes: match a.write_buffer.as_str() {
+            "whole" => 0,
+            s => match parse_size(s) {
+                Ok(n) if n > 0 => n,
+                _ => return Err(format!("--write-buffer {s}: give whole or a size such as 512K")),
+            },
+        },
     };
     if policies.iter().any(|p| is_bound(p)) && !(2..=a.handles).contains(&a.clairvoyant_handles) {
         return Err(format!("--clairvoyant-handles {}: use 2 to --handles ({})", a.clairvoyant_handles, a.handles));
@@ -381,7 +394,7 @@ fn print_text(rs: &[RunResult]) {
     let Some(first) = rs.first() else { return };
     let d = &first.drive;
     println!(
-        "workload {}: drive {:.3} TB logical, OP {:.0} % ({:.2} % in {} whole RUs), RU {:.2} GB, {} handles ({}{}), unit {} KiB; {} slots of {} MiB at 100 %",
+        "workload {}: drive {:.3} TB logical, OP {:.0} % ({:.2} % in {} whole RUs), RU {:.2} GB, {} handles ({}{}), unit {} KiB{}; {} slots of {} MiB at 100 %",
         first.workload,
         d.logical_bytes as f64 / 1e12,
         d.op * 100.0,
@@ -395,6 +408,7 @@ fn print_text(rs: &[RunResult]) {
         },
         if d.hold_open_rus { ", each holding an open RU" } else { "" },
         d.unit_bytes >> 10,
+        if d.write_buffer_bytes > 0 { format!(", write buffer {} KiB", d.write_buffer_bytes >> 10) } else { String::new() },
         rs.iter().map(|r| r.max_slots).max().unwrap_or(0),
         first.slot_bytes >> 20,
     );

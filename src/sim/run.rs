@@ -54,6 +54,8 @@ pub struct DriveSpec {
     /// Every handle holds an open RU from the start (`SsdConfig::hold_open_rus`): the
     /// handles a policy never writes keep theirs out of the spare.
     pub hold_open_rus: bool,
+    /// `SsdConfig::write_buffer_bytes` (0: the whole write).
+    pub write_buffer_bytes: u64,
 }
 
 impl Default for DriveSpec {
@@ -68,6 +70,7 @@ impl Default for DriveSpec {
             victim: Victim::Greedy,
             precondition: false,
             hold_open_rus: false,
+            write_buffer_bytes: 0,
         }
     }
 }
@@ -766,6 +769,7 @@ impl RunResult {
                 "handle_type": match self.drive.handle_type { HandleType::InitiallyIsolated => "ii", HandleType::PersistentlyIsolated => "pi" },
                 "gc": match self.drive.victim { Victim::Greedy => "greedy", Victim::CostBenefit => "cost-benefit", Victim::Fifo => "fifo" },
                 "hold_open_rus": self.drive.hold_open_rus,
+                "write_buffer_bytes": self.drive.write_buffer_bytes,
             },
             "speed": {"wall_s": round4(self.wall_s), "block_requests": self.block_requests, "lmcache_ops": self.lm_ops,
                       "events_per_s": self.events_per_s().round()},
@@ -873,6 +877,8 @@ struct Bound {
     popularity: bool,
     /// Pass 2: the handle of each put.
     handles: Vec<u16>,
+    /// Pass 2: the handle of a put past those pass 1 saw (the longest-lived class's).
+    last: u16,
     /// Pass 1: puts before the measurement window (their scores do not set the thresholds).
     warm_puts: u64,
 }
@@ -885,6 +891,7 @@ impl Bound {
             scores: Vec::new(),
             popularity,
             handles: Vec::new(),
+            last: 0,
             warm_puts: 0,
         }
     }
@@ -919,11 +926,9 @@ impl Bound {
 
     /// Each put's handle: the number of thresholds below its score (u64::MAX: the last).
     fn at_thresholds(scores: &[u64], handles: u16, th: &[u64]) -> Self {
-        let handles = scores
-            .iter()
-            .map(|&l| if l == u64::MAX { handles - 1 } else { th.partition_point(|&t| t < l) as u16 })
-            .collect();
-        Bound { puts: 0, birth: Vec::new(), scores: Vec::new(), popularity: false, handles, warm_puts: 0 }
+        let last = handles - 1;
+        let handles = scores.iter().map(|&l| if l == u64::MAX { last } else { th.partition_point(|&t| t < l) as u16 }).collect();
+        Bound { puts: 0, birth: Vec::new(), scores: Vec::new(), popularity: false, handles, last, warm_puts: 0 }
     }
 
     /// The splits the popularity bound tries on `handles` handles, as cumulative shares: the
@@ -969,7 +974,7 @@ impl Bound {
         let i = self.puts;
         self.puts += 1;
         if self.birth.is_empty() {
-            return Some(self.handles.get(i as usize).copied().unwrap_or(2));
+            return Some(self.handles.get(i as usize).copied().unwrap_or(self.last));
         }
         if self.popularity {
             self.scores.push(popularity.max(0.0).to_bits());
@@ -1109,6 +1114,7 @@ fn run_with(spec: &RunSpec, bound: Option<Bound>) -> Result<(RunResult, Option<B
     let mut cfg = SsdConfig::new(drive.logical_bytes, physical, unit, drive.ru_bytes, drive.handles, drive.handle_type);
     cfg.gc.victim = drive.victim;
     cfg.hold_open_rus = drive.hold_open_rus;
+    cfg.write_buffer_bytes = drive.write_buffer_bytes;
     let mut ssd = Ssd::new(cfg).map_err(|e| e.to_string())?;
     if drive.precondition {
         // Before the warm-up, whose end the measured window's counters start from.
@@ -1544,6 +1550,13 @@ mod tests {
         // Four handles apart: thirds; the warm-up's puts (the first two) set no threshold.
         let c = Bound::placer(&[1000, 1, 10, 20, 30, 40, 50, 60, m], 2, 4, true);
         assert_eq!(c.handles, vec![2, 0, 0, 0, 1, 1, 2, 2, 3]);
+        // A put past those pass 1 saw goes with the longest-lived, whatever the handles.
+        let mut c = c;
+        c.puts = 9;
+        assert_eq!(c.put(0, 0.0), Some(3));
+        let mut eight = Bound::placer(&l, 0, 8, false);
+        eight.puts = l.len() as u64;
+        assert_eq!(eight.put(0, 0.0), Some(7));
         // Nothing died: all on the last handle; nothing at all: no panic.
         assert_eq!(Bound::placer(&[m, m], 0, 3, true).handles, vec![2, 2]);
         assert!(Bound::placer(&[], 0, 3, false).handles.is_empty());

@@ -96,6 +96,12 @@ pub struct SsdConfig {
     /// unit handles always reference one (reference §7.4): a handle never written keeps an
     /// empty RU out of the spare. Off: a stream takes an RU at its first write.
     pub hold_open_rus: bool,
+    /// How much of one write the drive takes in before it cleans for it: the units of a write
+    /// that needs a fresh RU that are unmapped before GC runs (GC never copies those). 0: all
+    /// of the write the RU will hold, however long the write (the simulator merges adjacent
+    /// writes on one handle, so that can reach a whole RU); one request (512 KiB) is a drive
+    /// that cleans first beyond its buffer.
+    pub write_buffer_bytes: u64,
 }
 
 impl SsdConfig {
@@ -117,6 +123,7 @@ impl SsdConfig {
             handles: vec![handle_type; handles as usize],
             gc: GcConfig::default(),
             hold_open_rus: false,
+            write_buffer_bytes: 0,
         }
     }
 
@@ -611,7 +618,11 @@ impl Ssd {
                 // Invalidate the units this write puts into the fresh RU before GC can run, so
                 // GC never copies data that the write itself overwrites (as if the drive
                 // buffered the write before cleaning).
-                for l in lu..lu + self.upr.min(end - lu) {
+                let buffered = match self.cfg.write_buffer_bytes {
+                    0 => self.upr,
+                    b => b.div_ceil(self.unit).min(u64::from(self.upr)) as u32,
+                };
+                for l in lu..lu + buffered.min(end - lu) {
                     self.unmap(l);
                 }
                 ru = self.open_ru(rg, stream, true)?;

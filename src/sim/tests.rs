@@ -746,3 +746,41 @@ fn gc_percentiles_come_from_the_histogram() {
     assert_eq!(quantiles(&h, 0.5), [1.75, 1.75, 4.75]);
     assert!(quantiles(&[0, 0], 1.0).iter().all(|q| q.is_nan()));
 }
+
+/// A long write that needs fresh RUs, given at once or unit by unit, on a drive aged by
+/// random overwrites. With a write buffer of one unit, the drive does the same either way;
+/// with the whole write buffered (the default), GC copies less of what the write overwrites
+/// than it does for the same bytes in one-unit requests.
+#[test]
+fn a_write_buffer_bounds_what_a_long_write_spares_gc() {
+    let (unit, ru) = (64 * KIB, 4 * MIB);
+    let logical = 256 * MIB;
+    let aged = |buffer: u64| {
+        let mut cfg = SsdConfig::new(logical, SsdConfig::physical_for_op(logical, 0.07), unit, ru, 1, HandleType::InitiallyIsolated);
+        cfg.write_buffer_bytes = buffer;
+        let mut s = ssd(cfg);
+        uniform_waf(&mut s, 7, 2 * logical / unit, 0);
+        s
+    };
+    let req = unit;
+    // Sixteen RUs from the middle of the device, not aligned to an RU.
+    let (off, len) = (100 * MIB + 3 * unit, 16 * ru);
+    let relocated = |buffer: u64| {
+        let mut at_once = aged(buffer);
+        let mut by_request = at_once.clone();
+        let before = at_once.counters().clone();
+        at_once.write(off, len, 0).unwrap();
+        for o in (off..off + len).step_by(req as usize) {
+            by_request.write(o, req.min(off + len - o), 0).unwrap();
+        }
+        at_once.audit().unwrap();
+        by_request.audit().unwrap();
+        let (a, b) = (at_once.counters().since(&before), by_request.counters().since(&before));
+        assert!(b.gc_events > 0, "the write made GC run");
+        (a.relocated_bytes, b.relocated_bytes, a == b)
+    };
+    let (a, b, same) = relocated(req);
+    assert!(same, "a one-unit buffer: {a} bytes relocated at once, {b} by request");
+    let (a, b, _) = relocated(0);
+    assert!(a < b, "the whole write buffered: {a} bytes relocated at once, {b} by request");
+}
