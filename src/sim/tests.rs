@@ -62,7 +62,8 @@ fn check_greedy_validation(op: f64, table: f64) {
     let (sim, corrected, nominal) = validation_run(Victim::Greedy, 1024, 1024, op, 1);
     eprintln!("greedy op {op}: simulated {sim:.3}, analytic {corrected:.3} (nominal {nominal:.3})");
     assert!((nominal - table).abs() < 0.006, "table value {table} vs {nominal}");
-    assert!((sim / corrected - 1.0).abs() < 0.03, "op {op}: simulated {sim:.3} vs analytic {corrected:.3}");
+    // The spare it really has, sharply; the nominal value within the 3 % the model promises.
+    assert!((sim / corrected - 1.0).abs() < 0.015, "op {op}: simulated {sim:.3} vs analytic {corrected:.3}");
     assert!((sim / nominal - 1.0).abs() < 0.03, "op {op}: simulated {sim:.3} vs nominal {nominal:.3}");
 }
 
@@ -82,7 +83,7 @@ fn validation_uniform_random_greedy_op28() {
 }
 
 /// The headline drive of docs/waf.md (1.88 TB logical, 7 % OP, 1 MiB units, 6 GB RUs: 336
-/// whole RUs, the rest of a 337th unused) under uniform random overwrites, greedy: within 3 %
+/// whole RUs, the rest of a 337th unused) under uniform random overwrites, greedy: within 1.5 %
 /// of the analytic WAF for the spare it really has (whole RUs, less the reserve and half an
 /// open RU), which lies above the nominal 7 % value. docs/waf.md quotes both
 /// (`cargo test --release --lib headline_drive -- --nocapture`).
@@ -102,7 +103,7 @@ fn validation_uniform_random_greedy_on_the_headline_drive() {
     let corrected = analytic_waf_alpha((whole - w - 0.5) * (ru / unit) as f64 / lu as f64);
     let nominal = analytic_waf_uniform(0.07);
     eprintln!("headline drive ({whole} whole RUs): simulated {sim:.3}, analytic for its spare {corrected:.3}, nominal {nominal:.3}");
-    assert!((sim / corrected - 1.0).abs() < 0.03, "simulated {sim:.3} vs analytic {corrected:.3}");
+    assert!((sim / corrected - 1.0).abs() < 0.015, "simulated {sim:.3} vs analytic {corrected:.3}");
 }
 
 #[test]
@@ -783,4 +784,37 @@ fn a_write_buffer_bounds_what_a_long_write_spares_gc() {
     assert!(same, "a one-unit buffer: {a} bytes relocated at once, {b} by request");
     let (a, b, _) = relocated(0);
     assert!(a < b, "the whole write buffered: {a} bytes relocated at once, {b} by request");
+}
+
+/// The drive every reported figure runs on has eight handles: uniform random writes spread
+/// over all eight (II, FIFO) lose the reserve and half of each handle's open RU, W + 8 × ½
+/// RUs, and the simulated WAF is told apart from one open RU's loss and from eight whole ones.
+#[test]
+fn eight_handles_each_lose_half_an_open_ru() {
+    let (rus, upr, op) = (512u64, 64u64, 0.07);
+    let unit = 4 * KIB;
+    let ru = upr * unit;
+    let logical = ((rus * ru) as f64 * (1.0 - op)) as u64 / unit * unit;
+    let lu = logical / unit;
+    let mut cfg = SsdConfig::new(logical, rus * ru, unit, ru, 8, HandleType::InitiallyIsolated);
+    cfg.gc.victim = Victim::Fifo;
+    let w = f64::from(cfg.gc.free_ru_low_watermark);
+    let mut s = ssd(cfg);
+    let mut rng = SplitMix64(0x5eed);
+    s.write(0, lu * unit, 0).unwrap();
+    let mut write = |s: &mut Ssd, n: u64| {
+        for i in 0..n {
+            s.write(rng.below(lu) * unit, unit, (i % 8) as u16).unwrap();
+        }
+    };
+    write(&mut s, 3 * lu);
+    let before = s.counters().clone();
+    write(&mut s, 4 * lu);
+    let sim = s.counters().since(&before).waf();
+    s.audit().unwrap();
+    let lost = |x: f64| analytic_waf_alpha((rus as f64 - w - x) * upr as f64 / lu as f64);
+    let (one, eight_halves, eight) = (lost(0.5), lost(4.0), lost(8.0));
+    eprintln!("8 handles: simulated {sim:.3}; analytic with W + ½, 4, 8 RUs lost: {one:.3}, {eight_halves:.3}, {eight:.3}");
+    assert!((sim / eight_halves - 1.0).abs() < 0.01, "simulated {sim:.3} vs analytic {eight_halves:.3}");
+    assert!((sim - eight_halves).abs() < (sim - one).abs().min((sim - eight).abs()), "simulated {sim:.3} is nearer another loss");
 }
