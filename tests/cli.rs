@@ -399,6 +399,8 @@ fn replay_blkparse_of_a_fixture() {
     assert!(out.contains("note: the trace carries no data"), "{out}");
     assert!(out.contains("handle 0 (young)"), "{out}");
     assert!(out.contains("simulated SSD: WAF"), "{out}");
+    // A short trace never fills the modelled drive: its WAF is no full drive's, and it says so.
+    assert!(out.contains("garbage collection never ran in the window"), "{out}");
     // A reclaim unit below 4 KiB is refused, not made one unit in silence.
     for ru in ["0", "1", "4095"] {
         let (code, _, err) = fdpblk(&["replay", "--ssd", "--ssd-ru-size", ru, "--slot-bytes", "64K", "--meta-total-bytes", "1M", t]);

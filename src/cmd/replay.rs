@@ -920,8 +920,17 @@ fn print_text(r: &ReplayReport) {
         } else {
             String::new()
         };
+        // A WAF from a window in which the drive never collected is a fill's, not a full drive's.
+        let never = if s["window_gc_events"].as_u64() == Some(0) {
+            format!(
+                "; garbage collection never ran in the window: the trace did not fill the modelled drive's {} physical bytes, so this is no full drive's WAF (trace longer, or model the size the trace uses with --device-size)",
+                s["physical_bytes"]
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "simulated SSD: WAF {}{window} (host {} bytes in whole {}-byte units, the trace's {}; media {} bytes, relocated {} bytes; RU {} bytes, {} handles)",
+            "simulated SSD: WAF {}{window} (host {} bytes in whole {}-byte units, the trace's {}; media {} bytes, relocated {} bytes; RU {} bytes, {} handles{never})",
             f(&s["waf"]),
             s["host_bytes"],
             s["unit_bytes"],

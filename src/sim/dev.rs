@@ -408,6 +408,9 @@ impl TraceSsd {
             "warmup_bytes": self.warmup_bytes,
             "window_host_bytes": window.as_ref().map(|w| w.host_bytes),
             "window_host_request_bytes": window.as_ref().map(|w| w.host_request_bytes),
+            // 0: the drive never had to collect in the window (the trace did not fill it), so
+            // its WAF says nothing about a full drive.
+            "window_gc_events": window.as_ref().map(|w| w.gc_events),
             "waf_whole_trace": waf(c),
             // host_bytes counts whole mapping units (unit_bytes) as the model writes them;
             // host_request_bytes is what the trace wrote.
@@ -466,6 +469,8 @@ mod tests {
         let v = t.finish().unwrap();
         assert_eq!((v["host_request_bytes"].as_u64(), v["unit_bytes"].as_u64()), (Some(17 * 4096), Some(1 << 20)));
         assert_eq!(v["host_bytes"].as_u64(), Some(17 << 20));
+        // 17 MiB on a drive of many: nothing to collect.
+        assert_eq!(v["window_gc_events"].as_u64(), Some(0));
     }
 
     #[test]
