@@ -73,39 +73,75 @@ fn line_of(text: &str, at: usize) -> usize {
     text.as_bytes()[..at.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
 }
 
-/// Whose files root takes settings from: root's, and under sudo the invoking user's (their
-/// own file says nothing they could not pass as flags).
-fn trusted_owners() -> Vec<u32> {
-    std::iter::once(0).chain(std::env::var("SUDO_UID").ok().and_then(|u| u.parse().ok())).collect()
+/// Whose files root takes settings from: root's, and those of the user who ran sudo or
+/// pkexec to get root, with their group (their own file says nothing they could not pass as
+/// flags; under a user private group their files are group-writable by that group).
+struct Trusted {
+    uids: Vec<u32>,
+    gids: Vec<u32>,
 }
 
-/// Why config `path` (its metadata `file`, its directory's `dir`) could say what another
-/// account chose, when root is about to act on it (a backing to write, a daemon to run):
-/// owned by someone not in `trusted`, writable by others or by a group other than root's,
-/// or in a directory where others could replace it. None where none of that holds.
-fn others_can_change(path: &Path, file: &std::fs::Metadata, dir: Option<(&Path, &std::fs::Metadata)>, trusted: &[u32]) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let p = path.display();
-    let loose = |m: &std::fs::Metadata| {
-        if !trusted.contains(&m.uid()) {
+impl Trusted {
+    fn of_this_process() -> Trusted {
+        let id = |var: &str| std::env::var(var).ok().and_then(|u| u.parse::<u32>().ok());
+        Trusted {
+            uids: std::iter::once(0).chain(id("SUDO_UID")).chain(id("PKEXEC_UID")).collect(),
+            gids: std::iter::once(0).chain(id("SUDO_GID")).collect(),
+        }
+    }
+
+    /// Why an account not trusted could change `m`: its owner, or a write bit for others
+    /// or a group. In a sticky directory (/tmp) others cannot replace a file they do not
+    /// own, so its write bits do not count (its owner still could).
+    fn why_loose(&self, m: &std::fs::Metadata) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let sticky = m.is_dir() && m.mode() & 0o1000 != 0;
+        if !self.uids.contains(&m.uid()) {
             Some(format!("owned by uid {}", m.uid()))
-        } else if m.mode() & 0o002 != 0 {
+        } else if m.mode() & 0o002 != 0 && !sticky {
             Some("writable by every user".to_string())
-        } else if m.mode() & 0o020 != 0 && m.gid() != 0 {
+        } else if m.mode() & 0o020 != 0 && !self.gids.contains(&m.gid()) && !sticky {
             Some(format!("writable by group {}", m.gid()))
         } else {
             None
         }
-    };
-    let fix = "whatever it says runs as root (the backing written, the daemon's settings)";
-    if let Some(why) = loose(file) {
-        return Some(format!("config {p} is {why}: {fix}; make it root's and writable by root only (`chown root:root {p} && chmod 644 {p}`)"));
     }
-    let (d, m) = dir?;
-    // In a sticky directory (/tmp) others cannot replace a file they do not own.
-    let why = loose(m).filter(|_| m.mode() & 0o1000 == 0)?;
+}
+
+/// The directories above `path` as given (where a link to the file lies) and above `real`,
+/// its resolved path, each once, nearest first, with their metadata (following links).
+fn dirs_above(path: &Path, real: &Path) -> Vec<(PathBuf, std::fs::Metadata)> {
+    let given = std::env::current_dir().map(|d| d.join(path)).unwrap_or_else(|_| path.to_path_buf());
+    let mut out: Vec<(PathBuf, std::fs::Metadata)> = Vec::new();
+    for d in given.ancestors().skip(1).chain(real.ancestors().skip(1)) {
+        if d.as_os_str().is_empty() || out.iter().any(|(o, _)| o == d) {
+            continue;
+        }
+        if let Ok(m) = std::fs::metadata(d) {
+            out.push((d.to_path_buf(), m));
+        }
+    }
+    out
+}
+
+/// Why config `path` (its metadata `file`; `dirs`, the directories it or a link to it lies
+/// in) could say what an account other than `trusted` chose, when root is about to act on
+/// it (a backing to write, a daemon to run). None where nothing could.
+fn others_can_change(path: &Path, file: &std::fs::Metadata, dirs: &[(PathBuf, std::fs::Metadata)], trusted: &Trusted) -> Option<String> {
+    let p = path.display();
+    let fix = "whatever it says runs as root (the backing written, the daemon's settings)";
+    if let Some(why) = trusted.why_loose(file) {
+        return Some(if file.is_file() {
+            format!("config {p} is {why}: {fix}; make it root's and writable by root only (`chown root:root {p} && chmod 644 {p}`)")
+        } else {
+            format!("config {p} is a pipe {why}: {fix}; write the settings to a file of root's (/etc/fdpblk/NAME.toml) and pass that")
+        });
+    }
+    let (d, why) = dirs.iter().find_map(|(d, m)| Some((d, trusted.why_loose(m)?)))?;
     let d = d.display();
-    Some(format!("config {p} is in {d}, which is {why}, so another account could replace it: {fix}; keep it in a directory of root's (/etc/fdpblk) or `chown root:root {d} && chmod 755 {d}`"))
+    Some(format!(
+        "config {p} lies in {d}, which is {why}, so another account could replace it: {fix}; keep it in a directory of root's (/etc/fdpblk) or make {d} root's and writable by root only (`chown root:root {d} && chmod 755 {d}`)"
+    ))
 }
 
 impl ConfigFile {
@@ -126,12 +162,16 @@ impl ConfigFile {
         let meta = f.metadata().map_err(cannot)?;
         // A file or a pipe carries what someone wrote (a character device such as /dev/null
         // is the system's, and read as any text is).
-        let written = meta.is_file() || std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type());
-        // SAFETY: geteuid has no preconditions.
-        if written && unsafe { libc::geteuid() } == 0 {
-            let dir = meta.is_file().then(|| std::fs::canonicalize(path).ok()).flatten().and_then(|c| Some(c.parent()?.to_path_buf()));
-            let dir = dir.and_then(|d| std::fs::metadata(&d).ok().map(|m| (d, m)));
-            if let Some(why) = others_can_change(path, &meta, dir.as_ref().map(|(d, m)| (d.as_path(), m)), &trusted_owners()) {
+        let fifo = std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type());
+        if (meta.is_file() || fifo) && crate::frontend::ublk_run_dir::as_root() {
+            // Every directory a link or the file itself lies in; none for an anonymous pipe
+            // (`--config <(...)`), which has no path to resolve.
+            let dirs = match std::fs::canonicalize(path) {
+                Ok(real) => dirs_above(path, &real),
+                Err(_) if fifo => Vec::new(),
+                Err(e) => return Err(format!("cannot resolve config {p}: {e}; pass the file's own path")),
+            };
+            if let Some(why) = others_can_change(path, &meta, &dirs, &Trusted::of_this_process()) {
                 return Err(why);
             }
         }
@@ -427,45 +467,70 @@ capacity_bytes = "1T"
     /// owned by another user, or writable by others or a group other than root's.
     #[test]
     fn a_config_another_account_could_change_is_refused_for_root() {
-        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let d = tempdir::Dir::new();
-        let f = d.0.join("kv0.toml");
+        let sub = d.0.join("etc");
+        std::fs::create_dir(&sub).unwrap();
+        let f = sub.join("kv0.toml");
         std::fs::write(&f, "queues = 1\n").unwrap();
         let mode = |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
-        let check = |trusted: &[u32]| {
-            let dm = std::fs::metadata(&d.0).unwrap();
-            others_can_change(&f, &std::fs::metadata(&f).unwrap(), Some((&d.0, &dm)), trusted)
+        let me = std::fs::metadata(&f).unwrap().uid();
+        let group = std::fs::metadata(&f).unwrap().gid();
+        let only = |uid: u32, gid: u32| Trusted { uids: vec![uid], gids: vec![gid] };
+        // The test's own directories only (those above the temp dir are the system's).
+        let check = |path: &Path, t: &Trusted| {
+            let real = std::fs::canonicalize(path).unwrap();
+            let dirs: Vec<_> = dirs_above(path, &real).into_iter().filter(|(p, _)| p.starts_with(&d.0)).collect();
+            others_can_change(path, &std::fs::metadata(path).unwrap(), &dirs, t)
         };
-        // SAFETY: geteuid has no preconditions.
-        let me = unsafe { libc::geteuid() };
-        mode(&d.0, 0o755);
+        let me_t = only(me, u32::MAX);
+        for dir in [&d.0, &sub] {
+            mode(dir, 0o755);
+        }
         mode(&f, 0o644);
-        assert_eq!(check(&[me]), None);
-        let e = check(&[me + 1]).unwrap();
+        assert_eq!(check(&f, &me_t), None);
+        let e = check(&f, &only(me + 1, 0)).unwrap();
         assert!(e.contains(&format!("is owned by uid {me}")) && e.contains("chown root:root") && e.contains("runs as root"), "{e}");
         mode(&f, 0o646);
-        let e = check(&[me]).unwrap();
+        let e = check(&f, &me_t).unwrap();
         assert!(e.contains("is writable by every user") && e.contains("chmod 644"), "{e}");
+        // Group-writable: refused unless the group is trusted (root's, or sudo's caller's own).
         mode(&f, 0o664);
-        assert_eq!(check(&[me]).is_some(), std::fs::metadata(&f).map(|m| std::os::unix::fs::MetadataExt::gid(&m)).unwrap() != 0);
+        assert!(check(&f, &me_t).unwrap().contains(&format!("writable by group {group}")));
+        assert_eq!(check(&f, &only(me, group)), None);
         mode(&f, 0o644);
+        // Any directory above it, not only its own, and a sticky one only for others' writes.
         mode(&d.0, 0o757);
-        let e = check(&[me]).unwrap();
-        assert!(e.contains("which is writable by every user, so another account could replace it") && e.contains("chmod 755"), "{e}");
-        // A sticky directory (/tmp) keeps others from replacing the file.
+        let e = check(&f, &me_t).unwrap();
+        assert!(e.contains(&format!("lies in {}, which is writable by every user, so another account could replace it", d.0.display())) && e.contains("chmod 755"), "{e}");
         mode(&d.0, 0o1777);
-        assert_eq!(check(&[me]), None);
+        assert_eq!(check(&f, &me_t), None);
+        assert!(check(&f, &only(me + 1, 0)).unwrap().contains("is owned by uid"));
         mode(&d.0, 0o755);
-        // No directory to look at (a pipe): the file alone.
-        assert_eq!(others_can_change(&f, &std::fs::metadata(&f).unwrap(), None, &[me]), None);
-        if me == 0 {
+        // A link in a directory others write: they could point it elsewhere.
+        let links = d.0.join("links");
+        std::fs::create_dir(&links).unwrap();
+        let link = links.join("kv0.toml");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        mode(&links, 0o777);
+        let e = check(&link, &me_t).unwrap();
+        assert!(e.contains(&format!("lies in {}, which is writable by every user", links.display())), "{e}");
+        mode(&links, 0o755);
+        assert_eq!(check(&link, &me_t), None);
+        // A pipe of another account: no chown to suggest.
+        let fifo = d.0.join("kv1.toml");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path, live for the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let e = others_can_change(&fifo, &std::fs::metadata(&fifo).unwrap(), &[], &only(me + 1, 0)).unwrap();
+        assert!(e.contains("is a pipe owned by uid") && e.contains("write the settings to a file of root's") && !e.contains("chown"), "{e}");
+        if crate::frontend::ublk_run_dir::as_root() && std::env::var_os("SUDO_UID").is_none() {
             // As root, load itself refuses; a file handed over to another user is refused too.
             mode(&f, 0o666);
             assert!(ConfigFile::load(&f).unwrap_err().contains("writable by every user"));
             mode(&f, 0o644);
             std::os::unix::fs::chown(&f, Some(4242), None).unwrap();
-            let e = ConfigFile::load(&f).unwrap_err();
-            assert!(e.contains("owned by uid 4242") || std::env::var("SUDO_UID").as_deref() == Ok("4242"), "{e}");
+            assert!(ConfigFile::load(&f).unwrap_err().contains("owned by uid 4242"));
             std::os::unix::fs::chown(&f, Some(0), None).unwrap();
             assert_eq!(ConfigFile::load(&f).unwrap().queues, Some(1));
         }

@@ -22,7 +22,7 @@ pub fn file_of(dir: &Path, id: i32) -> PathBuf {
     dir.join(format!("{id:04}.json"))
 }
 
-fn as_root() -> bool {
+pub(crate) fn as_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     (unsafe { libc::geteuid() }) == 0
 }
