@@ -25,7 +25,7 @@
 //! (1 records, 2 history, 3 tags) | 4060 payload bytes | CRC-32 (zlib) of bytes 0..4092.
 //!
 //! Superblock: `magic "FDPBSB01"` | version u32 (1) | flags u32 (bit 0: written by a clean
-//! shutdown; bit 1: the page digest is set) | seq u64 | instance u64 | block_align,
+//! shutdown; bit 1: the page digest is set; bit 2: the checkpoint headers are set) | seq u64 | instance u64 | block_align,
 //! header_bytes, slot_bytes, meta_total_bytes, max_slots (u64 each) | R, H, T, history
 //! capacity (u32 each) | trims, trim_bytes, evictions, persist cycles, own bytes written (u64
 //! each) | handles u16, 6 zero bytes | trims per handle (u64 × handles, at most 64, from byte
@@ -37,7 +37,9 @@
 //! checkpoint interval it was judged at, in milliseconds, 0 = none; u32 flags, bit 0: LMCache
 //! was seen writing through the page cache) | at byte 680: since when LMCache had slot writes
 //! that no checkpoint followed (u64 Unix seconds, 0 = none; older superblocks hold zero) |
-//! zeros | CRC-32 of bytes 0..4092 at 4092. A later format keeps the region's place
+//! at byte 688: the first 32 bytes of LMCache's checkpoint containers 0 and 1 as the clean
+//! stop that wrote it read them (64 bytes; flag bit 2; a start trusts the confirmations only
+//! where the containers still begin so) | zeros | CRC-32 of bytes 0..4092 at 4092. A later format keeps the region's place
 //! ([`Region::tail`]), its two 4096-byte superblock copies first, the magic's first six bytes
 //! (`FDPBSB`), the version at byte 8 and the CRC at 4092: this fdpblk then tells a newer
 //! fdpblk's state from damage, and `add` (and `recover`) refuse it unless `add --force`
@@ -194,8 +196,9 @@ pub struct Counters {
     pub uncheckpointed_since: Option<u64>,
     /// LMCache's two checkpoint headers (`LMCIDX01`, version, seq, length, CRC) as the last
     /// clean stop read them: a start trusts the saved confirmations only where the containers
-    /// still hold these, so a program that wrote the backing while fdpblk was stopped (new
-    /// checkpoints, slots put again) leaves none standing. None where they could not be read.
+    /// still hold these, so a program that wrote a checkpoint while fdpblk was stopped leaves
+    /// none standing (slot writes without one are left to the per-slot header check). None
+    /// where they could not be read, and while a run is under way (a clean stop records them).
     pub checkpoint_headers: Option<CheckpointHeaders>,
 }
 
@@ -222,12 +225,21 @@ pub enum CheckpointsNow {
     /// What the containers hold now (None: they could not be read, so nothing is trusted).
     Read(Option<CheckpointHeaders>),
     /// Not compared: the state format's own tests, whose region lies where containers would.
+    #[cfg(test)]
     NotCompared,
+}
+
+impl CheckpointsNow {
+    /// What the containers of `geom` on `dev` begin with now.
+    pub fn read(dev: &dyn StateWriter, geom: &Geometry) -> Self {
+        CheckpointsNow::Read(read_checkpoint_headers(dev, geom))
+    }
 }
 
 /// Why a clean state's confirmations do not hold for the checkpoints on the device now.
 fn checkpoints_changed(saved: Option<&CheckpointHeaders>, now: CheckpointsNow) -> Option<String> {
     let now = match now {
+        #[cfg(test)]
         CheckpointsNow::NotCompared => return None,
         CheckpointsNow::Read(None) => return Some("LMCache's checkpoint headers cannot be read to compare them with the clean stop's".into()),
         CheckpointsNow::Read(Some(h)) => h,
@@ -405,10 +417,11 @@ impl Superblock {
             return None;
         }
         let n = usize::from(u16::from_le_bytes([b[128], b[129]])).min(MAX_HANDLES);
+        let flags = u32at(b, 12);
         Some(Superblock {
             seq: u64at(b, 16),
             instance: u64at(b, 24),
-            clean: u32at(b, 12) & FLAG_CLEAN != 0,
+            clean: flags & FLAG_CLEAN != 0,
             geometry: std::array::from_fn(|i| u64at(b, 32 + 8 * i)),
             layout: Layout {
                 record_pages: u64::from(u32at(b, 72)),
@@ -426,12 +439,12 @@ impl Superblock {
                 checkpoint_seen: Some((u64at(b, CHECKPOINT_SEEN_AT), u64at(b, CHECKPOINT_SEEN_AT + 8))).filter(|&(_, at)| at > 0),
                 writeback_pause: (u32at(b, PAUSE_AT) > 0).then(|| SavedPause { interval_ms: u32at(b, PAUSE_AT), buffered: u32at(b, PAUSE_AT + 4) & 1 != 0 }),
                 uncheckpointed_since: Some(u64at(b, UNCHECKPOINTED_AT)).filter(|&t| t > 0),
-                checkpoint_headers: (u32at(b, 12) & FLAG_CHECKPOINT_HEADERS != 0).then(|| {
+                checkpoint_headers: (flags & FLAG_CHECKPOINT_HEADERS != 0).then(|| {
                     let at = |c: usize| std::array::from_fn(|i| b[CHECKPOINT_HEADERS_AT + c * CHECKPOINT_HEADER_BYTES + i]);
                     [at(0), at(1)]
                 }),
             },
-            digest: (u32at(b, 12) & FLAG_DIGEST != 0).then(|| u64at(b, DIGEST_AT)),
+            digest: (flags & FLAG_DIGEST != 0).then(|| u64at(b, DIGEST_AT)),
         })
     }
 }
@@ -705,6 +718,8 @@ impl Persist {
     /// Loads the state in `region` into `slots` (a fresh table of `geom`'s size). Never fails:
     /// an unreadable, foreign or mismatching state yields a fresh one (reported in `Loaded`).
     /// `None` when the region cannot hold the state (persistence off).
+    /// Without comparing the checkpoint headers: for the format's own tests only.
+    #[cfg(test)]
     pub fn load(dev: &dyn StateWriter, region: Region, geom: &Geometry, slots: &SlotTable, handle: Handle) -> (Option<Persist>, Loaded) {
         Self::load_trusting(dev, region, geom, slots, handle, true, CheckpointsNow::NotCompared)
     }
@@ -1516,7 +1531,7 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<Re
     }
     let g = Geometry { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0, container_bytes: meta_total_bytes / 2 / block_align * block_align, max_slots };
     let slots = SlotTable::new(max_slots);
-    let now = CheckpointsNow::Read(read_checkpoint_headers(&ro, &g));
+    let now = CheckpointsNow::read(&ro, &g);
     let (_, loaded) = Persist::load_trusting(&ro, region, &g, &slots, 0, true, now);
     let mut by_state = [0u64; 4];
     let (mut with_header, mut confirmed, mut returning) = (0u64, 0u64, 0u64);

@@ -116,7 +116,9 @@
 //!   container's seq 2 is the commit (before that, a late header is taken as newest by its
 //!   higher seq, as it always was).
 //! - *fdpblk restart*: unclean, confirmations are dropped; clean, they are kept (nothing
-//!   writes the backing device while fdpblk is stopped — assumed; 5 checks it per slot).
+//!   writes the backing device while fdpblk is stopped — assumed; a checkpoint written then
+//!   changes a container's header, which the clean stop recorded, and drops them all; 5
+//!   checks each slot's header).
 //!
 //! Not proved, assumed: a single LMCache process per device, writing one checkpoint at a
 //! time (0.5.6: the periodic thread, and `close()` after joining it; the join waits at most
@@ -759,7 +761,7 @@ impl Watcher {
         let (persist, loaded) = match region {
             Some(r) => {
                 // What the clean stop's confirmations are checked against.
-                let now = CheckpointsNow::Read(crate::persist::read_checkpoint_headers(&*dev, &geom));
+                let now = CheckpointsNow::read(&*dev, &geom);
                 Persist::load_trusting(&*dev, r, &geom, &slots, own_handle, cfg.trust_saved_confirmations, now)
             }
             None => (None, Loaded::default()),
@@ -801,7 +803,8 @@ impl Watcher {
             geom,
             slots,
             dev,
-            counters: loaded.counters.clone(),
+            // The checkpoint headers are a clean stop's to record, not a running state's.
+            counters: Counters { checkpoint_headers: None, ..loaded.counters.clone() },
             cfg,
             containers: [Container::Unknown, Container::Unknown],
             pending: Vec::new(),

@@ -292,5 +292,16 @@ expect_eq "crash: a reopen recovers every entry" "$(wfield crash-reopen run.reco
 expect_eq "crash: none dropped by the header check" "$(wfield crash-reopen run.recovery_dropped)" 0
 expect_eq "crash: and each verifies" "$(wfield crash-reopen run.verified)" 7
 expect_eq "crash: no error in fdpblk's log" "$(daemon_errors)" 0
+
+# A program writing the drive while fdpblk is stopped (LMCache pointed at it, a restore)
+# changes a checkpoint container: the next start takes none of the saved confirmations.
+expect "fdpblk del" "$FDPBLK" del -n 0
+dd if="$NS_DEV" of=/tmp/ckpt0 bs=4K count=1 iflag=direct status=none
+printf '\x5a\xa5' | dd of=/tmp/ckpt0 bs=1 seek=30 conv=notrunc status=none
+expect "change container 0's header on $NS_DEV" dd if=/tmp/ckpt0 of="$NS_DEV" bs=4K count=1 oflag=direct conv=notrunc status=none
+add_device --backing "$NS_DEV" --engine streams
+wait_stat own_state.loaded_clean false
+expect "the start says the checkpoints changed while it was stopped" \
+    grep -qF "LMCache's checkpoints changed while fdpblk was stopped (container 0: " <(dev_stat own_state.loaded_note)
 expect "fdpblk del" "$FDPBLK" del -n 0
 check_done
