@@ -492,10 +492,10 @@ pub fn writers(paths: &[&Path]) -> Vec<Writer> {
     for (pid, dir) in other_processes() {
         let mut on: Vec<&Path> = Vec::new();
         for fd in fd_paths(&dir) {
-            if let Some(&(p, _)) = nodes.iter().find(|(p, n)| !on.contains(p) && n.is(&fd)) {
-                if opened_for_writing(&fd) {
-                    on.push(p);
-                }
+            // Every asked path this descriptor is (two may name one node: a link and its target).
+            let new: Vec<&Path> = nodes.iter().filter(|(p, n)| !on.contains(p) && n.is(&fd)).map(|&(p, _)| p).collect();
+            if !new.is_empty() && opened_for_writing(&fd) {
+                on.extend(new);
             }
         }
         if on.is_empty() {

@@ -877,7 +877,8 @@ struct Bound {
     popularity: bool,
     /// Pass 2: the handle of each put.
     handles: Vec<u16>,
-    /// Pass 2: the handle of a put past those pass 1 saw (the longest-lived class's).
+    /// Pass 2: the handle of a put past those pass 1 saw: the last (the longest-lived class's,
+    /// or the most popular's).
     last: u16,
     /// Pass 1: puts before the measurement window (their scores do not set the thresholds).
     warm_puts: u64,

@@ -65,6 +65,10 @@ fn check_greedy_validation(op: f64, table: f64) {
     // The spare it really has, sharply; the nominal value within the 3 % the model promises.
     assert!((sim / corrected - 1.0).abs() < 0.015, "op {op}: simulated {sim:.3} vs analytic {corrected:.3}");
     assert!((sim / nominal - 1.0).abs() < 0.03, "op {op}: simulated {sim:.3} vs nominal {nominal:.3}");
+    // Where the two differ by more than the tolerance (7 % OP: 1.9 %), nearer the real spare's.
+    if (corrected / nominal - 1.0).abs() > 0.015 {
+        assert!((sim - corrected).abs() < (sim - nominal).abs(), "op {op}: simulated {sim:.3} is nearer the nominal {nominal:.3}");
+    }
 }
 
 #[test]
