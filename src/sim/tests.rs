@@ -135,19 +135,25 @@ fn fifo_matches_analytic_with_the_open_ru_correction() {
     }
 }
 
+/// The 8-handle FIFO drive of the open-RU tests: 512 RUs of 64 4 KiB units, 7 % OP. Returns
+/// its configuration, RUs, units per RU and logical units.
+fn eight_handle_fifo_drive() -> (SsdConfig, u64, u64, u64) {
+    let (rus, upr, op) = (512u64, 64u64, 0.07);
+    let unit = 4 * KIB;
+    let ru = upr * unit;
+    let logical = ((rus * ru) as f64 * (1.0 - op)) as u64 / unit * unit;
+    let mut cfg = SsdConfig::new(logical, rus * ru, unit, ru, 8, HandleType::InitiallyIsolated);
+    cfg.gc.victim = Victim::Fifo;
+    (cfg, rus, upr, logical / unit)
+}
+
 /// With `hold_open_rus`, each handle never written keeps one RU out of the spare: uniform
 /// random writes on handle 0 of an 8-handle drive match the analytic WAF with 7 RUs more
 /// lost, and without it the one-handle correction.
 #[test]
 fn every_handle_holds_an_open_ru_when_asked() {
-    let (rus, upr, op) = (512u64, 64u64, 0.07);
-    let unit = 4 * KIB;
-    let ru = upr * unit;
-    let logical = ((rus * ru) as f64 * (1.0 - op)) as u64 / unit * unit;
-    let lu = logical / unit;
     for hold in [false, true] {
-        let mut cfg = SsdConfig::new(logical, rus * ru, unit, ru, 8, HandleType::InitiallyIsolated);
-        cfg.gc.victim = Victim::Fifo;
+        let (mut cfg, rus, upr, lu) = eight_handle_fifo_drive();
         cfg.hold_open_rus = hold;
         let lost = f64::from(cfg.gc.free_ru_low_watermark) + 0.5 + if hold { 7.0 } else { 0.0 };
         let mut s = ssd(cfg);
@@ -795,13 +801,8 @@ fn a_write_buffer_bounds_what_a_long_write_spares_gc() {
 /// RUs, and the simulated WAF is told apart from one open RU's loss and from eight whole ones.
 #[test]
 fn eight_handles_each_lose_half_an_open_ru() {
-    let (rus, upr, op) = (512u64, 64u64, 0.07);
-    let unit = 4 * KIB;
-    let ru = upr * unit;
-    let logical = ((rus * ru) as f64 * (1.0 - op)) as u64 / unit * unit;
-    let lu = logical / unit;
-    let mut cfg = SsdConfig::new(logical, rus * ru, unit, ru, 8, HandleType::InitiallyIsolated);
-    cfg.gc.victim = Victim::Fifo;
+    let (cfg, rus, upr, lu) = eight_handle_fifo_drive();
+    let unit = cfg.unit_bytes;
     let w = f64::from(cfg.gc.free_ru_low_watermark);
     let mut s = ssd(cfg);
     let mut rng = SplitMix64(0x5eed);
