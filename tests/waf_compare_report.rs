@@ -222,3 +222,21 @@ print(m.fdp_delta(st(0, 0, None), st(4096, 8192, 1))["erased_bytes"])
     );
     assert_eq!(out, "4096\nNone\n");
 }
+
+/// A drive status without a reclaim unit size, or one that lost a placement ID between the
+/// two snapshots, leaves the per-PID bytes unknown, said so, instead of failing the report.
+#[test]
+fn unknown_per_pid_bytes_are_said_not_fatal() {
+    let out = with_report(
+        r#"
+st = lambda rub, pids: {"lba_size": 4096, "ru_blocks": rub, "ruhs": [{"pid": p, "ruamw": 256} for p in pids], "hbmw": "0", "mbmw": "0"}
+for before, after in [(st(0, [0]), st(0, [0])), (st(256, [0, 1]), st(256, [0]))]:
+    d = m.fdp_delta(before, after)
+    print(d["bytes_by_pid_index"], d["pid_bytes_exact"], d["pid_bytes_unknown"])
+"#,
+    );
+    assert_eq!(
+        out,
+        "{} False the drive reports no reclaim unit size (RUNS below one block)\n{} False placement ID 1 is not in the drive's status after the run (FDP reconfigured?)\n"
+    );
+}

@@ -153,10 +153,15 @@ def fdp_delta(before, after):
     lba, rub = before["lba_size"], before["ru_blocks"]
     b = {r["pid"]: r["ruamw"] for r in before["ruhs"]}
     a = {r["pid"]: r["ruamw"] for r in after["ruhs"]}
+    # Why the per-PID bytes cannot be known (the rest of the report still can).
+    unknown = None if rub else "the drive reports no reclaim unit size (RUNS below one block)"
+    missing = [r["pid"] for r in before["ruhs"] if r["pid"] not in a]
+    if unknown is None and missing:
+        unknown = f"placement ID {missing[0]} is not in the drive's status after the run (FDP reconfigured?)"
     pids = {}
-    for i, r in enumerate(before["ruhs"]):
-        pid = r["pid"]
-        pids[str(i)] = ((b[pid] - a[pid]) % rub) * lba
+    if unknown is None:
+        for i, r in enumerate(before["ruhs"]):
+            pids[str(i)] = ((b[r["pid"]] - a[r["pid"]]) % rub) * lba
     host = int(after["hbmw"]) - int(before["hbmw"])
     media = int(after["mbmw"]) - int(before["mbmw"])
     return {
@@ -170,7 +175,8 @@ def fdp_delta(before, after):
         "erased_bytes": int(after["mbe"]) - int(before["mbe"]) if "mbe" in before and "mbe" in after else None,
         "ru_bytes": rub * lba,
         # RUAMW counts modulo the RU size: exact only while the per-PID sum is the host bytes.
-        "pid_bytes_exact": sum(pids.values()) == host,
+        "pid_bytes_exact": unknown is None and sum(pids.values()) == host,
+        "pid_bytes_unknown": unknown,
         # Below one RU in all, no placement ID can have written a whole one: the per-PID
         # bytes are exact. Above, they are known modulo the RU only (a PM9D3a's are about 6 GB).
         "pid_bytes_below_one_ru": host < rub * lba,
@@ -450,7 +456,9 @@ def consistency(rows):
             # all) no longer add up; the other placement IDs' still do.
             pid = None if index is None else fd.get("pid_by_index", {}).get(index)
             ev = events_on(r.get("ru_events") or [], pid)
-            if ev:
+            if fd.get("pid_bytes_unknown"):
+                skip(what, fd["pid_bytes_unknown"])
+            elif ev:
                 skip(what, "the drive changed reclaim units itself during the run (FDP events: " + ", ".join(ev) + ")")
             elif got is None or want is None or fd["pid_bytes_below_one_ru"]:
                 eq(what, got, want)
@@ -500,6 +508,8 @@ def consistency(rows):
             own = r["own_state_bytes"] + f["zeroed_container_bytes"]
             if traced:
                 hbmw_eq(f"{c}: drive bytes = ublk bytes + own-state bytes + zeroed checkpoint headers", r["drive_write_bytes"], r["workload_write_bytes"] + own)
+            if fd.get("pid_bytes_unknown"):
+                skip(f"{c}: placement ID bytes (RUAMW) = fdpblk's handle bytes", fd["pid_bytes_unknown"])
             for i, got in sorted(fd["bytes_by_pid_index"].items(), key=lambda kv: int(kv[0])):
                 want = f["handles"].get(i, 0) + (own if int(i) == f["own_state_handle"] else 0)
                 pid_eq(f"{c}: placement ID index {i}: drive bytes (RUAMW) = fdpblk's handle {i} bytes + own state there", got, want, i)
