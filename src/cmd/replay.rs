@@ -839,6 +839,9 @@ pub fn run(a: &ReplayArgs) -> CmdResult {
         )
         .into());
     }
+    if let Some(e) = crate::device::mem_total_bytes().and_then(|m| table_error(&geometry, m)) {
+        return Err(e.into());
+    }
     let ssd = if a.ssd {
         let handles = policy_by_name(&a.policy).map_or(1, |p| p.handles());
         if !(0.0..0.9).contains(&a.ssd_op) {
@@ -943,11 +946,33 @@ fn print_text(r: &ReplayReport) {
     }
 }
 
+/// Why the slot table of `g` is too much to replay on a machine of `mem_total` bytes: more
+/// than half of it, as `add` refuses (a trace's furthest byte sets the slot count when no
+/// size is given).
+fn table_error(g: &Geometry, mem_total: u64) -> Option<String> {
+    let what = format!("{} slots of {} bytes", g.max_slots, g.slot_bytes);
+    crate::persist::table_memory_error(&what, g.max_slots, mem_total)
+        .map(|e| format!("{e}, or give the traced device's size (--device-size), which sets how many slots there are"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::layout::discover::GeometryFlags;
     use crate::place::RegionPolicy;
+
+    /// A trace that makes more slots than half the memory holds is refused, naming
+    /// --device-size; one that fits is not.
+    #[test]
+    fn a_slot_table_past_half_the_memory_is_refused() {
+        let g = GeometryConfig { block_align: 4096, header_bytes: 4096, slot_bytes: 65536, meta_total_bytes: 1 << 20, capacity_bytes: 0 }
+            .validate((1 << 20) + (1 << 20) * 65536)
+            .unwrap();
+        let need = crate::slot_table::SlotTable::heap_bytes_for(g.max_slots);
+        let e = table_error(&g, need).expect("a table of half the memory and more");
+        assert!(e.contains("1048576 slots of 65536 bytes") && e.contains("--device-size"), "{e}");
+        assert_eq!(table_error(&g, 2 * need + 2), None);
+    }
 
     /// The identities kept stop at the cap: one seen again adds nothing, a new one past the
     /// cap is counted as missing, not kept.

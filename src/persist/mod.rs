@@ -1490,7 +1490,7 @@ pub fn newer_format_in(dev: &dyn StateWriter, region: Region) -> Option<u32> {
 
 /// Why a table of `max_slots` is too much to read on a machine of `mem_total` bytes (more than
 /// half of it, as `add` refuses).
-fn table_memory_error(geometry: &str, max_slots: u64, mem_total: u64) -> Option<String> {
+pub(crate) fn table_memory_error(geometry: &str, max_slots: u64, mem_total: u64) -> Option<String> {
     let need = SlotTable::heap_bytes_for(max_slots);
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
     (need > mem_total / 2).then(|| {
