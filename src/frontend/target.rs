@@ -1063,6 +1063,10 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     // root: the directory is made safe first, and a file planted at this id is removed.
     let run_dir = Path::new(ublk_run_dir::RUN_DIR);
     ublk_run_dir::secure(run_dir).map_err(fail)?;
+    // Before the driver is asked for anything: a recovery that failed at libublk's write
+    // would leave the device quiesced with LMCache's I/O held.
+    let who = if cfg.id >= 0 { format!("device {}: ", cfg.id) } else { String::new() };
+    ublk_run_dir::room_to_write(run_dir).map_err(|e| fail(format!("{who}{e}; then {}", start_again(&cfg, recover))))?;
     if cfg.id >= 0 {
         ublk_run_dir::clear_for_write(run_dir, cfg.id).map_err(fail)?;
     }

@@ -134,6 +134,35 @@ fn clear_for_write_by(dir: &Path, id: i32, owner: u32) -> Result<(), String> {
     }
 }
 
+/// Bytes a probe writes: more than libublk's device file (a few hundred bytes of JSON).
+const PROBE_BYTES: usize = 16 << 10;
+
+/// Whether libublk will be able to write its device file in `dir`: a file of
+/// [`PROBE_BYTES`] is written there and removed. libublk writes it at the device's start,
+/// after a recovery has begun (`START_USER_RECOVERY`): failing there would leave the device
+/// quiesced, LMCache's I/O held, with a bare errno. Err names the directory and the fix.
+pub fn room_to_write(dir: &Path) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let probe = dir.join(format!(".fdpblk-probe.{}", std::process::id()));
+    let _ = std::fs::remove_file(&probe);
+    let wrote = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&probe)
+        .and_then(|mut f| f.write_all(&[0u8; PROBE_BYTES]).and_then(|()| f.sync_all()));
+    let _ = std::fs::remove_file(&probe);
+    wrote.map_err(|e| {
+        format!(
+            "libublk cannot write its device file in {} ({e}), which it does as the device starts: make room there or make it writable (`df {}`, `mount | grep /run`)",
+            dir.display(),
+            dir.display()
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +170,17 @@ mod tests {
 
     fn mode(p: &Path) -> u32 {
         std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
+    }
+
+    /// The probe leaves nothing behind; a directory libublk could not write in is named.
+    #[test]
+    fn room_to_write_is_probed_and_named() {
+        let base = scratch("ublk-run-dir-room");
+        room_to_write(&base).unwrap();
+        assert_eq!(std::fs::read_dir(&base).unwrap().count(), 0, "the probe is removed");
+        let gone = base.join("missing");
+        let e = room_to_write(&gone).unwrap_err();
+        assert!(e.contains(&format!("libublk cannot write its device file in {}", gone.display())) && e.contains("make room there"), "{e}");
     }
 
     #[test]

@@ -40,4 +40,29 @@ expect "the FIFO is gone" bash -c '! test -p /run/ublksrvd/0000.json'
 mkfifo /run/ublksrvd/0000.json
 expect "del with a FIFO at the device's file does not hang" timeout 60 "$FDPBLK" del -n 0
 expect "no device left" bash -c '! test -e /dev/ublkb0'
+
+# No room for libublk's file (a full /run): add refuses before the driver is asked, and a
+# recovery before the device is taken over (it stays held), both naming the directory.
+full=$(mktemp -d)
+mount -t tmpfs -o size=4k tmpfs "$full" || check_fatal "mount a small tmpfs"
+head -c 4096 /dev/zero >"$full/fill" 2>/dev/null
+refused() { test "$1" -ne 0 && grep -qF 'libublk cannot write its device file in /run/ublksrvd' <<<"$2"; }
+mount --bind "$full" /run/ublksrvd || check_fatal "bind the full tmpfs over /run/ublksrvd"
+out=$("$FDPBLK" add --backing "$NS_DEV" -n 0 "${GEO[@]}" 2>&1) && rc=0 || rc=$?
+expect "add with /run/ublksrvd full: refused, naming it" refused "$rc" "$out"
+expect "no device made" bash -c '! test -e /dev/ublkb0'
+umount /run/ublksrvd
+dev=$(fdpblk_add --backing "$NS_DEV" -n 0 "${GEO[@]}")
+expect_eq "device" "$dev" /dev/ublkb0
+old=$(daemon_pid 0)
+expect "SIGKILL the daemon ($old)" kill -9 "$old"
+for _ in $(seq 40); do kill -0 "$old" 2>/dev/null || break; sleep 0.25; done
+mount --bind "$full" /run/ublksrvd || check_fatal "bind the full tmpfs over /run/ublksrvd"
+out=$("$FDPBLK" recover -n 0 2>&1) && rc=0 || rc=$?
+expect "recover with /run/ublksrvd full: refused, naming it" refused "$rc" "$out"
+umount /run/ublksrvd
+expect "recover once there is room" "$FDPBLK" recover -n 0
+expect "the device reads" dd if=/dev/ublkb0 of=/dev/null bs=4K count=16 iflag=direct status=none
+expect "del" "$FDPBLK" del -n 0
+umount "$full"
 check_done
