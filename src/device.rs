@@ -183,6 +183,13 @@ pub fn open_readonly(path: &Path) -> io::Result<File> {
     Ok(f)
 }
 
+/// Whether this process runs as root (effective uid 0): what it then creates and reads needs
+/// guarding against other accounts.
+pub fn running_as_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    (unsafe { libc::geteuid() }) == 0
+}
+
 /// The system's page size.
 pub fn page_size() -> u64 {
     // SAFETY: sysconf has no memory effects.

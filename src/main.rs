@@ -9,11 +9,9 @@ fn main() -> ExitCode {
     // others, whatever umask the caller's shell had, nor closed to them by a stricter one
     // (LMCache's user opens /dev/fdpblk/NAME; `list` and `stats` read /run/fdpblk): 022, as
     // systemd gives a unit.
-    // SAFETY: geteuid and umask have no preconditions.
-    unsafe {
-        if libc::geteuid() == 0 {
-            libc::umask(0o022);
-        }
+    if fdpblk::device::running_as_root() {
+        // SAFETY: umask has no preconditions.
+        unsafe { libc::umask(0o022) };
     }
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());

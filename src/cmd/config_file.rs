@@ -163,7 +163,7 @@ impl ConfigFile {
         // A file or a pipe carries what someone wrote (a character device such as /dev/null
         // is the system's, and read as any text is).
         let fifo = std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type());
-        if (meta.is_file() || fifo) && crate::frontend::ublk_run_dir::as_root() {
+        if (meta.is_file() || fifo) && crate::device::running_as_root() {
             // Every directory a link or the file itself lies in; none for an anonymous pipe
             // (`--config <(...)`), which has no path to resolve.
             let dirs = match std::fs::canonicalize(path) {
@@ -524,7 +524,7 @@ capacity_bytes = "1T"
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
         let e = others_can_change(&fifo, &std::fs::metadata(&fifo).unwrap(), &[], &only(me + 1, 0)).unwrap();
         assert!(e.contains("is a pipe owned by uid") && e.contains("write the settings to a file of root's") && !e.contains("chown"), "{e}");
-        if crate::frontend::ublk_run_dir::as_root() && std::env::var_os("SUDO_UID").is_none() {
+        if crate::device::running_as_root() && std::env::var_os("SUDO_UID").is_none() {
             // As root, load itself refuses; a file handed over to another user is refused too.
             mode(&f, 0o666);
             assert!(ConfigFile::load(&f).unwrap_err().contains("writable by every user"));

@@ -490,20 +490,20 @@ pub fn writers(paths: &[&Path]) -> Vec<Writer> {
     }
     let mut out = Vec::new();
     for (pid, dir) in other_processes() {
-        let mut on: Vec<&Path> = Vec::new();
+        // Per asked node, whether this process writes it (two may be one node: a link and
+        // its target, both marked by one descriptor).
+        let mut writes = vec![false; nodes.len()];
         for fd in fd_paths(&dir) {
-            // Every asked path this descriptor is (two may name one node: a link and its target).
-            let new: Vec<&Path> = nodes.iter().filter(|(p, n)| !on.contains(p) && n.is(&fd)).map(|&(p, _)| p).collect();
-            if !new.is_empty() && opened_for_writing(&fd) {
-                on.extend(new);
+            let is: Vec<usize> = (0..nodes.len()).filter(|&i| !writes[i] && nodes[i].1.is(&fd)).collect();
+            if !is.is_empty() && opened_for_writing(&fd) {
+                is.into_iter().for_each(|i| writes[i] = true);
             }
         }
-        if on.is_empty() {
+        if !writes.contains(&true) {
             continue;
         }
         let comm = fs::read_to_string(dir.join("comm")).unwrap_or_default().trim().to_string();
-        // Asked order, whatever order the descriptors came in.
-        let on = nodes.iter().filter(|(p, _)| on.contains(p)).map(|(p, _)| p.to_path_buf()).collect();
+        let on = nodes.iter().zip(&writes).filter(|(_, &w)| w).map(|((p, _), _)| p.to_path_buf()).collect();
         out.push(Writer { pid, comm, on });
     }
     out

@@ -22,15 +22,10 @@ pub fn file_of(dir: &Path, id: i32) -> PathBuf {
     dir.join(format!("{id:04}.json"))
 }
 
-pub(crate) fn as_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    (unsafe { libc::geteuid() }) == 0
-}
-
 /// Makes `dir` safe for libublk to write in as root (see the module). Err names the fix when
 /// it is not a directory of root's. Does nothing unless this process is root.
 pub fn secure(dir: &Path) -> Result<(), String> {
-    if !as_root() {
+    if !crate::device::running_as_root() {
         return Ok(());
     }
     secure_for(dir, 0)?;
@@ -116,7 +111,7 @@ pub fn check_readable(dir: &Path, id: i32) -> Result<(), String> {
 /// removed, so libublk's create neither follows it nor is refused by the kernel's
 /// protection of others' files in a sticky directory.
 pub fn clear_for_write(dir: &Path, id: i32) -> Result<(), String> {
-    if !as_root() {
+    if !crate::device::running_as_root() {
         return Ok(());
     }
     clear_for_write_by(dir, id, 0)

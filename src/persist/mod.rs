@@ -108,6 +108,7 @@
 
 pub mod dev;
 
+use crate::layout::checkpoint_header::CHECKPOINT_HEADER_LEN;
 use crate::layout::Geometry;
 use crate::place::Handle;
 use crate::slot_table::{SlotTable, HISTORY_PER_PAGE, RECORDS_PER_PAGE, RECORD_BYTES};
@@ -202,19 +203,16 @@ pub struct Counters {
     pub checkpoint_headers: Option<CheckpointHeaders>,
 }
 
-/// Bytes of a checkpoint header: LMCache's `<8sIQQI`.
-pub const CHECKPOINT_HEADER_BYTES: usize = 32;
-
-/// The first [`CHECKPOINT_HEADER_BYTES`] of each of the two checkpoint containers.
-pub type CheckpointHeaders = [[u8; CHECKPOINT_HEADER_BYTES]; 2];
+/// The first [`CHECKPOINT_HEADER_LEN`] of each of the two checkpoint containers.
+pub type CheckpointHeaders = [[u8; CHECKPOINT_HEADER_LEN]; 2];
 
 /// What the containers of `geom` on `dev` begin with now; None where one cannot be read.
 pub fn read_checkpoint_headers(dev: &dyn StateWriter, geom: &Geometry) -> Option<CheckpointHeaders> {
-    let mut out = [[0u8; CHECKPOINT_HEADER_BYTES]; 2];
-    let mut block = vec![0u8; (geom.block_align as usize).max(CHECKPOINT_HEADER_BYTES)];
+    let mut out = [[0u8; CHECKPOINT_HEADER_LEN]; 2];
+    let mut block = vec![0u8; (geom.block_align as usize).max(CHECKPOINT_HEADER_LEN)];
     for (copy, h) in out.iter_mut().enumerate() {
         dev.read_at(geom.container_offset(copy as u8), &mut block).ok()?;
-        h.copy_from_slice(&block[..CHECKPOINT_HEADER_BYTES]);
+        h.copy_from_slice(&block[..CHECKPOINT_HEADER_LEN]);
     }
     Some(out)
 }
@@ -248,7 +246,7 @@ fn checkpoints_changed(saved: Option<&CheckpointHeaders>, now: CheckpointsNow) -
         return Some("the clean stop did not record LMCache's checkpoint headers (an earlier fdpblk's state, or they could not be read then)".into());
     };
     // The seq LMCache's loader would see, or what else is there.
-    let seq = |h: &[u8; CHECKPOINT_HEADER_BYTES]| match crate::layout::checkpoint_header::CheckpointHeader::parse(h, u64::MAX) {
+    let seq = |h: &[u8; CHECKPOINT_HEADER_LEN]| match crate::layout::checkpoint_header::CheckpointHeader::parse(h, u64::MAX) {
         Ok(c) => format!("seq {}", c.seq),
         Err(_) if h.iter().all(|&b| b == 0) => "zeroes".to_string(),
         Err(_) => "no checkpoint".to_string(),
@@ -401,8 +399,8 @@ impl Superblock {
             b[UNCHECKPOINTED_AT..UNCHECKPOINTED_AT + 8].copy_from_slice(&t.to_le_bytes());
         }
         if let Some(h) = &c.checkpoint_headers {
-            b[CHECKPOINT_HEADERS_AT..CHECKPOINT_HEADERS_AT + CHECKPOINT_HEADER_BYTES].copy_from_slice(&h[0]);
-            b[CHECKPOINT_HEADERS_AT + CHECKPOINT_HEADER_BYTES..CHECKPOINT_HEADERS_AT + 2 * CHECKPOINT_HEADER_BYTES].copy_from_slice(&h[1]);
+            b[CHECKPOINT_HEADERS_AT..CHECKPOINT_HEADERS_AT + CHECKPOINT_HEADER_LEN].copy_from_slice(&h[0]);
+            b[CHECKPOINT_HEADERS_AT + CHECKPOINT_HEADER_LEN..CHECKPOINT_HEADERS_AT + 2 * CHECKPOINT_HEADER_LEN].copy_from_slice(&h[1]);
         }
         let crc = crc32fast::hash(&b[..CRC_AT]);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
@@ -440,7 +438,7 @@ impl Superblock {
                 writeback_pause: (u32at(b, PAUSE_AT) > 0).then(|| SavedPause { interval_ms: u32at(b, PAUSE_AT), buffered: u32at(b, PAUSE_AT + 4) & 1 != 0 }),
                 uncheckpointed_since: Some(u64at(b, UNCHECKPOINTED_AT)).filter(|&t| t > 0),
                 checkpoint_headers: (flags & FLAG_CHECKPOINT_HEADERS != 0).then(|| {
-                    let at = |c: usize| std::array::from_fn(|i| b[CHECKPOINT_HEADERS_AT + c * CHECKPOINT_HEADER_BYTES + i]);
+                    let at = |c: usize| std::array::from_fn(|i| b[CHECKPOINT_HEADERS_AT + c * CHECKPOINT_HEADER_LEN + i]);
                     [at(0), at(1)]
                 }),
             },
@@ -1522,14 +1520,15 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<Re
         return Some(Err(format!("the device ({size} bytes) is no larger than fdpblk's reserved tail")));
     };
     let cfg = crate::layout::GeometryConfig { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0 };
-    if !cfg.validate(exported).is_ok_and(|v| v.max_slots >= max_slots) {
+    let Some(fits) = cfg.validate(exported).ok().filter(|v| v.max_slots >= max_slots) else {
         return Some(Err(format!("{geometry} does not fit the {exported} bytes this device exports")));
-    }
+    };
     // Nor past half the memory, which `add` refuses too (a sparse image can claim 2^28 slots).
     if let Some(e) = crate::device::mem_total_bytes().and_then(|m| table_memory_error(&geometry, max_slots, m)) {
         return Some(Err(e));
     }
-    let g = Geometry { block_align, header_bytes, slot_bytes, meta_total_bytes, capacity_bytes: 0, container_bytes: meta_total_bytes / 2 / block_align * block_align, max_slots };
+    // The saved table's slot count (the layout's own may be larger on this device).
+    let g = Geometry { max_slots, ..fits };
     let slots = SlotTable::new(max_slots);
     let now = CheckpointsNow::read(&ro, &g);
     let (_, loaded) = Persist::load_trusting(&ro, region, &g, &slots, 0, true, now);
