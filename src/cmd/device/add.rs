@@ -2,7 +2,7 @@
 //! is validated before a device is created; a failure creates nothing.
 
 use super::backing::{
-    backing_in_use, backing_served, check_backing_pin, erase_signatures, foreign_signature, lba_bytes,
+    backing_in_use, backing_served, backing_served_live, check_backing_pin, erase_signatures, foreign_signature, lba_bytes,
     missing_backing_error, other_writers, partition_error, partition_of, sysfs_queue_attr, ublk_backing_error,
     ublk_disk_of, OTHER_WRITER_WAIT,
 };
@@ -711,6 +711,9 @@ fn add_device(a: &AddArgs) -> CmdResult {
     // erased signatures: on a file a daemon serves, those of the data it serves.
     if let Some(e) = backing_served(&a.backing).filter(|_| a.force) {
         return Err(format!("--force: {e}; nothing was erased").into());
+    }
+    if let Some(e) = backing_served_live(&a.backing) {
+        return Err(e.into());
     }
     // The driver last: a typo in the arguments is worth hearing before `modprobe`.
     let (cfg, to_wipe) = check(a)?;

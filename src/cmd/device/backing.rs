@@ -221,23 +221,37 @@ fn storage_key(p: &Path) -> Option<(u64, u64)> {
 fn same_backing(a: &Path, b: &Path) -> bool {
     storage_key(a).is_some_and(|x| storage_key(b) == Some(x))
 }
-/// Names the fdpblk device a running daemon serves on `backing`, if any: by the state files,
-/// else by an fdpblk process holding the backing open (its state file gone with `/run`).
-pub(super) fn backing_served(backing: &Path) -> Option<String> {
-    let by_state = state::state_ids().into_iter().find_map(|id| {
+/// The device a state file says serves `backing`, with the pid of its daemon where one
+/// serves it; `live` only where the driver has that daemon serving it now (not stopping).
+fn served_by_state(backing: &Path, live: bool) -> Option<String> {
+    state::state_ids().into_iter().find_map(|id| {
         let read = state::read_state(id);
         let (cfg, _) = read.as_ref().ok()?;
         if !same_backing(backing, &cfg.backing) {
             return None;
         }
         let daemon = serving_daemon(id, &read)?;
+        if live && ublk_server(id).is_none_or(|(pid, _)| pid as u32 != daemon.pid) {
+            return None;
+        }
         Some(format!(
             "backing {} is served by {} (daemon pid {daemon}); stop it first (`fdpblk del -n {id}`)",
             backing.display(),
             state::bdev_path(id)
         ))
-    });
-    by_state.or_else(|| {
+    })
+}
+/// Names the fdpblk device whose daemon serves `backing` now, live: `add` refuses it at once.
+/// The daemon's own exclusive open would refuse it too, but only after the few seconds it
+/// grants a holder to let go, meant for a device `del` has just stopped (whose daemon may
+/// still be closing the backing; its device is no longer live).
+pub(super) fn backing_served_live(backing: &Path) -> Option<String> {
+    served_by_state(backing, true)
+}
+/// Names the fdpblk device a running daemon serves on `backing`, if any: by the state files,
+/// else by an fdpblk process holding the backing open (its state file gone with `/run`).
+pub(super) fn backing_served(backing: &Path) -> Option<String> {
+    served_by_state(backing, false).or_else(|| {
         // Either node of the namespace: the daemon may hold `/dev/ng0n1` where the add names
         // `/dev/nvme0n1`, whose exclusive open does not see a char device's opener.
         let other = crate::nvme::path::namespace_other_node(backing);

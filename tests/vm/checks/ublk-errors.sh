@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
+# vm-boot: lifecycle
 # Bad input to `fdpblk add/del/recover` is a one-line error naming the fix, a non-zero exit
 # status, and creates nothing; so is a backing holding someone else's data.
 . "$(dirname "$0")/../lib/check-lib.sh"
@@ -95,9 +96,19 @@ expect "wipefs and drop the partition" bash -c "wipefs -a '$NS_DEV' >/dev/null &
 # A checkpoint LMCache wrote says slot_bytes 65536: a different flag is a conflict.
 expect "LMCache image on the drive" dd if="$FIXTURES/object-evict/device.img" of="$NS_DEV" bs=1M oflag=direct status=none
 refuse "conflicting geometry" "--slot-bytes 131072 conflicts with the checkpoint .*slot_bytes 65536" add --backing "$NS_DEV" --slot-bytes 128K
+# Another program's exclusive open (a mount, device mapper): the daemon's own exclusive open,
+# or its claim of the namespace behind the char device, is refused; it waits a few seconds
+# for a holder that lets go (a daemon `del` has just stopped) before it says so.
+python3 -c 'import os, sys, time; os.open(sys.argv[1], os.O_RDONLY | os.O_EXCL); print("held", flush=True); time.sleep(120)' "$NS_DEV" >/var/tmp/excl.out &
+excl=$!
+expect "another program opens the namespace exclusively" bash -c 'for i in $(seq 100); do grep -q held /var/tmp/excl.out && exit 0; sleep 0.1; done; exit 1'
+refuse "backing in use" "backing $NS_DEV is in use \(mounted, or claimed by another fdpblk or device mapper" add --backing "$NS_DEV" -n 1
+refuse "passthrough on a namespace in use" "$NG_DEV is in use: its namespace $NS_DEV is mounted, or claimed" add --backing "$NG_DEV" -n 1 --engine passthrough
+kill "$excl"; wait "$excl" 2>/dev/null || true
 expect "the checkpoint's own geometry is accepted" quiet fdpblk_add --backing "$NS_DEV" -n 0
-KEEP0=1 refuse "backing in use" "in use" add --backing "$NS_DEV" -n 1
-KEEP0=1 refuse "passthrough on a namespace in use" "$NG_DEV is in use: its namespace $NS_DEV" add --backing "$NG_DEV" -n 1 --engine passthrough
+# A backing a live device serves: refused at once, naming the device and the command that stops it.
+KEEP0=1 refuse "backing served" "backing $NS_DEV is served by /dev/ublkb0 \(daemon pid [0-9]+\); stop it first \(.fdpblk del -n 0.\)" add --backing "$NS_DEV" -n 1
+KEEP0=1 refuse "its char device, served" "backing $NG_DEV is served by /dev/ublkb0" add --backing "$NG_DEV" -n 1 --engine passthrough
 KEEP0=1 refuse "device id taken" "already exists" add --backing /var/tmp/small.img -n 0 --engine plain --policy none "${GEO[@]}"
 # LMCache's device path given as a backing: a device on it would write over device 0's cache.
 KEEP0=1 refuse "an fdpblk device as backing" "backing /dev/ublkb0 is fdpblk device 0, whose backing is $NS_DEV: .*device_path" add --backing /dev/ublkb0 -n 1 --engine plain --policy none
@@ -185,8 +196,14 @@ expect "its daemon exits" daemons_gone
 # A passthrough device claims its namespace for its lifetime: neither the block device nor a
 # second passthrough daemon can take it.
 expect "passthrough device" quiet fdpblk_add --backing "$NG_DEV" -n 0 --engine passthrough
-KEEP0=1 refuse "namespace of a passthrough device" "in use" add --backing "$NS_DEV" -n 1
-KEEP0=1 refuse "second passthrough daemon" "in use: its namespace" add --backing "$NG_DEV" -n 1 --engine passthrough
+KEEP0=1 refuse "namespace of a passthrough device" "backing $NS_DEV is served by /dev/ublkb0" add --backing "$NS_DEV" -n 1
+KEEP0=1 refuse "second passthrough daemon" "backing $NG_DEV is served by /dev/ublkb0" add --backing "$NG_DEV" -n 1 --engine passthrough
+expect "the namespace is claimed: another program's exclusive open fails (EBUSY)" python3 -c 'import errno, os, sys
+try:
+    os.open(sys.argv[1], os.O_RDONLY | os.O_EXCL)
+except OSError as e:
+    sys.exit(0 if e.errno == errno.EBUSY else 1)
+sys.exit(1)' "$NS_DEV"
 expect "del passthrough" "$FDPBLK" del -n 0
 expect "its daemon exits" daemons_gone
 # --force on a file a daemon serves, whose served data holds a signature: refused before

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
+# vm-boot: lifecycle
 # --name gives a path that stays the same when the device number changes (LMCache discards
 # its checkpoint when device_path changes) and is never taken over by a second device;
 # list/stats/features answer; SIGTERM stops cleanly. `down` finds the daemon that serves a
@@ -97,7 +98,7 @@ if command -v udevadm >/dev/null; then
         bash -c 'grep -q "^fdpblk_daemon_up{.*} 1$" <<<"$1" && grep -q "^fdpblk_stats_age_seconds{" <<<"$1" && ! grep -q "^fdpblk_slots{\|^fdpblk_state_age_seconds{" <<<"$1"' _ "$prom"
     out=$("$FDPBLK" add --backing /var/tmp/kv5.img -n 2 --engine plain --policy none "${GEO[@]}" 2>&1) && rc=0 || rc=$?
     expect "kv5: a second add on its backing is refused as served, not as a dead daemon's ($out)" \
-        bash -c 'test "$1" -ne 0 && grep -q "is served by another running fdpblk daemon" <<<"$2"' _ "$rc" "$out"
+        bash -c 'test "$1" -ne 0 && grep -qE "is served by /dev/ublkb1 \(daemon pid [0-9]+\)" <<<"$2" && ! grep -q "pid $3)" <<<"$2"' _ "$rc" "$out" "$old"
     ((rc == 0)) && "$FDPBLK" del -n 2
     rm /run/fdpblk/fill
     expect "kv5: the new daemon writes its state file once there is room" \
