@@ -43,6 +43,9 @@
 #                        (QEMU escape: Ctrl-A X)
 #   --console FILE       copy the guest's console log to FILE
 #   --accel tcg|kvm      [tcg; env FDPBLK_VM_ACCEL]; kvm is untested
+#   --tcg-threads single|multi
+#                        TCG: one host thread for all vCPUs, or one each [multi;
+#                        env FDPBLK_VM_TCG_THREADS]
 #   -v, --verbose        stream the guest console to stderr, print timings
 #   --timing             print "fdpblk-vm: boot ... command ..." to stderr
 #
@@ -63,6 +66,7 @@ KERNEL=${FDPBLK_VM_KERNEL:-new}
 FDP=on NRUH=8 NRG=1 RU_SIZE=4M DISK_SIZE=1G DISK='' NAMESPACES=1 LBA=512 LBA_MS=0 MEM=2G CPUS=2
 TIMEOUT=600 BOOT_TIMEOUT=60 SHELL_MODE=0 CONSOLE_OUT='' VERBOSE=0 TIMING=0
 ACCEL=${FDPBLK_VM_ACCEL:-tcg}
+TCG_THREADS=${FDPBLK_VM_TCG_THREADS:-multi}
 ENVS=() SHARES=() BAD_SECTORS=()
 
 need() { [[ $# -ge 2 && -n $2 ]] || vm_die "option $1 needs a value (see --help)"; }
@@ -88,6 +92,7 @@ while (($#)); do
         --shell) SHELL_MODE=1 ;;
         --console) need "$@"; CONSOLE_OUT=$2; shift ;;
         --accel) need "$@"; ACCEL=$2; shift ;;
+        --tcg-threads) need "$@"; TCG_THREADS=$2; shift ;;
         -v | --verbose) VERBOSE=1 TIMING=1 ;;
         --timing) TIMING=1 ;;
         -h | --help) usage; exit 0 ;;
@@ -106,6 +111,7 @@ case $FDP in on | off) ;; *) vm_die "--fdp must be on or off, not '$FDP'" ;; esa
 case $LBA in 512 | 4096) ;; *) vm_die "--lba-size must be 512 or 4096" ;; esac
 case $LBA_MS in 0 | 8 | 16 | 64) ;; *) vm_die "--lba-ms must be 0, 8, 16 or 64" ;; esac
 case $ACCEL in tcg | kvm) ;; *) vm_die "--accel must be tcg or kvm" ;; esac
+case $TCG_THREADS in single | multi) ;; *) vm_die "--tcg-threads must be single or multi" ;; esac
 for v in NRUH NRG NAMESPACES CPUS TIMEOUT BOOT_TIMEOUT; do
     [[ ${!v} =~ ^[0-9]+$ ]] || vm_die "--$(tr 'A-Z_' 'a-z-' <<<"$v") must be a whole number, not '${!v}'"
 done
@@ -242,7 +248,7 @@ QEMU=(qemu-system-x86_64 -nodefaults -no-user-config -no-reboot -display none)
 if [[ $ACCEL == kvm ]]; then
     QEMU+=(-accel kvm -cpu host)
 else
-    QEMU+=(-accel tcg,thread=multi -cpu max)
+    QEMU+=(-accel "tcg,thread=$TCG_THREADS" -cpu max)
 fi
 QEMU+=(-m "$MEM" -smp "$CPUS")
 APPEND="console=ttyS0 panic=-1 loglevel=5 sysctl.kernel.hung_task_timeout_secs=300 ${FDPBLK_VM_APPEND:-}"

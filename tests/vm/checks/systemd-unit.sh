@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
+# vm-boot: lifecycle
 # vm-timeout: 300
 # deploy/'s units under a real systemd (PID 1 of a PID namespace in the guest):
 # systemd-analyze verify is silent; fdpblk@demo starts /dev/fdpblk/demo from

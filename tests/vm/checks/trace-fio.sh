@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
+# vm-boot: io
 # vm-timeout: 480
 # tools/trace/capture-blktrace.sh and tools/fio/*.fio on QEMU's FDP drive:
 # - a capture of /dev/ublkb0 while rawblock-writer issues LMCache's I/O: `fdpblk replay` of

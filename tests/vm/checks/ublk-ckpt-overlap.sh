@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
+# vm-boot: io
 # vm-timeout: 300
 # LMCache writes a checkpoint outside its index lock, while its store workers write their puts
 # (reference §9). rawblock-writer's `put --workers 2 --with-checkpoint` does the same: the

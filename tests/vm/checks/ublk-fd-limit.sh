@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
+# vm-boot: lifecycle
 # vm-timeout: 300
 # A low open-files limit (ulimit -n 4 to 64, densest up to 8; start-up runs out below about 30 with 4
 # queues; both NVMe engines). As root, fdpblk raises its limit to what the queues need, so

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
+# vm-boot: io
 # vm-timeout: 300
 # LMCache MP's threads at once: two store workers and four load workers (rawblock-writer
 # --workers, O_DIRECT as MP's default, with io_engine posix and then io_uring) on a device

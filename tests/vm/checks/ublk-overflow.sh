@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
+# vm-boot: io
 # vm-timeout: 420
 # The checkpoint-overflow alarm. tools/rawblock_writer (LMCache 0.5.6 raw_block's I/O) keeps
 # adding entries with a tiny metadata region (meta_total_bytes 64K: 28 KiB of JSON per

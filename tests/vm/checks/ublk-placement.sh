@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
+# vm-boot: io
 # vm-timeout: 420
 # LMCache raw_block's own I/O pattern (tools/rawblock_writer: posix and io_uring, O_DIRECT and
 # buffered) through fdpblk on /dev/ublkb0 with policy region: checkpoint bytes land only on

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
+# vm-boot: io
 # vm-timeout: 400
 # Kill the daemon with SIGKILL during a verifying fio write, `fdpblk recover`, and fio's
 # verify passes: 3 times on the block device's engine, twice with NVMe passthrough (whose

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
+# vm-boot: lifecycle
 # vm-timeout: 480
 # fdpblk deallocates the slots LMCache evicted. tools/rawblock_writer (LMCache 0.5.6
 # raw_block's I/O) puts, deletes and checkpoints through /dev/ublkb0; once two committed

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
+# vm-boot: io
 # vm-timeout: 300
 # A drive that held data before (a fill of its data region): fdpblk takes it for the first
 # time, so it marks every slot no checkpoint lists, and once LMCache (tools/rawblock_writer)

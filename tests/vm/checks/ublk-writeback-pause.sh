@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vm-kernel: new
 # vm-fdp: on
+# vm-boot: io
 # vm-timeout: 300
 # A kernel that may hold a dirty page back longer than LMCache's checkpoint interval (here
 # vm.dirty_expire_centisecs 60 s against checkpoints about a second apart). With LMCache's
