@@ -45,10 +45,14 @@ while (($#)); do
 done
 case ${CI:-} in true | TRUE | True | 1 | yes) IN_CI=1 ;; *) IN_CI=0 ;; esac
 if [[ -z $JOBS ]]; then
+    # Two where two CPUs and the memory of two guests (2 GiB each, and QEMU's own) are there.
     JOBS=1
-    (($(nproc) < 2)) || JOBS=2
+    mem_kb=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo 2>/dev/null || true)
+    (($(nproc) < 2 || ${mem_kb:-0} < 6 * 1024 * 1024)) || JOBS=2
 fi
 [[ $JOBS =~ ^[1-9][0-9]?$ ]] || vm_die "-j takes a number of boots at a time from 1 to 99, not '$JOBS'"
+# Side by side needs `wait -n -p` (bash 5.1): an older bash runs one boot at a time.
+((JOBS == 1 || BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501)) || JOBS=1
 # Boots side by side each get one host thread for their vCPUs: with one each, two guests'
 # four vCPU threads on two cores spin on each other's locks (a check ran 1.7 to 3 times
 # slower, against about 1.15 times for a single thread alone).
@@ -99,10 +103,11 @@ for f in "$VM_DIR"/checks/*.sh; do
 done
 ((found)) || vm_die "no checks match: ${ONLY[*]:-(none in $VM_DIR/checks)}"
 
-label() { # label KERNEL FDP ARGS -> @new / @new,fdp-off / @new,--lba-size-4096
+label() { # label KERNEL FDP ARGS BOOT -> @new / @new,fdp-off / @new,--lba-size-4096 / @new,io
     local s="@$1"
     [[ $2 == on ]] || s+=",fdp-off"
     [[ -z $3 ]] || s+=",$(tr ' ' '-' <<<"$3")"
+    [[ -z ${4:-} ]] || s+=",$4"
     printf '%s\n' "$s"
 }
 
@@ -110,7 +115,7 @@ if ((LIST)); then
     for key in "${GROUPS_ORDER[@]}"; do
         IFS='|' read -r k fdp args boot <<<"$key"
         echo "boot: --kernel $k --fdp $fdp${args:+ $args}${boot:+ (boot $boot)}"
-        for c in ${GROUP_CHECKS[$key]} kernel-log; do echo "  $c$(label "$k" "$fdp" "$args")"; done
+        for c in ${GROUP_CHECKS[$key]} kernel-log; do echo "  $c$(label "$k" "$fdp" "$args" "$boot")"; done
     done
     for c in "${HOST_CHECKS[@]}"; do echo "host: $c@host"; done
     exit 0
@@ -207,7 +212,7 @@ report_group() { # report_group GDIR LABEL CHECK... (kernel-log included by the 
         line=$(result_of "$gdir" "$c")
         if [[ -z $line ]]; then
             fail "$c$lab" "did not run: run.sh exit $(cat "$gdir.rc")"
-            tail -n 30 "$gdir.out" | indent
+            tail -n 30 "$gdir.out" | indent || true
             continue
         fi
         read -r crc secs <<<"$line"
@@ -216,14 +221,14 @@ report_group() { # report_group GDIR LABEL CHECK... (kernel-log included by the 
             ((!VERBOSE)) || indent <"$gdir/$c.log"
         else
             fail "$c$lab" "exit $crc after ${secs}s"
-            grep -v '^ok - ' "$gdir/$c.log" | tail -n 60 | indent
+            { grep -v '^ok - ' "$gdir/$c.log" | tail -n 60 | indent; } || true
         fi
     done
 }
 run_group() { # run_group GDIR KEY: one boot's checks, and their retry after a starved boot
     local gdir=$1 k fdp args boot lab checks failed why bug again c line
     IFS='|' read -r k fdp args boot <<<"$2"
-    lab=$(label "$k" "$fdp" "$args")
+    lab=$(label "$k" "$fdp" "$args" "$boot")
     read -ra checks <<<"${GROUP_CHECKS[$2]}"
     boot_group "$gdir" "$k" "$fdp" "$args" "${checks[@]}"
     failed=()
@@ -253,6 +258,7 @@ run_group() { # run_group GDIR KEY: one boot's checks, and their retry after a s
     done
     boot_group "$gdir.retry" "$k" "$fdp" "$args" "${again[@]}"
     report_group "$gdir.retry" "$lab" "${again[@]}" kernel-log
+    return 0
 }
 
 # ---- host checks ------------------------------------------------------------------------
@@ -271,7 +277,7 @@ run_host_check() { # run_host_check CHECK
         ((!VERBOSE)) || indent <"$RES/$c.log"
     else
         fail "$c@host" "exit $rc after $(elapsed "$t0")s"
-        grep -v '^ok - ' "$RES/$c.log" | tail -n 60 | indent
+        { grep -v '^ok - ' "$RES/$c.log" | tail -n 60 | indent; } || true
     fi
 }
 
@@ -296,7 +302,29 @@ for c in "${HOST_CHECKS[@]}"; do task "${TIMEOUT_OF[$c]}" host "$RES/$c" "$c"; d
 for k in $(printf '%s\n' "${KERNELS_NEEDED[@]}" | sort -u); do
     vm_initramfs "$(vm_kernel_release "$k")" >/dev/null
 done
+run_task() { # run_task T: task T's lines into its report; a task that ends early says so there
+    local out=${TASK_OUT[$1]} rc
+    # Not `|| rc=$?`, under which bash ignores errexit in the subshell too.
+    set +e
+    case ${TASK_KIND[$1]} in
+        group) (set -e; run_group "$out" "${TASK_WHAT[$1]}") >"$out.report" 2>&1 ;;
+        host) (set -e; run_host_check "${TASK_WHAT[$1]}") >"$out.report" 2>&1 ;;
+    esac
+    rc=$?
+    set -e
+    # Its later checks (kernel-log among them) have no line: the run fails.
+    ((rc == 0)) || echo "FAIL ${out##*/}: the suite's own steps for it stopped (exit $rc) before all its checks were reported; see $out.*" >>"$out.report"
+}
 declare -A RUNNING=()
+kill_tree() { # kill_tree PID: it and every process below it
+    local c
+    for c in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$c"; done
+    kill "$1" 2>/dev/null || true
+}
+# A suite stopped (Ctrl-C, CI's limit) stops its guests too.
+trap 'for p in "${!RUNNING[@]}"; do kill_tree "$p"; done' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 collect() { # waits for one task to end and prints its lines
     local pid=""
     wait -n -p pid "${!RUNNING[@]}" || true
@@ -306,14 +334,16 @@ collect() { # waits for one task to end and prints its lines
 }
 REPORTS=()
 for t in $(printf '%s\n' "${ORDER[@]}" | sort -s -k1,1nr | cut -d' ' -f2); do
+    REPORTS+=("${TASK_OUT[$t]}.report")
     while ((${#RUNNING[@]} >= JOBS)); do collect; done
-    out=${TASK_OUT[$t]}
-    case ${TASK_KIND[$t]} in
-        group) run_group "$out" "${TASK_WHAT[$t]}" >"$out.report" 2>&1 & ;;
-        host) run_host_check "${TASK_WHAT[$t]}" >"$out.report" 2>&1 & ;;
-    esac
-    RUNNING[$!]=$out.report
-    REPORTS+=("$out.report")
+    run_task "$t" &
+    pid=$!
+    RUNNING[$pid]=${TASK_OUT[$t]}.report
+    if ((JOBS == 1)); then # (a plain wait: no `wait -n -p` before bash 5.1)
+        wait "$pid" || true
+        cat "${RUNNING[$pid]}"
+        unset "RUNNING[$pid]"
+    fi
 done
 while ((${#RUNNING[@]})); do collect; done
 PASSED=$(cat "${REPORTS[@]}" | grep -c '^PASS ' || true)

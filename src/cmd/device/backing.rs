@@ -1,7 +1,7 @@
 //! What the backing is and who else holds it: its block size and queue limits, the signatures
 //! blkid finds, its partition, the ublk device it may itself be, other writers, its pin.
 
-use super::server::{orphaned, serving_daemon, ublk_ids, ublk_server, ublk_stopped, Maker};
+use super::server::{exiting, orphaned, serving_daemon, ublk_ids, ublk_server, ublk_stopped, Maker};
 use crate::cli::AddArgs;
 use crate::frontend::{state, target};
 use crate::nvme::discover::NamespaceIdentity;
@@ -233,6 +233,15 @@ fn served_by_state(backing: &Path, live: bool) -> Option<String> {
         let daemon = serving_daemon(id, &read)?;
         if live && ublk_server(id).is_none_or(|(pid, _)| pid as u32 != daemon.pid) {
             return None;
+        }
+        // Killed while its NVMe commands are in flight: `del` now would fail LMCache's I/O
+        // that the driver may yet hold for a recovery.
+        if exiting(daemon.pid) {
+            return Some(format!(
+                "backing {} is served by {}, whose daemon (pid {daemon}) is exiting (NVMe commands in flight); once it is gone, `fdpblk recover -n {id}` brings the device back (or `fdpblk del -n {id}` deletes it)",
+                backing.display(),
+                state::bdev_path(id)
+            ));
         }
         Some(format!(
             "backing {} is served by {} (daemon pid {daemon}); stop it first (`fdpblk del -n {id}`)",

@@ -101,10 +101,13 @@ refuse "conflicting geometry" "--slot-bytes 131072 conflicts with the checkpoint
 # for a holder that lets go (a daemon `del` has just stopped) before it says so.
 python3 -c 'import os, sys, time; os.open(sys.argv[1], os.O_RDONLY | os.O_EXCL); print("held", flush=True); time.sleep(120)' "$NS_DEV" >/var/tmp/excl.out &
 excl=$!
-expect "another program opens the namespace exclusively" bash -c 'for i in $(seq 100); do grep -q held /var/tmp/excl.out && exit 0; sleep 0.1; done; exit 1'
+# Never left holding the namespace for the checks after this one, whatever stops this one.
+trap 'kill "$excl" 2>/dev/null || true' EXIT
+expect "another program opens the namespace exclusively" bash -c 'for i in $(seq 600); do grep -q held /var/tmp/excl.out && exit 0; sleep 0.1; done; exit 1'
 refuse "backing in use" "backing $NS_DEV is in use \(mounted, or claimed by another fdpblk or device mapper" add --backing "$NS_DEV" -n 1
 refuse "passthrough on a namespace in use" "$NG_DEV is in use: its namespace $NS_DEV is mounted, or claimed" add --backing "$NG_DEV" -n 1 --engine passthrough
-kill "$excl"; wait "$excl" 2>/dev/null || true
+kill "$excl" 2>/dev/null || true
+wait "$excl" 2>/dev/null || true
 expect "the checkpoint's own geometry is accepted" quiet fdpblk_add --backing "$NS_DEV" -n 0
 # A backing a live device serves: refused at once, naming the device and the command that stops it.
 KEEP0=1 refuse "backing served" "backing $NS_DEV is served by /dev/ublkb0 \(daemon pid [0-9]+\); stop it first \(.fdpblk del -n 0.\)" add --backing "$NS_DEV" -n 1
