@@ -413,6 +413,7 @@ impl PassthroughEngine {
     /// device).
     pub fn with_limits(mut self, limits: CommandLimits) -> Self {
         let block = 1u64 << self.lba_shift;
+        self.max_transfer = limits.cap_transfer(u64::from(self.max_transfer), block) as u32;
         if let Some(b) = limits.write_zeroes_bytes.filter(|&b| b >= block) {
             self.write_zeroes_max = b.min(u64::from(u32::MAX)) as u32;
         }
@@ -894,6 +895,11 @@ pub struct NsProbe {
 /// Per-command limits of the drive beyond the transfer size; `None` where unknown.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CommandLimits {
+    /// The largest transfer of one command the kernel takes for the namespace now
+    /// (`max_hw_sectors_kb`, `max_segments` pages). `add` sized the I/O buffers by it; a
+    /// later start (another kernel, a controller that came back with a smaller MDTS) may
+    /// find it smaller, and a passthrough command past it fails, so the engines split at it.
+    pub transfer_bytes: Option<u64>,
     pub write_zeroes_bytes: Option<u64>,
     pub discard_bytes: Option<u64>,
     /// Ranges per deallocate command (`max_discard_segments`, from the drive's DMRL).
@@ -923,7 +929,9 @@ impl CommandLimits {
         });
         let name = block.as_deref().and_then(Path::file_name).and_then(|n| n.to_str());
         let get = |attr| sysfs_queue(name, attr).filter(|&b| b > 0);
+        let queue = name.map(|n| crate::nvme::discover::QueueLimits::of(Some(n)));
         let limits = CommandLimits {
+            transfer_bytes: queue.map(|q| u64::from(crate::nvme::discover::max_transfer(512, None, q, page_size() as u64))),
             write_zeroes_bytes: get("write_zeroes_max_bytes"),
             discard_bytes: get("discard_max_hw_bytes"),
             discard_segments: get("max_discard_segments"),
@@ -947,6 +955,15 @@ impl CommandLimits {
             self.write_zeroes_off |= !c.write_zeroes_supported();
         }
         self
+    }
+
+    /// `current`, the largest transfer an engine was given (`add`'s I/O buffer size), within
+    /// [`Self::transfer_bytes`] in whole `block`s: never below one block.
+    pub fn cap_transfer(&self, current: u64, block: u64) -> u64 {
+        match self.transfer_bytes.map(|t| t / block * block) {
+            Some(t) if t >= block => current.min(t),
+            _ => current,
+        }
     }
 
     /// Whether fdpblk's own deallocation can reach the drive: through passthrough only as
@@ -1300,6 +1317,19 @@ mod tests {
         let off = CommandLimits { discard_off: true, ..Default::default() };
         assert!(off.or_controller(Some(&ctrl(&id))).discard_off);
         assert!(!CommandLimits::default().or_controller(None).discard_off);
+    }
+
+    #[test]
+    fn a_smaller_transfer_limit_at_start_caps_the_engines_commands_in_whole_blocks() {
+        let now = |t| CommandLimits { transfer_bytes: t, ..Default::default() };
+        // add sized 512 KiB; the kernel now takes 128 KiB: commands split at that.
+        assert_eq!(now(Some(128 << 10)).cap_transfer(512 << 10, 4096), 128 << 10);
+        // A larger limit now does not grow past the buffers add sized.
+        assert_eq!(now(Some(2 << 20)).cap_transfer(512 << 10, 4096), 512 << 10);
+        // Rounded down to whole blocks; a limit below one block, or none known, changes nothing.
+        assert_eq!(now(Some((128 << 10) + 512)).cap_transfer(512 << 10, 4096), 128 << 10);
+        assert_eq!(now(Some(2048)).cap_transfer(512 << 10, 4096), 512 << 10);
+        assert_eq!(now(None).cap_transfer(512 << 10, 4096), 512 << 10);
     }
 
     #[test]

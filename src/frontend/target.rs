@@ -463,7 +463,8 @@ fn queue_main(qid: u16, dev: &UblkDev, shared: &Shared) {
 fn passthrough_engine(fd: i32, cfg: &DeviceConfig) -> std::io::Result<PassthroughEngine> {
     // SAFETY: the backing file outlives the queue threads (`run` drops it after them).
     let nsid = crate::nvme::ioctl::namespace_id(&unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })?;
-    // io_buf_bytes was capped at the namespace's largest transfer by `fdpblk add`.
+    // io_buf_bytes was capped at the namespace's largest transfer by `fdpblk add`; the limits
+    // cap it again at what the namespace takes now.
     let limits = crate::engine::passthrough::CommandLimits::of(&cfg.backing);
     Ok(PassthroughEngine::new(fd, nsid, cfg.lba_shift, cfg.io_buf_bytes, cfg.pids.clone(), cfg.depth)?.with_limits(limits).with_controller_of(&cfg.backing))
 }

@@ -296,8 +296,9 @@ impl NvmeDev {
         Ok(Self { file, nsid, lba, size, max, pids, ctrl_state: None, dsm_max_blocks: u32::MAX, dsm_max_ranges: crate::nvme::cmd::MAX_DSM_RANGES })
     }
 
-    /// Splits deallocations at the drive's range limits, as the queues' engine does.
+    /// Splits transfers and deallocations at the drive's limits now, as the queues' engine does.
     pub fn with_limits(mut self, limits: crate::engine::passthrough::CommandLimits) -> Self {
+        self.max = limits.cap_transfer(self.max as u64, self.lba) as usize;
         if let Some(b) = limits.discard_bytes.filter(|&b| b >= self.lba) {
             self.dsm_max_blocks = (b / self.lba).min(u64::from(u32::MAX)) as u32;
         }
