@@ -892,7 +892,7 @@ pub struct NsProbe {
     pub pids: Vec<u16>,
 }
 
-/// Per-command limits of the drive beyond the transfer size; `None` where unknown.
+/// Per-command limits of the drive as the kernel gives them now; `None` where unknown.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CommandLimits {
     /// The largest transfer of one command the kernel takes for the namespace now
