@@ -1,6 +1,6 @@
-//! The shell tools' usage errors (and the VM suite's plan): a bad command line gets the documented exit status and one
-//! line naming what is wrong, before anything is traced or written (both need root and a
-//! drive, which these checks never reach).
+//! The shell tools' usage errors, and the VM suite's plan: a bad command line gets the
+//! documented exit status and one line naming what is wrong, before anything is traced or
+//! written (both need root and a drive, which these checks never reach).
 
 use std::path::PathBuf;
 use std::process::Command;
