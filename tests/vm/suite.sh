@@ -15,12 +15,13 @@
 #                           fdp and args (to spread a long boot over the jobs) [none]
 # Guest checks with the same kernel, fdp, args and boot name share one boot; every
 # boot also yields "kernel-log@...", which fails on an oops/BUG/WARNING in dmesg.
-# Boots (and host checks) run -j N at a time [2 where the host has 2 CPUs or more,
-# else 1; env FDPBLK_VM_JOBS], each then on one host thread (run.sh --tcg-threads single).
+# Boots (and host checks) run -j N at a time [2 where the host has 2 CPUs, 6 GiB
+# available and bash >= 5.1, else 1; env FDPBLK_VM_JOBS], each then on one host
+# thread (run.sh --tcg-threads single); each boot's lines are printed when it ends.
 #
 # CHECK names (file names without .sh) select checks; --list prints the plan;
 # --keep keeps the results directory (logs, dmesg) even when all passed; -v
-# prints every check's log; each boot's lines are printed when it ends. Exit: 0 all passed; 1 something failed or could
+# prints every check's log. Exit: 0 all passed; 1 something failed or could
 # not run; 77 the harness is not set up (only outside CI; with CI=true that is
 # a failure, exit 1).
 set -euo pipefail
@@ -325,12 +326,15 @@ kill_tree() { # kill_tree PID: it and every process below it
 trap 'for p in "${!RUNNING[@]}"; do kill_tree "$p"; done' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+ended() { # ended PID: prints the lines of the task that ran as PID, now ended
+    cat "${RUNNING[$1]}"
+    unset "RUNNING[$1]"
+}
 collect() { # waits for one task to end and prints its lines
     local pid=""
     wait -n -p pid "${!RUNNING[@]}" || true
     [[ -n $pid ]] || vm_die "lost track of a boot that was running"
-    cat "${RUNNING[$pid]}"
-    unset "RUNNING[$pid]"
+    ended "$pid"
 }
 REPORTS=()
 for t in $(printf '%s\n' "${ORDER[@]}" | sort -s -k1,1nr | cut -d' ' -f2); do
@@ -341,8 +345,7 @@ for t in $(printf '%s\n' "${ORDER[@]}" | sort -s -k1,1nr | cut -d' ' -f2); do
     RUNNING[$pid]=${TASK_OUT[$t]}.report
     if ((JOBS == 1)); then # (a plain wait: no `wait -n -p` before bash 5.1)
         wait "$pid" || true
-        cat "${RUNNING[$pid]}"
-        unset "RUNNING[$pid]"
+        ended "$pid"
     fi
 done
 while ((${#RUNNING[@]})); do collect; done
