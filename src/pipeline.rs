@@ -13,7 +13,7 @@ use crate::layout::slot_header::{SlotHeader, SLOT_HEADER_PREFIX};
 use crate::engine::{Engine, Errno};
 use crate::layout::Geometry;
 use crate::place::{Handle, Observation, Policy, Target};
-use crate::slot_table::SlotTable;
+use crate::slot_table::{ContainerWrites, SlotTable};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -227,8 +227,8 @@ pub struct Pipeline {
     container_waits: Vec<u8>,
     /// Slot headers the last planned request carries, as (slot, generation).
     headers: Vec<(u64, u16)>,
-    /// Checkpoint containers (bit `copy`) whose payload the last planned request changes.
-    containers: u8,
+    /// What the last planned request changes of the checkpoint containers.
+    containers: ContainerWrites,
     /// The last planned request's counts (a write's payload fallback among them: a request
     /// counts once in `payload_fallbacks`, whatever its pieces: payload and padding, several
     /// slots).
@@ -248,7 +248,7 @@ impl Pipeline {
     pub fn with_slots(geom: Geometry, mut policy: Box<dyn Policy>, slots: Arc<SlotTable>) -> Self {
         policy.observe(&Observation::Layout { max_slots: geom.max_slots });
         let counters = Arc::new(PipelineCounters::new(policy.handles()));
-        Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new(), container_waits: Vec::new(), headers: Vec::new(), containers: 0, tally: Tally::default(), deferred: false }
+        Self { geom, policy, slots, counters, extents: Vec::new(), trim_waits: Vec::new(), container_waits: Vec::new(), headers: Vec::new(), containers: ContainerWrites::default(), tally: Tally::default(), deferred: false }
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -276,7 +276,7 @@ impl Pipeline {
         self.trim_waits.clear();
         self.container_waits.clear();
         self.headers.clear();
-        self.containers = 0;
+        self.containers = ContainerWrites::default();
         if matches!(req.op, Op::Discard | Op::WriteZeroes) {
             return Ok(self.plan_discard(req));
         }
@@ -370,19 +370,23 @@ impl Pipeline {
         &self.headers
     }
 
-    /// Reports the last planned write's slot headers as completed.
+    /// Reports the last planned write as completed: its slot headers, and what it wrote of
+    /// the checkpoint containers.
     pub fn completed(&self) {
-        for &(slot, generation) in &self.headers {
-            self.slots.header_completed(slot, generation);
-        }
+        self.headers_completed();
         self.slots.containers_written(self.containers);
     }
 
-    /// Checkpoint containers (bit `copy`) whose payload the last planned write, discard or
-    /// write-zeroes changes: once it has reached the device (or failed), the caller reports
-    /// them with [`SlotTable::containers_written`] ([`Self::completed`] does it for the last
-    /// plan).
-    pub fn planned_containers(&self) -> u8 {
+    fn headers_completed(&self) {
+        for &(slot, generation) in &self.headers {
+            self.slots.header_completed(slot, generation);
+        }
+    }
+
+    /// What the last planned write, discard or write-zeroes changes of the checkpoint
+    /// containers: once it has reached the device (or failed), the caller reports it with
+    /// [`SlotTable::containers_written`] ([`Self::completed`] does it for the last plan).
+    pub fn planned_containers(&self) -> ContainerWrites {
         self.containers
     }
 
@@ -418,9 +422,11 @@ impl Pipeline {
                         if self.slots.checkpoint_header(copy, None) {
                             self.container_waits.push(copy);
                         }
+                        let n = &mut self.containers.header_blocks[usize::from(copy & 1)];
+                        *n = n.saturating_add(1);
                     }
                     ExtentKind::CheckpointPayload { copy } => {
-                        self.containers |= 1 << copy;
+                        self.containers.payloads |= 1 << copy;
                         self.slots.container_touched(copy)
                     }
                     ExtentKind::SlotHeader { slot, .. } | ExtentKind::SlotPayload { slot } | ExtentKind::SlotPadding { slot } => {
@@ -508,10 +514,12 @@ impl Pipeline {
                 if self.slots.checkpoint_header(copy, header.valid().copied()) {
                     self.container_waits.push(copy);
                 }
+                let n = &mut self.containers.header_blocks[usize::from(copy & 1)];
+                *n = n.saturating_add(1);
                 self.policy.place(&Target::Checkpoint { copy })
             }
             ExtentKind::CheckpointPayload { copy } => {
-                self.containers |= 1 << copy;
+                self.containers.payloads |= 1 << copy;
                 self.slots.container_touched(copy);
                 self.policy.place(&Target::Checkpoint { copy })
             }
@@ -671,7 +679,7 @@ impl Pipeline {
                     engine.write(s.offset, s.len, data.get(rel..end).unwrap_or(&[]), s.handle)
                 });
                 if res.is_ok() {
-                    self.completed();
+                    self.headers_completed();
                 }
                 res
             }

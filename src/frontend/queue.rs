@@ -6,7 +6,7 @@
 use crate::classify::Op;
 use crate::engine::queue::QueueEngine;
 use crate::pipeline::{HeaderWait, Pipeline, Request, Segment};
-use crate::slot_table::SlotTable;
+use crate::slot_table::{ContainerWrites, SlotTable};
 use libublk::helpers::IoBuf;
 use libublk::io::UblkQueue;
 use libublk::{sys, BufDesc, UblkError};
@@ -252,8 +252,8 @@ struct SlotIo {
     container_waits: Vec<u8>,
     /// Slot headers it carries, reported once it completed.
     headers: Vec<(u64, u16)>,
-    /// Containers (bit `copy`) whose payload it changes, reported once it completed or failed.
-    containers: u8,
+    /// What it changes of the checkpoint containers, reported once it completed or failed.
+    containers: ContainerWrites,
 }
 
 async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segments: &mut Vec<Segment>) -> i32 {
@@ -323,7 +323,7 @@ async fn serve(q: &UblkQueue<'_>, tag: u16, buf: &mut [u8], ctx: &QueueCtx, segm
         let p = ctx.pipeline.borrow();
         tally = p.as_ref().map(|p| p.tally());
         p.as_ref().and_then(|p| {
-            (!p.trim_waits().is_empty() || !p.container_waits().is_empty() || !p.planned_headers().is_empty() || p.planned_containers() != 0)
+            (!p.trim_waits().is_empty() || !p.container_waits().is_empty() || !p.planned_headers().is_empty() || !p.planned_containers().is_empty())
                 .then(|| SlotIo {
                     slots: p.slots().clone(),
                     trim_waits: p.trim_waits().to_vec(),

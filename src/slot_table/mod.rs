@@ -264,6 +264,22 @@ pub struct CheckpointEvent {
     pub reads: u64,
 }
 
+/// What one request wrote of the checkpoint containers, reported with
+/// [`SlotTable::containers_written`] once it ended (completed or failed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContainerWrites {
+    /// Containers (bit `copy`) whose payload it changes.
+    pub payloads: u8,
+    /// Per container: its header block's writes it counted with [`SlotTable::checkpoint_header`].
+    pub header_blocks: [u32; 2],
+}
+
+impl ContainerWrites {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 #[derive(Debug, Default)]
 struct Mailbox {
     events: Vec<CheckpointEvent>,
@@ -304,6 +320,11 @@ pub struct SlotTable {
     /// Per container: writes to its header block planned in this run, times two, plus one
     /// while the state thread zeroes that block (early evictions, `src/watch/evictions.rs`).
     container_guard: [AtomicU64; 2],
+    /// Per container: writes to its header block counted in `container_guard` that have
+    /// ended (completed or failed). A read-back may return a header whose write is still in
+    /// flight, and a flush covers only completed commands: a checkpoint is read back only
+    /// once its header write ended.
+    header_ended: [AtomicU64; 2],
     /// One bit per persistence page of slot records.
     dirty: Box<[AtomicU64]>,
     header_writes: AtomicU64,
@@ -362,6 +383,7 @@ impl SlotTable {
             touched: [AtomicBool::new(false), AtomicBool::new(false)],
             landed: [AtomicBool::new(false), AtomicBool::new(false)],
             container_guard: [AtomicU64::new(0), AtomicU64::new(0)],
+            header_ended: [AtomicU64::new(0), AtomicU64::new(0)],
             dirty: zeroed_u64(pages.div_ceil(64)),
             header_writes: AtomicU64::new(0),
             returning: AtomicU64::new(0),
@@ -814,18 +836,31 @@ impl SlotTable {
         }
     }
 
-    /// Writes to `containers`' payloads (bit `copy`) reached the device, or failed (part of
+    /// A request's writes to the checkpoint containers reached the device, or failed (part of
     /// one may have landed). The state thread reads a checkpoint whose payload did not match
     /// its CRC again only after a write to it, and one planned before that read may land after
-    /// it: this flag brings the read that finds it.
-    pub fn containers_written(&self, containers: u8) {
+    /// it: the landed flag brings the read that finds it. A header block's write counts as
+    /// ended ([`SlotTable::header_writes_ended`]), and lands as a payload write does.
+    pub fn containers_written(&self, w: ContainerWrites) {
         for copy in 0..2u8 {
-            if containers & (1 << copy) != 0 {
-                // Release: the state thread that takes the flag, then reads, comes after the
+            let c = usize::from(copy);
+            let headers = u64::from(w.header_blocks[c]);
+            if headers > 0 {
+                // Release: the state thread that sees the count, then reads, comes after the
                 // write's completion.
-                self.landed[usize::from(copy)].store(true, Ordering::Release);
+                self.header_ended[c].fetch_add(headers, Ordering::Release);
+            }
+            if w.payloads & (1 << copy) != 0 || headers > 0 {
+                self.landed[c].store(true, Ordering::Release);
             }
         }
+    }
+
+    /// Writes (and discards) of container `copy`'s header block counted by
+    /// [`SlotTable::checkpoint_header`] that have ended; a [`CheckpointEvent`]'s `writes`
+    /// are all ended once this reaches them (it counts no more than were planned).
+    pub fn header_writes_ended(&self, copy: u8) -> u64 {
+        self.header_ended[usize::from(copy & 1)].load(Ordering::Acquire)
     }
 
     /// Takes and clears the payload-touched flag of container `copy` (a write planned).

@@ -37,7 +37,9 @@
 //!    (read back and parsed, or known to hold no loadable checkpoint), neither lists `s`, and
 //!    a flush made those contents durable (LMCache never flushes; after a power loss a
 //!    container back at older contents could list `s`);
-//! 4. **nothing pending**: no checkpoint header write has been seen that is not processed yet;
+//! 4. **nothing pending**: every checkpoint header write seen has ended (a read can return a
+//!    write's bytes before it completed, and the flush of 3 covers only completed ones) and
+//!    was read back since;
 //! 5. the slot header on the drive still carries the confirmed identity and length.
 //!
 //! In the terms of the issue: contents are evicted once they are "absent from two consecutive
@@ -533,6 +535,9 @@ struct Pending {
     written: bool,
     /// Said why it waits.
     warned: bool,
+    /// Rounds it waited for its header write to end ([`SlotTable::header_writes_ended`]);
+    /// 0 once it has.
+    write_waits: u32,
 }
 
 /// The newest committed checkpoint, for the overflow estimate.
@@ -1028,6 +1033,15 @@ impl Watcher {
                 continue;
             }
             let (copy, since, tries, payload_wait) = (p.ev.copy, p.since, p.tries, p.payload_wait);
+            if p.write_waits > 0 {
+                tracing::warn!(
+                    "device {}: the write of checkpoint container {copy}'s header has not completed in {:.0} s; deallocation waits for it (a stuck backing device?)",
+                    self.cfg.device,
+                    since.elapsed().as_secs_f64()
+                );
+                self.pending[i].warned = true;
+                continue;
+            }
             let why = if payload_wait {
                 ": its payload does not match the CRC in its header (LMCache stopped while writing it?); it is read again when it is written".to_string()
             } else {
@@ -1051,7 +1065,9 @@ impl Watcher {
         let now = Instant::now();
         let mut d = self.cfg.persist_interval.saturating_sub(self.last_persist.elapsed());
         for p in &self.pending {
-            if p.since.elapsed() < RETRY_WINDOW {
+            if p.write_waits > 0 {
+                d = d.min(p.next.saturating_duration_since(now));
+            } else if p.since.elapsed() < RETRY_WINDOW {
                 // A payload waiting for a write is looked at by the next round (at most
                 // EARLY_TAILS_INTERVAL away): its flag does not wake this thread.
                 let at = if p.payload_wait && !p.written { p.read_at + PAYLOAD_RECHECK } else { p.next };
@@ -1076,16 +1092,26 @@ impl Watcher {
             self.pending.retain(|p| p.ev.copy != ev.copy);
             self.containers[usize::from(ev.copy)] = Container::Unknown;
             let now = Instant::now();
-            self.pending.push(Pending { ev, since: now, next: now, tries: 0, payload_wait: false, read_at: now, written: false, warned: false });
+            self.pending.push(Pending { ev, since: now, next: now, tries: 0, payload_wait: false, read_at: now, written: false, warned: false, write_waits: 0 });
             changed = true;
         }
         let now = Instant::now();
         let mut still = Vec::new();
         for mut p in std::mem::take(&mut self.pending) {
+            // Its header write may still be in flight: a read could return the new header
+            // before the write completed, and a flush covers only completed commands
+            // (condition 3). Read back once it ended (or failed).
+            if self.slots.header_writes_ended(p.ev.copy) < p.ev.writes {
+                p.write_waits = p.write_waits.saturating_add(1);
+                p.next = now + self.cfg.retry_base.saturating_mul(1 << p.write_waits.min(6));
+                still.push(p);
+                continue;
+            }
+            let write_ended = std::mem::take(&mut p.write_waits) > 0;
             let touched = self.slots.take_touched(p.ev.copy);
             p.written |= touched | self.slots.take_landed(p.ev.copy);
             let in_window = p.since.elapsed() < RETRY_WINDOW;
-            let due = match (p.payload_wait, in_window) {
+            let due = write_ended || match (p.payload_wait, in_window) {
                 (true, true) => (p.written && p.next <= now) || p.read_at.elapsed() >= PAYLOAD_RECHECK,
                 (true, false) => p.written,
                 (false, true) => p.next <= now || touched,

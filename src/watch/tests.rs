@@ -15,6 +15,7 @@ use crate::layout::slot_header::SlotHeader;
 use crate::layout::GeometryConfig;
 use crate::persist::dev::{MemDev, MemOp};
 use crate::pipeline::{Pipeline, Request};
+use crate::slot_table::ContainerWrites;
 use crate::place::RegionPolicy;
 use std::collections::{BTreeSet, HashMap};
 
@@ -2375,6 +2376,52 @@ fn a_checkpoint_header_before_its_payload_is_read_back_when_complete() {
     assert!(r.w.trims_allowed());
 }
 
+/// A read can return a write's bytes before the write completed, and a flush covers only
+/// completed commands: a checkpoint whose header is on the device but whose write has not
+/// ended is not read back, and nothing goes on its word, until the write ends.
+#[test]
+fn a_checkpoint_is_read_back_only_once_its_header_write_ended() {
+    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
+    let k = r.new_key(false);
+    r.put(k.clone());
+    r.fillers(3);
+    r.checkpoint_dirty();
+    r.step();
+    r.checkpoint_dirty();
+    r.step();
+    r.delete_key(&k);
+    r.checkpoint();
+    r.step();
+    let f = r.filler.pop().unwrap();
+    r.delete_key(&f);
+    assert!(r.snapshot());
+    r.ckpt_payload();
+    // The header's write is planned (a queue classified it) and its bytes read back already,
+    // but the queue has not seen it end.
+    let c = r.lmc.ckpt.clone().unwrap();
+    let copy = Geometry::copy_for_seq(c.seq);
+    let h = CheckpointHeader::encode_for(c.seq, &c.json, BA as usize);
+    let off = r.g.container_offset(copy);
+    let mut segs = Vec::new();
+    r.pipe.plan(&Request { op: Op::Write, offset: off, len: BA, data: Some(&h) }, &mut segs, crate::pipeline::HeaderWait::Expired).unwrap();
+    assert_eq!(r.pipe.planned_containers().header_blocks[usize::from(copy)], 1);
+    r.dev.poke(off, &h);
+    r.volatile_containers.insert(copy);
+    r.ckpt_done(|c| c.hdr = true);
+    for _ in 0..3 {
+        r.step();
+    }
+    assert_eq!(r.w.pending.len(), 1, "not read back before its write ended");
+    assert!(!r.w.trims_allowed(), "nothing goes while a header write is in flight");
+    assert_eq!(r.trims, 0);
+    assert!(r.w.next_wakeup() <= Duration::from_millis(200), "looked at again soon");
+    r.pipe.completed();
+    r.step();
+    assert!(r.w.pending.is_empty(), "read back once it ended");
+    assert_eq!(r.trims, 1, "the deleted key's slot goes then");
+    assert!(r.w.trims_allowed());
+}
+
 #[test]
 fn lmcache_restart_with_seq_restart_keeps_the_stale_copy_protected() {
     // The two-container rule alone (with early evictions the older copy is zeroed once a
@@ -2724,7 +2771,7 @@ fn a_late_completion_is_not_a_payload_without_its_header() {
         r.checkpoint();
         r.step();
     }
-    r.slots.containers_written(0b11);
+    r.slots.containers_written(ContainerWrites { payloads: 0b11, ..Default::default() });
     r.w.containers[0] = Container::Empty;
     r.step();
     assert_eq!(r.w.awaiting_header, [false, false]);
