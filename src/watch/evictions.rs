@@ -224,6 +224,12 @@ impl Watcher {
             if !self.slots.cas_life(slot, l, l | life::TRIMMING) {
                 continue;
             }
+            // One deallocation for the whole slot. Header block first, then the rest, would
+            // make a torn deallocation leave no header in front of a deallocated payload (a
+            // second line: no checkpoint can list the slot), but costs more than it guards:
+            // on a drive whose mapping unit is larger than the header (the simulated SSD's,
+            // a large-indirection-unit QLC drive's) the rest's first unit stays mapped. Tried:
+            // `tools/demo.sh`'s key-aware + trim WAF went from 1.098 to 1.106.
             let res = self.dev.discard(off, g.slot_bytes);
             self.slots.end_trim(slot, l | life::TRIMMING, res.is_ok());
             match res {
