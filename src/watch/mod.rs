@@ -294,43 +294,7 @@ impl BufferedWrites {
 
 /// Pages of `path`'s page cache that are dirty or under writeback.
 fn dirty_pages(path: &std::path::Path) -> std::io::Result<u64> {
-    use std::os::fd::AsRawFd;
-    // Not in every libc build of these architectures, where it is 451 (not on alpha or mips).
-    const SYS_CACHESTAT: libc::c_long = 451;
-    #[repr(C)]
-    struct Range {
-        off: u64,
-        len: u64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Stat {
-        nr_cache: u64,
-        nr_dirty: u64,
-        nr_writeback: u64,
-        nr_evicted: u64,
-        nr_recently_evicted: u64,
-    }
-    if !cfg!(any(
-        target_arch = "x86_64",
-        target_arch = "x86",
-        target_arch = "aarch64",
-        target_arch = "arm",
-        target_arch = "riscv64",
-        target_arch = "powerpc64",
-        target_arch = "s390x",
-        target_arch = "loongarch64"
-    )) {
-        return Err(std::io::Error::from_raw_os_error(libc::ENOSYS));
-    }
-    let f = std::fs::File::open(path)?;
-    let range = Range { off: 0, len: 0 }; // len 0: to the end
-    let mut st = Stat::default();
-    // SAFETY: both pointers are to live, properly laid out structs for the duration of the call.
-    let r = unsafe { libc::syscall(SYS_CACHESTAT, f.as_raw_fd(), &range as *const Range, &mut st as *mut Stat, 0u32) };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let st = page_cache::cachestat(&std::fs::File::open(path)?, 0, 0)?; // len 0: to the end
     Ok(st.nr_dirty.saturating_add(st.nr_writeback))
 }
 

@@ -1,7 +1,52 @@
 //! Dropping the checkpoint header blocks of `/dev/ublkbN` from the page cache, so that a LMCache
-//! opening the device reads them through fdpblk (the early tails' gate, `tails.rs`).
+//! opening the device reads them through fdpblk (the early tails' gate, `tails.rs`), and
+//! looking at what the page cache holds (`cachestat`).
 
 use super::*;
+
+/// What `cachestat` (Linux 6.5) reports of a range of a file's page cache, in pages.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub(super) struct CacheStat {
+    pub(super) nr_cache: u64,
+    pub(super) nr_dirty: u64,
+    pub(super) nr_writeback: u64,
+    pub(super) nr_evicted: u64,
+    pub(super) nr_recently_evicted: u64,
+}
+
+/// The page cache of `[off, off + len)` of `f` (`len` 0: to the end). ENOSYS before
+/// Linux 6.5.
+pub(super) fn cachestat(f: &std::fs::File, off: u64, len: u64) -> std::io::Result<CacheStat> {
+    use std::os::fd::AsRawFd;
+    // Not in every libc build of these architectures, where it is 451 (not on alpha or mips).
+    const SYS_CACHESTAT: libc::c_long = 451;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    if !cfg!(any(
+        target_arch = "x86_64",
+        target_arch = "x86",
+        target_arch = "aarch64",
+        target_arch = "arm",
+        target_arch = "riscv64",
+        target_arch = "powerpc64",
+        target_arch = "s390x",
+        target_arch = "loongarch64"
+    )) {
+        return Err(std::io::Error::from_raw_os_error(libc::ENOSYS));
+    }
+    let range = Range { off, len };
+    let mut st = CacheStat::default();
+    // SAFETY: both pointers are to live, properly laid out structs for the duration of the call.
+    let r = unsafe { libc::syscall(SYS_CACHESTAT, f.as_raw_fd(), &range as *const Range, &mut st as *mut CacheStat, 0u32) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
+}
 
 /// The exported device `path` is gone: a stop under way (the kernel removes the disk before
 /// the stop reaches the state thread). It serves no reader, so a failed page-cache drop there
@@ -14,7 +59,8 @@ fn node_gone(path: &std::path::Path, e: &std::io::Error) -> bool {
 }
 
 impl Watcher {
-    /// Drops both containers' header blocks from the exported device's page cache, in each
+    /// Drops both containers' header blocks (with the pages that may share a folio with them:
+    /// [`drop_window`]) from the exported device's page cache, in each
     /// early-tail round (once a second) while early tails or the pass for unwritten slots are
     /// on. A LMCache that opens the device reads them first; with buffered I/O its own
     /// earlier checkpoint writes leave them cached, and a read served from the cache never
@@ -27,7 +73,7 @@ impl Watcher {
             return;
         }
         let g = self.geom;
-        let res = (0..2u8).try_for_each(|c| self.drop_cached_range(g.container_offset(c), g.block_align));
+        let res = (0..2u8).try_for_each(|c| self.drop_cached_range(g.container_offset(c), g.block_align, None));
         if let Err((path, e)) = res {
             if self.geometry_seen_at.take().is_none() {
                 return; // the gate is closed already
@@ -40,10 +86,12 @@ impl Watcher {
         }
     }
 
-    /// Drops the clean cached pages of `[off, off + len)` of the exported device (see
-    /// [`WatchConfig::page_cache`]). Dirty pages stay: they hold LMCache's newer writes.
+    /// Drops the cached pages of `[off, off + len)` of the exported device (see
+    /// [`WatchConfig::page_cache`]); false unless none is left. The kernel leaves dirty pages
+    /// (LMCache's newer writes) and pages a process has mapped, silently: `cachestat` tells
+    /// (where the kernel has none, before Linux 6.5, the drop is trusted).
     pub(super) fn drop_cached(&mut self, off: u64, len: u64) -> bool {
-        match self.drop_cached_range(off, len) {
+        match self.drop_cached_range(off, len, Some(off..off.saturating_add(len))) {
             Ok(()) => true,
             Err((path, e)) if node_gone(&path, &e) => {
                 tracing::debug!("device {}: {} is gone ({e}); no early deallocation rests on its page cache", self.cfg.device, path.display());
@@ -56,20 +104,128 @@ impl Watcher {
         }
     }
 
-    fn drop_cached_range(&self, off: u64, len: u64) -> Result<(), (std::path::PathBuf, std::io::Error)> {
-        use std::os::fd::AsRawFd;
+    /// Drops a checkpoint header block at `off` (`len` bytes) of the exported device from its
+    /// page cache, with the pages around it that may share a folio with it
+    /// ([`drop_window`]); with `verify`, an error unless no page of that range is left.
+    fn drop_cached_range(&self, off: u64, len: u64, verify: Option<std::ops::Range<u64>>) -> Result<(), (std::path::PathBuf, std::io::Error)> {
         let Some(path) = &self.cfg.page_cache else { return Ok(()) };
-        std::fs::File::open(path).and_then(|f| {
-            // Whole pages: the kernel drops only pages entirely inside the range.
-            let page = crate::device::page_size();
-            let (start, end) = (off / page * page, off.saturating_add(len).div_ceil(page).saturating_mul(page));
-            let (off, len) = (i64::try_from(start).unwrap_or(i64::MAX), i64::try_from(end - start).unwrap_or(i64::MAX));
-            // SAFETY: a plain syscall on an open descriptor; it touches no memory of ours.
-            match unsafe { libc::posix_fadvise(f.as_raw_fd(), off, len, libc::POSIX_FADV_DONTNEED) } {
-                0 => Ok(()),
-                e => Err(std::io::Error::from_raw_os_error(e)),
+        let window = drop_window(self.geom.data_base_offset(), off, len);
+        std::fs::File::open(path).and_then(|f| drop_pages(&f, window, verify)).map_err(|e| (path.clone(), e))
+    }
+}
+
+/// Pages in one folio at most (x86-64's and arm64-4K's PMD order, the page cache's largest).
+const FOLIO_PAGES_MAX: u64 = 512;
+
+/// What to drop for `[off, off + len)` of the metadata region (which ends at `meta_end`): the
+/// kernel drops only folios entirely inside the range, and a block device's page cache uses
+/// large folios where readahead brought them in (a LMCache reading a checkpoint, a probe of
+/// the device's first MiBs): the whole aligned span of the largest folio around it, within
+/// the metadata region (only LMCache's checkpoints, which it reads only at its start). A
+/// folio reaching past that (a smaller metadata region) stays: the check finds it.
+fn drop_window(meta_end: u64, off: u64, len: u64) -> std::ops::Range<u64> {
+    let page = crate::device::page_size();
+    let span = page.saturating_mul(FOLIO_PAGES_MAX);
+    let end = off.saturating_add(len);
+    let (mut start, mut stop) = (off / page * page, end.div_ceil(page).saturating_mul(page));
+    if end <= meta_end {
+        start = start.min(off / span * span);
+        stop = stop.max(end.div_ceil(span).saturating_mul(span).min(meta_end / page * page));
+    }
+    start..stop
+}
+
+/// Drops `window` of `f` from the page cache (whole pages); with `verify`, an error unless
+/// no page of that range (whole pages around it) is left.
+fn drop_pages(f: &std::fs::File, window: std::ops::Range<u64>, verify: Option<std::ops::Range<u64>>) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let page = crate::device::page_size();
+    let (o, l) = (i64::try_from(window.start).unwrap_or(i64::MAX), i64::try_from(window.end - window.start).unwrap_or(i64::MAX));
+    // SAFETY: a plain syscall on an open descriptor; it touches no memory of ours.
+    match unsafe { libc::posix_fadvise(f.as_raw_fd(), o, l, libc::POSIX_FADV_DONTNEED) } {
+        0 => {}
+        e => return Err(std::io::Error::from_raw_os_error(e)),
+    }
+    let Some(v) = verify else { return Ok(()) };
+    let (start, end) = (v.start / page * page, v.end.div_ceil(page).saturating_mul(page));
+    match cachestat(f, start, end - start) {
+        Ok(st) if st.nr_cache > 0 => Err(std::io::Error::other(format!(
+            "{} of its {} pages stayed cached (mapped by a process, or dirty: {} dirty, {} under writeback)",
+            st.nr_cache,
+            (end - start) / page,
+            st.nr_dirty,
+            st.nr_writeback
+        ))),
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => Ok(()),
+        Err(e) => Err(std::io::Error::other(format!("cachestat after the drop: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file on a disk-backed filesystem beside the test binary (a tmpfs page is never
+    /// dropped: it is the file).
+    fn cached_file(tag: &str) -> (std::path::PathBuf, std::fs::File) {
+        use std::io::{Read, Write};
+        let dir = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+        let path = dir.join(format!("fdpblk-page-cache-{tag}-{}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        f.write_all(&vec![7u8; 4 * crate::device::page_size() as usize]).unwrap();
+        f.sync_all().unwrap();
+        let mut b = Vec::new();
+        std::fs::File::open(&path).unwrap().read_to_end(&mut b).unwrap();
+        (path, f)
+    }
+
+    #[test]
+    fn a_drop_is_verified_and_a_page_left_mapped_fails_it() {
+        let page = crate::device::page_size();
+        let (path, f) = cached_file("verify");
+        match cachestat(&f, 0, 0) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                // Before Linux 6.5: the drop is trusted.
+                assert!(std::env::var_os("CI").is_none(), "CI's kernel has no cachestat (Linux 6.5): this test checked nothing");
+                std::fs::remove_file(&path).unwrap();
+                return;
             }
-        })
-        .map_err(|e| (path.clone(), e))
+            r => assert!(r.unwrap().nr_cache > 0, "read: cached"),
+        }
+        // The file stands for a metadata region of four pages.
+        let meta_end = 4 * page;
+        drop_pages(&f, drop_window(meta_end, page, 512), Some(page..page + 512)).expect("a clean page is dropped");
+        assert_eq!(cachestat(&f, 0, 0).unwrap().nr_cache, 0, "with the folio it may share");
+        // A page a process maps stays (posix_fadvise skips it silently): the check says so.
+        use std::os::fd::AsRawFd;
+        // SAFETY: a shared read-only mapping of one page of an open file, unmapped below.
+        let m = unsafe { libc::mmap(std::ptr::null_mut(), page as usize, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 2 * page as libc::off_t) };
+        assert_ne!(m, libc::MAP_FAILED);
+        // SAFETY: reads the first byte of the live mapping (faults the page in).
+        assert_eq!(unsafe { std::ptr::read_volatile(m as *const u8) }, 7);
+        let at = 2 * page..2 * page + 512;
+        let err = drop_pages(&f, drop_window(meta_end, at.start, 512), Some(at.clone())).expect_err("a mapped page stays cached");
+        assert!(err.to_string().contains("1 of its 1 pages stayed cached"), "{err}");
+        // Unverified (the early tails' round), the same drop is not an error.
+        drop_pages(&f, drop_window(meta_end, at.start, 512), None).unwrap();
+        // SAFETY: the mapping made above, not used after.
+        unsafe { libc::munmap(m, page as usize) };
+        drop_pages(&f, drop_window(meta_end, at.start, 512), Some(at)).expect("dropped once unmapped");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn the_drop_takes_the_largest_folio_around_a_header_within_the_metadata_region() {
+        let page = crate::device::page_size();
+        let span = page * FOLIO_PAGES_MAX;
+        let meta = 64 * span;
+        assert_eq!(drop_window(meta, 0, 4096), 0..span);
+        assert_eq!(drop_window(meta, meta / 2, 4096), meta / 2..meta / 2 + span);
+        // Within a small metadata region: up to its end, never into the slots.
+        assert_eq!(drop_window(8 * page, 4 * page, 512), 0..8 * page);
+        assert_eq!(drop_window(8 * page + 512, 4 * page, 512), 0..8 * page);
+        // Outside it: the block's own pages.
+        assert_eq!(drop_window(meta, meta + 100, 4096), meta..meta + page.max(8192));
     }
 }

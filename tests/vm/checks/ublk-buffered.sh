@@ -61,6 +61,10 @@ fi
 poll_eq "evicted slots deallocated" true bash -c "[[ \$($FDPBLK stats -n 0 --json | jq .trim.trims) -gt 0 ]] && echo true"
 echo "    fdpblk: $("$FDPBLK" stats -n 0 --json | jq -c '{header_waits: .pipeline.header_waits, payload_fallbacks: .pipeline.payload_fallbacks, trims: .trim.trims, early_evictions: .trim.early_evictions, tail_trims: .trim.tail_trims, early_tail_trims: .trim.early_tail_trims}')"
 expect_eq "no error in fdpblk's log since the check began" "$(daemon_errors)" 0
+# Early evictions zero the older container's header and drop it from the page cache, which
+# LMCache's buffered writes filled; a page left there (a large folio around it) stops them.
+expect "early evictions happened ($(dev_stat trim.early_evictions))" test "$(dev_stat trim.early_evictions)" -gt 0
+expect "no checkpoint header page stayed cached after a drop" log_lacks 'stayed cached'
 
 # A LMCache opening the device reads the checkpoint header blocks, which its own buffered
 # checkpoint writes left in the page cache (the device is still held open). fdpblk drops them
