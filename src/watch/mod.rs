@@ -1072,6 +1072,8 @@ impl Watcher {
                 continue;
             }
             let write_ended = std::mem::take(&mut p.write_waits) > 0;
+            // Said why it waited: what it waits for next gets its own warning.
+            p.warned &= !write_ended;
             let touched = self.slots.take_touched(p.ev.copy);
             p.written |= touched | self.slots.take_landed(p.ev.copy);
             let in_window = p.since.elapsed() < RETRY_WINDOW;
