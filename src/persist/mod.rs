@@ -92,7 +92,8 @@
 //! an unknown seq: its other copy stands, the state is not trusted, and the first cycle
 //! writes the unreadable copy again before any superblock with a new seq. Where neither copy
 //! of a page reads, or more than eight copies do not (`MAX_UNREAD`), the state is dropped (a
-//! new instance). One superblock copy that does not read leaves the other standing,
+//! new instance). A page that read in that pass and not when restored starts empty (which
+//! only forgets); past eight such pages the rest are not tried. One superblock copy that does not read leaves the other standing,
 //! untrusted; the next superblock goes into both copies. A state loaded untrusted that a
 //! newer clean superblock might outrank (it was clean, or a superblock copy did not read or
 //! decode) is marked in use ([`Persist::mark_in_use`], which marks a copy that does not read
@@ -607,10 +608,20 @@ fn read_superblock_copies_again(dev: &dyn StateWriter, region: Region) -> (Align
 impl Persist {
     /// Reads both superblocks (for `fdpblk inspect`): the newest valid one.
     pub fn read_superblock(dev: &dyn StateWriter, region: Region) -> Option<Superblock> {
+        Self::newest_superblock(region, || read_superblock_copies(dev, region))
+    }
+
+    /// [`Self::read_superblock`], read again where neither copy reads: a momentary failure
+    /// must not be taken for a superblock lost.
+    fn read_superblock_again(dev: &dyn StateWriter, region: Region) -> Option<Superblock> {
+        Self::newest_superblock(region, || read_superblock_copies_again(dev, region))
+    }
+
+    fn newest_superblock(region: Region, read_copies: impl FnOnce() -> (AlignedBuf, [bool; 2], Option<io::Error>)) -> Option<Superblock> {
         if region.len < 2 * BLOCK {
             return None;
         }
-        let (b, read, _) = read_superblock_copies(dev, region);
+        let (b, read, _) = read_copies();
         if read == [false; 2] {
             return None;
         }
@@ -737,7 +748,11 @@ impl Persist {
         let layout = Layout::of(slots);
         let mut loaded = Loaded::default();
         if layout.bytes() > region.len {
-            loaded.note = Some(format!("the reserved region ({} bytes) cannot hold the state ({} bytes); it is kept in memory only", region.len, layout.bytes()));
+            loaded.note = Some(format!(
+                "the reserved region ({} bytes) cannot hold the state ({} bytes, about 55 per slot); it is kept in memory only, and a restart learns the slots again from LMCache's checkpoints (slots of about 220 KiB or more fit)",
+                region.len,
+                layout.bytes()
+            ));
             return (None, loaded);
         }
         let mut p = Persist {
@@ -770,7 +785,9 @@ impl Persist {
             let (b, read, err) = read_superblock_copies_again(dev, region);
             match err {
                 Some(e) if read == [false; 2] => {
-                    loaded.note = Some(format!("cannot read the state superblocks: {e}"));
+                    loaded.note = Some(format!(
+                        "cannot read the state superblocks ({e}); starting fresh (LMCache's data is not touched; if this comes back at every start, sectors of the reserved tail at the device's end cannot be read: see the drive's error log, `nvme error-log`)"
+                    ));
                     p.sb_both = true;
                     None
                 }
@@ -1025,7 +1042,9 @@ impl Persist {
             // never deallocated.
             let page_is = |pg: &[u8]| page_header(pg).is_some_and(|(inst, q, i, _)| inst == s.instance && q == seq && u64::from(i) == idx);
             let mut read = || dev.read_at(p.page_off(idx, copy), &mut pg[..BLOCK as usize]).is_ok() && page_is(&pg);
-            if !read() && !read() {
+            // Past MAX_UNREAD failures the rest are not tried (each may take the drive's error
+            // recovery, seconds): they start empty too.
+            if lost_pages >= MAX_UNREAD as u64 || (!read() && !read()) {
                 // The first cycle commits it empty: its committed copy would otherwise come
                 // back at the next load, records this run never held among them.
                 lost_pages += 1;
@@ -1170,7 +1189,7 @@ impl Persist {
             // Durable now if it is still there. If not, the superblock before it is the newest
             // committed one again: its page copies are current again, and the pages written
             // since go out again (into the copies the lost superblock would have vouched for).
-            if !Self::read_superblock(dev, self.region).is_some_and(|s| s.seq == self.seq && s.instance == self.instance) {
+            if !Self::read_superblock_again(dev, self.region).is_some_and(|s| s.seq == self.seq && s.instance == self.instance) {
                 tracing::warn!(
                     "own state: superblock {} no longer reads back after the flush it was owed; the superblock before it stands, and that cycle's pages are written again",
                     self.seq

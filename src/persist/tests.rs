@@ -1466,6 +1466,50 @@ fn a_page_that_fails_its_second_read_is_noted() {
     assert_eq!(v.get(far).unwrap().identity, 8);
 }
 
+/// Pages that read in the first pass and then all fail: past `MAX_UNREAD` lost pages the
+/// rest are not tried (each failed read may take the drive's error recovery, seconds); they
+/// start empty too.
+#[test]
+fn pages_that_all_fail_their_second_read_are_tried_a_bounded_number_of_times() {
+    /// Fails every single-page read (the first pass reads runs of pages), counting them.
+    struct SecondReadsFail(MemDev, std::sync::atomic::AtomicU64);
+    impl StateWriter for SecondReadsFail {
+        fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+            if buf.len() == 4096 {
+                self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Err(io::Error::other("injected"));
+            }
+            self.0.read_at(off, buf)
+        }
+        fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
+            self.0.write_at(off, buf, handle)
+        }
+        fn discard(&self, off: u64, len: u64) -> io::Result<()> {
+            self.0.discard(off, len)
+        }
+        fn flush(&self) -> io::Result<()> {
+            self.0.flush()
+        }
+        fn size(&self) -> u64 {
+            self.0.size()
+        }
+    }
+    let pages = 3 * MAX_UNREAD as u64;
+    let (g, t, region, dev, mut p) = blank_state(pages * RECORDS_PER_PAGE);
+    for i in 0..pages {
+        t.record_header(i * RECORDS_PER_PAGE, &SlotHeader { identity: 9 + i, payload_len: 9 }, 1);
+    }
+    p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
+    let bad = SecondReadsFail(dev, Default::default());
+    let u = SlotTable::new(g.max_slots);
+    let (_, l) = Persist::load(&bad, region, &g, &u, 3);
+    assert!(l.found, "{l:?}");
+    let failed = bad.1.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(failed <= 2 * MAX_UNREAD as u64, "{failed} failed reads");
+    assert!(l.note.as_deref().is_some_and(|n| n.contains(&format!("{pages} page(s)"))), "every page with records is lost: {l:?}");
+    assert!((0..pages).all(|i| u.get(i * RECORDS_PER_PAGE).is_none()));
+}
+
 /// What is read from the device may be hostile past its checksums: pages and superblocks
 /// with random contents and valid CRCs (records, history, tag streams, layout and geometry
 /// fields, a handle count of 65535) load and summarise without a panic.
