@@ -351,6 +351,12 @@ fn geometry_key(g: &Geometry) -> [u64; 5] {
     [g.block_align, g.header_bytes, g.slot_bytes, g.meta_total_bytes, g.max_slots]
 }
 
+/// A [`geometry_key`] in words.
+fn describe_geometry(key: [u64; 5]) -> String {
+    let [block_align, header_bytes, slot_bytes, meta_total_bytes, max_slots] = key;
+    format!("block_align {block_align}, header_bytes {header_bytes}, slot_bytes {slot_bytes}, meta_total_bytes {meta_total_bytes}, max_slots {max_slots}")
+}
+
 fn u32at(b: &[u8], o: usize) -> u32 {
     u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]))
 }
@@ -844,8 +850,11 @@ impl Persist {
             Some(s) if s.geometry == p.geometry && s.layout == layout => Some(s),
             Some(s) => {
                 loaded.note = Some(format!(
-                    "the saved state is for another layout (geometry {:?}, {} slot pages); starting fresh",
-                    s.geometry, s.layout.record_pages
+                    "the saved state is for another layout ({}, {} record pages; this run's: {}, {} record pages); starting fresh, and this run's state replaces it",
+                    describe_geometry(s.geometry),
+                    s.layout.record_pages,
+                    describe_geometry(p.geometry),
+                    layout.record_pages
                 ));
                 None
             }
@@ -1526,7 +1535,7 @@ pub fn summary(dev: &(dyn crate::device::ReadAt + Sync), size: u64) -> Option<Re
     let [block_align, header_bytes, slot_bytes, meta_total_bytes, max_slots] = sb.geometry;
     // A superblock passes its CRC but may still be hostile: never size the table past what
     // fdpblk tracks, nor past what the region could hold (its record pages alone).
-    let geometry = format!("its geometry (block_align {block_align}, header_bytes {header_bytes}, slot_bytes {slot_bytes}, meta_total_bytes {meta_total_bytes}, max_slots {max_slots})");
+    let geometry = format!("its geometry ({})", describe_geometry(sb.geometry));
     if max_slots > crate::layout::geometry::MAX_SLOTS || slot_bytes == 0 || block_align == 0 {
         return Some(Err(format!("{geometry} is not one fdpblk serves")));
     }

@@ -159,6 +159,7 @@ fn unclean_state_drops_confirmations_and_other_geometry_starts_fresh() {
     let g2 = GeometryConfig { slot_bytes: 131072, ..g.config() }.validate((1 << 20) + 250 * 131072).unwrap();
     let (u2, p2, l2, _) = load(&g2, dev.image(), Region { offset: 0, len: region.len * 2 });
     assert!(!l2.found);
+    assert!(l2.note.as_deref().is_some_and(|n| n.contains("another layout (block_align 4096, header_bytes 4096, slot_bytes 65536") && n.contains("this run's: block_align 4096, header_bytes 4096, slot_bytes 131072") && n.contains("replaces it")), "{l2:?}");
     assert!(u2.get(3).is_none());
     assert!(p2.unwrap().next_seq > 1, "seq continues above the old state's");
     // A region too small: persistence off.
