@@ -837,7 +837,13 @@ fn open_backing_once(cfg: &DeviceConfig, recover: bool, deadline: Instant) -> Re
     let open = |flags| std::fs::OpenOptions::new().read(true).write(true).custom_flags(flags).open(&cfg.backing);
     let file = match open(flags) {
         // tmpfs and some file systems refuse O_DIRECT on regular files; a file backing is for tests.
-        Err(e) if !is_bdev && e.raw_os_error() == Some(libc::EINVAL) => open(0),
+        Err(e) if !is_bdev && e.raw_os_error() == Some(libc::EINVAL) => {
+            tracing::warn!(
+                "backing {}: its file system refuses O_DIRECT, so it is served through the page cache, where a failed flush may go unreported (a later one succeeds): fdpblk's own state and deallocations may rest on writes that never reached the disk; a file backing is for tests, serve a block device or an NVMe namespace",
+                cfg.backing.display()
+            );
+            open(0)
+        }
         r => r,
     };
     let file = file.map_err(|e| match e.raw_os_error() {
