@@ -958,9 +958,12 @@ impl CommandLimits {
     }
 
     /// `current`, the largest transfer an engine was given (`add`'s I/O buffer size), within
-    /// [`Self::transfer_bytes`] in whole `block`s: never below one block.
+    /// [`Self::transfer_bytes`] in whole `block`s (and pages, from a page up: a piece of a
+    /// split command starting inside a page spans a page more): never below one block.
     pub fn cap_transfer(&self, current: u64, block: u64) -> u64 {
-        match self.transfer_bytes.map(|t| t / block * block) {
+        let page = crate::device::page_size();
+        let whole = |t: u64| if t >= page { t / page * page } else { t };
+        match self.transfer_bytes.map(|t| whole(t) / block * block) {
             Some(t) if t >= block => current.min(t),
             _ => current,
         }
@@ -1330,6 +1333,10 @@ mod tests {
         assert_eq!(now(Some((128 << 10) + 512)).cap_transfer(512 << 10, 4096), 128 << 10);
         assert_eq!(now(Some(2048)).cap_transfer(512 << 10, 4096), 512 << 10);
         assert_eq!(now(None).cap_transfer(512 << 10, 4096), 512 << 10);
+        // Whole pages from a page up (127 KiB: a second piece would start inside a page).
+        let page = crate::device::page_size();
+        assert_eq!(now(Some(127 << 10)).cap_transfer(512 << 10, 512), (127 << 10) / page * page);
+        assert_eq!(now(Some(2048)).cap_transfer(512 << 10, 512), 2048);
     }
 
     #[test]

@@ -542,7 +542,7 @@ impl QueueLimits {
     }
 }
 
-/// The largest transfer one command takes, in whole blocks: the smaller of the drive's MDTS,
+/// The largest transfer one command takes, in whole blocks (and pages, from a page up): the smaller of the drive's MDTS,
 /// the queue's `max_hw_sectors_kb`, its `max_segments` pages (every page of a user buffer
 /// may be its own segment) and 65536 blocks; 128 KiB without a block device (`limits`
 /// `None`), whose limits cannot be read. At least one block.
@@ -562,6 +562,11 @@ pub fn max_transfer(lba_size: u32, mdts_bytes: Option<u64>, limits: Option<Queue
             }
         }
         None => m = m.min(NO_BLOCK_DEVICE_MAX_TRANSFER),
+    }
+    // Whole pages where it is at least one: each command after the first of a split starts
+    // where the one before ended, and a piece starting inside a page spans a page more.
+    if page > 0 && m >= page {
+        m = m / page * page;
     }
     (m / lba * lba).max(lba).min(u64::from(u32::MAX) / lba * lba) as u32
 }
@@ -683,6 +688,9 @@ mod tests {
         // In whole blocks: an MDTS that is not one, or a block larger than every limit.
         assert_eq!(max_transfer(4096, Some(6000), q(None, None), 4096), 4096);
         assert_eq!(max_transfer(65536, Some(4096), q(None, None), 4096), 65536);
+        // Whole pages from a page up: 127 KiB of 512-byte blocks is 124 KiB; below a page, blocks.
+        assert_eq!(max_transfer(512, None, q(Some(127), None), 4096), 124 << 10);
+        assert_eq!(max_transfer(512, Some(2048), q(None, None), 4096), 2048);
         // No block device: 128 KiB, what every NVMe queue takes.
         assert_eq!(max_transfer(512, Some(1 << 20), None, 4096), 128 << 10);
         assert_eq!(max_transfer(1 << 20, None, None, 4096), 1 << 20);
