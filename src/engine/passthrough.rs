@@ -666,7 +666,13 @@ impl PassthroughEngine {
             }
             self.submit();
             for (c, op) in ops {
-                let mut res = self.retried(q, &c, op.await, spent).await;
+                let first = op.await;
+                // The request has failed already: its other commands are only waited for
+                // (their buffers must outlive them), not retried or sent again.
+                if err != 0 {
+                    continue;
+                }
+                let mut res = self.retried(q, &c, first, spent).await;
                 // A controller reset fails the passthrough commands in flight (cancelled, or
                 // refused with EINVAL or EFAULT while the kernel rebuilds the namespace, also
                 // for a moment after the controller is live again) where the block path would
