@@ -1419,39 +1419,47 @@ fn newer_format_finds_a_whole_superblock_of_a_later_format_in_the_tail() {
     assert_eq!(newer_format(&img, size), None, "only the reserved tail counts");
 }
 
+/// Fails the single-page reads (the first pass reads runs of pages) of page `only`, or of
+/// every page, counting them.
+struct PageReadsFail {
+    dev: MemDev,
+    only: Option<u64>,
+    failed: std::sync::atomic::AtomicU64,
+}
+
+impl StateWriter for PageReadsFail {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        if buf.len() == 4096 && self.only.is_none_or(|o| o == off) {
+            self.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(io::Error::other("injected"));
+        }
+        self.dev.read_at(off, buf)
+    }
+    fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
+        self.dev.write_at(off, buf, handle)
+    }
+    fn discard(&self, off: u64, len: u64) -> io::Result<()> {
+        self.dev.discard(off, len)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.dev.flush()
+    }
+    fn size(&self) -> u64 {
+        self.dev.size()
+    }
+}
+
 /// A page that reads in the first pass but not when it is restored is said, not dropped in
 /// silence; its records start empty (which only forgets), the rest is restored.
 #[test]
 fn a_page_that_fails_its_second_read_is_noted() {
-    /// Fails the single-page reads of one page (the first pass reads runs of pages).
-    struct SecondReadFails(MemDev, u64);
-    impl StateWriter for SecondReadFails {
-        fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-            if buf.len() == 4096 && off == self.1 {
-                return Err(io::Error::other("injected"));
-            }
-            self.0.read_at(off, buf)
-        }
-        fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
-            self.0.write_at(off, buf, handle)
-        }
-        fn discard(&self, off: u64, len: u64) -> io::Result<()> {
-            self.0.discard(off, len)
-        }
-        fn flush(&self) -> io::Result<()> {
-            self.0.flush()
-        }
-        fn size(&self) -> u64 {
-            self.0.size()
-        }
-    }
     let (g, t, region, dev, mut p) = blank_state(300);
     let far = RECORDS_PER_PAGE + 1; // on the second record page
     t.record_header(3, &SlotHeader { identity: 9, payload_len: 9 }, 1);
     t.record_header(far, &SlotHeader { identity: 8, payload_len: 9 }, 1);
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
     let page0 = p.page_off(0, p.current[0]);
-    let bad = SecondReadFails(dev, page0);
+    let bad = PageReadsFail { dev, only: Some(page0), failed: Default::default() };
     let u = SlotTable::new(g.max_slots);
     let (p2, l) = Persist::load(&bad, region, &g, &u, 3);
     assert!(l.found, "{l:?}");
@@ -1461,7 +1469,7 @@ fn a_page_that_fails_its_second_read_is_noted() {
     // The first cycle commits that page empty, so its old copy does not come back with a
     // later load (here, a clean stop with nothing else changed).
     p2.unwrap().cycle(&bad, &u, &Counters::default(), true, true).unwrap().unwrap();
-    let (v, _, l, _) = load(&g, bad.0.image(), region);
+    let (v, _, l, _) = load(&g, bad.dev.image(), region);
     assert!(l.found && l.clean);
     assert!(v.get(3).is_none(), "the lost page's old records came back");
     assert_eq!(v.get(far).unwrap().identity, 8);
@@ -1472,40 +1480,17 @@ fn a_page_that_fails_its_second_read_is_noted() {
 /// start empty too.
 #[test]
 fn pages_that_all_fail_their_second_read_are_tried_a_bounded_number_of_times() {
-    /// Fails every single-page read (the first pass reads runs of pages), counting them.
-    struct SecondReadsFail(MemDev, std::sync::atomic::AtomicU64);
-    impl StateWriter for SecondReadsFail {
-        fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-            if buf.len() == 4096 {
-                self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return Err(io::Error::other("injected"));
-            }
-            self.0.read_at(off, buf)
-        }
-        fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
-            self.0.write_at(off, buf, handle)
-        }
-        fn discard(&self, off: u64, len: u64) -> io::Result<()> {
-            self.0.discard(off, len)
-        }
-        fn flush(&self) -> io::Result<()> {
-            self.0.flush()
-        }
-        fn size(&self) -> u64 {
-            self.0.size()
-        }
-    }
     let pages = 3 * MAX_UNREAD as u64;
     let (g, t, region, dev, mut p) = blank_state(pages * RECORDS_PER_PAGE);
     for i in 0..pages {
         t.record_header(i * RECORDS_PER_PAGE, &SlotHeader { identity: 9 + i, payload_len: 9 }, 1);
     }
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
-    let bad = SecondReadsFail(dev, Default::default());
+    let bad = PageReadsFail { dev, only: None, failed: Default::default() };
     let u = SlotTable::new(g.max_slots);
     let (_, l) = Persist::load(&bad, region, &g, &u, 3);
     assert!(l.found, "{l:?}");
-    let failed = bad.1.load(std::sync::atomic::Ordering::Relaxed);
+    let failed = bad.failed.load(std::sync::atomic::Ordering::Relaxed);
     assert!(failed <= 2 * MAX_UNREAD as u64, "{failed} failed reads");
     assert!(l.note.as_deref().is_some_and(|n| n.contains(&format!("{pages} page(s)"))), "every page with records is lost: {l:?}");
     assert!((0..pages).all(|i| u.get(i * RECORDS_PER_PAGE).is_none()));

@@ -2351,21 +2351,8 @@ impl Rig {
 
 #[test]
 fn a_checkpoint_header_before_its_payload_is_read_back_when_complete() {
-    let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
-    let k = r.new_key(false);
-    r.put(k.clone());
-    r.fillers(3);
-    r.checkpoint_dirty();
-    r.step();
-    r.checkpoint_dirty();
-    r.step();
-    r.delete_key(&k);
-    r.checkpoint();
-    r.step();
+    let mut r = rig_snapshotting_after_an_eviction();
     // io_uring: the header lands first; the payload is still on its way.
-    let f = r.filler.pop().unwrap();
-    r.delete_key(&f);
-    assert!(r.snapshot());
     r.ckpt_header();
     r.step();
     assert!(!r.w.trims_allowed(), "a header whose payload is incomplete blocks deallocation");
@@ -2376,11 +2363,10 @@ fn a_checkpoint_header_before_its_payload_is_read_back_when_complete() {
     assert!(r.w.trims_allowed());
 }
 
-/// A read can return a write's bytes before the write completed, and a flush covers only
-/// completed commands: a checkpoint whose header is on the device but whose write has not
-/// ended is not read back, and nothing goes on its word, until the write ends.
-#[test]
-fn a_checkpoint_is_read_back_only_once_its_header_write_ended() {
+/// A key confirmed and deleted, a checkpoint lacking it read back, a filler deleted, and
+/// LMCache's snapshot of the next checkpoint taken (not written): that checkpoint's read-back
+/// deallocates the key's slot (two-container rule alone).
+fn rig_snapshotting_after_an_eviction() -> Rig {
     let mut r = Rig::new(SLOTS, META, true).without_early_evictions();
     let k = r.new_key(false);
     r.put(k.clone());
@@ -2395,6 +2381,15 @@ fn a_checkpoint_is_read_back_only_once_its_header_write_ended() {
     let f = r.filler.pop().unwrap();
     r.delete_key(&f);
     assert!(r.snapshot());
+    r
+}
+
+/// A read can return a write's bytes before the write completed, and a flush covers only
+/// completed commands: a checkpoint whose header is on the device but whose write has not
+/// ended is not read back, and nothing goes on its word, until the write ends.
+#[test]
+fn a_checkpoint_is_read_back_only_once_its_header_write_ended() {
+    let mut r = rig_snapshotting_after_an_eviction();
     r.ckpt_payload();
     // The header's write is planned (a queue classified it) and its bytes read back already,
     // but the queue has not seen it end.
