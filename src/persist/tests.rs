@@ -1419,36 +1419,6 @@ fn newer_format_finds_a_whole_superblock_of_a_later_format_in_the_tail() {
     assert_eq!(newer_format(&img, size), None, "only the reserved tail counts");
 }
 
-/// Fails the single-page reads (the first pass reads runs of pages) of page `only`, or of
-/// every page, counting them.
-struct PageReadsFail {
-    dev: MemDev,
-    only: Option<u64>,
-    failed: std::sync::atomic::AtomicU64,
-}
-
-impl StateWriter for PageReadsFail {
-    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        if buf.len() == 4096 && self.only.is_none_or(|o| o == off) {
-            self.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return Err(io::Error::other("injected"));
-        }
-        self.dev.read_at(off, buf)
-    }
-    fn write_at(&self, off: u64, buf: &[u8], handle: Handle) -> io::Result<()> {
-        self.dev.write_at(off, buf, handle)
-    }
-    fn discard(&self, off: u64, len: u64) -> io::Result<()> {
-        self.dev.discard(off, len)
-    }
-    fn flush(&self) -> io::Result<()> {
-        self.dev.flush()
-    }
-    fn size(&self) -> u64 {
-        self.dev.size()
-    }
-}
-
 /// A page that reads in the first pass but not when it is restored is said, not dropped in
 /// silence; its records start empty (which only forgets), the rest is restored.
 #[test]
@@ -1459,7 +1429,8 @@ fn a_page_that_fails_its_second_read_is_noted() {
     t.record_header(far, &SlotHeader { identity: 8, payload_len: 9 }, 1);
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
     let page0 = p.page_off(0, p.current[0]);
-    let bad = PageReadsFail { dev, only: Some(page0), failed: Default::default() };
+    // The single-page reads of that page (the first pass reads runs of pages).
+    let bad = FailReads { dev: &dev, fails: |off, end| off == page0 && end - off == 4096 };
     let u = SlotTable::new(g.max_slots);
     let (p2, l) = Persist::load(&bad, region, &g, &u, 3);
     assert!(l.found, "{l:?}");
@@ -1469,7 +1440,7 @@ fn a_page_that_fails_its_second_read_is_noted() {
     // The first cycle commits that page empty, so its old copy does not come back with a
     // later load (here, a clean stop with nothing else changed).
     p2.unwrap().cycle(&bad, &u, &Counters::default(), true, true).unwrap().unwrap();
-    let (v, _, l, _) = load(&g, bad.dev.image(), region);
+    let (v, _, l, _) = load(&g, dev.image(), region);
     assert!(l.found && l.clean);
     assert!(v.get(3).is_none(), "the lost page's old records came back");
     assert_eq!(v.get(far).unwrap().identity, 8);
@@ -1486,11 +1457,22 @@ fn pages_that_all_fail_their_second_read_are_tried_a_bounded_number_of_times() {
         t.record_header(i * RECORDS_PER_PAGE, &SlotHeader { identity: 9 + i, payload_len: 9 }, 1);
     }
     p.cycle(&dev, &t, &Counters::default(), true, true).unwrap();
-    let bad = PageReadsFail { dev, only: None, failed: Default::default() };
+    // Every single-page read (the first pass reads runs of pages), counted.
+    let failed = std::sync::atomic::AtomicU64::new(0);
+    let bad = FailReads {
+        dev: &dev,
+        fails: |off, end| {
+            let page = end - off == 4096;
+            if page {
+                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            page
+        },
+    };
     let u = SlotTable::new(g.max_slots);
     let (_, l) = Persist::load(&bad, region, &g, &u, 3);
     assert!(l.found, "{l:?}");
-    let failed = bad.failed.load(std::sync::atomic::Ordering::Relaxed);
+    let failed = failed.load(std::sync::atomic::Ordering::Relaxed);
     assert!(failed <= 2 * MAX_UNREAD as u64, "{failed} failed reads");
     assert!(l.note.as_deref().is_some_and(|n| n.contains(&format!("{pages} page(s)"))), "every page with records is lost: {l:?}");
     assert!((0..pages).all(|i| u.get(i * RECORDS_PER_PAGE).is_none()));
