@@ -422,8 +422,7 @@ impl Pipeline {
                         if self.slots.checkpoint_header(copy, None) {
                             self.container_waits.push(copy);
                         }
-                        let n = &mut self.containers.header_blocks[usize::from(copy & 1)];
-                        *n = n.saturating_add(1);
+                        self.containers.header_block(copy);
                     }
                     ExtentKind::CheckpointPayload { copy } => {
                         self.containers.payloads |= 1 << copy;
@@ -514,8 +513,7 @@ impl Pipeline {
                 if self.slots.checkpoint_header(copy, header.valid().copied()) {
                     self.container_waits.push(copy);
                 }
-                let n = &mut self.containers.header_blocks[usize::from(copy & 1)];
-                *n = n.saturating_add(1);
+                self.containers.header_block(copy);
                 self.policy.place(&Target::Checkpoint { copy })
             }
             ExtentKind::CheckpointPayload { copy } => {

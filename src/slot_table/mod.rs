@@ -278,6 +278,13 @@ impl ContainerWrites {
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
     }
+
+    /// Counts a write of container `copy`'s header block that [`SlotTable::checkpoint_header`]
+    /// counted.
+    pub fn header_block(&mut self, copy: u8) {
+        let n = &mut self.header_blocks[usize::from(copy & 1)];
+        *n = n.saturating_add(1);
+    }
 }
 
 #[derive(Debug, Default)]
