@@ -116,13 +116,42 @@ pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), 
                 op => format!("{} of {} bytes at byte {}", op_name(op), u64::from(iod.nr_sectors) << 9, iod.start_sector << 9),
             };
             tracing::warn!(
-                "queue {}: a request failed ({what}): {} ({} failed so far on this queue; `fdpblk stats` counts them; the drive's side: `dmesg`, `nvme error-log`)",
+                "queue {}: a request failed ({what}): {}{} ({} failed so far on this queue; `fdpblk stats` counts them; the drive's side: `dmesg`, `nvme error-log`)",
                 q.get_qid(),
                 std::io::Error::from_raw_os_error(-res),
+                if for_the_kernel(res) == res { "" } else { " (EIO to the device's user)" },
                 ctx.stats.errors.load(Ordering::Relaxed)
             );
         }
-        fetched(q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?);
+        fetched(q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), for_the_kernel(res)).await?);
+    }
+}
+
+/// The result committed for a request. The block layer gives the device's user a status per
+/// errno (`errno_to_blk_status`): an engine's errno that means something else there (ENOMEM
+/// "no resources, retry", EAGAIN "would block", EBUSY "device busy", ETIME a duration limit)
+/// would tell LMCache a story about the ublk device that is not true, so it goes as EIO. The
+/// errnos kept are those a drive's own failures give through the NVMe driver (a medium error
+/// is ENODATA, a protection error EILSEQ, a gone namespace ENODEV), fdpblk's refusals (EINVAL,
+/// EOPNOTSUPP) and a full device (ENOSPC). The log and `fdpblk stats` keep the engine's.
+fn for_the_kernel(res: i32) -> i32 {
+    const KEPT: [i32; 11] = [
+        libc::EIO,
+        libc::ENOSPC,
+        libc::EOPNOTSUPP,
+        libc::EINVAL,
+        libc::ENODATA,
+        libc::EILSEQ,
+        libc::ENODEV,
+        libc::ETIMEDOUT,
+        libc::ENOLINK,
+        libc::EREMOTEIO,
+        libc::EBADE,
+    ];
+    if res >= 0 || KEPT.contains(&-res) {
+        res
+    } else {
+        -libc::EIO
     }
 }
 
@@ -474,6 +503,19 @@ mod tests {
         assert!(!in_exported_range(u64::MAX, 0, size), "a flush's sector (-1)");
         assert!(!in_exported_range((1 << 55) + 8, 4096, size), "a sector whose byte offset wraps to 4096");
         assert!(!in_exported_range(sector(u64::MAX - 511), 1024, size), "no overflow");
+    }
+
+    #[test]
+    fn only_errnos_that_say_what_happened_reach_the_kernel() {
+        for e in [libc::EIO, libc::ENOSPC, libc::EOPNOTSUPP, libc::EINVAL, libc::ENODATA, libc::EILSEQ, libc::ENODEV] {
+            assert_eq!(for_the_kernel(-e), -e, "errno {e} kept");
+        }
+        // The kernel failing to map a buffer, io_uring's cancellation, the engine's transient
+        // errnos: the block layer would call them "no resources" or "busy", or nothing apt.
+        for e in [libc::ENOMEM, libc::EAGAIN, libc::EBUSY, libc::EINTR, libc::ECANCELED, libc::EFAULT, libc::ETIME, libc::EOVERFLOW] {
+            assert_eq!(for_the_kernel(-e), -libc::EIO, "errno {e} goes as EIO");
+        }
+        assert_eq!((for_the_kernel(0), for_the_kernel(4096)), (0, 4096));
     }
 
     #[test]
