@@ -120,7 +120,7 @@ impl Watcher {
     /// `verify`, what is left of the block's pages.
     fn drop_cached_range(&self, off: u64, len: u64, verify: bool) -> Result<Left, (std::path::PathBuf, std::io::Error)> {
         let Some(path) = &self.cfg.page_cache else { return Ok(Left::default()) };
-        let window = drop_window(self.geom.data_base_offset(), off, len);
+        let window = drop_window(crate::device::page_size(), self.geom.data_base_offset(), off, len);
         let check = verify.then(|| off..off.saturating_add(len));
         std::fs::File::open(path).and_then(|f| drop_pages(&f, window, check)).map_err(|e| (path.clone(), e))
     }
@@ -138,20 +138,30 @@ struct Left {
 
 /// What to drop for `[off, off + len)`: the kernel drops only folios entirely inside the
 /// range, and a block device's page cache holds large folios where readahead brought them in
-/// (a LMCache reading a checkpoint, a probe of the device's first MiBs), up to the PMD size
-/// (2 MiB with 4 KiB pages, far more with 64 KiB ones). Within the metadata region (which ends
-/// at `meta_end`): all of it, which holds only LMCache's checkpoints, read only at its start.
-/// Elsewhere, and for a folio reaching past the region's end: the range's own pages (the
-/// check finds what stays).
-fn drop_window(meta_end: u64, off: u64, len: u64) -> std::ops::Range<u64> {
-    let page = crate::device::page_size();
+/// (a LMCache reading a checkpoint, a probe of the device's first MiBs), up to
+/// [`max_folio`]. Within the metadata region (which ends at `meta_end`): all of it, which
+/// holds only LMCache's checkpoints, read only at its start, and on to the next whole folio
+/// where the region's end is not one (a non-default `meta_total_bytes`), so that a folio
+/// reaching past it goes too (that takes the start of slot 0's clean pages with it, a
+/// re-read for a buffered reader). Elsewhere: the range's own pages (the check finds what
+/// stays).
+fn drop_window(page: u64, meta_end: u64, off: u64, len: u64) -> std::ops::Range<u64> {
     let end = off.saturating_add(len);
     let own = off / page * page..end.div_ceil(page).saturating_mul(page);
     if end <= meta_end {
-        0..own.end.max(meta_end / page * page)
+        let folio = max_folio(page);
+        0..own.end.max(meta_end.div_ceil(folio).saturating_mul(folio))
     } else {
         own
     }
+}
+
+/// The largest folio the kernel's page cache makes with `page`-byte pages: a PMD (as many
+/// pages as a page holds 8-byte entries), at most 2^11 pages (`MAX_PAGECACHE_ORDER`): 2 MiB
+/// with 4 KiB pages, 32 MiB with 16 KiB, 128 MiB with 64 KiB.
+fn max_folio(page: u64) -> u64 {
+    let pmd_order = (page / 8).max(1).ilog2().min(11);
+    page << pmd_order
 }
 
 /// Drops `window` of `f` from the page cache (whole pages); with `check`, what is left of the
@@ -228,7 +238,7 @@ mod tests {
         }
         // The file stands for a metadata region of four pages.
         let meta_end = 4 * page;
-        assert_eq!(drop_pages(f, drop_window(meta_end, page, 512), Some(page..page + 512)).unwrap(), Left::default(), "a clean page is dropped");
+        assert_eq!(drop_pages(f, drop_window(page, meta_end, page, 512), Some(page..page + 512)).unwrap(), Left::default(), "a clean page is dropped");
         assert_eq!(cachestat(f, 0, 0).unwrap().nr_cache, 0, "with the folio it may share");
         // A page a process maps stays (posix_fadvise skips it silently): the check says so.
         use std::os::fd::AsRawFd;
@@ -238,27 +248,32 @@ mod tests {
         // SAFETY: reads the first byte of the live mapping (faults the page in).
         assert_eq!(unsafe { std::ptr::read_volatile(m as *const u8) }, 7);
         let at = 2 * page..2 * page + 512;
-        assert_eq!(drop_pages(f, drop_window(meta_end, at.start, 512), Some(at.clone())).unwrap(), Left { clean: 1, dirty: 0 }, "a mapped page stays cached");
+        assert_eq!(drop_pages(f, drop_window(page, meta_end, at.start, 512), Some(at.clone())).unwrap(), Left { clean: 1, dirty: 0 }, "a mapped page stays cached");
         // SAFETY: the mapping made above, not used after.
         unsafe { libc::munmap(m, page as usize) };
-        assert_eq!(drop_pages(f, drop_window(meta_end, at.start, 512), Some(at.clone())).unwrap(), Left::default(), "dropped once unmapped");
+        assert_eq!(drop_pages(f, drop_window(page, meta_end, at.start, 512), Some(at.clone())).unwrap(), Left::default(), "dropped once unmapped");
         // A page written since and not yet written back stays, as dirty.
         use std::os::unix::fs::FileExt;
         f.write_all_at(&[1u8; 512], at.start).unwrap();
-        let left = drop_pages(f, drop_window(meta_end, at.start, 512), Some(at)).unwrap();
+        let left = drop_pages(f, drop_window(page, meta_end, at.start, 512), Some(at)).unwrap();
         assert!(left.clean == 0 && left.dirty == 1 || left == Left::default(), "a dirty page stays as dirty, unless written back already: {left:?}");
     }
 
     #[test]
     fn the_drop_takes_the_metadata_region_around_a_header() {
-        let page = crate::device::page_size();
+        let (page, folio) = (4096, 2 << 20);
+        assert_eq!(max_folio(page), folio);
+        assert_eq!((max_folio(16 << 10), max_folio(64 << 10)), (32 << 20, 128 << 20));
         let meta = 1 << 30;
-        assert_eq!(drop_window(meta, 0, 4096), 0..meta);
-        assert_eq!(drop_window(meta, meta / 2, 4096), 0..meta);
-        // A region's end that is not a whole page: its whole pages, and always the block's own.
-        assert_eq!(drop_window(8 * page + 512, 4 * page, 512), 0..8 * page);
-        assert_eq!(drop_window(512, 0, 512), 0..page);
+        assert_eq!(drop_window(page, meta, 0, 4096), 0..meta);
+        assert_eq!(drop_window(page, meta, meta / 2, 4096), 0..meta);
+        // A region's end that is not a whole folio: on to the next, where a folio reaching
+        // past the end ends.
+        assert_eq!(drop_window(page, meta + 512 * 1024, 4096, 4096), 0..meta + folio);
+        assert_eq!(drop_window(page, 8 * page + 512, 4 * page, 512), 0..folio);
+        assert_eq!(drop_window(64 << 10, meta + (64 << 10), 0, 4096), 0..meta + (128 << 20));
         // Outside it: the range's own pages.
-        assert_eq!(drop_window(meta, meta + 100, 4096), meta..meta + page.max(8192));
+        assert_eq!(drop_window(page, meta, meta + 100, 4096), meta..meta + 8192);
+        assert_eq!(drop_window(page, meta, meta, 4096), meta..meta + page);
     }
 }
