@@ -1287,7 +1287,7 @@ impl Persist {
             // Only a forged or corrupt copy near the bound gets here; a load refuses this seq.
             keep_pending(&mut self.forced, pages);
             return Err(io::Error::other(format!(
-                "own state: sequence number {seq} is at its limit (a corrupt copy in the reserved tail set it), so the state cannot be saved; stop the device and discard the tail (blkdiscard -o {} -l {} on the backing, or on its namespace /dev/nvmeXnY for a /dev/ngXnY backing) to start from an empty state",
+                "own state: sequence number {seq} is at its limit (a corrupt copy in the reserved tail set it), so the state cannot be saved; stop the device and zero the tail (blkdiscard -z -o {} -l {} on the backing, or on its namespace /dev/nvmeXnY for a /dev/ngXnY backing; zeroes, not a deallocation, which a drive may not read back as zeroes) to start from an empty state",
                 self.region.offset, self.region.len
             )));
         }

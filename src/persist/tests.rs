@@ -1019,7 +1019,7 @@ fn seqs_past_the_bound_are_refused() {
     let (t, p3, l, dev) = load(&g, img, region);
     assert!(l.clean);
     let e = p3.unwrap().cycle(&*dev, &t, &Counters::default(), false, true).unwrap_err();
-    assert!(e.to_string().contains("blkdiscard"), "{e}");
+    assert!(e.to_string().contains("blkdiscard -z"), "{e}");
 }
 
 /// What the docs say of the reserved tail: 1/4096 of a 2 TB drive holds the state down to
