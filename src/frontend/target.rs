@@ -809,6 +809,43 @@ fn placement_unchanged(cfg: &DeviceConfig, now: Result<Result<Vec<u16>, String>,
     ))
 }
 
+/// A recovery's check, for the streams engine, that the namespace still has the write
+/// streams the device was added with (`max_write_streams`: `now`, read again). Fewer means its
+/// FDP configuration changed or FDP was turned off (either only with its namespaces made
+/// again, as for [`placement_unchanged`]); the kernel would fail every write on a stream past
+/// it. A namespace whose count cannot be read now keeps the saved streams, with a warning.
+fn streams_unchanged(cfg: &DeviceConfig, now: Result<u64, String>) -> Result<(), String> {
+    let Some(&most) = cfg.streams.iter().max() else { return Ok(()) };
+    match now {
+        Ok(n) if n >= u64::from(most) => Ok(()),
+        Ok(n) => Err(format!(
+            "device {}: backing {} now has {n} write streams (max_write_streams), fewer than the {most} policy {} was added with: \
+             its FDP configuration changed, so its namespaces were made again and the bytes LMCache's index names are gone. \
+             Nothing was written; `fdpblk del -n {}` and add the device again (LMCache then fills it from empty)",
+            cfg.id,
+            cfg.backing.display(),
+            cfg.policy,
+            cfg.id
+        )),
+        Err(e) => {
+            tracing::warn!("device {}: cannot read the write streams of {} again ({e}); recovering with those saved at add, {:?}", cfg.id, cfg.backing.display(), cfg.streams);
+            Ok(())
+        }
+    }
+}
+
+/// `max_write_streams` of block device `path` now (0 where the kernel has none: before 6.16).
+fn max_write_streams(path: &Path) -> Result<u64, String> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.rdev();
+    let dir = crate::device::sysfs_block_dir(rdev).ok_or_else(|| format!("no sysfs directory for {}", path.display()))?;
+    match std::fs::read_to_string(dir.join("queue/max_write_streams")) {
+        Ok(v) => v.trim().parse().map_err(|e| format!("max_write_streams {:?}: {e}", v.trim())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(format!("max_write_streams: {e}")),
+    }
+}
+
 /// An add's wait for an earlier holder, ended by a stop signal before its time was up.
 fn stopped_while_waiting(e: &str) -> String {
     format!("a stop signal came while it started, waiting for an earlier holder to let go ({e}); nothing was created")
@@ -1033,6 +1070,9 @@ pub fn run(cfg: DeviceConfig, recover: bool, notify: impl FnOnce(Result<i32, Str
     if recover && cfg.engine == EngineKind::Passthrough && !cfg.pids.is_empty() {
         let now = crate::engine::passthrough::placement_ids(&cfg.backing, &cfg.policy, first_policy.handles());
         placement_unchanged(&cfg, now).map_err(fail)?;
+    }
+    if recover && cfg.engine == EngineKind::Streams {
+        streams_unchanged(&cfg, max_write_streams(&cfg.backing)).map_err(fail)?;
     }
     let Backing { file: backing, _claim: claim, _alive: alive } = open_backing(&cfg, recover).map_err(fail)?;
     let now = backing_now(&cfg.backing, &backing).map_err(fail)?;
@@ -2055,6 +2095,24 @@ mod tests {
         let e = placement_unchanged(&cfg, Ok(Err("FDP is not enabled".into()))).unwrap_err();
         assert!(e.contains("places no writes for policy") && e.contains("(FDP is not enabled)"), "{e}");
         placement_unchanged(&cfg, Err("log page read failed".into())).unwrap();
+    }
+
+    /// Fewer write streams than the device was added with refuse the recovery, naming both
+    /// and the fix; a count that cannot be read keeps the saved streams.
+    #[test]
+    fn a_recovery_refuses_a_namespace_with_fewer_write_streams() {
+        let cfg = DeviceConfig { id: 3, backing: "/dev/nvme0n1".into(), engine: EngineKind::Streams, streams: vec![1, 2, 3], ..file_backing(Path::new("/x")) };
+        streams_unchanged(&cfg, Ok(3)).unwrap();
+        streams_unchanged(&cfg, Ok(8)).unwrap();
+        let e = streams_unchanged(&cfg, Ok(2)).unwrap_err();
+        assert!(e.contains("/dev/nvme0n1 now has 2 write streams") && e.contains("fewer than the 3 policy"), "{e}");
+        assert!(e.contains("Nothing was written; `fdpblk del -n 3`") && !e.contains("  "), "{e}");
+        // A kernel without write streams (the attribute absent) reads as 0.
+        assert!(streams_unchanged(&cfg, Ok(0)).is_err());
+        streams_unchanged(&cfg, Err("no sysfs directory".into())).unwrap();
+        // Another engine saves no streams: nothing to check.
+        streams_unchanged(&DeviceConfig { streams: vec![], ..cfg }, Ok(0)).unwrap();
+        assert_eq!(max_write_streams(Path::new("/nonexistent-fdpblk")).map_err(|e| e.contains("/nonexistent-fdpblk")), Err(true));
     }
 
     #[test]
