@@ -496,6 +496,19 @@ impl WorkloadSpec {
         Ok(spec)
     }
 
+    /// The most checkpoint ticks one request's writes may span (bounded at validation by
+    /// `MAX_CHECKPOINTS_PER_REQUEST`): its longest request's time, in intervals, and one more
+    /// for a tick it starts just before.
+    pub fn checkpoints_per_request_at_most(&self) -> u64 {
+        let longest = self
+            .tenants
+            .iter()
+            .map(|t| (u64::from(t.prefix_chunks) + u64::from(t.doc_chunks_max) + u64::from(t.unique_tail_chunks)) as f64 * self.chunk_bytes as f64)
+            .fold(0.0, f64::max);
+        let secs = longest / (self.write_rate_mb_s * 1e6);
+        (secs / self.checkpoint_interval_s).floor().min(MAX_CHECKPOINTS_PER_REQUEST) as u64 + 1
+    }
+
     /// LMCache's geometry for a device of `device_bytes` of which it may use `capacity_bytes`.
     pub fn geometry(&self, device_bytes: u64, capacity_bytes: u64) -> Result<Geometry, String> {
         GeometryConfig {

@@ -39,12 +39,23 @@ fn a_workload_too_large_for_memory_is_refused_naming_the_fix() {
     let e = WorkloadSpec::from_json_str(&format!(r#"{{"slot_bytes": "1M", "meta_total_bytes": "4M", "tenants": [{tenants}]}}"#)).unwrap_err();
     assert!(e.contains("at most 4096"), "{e}");
     // Its slot tables alone: 229 million 8 KiB slots take about 28 GiB.
-    let e = workload_fits(229_000_000, 1, 0, Some(16 << 30)).unwrap_err();
+    let cap = 2 << 20;
+    let e = workload_fits(229_000_000, 1, 0, 0, cap, Some(16 << 30)).unwrap_err();
     assert!(e.contains("\"slot_bytes\"") && e.contains("--device-size"), "{e}");
-    assert!(workload_fits(229_000_000, 1, 0, Some(64 << 30)).is_ok());
+    assert!(workload_fits(229_000_000, 1, 0, 0, cap, Some(64 << 30)).is_ok());
     // An L1 of every slot adds about 11 GB.
-    assert!(workload_fits(229_000_000, 1, 0, Some(36 << 30)).is_ok());
-    assert!(workload_fits(229_000_000, 1, 229_000_000, Some(36 << 30)).is_err());
+    assert!(workload_fits(229_000_000, 1, 0, 0, cap, Some(36 << 30)).is_ok());
+    assert!(workload_fits(229_000_000, 1, 229_000_000, 0, cap, Some(36 << 30)).is_err());
+    // Two checkpoint snapshots (the one built, one a request keeps) add 24 bytes an entry
+    // each, and their JSON up to the container's payload: 128 MiB for a 256 MiB region.
+    assert!(workload_fits(229_000_000, 1, 0, 2, cap, Some(36 << 30)).is_err());
+    assert!(workload_fits(229_000_000, 1, 0, 2, cap, Some(40 << 30)).is_ok());
+    assert!(workload_fits(100_000, 1, 0, 2, 128 << 20, Some(128 << 20)).is_ok(), "100 k entries' JSON: 51 MB each");
+    assert!(workload_fits(1_000_000, 1, 0, 17, 128 << 20, Some(1 << 30)).is_err(), "17 copies of 158 MB");
+    // A request's snapshots: one tick it starts just before, and one per interval it lasts.
+    assert_eq!(spec(r#"{"tenants": [{"universe": 1}]}"#).checkpoints_per_request_at_most(), 1);
+    let slow = spec(r#"{"write_rate_mb_s": 1, "checkpoint_interval_s": 10, "tenants": [{"universe": 1, "doc_chunks": [4, 4]}]}"#);
+    assert!(slow.checkpoints_per_request_at_most() > 1, "{}", slow.checkpoints_per_request_at_most());
     let odd = spec(r#"{"slot_bytes": "1M", "meta_total_bytes": "4M", "header_bytes": "6K", "tenants": [{"universe": 1}]}"#);
     let e = odd.geometry(64 << 20, 0).unwrap_err();
     assert!(e.contains("the workload's \"header_bytes\"") && !e.contains("--header-bytes"), "{e}");
