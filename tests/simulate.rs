@@ -73,6 +73,31 @@ fn json_table_and_plot() {
     std::fs::remove_dir_all(&d).ok();
 }
 
+/// `--writeback-puts N` plays what `"writeback_puts": N` in the workload does, and the
+/// window moves the figures (the page cache absorbs more puts into a dirty slot).
+#[test]
+fn writeback_puts_flag_overrides_the_workload() {
+    let d = tmpdir("writeback");
+    let waf = |workload: &str, extra: &[&str]| -> f64 {
+        let w = d.join("w.json");
+        std::fs::write(&w, workload).unwrap();
+        let out = fdpblk()
+            .args(["simulate", "--workload", w.to_str().unwrap(), "--policy", "none", "--utilization", "100", "--trim", "off", "--json", "--io", "buffered"])
+            .args(extra)
+            .args(SMALL)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["runs"][0]["waf"].as_f64().unwrap()
+    };
+    let in_file = WORKLOAD.replacen('{', r#"{"writeback_puts": 256, "#, 1);
+    let by_flag = waf(WORKLOAD, &["--writeback-puts", "256"]);
+    assert_eq!(by_flag, waf(&in_file, &[]));
+    assert_ne!(by_flag, waf(WORKLOAD, &[]), "the default window (64) gives another WAF");
+    std::fs::remove_dir_all(&d).ok();
+}
+
 #[test]
 fn errors_name_the_fix() {
     let d = tmpdir("err");
@@ -91,6 +116,8 @@ fn errors_name_the_fix() {
         (vec!["--policy", " , "], "--policy: none given"),
         (vec!["--utilization", ""], "--utilization: none given"),
         (vec!["--trim-rules", "slots,bogus"], "choose from slots, tails"),
+        (vec!["--writeback-puts", "8"], "--writeback-puts needs buffered I/O"),
+        (vec!["--io", "buffered", "--writeback-puts", "0"], "1 to 1048576 puts"),
         // 1 % of a 1 GiB drive holds no slot after the metadata region: said before the
         // 100 % run has run, naming simulate's flags (not `add`'s --capacity-bytes).
         (vec!["--utilization", "100,1"], "at --utilization 1: LMCache's share of the simulated device"),

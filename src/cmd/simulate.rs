@@ -103,6 +103,11 @@ pub struct SimulateArgs {
     /// the workload's `uring_reorder_window` (default 64; 0 or 1: in order).
     #[arg(long)]
     pub uring_reorder_window: Option<u64>,
+    /// Buffered I/O: how many puts' dirty pages the page cache writes back together (sorted
+    /// by offset), overriding the workload's `writeback_puts` (default 64: a small page
+    /// cache's; a server's kernel holds thousands, docs/waf.md's Limits).
+    #[arg(long)]
+    pub writeback_puts: Option<usize>,
     /// Buffered I/O: whether a checkpoint's pages reach the device after the dirty slot pages
     /// of the puts it lists (after-slots) or before them (before-slots), overriding the
     /// workload's `checkpoint_writeback` (default after_slots). The kernel's order lies
@@ -167,6 +172,15 @@ pub fn plan(a: &SimulateArgs) -> Result<Vec<RunSpec>, String> {
             return Err(format!("--uring-reorder-window {w}: at most 1048576 requests"));
         }
         workload.uring_reorder_window = w;
+    }
+    if let Some(n) = a.writeback_puts {
+        if workload.io != IoMode::Buffered {
+            return Err("--writeback-puts needs buffered I/O (--io buffered or \"io\": \"buffered\" in the workload)".into());
+        }
+        if !(1..=1 << 20).contains(&n) {
+            return Err(format!("--writeback-puts {n}: 1 to 1048576 puts"));
+        }
+        workload.writeback_puts = n;
     }
     if let Some(o) = &a.checkpoint_writeback {
         workload.checkpoint_before_slots = match o.as_str() {
