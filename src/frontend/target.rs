@@ -811,13 +811,25 @@ fn placement_unchanged(cfg: &DeviceConfig, now: Result<Result<Vec<u16>, String>,
 
 /// A recovery's check, for the streams engine, that the namespace still has the write
 /// streams the device was added with (`max_write_streams`: `now`, read again). Fewer means its
-/// FDP configuration changed or FDP was turned off (either only with its namespaces made
-/// again, as for [`placement_unchanged`]); the kernel would fail every write on a stream past
-/// it. A namespace whose count cannot be read now keeps the saved streams, with a warning.
+/// FDP configuration changed (only with its namespaces made again, as for
+/// [`placement_unchanged`]); none, a kernel or driver without them. The kernel would fail
+/// every write on a stream past the count. A namespace whose count cannot be read now keeps the saved streams, with a warning.
 fn streams_unchanged(cfg: &DeviceConfig, now: Result<u64, String>) -> Result<(), String> {
     let Some(&most) = cfg.streams.iter().max() else { return Ok(()) };
     match now {
         Ok(n) if n >= u64::from(most) => Ok(()),
+        // None at all: the kernel (before Linux 6.16) or its NVMe driver (FDP not set up on
+        // the namespace) offers none; the drive's bytes are as they were.
+        Ok(0) => Err(format!(
+            "device {}: the kernel offers no write streams on backing {} now (max_write_streams 0 or absent), and policy {} writes on {most}: \
+             the streams engine needs Linux >= 6.16 with the namespace's FDP set up by its NVMe driver. Nothing was written; \
+             recover under such a kernel (`fdpblk recover -n {}`), or `fdpblk del -n {}` and add the device on /dev/ngXnY with --engine passthrough",
+            cfg.id,
+            cfg.backing.display(),
+            cfg.policy,
+            cfg.id,
+            cfg.id
+        )),
         Ok(n) => Err(format!(
             "device {}: backing {} now has {n} write streams (max_write_streams), fewer than the {most} policy {} was added with: \
              its FDP configuration changed, so its namespaces were made again and the bytes LMCache's index names are gone. \
@@ -2107,8 +2119,10 @@ mod tests {
         let e = streams_unchanged(&cfg, Ok(2)).unwrap_err();
         assert!(e.contains("/dev/nvme0n1 now has 2 write streams") && e.contains("fewer than the 3 policy"), "{e}");
         assert!(e.contains("Nothing was written; `fdpblk del -n 3`") && !e.contains("  "), "{e}");
-        // A kernel without write streams (the attribute absent) reads as 0.
-        assert!(streams_unchanged(&cfg, Ok(0)).is_err());
+        // A kernel without write streams (the attribute absent) reads as 0: not a namespace
+        // made again, a kernel to change.
+        let e = streams_unchanged(&cfg, Ok(0)).unwrap_err();
+        assert!(e.contains("offers no write streams") && e.contains("Linux >= 6.16") && e.contains("recover -n 3") && !e.contains("made again"), "{e}");
         streams_unchanged(&cfg, Err("no sysfs directory".into())).unwrap();
         // Another engine saves no streams: nothing to check.
         streams_unchanged(&DeviceConfig { streams: vec![], ..cfg }, Ok(0)).unwrap();
