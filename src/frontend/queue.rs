@@ -133,7 +133,9 @@ pub async fn io_task(q: &UblkQueue<'_>, tag: u16, ctx: &QueueCtx) -> Result<(), 
 /// would tell LMCache a story about the ublk device that is not true, so it goes as EIO. The
 /// errnos kept are those a drive's own failures give through the NVMe driver (a medium error
 /// is ENODATA, a protection error EILSEQ, a gone namespace ENODEV), fdpblk's refusals (EINVAL,
-/// EOPNOTSUPP) and a full device (ENOSPC). The log and `fdpblk stats` keep the engine's.
+/// EOPNOTSUPP) and a full device (ENOSPC); a kernel without a status of its own for EINVAL
+/// (before Linux 6.11) or ENODEV reports EIO for it. The log and `fdpblk stats` keep the
+/// engine's.
 fn for_the_kernel(res: i32) -> i32 {
     const KEPT: [i32; 11] = [
         libc::EIO,

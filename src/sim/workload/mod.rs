@@ -276,8 +276,8 @@ const MAX_DOCS: u64 = 1 << 27;
 /// The workload model's tables: about 128 bytes per slot (its record, the two containers'
 /// listings, the index), 8 per document and 48 per L1 entry (its node and map entry); and
 /// `copies` of the checkpoint snapshot (the live entries, 24 bytes each, and the JSON, at most
-/// 512 bytes an entry and never past `json_cap`, the container's payload: one the model
-/// builds, and one kept for each checkpoint a request's writes may span), against `budget`.
+/// 512 bytes an entry and never past `json_cap`, the container's payload: the one the model
+/// builds, and one kept for each earlier checkpoint of the same request), against `budget`.
 fn workload_fits(slots: u64, docs: u64, l1: u64, copies: u64, json_cap: u64, budget: Option<u64>) -> Result<(), String> {
     let snapshot = slots.saturating_mul(24).saturating_add(slots.saturating_mul(512).min(json_cap));
     let need = slots
@@ -321,8 +321,9 @@ impl Workload {
             ));
         }
         let l1_entries = (spec.l1_share * slots_n as f64).round() as u64;
-        // A request's snapshots: one per checkpoint tick its writes span, kept until it ends.
-        let copies = 1 + spec.checkpoints_per_request_at_most();
+        // A request's snapshots: one per checkpoint tick its writes span (the last is the
+        // model's own), kept until it ends.
+        let copies = spec.checkpoints_per_request_at_most();
         workload_fits(slots_n, all_docs as u64, l1_entries, copies, geometry.payload_cap(), crate::sim::memory::budget())?;
         let total_share: f64 = spec.tenants.iter().map(|t| t.share).sum();
         let mut acc = 0.0;

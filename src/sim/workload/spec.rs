@@ -503,7 +503,7 @@ impl WorkloadSpec {
         let longest = self
             .tenants
             .iter()
-            .map(|t| (u64::from(t.prefix_chunks) + u64::from(t.doc_chunks_max) + u64::from(t.unique_tail_chunks)) as f64 * self.chunk_bytes as f64)
+            .map(|t| (u64::from(t.prefix_chunks) + u64::from(t.doc_chunks_max) + u64::from(t.unique_tail_chunks)) as f64 * (self.chunk_bytes + self.header_bytes) as f64)
             .fold(0.0, f64::max);
         let secs = longest / (self.write_rate_mb_s * 1e6);
         (secs / self.checkpoint_interval_s).floor().min(MAX_CHECKPOINTS_PER_REQUEST) as u64 + 1

@@ -47,7 +47,7 @@ fn a_workload_too_large_for_memory_is_refused_naming_the_fix() {
     assert!(workload_fits(229_000_000, 1, 0, 0, cap, Some(36 << 30)).is_ok());
     assert!(workload_fits(229_000_000, 1, 229_000_000, 0, cap, Some(36 << 30)).is_err());
     // Two checkpoint snapshots (the one built, one a request keeps) add 24 bytes an entry
-    // each, and their JSON up to the container's payload: 128 MiB for a 256 MiB region.
+    // each, and their JSON up to the container's payload (here 2 MiB).
     assert!(workload_fits(229_000_000, 1, 0, 2, cap, Some(36 << 30)).is_err());
     assert!(workload_fits(229_000_000, 1, 0, 2, cap, Some(40 << 30)).is_ok());
     assert!(workload_fits(100_000, 1, 0, 2, 128 << 20, Some(128 << 20)).is_ok(), "100 k entries' JSON: 51 MB each");
