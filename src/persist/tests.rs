@@ -189,19 +189,38 @@ fn confirmations_an_unclean_load_drops_do_not_come_back_after_a_clean_stop() {
     assert_eq!((e.identity, e.confirmed), (9, false), "the dropped confirmation came back: {e:?}");
 }
 
-/// Applies `ops` to `img`: writes, with write `torn` cut to its first `cut` bytes and the
-/// writes in `drop` lost.
-fn apply(img: &mut [u8], ops: &[MemOp], torn: Option<(usize, usize)>, drop: &[usize]) {
+/// What of a torn write lands: its first bytes, or some of its 512-byte sectors in any
+/// order (a drive need not persist a write front to back).
+#[derive(Clone, Copy, Debug)]
+enum Tear {
+    Prefix(usize),
+    /// Sector `i` lands where bit `i % 64` is set.
+    Sectors(u64),
+}
+
+/// Applies `ops` to `img`: writes, with write `torn` landing only as its [`Tear`] says and
+/// the writes in `drop` lost.
+fn apply(img: &mut [u8], ops: &[MemOp], torn: Option<(usize, Tear)>, drop: &[usize]) {
     for (i, op) in ops.iter().enumerate() {
         if let MemOp::Write { off, data, .. } = op {
             if drop.contains(&i) {
                 continue;
             }
-            let n = match torn {
-                Some((t, cut)) if t == i => cut.min(data.len()),
-                _ => data.len(),
-            };
-            img[*off as usize..*off as usize + n].copy_from_slice(&data[..n]);
+            let at = *off as usize;
+            match torn {
+                Some((t, Tear::Prefix(cut))) if t == i => {
+                    let n = cut.min(data.len());
+                    img[at..at + n].copy_from_slice(&data[..n]);
+                }
+                Some((t, Tear::Sectors(mask))) if t == i => {
+                    for (k, sector) in data.chunks(512).enumerate() {
+                        if mask >> (k % 64) & 1 == 1 {
+                            img[at + k * 512..at + k * 512 + sector.len()].copy_from_slice(sector);
+                        }
+                    }
+                }
+                _ => img[at..at + data.len()].copy_from_slice(data),
+            }
         }
     }
 }
@@ -220,8 +239,8 @@ fn snapshot_untrusted(t: &SlotTable) -> Vec<u8> {
     out
 }
 
-/// A crash variant: the write cut short (index, bytes) and the writes lost.
-type Variant = (Option<(usize, usize)>, Vec<usize>);
+/// A crash variant: the write torn (index, what landed) and the writes lost.
+type Variant = (Option<(usize, Tear)>, Vec<usize>);
 
 #[test]
 fn crash_at_every_write_boundary_loads_a_committed_state() {
@@ -254,13 +273,17 @@ fn crash_at_every_write_boundary_loads_a_committed_state() {
             let last_flush = prefix.iter().rposition(|o| matches!(o, MemOp::Flush)).map_or(0, |i| i + 1);
             let unflushed: Vec<usize> = (last_flush..p_cut).filter(|&i| matches!(ops[i], MemOp::Write { .. })).collect();
             // Variants: the cut is clean; the next write is torn (half, and one page of a
-            // run); any subset of the unflushed writes was lost (every subset: the cycles
-            // here leave few unflushed, 8 at most when this was written).
+            // run; or only some of its sectors: every other one, every other page, all but
+            // the first of each 32 KiB); any subset of the unflushed writes was lost (every
+            // subset: the cycles here leave few unflushed, 8 at most when this was written).
             let mut variants: Vec<Variant> = vec![(None, vec![])];
             if let Some(MemOp::Write { data, .. }) = ops.get(p_cut) {
-                variants.push((Some((p_cut, data.len() / 2)), vec![]));
-                variants.push((Some((p_cut, 4096.min(data.len() - 1))), vec![]));
-                variants.push((Some((p_cut, 100)), vec![]));
+                variants.push((Some((p_cut, Tear::Prefix(data.len() / 2))), vec![]));
+                variants.push((Some((p_cut, Tear::Prefix(4096.min(data.len() - 1)))), vec![]));
+                variants.push((Some((p_cut, Tear::Prefix(100))), vec![]));
+                for mask in [0x5555_5555_5555_5555, 0xff00_ff00_ff00_ff00, !1] {
+                    variants.push((Some((p_cut, Tear::Sectors(mask))), vec![]));
+                }
             }
             let n = unflushed.len();
             assert!(n <= 12, "{n} unflushed writes: too many subsets to try them all");
@@ -314,7 +337,7 @@ fn crash_at_every_write_boundary_loads_a_committed_state() {
         }
     }
     eprintln!("{checked} crash variants (cut, torn, lost unflushed writes) loaded a committed state; up to {most_unflushed} writes were unflushed at a cut");
-    assert!(checked > 1500, "{checked}");
+    assert!(checked > 3000, "{checked}");
     // The cycles here must leave more writes unflushed than the earlier limit of 6 covered.
     assert!(most_unflushed > 6, "{most_unflushed}");
 }
@@ -712,7 +735,7 @@ fn a_crash_in_a_fresh_states_first_cycle_never_trusts_the_old_state_half_overwri
     for (k, &w) in writes.iter().enumerate() {
         for cut in [2048, 4096] {
             let mut img = before.clone();
-            apply(&mut img, &ops, Some((w, cut)), &writes[k + 1..]);
+            apply(&mut img, &ops, Some((w, Tear::Prefix(cut))), &writes[k + 1..]);
             let (v, _, l, _) = load(&g, img, region);
             assert!(!l.clean || snapshot(&v) == old, "a crash in write {k} (cut at {cut}) left the old state trusted, half overwritten: {l:?}");
         }
@@ -979,7 +1002,7 @@ fn a_crash_in_the_cycle_rewriting_a_suspect_copy_never_trusts_the_older_one() {
             for cut in [2048, 4096] {
                 let mut img = before.clone();
                 let later: Vec<usize> = writes[k + 1..].to_vec();
-                apply(&mut img, &ops, Some((w, cut)), &later);
+                apply(&mut img, &ops, Some((w, Tear::Prefix(cut))), &later);
                 // (The sector that did not read is read here again: trusting is right only
                 // where the newest copy, identity 10, is what loads.)
                 let (v, _, l, _) = load(&g, img, region);
