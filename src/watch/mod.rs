@@ -634,6 +634,8 @@ pub struct Watcher {
     /// The larger capacity_bytes of LMCache's checkpoint last warned about.
     capacity_warned: Option<u64>,
     risk: bool,
+    /// Whether this start said that LMCache's checkpoint cannot list every slot.
+    full_index_said: bool,
     stalled: bool,
     summary: Summary,
     summary_at: Instant,
@@ -809,6 +811,7 @@ impl Watcher {
             stopped: false,
             unclean_error: None,
             risk: false,
+            full_index_said: false,
             stalled: false,
             summary: Summary::default(),
             summary_at: now,
@@ -1326,6 +1329,7 @@ impl Watcher {
             "checkpoint_cap_bytes": self.geom.payload_cap(),
             "checkpoint_estimate_bytes": est.map(|e| e.bytes),
             "overflow_risk": self.risk,
+            "checkpoint_full_bytes": self.full_index().0,
             "checkpoint_stalled": self.stalled,
             "lmcache_opens": self.lmcache_opens,
             "lmcache_lost_puts": self.lmcache_lost_puts,

@@ -43,14 +43,52 @@ impl Watcher {
         self.slots.set_alarm_at(c.puts_at + fit.saturating_sub(c.entries).max(1));
     }
 
-    /// LMCache's `meta_total_bytes` that holds a checkpoint of twice `bytes`.
+    /// LMCache's checkpoint with an entry in every slot of its layout (bytes, at the bytes per
+    /// entry measured so far), and how many entries fit its container.
+    pub fn full_index(&self) -> (u64, u64) {
+        let c = self.baseline();
+        let entry_bytes = self.estimate().map_or(DEFAULT_ENTRY_BYTES, |e| e.entry_bytes);
+        let bytes = c.fixed_bytes + (self.lmcache_slots() as f64 * entry_bytes).ceil() as u64;
+        let fits = (self.geom.payload_cap().saturating_sub(c.fixed_bytes) as f64 / entry_bytes).floor() as u64;
+        (bytes, fits)
+    }
+
+    /// LMCache's `meta_total_bytes` whose containers hold twice `bytes` (the next checkpoint's
+    /// estimate) and, with a twentieth to spare, every slot's entry: one that never has to
+    /// be raised again, each raise costing LMCache its cache.
     pub fn meta_total_needed(&self, bytes: u64) -> u64 {
         let a = self.geom.block_align;
-        let container = (a + 2 * bytes).div_ceil(a) * a;
+        let full = self.full_index().0;
+        let payload = (2 * bytes).max(full + full / 20);
+        let container = (a + payload).div_ceil(a) * a;
         (2 * container).div_ceil(1 << 20) << 20
     }
 
+    /// Said once a start: LMCache's checkpoint cannot list every slot of its layout, so a
+    /// cache filled far enough stops checkpointing. Said before that happens, while a new
+    /// `meta_total_bytes` costs an operator little (LMCache starts empty on a new layout).
+    fn say_full_index(&mut self) {
+        if self.full_index_said {
+            return;
+        }
+        self.full_index_said = true;
+        let (bytes, fits) = self.full_index();
+        let cap = self.geom.payload_cap();
+        if bytes <= cap {
+            return;
+        }
+        let slots = self.lmcache_slots();
+        tracing::warn!(
+            "device {}: LMCache's checkpoint cannot list all {slots} slots: with an entry in each it would be about {bytes} bytes, past the {cap}-byte checkpoint container (meta_total_bytes {}); once LMCache holds about {fits} entries ({:.0}% of its slots) it stops checkpointing, and its next restart loses what it stored since (an MP LMCache whose eviction keeps fewer entries never gets there). Fix, cheapest while the cache is still to fill: LMCache's meta_total_bytes of at least {} (a new layout: LMCache starts empty; add fdpblk again with it)",
+            self.cfg.device,
+            self.geom.meta_total_bytes,
+            100.0 * fits as f64 / slots.max(1) as f64,
+            self.meta_total_needed(0)
+        );
+    }
+
     pub(super) fn check_overflow(&mut self, _alarm: bool) {
+        self.say_full_index();
         let Some(e) = self.estimate() else { return };
         let c = self.baseline();
         let risk = e.bytes as f64 >= RISK_FRACTION * e.cap as f64;

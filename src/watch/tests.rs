@@ -2807,6 +2807,35 @@ fn overflow_alarm_comes_before_the_first_skipped_checkpoint() {
     assert!(v["checkpoint_seq"].as_u64().unwrap() >= 2);
 }
 
+/// A layout whose checkpoint cannot list every slot is said once, at the start, before any
+/// put, with the entries that fit and a `meta_total_bytes` that lists them all; one that can
+/// is not.
+#[test]
+fn a_checkpoint_that_cannot_list_every_slot_is_said_at_the_start() {
+    let mut said = None;
+    let warned = warnings_during(|| {
+        // Containers of 4 KiB (3584 bytes of payload): 13 entries of 240 bytes fit, 64 slots do not.
+        let mut r = Rig::new(64, 8192, true);
+        r.step();
+        r.step();
+        let v = r.w.published_json();
+        let full = v["checkpoint_full_bytes"].as_u64().unwrap();
+        assert!(full > r.g.payload_cap(), "{v}");
+        said = Some((full, r.w.meta_total_needed(0), r.g.block_align));
+    });
+    let (full, needed, align) = said.unwrap();
+    assert_eq!(warned.matches("cannot list all 64 slots").count(), 1, "once: {warned}");
+    assert!(warned.contains("about 13 entries") && warned.contains(&format!("meta_total_bytes of at least {needed}")), "{warned}");
+    // The named region's containers hold every slot's entry, with a twentieth to spare.
+    assert!(needed / 2 - align >= full + full / 20, "{needed} for {full}");
+    let quiet = warnings_during(|| {
+        let mut r = Rig::new(8, 8192, true);
+        r.step();
+        assert!(r.w.published_json()["checkpoint_full_bytes"].as_u64().unwrap() <= r.g.payload_cap());
+    });
+    assert!(!quiet.contains("cannot list"), "{quiet}");
+}
+
 #[test]
 fn puts_into_freed_slots_do_not_raise_the_overflow_alarm_past_the_slot_count() {
     // 8 slots, whose 8 entries fit a 4 KiB container with room to spare: however many puts
