@@ -95,7 +95,7 @@ impl Watcher {
         let dev = self.cfg.device;
         if risk && !self.risk {
             tracing::error!(
-                "device {dev}: checkpoint overflow risk: LMCache's next checkpoint will be about {} bytes ({} entries x {:.0} bytes), {:.0}% of the {}-byte limit of a checkpoint container (meta_total_bytes {}). Above the limit LMCache skips every checkpoint with only a warning, and its next restart loses every entry stored since checkpoint seq {}. Fix: set LMCache's meta_total_bytes to at least {} (rust_raw_block.meta_total_bytes, or meta_total_bytes of the MP adapter); that is a new layout, so LMCache starts with an empty cache, and fdpblk must be re-added with the new value (its error then names the command that erases the old checkpoint)",
+                "device {dev}: checkpoint overflow risk: LMCache's next checkpoint will be about {} bytes ({} entries x {:.0} bytes), {:.0}% of the {}-byte limit of a checkpoint container (meta_total_bytes {}). Above the limit LMCache skips every checkpoint with only a warning, and its next restart loses every entry stored since its last checkpoint that fit (seq {} or a later one). Fix: set LMCache's meta_total_bytes to at least {} (rust_raw_block.meta_total_bytes, or meta_total_bytes of the MP adapter); that is a new layout, so LMCache starts with an empty cache, and fdpblk must be re-added with the new value (its error then names the command that erases the old checkpoint)",
                 e.bytes,
                 e.entries,
                 e.entry_bytes,
@@ -180,9 +180,14 @@ impl Watcher {
             _ => format!("{lost} slots"),
         };
         tracing::warn!(
-            "device {}: LMCache opened the device again (it read both checkpoint copies) after it wrote {slots} that no checkpoint lists: a restarted LMCache loaded checkpoint seq {} and has lost those entries (their slots are free to it), and the stall alarm counts from its puts after that. Fix: none now; to keep such puts over a restart, let LMCache checkpoint before it stops (it writes one at close). (Another reader of both blocks, `fdpblk inspect` of this device or a copy of it, looks the same.)",
+            "device {}: LMCache opened the device again (it read both checkpoint copies) after it wrote {slots} that no checkpoint lists: a restarted LMCache loaded checkpoint seq {} and has lost those entries (their slots are free to it), and the stall alarm counts from its puts after that. Fix: {}. (Another reader of both blocks, `fdpblk inspect` of this device or a copy of it, looks the same.)",
             self.cfg.device,
-            c.seq
+            c.seq,
+            if self.risk {
+                format!("the overflow alarm's meta_total_bytes of at least {} (past the container LMCache writes no checkpoint, at close neither)", self.meta_total_needed(self.estimate().map_or(0, |e| e.bytes)))
+            } else {
+                "none now; to keep such puts over a restart, let LMCache checkpoint before it stops (it writes one at close)".to_string()
+            }
         );
         self.reloaded_at = at;
         self.carried_dirty = false;

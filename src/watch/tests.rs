@@ -2805,6 +2805,19 @@ fn overflow_alarm_comes_before_the_first_skipped_checkpoint() {
     assert!(v["checkpoint_estimate_bytes"].as_u64().unwrap() > r.g.payload_cap());
     assert!(v["checkpoint_bytes"].as_u64().unwrap() <= r.g.payload_cap());
     assert!(v["checkpoint_seq"].as_u64().unwrap() >= 2);
+    // LMCache restarts past the overflow: what it lost is said with the overflow's fix, not
+    // with a closing checkpoint LMCache skips as well.
+    let (c0, c1) = (r.g.container_offset(0), r.g.container_offset(1));
+    let said = warnings_during(|| {
+        r.read(c0, BA);
+        r.read(c1, BA);
+        r.restart_lmcache(true);
+        let k = r.new_key(false);
+        r.put(k);
+        r.step();
+    });
+    assert!(said.contains("LMCache opened the device again") && said.contains("the overflow alarm's meta_total_bytes of at least"), "{said}");
+    assert!(!said.contains("it writes one at close"), "{said}");
 }
 
 /// A layout whose checkpoint cannot list every slot is said once, at the start, before any
