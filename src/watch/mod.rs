@@ -355,6 +355,8 @@ pub const EARLY_TAILS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The overflow alarm fires when the next checkpoint is estimated at this fraction of the cap.
 pub const RISK_FRACTION: f64 = 0.9;
+/// How often a checkpoint stall that lasts is said again.
+const STALL_REPEAT: Duration = Duration::from_secs(3600);
 /// JSON bytes of a checkpoint besides its entries (plus the device_path string), assumed
 /// before a checkpoint with an `entries` object was seen; then its own figure is used.
 const FIXED_JSON_BYTES: u64 = 320;
@@ -637,6 +639,8 @@ pub struct Watcher {
     /// Whether this start said that LMCache's checkpoint cannot list every slot.
     full_index_said: bool,
     stalled: bool,
+    /// When the stall was last said ([`STALL_REPEAT`]).
+    stall_said_at: Option<Instant>,
     summary: Summary,
     summary_at: Instant,
     trim_error: bool,
@@ -813,6 +817,7 @@ impl Watcher {
             risk: false,
             full_index_said: false,
             stalled: false,
+            stall_said_at: None,
             summary: Summary::default(),
             summary_at: now,
             trim_error: false,

@@ -133,7 +133,11 @@ impl Watcher {
         // after an idle hour, one put is no stall.
         let age = since.elapsed();
         let stalled = dirty && age >= after;
-        if stalled && !self.stalled {
+        // Said when it begins, and again each hour it lasts, with what a restart would lose
+        // by then (one line at the start scrolls away in a long stall).
+        let again = stalled && self.stalled && self.stall_said_at.is_some_and(|t| t.elapsed() >= STALL_REPEAT);
+        if stalled && (!self.stalled || again) {
+            self.stall_said_at = Some(Instant::now());
             let cause = if e.bytes >= e.cap {
                 format!(
                     "its checkpoint (about {} bytes) no longer fits the {}-byte container, so LMCache skips it; fix: meta_total_bytes of at least {} (a new layout: LMCache starts empty)",

@@ -1017,6 +1017,38 @@ fn a_put_after_an_idle_stretch_is_no_stall() {
     assert!(!stalled(&r), "a put waiting less than two of LMCache's gaps taken for a stall");
 }
 
+/// A stall is said when it begins, not again at every round, and again once an hour while it
+/// lasts.
+#[test]
+fn a_lasting_stall_is_said_again_each_hour() {
+    let mut r = Rig::stall_rig();
+    let (stalled, put) = (Rig::stalled, Rig::put_new);
+    for _ in 0..2 {
+        put(&mut r);
+        r.checkpoint();
+        r.step();
+    }
+    let said = warnings_during(|| {
+        put(&mut r);
+        r.step();
+        for _ in 0..4 {
+            r.w.clean_at = r.w.clean_at.checked_sub(Duration::from_secs(5)).unwrap();
+            let c = r.w.commit.as_mut().unwrap();
+            c.at = c.at.checked_sub(Duration::from_secs(5)).unwrap();
+            r.step();
+        }
+    });
+    assert!(stalled(&r));
+    assert_eq!(said.matches("and no checkpoint since").count(), 1, "{said}");
+    let again = warnings_during(|| {
+        r.step();
+        r.w.stall_said_at = r.w.stall_said_at.and_then(|t| t.checked_sub(STALL_REPEAT));
+        r.step();
+        r.step();
+    });
+    assert_eq!(again.matches("and no checkpoint since").count(), 1, "an hour on: {again}");
+}
+
 /// A LMCache that opens the device again (it reads both checkpoint copies' header blocks)
 /// loaded its last checkpoint: puts it made after that are lost to it, not waiting for a
 /// checkpoint, so they end the stall; one header block read (a probe) does not.
