@@ -146,7 +146,17 @@ impl Watcher {
                     self.meta_total_needed(e.bytes)
                 )
             } else {
-                "LMCache writes a checkpoint only when no I/O has been in flight for 100 ms at its tick (meta_checkpoint_interval_sec, 60 s by default), so continuous traffic defers it; fix: leave LMCache idle moments, or lower meta_checkpoint_interval_sec".to_string()
+                let or_overflow = if self.risk {
+                    format!(
+                        "; or, the estimate (about {} bytes of {}) being near the cap, its checkpoint no longer fits (LMCache's log then says the payload is too large): fix then: meta_total_bytes of at least {}",
+                        e.bytes,
+                        e.cap,
+                        self.meta_total_needed(e.bytes)
+                    )
+                } else {
+                    String::new()
+                };
+                format!("LMCache writes a checkpoint only when no I/O has been in flight for 100 ms at its tick (meta_checkpoint_interval_sec, 60 s by default), so continuous traffic defers it; fix: leave LMCache idle moments, or lower meta_checkpoint_interval_sec{or_overflow}")
             };
             let slots = if self.carried_dirty { format!("{puts} slots since fdpblk restarted, others before that") } else { format!("{puts} slots") };
             tracing::error!(

@@ -1049,6 +1049,40 @@ fn a_lasting_stall_is_said_again_each_hour() {
     assert_eq!(again.matches("and no checkpoint since").count(), 1, "an hour on: {again}");
 }
 
+/// A stall while the overflow estimate is near the cap but below it may be either cause:
+/// said so, with both fixes.
+#[test]
+fn a_stall_near_the_cap_names_the_overflow_too() {
+    // 64 slots, of which about 13 entries fit a checkpoint container.
+    let mut r = Rig::new(64, META, true);
+    r.cfg.stall_min = Duration::from_secs(3);
+    r.w.cfg.stall_min = r.cfg.stall_min;
+    r.put_new();
+    r.checkpoint();
+    r.step();
+    let mut near = false;
+    for _ in 0..64 {
+        r.put_new();
+        r.step();
+        let v = r.w.published_json();
+        if v["overflow_risk"] == true {
+            near = v["checkpoint_estimate_bytes"].as_u64().unwrap() < v["checkpoint_cap_bytes"].as_u64().unwrap();
+            break;
+        }
+    }
+    assert!(near, "the test needs an estimate between 90 % and 100 % of the cap");
+    let said = warnings_during(|| {
+        for _ in 0..4 {
+            r.w.clean_at = r.w.clean_at.checked_sub(Duration::from_secs(5)).unwrap();
+            let c = r.w.commit.as_mut().unwrap();
+            c.at = c.at.checked_sub(Duration::from_secs(5)).unwrap();
+            r.step();
+        }
+    });
+    assert!(Rig::stalled(&r));
+    assert!(said.contains("leave LMCache idle moments") && said.contains("its checkpoint no longer fits") && said.contains("meta_total_bytes of at least"), "{said}");
+}
+
 /// A LMCache that opens the device again (it reads both checkpoint copies' header blocks)
 /// loaded its last checkpoint: puts it made after that are lost to it, not waiting for a
 /// checkpoint, so they end the stall; one header block read (a probe) does not.

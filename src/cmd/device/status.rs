@@ -280,8 +280,14 @@ fn print_watch(v: &serde_json::Value) {
         );
     }
     if stalled && !past_cap {
+        // With the overflow risk raised the estimate is near the cap: either may be the cause.
+        let or_overflow = if v["overflow_risk"] == true {
+            "; or its checkpoint no longer fits (the estimate is near the cap; LMCache's log then says the payload is too large): the overflow fix above"
+        } else {
+            ""
+        };
         println!(
-            "CHECKPOINT STALLED: LMCache writes slots but no checkpoint, and a restart would lose them; it checkpoints only when no I/O has been in flight for 100 ms at its tick: leave it idle moments, or lower meta_checkpoint_interval_sec"
+            "CHECKPOINT STALLED: LMCache writes slots but no checkpoint, and a restart would lose them; it checkpoints only when no I/O has been in flight for 100 ms at its tick: leave it idle moments, or lower meta_checkpoint_interval_sec{or_overflow}"
         );
     }
     if v["writeback_risk"] == true {
