@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Why a checkpoint that still fits is late, and its fix.
+const IDLE_RULE: &str = "LMCache writes a checkpoint only when no I/O has been in flight for 100 ms at its tick (meta_checkpoint_interval_sec, 60 s by default), so continuous traffic defers it; fix: leave LMCache idle moments, or lower meta_checkpoint_interval_sec";
+
 impl Watcher {
     /// The estimated size of LMCache's next checkpoint: entries of the newest committed one
     /// plus every put since (deletes are not visible, so it errs high), at most one per slot
@@ -62,6 +65,11 @@ impl Watcher {
         let payload = (2 * bytes).max(full + full / 20);
         let container = (a + payload).div_ceil(a) * a;
         (2 * container).div_ceil(1 << 20) << 20
+    }
+
+    /// The overflow's fix, for an estimate of `bytes`.
+    fn overflow_fix(&self, bytes: u64) -> String {
+        format!("meta_total_bytes of at least {} (a new layout: LMCache starts empty)", self.meta_total_needed(bytes))
     }
 
     /// Said once a start: LMCache's checkpoint cannot list every slot of its layout, so a
@@ -138,25 +146,14 @@ impl Watcher {
         let again = stalled && self.stalled && self.stall_said_at.is_some_and(|t| t.elapsed() >= STALL_REPEAT);
         if stalled && (!self.stalled || again) {
             self.stall_said_at = Some(Instant::now());
+            let fix = self.overflow_fix(e.bytes);
             let cause = if e.bytes >= e.cap {
-                format!(
-                    "its checkpoint (about {} bytes) no longer fits the {}-byte container, so LMCache skips it; fix: meta_total_bytes of at least {} (a new layout: LMCache starts empty)",
-                    e.bytes,
-                    e.cap,
-                    self.meta_total_needed(e.bytes)
-                )
+                format!("its checkpoint (about {} bytes) no longer fits the {}-byte container, so LMCache skips it; fix: {fix}", e.bytes, e.cap)
+            } else if self.risk {
+                // Near the cap, below it: either may be the cause.
+                format!("{IDLE_RULE}; or, the estimate (about {} bytes of {}) being near the cap, its checkpoint no longer fits (LMCache's log then says the payload is too large): fix then: {fix}", e.bytes, e.cap)
             } else {
-                let or_overflow = if self.risk {
-                    format!(
-                        "; or, the estimate (about {} bytes of {}) being near the cap, its checkpoint no longer fits (LMCache's log then says the payload is too large): fix then: meta_total_bytes of at least {}",
-                        e.bytes,
-                        e.cap,
-                        self.meta_total_needed(e.bytes)
-                    )
-                } else {
-                    String::new()
-                };
-                format!("LMCache writes a checkpoint only when no I/O has been in flight for 100 ms at its tick (meta_checkpoint_interval_sec, 60 s by default), so continuous traffic defers it; fix: leave LMCache idle moments, or lower meta_checkpoint_interval_sec{or_overflow}")
+                IDLE_RULE.to_string()
             };
             let slots = if self.carried_dirty { format!("{puts} slots since fdpblk restarted, others before that") } else { format!("{puts} slots") };
             tracing::error!(
@@ -198,7 +195,7 @@ impl Watcher {
             self.cfg.device,
             c.seq,
             if self.risk {
-                format!("the overflow alarm's meta_total_bytes of at least {} (past the container LMCache writes no checkpoint, at close neither)", self.meta_total_needed(self.estimate().map_or(0, |e| e.bytes)))
+                format!("the overflow alarm's {} (past the container LMCache writes no checkpoint, at close neither)", self.overflow_fix(self.estimate().map_or(0, |e| e.bytes)))
             } else {
                 "none now; to keep such puts over a restart, let LMCache checkpoint before it stops (it writes one at close)".to_string()
             }

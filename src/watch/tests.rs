@@ -952,6 +952,24 @@ impl Rig {
         let k = self.new_key(false);
         self.put(k).unwrap();
     }
+    /// `n` rounds of a put of a new key and a checkpoint listing it.
+    fn checkpointed_puts(&mut self, n: usize) {
+        for _ in 0..n {
+            self.put_new();
+            self.checkpoint();
+            self.step();
+        }
+    }
+    /// `rounds` rounds, each `step` later since the last checkpoint and the last moment
+    /// nothing waited for one.
+    fn age_uncheckpointed(&mut self, rounds: usize, step: Duration) {
+        for _ in 0..rounds {
+            self.w.clean_at = self.w.clean_at.checked_sub(step).unwrap();
+            let c = self.w.commit.as_mut().unwrap();
+            c.at = c.at.checked_sub(step).unwrap();
+            self.step();
+        }
+    }
 }
 
 /// An idle LMCache writes no checkpoint: a put after an idle stretch is no stall, and the idle
@@ -961,11 +979,7 @@ impl Rig {
 fn a_put_after_an_idle_stretch_is_no_stall() {
     let mut r = Rig::stall_rig();
     let (stalled, put) = (Rig::stalled, Rig::put_new);
-    for _ in 0..2 {
-        put(&mut r);
-        r.checkpoint();
-        r.step();
-    }
+    r.checkpointed_puts(2);
     assert!(r.w.commit.as_ref().is_some_and(|c| c.observed));
     // Idle for 30 s since that checkpoint, then one put.
     let c = r.w.commit.as_mut().unwrap();
@@ -990,11 +1004,7 @@ fn a_put_after_an_idle_stretch_is_no_stall() {
     // The interval is what LMCache took from a first put to its checkpoint, not the idle
     // stretch before: (3 x before + 5 s) / 4, where counting the idle stretch would make it
     // about 9 s.
-    for _ in 0..2 {
-        put(&mut r);
-        r.checkpoint();
-        r.step();
-    }
+    r.checkpointed_puts(2);
     let c = r.w.commit.as_mut().unwrap();
     c.at = c.at.checked_sub(Duration::from_secs(30)).unwrap();
     put(&mut r);
@@ -1023,20 +1033,11 @@ fn a_put_after_an_idle_stretch_is_no_stall() {
 fn a_lasting_stall_is_said_again_each_hour() {
     let mut r = Rig::stall_rig();
     let (stalled, put) = (Rig::stalled, Rig::put_new);
-    for _ in 0..2 {
-        put(&mut r);
-        r.checkpoint();
-        r.step();
-    }
+    r.checkpointed_puts(2);
     let said = warnings_during(|| {
         put(&mut r);
         r.step();
-        for _ in 0..4 {
-            r.w.clean_at = r.w.clean_at.checked_sub(Duration::from_secs(5)).unwrap();
-            let c = r.w.commit.as_mut().unwrap();
-            c.at = c.at.checked_sub(Duration::from_secs(5)).unwrap();
-            r.step();
-        }
+        r.age_uncheckpointed(4, Duration::from_secs(5));
     });
     assert!(stalled(&r));
     assert_eq!(said.matches("and no checkpoint since").count(), 1, "{said}");
@@ -1072,12 +1073,7 @@ fn a_stall_near_the_cap_names_the_overflow_too() {
     }
     assert!(near, "the test needs an estimate between 90 % and 100 % of the cap");
     let said = warnings_during(|| {
-        for _ in 0..4 {
-            r.w.clean_at = r.w.clean_at.checked_sub(Duration::from_secs(5)).unwrap();
-            let c = r.w.commit.as_mut().unwrap();
-            c.at = c.at.checked_sub(Duration::from_secs(5)).unwrap();
-            r.step();
-        }
+        r.age_uncheckpointed(4, Duration::from_secs(5));
     });
     assert!(Rig::stalled(&r));
     assert!(said.contains("leave LMCache idle moments") && said.contains("its checkpoint no longer fits") && said.contains("meta_total_bytes of at least"), "{said}");
@@ -1096,11 +1092,7 @@ fn a_restarted_lmcache_ends_the_stall_of_the_puts_it_lost() {
         r.step();
     };
     let (c0, c1) = (r.g.container_offset(0), r.g.container_offset(1));
-    for _ in 0..2 {
-        put(&mut r);
-        r.checkpoint();
-        r.step();
-    }
+    r.checkpointed_puts(2);
     let c = r.w.commit.as_mut().unwrap();
     c.at = c.at.checked_sub(Duration::from_secs(30)).expect("an uptime of 30 s");
     r.w.counters.checkpoint_seen = r.w.counters.checkpoint_seen.map(|(s, at)| (s, at - 30));
